@@ -1,0 +1,96 @@
+"""gemma4-mtp-matrix sessions.
+
+    nox -s gemma4_mtp                         every default row (constraints/*.txt), CPU tiers unless a GPU is here
+    nox -s "gemma4_mtp(sglang-0.5.17)"        one row
+    nox -t latest                             rows by tag (nox -l --json lists rows and tags)
+    nox -s gemma4_mtp -- --with transformers==5.20.0      upgrade probe (uv --override), recorded per row
+    nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows that have a verdict
+    nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
+    nox -s unit                               the runner's own unit tests
+    nox -t ci                                 what CI runs: unit tests + the CPU tiers of the 'ci' row
+    nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).parent / "src"))
+from mtpmatrix import matrix  # noqa: E402
+from mtpmatrix.rows import RowError, load_rows  # noqa: E402
+
+# uv cannot download interpreters on air-gapped machines: fail at once on a missing Python instead of retrying.
+os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+nox.options.default_venv_backend = "uv"
+nox.options.download_python = "never"
+nox.options.error_on_missing_interpreters = True
+
+try:
+    ROWS = {row.id: row for row in load_rows(Path(__file__).parent / "constraints")}
+except RowError as exc:  # one clear line, before any session (or venv) exists
+    raise SystemExit(f"error: {exc}") from None
+RUN_ID = os.environ.setdefault("MTPMATRIX_RUN_ID", matrix.new_run_id())
+
+
+def _params(default: bool):
+    return [nox.param(row.python, row.id, id=row.id, tags=list(row.tags))
+            for row in ROWS.values() if row.default is default]
+
+
+def _run_matrix_row(session: nox.Session, row_id: str) -> None:
+    """The one path every row takes: options, pre-flight, install, suite, verdict."""
+    try:
+        opts = matrix.parse_options(session.posargs)
+        opts.run_id = opts.run_id or RUN_ID
+        if not matrix.in_shard(row_id, list(ROWS), opts.shard):
+            session.skip(f"{row_id} is not in shard {opts.shard[0]}/{opts.shard[1]}")
+        store = matrix.RunStore(opts.results, opts.run_id)
+        if opts.resume and store.finished(row_id):
+            session.skip(f"{row_id} already has a verdict in run {opts.run_id} (--resume)")
+        matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
+    except RowError as exc:
+        session.error(str(exc))
+    record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
+    session.log(matrix.summary_line(record))
+    session.log(f"results: {opts.results / opts.run_id / row_id / 'row.json'}")
+    if record["verdict"] in ("failed", "error"):
+        session.error(matrix.summary_line(record))
+
+
+@nox.session(venv_backend="uv")
+@nox.parametrize(["python", "row"], _params(default=True))
+def gemma4_mtp(session: nox.Session, row: str) -> None:
+    """Qualify one row: uv venv, sglang + pins (+ --with overrides), freeze, the tiered suite."""
+    _run_matrix_row(session, row)
+
+
+@nox.session(venv_backend="uv", default=False)
+@nox.parametrize(["python", "row"], _params(default=False))
+def gemma4_mtp_extra(session: nox.Session, row: str) -> None:
+    """Rows not run by default (e.g. CUDA variants that need the PyTorch index)."""
+    _run_matrix_row(session, row)
+
+
+@nox.session(venv_backend="uv", tags=["ci"], default=False)
+def unit(session: nox.Session) -> None:
+    """Unit tests of the runner, client, scorer, statistics and report (no sglang needed)."""
+    session.install("-e", ".")
+    session.run("python", "-m", "pytest", "tests/unit", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=False, default=False)
+def report(session: nox.Session) -> None:
+    """Summarize a run: nox -s report -- [RUN_ID] [--baseline RUN_ID]."""
+    session.run(sys.executable, "-m", "mtpmatrix", "report", *session.posargs,
+                env={"PYTHONPATH": str(Path(__file__).parent / "src")})
+
+
+@nox.session(python=False, default=False)
+def bisect(session: nox.Session) -> None:
+    """First bad release: nox -s bisect -- PACKAGE GOOD BAD [--row ROW] [--tier TIER]."""
+    session.run(sys.executable, "-m", "mtpmatrix", "bisect", *session.posargs,
+                env={"PYTHONPATH": str(Path(__file__).parent / "src")})

@@ -1,0 +1,253 @@
+"""Running one row: options, the install helper, freeze/check, the suite, and the row record.
+
+The noxfile stays thin: nox makes the row's venv with uv (the row's Python), this module does the rest, so the
+same steps are unit-testable and nothing about a row lives in two places.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mtpmatrix import index
+from mtpmatrix.rows import Row, RowError, parse_override
+from mtpmatrix.store import TIERS, TIERS_FILE, RunStore, new_run_id, read_json, row_verdict
+from mtpmatrix.verdict import classify_install
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = "tests/tiers"
+
+
+@dataclass
+class Options:
+    overrides: list[str] = field(default_factory=list)
+    run_id: str | None = None
+    resume: bool = False
+    results: Path = Path("results")
+    tiers: str = ",".join(TIERS)
+    shard: tuple[int, int] | None = None
+    pytest_args: list[str] = field(default_factory=list)
+    offline_check: bool = False  # skip the index pre-flight (air-gapped boxes with a local mirror)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard wants I/N, e.g. 1/4, got {text!r}") from None
+    if not (n >= 1 and 1 <= i <= n):
+        raise argparse.ArgumentTypeError(f"--shard {text}: need 1 <= I <= N")
+    return i, n
+
+
+def parse_options(posargs: list[str]) -> Options:
+    """Session arguments (after nox's ``--``); anything unknown is passed on to pytest."""
+    p = argparse.ArgumentParser(prog="nox -s gemma4_mtp --", add_help=True)
+    p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER",
+                   help="override a package in every selected row (uv --override); repeatable")
+    p.add_argument("--run-id", help="results/<run-id>/ to write (default: a UTC timestamp; env MTPMATRIX_RUN_ID)")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="RUN_ID",
+                   help="continue a run, skipping rows that already have a verdict (default: the latest run)")
+    p.add_argument("--results", type=Path, default=Path(os.environ.get("MTPMATRIX_RESULTS_ROOT", "results")))
+    p.add_argument("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)))
+    p.add_argument("--shard", type=_shard, help="run only shard I of N (rows in id order, round robin)")
+    p.add_argument("--no-index-check", dest="offline_check", action="store_true",
+                   help="do not ask the index whether --with releases exist before installing")
+    ns, rest = p.parse_known_args(posargs)
+    for spec in ns.overrides:
+        parse_override(spec)  # raises RowError with one line
+    bad = [t for t in ns.tiers.split(",") if t and t not in TIERS]
+    if bad:
+        raise RowError(f"--tiers: unknown tier(s) {', '.join(bad)}; known: {', '.join(TIERS)}")
+    run_id = ns.run_id or os.environ.get("MTPMATRIX_RUN_ID")
+    resume = ns.resume is not None
+    if resume and ns.resume != "latest":
+        run_id = ns.resume
+    elif resume:
+        latest = RunStore.latest(ns.results)
+        if latest is None:
+            raise RowError(f"--resume: no earlier run under {ns.results}/")
+        run_id = run_id or latest.run_id
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    return Options(overrides=ns.overrides, run_id=run_id, resume=resume, results=ns.results, tiers=ns.tiers,
+                   shard=ns.shard, pytest_args=rest, offline_check=ns.offline_check)
+
+
+def in_shard(row_id: str, all_ids: list[str], shard: tuple[int, int] | None) -> bool:
+    if shard is None:
+        return True
+    i, n = shard
+    return sorted(all_ids).index(row_id) % n == i - 1
+
+
+def preflight_overrides(overrides: list[str], *, skip_index: bool = False) -> None:
+    """One clear error before anything is installed: malformed spec, unknown package/release, dead index."""
+    for spec in overrides:
+        req = parse_override(spec)
+        if not skip_index:
+            try:
+                index.check_spec(req)
+            except index.IndexError_ as exc:
+                raise RowError(f"--with {spec}: {exc}") from None
+
+
+def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Path | None) -> list[str]:
+    """The one install command of a row: sglang + its pins + this package, into ``venv``, with uv."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise RowError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    cmd = [uv, "pip", "install", "--python", str(venv_python(venv)), "-c", str(constraints)]
+    if overrides_file is not None:
+        cmd += ["--override", str(overrides_file)]
+    if row.torch_backend != "pypi":
+        cmd += ["--torch-backend", row.torch_backend]
+    cmd += [f"sglang=={row.sglang}", f"transformers=={row.transformers}", f"torch=={row.torch}", "-e", str(REPO)]
+    return cmd
+
+
+def venv_python(venv: Path) -> Path:
+    return Path(venv) / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = False) -> tuple[int, str]:
+    """Run ``cmd``, stream its output to ``log`` (and stdout when ``echo``); returns (rc, output)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    chunks: list[str] = []
+    with open(log, "w") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=REPO, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fh.write(line)
+            chunks.append(line)
+            if echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        rc = proc.wait()
+    return rc, "".join(chunks)
+
+
+def host_info() -> dict:
+    return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
+    """Install ``row`` into ``venv``, record versions, run the suite; returns the saved row record.
+
+    Raises nothing for a failing row: the verdict is in the record (the caller decides the exit code).
+    """
+    store = RunStore(opts.results, opts.run_id or new_run_id())
+    out = store.row_dir(row.id)
+    env_uv = {**os.environ, "VIRTUAL_ENV": str(venv), "UV_PYTHON_DOWNLOADS": "never"}
+    record = {
+        "row": row.as_dict(),
+        "overrides": list(opts.overrides),
+        "tiers_selected": opts.tiers,
+        "started": _now(),
+        "host": host_info(),
+        "verdict": "pending",
+    }
+    store.save_row(row.id, record)
+
+    # 1. install (the row's constraints, then overrides on top)
+    constraints = out / "constraints.txt"
+    constraints.write_text(row.path.read_text())
+    overrides_file = None
+    if opts.overrides:
+        overrides_file = out / "overrides.txt"
+        overrides_file.write_text("\n".join(opts.overrides) + "\n")
+    cmd = install_command(row, venv, constraints, overrides_file)
+    t0 = time.monotonic()
+    log(f"[{row.id}] installing: {' '.join(cmd[1:])}")
+    rc, output = _run_logged(cmd, out / "install.log", env=env_uv)
+    record["install"] = {"verdict": "passed" if rc == 0 else "failed", "seconds": round(time.monotonic() - t0, 1),
+                         "command": cmd[1:]}
+    if rc != 0:
+        record["install"]["failure"] = classify_install(output).as_dict()
+        return _finish(store, row, record)
+
+    # 2. what actually got installed
+    uv = cmd[0]
+    rc_f, freeze = _run_logged([uv, "pip", "freeze", "--python", str(venv_python(venv))], out / "freeze.log",
+                               env=env_uv)
+    (out / "freeze.txt").write_text("\n".join(ln for ln in freeze.splitlines()[0:] if "==" in ln or " @ " in ln)
+                                    + "\n")
+    rc_c, check = _run_logged([uv, "pip", "check", "--python", str(venv_python(venv))], out / "check.txt",
+                              env=env_uv)
+    record["install"]["check"] = {"ok": rc_c == 0,
+                                  "output": [ln for ln in check.splitlines()[1:] if ln.strip()][:20]}
+    record["versions"] = _versions_from_freeze(freeze)
+
+    # 3. the suite, in the row's venv
+    tiers_file = out / TIERS_FILE
+    tiers_file.unlink(missing_ok=True)
+    pytest_cmd = [str(venv_python(venv)), "-m", "pytest", SUITE, "-p", "no:cacheprovider",
+                  f"--junitxml={out / 'junit.xml'}", f"--mtp-results={tiers_file}", f"--tiers={opts.tiers}",
+                  *opts.pytest_args]
+    env_py = {**os.environ, "VIRTUAL_ENV": str(venv),
+              "PATH": f"{venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+              "MTPMATRIX_ROW": row.id, "PYTHONUNBUFFERED": "1"}
+    env_py.pop("PYTHONPATH", None)  # the row venv must see only what the row installed
+    log(f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}")
+    t0 = time.monotonic()
+    rc_p, _ = _run_logged(pytest_cmd, out / "pytest.log", env=env_py, echo=True)
+    record["suite"] = {"exitstatus": rc_p, "seconds": round(time.monotonic() - t0, 1)}
+    if tiers_file.exists():
+        data = read_json(tiers_file)
+        record["tiers"] = data["tiers"]
+        record["versions"].update({k: v for k, v in data.get("versions", {}).items() if v})
+        record["gpus"] = data.get("gpus", 0)
+    else:  # pytest died before its sessionfinish hook: the harness broke, not sglang
+        record["tiers"] = {t: {"verdict": "error", "reason": f"pytest exited {rc_p} without results (see pytest.log)",
+                               "failure_kinds": ["harness"], "checks": []} for t in opts.tiers.split(",")}
+    return _finish(store, row, record)
+
+
+def _versions_from_freeze(freeze: str) -> dict[str, str]:
+    wanted = {"sglang", "sglang-kernel", "sgl-kernel", "transformers", "torch", "triton", "flashinfer-python",
+              "tokenizers", "huggingface-hub", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"}
+    out = {}
+    for line in freeze.splitlines():
+        if "==" in line:
+            name, ver = line.strip().split("==", 1)
+            if name.lower() in wanted:
+                out[name.lower()] = ver
+    return out
+
+
+def _finish(store: RunStore, row: Row, record: dict) -> dict:
+    record["finished"] = _now()
+    record["verdict"] = row_verdict(record)
+    store.save_row(row.id, record)
+    return record
+
+
+def summary_line(record: dict) -> str:
+    """One line per row for the terminal: verdict and each tier's verdict (with skip reason)."""
+    rid = record["row"]["id"]
+    if record.get("install", {}).get("verdict") == "failed":
+        return f"{rid}: FAILED at install: {record['install']['failure']['message']}"
+    parts = []
+    for tier, t in (record.get("tiers") or {}).items():
+        s = f"{tier}={t['verdict']}"
+        if t["verdict"] == "skipped" and t.get("reason"):
+            s += f" ({t['reason']})"
+        elif t.get("failure_kinds"):
+            s += f" [{','.join(t['failure_kinds'])}]"
+        parts.append(s)
+    return f"{rid}: {record['verdict'].upper()} — " + "; ".join(parts)

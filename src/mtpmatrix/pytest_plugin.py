@@ -1,0 +1,147 @@
+"""pytest plugin: tier gating with one-line skip reasons, failure classification, and tiers.json.
+
+Loaded by tests/conftest.py, so plain ``pytest tests/tiers`` works in any environment (nox row venvs,
+pre-provisioned GPU boxes, air-gapped clusters). Options:
+
+  --tiers contract,reference   run only these tiers (default: all that this machine allows)
+  --mtp-results PATH           write the per-tier verdicts, classified failures and metrics as JSON
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from mtpmatrix import environment
+from mtpmatrix.store import TIERS, atomic_write_json, worst
+from mtpmatrix.verdict import classify
+
+_RECORDS_KEY = pytest.StashKey[list]()
+_START_KEY = pytest.StashKey[float]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("mtpmatrix")
+    group.addoption("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)),
+                    help="comma-separated tiers to run (default: all; env MTPMATRIX_TIERS)")
+    group.addoption("--mtp-results", default=os.environ.get("MTPMATRIX_RESULTS"),
+                    help="write tier verdicts as JSON to this path (env MTPMATRIX_RESULTS)")
+
+
+def _tier_of(item) -> str | None:
+    for tier in TIERS:
+        if item.get_closest_marker(tier):
+            return tier
+    return None
+
+
+def _selected_tiers(config) -> list[str]:
+    tiers = [t.strip() for t in config.getoption("--tiers").split(",") if t.strip()]
+    unknown = [t for t in tiers if t not in TIERS]
+    if unknown:
+        raise pytest.UsageError(f"--tiers: unknown tier(s) {', '.join(unknown)}; known: {', '.join(TIERS)}")
+    return tiers
+
+
+def pytest_configure(config):
+    config.stash[_RECORDS_KEY] = []
+    config.stash[_START_KEY] = time.monotonic()
+    _selected_tiers(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    selected = _selected_tiers(config)
+    reasons: dict[str, str | None] = {}
+    for item in items:
+        tier = _tier_of(item)
+        if tier is None:
+            continue
+        if tier not in selected:
+            item.add_marker(pytest.mark.skip(reason=f"{tier} tier not selected (--tiers {','.join(selected)})"))
+            continue
+        if tier not in reasons:
+            reasons[tier] = environment.tier_unavailable(tier)
+        if reasons[tier]:
+            item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {reasons[tier]}"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    tier = _tier_of(item)
+    if tier is None:
+        return
+    # One record per test: setup skips/errors, the call, or a teardown error.
+    if report.when == "call" or (report.when == "setup" and not report.passed) or (
+        report.when == "teardown" and report.failed
+    ):
+        marker = item.get_closest_marker("check")
+        declared = marker.args[0] if marker and marker.args else None
+        rec = {
+            "id": item.nodeid,
+            "tier": tier,
+            "outcome": report.outcome if report.when == "call" or report.skipped else "error",
+            "seconds": round(report.duration, 3),
+            "metrics": {k: v for k, v in item.user_properties},
+        }
+        if report.skipped:
+            rec["reason"] = _skip_reason(report)
+        if report.failed and call.excinfo is not None:
+            rec["failure"] = classify(call.excinfo.value, declared).as_dict()
+            if report.when != "call":
+                rec["outcome"] = "error"
+        item.config.stash[_RECORDS_KEY].append(rec)
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr)
+
+
+def summarize(records: list[dict]) -> dict:
+    """Per-tier verdicts from per-test records (also used by the report for re-aggregation)."""
+    tiers: dict[str, dict] = {}
+    for tier in TIERS:
+        recs = [r for r in records if r["tier"] == tier]
+        if not recs:
+            tiers[tier] = {"verdict": "skipped", "reason": "no tests collected for this tier", "checks": []}
+            continue
+        outcomes = {"passed": "passed", "failed": "failed", "error": "error", "skipped": "skipped"}
+        verdict = worst(outcomes[r["outcome"]] for r in recs)
+        entry = {"verdict": verdict, "seconds": round(sum(r["seconds"] for r in recs), 3), "checks": recs}
+        if verdict == "skipped":
+            reasons = sorted({r.get("reason", "") for r in recs})
+            entry["reason"] = reasons[0] if len(reasons) == 1 else "; ".join(reasons)
+        failures = [r["failure"] for r in recs if "failure" in r]
+        if failures:
+            entry["failure_kinds"] = sorted({f["kind"] for f in failures})
+        tiers[tier] = entry
+    return tiers
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("--mtp-results")
+    if not path:
+        return
+    records = session.config.stash[_RECORDS_KEY]
+    atomic_write_json(path, {
+        "tiers": summarize(records),
+        "versions": environment.versions(),
+        "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
+        "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
+        "exitstatus": int(exitstatus),
+    })
+
+
+def pytest_report_header(config):
+    selected = _selected_tiers(config)
+    lines = []
+    for tier in selected:
+        why = environment.tier_unavailable(tier)
+        lines.append(f"mtpmatrix tier {tier}: " + (f"skip ({why})" if why else "available"))
+    return lines

@@ -1,0 +1,179 @@
+"""Environment rows: one constraints file per row in ``constraints/``.
+
+A row file is a plain pip/uv constraints file whose leading ``# key: value`` comments carry the row's metadata::
+
+    # python: 3.11
+    # torch-backend: pypi        (pypi = PyPI's default wheel; cu126/cu128/cu130/cpu = uv --torch-backend)
+    # tags: floor, ci
+    # default: true              (optional; rows with default: false run only when named or selected by tag)
+    # description: the release the seed tests were written against
+    sglang==0.5.13
+    transformers==5.8.1
+    torch==2.11.0
+
+Everything is validated up front so a typo fails in one line before any venv is made.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+REQUIRED_PINS = ("sglang", "transformers", "torch")
+HEADER_KEYS = {"python", "torch-backend", "tags", "default", "description", "gpus"}
+TORCH_BACKENDS = {"pypi", "auto", "cpu"} | {f"cu{v}" for v in (118, 121, 124, 126, 128, 129, 130, 131, 132)}
+MIN_TRANSFORMERS = Version("5.8.0")  # the first release with gemma4_assistant
+ROW_ID = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
+_HEADER = re.compile(r"^#\s*([a-z\-]+)\s*:\s*(.*?)\s*$")
+
+
+class RowError(ValueError):
+    """A row file or a row selection is malformed; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    path: Path
+    python: str
+    torch_backend: str
+    pins: dict[str, str]  # canonical name -> exact version, in file order
+    tags: tuple[str, ...] = ()
+    default: bool = True
+    description: str = ""
+    gpus: int = 1
+    extra_lines: tuple[str, ...] = field(default=())  # other constraint lines, kept verbatim
+
+    @property
+    def sglang(self) -> str:
+        return self.pins["sglang"]
+
+    @property
+    def transformers(self) -> str:
+        return self.pins["transformers"]
+
+    @property
+    def torch(self) -> str:
+        return self.pins["torch"]
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "constraints": self.path.name,
+            "python": self.python,
+            "torch_backend": self.torch_backend,
+            "pins": dict(self.pins),
+            "tags": list(self.tags),
+            "default": self.default,
+            "description": self.description,
+            "gpus": self.gpus,
+        }
+
+
+def parse_row(path: Path) -> Row:
+    path = Path(path)
+    row_id = path.stem
+    if not ROW_ID.match(row_id):
+        raise RowError(f"{path}: row id {row_id!r} must be lower-case letters, digits, '.' and '-'")
+    meta: dict[str, str] = {}
+    pins: dict[str, str] = {}
+    extra: list[str] = []
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        where = f"{path}:{lineno}"
+        if not line:
+            continue
+        if line.startswith("#"):
+            m = _HEADER.match(line)
+            if m and not pins and not extra:  # the header is the comment block before the first pin
+                if m.group(1) not in HEADER_KEYS:
+                    raise RowError(f"{where}: unknown header key {m.group(1)!r} (known: {', '.join(sorted(HEADER_KEYS))})")
+                meta[m.group(1)] = m.group(2)
+            continue
+        line = line.split(" #", 1)[0].strip()
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise RowError(f"{where}: not a requirement line: {line!r} ({exc})") from None
+        name = canonicalize_name(req.name)
+        specs = list(req.specifier)
+        if name in REQUIRED_PINS:
+            if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+                raise RowError(f"{where}: {req.name} must be pinned exactly (name==version), got {line!r}")
+            if name in pins:
+                raise RowError(f"{where}: {req.name} is pinned twice")
+            pins[name] = specs[0].version
+        else:
+            extra.append(line)
+    missing = [p for p in REQUIRED_PINS if p not in pins]
+    if missing:
+        raise RowError(f"{path}: missing exact pin(s) for {', '.join(missing)}")
+    for key in ("python", "torch-backend"):
+        if key not in meta:
+            raise RowError(f"{path}: missing header '# {key}: ...'")
+    if not re.fullmatch(r"3\.\d+", meta["python"]):
+        raise RowError(f"{path}: python must look like 3.11, got {meta['python']!r}")
+    backend = meta["torch-backend"]
+    if backend not in TORCH_BACKENDS:
+        raise RowError(f"{path}: torch-backend {backend!r} is not one of {', '.join(sorted(TORCH_BACKENDS))}")
+    try:
+        if Version(pins["transformers"]) < MIN_TRANSFORMERS:
+            raise RowError(f"{path}: transformers {pins['transformers']} predates gemma4_assistant (needs >= 5.8.0)")
+        for p in REQUIRED_PINS:
+            Version(pins[p])
+    except InvalidVersion as exc:
+        raise RowError(f"{path}: {exc}") from None
+    default = meta.get("default", "true").lower()
+    if default not in ("true", "false"):
+        raise RowError(f"{path}: default must be true or false, got {default!r}")
+    tags = tuple(t.strip() for t in meta.get("tags", "").split(",") if t.strip())
+    gpus = meta.get("gpus", "1")
+    if not gpus.isdigit():
+        raise RowError(f"{path}: gpus must be an integer, got {gpus!r}")
+    return Row(
+        id=row_id,
+        path=path,
+        python=meta["python"],
+        torch_backend=backend,
+        pins=pins,
+        tags=tags,
+        default=default == "true",
+        description=meta.get("description", ""),
+        gpus=int(gpus),
+        extra_lines=tuple(extra),
+    )
+
+
+def load_rows(directory: Path) -> list[Row]:
+    """Every row in ``directory``, sorted by id; raises RowError on the first malformed file."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.txt"))
+    if not files:
+        raise RowError(f"{directory}: no row files (*.txt)")
+    return [parse_row(f) for f in files]
+
+
+def select_rows(rows: list[Row], names: list[str]) -> list[Row]:
+    by_id = {r.id: r for r in rows}
+    unknown = [n for n in names if n not in by_id]
+    if unknown:
+        raise RowError(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(by_id)}")
+    return [by_id[n] for n in names]
+
+
+def parse_override(spec: str) -> Requirement:
+    """A ``--with`` spec such as ``transformers==5.20.0``: one package, an exact or range version."""
+    try:
+        req = Requirement(spec)
+    except InvalidRequirement as exc:
+        raise RowError(f"--with {spec!r}: not a requirement ({exc})") from None
+    if not req.specifier:
+        raise RowError(f"--with {spec!r}: give a version, e.g. {req.name}==X.Y.Z")
+    if req.url or req.marker:
+        raise RowError(f"--with {spec!r}: URLs and markers are not supported")
+    return req

@@ -1,0 +1,134 @@
+"""Model pairs, thresholds and server arguments: defined here once, used by every tier.
+
+Values follow sglang PR #24552 (the seed GSM8K suite for Gemma 4 MTP). Every path, TP size and threshold can be
+overridden from the environment (see ``resolve_pair``) so GPU boxes with weights elsewhere need no code change.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+# --- speculative decoding: the seed command lines -----------------------------------------------------------
+SPEC_ALGORITHM_CLI = "NEXTN"  # what users type; sglang promotes it for Gemma 4 assistant drafts ...
+SPEC_ALGORITHM_RESOLVED = "FROZEN_KV_MTP"  # ... to this
+NUM_STEPS = 5
+TOPKS = (1, 3)
+DRAFT_TOKENS = {1: 6, 3: 12}  # --speculative-num-draft-tokens for each --speculative-eagle-topk
+MIN_ACCEPT_LENGTH = 1.5  # gsm8k tier, real weights
+SMOKE_MIN_ACCEPT_LENGTH = 1.0  # smoke tier, random weights (accept length ~1.0 is expected)
+
+# --- common server arguments (the seed suite's) --------------------------------------------------------------
+COMMON_ARGS = (
+    "--attention-backend", "triton",
+    "--dtype", "bfloat16",
+    "--mem-fraction-static", "0.55",
+    "--max-running-requests", "16",
+    "--context-length", "2048",
+    "--max-total-tokens", "32768",
+    "--skip-server-warmup",
+)
+# The smoke tier serves tiny pairs: same path, smaller everything, so launch + CUDA-graph capture stay fast and
+# several servers can share one GPU.
+SMOKE_ARGS = (
+    "--attention-backend", "triton",
+    "--dtype", "bfloat16",
+    "--mem-fraction-static", "0.12",
+    "--max-running-requests", "8",
+    "--context-length", "512",
+    "--max-total-tokens", "8192",
+    "--cuda-graph-max-bs", "8",
+    "--skip-server-warmup",
+)
+
+# --- GSM8K --------------------------------------------------------------------------------------------------
+GSM8K_NUM_EXAMPLES = 200
+GSM8K_NUM_SHOTS = 5
+GSM8K_PARALLEL = 128
+GSM8K_MAX_NEW_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    name: str
+    target: str
+    assistant: str
+    tp: int
+    threshold: float | None  # GSM8K score floor; None = calibrate (report only)
+    extra_args: tuple[str, ...] = ()
+    optional: bool = False
+    notes: str = ""
+
+
+PAIRS: dict[str, ModelPair] = {
+    p.name: p
+    for p in (
+        ModelPair("E4B", "google/gemma-4-E4B-it", "google/gemma-4-E4B-it-assistant", tp=1, threshold=0.65),
+        ModelPair("26B-A4B", "google/gemma-4-26B-A4B-it", "google/gemma-4-26B-A4B-it-assistant", tp=2,
+                  threshold=0.415, extra_args=("--enable-deterministic-inference",),
+                  notes="0.445 observed - 0.03"),
+        ModelPair("31B", "google/gemma-4-31B-it", "google/gemma-4-31B-it-assistant", tp=2, threshold=0.75),
+        ModelPair("E2B", "google/gemma-4-E2B-it", "google/gemma-4-E2B-it-assistant", tp=1, threshold=None,
+                  optional=True, notes="threshold to calibrate"),
+    )
+}
+DEFAULT_PAIRS = tuple(n for n, p in PAIRS.items() if not p.optional)
+
+
+def _env_key(pair_name: str, what: str) -> str:
+    return "MTPMATRIX_" + pair_name.upper().replace("-", "_") + "_" + what
+
+
+def resolve_pair(name: str, env: dict | None = None) -> ModelPair:
+    """The pair called ``name`` with environment overrides applied.
+
+    MTPMATRIX_<PAIR>_TARGET / _ASSISTANT (HF id or local path), _TP, _THRESHOLD, where <PAIR> is E4B, 26B_A4B,
+    31B or E2B. Unknown names are an error listing the known ones.
+    """
+    env = os.environ if env is None else env
+    if name not in PAIRS:
+        raise KeyError(f"unknown model pair {name!r}; known: {', '.join(PAIRS)}")
+    pair = PAIRS[name]
+    changes: dict = {}
+    if env.get(_env_key(name, "TARGET")):
+        changes["target"] = env[_env_key(name, "TARGET")]
+    if env.get(_env_key(name, "ASSISTANT")):
+        changes["assistant"] = env[_env_key(name, "ASSISTANT")]
+    if env.get(_env_key(name, "TP")):
+        changes["tp"] = int(env[_env_key(name, "TP")])
+    if env.get(_env_key(name, "THRESHOLD")):
+        changes["threshold"] = float(env[_env_key(name, "THRESHOLD")])
+    return replace(pair, **changes)
+
+
+def mtp_args(assistant: str, topk: int) -> list[str]:
+    """The speculative-decoding arguments of the seed command line for one topk."""
+    if topk not in DRAFT_TOKENS:
+        raise ValueError(f"topk {topk} has no draft-token count; known: {sorted(DRAFT_TOKENS)}")
+    return [
+        "--speculative-algorithm", SPEC_ALGORITHM_CLI,
+        "--speculative-draft-model-path", str(assistant),
+        "--speculative-num-steps", str(NUM_STEPS),
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(DRAFT_TOKENS[topk]),
+    ]
+
+
+def server_args(model: str, *, assistant: str | None = None, topk: int | None = None, tp: int = 1,
+                base: tuple[str, ...] = COMMON_ARGS, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Arguments of ``sglang.launch_server`` (without host/port): model, TP, common args, MTP args, extras."""
+    args = ["--model-path", str(model), "--tp-size", str(tp), *base]
+    if assistant is not None:
+        args += mtp_args(assistant, topk if topk is not None else 1)
+    args += list(extra)
+    return args
+
+
+def expected_resolution(topk: int) -> dict:
+    """What ServerArgs must hold after resolution for the seed command line with this topk."""
+    return {
+        "speculative_algorithm": SPEC_ALGORITHM_RESOLVED,
+        "speculative_eagle_topk": topk,
+        "speculative_num_steps": NUM_STEPS,
+        "speculative_num_draft_tokens": DRAFT_TOKENS[topk],
+    }

@@ -1,0 +1,109 @@
+"""Results store: ``results/<run-id>/<row-id>/`` with row.json, freeze.txt, check.txt, junit.xml, tiers.json, logs.
+
+Every JSON file is written atomically (temp file in the same folder, fsync, rename), so a killed matrix leaves
+either the old file or the new one, never half of one; ``--resume`` trusts any row.json that has a verdict.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SCHEMA = 1
+ROW_FILE = "row.json"
+TIERS_FILE = "tiers.json"
+TIERS = ("contract", "reference", "smoke", "gsm8k")
+# Verdict words, worst first: a row or tier takes the worst of its parts.
+VERDICTS = ("failed", "error", "passed", "skipped", "pending")
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return now.strftime("%Y%m%d-%H%M%S")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path):
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def worst(verdicts) -> str:
+    """The worst verdict among ``verdicts``; 'skipped' only when nothing ran."""
+    present = [v for v in verdicts if v]
+    for v in VERDICTS:
+        if v in present:
+            return v
+    return "skipped"
+
+
+def row_verdict(row_record: dict) -> str:
+    install = row_record.get("install", {})
+    if install.get("verdict") == "failed":
+        return "failed"
+    tiers = row_record.get("tiers") or {}
+    return worst(t.get("verdict") for t in tiers.values())
+
+
+class RunStore:
+    """One matrix run on disk."""
+
+    def __init__(self, root: Path, run_id: str):
+        self.root = Path(root)
+        self.run_id = run_id
+        self.path = self.root / run_id
+
+    @classmethod
+    def latest(cls, root: Path) -> "RunStore | None":
+        root = Path(root)
+        runs = sorted(p.name for p in root.glob("*/") if p.is_dir()) if root.exists() else []
+        return cls(root, runs[-1]) if runs else None
+
+    def row_dir(self, row_id: str) -> Path:
+        d = self.path / row_id
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def row_ids(self) -> list[str]:
+        return sorted(p.parent.name for p in self.path.glob(f"*/{ROW_FILE}"))
+
+    def load_row(self, row_id: str) -> dict | None:
+        f = self.path / row_id / ROW_FILE
+        return read_json(f) if f.exists() else None
+
+    def finished(self, row_id: str) -> bool:
+        """True when the row has a final verdict (what ``--resume`` skips)."""
+        rec = self.load_row(row_id)
+        return bool(rec) and rec.get("verdict") not in (None, "pending")
+
+    def save_row(self, row_id: str, record: dict) -> Path:
+        record = dict(record)
+        record.setdefault("schema", SCHEMA)
+        record["run_id"] = self.run_id
+        f = self.row_dir(row_id) / ROW_FILE
+        atomic_write_json(f, record)
+        return f
+
+    def all_rows(self) -> dict[str, dict]:
+        return {rid: self.load_row(rid) for rid in self.row_ids()}

@@ -1,0 +1,119 @@
+"""Failure classification: what broke (install conflict, import, config, args, weights, launch, crash, mismatch,
+accuracy, acceptance) and where (the first frame inside sglang / transformers / torch).
+
+A failure whose exception was raised from this project's own code, without passing through the libraries under
+test, is classified ``harness``: a bug in the matrix must never read as a break in sglang.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from dataclasses import asdict, dataclass
+from types import TracebackType
+
+KINDS = (
+    "install",  # the resolver refused the row (conflict, missing wheel, unreachable index)
+    "import",  # a module of the MTP path does not import
+    "config",  # a config does not load or resolves to the wrong values
+    "args",  # ServerArgs resolution broke or resolved to the wrong algorithm/values
+    "weights",  # building the model classes or loading weights failed
+    "launch",  # the server did not become ready
+    "crash",  # the server died or errored while serving
+    "mismatch",  # outputs with MTP differ from outputs without it
+    "accuracy",  # GSM8K score under threshold
+    "acceptance",  # accept length under threshold or absent
+    "harness",  # a bug in this project
+)
+LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
+_SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)[/\\]")
+
+
+class CheckFailure(AssertionError):
+    """Raised by tier checks that know what kind of failure they found."""
+
+    def __init__(self, kind: str, message: str):
+        if kind not in KINDS:
+            raise ValueError(f"unknown failure kind {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class FailureRecord:
+    kind: str
+    type: str
+    message: str
+    frame: str | None  # "package/module.py:123 in func" of the first frame inside a library under test
+    raised_at: str | None  # innermost frame
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _package_of(filename: str) -> str | None:
+    m = _SITE.search(filename)
+    if m:
+        return m.group(1)
+    # editable / source checkouts: .../sglang/python/sglang/srt/..., /tmp/site/sglang/... (device bundles)
+    for lib in LIBRARIES:
+        if f"/{lib}/" in filename.replace("\\", "/"):
+            return lib
+    return None
+
+
+def _fmt(fs: traceback.FrameSummary) -> str:
+    name = fs.filename.replace("\\", "/")
+    pkg = _package_of(name)
+    if pkg and f"/{pkg}/" in name:
+        name = pkg + "/" + name.split(f"/{pkg}/", 1)[1]
+    return f"{name}:{fs.lineno} in {fs.name}"
+
+
+def first_library_frame(tb: TracebackType | None) -> tuple[str | None, str | None, bool]:
+    """(first library frame, innermost frame, whether any frame is inside a library under test)."""
+    frames = traceback.extract_tb(tb) if tb else []
+    first = next((f for f in frames if _package_of(f.filename) in LIBRARIES), None)
+    return (_fmt(first) if first else None, _fmt(frames[-1]) if frames else None, first is not None)
+
+
+def classify(exc: BaseException, default_kind: str | None = None) -> FailureRecord:
+    """Classify an exception raised by a check.
+
+    ``default_kind`` is the check's own declaration (``@pytest.mark.check("args")``); explicit CheckFailure kinds
+    win; import errors are 'import' wherever they come from; anything else that never touched a library under test
+    is 'harness'.
+    """
+    frame, raised_at, in_library = first_library_frame(exc.__traceback__)
+    if isinstance(exc, CheckFailure):
+        kind = exc.kind
+    elif isinstance(exc, ImportError):
+        kind = "import"
+    elif isinstance(exc, AssertionError):
+        kind = default_kind or "harness"
+    elif in_library:
+        kind = default_kind or "crash"
+    else:
+        kind = "harness"
+    message = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+    return FailureRecord(kind=kind, type=type(exc).__name__, message=message, frame=frame, raised_at=raised_at)
+
+
+_INSTALL_PATTERNS = (
+    (re.compile(r"No solution found|unsatisfiable|conflict", re.I), "resolver conflict"),
+    (re.compile(r"Failed to fetch|Could not connect|dns error|timed out|Connection refused|error sending request", re.I),
+     "index unreachable"),
+    (re.compile(r"not found in the package registry|No matching distribution|was not found", re.I), "not on the index"),
+    (re.compile(r"No interpreter found|No Python at|python.*not found", re.I), "python missing"),
+)
+
+
+def classify_install(output: str) -> FailureRecord:
+    """Turn uv's output into an 'install' record whose message is the resolver's own first error line."""
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    err = next((ln for ln in lines if ln.lstrip().startswith(("error:", "×", "ERROR"))), lines[-1] if lines else "")
+    why = next((label for pat, label in _INSTALL_PATTERNS if pat.search(output)), "install failed")
+    # uv's hint block ("╰─▶ Because ...") holds the real reason for resolver conflicts: keep its first line.
+    detail = next((ln.strip(" ╰─▶") for ln in lines if "Because" in ln or "╰─▶" in ln), "")
+    message = f"{why}: {err.strip()}" + (f" | {detail}" if detail and detail not in err else "")
+    return FailureRecord(kind="install", type="InstallError", message=message[:800], frame=None, raised_at=None)
