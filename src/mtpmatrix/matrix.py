@@ -49,9 +49,14 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one RowError line (the session reports it) instead of usage + SystemExit(2)
+        raise RowError(f"{self.prog} {message}")
+
+
 def parse_options(posargs: list[str]) -> Options:
     """Session arguments (after nox's ``--``); anything unknown is passed on to pytest."""
-    p = argparse.ArgumentParser(prog="nox -s gemma4_mtp --", add_help=True)
+    p = _Parser(prog="nox -s gemma4_mtp --", add_help=True)
     p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER",
                    help="override a package in every selected row (uv --override); repeatable")
     p.add_argument("--run-id", help="results/<run-id>/ to write (default: a UTC timestamp; env MTPMATRIX_RUN_ID)")

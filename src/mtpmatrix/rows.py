@@ -83,7 +83,9 @@ def parse_row(path: Path) -> Row:
     meta: dict[str, str] = {}
     pins: dict[str, str] = {}
     extra: list[str] = []
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+    at: dict[str, int] = {}  # header key / pin name -> line number, so every error names file:line
+    lines = path.read_text().splitlines()
+    for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         where = f"{path}:{lineno}"
         if not line:
@@ -94,12 +96,13 @@ def parse_row(path: Path) -> Row:
                 if m.group(1) not in HEADER_KEYS:
                     raise RowError(f"{where}: unknown header key {m.group(1)!r} (known: {', '.join(sorted(HEADER_KEYS))})")
                 meta[m.group(1)] = m.group(2)
+                at[m.group(1)] = lineno
             continue
         line = line.split(" #", 1)[0].strip()
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            raise RowError(f"{where}: not a requirement line: {line!r} ({exc})") from None
+            raise RowError(f"{where}: not a requirement line: {line!r} ({str(exc).splitlines()[0]})") from None
         name = canonicalize_name(req.name)
         specs = list(req.specifier)
         if name in REQUIRED_PINS:
@@ -108,33 +111,40 @@ def parse_row(path: Path) -> Row:
             if name in pins:
                 raise RowError(f"{where}: {req.name} is pinned twice")
             pins[name] = specs[0].version
+            at[name] = lineno
         else:
             extra.append(line)
+
+    def line_of(key: str) -> str:
+        return f"{path}:{at.get(key, 1)}"
+
     missing = [p for p in REQUIRED_PINS if p not in pins]
-    if missing:
-        raise RowError(f"{path}: missing exact pin(s) for {', '.join(missing)}")
+    if missing:  # points at the last line: the pin belongs in the pin block
+        raise RowError(f"{path}:{max(len(lines), 1)}: missing exact pin(s) for {', '.join(missing)}")
     for key in ("python", "torch-backend"):
         if key not in meta:
-            raise RowError(f"{path}: missing header '# {key}: ...'")
+            raise RowError(f"{path}:1: missing header '# {key}: ...'")
     if not re.fullmatch(r"3\.\d+", meta["python"]):
-        raise RowError(f"{path}: python must look like 3.11, got {meta['python']!r}")
+        raise RowError(f"{line_of('python')}: python must look like 3.11, got {meta['python']!r}")
     backend = meta["torch-backend"]
     if backend not in TORCH_BACKENDS:
-        raise RowError(f"{path}: torch-backend {backend!r} is not one of {', '.join(sorted(TORCH_BACKENDS))}")
-    try:
-        if Version(pins["transformers"]) < MIN_TRANSFORMERS:
-            raise RowError(f"{path}: transformers {pins['transformers']} predates gemma4_assistant (needs >= 5.8.0)")
-        for p in REQUIRED_PINS:
+        raise RowError(f"{line_of('torch-backend')}: torch-backend {backend!r} is not one of "
+                       f"{', '.join(sorted(TORCH_BACKENDS))}")
+    for p in REQUIRED_PINS:
+        try:
             Version(pins[p])
-    except InvalidVersion as exc:
-        raise RowError(f"{path}: {exc}") from None
+        except InvalidVersion as exc:
+            raise RowError(f"{line_of(p)}: {exc}") from None
+    if Version(pins["transformers"]) < MIN_TRANSFORMERS:
+        raise RowError(f"{line_of('transformers')}: transformers {pins['transformers']} predates gemma4_assistant "
+                       f"(needs >= {MIN_TRANSFORMERS})")
     default = meta.get("default", "true").lower()
     if default not in ("true", "false"):
-        raise RowError(f"{path}: default must be true or false, got {default!r}")
+        raise RowError(f"{line_of('default')}: default must be true or false, got {default!r}")
     tags = tuple(t.strip() for t in meta.get("tags", "").split(",") if t.strip())
     gpus = meta.get("gpus", "1")
     if not gpus.isdigit():
-        raise RowError(f"{path}: gpus must be an integer, got {gpus!r}")
+        raise RowError(f"{line_of('gpus')}: gpus must be an integer, got {gpus!r}")
     return Row(
         id=row_id,
         path=path,
@@ -152,7 +162,7 @@ def parse_row(path: Path) -> Row:
 def load_rows(directory: Path) -> list[Row]:
     """Every row in ``directory``, sorted by id; raises RowError on the first malformed file."""
     directory = Path(directory)
-    files = sorted(directory.glob("*.txt"))
+    files = sorted(directory.glob("*.txt"), key=lambda f: f.stem)  # by id: "a-x.txt" sorts before "a.txt" by name
     if not files:
         raise RowError(f"{directory}: no row files (*.txt)")
     return [parse_row(f) for f in files]
@@ -171,7 +181,7 @@ def parse_override(spec: str) -> Requirement:
     try:
         req = Requirement(spec)
     except InvalidRequirement as exc:
-        raise RowError(f"--with {spec!r}: not a requirement ({exc})") from None
+        raise RowError(f"--with {spec!r}: not a requirement ({str(exc).splitlines()[0]})") from None
     if not req.specifier:
         raise RowError(f"--with {spec!r}: give a version, e.g. {req.name}==X.Y.Z")
     if req.url or req.marker:

@@ -38,6 +38,9 @@ SMOKE_ARGS = (
     "--context-length", "512",
     "--max-total-tokens", "8192",
     "--cuda-graph-max-bs", "8",
+    # sglang folds spec counters into avg_spec_accept_length only at decode-log time (every 40 decode steps by
+    # default); a constructed pair finishes its requests in fewer steps than that, so log every step.
+    "--decode-log-interval", "1",
     "--skip-server-warmup",
 )
 

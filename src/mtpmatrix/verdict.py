@@ -113,7 +113,10 @@ def classify_install(output: str) -> FailureRecord:
     lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
     err = next((ln for ln in lines if ln.lstrip().startswith(("error:", "×", "ERROR"))), lines[-1] if lines else "")
     why = next((label for pat, label in _INSTALL_PATTERNS if pat.search(output)), "install failed")
-    # uv's hint block ("╰─▶ Because ...") holds the real reason for resolver conflicts: keep its first line.
-    detail = next((ln.strip(" ╰─▶") for ln in lines if "Because" in ln or "╰─▶" in ln), "")
+    # uv's hint block ("╰─▶ Because ..." on a terminal, "  cause: Because ..." through a pipe, as in run_row)
+    # holds the real reason for resolver conflicts, and "cause: Failed to fetch: URL" the index that did not
+    # answer: keep the first such line.
+    detail = next((ln.strip(" ╰─▶").removeprefix("cause:").strip() for ln in lines
+                   if "Because" in ln or "╰─▶" in ln or "Failed to fetch" in ln), "")
     message = f"{why}: {err.strip()}" + (f" | {detail}" if detail and detail not in err else "")
     return FailureRecord(kind="install", type="InstallError", message=message[:800], frame=None, raised_at=None)

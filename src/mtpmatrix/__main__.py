@@ -1,0 +1,55 @@
+"""``python -m mtpmatrix``: report, bisect, rows.
+
+    python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR]
+    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
+    python -m mtpmatrix rows [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _rows(ns: argparse.Namespace) -> int:
+    from mtpmatrix import matrix
+    from mtpmatrix.rows import RowError, load_rows
+
+    try:
+        rows = load_rows(matrix.REPO / "constraints")
+    except RowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if ns.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        return 0
+    width = max(len(r.id) for r in rows)
+    for r in rows:
+        flags = ", ".join(r.tags) + ("" if r.default else (", " if r.tags else "") + "not default")
+        print(f"{r.id:<{width}}  py{r.python}  {r.torch_backend:<5}  sglang {r.sglang:<8} transformers "
+              f"{r.transformers:<8} torch {r.torch:<7}  [{flags}]  {r.description}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mtpmatrix import bisect, report
+
+    p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    rp = sub.add_parser("report", help="Markdown/HTML/JSON summary of a run (exit 0 qualifies, 1 not, 2 bad input)")
+    report.add_arguments(rp)
+    bp = sub.add_parser("bisect", help="first bad release of PACKAGE between GOOD and BAD for a row and tier")
+    bisect.add_arguments(bp)
+    lp = sub.add_parser("rows", help="list the rows (constraints/*.txt)")
+    lp.add_argument("--json", action="store_true", help="machine-readable")
+    ns = p.parse_args(argv)
+    if ns.cmd == "report":
+        return report.run(ns)
+    if ns.cmd == "bisect":
+        return bisect.run(ns)
+    return _rows(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""Culprit bisection: the first release of a package that breaks a tier of a row.
+
+    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
+
+lists PACKAGE's releases GOOD <= v <= BAD on the index, then binary-searches them. Each probe is a fresh uv venv
+(``.cache/bisect/<row>/<version>``, the row's Python) with the row installed exactly as the matrix installs it
+(``matrix.install_command``) plus ``--with PACKAGE==version``, and the chosen tier run exactly as the matrix runs it
+(``matrix.run_row``); each probe's record lands in ``results/bisect-<timestamp>/<row>-<package>-<version>/``.
+Releases that do not install are reported and skipped; the search goes on over the others.
+
+The search itself (:func:`search`) takes the probe as a function, so it is tested without installing anything.
+It does not trust the endpoints: if BAD passes the answer is "no bad release", if GOOD already fails it is GOOD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from mtpmatrix.store import TIERS, atomic_write_json, read_json
+
+GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
+CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
+DEFAULT_TIER = "contract"
+assert sorted(CHEAPEST) == sorted(TIERS)
+
+
+class BisectError(RuntimeError):
+    """Bad input or a broken environment (not a property of one release); the message is one line."""
+
+
+@dataclass
+class Probe:
+    version: str
+    status: str  # good | bad | untestable
+    detail: str = ""  # one line: the failure, or why the release could not be tested
+    failure: dict | None = None  # {kind, type, message, frame, raised_at} of the first failing check
+    seconds: float = 0.0
+    record: str | None = None  # row.json of the probe
+    fatal: bool = False  # no release can be tested here (e.g. the tier needs a GPU this machine lacks): stop
+
+
+@dataclass
+class BisectResult:
+    candidates: list[str]
+    probes: list[Probe] = field(default_factory=list)
+    first_bad: str | None = None
+    last_good: str | None = None
+    ambiguous: list[str] = field(default_factory=list)  # untestable releases between last_good and first_bad
+    outcome: str = "inconclusive"  # found | good-fails | no-bad | inconclusive
+    seconds: float = 0.0
+
+    def probe_of(self, version: str | None) -> Probe | None:
+        return next((p for p in self.probes if p.version == version), None)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------------------------------------------
+
+def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[str], None] = print) -> BisectResult:
+    """Binary search for the first bad release in ``candidates`` (sorted oldest first).
+
+    Assumes monotonicity (once bad, bad after). Both ends are unknown at the start (virtual good below the list,
+    virtual bad above it), so a passing BAD or a failing GOOD is found rather than assumed away; this costs at most
+    one probe more than trusting the ends. Untestable releases are set aside and the search continues over the rest.
+    """
+    t0 = time.monotonic()
+    res = BisectResult(candidates=list(candidates))
+    n = len(candidates)
+    lo, hi = -1, n  # candidates[lo] is known good, candidates[hi] known bad (virtual at -1 and n)
+    untestable: set[int] = set()
+    step = 0
+    while True:
+        remaining = [i for i in range(lo + 1, hi) if i not in untestable]
+        if not remaining:
+            break
+        i = remaining[(len(remaining) - 1) // 2]
+        step += 1
+        left = max(1, len(remaining) - 1).bit_length()
+        log(f"[bisect] probe {step}: {candidates[i]} ({len(remaining)} candidate(s) left, ~{left} more probe(s))")
+        p = probe(candidates[i])
+        res.probes.append(p)
+        if p.fatal:
+            raise BisectError(f"{candidates[i]}: {p.detail} — no release can be tested here, stopping")
+        log(f"[bisect] {candidates[i]}: {p.status.upper()}" + (f" — {p.detail}" if p.detail else "")
+            + f" ({p.seconds:.0f} s)")
+        if p.status == GOOD:
+            lo = i
+        elif p.status == BAD:
+            hi = i
+        elif p.status == UNTESTABLE:
+            untestable.add(i)
+        else:
+            raise ValueError(f"probe returned unknown status {p.status!r}")
+    res.last_good = candidates[lo] if lo >= 0 else None
+    if hi < n:
+        res.first_bad = candidates[hi]
+        res.ambiguous = [candidates[i] for i in sorted(untestable) if lo < i < hi]
+        res.outcome = "good-fails" if hi == 0 else "found"
+    else:
+        res.outcome = "no-bad" if lo >= 0 else "inconclusive"
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def describe(res: BisectResult, package: str) -> list[str]:
+    """The human answer, a few lines."""
+    out = []
+    skipped = [p for p in res.probes if p.status == UNTESTABLE]
+    for p in skipped:
+        out.append(f"{package} {p.version}: {p.detail or 'untestable'} (skipped)")
+    if res.outcome in ("found", "good-fails"):
+        p = res.probe_of(res.first_bad)
+        line = f"first bad release: {package} {res.first_bad}"
+        if res.last_good:
+            line += f" (last good: {res.last_good})"
+        elif res.outcome == "good-fails":
+            line += f" — GOOD {res.first_bad} itself fails: the break is older than the range"
+        else:
+            line += " — no release below it could be tested"
+        out.append(line)
+        if res.ambiguous:
+            out.append(f"  or one of the untestable releases just before it: {', '.join(res.ambiguous)}")
+        if p is not None:
+            f = p.failure or {}
+            out.append(f"  error: [{f.get('kind') or '?'}] {f.get('type') + ': ' if f.get('type') else ''}"
+                       f"{f.get('message') or p.detail}")
+            if f.get("frame") or f.get("raised_at"):
+                out.append(f"  first frame: {f.get('frame') or f.get('raised_at')}")
+            if p.record:
+                out.append(f"  record: {p.record}")
+    elif res.outcome == "no-bad":
+        out.append(f"no bad release: every testable release passes, up to {res.last_good}"
+                   + (" (BAD passes here: is the break in another package or tier?)" if res.candidates and
+                      res.last_good == res.candidates[-1] else ""))
+    else:
+        out.append("inconclusive: no release in the range could be tested")
+    out.append(f"{len(res.probes)} probe(s) over {len(res.candidates)} release(s) in {_dur(res.seconds)}")
+    return out
+
+
+def _dur(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# candidates, defaults
+# ---------------------------------------------------------------------------------------------------------------
+
+def candidates(package: str, good: str, bad: str, *, releases: Callable | None = None) -> list[str]:
+    """Releases GOOD <= v <= BAD from the index (``releases`` is injectable for tests)."""
+    from packaging.version import InvalidVersion, Version
+
+    from mtpmatrix import index
+
+    try:
+        g, b = Version(good), Version(bad)
+    except InvalidVersion as exc:
+        raise BisectError(str(exc)) from None
+    if g > b:
+        raise BisectError(f"GOOD {good} is newer than BAD {bad}")
+    pre = g.is_prerelease or b.is_prerelease
+    try:
+        if releases is not None:
+            found = [Version(str(v)) for v in releases(package)]
+            got = sorted(v for v in found if g <= v <= b)
+        elif g == b:
+            got = [v for v in index.releases(package, include_prereleases=pre) if v == g]
+        else:
+            got = index.between(package, good, bad, include_prereleases=pre)
+    except index.IndexError_ as exc:
+        raise BisectError(str(exc)) from None
+    if not got:
+        raise BisectError(f"no release of {package} between {good} and {bad} on the index")
+    return [str(v) for v in got]
+
+
+def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
+    """(tier, run id it came from): the cheapest tier that failed in the latest matrix run of the row."""
+    from mtpmatrix.report import is_matrix_run
+
+    results = Path(results)
+    runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True) \
+        if results.is_dir() else []
+    for run in runs:
+        f = run / row_id / "row.json"
+        if not f.exists():
+            continue
+        rec = read_json(f)
+        if rec.get("verdict") in (None, "pending"):  # unfinished there: look further back
+            continue
+        tiers = rec.get("tiers") or {}
+        failed = [t for t in CHEAPEST if (tiers.get(t) or {}).get("verdict") in ("failed", "error")]
+        return (failed[0] if failed else DEFAULT_TIER), run.name
+    return DEFAULT_TIER, None
+
+
+def default_row(results: Path, rows: list) -> str:
+    """The first failing row of the latest matrix run, else the row tagged 'ci', else the first row."""
+    from mtpmatrix.report import latest_run_id
+
+    latest = latest_run_id(results)
+    if latest:
+        for f in sorted((Path(results) / latest).glob("*/row.json")):
+            if read_json(f).get("verdict") in ("failed", "error") and any(r.id == f.parent.name for r in rows):
+                return f.parent.name
+    ci = [r.id for r in rows if "ci" in r.tags]
+    return ci[0] if ci else rows[0].id
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the real probe: a fresh venv, the matrix's install and suite
+# ---------------------------------------------------------------------------------------------------------------
+
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def constraints_without(text: str, package: str) -> str:
+    """The row's constraints minus any pin of ``package``.
+
+    uv applies constraints on top of overrides, so ``-c row.txt`` with ``transformers==5.8.1`` and
+    ``--override transformers==5.9.0`` is unsatisfiable: the probe's pin must go from the constraints.
+    """
+    out = []
+    for line in text.splitlines():
+        s = line.split(" #", 1)[0].strip()
+        if s and not s.startswith("#"):
+            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)", s)
+            if m and _canon(m.group(1)) == _canon(package):
+                out.append(f"# {line}  (dropped by bisect: overridden)")
+                continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
+               keep_venvs: bool = False, log: Callable[[str], None] = print) -> Callable[[str], Probe]:
+    """A probe that installs ``row`` with ``package==version`` into a fresh venv and runs ``tier``."""
+    from mtpmatrix import matrix
+
+    uv = shutil.which("uv")
+    if uv is None:
+        raise BisectError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+
+    def probe(version: str) -> Probe:
+        t0 = time.monotonic()
+        probe_id = f"{row.id}-{_canon(package)}-{version}"
+        base = Path(cache) / row.id
+        venv = base / version
+        if venv.exists():
+            shutil.rmtree(venv)
+        base.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "UV_PYTHON_DOWNLOADS": os.environ.get("UV_PYTHON_DOWNLOADS", "never")}
+        env.pop("VIRTUAL_ENV", None)
+        made = subprocess.run([uv, "venv", "--python", row.python, str(venv)], capture_output=True, text=True,
+                              env=env)
+        if made.returncode != 0:
+            why = (made.stderr or made.stdout).strip().splitlines()
+            raise BisectError(f"cannot create a Python {row.python} venv for row {row.id}: "
+                              f"{why[-1] if why else 'uv venv failed'}")
+        cdir = base / f"constraints-{version}"
+        cdir.mkdir(exist_ok=True)
+        cfile = cdir / f"{row.id}.txt"
+        cfile.write_text(constraints_without(row.path.read_text(), package))
+        probe_row = dataclasses.replace(row, id=probe_id, path=cfile)
+        opts = matrix.Options(overrides=[f"{package}=={version}"], run_id=run_id, results=Path(results), tiers=tier)
+        try:
+            record = matrix.run_row(probe_row, venv, opts, log=log)
+        finally:
+            if not keep_venvs:
+                shutil.rmtree(venv, ignore_errors=True)
+        return classify_record(record, tier, version, time.monotonic() - t0,
+                               str(Path(results) / run_id / probe_id / "row.json"))
+
+    return probe
+
+
+def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None) -> Probe:
+    """good / bad / untestable from a probe's row record."""
+    install = record.get("install") or {}
+    if install.get("verdict") == "failed":
+        msg = (install.get("failure") or {}).get("message", "install failed")
+        return Probe(version, UNTESTABLE, f"does not install: {msg}", install.get("failure"), seconds, path)
+    t = (record.get("tiers") or {}).get(tier) or {}
+    verdict = t.get("verdict")
+    failing = [c for c in t.get("checks") or [] if c.get("outcome") in ("failed", "error")]
+    first = next((c.get("failure") for c in failing if c.get("failure")), None)
+    if verdict == "passed":
+        return Probe(version, GOOD, "", None, seconds, path)
+    if verdict in ("failed", "error"):
+        kinds = t.get("failure_kinds") or sorted({(c.get("failure") or {}).get("kind") for c in failing} - {None})
+        if kinds and set(kinds) == {"harness"}:
+            return Probe(version, UNTESTABLE, f"harness error: {(first or {}).get('message') or t.get('reason')}",
+                         first, seconds, path)
+        detail = f"{len(failing)} check(s) {verdict}" + (f" [{', '.join(kinds)}]" if kinds else "")
+        if first:
+            detail += f": {first.get('message')}"
+        elif t.get("reason"):
+            detail += f": {t['reason']}"
+        return Probe(version, BAD, detail, first or {"kind": (kinds or [None])[0], "message": t.get("reason")},
+                     seconds, path)
+    reason = re.sub(rf"^{tier} tier:\s*", "", t.get("reason") or "did not run")
+    # A tier skipped for want of a GPU skips for every release: the machine, not the release, is the problem.
+    return Probe(version, UNTESTABLE, f"{tier} tier {verdict or 'missing'}: {reason}", None, seconds, path,
+                 fatal="CUDA GPU" in reason)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("package", metavar="PACKAGE")
+    p.add_argument("good", metavar="GOOD", help="a release that works")
+    p.add_argument("bad", metavar="BAD", help="a release that breaks")
+    p.add_argument("--row", help="row id (constraints/<ROW>.txt; default: the first failing row of the latest run, "
+                                 "else the 'ci' row)")
+    p.add_argument("--tier", choices=TIERS,
+                   help="tier to re-run (default: the cheapest that failed in the row's latest run, else contract)")
+    p.add_argument("--run-id", help="results/<RUN_ID>/ for the probes (default: bisect-<UTC timestamp>)")
+    p.add_argument("--results", type=Path, default=Path(os.environ.get("MTPMATRIX_RESULTS_ROOT", "results")))
+    p.add_argument("--keep-venvs", action="store_true", help="keep each probe's venv under .cache/bisect/")
+
+
+def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
+    from mtpmatrix import matrix
+    from mtpmatrix.rows import RowError, load_rows
+
+    t0 = time.monotonic()
+    try:
+        rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")
+        row_id = ns.row or default_row(ns.results, rows)
+        by_id = {r.id: r for r in rows}
+        if row_id not in by_id:
+            raise BisectError(f"unknown row {row_id!r}; known: {', '.join(by_id)}")
+        row = by_id[row_id]
+        if ns.tier:
+            tier, source = ns.tier, "--tier"
+        else:
+            tier, from_run = cheapest_failed_tier(ns.results, row_id)
+            source = f"cheapest failing tier in run {from_run}" if from_run else "default"
+        cands = candidates(ns.package, ns.good, ns.bad, releases=releases)
+    except (BisectError, RowError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
+          f"({source}); results in {ns.results / run_id}/")
+    factory = probe_factory or (lambda: make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
+                                                   cache=matrix.REPO / ".cache" / "bisect",
+                                                   keep_venvs=ns.keep_venvs))
+    try:
+        res = search(cands, factory())
+    except BisectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    res.seconds = time.monotonic() - t0
+    lines = describe(res, ns.package)
+    print("\n".join(lines))
+    atomic_write_json(ns.results / run_id / "bisect.json",
+                      {"package": ns.package, "good": ns.good, "bad": ns.bad, "row": row_id, "tier": tier,
+                       **res.as_dict(), "summary": lines})
+    return 0 if res.outcome in ("found", "good-fails") else 1

@@ -1,0 +1,421 @@
+"""Stdlib HTTP client for sglang's native API: /generate, /server_info, /flush_cache, and a concurrent batch runner.
+
+Response shape of POST /generate (single request), identical in sglang 0.5.13 / 0.5.17 / 0.5.23::
+
+    {"text": str, "output_ids": [int, ...],            # output_ids: tokenizer_manager adds it for generation
+     "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
+                   # only when speculative decoding ran at least one verify step for this request:
+                   "spec_verify_ct", "spec_accept_length" (= completion_tokens / spec_verify_ct, bonus token included),
+                   "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
+                   "spec_correct_drafts_histogram",
+                   # 0.5.13 only (backward-compat aliases): "spec_accepted_drafts", "spec_proposed_drafts",
+                   # "spec_accept_histogram"; 0.5.17+: optional "spec_cap_length", "spec_block_accept_length"
+                   ...}}
+
+GET /server_info: resolved server args at the top level (0.5.23 adds "launch_command"), scheduler info, and
+``internal_states`` (one dict per DP rank) whose ``avg_spec_accept_length`` (accepted tokens / verify forwards,
+cumulative since launch) is present only once a speculative forward has run (all three releases).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+DEFAULT_TIMEOUT = 600.0
+_RETRYABLE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError,
+              http.client.CannotSendRequest, http.client.BadStatusLine)
+
+
+class ClientError(RuntimeError):
+    """A non-2xx answer or an unusable body; ``status`` is the HTTP status (None for transport errors)."""
+
+    def __init__(self, message: str, status: int | None = None, body: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+def _split(base_url: str) -> tuple[str, int]:
+    u = urllib.parse.urlsplit(base_url)
+    if u.scheme not in ("http", ""):
+        raise ValueError(f"only plain http is supported, got {base_url!r}")
+    return u.hostname or "127.0.0.1", u.port or 80
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection to a server, reopened transparently when the server closed it."""
+
+    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT):
+        self.base_url = base_url
+        self.host, self.port = _split(base_url)
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+        self._used = False  # whether the open connection already carried a request (stale keep-alive possible)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            self._used = False
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self, timeout: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            self._conn.connect()
+            self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._used = False
+        elif self._conn.sock is not None:
+            self._conn.sock.settimeout(timeout)
+        return self._conn
+
+    def request(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> tuple[int, bytes]:
+        """(status, body bytes). Retries once on a fresh connection when a reused keep-alive one was dropped."""
+        timeout = self.timeout if timeout is None else timeout
+        body = None if payload is None else json.dumps(payload).encode()
+        headers = {"Connection": "keep-alive"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (0, 1):
+            reused = self._conn is not None and self._used
+            conn = self._open(timeout)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except _RETRYABLE:
+                self.close()
+                if reused and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                self.close()
+                raise
+            self._used = True
+            if resp.will_close:
+                self.close()
+            return resp.status, data
+        raise AssertionError("unreachable")
+
+    def json(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
+        status, data = self.request(method, path, payload, timeout)
+        text = data.decode("utf-8", errors="replace")
+        if not 200 <= status < 300:
+            raise ClientError(f"{method} {path} -> HTTP {status}: {_error_message(text)}", status, text)
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ClientError(f"{method} {path} -> HTTP {status} with a non-JSON body: {text[:200]!r}",
+                              status, text) from exc
+
+
+def _error_message(text: str) -> str:
+    """sglang's error bodies: {"error": {"message": ...}} / {"detail": ...} / {"message": ...} / plain text."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text.strip()[:500]
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:500]
+        for key in ("detail", "message", "error"):
+            if obj.get(key):
+                return str(obj[key])[:500]
+    return text.strip()[:500]
+
+
+def request(base_url: str, method: str, path: str, payload: Any = None,
+            timeout: float = DEFAULT_TIMEOUT) -> tuple[int, bytes]:
+    """One request on a fresh connection: (status, body bytes); transport errors raise OSError/HTTPException."""
+    with Connection(base_url, timeout) as c:
+        return c.request(method, path, payload, timeout)
+
+
+def generate_payload(text: str | None = None, input_ids: list[int] | None = None,
+                     sampling_params: dict | None = None, return_logprob: bool = False, **extra) -> dict:
+    if (text is None) == (input_ids is None):
+        raise ValueError("give exactly one of text / input_ids")
+    payload: dict = {"text": text} if text is not None else {"input_ids": list(input_ids)}
+    payload["sampling_params"] = dict(sampling_params or {})
+    if return_logprob:
+        payload["return_logprob"] = True
+    payload.update(extra)
+    return payload
+
+
+def generate(base_url: str, text: str | None = None, input_ids: list[int] | None = None,
+             sampling_params: dict | None = None, return_logprob: bool = False, timeout: float = DEFAULT_TIMEOUT,
+             *, conn: Connection | None = None, **extra) -> dict:
+    """POST /generate for one prompt; returns sglang's JSON (``text``, ``output_ids``, ``meta_info``).
+
+    ``extra`` goes into the request body as is (e.g. ``rid=...``, ``logprob_start_len=...``).
+    Raises ClientError on a non-2xx answer (message = sglang's error message).
+    """
+    payload = generate_payload(text, input_ids, sampling_params, return_logprob, **extra)
+    if conn is not None:
+        return conn.json("POST", "/generate", payload, timeout)
+    with Connection(base_url, timeout) as c:
+        return c.json("POST", "/generate", payload, timeout)
+
+
+def server_info(base_url: str, timeout: float = 60.0) -> dict:
+    """GET /server_info, falling back to /get_server_info on releases without the new name."""
+    with Connection(base_url, timeout) as c:
+        try:
+            return c.json("GET", "/server_info")
+        except ClientError as exc:
+            if exc.status != 404:
+                raise
+        return c.json("GET", "/get_server_info")
+
+
+def model_info(base_url: str, timeout: float = 60.0) -> dict:
+    with Connection(base_url, timeout) as c:
+        try:
+            return c.json("GET", "/model_info")
+        except ClientError as exc:
+            if exc.status != 404:
+                raise
+        return c.json("GET", "/get_model_info")
+
+
+def flush_cache(base_url: str, timeout: float = 60.0) -> bool:
+    """POST /flush_cache; False when sglang refused (requests running) or the server is unreachable."""
+    try:
+        status, _ = request(base_url, "POST", "/flush_cache", timeout=timeout)
+    except (OSError, http.client.HTTPException):
+        return False
+    return status == 200
+
+
+def health(base_url: str, path: str = "/health_generate", timeout: float = 30.0) -> bool:
+    try:
+        status, _ = request(base_url, "GET", path, timeout=timeout)
+    except (OSError, http.client.HTTPException):
+        return False
+    return status == 200
+
+
+# --- server_info helpers ----------------------------------------------------------------------------------------
+def spec_stats(info: dict | None) -> dict | None:
+    """Speculative-decoding stats from a /server_info answer, or None when the server reports none.
+
+    ``avg_spec_accept_length`` lives in ``internal_states[i]`` (one per DP rank) in 0.5.13 / 0.5.17 / 0.5.23, and is
+    absent until a speculative forward ran (and always without speculative decoding). Older releases put it at the
+    top level; that is read too. Returns {"avg_spec_accept_length": mean over reporting ranks, "per_rank": [...],
+    "source": where it was found}.
+    """
+    if not isinstance(info, dict):
+        return None
+    states = info.get("internal_states")
+    if isinstance(states, dict):
+        states = [states]
+    per_rank = []
+    if isinstance(states, list):
+        for st in states:
+            if isinstance(st, dict) and isinstance(st.get("avg_spec_accept_length"), (int, float)):
+                per_rank.append(float(st["avg_spec_accept_length"]))
+    if per_rank:
+        return {"avg_spec_accept_length": sum(per_rank) / len(per_rank), "per_rank": per_rank,
+                "source": "internal_states[0]" if len(per_rank) == 1 else "internal_states[*]"}
+    top = info.get("avg_spec_accept_length")
+    if isinstance(top, (int, float)):
+        return {"avg_spec_accept_length": float(top), "per_rank": [float(top)], "source": "top level"}
+    return None
+
+
+_MISSING = object()
+
+
+def find_arg(info: dict, name: str, default: Any = None) -> Any:
+    """A server arg from /server_info: top level first, then any nested dict (0.5.23 nests some records)."""
+    if not isinstance(info, dict):
+        return default
+    if name in info:
+        return info[name]
+    stack = [v for k, v in info.items() if k != "internal_states" and isinstance(v, dict)]
+    while stack:
+        d = stack.pop(0)
+        if name in d:
+            return d[name]
+        stack.extend(v for v in d.values() if isinstance(v, dict))
+    return default
+
+
+def cuda_graph_disabled(info: dict) -> bool | None:
+    """Whether /server_info says CUDA graphs are off (disable_cuda_graph, or 0.5.23's decode backend 'disabled');
+    None when the answer says neither."""
+    flag = find_arg(info, "disable_cuda_graph", _MISSING)
+    backend = find_arg(info, "cuda_graph_backend_decode", _MISSING)
+    if flag is _MISSING and backend is _MISSING:
+        return None
+    if flag is not _MISSING and bool(flag):
+        return True
+    if backend is not _MISSING and isinstance(backend, str) and backend.lower() == "disabled":
+        return True
+    return False
+
+
+# --- batch runner -------------------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    """One request of a batch: the response or the error, and its latency."""
+
+    index: int
+    ok: bool
+    latency_s: float
+    response: dict | None = None
+    error: str | None = None
+    status: int | None = None
+    started_s: float = 0.0  # relative to the batch start
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str | None:
+        return self.response.get("text") if self.response else None
+
+    @property
+    def meta_info(self) -> dict:
+        return (self.response or {}).get("meta_info") or {}
+
+    @property
+    def completion_tokens(self) -> int:
+        v = self.meta_info.get("completion_tokens")
+        return int(v) if isinstance(v, (int, float)) else 0
+
+
+@dataclass
+class BatchSummary:
+    total: int
+    ok: int
+    errors: int
+    wall_s: float
+    completion_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    latency_max_s: float | None
+    spec_accept_length: float | None  # sum(completion_tokens) / sum(spec_verify_ct) over requests that report it
+    first_errors: list[str]
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _percentile(sorted_vals: list[float], q: float) -> float | None:
+    if not sorted_vals:
+        return None
+    k = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return sorted_vals[k]
+
+
+def summarize(results: list[Result], wall_s: float) -> BatchSummary:
+    ok = [r for r in results if r.ok]
+    toks = sum(r.completion_tokens for r in ok)
+    lat = sorted(r.latency_s for r in ok)
+    verify = sum(int(r.meta_info.get("spec_verify_ct") or 0) for r in ok)
+    spec_toks = sum(r.completion_tokens for r in ok if r.meta_info.get("spec_verify_ct"))
+    return BatchSummary(
+        total=len(results), ok=len(ok), errors=len(results) - len(ok), wall_s=round(wall_s, 3),
+        completion_tokens=toks, output_tokens_per_s=round(toks / wall_s, 2) if wall_s > 0 else 0.0,
+        requests_per_s=round(len(results) / wall_s, 2) if wall_s > 0 else 0.0,
+        latency_p50_s=_percentile(lat, 0.5), latency_p90_s=_percentile(lat, 0.9),
+        latency_max_s=lat[-1] if lat else None,
+        spec_accept_length=round(spec_toks / verify, 4) if verify else None,
+        first_errors=[f"#{r.index}: {r.error}" for r in results if not r.ok][:5],
+    )
+
+
+def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
+              progress: Callable[[int, int, Result], None] | None = None,
+              timeout: float = DEFAULT_TIMEOUT, path: str = "/generate") -> list[Result]:
+    """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``) with ``parallel`` workers.
+
+    Each worker thread keeps one keep-alive connection. A failing request (HTTP error, timeout, refused
+    connection, bad JSON) becomes a Result with ok=False and its error; it never stops the batch. Results come
+    back in input order. ``progress(done, total, result)`` is called after each request, serialized by a lock.
+    """
+    payloads = list(requests)
+    total = len(payloads)
+    results: list[Result | None] = [None] * total
+    if total == 0:
+        return []
+    work: queue.SimpleQueue = queue.SimpleQueue()
+    for i in range(total):
+        work.put(i)
+    lock = threading.Lock()
+    done = [0]
+    t_batch = time.perf_counter()
+
+    def worker() -> None:
+        conn = Connection(base_url, timeout)
+        try:
+            while True:
+                try:
+                    i = work.get_nowait()
+                except queue.Empty:
+                    return
+                t0 = time.perf_counter()
+                try:
+                    resp = conn.json("POST", path, payloads[i], timeout)
+                    if not isinstance(resp, dict):
+                        raise ClientError(f"unexpected /generate answer of type {type(resp).__name__}")
+                    res = Result(i, True, time.perf_counter() - t0, response=resp, started_s=t0 - t_batch)
+                except ClientError as exc:
+                    res = Result(i, False, time.perf_counter() - t0, error=str(exc), status=exc.status,
+                                 started_s=t0 - t_batch)
+                except Exception as exc:  # transport errors, timeouts: recorded, the batch goes on
+                    res = Result(i, False, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}",
+                                 started_s=t0 - t_batch)
+                    conn.close()
+                results[i] = res
+                if progress is not None:
+                    with lock:
+                        done[0] += 1
+                        try:
+                            progress(done[0], total, res)
+                        except Exception:  # a broken progress printer must not kill the batch
+                            pass
+        finally:
+            conn.close()
+
+    n = max(1, min(int(parallel), total))
+    threads = [threading.Thread(target=worker, name=f"mtpmatrix-client-{k}", daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in results if r is not None]  # every slot is filled: each index is taken exactly once
+
+
+def progress_printer(every: int = 25, label: str = "", stream=None) -> Callable[[int, int, Result], None]:
+    """A ``progress`` callback printing one line every ``every`` requests (and at the end)."""
+    import sys
+
+    out = stream or sys.stderr
+    t0 = time.perf_counter()
+    errors = [0]
+
+    def cb(done: int, total: int, res: Result) -> None:
+        if not res.ok:
+            errors[0] += 1
+        if done % every == 0 or done == total:
+            el = time.perf_counter() - t0
+            print(f"{label}{done}/{total} done, {errors[0]} errors, {el:.1f}s", file=out, flush=True)
+
+    return cb

@@ -1,0 +1,323 @@
+"""GSM8K 5-shot, exactly as sglang's ``run_eval(eval_name="gsm8k", api="completion", num_shots=5)`` scores it.
+
+What sglang does (``sglang/test/simple_eval_gsm8k.py`` in 0.5.13, ``simple_eval_mixed_prefix_gsm8k.GSM8KEval`` in
+0.5.17 and 0.5.23; the code is the same in all three):
+
+* data: the openai/grade-school-math **test** split only (``test.jsonl``, 1319 lines; lines starting with ``#``
+  skipped). The train split is never used.
+* few-shot prefix: the FIRST ``num_shots`` lines of test.jsonl, in file order, each as
+  ``"Question: {question}\\nAnswer: {answer}"`` followed by ``"\\n\\n"``.
+* evaluated questions: test lines ``[num_shots : num_shots + num_examples]`` (capped silently at the end of the
+  file), so few-shot examples never leak into the evaluation; prompt = prefix + ``"Question: {question}\\nAnswer:"``.
+* request: the prompt as raw text (completion API, no chat template), temperature 0.0, top_p 1.0,
+  stop ``["Question", "Assistant:", "<|separator|>"]``, max tokens from the caller (run_eval's default is 2048; this
+  suite uses settings.GSM8K_MAX_NEW_TOKENS). Here the same prompt and sampling parameters go to sglang's native
+  POST /generate (what run_eval's ``api="generate"`` sampler sends).
+* answer: commas removed, the LAST match of ``-?\\d+\\.?\\d*``, ``ast.literal_eval``'d; no number (or an unparsable
+  one) is INVALID = -9999999. Gold is extracted from the reference answer the same way.
+* score: mean of ``extracted == gold`` over all evaluated questions; a failed request counts as the response ""
+  (INVALID, so wrong).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from mtpmatrix import client, settings, stats
+
+INVALID = -9999999
+STOP = ["Question", "Assistant:", "<|separator|>"]
+TEMPERATURE = 0.0
+TOP_P = 1.0
+SPLITS = ("test", "train")
+URLS = {s: f"https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{s}.jsonl"
+        for s in SPLITS}
+SHA256 = {
+    "test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",  # 1319 lines
+    "train": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",  # 7473 lines
+}
+_NUMBER = re.compile(r"-?\d+\.?\d*")
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class DataError(RuntimeError):
+    """GSM8K data missing, unreachable, or not the expected file."""
+
+
+# --- sglang's functions, mirrored ----------------------------------------------------------------------------
+def get_one_example(lines: list[dict], i: int, include_answer: bool) -> str:
+    ret = f"Question: {lines[i]['question']}\nAnswer:"
+    if include_answer:
+        ret += f" {lines[i]['answer']}"
+    return ret
+
+
+def get_few_shot_examples(lines: list[dict], k: int) -> str:
+    return "".join(get_one_example(lines, i, True) + "\n\n" for i in range(k))
+
+
+def get_answer_value(answer_str: str):
+    """The last number in ``answer_str`` (commas dropped), or INVALID."""
+    answer_str = answer_str.replace(",", "")
+    numbers = _NUMBER.findall(answer_str)
+    if len(numbers) < 1:
+        return INVALID
+    try:
+        return ast.literal_eval(numbers[-1])
+    except (SyntaxError, ValueError):
+        return INVALID
+
+
+def is_correct(extracted, gold) -> bool:
+    return extracted == gold
+
+
+# --- data -------------------------------------------------------------------------------------------------------
+def is_offline(offline: bool | None = None, env: dict | None = None) -> bool:
+    if offline is not None:
+        return offline
+    env = os.environ if env is None else env
+    return any(env.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("MTPMATRIX_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mtpmatrix" / "gsm8k"
+
+
+def candidate_dirs(data_dir: str | Path | None = None) -> list[Path]:
+    """Where a split is looked for, in order: the argument, $MTPMATRIX_GSM8K_DIR, ../shared/data/gsm8k next to
+    the repo root (and next to the working directory), then the download cache."""
+    out: list[Path] = []
+    if data_dir:
+        return [Path(data_dir)]
+    if os.environ.get("MTPMATRIX_GSM8K_DIR"):
+        return [Path(os.environ["MTPMATRIX_GSM8K_DIR"])]
+    out.append((_REPO_ROOT / ".." / "shared" / "data" / "gsm8k").resolve())
+    cwd_rel = (Path.cwd() / ".." / "shared" / "data" / "gsm8k").resolve()
+    if cwd_rel not in out:
+        out.append(cwd_rel)
+    out.append(default_cache_dir())
+    return out
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _download(split: str, dest: Path, timeout: float = 60.0) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    try:
+        with urllib.request.urlopen(URLS[split], timeout=timeout) as resp, open(tmp, "wb") as fh:
+            while True:
+                block = resp.read(1 << 20)
+                if not block:
+                    break
+                fh.write(block)
+        got = sha256_file(tmp)
+        if got != SHA256[split]:
+            raise DataError(f"downloaded GSM8K {split}.jsonl from {URLS[split]} has SHA-256 {got}, "
+                            f"expected {SHA256[split]}")
+        os.replace(tmp, dest)
+    except OSError as exc:
+        raise DataError(f"could not download GSM8K {split}.jsonl from {URLS[split]}: {exc}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def data_file(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
+              cache_dir: str | Path | None = None, verify: bool = True) -> Path:
+    """Path of a verified ``{split}.jsonl``: found locally, or downloaded once into the cache (unless offline)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown GSM8K split {split!r}; known: {', '.join(SPLITS)}")
+    dirs = candidate_dirs(data_dir)
+    if cache_dir is not None:
+        dirs = [d for d in dirs if d != default_cache_dir()] + [Path(cache_dir)]
+    for d in dirs:
+        p = d / f"{split}.jsonl"
+        if p.is_file():
+            if verify and (got := sha256_file(p)) != SHA256[split]:
+                raise DataError(f"{p} has SHA-256 {got}, expected {SHA256[split]} (not the openai/grade-school-math "
+                                f"{split} split; fix the file or point MTPMATRIX_GSM8K_DIR elsewhere)")
+            return p
+    looked = ", ".join(str(d / f"{split}.jsonl") for d in dirs)
+    if is_offline(offline):
+        raise DataError(f"GSM8K {split}.jsonl not found (looked for {looked}) and downloading is off "
+                        f"(offline / MTPMATRIX_OFFLINE / HF_HUB_OFFLINE); put the file there or set "
+                        f"MTPMATRIX_GSM8K_DIR")
+    dest = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    _download(split, dest / f"{split}.jsonl")
+    return dest / f"{split}.jsonl"
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """sglang.utils.read_jsonl: one JSON object a line, lines starting with '#' skipped (blank ones too)."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("#") or not line.strip():
+                continue
+            out.append(json.loads(line))
+    return out
+
+
+def load_split(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
+               cache_dir: str | Path | None = None) -> list[dict]:
+    return read_jsonl(data_file(split, data_dir, offline=offline, cache_dir=cache_dir))
+
+
+# --- prompts ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Question:
+    index: int  # position among evaluated questions (sglang's idx)
+    line: int  # position in test.jsonl (num_shots + index)
+    question: str
+    prompt: str
+    gold: int | float
+    gold_text: str
+
+    @property
+    def prompt_sha(self) -> str:
+        return hashlib.sha256(self.prompt.encode()).hexdigest()[:16]
+
+
+def build_questions(lines: list[dict], num_examples: int | None = settings.GSM8K_NUM_EXAMPLES,
+                    num_shots: int = settings.GSM8K_NUM_SHOTS) -> list[Question]:
+    """Few-shot prefix from lines[:num_shots], questions from lines[num_shots:num_shots+num_examples]."""
+    prefix = get_few_shot_examples(lines, num_shots)
+    evald = lines[num_shots:]
+    if num_examples is not None:
+        evald = evald[:num_examples]
+    return [Question(index=i, line=num_shots + i, question=q["question"],
+                     prompt=prefix + get_one_example(evald, i, include_answer=False),
+                     gold=get_answer_value(q["answer"]), gold_text=q["answer"])
+            for i, q in enumerate(evald)]
+
+
+def sampling_params(max_new_tokens: int = settings.GSM8K_MAX_NEW_TOKENS) -> dict:
+    return {"temperature": TEMPERATURE, "top_p": TOP_P, "max_new_tokens": int(max_new_tokens), "stop": list(STOP)}
+
+
+# --- running ------------------------------------------------------------------------------------------------------
+@dataclass
+class Gsm8kResult:
+    score: float
+    num_examples: int
+    num_correct: int
+    num_invalid: int  # no number in the response (errors included)
+    num_errors: int  # requests that failed (HTTP / transport)
+    num_shots: int
+    max_new_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float
+    wall_s: float
+    wilson95: tuple[float, float]
+    spec_accept_length: float | None  # sum(completion_tokens) / sum(spec_verify_ct) from per-request meta_info
+    records: list[dict] = field(default_factory=list, repr=False)
+    first_errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.pop("records")
+        d["wilson95"] = list(self.wilson95)
+        return d
+
+    @property
+    def correct_list(self) -> list[bool]:
+        return [bool(r["correct"]) for r in self.records]
+
+    def write_jsonl(self, path: str | Path) -> Path:
+        """One JSON record per question (index order); written to a temp file and renamed."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for r in self.records:
+                fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def _jsonable_number(v):
+    return None if v == INVALID else v
+
+
+def score_results(questions: list[Question], results: list[client.Result], wall_s: float,
+                  num_shots: int, max_new_tokens: int) -> Gsm8kResult:
+    records = []
+    for q, r in zip(questions, results):
+        text = (r.text or "") if r.ok else ""  # sglang: a failed request is the response ""
+        extracted = get_answer_value(text)
+        correct = is_correct(extracted, q.gold)
+        meta = r.meta_info
+        records.append({
+            "index": q.index, "line": q.line, "prompt_sha": q.prompt_sha, "question": q.question,
+            "response": text, "extracted": _jsonable_number(extracted), "invalid": extracted == INVALID,
+            "gold": _jsonable_number(q.gold), "correct": bool(correct),
+            "completion_tokens": r.completion_tokens, "latency_s": round(r.latency_s, 4),
+            "finish_reason": meta.get("finish_reason"), "spec_verify_ct": meta.get("spec_verify_ct"),
+            "spec_accept_length": meta.get("spec_accept_length"), "error": r.error,
+        })
+    n = len(records)
+    k = sum(r["correct"] for r in records)
+    summ = client.summarize(results, wall_s)
+    return Gsm8kResult(
+        score=k / n if n else 0.0, num_examples=n, num_correct=k,
+        num_invalid=sum(r["invalid"] for r in records), num_errors=summ.errors, num_shots=num_shots,
+        max_new_tokens=max_new_tokens, output_tokens=summ.completion_tokens,
+        output_tokens_per_s=summ.output_tokens_per_s, wall_s=round(wall_s, 3),
+        wilson95=stats.wilson_interval(k, n), spec_accept_length=summ.spec_accept_length, records=records,
+        first_errors=summ.first_errors,
+    )
+
+
+def run_gsm8k(base_url: str, num_examples: int = settings.GSM8K_NUM_EXAMPLES,
+              num_shots: int = settings.GSM8K_NUM_SHOTS, parallel: int = settings.GSM8K_PARALLEL,
+              max_new_tokens: int = settings.GSM8K_MAX_NEW_TOKENS, *, lines: list[dict] | None = None,
+              data_dir: str | Path | None = None, offline: bool | None = None, progress_every: int = 25,
+              log: Callable[[str], None] | None = print, timeout: float = client.DEFAULT_TIMEOUT,
+              label: str = "gsm8k") -> Gsm8kResult:
+    """Run GSM8K against a live server's /generate; every question's record is kept in the result."""
+    if lines is None:
+        lines = load_split("test", data_dir, offline=offline)
+    questions = build_questions(lines, num_examples, num_shots)
+    sp = sampling_params(max_new_tokens)
+    payloads = [client.generate_payload(text=q.prompt, sampling_params=sp) for q in questions]
+    lock = threading.Lock()
+    tally = {"correct": 0, "errors": 0}
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int, res: client.Result) -> None:
+        q = questions[res.index]
+        with lock:
+            tally["correct"] += is_correct(get_answer_value((res.text or "") if res.ok else ""), q.gold)
+            tally["errors"] += not res.ok
+        if log and progress_every and (done % progress_every == 0 or done == total):
+            log(f"{label}: {done}/{total} done, {tally['correct']} correct, {tally['errors']} errors, "
+                f"{time.perf_counter() - t0:.1f}s")
+
+    results = client.run_batch(base_url, payloads, parallel=parallel, progress=progress, timeout=timeout)
+    wall = time.perf_counter() - t0
+    res = score_results(questions, results, wall, num_shots, max_new_tokens)
+    if log:
+        lo, hi = res.wilson95
+        log(f"{label}: score {res.score:.3f} ({res.num_correct}/{res.num_examples}, Wilson 95% [{lo:.3f}, {hi:.3f}]), "
+            f"{res.num_invalid} invalid, {res.num_errors} errors, {res.output_tokens_per_s:.1f} output tok/s, "
+            f"{res.wall_s:.1f}s")
+    return res

@@ -1,0 +1,1202 @@
+"""The matrix report: one run (``results/<run-id>/``) as Markdown, one self-contained HTML page and JSON.
+
+    python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR]
+
+writes ``summary.md``, ``report.html`` and ``summary.json`` into ``results/<run-id>/report/`` (or ``--out``) and
+appends summary.md to ``$GITHUB_STEP_SUMMARY`` when that is set. Exit status: 0 when the run qualifies (every row
+finished and none failed or errored), 1 when it does not, 2 on bad input (no such run, no rows) with one line.
+
+Besides the rows x tiers table the report holds, for every failing row, the closest passing row (fewest packages
+that differ in freeze.txt, ties broken towards the same sglang) with the differing versions; GSM8K per-question
+paired comparisons between rows (McNemar exact p) where per-question records exist; and with ``--baseline`` a
+run-to-run diff (new failures, fixed ones, metric deltas).
+
+Standard library only: the package is installed next to sglang's pins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import html
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+from mtpmatrix.store import TIERS, VERDICTS, atomic_write_json, atomic_write_text, read_json, row_verdict
+
+REPORT_DIR = "report"
+LOG_FILES = ("install.log", "pytest.log", "freeze.txt", "check.txt", "junit.xml")
+SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️", "pending": "⏳", None: "—"}
+# The HTML page uses plain glyphs that every font has (emoji need a color-emoji font the viewer may lack).
+GLYPHS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "pending": "…", None: "—"}
+BAD = ("failed", "error")
+MAIN_PACKAGES = ("sglang", "transformers", "torch")
+# Metrics shown in their own columns; everything else lands in "other", shortened.
+KNOWN_METRICS = ("score", "score_ci_low", "score_ci_high", "avg_spec_accept_length", "speedup", "records")
+# Aliases the tiers may use for the same things (first present wins).
+ACCEPT_KEYS = ("avg_spec_accept_length", "spec_accept_length", "accept_length")
+SPEEDUP_KEYS = ("speedup", "throughput_speedup", "latency_speedup")
+CI_PAIR_KEYS = ("score_ci", "wilson95", "ci95")
+COUNT_KEYS = ("num_questions", "n", "num_examples", "total", "questions")
+SELF_PACKAGES = {"gemma4-mtp-matrix", "mtpmatrix"}
+ALPHA = 0.05
+
+
+class ReportError(ValueError):
+    """Bad input for the report (no such run, no rows); the message is one line."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# statistics: mtpmatrix.stats when a colleague's module is present, small private versions otherwise
+# ---------------------------------------------------------------------------------------------------------------
+
+def _stats_module():
+    try:
+        from mtpmatrix import stats  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return stats
+
+
+def _private_wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n <= 0:
+        return (0.0, 1.0)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _private_mcnemar(b: int, c: int) -> float:
+    """Exact two-sided McNemar p: binomial test of min(b, c) among b + c discordant pairs at 1/2."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def _pair_of(result) -> tuple[float, float] | None:
+    for lo, hi in (("low", "high"), ("lo", "hi"), ("lower", "upper")):
+        if hasattr(result, lo) and hasattr(result, hi):
+            return float(getattr(result, lo)), float(getattr(result, hi))
+    if isinstance(result, dict):
+        for lo, hi in (("low", "high"), ("lo", "hi"), ("lower", "upper")):
+            if lo in result and hi in result:
+                return float(result[lo]), float(result[hi])
+    if isinstance(result, (tuple, list)) and len(result) >= 2:
+        return float(result[0]), float(result[1])
+    return None
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of k successes in n (z = 1.96, as mtpmatrix.stats)."""
+    stats = _stats_module()
+    if stats is not None and hasattr(stats, "wilson_interval"):
+        try:
+            got = _pair_of(stats.wilson_interval(k, n))
+            if got is not None:
+                return got
+        except (ValueError, ZeroDivisionError):
+            pass
+    return _private_wilson(k, n)
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """Exact McNemar p for b and c discordant pairs."""
+    stats = _stats_module()
+    if stats is not None and hasattr(stats, "mcnemar"):
+        try:
+            got = stats.mcnemar(b, c)
+            for attr in ("p", "pvalue", "p_value"):
+                if hasattr(got, attr):
+                    return float(getattr(got, attr))
+                if isinstance(got, dict) and attr in got:
+                    return float(got[attr])
+            if isinstance(got, (int, float)):
+                return float(got)
+            if isinstance(got, (tuple, list)) and got:
+                return float(got[-1])
+        except (ValueError, ZeroDivisionError):
+            pass
+    return _private_mcnemar(b, c)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading a run
+# ---------------------------------------------------------------------------------------------------------------
+
+def is_matrix_run(path: Path) -> bool:
+    """A folder that holds at least one ``<row>/row.json`` and is not a bisect run."""
+    return path.is_dir() and not path.name.startswith("bisect-") and any(path.glob("*/row.json"))
+
+
+def latest_run_id(results: Path) -> str | None:
+    """The newest matrix run under ``results`` (run ids are UTC timestamps, so name order is time order)."""
+    results = Path(results)
+    if not results.is_dir():
+        return None
+    runs = sorted(p.name for p in results.iterdir() if is_matrix_run(p))
+    return runs[-1] if runs else None
+
+
+def resolve_run(results: Path, run_id: str | None) -> Path:
+    results = Path(results)
+    if run_id is None:
+        run_id = latest_run_id(results)
+        if run_id is None:
+            raise ReportError(f"no runs under {results}/ (run the matrix first: nox -s gemma4_mtp)")
+    run_dir = results / run_id
+    if not run_dir.is_dir():
+        known = sorted(p.name for p in results.iterdir() if is_matrix_run(p))[-5:] if results.is_dir() else []
+        raise ReportError(f"no such run {run_id!r} under {results}/" + (f" (latest: {', '.join(known)})" if known
+                                                                           else ""))
+    if not any(run_dir.glob("*/row.json")):
+        raise ReportError(f"run {run_id!r} ({run_dir}) has no rows (no */row.json)")
+    return run_dir
+
+
+def parse_freeze(text: str) -> dict[str, str]:
+    """``name==version`` / ``name @ url`` lines as {canonical name: version or url}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "-e ")):
+            continue
+        if "==" in line:
+            name, ver = line.split("==", 1)
+        elif " @ " in line:
+            name, ver = line.split(" @ ", 1)
+        else:
+            continue
+        name = re.sub(r"[-_.]+", "-", name.strip()).lower()
+        if name not in SELF_PACKAGES:
+            out[name] = ver.strip()
+    return out
+
+
+def _pins_of(record: dict) -> dict[str, str]:
+    """What a row asked for (its pins with --with overrides applied): the fallback when no freeze.txt exists."""
+    pins = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in (record.get("row") or {}).get("pins", {}).items()}
+    for spec in record.get("overrides") or []:
+        m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*===?\s*([^\s,;]+)\s*$", spec)
+        if m:
+            pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+    return pins
+
+
+def _resolve_records_path(value: str, row_dir: Path, run_dir: Path) -> Path | None:
+    p = Path(value)
+    candidates = [p] if p.is_absolute() else []
+    candidates += [row_dir / value, row_dir / p.name, row_dir / "gsm8k" / p.name, run_dir / value, Path.cwd() / value]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def read_question_records(path: Path) -> dict[int, bool]:
+    """Per-question correctness from a JSONL file whose lines carry ``index`` and ``correct``."""
+    out: dict[int, bool] = {}
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "index" in rec and "correct" in rec:
+                out[int(rec["index"])] = bool(rec["correct"])
+    return out
+
+
+def short_check(check_id: str) -> str:
+    """``tests/tiers/test_gsm8k.py::test_gsm8k[E4B-topk1]`` -> ``test_gsm8k[E4B-topk1]``."""
+    return check_id.split("::", 1)[1] if "::" in check_id else check_id
+
+
+def question_records(record: dict, row_dir: Path, run_dir: Path) -> dict[str, dict]:
+    """{key: {"path", "questions": {index: correct}}} for every GSM8K per-question file of a row.
+
+    A check whose metrics name a ``records`` file is keyed by its short check id; files under ``gsm8k/*.jsonl``
+    that no check names are keyed ``gsm8k/<stem>``.
+    """
+    out: dict[str, dict] = {}
+    seen: set[Path] = set()
+    for tier in (record.get("tiers") or {}).values():
+        for chk in tier.get("checks") or []:
+            value = (chk.get("metrics") or {}).get("records")
+            if not isinstance(value, str):
+                continue
+            path = _resolve_records_path(value, row_dir, run_dir)
+            if path is None:
+                continue
+            qs = read_question_records(path)
+            if qs:
+                out[short_check(chk["id"])] = {"path": str(path), "questions": qs}
+                seen.add(path.resolve())
+    by_param: dict[str, list[str]] = {}
+    for tier in (record.get("tiers") or {}).values():
+        for chk in tier.get("checks") or []:
+            m = re.search(r"\[([^\]]+)\]$", chk["id"])
+            if m and chk.get("tier") == "gsm8k":
+                by_param.setdefault(m.group(1), []).append(short_check(chk["id"]))
+    for path in sorted((row_dir / "gsm8k").glob("*.jsonl")) if (row_dir / "gsm8k").is_dir() else []:
+        if path.resolve() in seen:
+            continue
+        qs = read_question_records(path)
+        if not qs:
+            continue
+        # gsm8k/<param>.jsonl belongs to the one gsm8k check parametrized <param>, when there is exactly one
+        owners = [k for k in by_param.get(path.stem, []) if k not in out]
+        key = owners[0] if len(owners) == 1 else f"gsm8k/{path.stem}"
+        out[key] = {"path": str(path), "questions": qs}
+    return out
+
+
+def paired_comparison(a: dict[int, bool], b: dict[int, bool]) -> dict:
+    """McNemar on the questions both sides answered. b_count: right in A, wrong in B; c_count: the reverse."""
+    common = sorted(set(a) & set(b))
+    a_only = [i for i in common if a[i] and not b[i]]
+    b_only = [i for i in common if b[i] and not a[i]]
+    n = len(common)
+    return {
+        "n": n,
+        "a_correct": sum(a[i] for i in common),
+        "b_correct": sum(b[i] for i in common),
+        "right_in_a_only": len(a_only),
+        "right_in_b_only": len(b_only),
+        "p_value": mcnemar_p(len(a_only), len(b_only)),
+        "flipped_to_wrong": a_only,  # A right, B wrong
+        "flipped_to_right": b_only,  # A wrong, B right
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the summary (what summary.json holds; the renderers read only this)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _first_frame(failure: dict) -> str | None:
+    return failure.get("frame") or failure.get("raised_at")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _metric_row(chk: dict, qrecords: dict[str, dict]) -> dict | None:
+    metrics = chk.get("metrics") or {}
+    if not metrics:
+        return None
+    key = short_check(chk["id"])
+    out: dict = {"check": chk["id"], "short": key, "tier": chk.get("tier"), "outcome": chk.get("outcome")}
+    score = metrics.get("score")
+    if _is_number(score):
+        out["score"] = float(score)
+        n = next((int(metrics[k]) for k in COUNT_KEYS if _is_number(metrics.get(k))), None)
+        qs = qrecords.get(key, {}).get("questions")
+        if n is None and qs:
+            n = len(qs)
+        if n:
+            out["n"] = n
+        lo, hi = metrics.get("score_ci_low"), metrics.get("score_ci_high")
+        pair = next((metrics[k] for k in CI_PAIR_KEYS if isinstance(metrics.get(k), (list, tuple))
+                     and len(metrics[k]) == 2 and all(_is_number(x) for x in metrics[k])), None)
+        if _is_number(lo) and _is_number(hi):
+            out["ci"] = [float(lo), float(hi)]
+        elif pair is not None:
+            out["ci"] = [float(pair[0]), float(pair[1])]
+        elif qs:
+            out["ci"] = list(wilson(sum(qs.values()), len(qs)))
+        elif n:
+            out["ci"] = list(wilson(round(score * n), n))
+    used = set(KNOWN_METRICS) | set(COUNT_KEYS) | set(CI_PAIR_KEYS)
+    for names, key_out in ((ACCEPT_KEYS, "accept_length"), (SPEEDUP_KEYS, "speedup")):
+        name = next((k for k in names if _is_number(metrics.get(k))), None)
+        if name is not None:
+            out[key_out] = float(metrics[name])
+            used.add(name)
+    if isinstance(metrics.get("records"), str):
+        out["records"] = metrics["records"]
+    other = {k: v for k, v in metrics.items() if k not in used}
+    if other:
+        out["other"] = other
+    out["known"] = any(k in out for k in ("score", "accept_length", "speedup"))
+    return out
+
+
+def _tier_summary(tier: dict) -> dict:
+    checks = tier.get("checks") or []
+    counts: dict[str, int] = {}
+    for c in checks:
+        counts[c.get("outcome", "?")] = counts.get(c.get("outcome", "?"), 0) + 1
+    failures = []
+    for c in checks:
+        if c.get("outcome") in BAD:
+            f = c.get("failure") or {}
+            failures.append({"check": c["id"], "short": short_check(c["id"]), "outcome": c["outcome"],
+                             "kind": f.get("kind"), "type": f.get("type"), "message": f.get("message"),
+                             "frame": f.get("frame"), "raised_at": f.get("raised_at")})
+    if tier.get("verdict") in BAD and not failures:  # e.g. pytest died before writing results
+        failures.append({"check": None, "short": None, "outcome": tier.get("verdict"),
+                         "kind": (tier.get("failure_kinds") or [None])[0], "type": None,
+                         "message": tier.get("reason"), "frame": None, "raised_at": None})
+    kinds = tier.get("failure_kinds") or sorted({f["kind"] for f in failures if f["kind"]})
+    skipped_checks = [{"check": c["id"], "reason": c.get("reason", "")} for c in checks
+                      if c.get("outcome") == "skipped"]
+    return {"verdict": tier.get("verdict"), "reason": tier.get("reason"), "seconds": tier.get("seconds"),
+            "counts": counts, "failure_kinds": list(kinds), "failures": failures,
+            "skipped_checks": skipped_checks}
+
+
+def _versions(record: dict) -> tuple[dict, bool]:
+    """(versions, whether they were installed): freeze/tiers versions, else the pins the row asked for."""
+    v = dict(record.get("versions") or {})
+    installed = bool(v)
+    pins = _pins_of(record)
+    for p in MAIN_PACKAGES:
+        v.setdefault(p, pins.get(p))
+    v.setdefault("python", (record.get("row") or {}).get("python"))
+    return v, installed
+
+
+def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dict:
+    row_dir = run_dir / row_id
+    row = record.get("row") or {}
+    versions, installed = _versions(record)
+    install = record.get("install") or {}
+    qrecords = question_records(record, row_dir, run_dir)
+    tiers = {t: _tier_summary(tv) for t, tv in (record.get("tiers") or {}).items()}
+    metrics = []
+    for tier in (record.get("tiers") or {}).values():
+        for chk in tier.get("checks") or []:
+            m = _metric_row(chk, qrecords)
+            if m:
+                metrics.append(m)
+    logs = {}
+    for name in LOG_FILES:
+        f = row_dir / name
+        if f.exists():
+            logs[name] = os.path.relpath(f, out_dir)
+    check = install.get("check") or {}
+    return {
+        "id": row_id,
+        "verdict": record.get("verdict") or row_verdict(record),
+        "description": row.get("description", ""),
+        "tags": row.get("tags", []),
+        "torch_backend": row.get("torch_backend"),
+        "versions": versions,
+        "versions_installed": installed,
+        "overrides": list(record.get("overrides") or []),
+        "install": {"verdict": install.get("verdict"), "seconds": install.get("seconds"),
+                    "failure": install.get("failure"), "check_ok": check.get("ok"),
+                    "check_output": check.get("output", [])},
+        "tiers": tiers,
+        "metrics": metrics,
+        "gsm8k_records": {k: {"path": v["path"], "n": len(v["questions"]),
+                              "correct": sum(v["questions"].values())} for k, v in qrecords.items()},
+        "logs": logs,
+        "started": record.get("started"),
+        "finished": record.get("finished"),
+        "host": record.get("host"),
+        "gpus": record.get("gpus"),
+    }
+
+
+def closest_passing(target: dict[str, str], candidates: dict[str, dict[str, str]], *, target_sglang: str | None,
+                    sglang_of: dict[str, str | None], keys_only: bool = False) -> dict | None:
+    """The candidate with the fewest differing packages; ties go to the same sglang, then to the row id.
+
+    ``keys_only``: compare only the packages ``target`` names (the failing row never installed, so only its pins
+    are known).
+    """
+    best = None
+    for rid, pkgs in candidates.items():
+        names = set(target) if keys_only else set(target) | set(pkgs)
+        diff = sorted(n for n in names if target.get(n) != pkgs.get(n))
+        key = (len(diff), sglang_of.get(rid) != target_sglang, rid)
+        if best is None or key < best[0]:
+            best = (key, rid, diff)
+    if best is None:
+        return None
+    _, rid, diff = best
+    diff.sort(key=lambda n: (MAIN_PACKAGES.index(n) if n in MAIN_PACKAGES else len(MAIN_PACKAGES), n))
+    return {"row": rid, "distance": len(diff),
+            "differences": [{"package": n, "this": target.get(n), "other": candidates[rid].get(n)} for n in diff]}
+
+
+def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[str, dict]) -> None:
+    freezes = {}
+    for rid in rows:
+        f = run_dir / rid / "freeze.txt"
+        freezes[rid] = parse_freeze(f.read_text()) if f.exists() else None
+    passing = {rid: (freezes[rid] if freezes[rid] else _pins_of(rows[rid]))
+               for rid, s in summaries.items() if s["verdict"] == "passed"}
+    sglang_of = {rid: summaries[rid]["versions"].get("sglang") for rid in summaries}
+    for rid, s in summaries.items():
+        if s["verdict"] not in BAD:
+            continue
+        if not passing:
+            s["closest_passing"] = None
+            continue
+        source = "freeze" if freezes[rid] else "pins"
+        target = freezes[rid] if freezes[rid] else _pins_of(rows[rid])
+        best = closest_passing(target, passing, target_sglang=sglang_of.get(rid), sglang_of=sglang_of,
+                               keys_only=source == "pins")
+        if best:
+            best["source"] = source
+        s["closest_passing"] = best
+
+
+def _skip_groups(summaries: dict[str, dict]) -> list[dict]:
+    """Skip reasons, one line each: identical reasons across rows and tiers grouped together."""
+    groups: dict[str, dict] = {}
+
+    def add(reason: str, row: str, tier: str, checks: int | None) -> None:
+        reason = re.sub(rf"^{re.escape(tier)} tier:?\s*", "", (reason or "no reason given").strip())
+        reason = reason.splitlines()[0] if reason else "no reason given"
+        g = groups.setdefault(reason, {"reason": reason, "tiers": [], "rows": [], "checks": 0})
+        if tier not in g["tiers"]:
+            g["tiers"].append(tier)
+        if row not in g["rows"]:
+            g["rows"].append(row)
+        g["checks"] += checks or 0
+
+    for rid, s in summaries.items():
+        for tier, t in s["tiers"].items():
+            if t["verdict"] == "skipped":
+                add(t.get("reason") or "", rid, tier, None)
+            else:
+                for sc in t["skipped_checks"]:
+                    add(sc["reason"], rid, tier, 1)
+    for g in groups.values():
+        g["tiers"].sort(key=lambda t: TIERS.index(t) if t in TIERS else len(TIERS))
+    return sorted(groups.values(), key=lambda g: (-len(g["rows"]), g["reason"]))
+
+
+def _paired_across_rows(run_dir: Path, rows: dict[str, dict]) -> list[dict]:
+    per_row = {rid: question_records(rec, run_dir / rid, run_dir) for rid, rec in rows.items()}
+    keys = sorted({k for qs in per_row.values() for k in qs})
+    out = []
+    for key in keys:
+        have = [rid for rid in sorted(per_row) if key in per_row[rid]]
+        for i, a in enumerate(have):
+            for b in have[i + 1:]:
+                cmp = paired_comparison(per_row[a][key]["questions"], per_row[b][key]["questions"])
+                out.append({"key": key, "row_a": a, "row_b": b, **cmp})
+    return out
+
+
+def _change(before: str | None, after: str | None) -> tuple[str, str]:
+    """(direction better/worse/same, label) for a verdict going from ``before`` to ``after``."""
+    if before is None and after is None:
+        return "same", "absent"
+    if before is None:
+        return ("worse", "new row, failing") if after in BAD else ("same", "new row")
+    if after is None:
+        return "same", "not in this run"
+    rank = {"passed": 2, "skipped": 1, "pending": 1, "failed": 0, "error": 0}
+    rb, ra = rank.get(before, 1), rank.get(after, 1)
+    if before == after or (rb == ra == 0):
+        return "same", "still failing" if ra == 0 else "same"
+    if ra == 0:
+        return "worse", "new failure"
+    if rb == 0:
+        return "better", "fixed" if ra == 2 else "no longer fails (not run)"
+    if ra == 2:
+        return "better", "now runs and passes"
+    if rb == 2:
+        return "worse", "no longer runs"
+    return "same", "same"
+
+
+def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_rows: dict[str, dict]) -> dict:
+    """Row-, tier- and check-level changes between a baseline run and this run, plus metric deltas."""
+    rows_out, new_failures, fixed, deltas, paired = [], [], [], [], []
+    for rid in sorted(set(cur_rows) | set(base_rows)):
+        cur, base = cur_rows.get(rid), base_rows.get(rid)
+        vb = base.get("verdict") if base else None
+        va = cur.get("verdict") if cur else None
+        direction, label = _change(vb, va)
+        entry = {"row": rid, "before": vb, "after": va, "change": direction, "label": label, "tiers": {}}
+        ctiers, btiers = (cur or {}).get("tiers") or {}, (base or {}).get("tiers") or {}
+        if cur and (cur.get("install") or {}).get("verdict") == "failed":
+            ib = ((base or {}).get("install") or {}).get("verdict")
+            d, lab = _change(ib, "failed")
+            entry["tiers"]["install"] = {"before": ib, "after": "failed", "change": d,
+                                         "label": "install fails" if d == "worse" else lab}
+        for tier in [t for t in TIERS if t in ctiers or t in btiers]:
+            tb, ta = (btiers.get(tier) or {}).get("verdict"), (ctiers.get(tier) or {}).get("verdict")
+            d, lab = _change(tb, ta)
+            entry["tiers"][tier] = {"before": tb, "after": ta, "change": d, "label": lab}
+            bchecks = {c["id"]: c for c in (btiers.get(tier) or {}).get("checks") or []}
+            for c in (ctiers.get(tier) or {}).get("checks") or []:
+                old = bchecks.get(c["id"])
+                ob, oa = (old or {}).get("outcome"), c.get("outcome")
+                f = c.get("failure") or {}
+                item = {"row": rid, "tier": tier, "check": c["id"], "before": ob, "after": oa,
+                        "kind": f.get("kind"), "message": f.get("message"), "frame": _first_frame(f)}
+                if oa in BAD and ob not in BAD:
+                    new_failures.append(item)
+                elif ob in BAD and oa == "passed":
+                    fixed.append(item)
+                if old:
+                    mb, ma = old.get("metrics") or {}, c.get("metrics") or {}
+                    for name in sorted(set(mb) & set(ma), key=lambda n: (n not in KNOWN_METRICS, n)):
+                        if name in ("score_ci_low", "score_ci_high") or not (_is_number(mb[name])
+                                                                             and _is_number(ma[name])):
+                            continue
+                        if mb[name] != ma[name]:
+                            deltas.append({"row": rid, "tier": tier, "check": c["id"], "metric": name,
+                                           "before": mb[name], "after": ma[name], "delta": ma[name] - mb[name]})
+        if cur and (cur.get("install") or {}).get("verdict") == "failed" and (
+                (base or {}).get("install") or {}).get("verdict") != "failed":
+            f = cur["install"].get("failure") or {}
+            new_failures.append({"row": rid, "tier": "install", "check": None, "before": "passed" if base else None,
+                                 "after": "failed", "kind": "install", "message": f.get("message"), "frame": None})
+        if cur and base:
+            qa = question_records(base, base_dir / rid, base_dir)
+            qb = question_records(cur, cur_dir / rid, cur_dir)
+            for key in sorted(set(qa) & set(qb)):
+                cmp = paired_comparison(qa[key]["questions"], qb[key]["questions"])
+                paired.append({"row": rid, "key": key, **cmp})
+        rows_out.append(entry)
+    return {"rows": rows_out, "new_failures": new_failures, "fixed": fixed, "metric_deltas": deltas,
+            "paired": paired,
+            "new_rows": sorted(set(cur_rows) - set(base_rows)), "missing_rows": sorted(set(base_rows) - set(cur_rows))}
+
+
+def load_rows(run_dir: Path) -> dict[str, dict]:
+    out = {}
+    for f in sorted(Path(run_dir).glob("*/row.json")):
+        try:
+            out[f.parent.name] = read_json(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ReportError(f"{f}: unreadable row record ({exc})") from None
+    return out
+
+
+def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: Path | None = None) -> dict:
+    run_dir = Path(run_dir)
+    out_dir = Path(out_dir) if out_dir else run_dir / REPORT_DIR
+    rows = load_rows(run_dir)
+    if not rows:
+        raise ReportError(f"run {run_dir.name!r} ({run_dir}) has no rows (no */row.json)")
+    summaries = {rid: _row_summary(run_dir, rid, rec, out_dir) for rid, rec in rows.items()}
+    _closest_passing_rows(run_dir, rows, summaries)
+    counts = {v: 0 for v in VERDICTS}
+    for s in summaries.values():
+        counts[s["verdict"]] = counts.get(s["verdict"], 0) + 1
+    failing = [rid for rid, s in summaries.items() if s["verdict"] in BAD]
+    incomplete = [rid for rid, s in summaries.items() if s["verdict"] in (None, "pending")]
+    tiers = [t for t in TIERS if any(t in s["tiers"] for s in summaries.values())] or list(TIERS)
+    ran_any = any(t["verdict"] == "passed" for s in summaries.values() for t in s["tiers"].values())
+    summary = {
+        "schema": 1,
+        "run_id": run_dir.name,
+        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # A run qualifies when every row finished, none failed, and something actually ran (an all-skipped run
+        # proves nothing: it must not turn a CI gate green).
+        "qualifies": not failing and not incomplete and ran_any,
+        "nothing_ran": not ran_any,
+        "verdict_counts": {k: v for k, v in counts.items() if v},
+        "failing_rows": failing,
+        "incomplete_rows": incomplete,
+        "tiers": tiers,
+        "row_verdicts": {rid: s["verdict"] for rid, s in summaries.items()},
+        "tier_verdicts": {rid: {t: tv["verdict"] for t, tv in s["tiers"].items()} for rid, s in summaries.items()},
+        "rows": list(summaries.values()),
+        "skips": _skip_groups(summaries),
+        "paired": _paired_across_rows(run_dir, rows),
+        "baseline": None,
+        "regressions": [],
+    }
+    if baseline_dir is not None:
+        base = compare_runs(run_dir, rows, Path(baseline_dir), load_rows(baseline_dir))
+        base["run_id"] = Path(baseline_dir).name
+        summary["baseline"] = base
+        regressions = [dict(r, why="new failure") for r in base["new_failures"]]
+        regressions += [{"row": p["row"], "tier": "gsm8k", "check": p["key"], "why": "significant accuracy drop",
+                         "before": p["a_correct"] / p["n"], "after": p["b_correct"] / p["n"], "p_value": p["p_value"]}
+                        for p in base["paired"]
+                        if p["n"] and p["p_value"] < ALPHA and p["b_correct"] < p["a_correct"]]
+        summary["regressions"] = regressions
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rendering helpers
+# ---------------------------------------------------------------------------------------------------------------
+
+def _fmt_num(v, digits: int = 3) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.{digits}f}".rstrip("0").rstrip(".") if abs(v) < 1e6 else f"{v:.3g}"
+    return str(v)
+
+
+def _fmt_other(v, limit: int = 60) -> str:
+    if isinstance(v, (list, tuple)):
+        nums = [x for x in v if _is_number(x)]
+        if nums and len(nums) == len(v):
+            return f"{len(v)} values, mean {_fmt_num(sum(nums) / len(nums))}"
+        return f"{len(v)} items"
+    if isinstance(v, dict):
+        return f"{{{len(v)} keys}}"
+    s = _fmt_num(v) if _is_number(v) or isinstance(v, bool) else str(v)
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _score_text(m: dict) -> str:
+    if "score" not in m:
+        return ""
+    s = f"{m['score']:.3f}"
+    if "ci" in m:
+        s += f" [{m['ci'][0]:.3f}, {m['ci'][1]:.3f}]"
+    if m.get("n"):
+        s += f" (n={m['n']})"
+    return s
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+
+
+def _tier_cell_text(t: dict | None) -> str:
+    if t is None:
+        return "—"
+    v = t["verdict"]
+    text = f"{SYMBOLS.get(v, '?')} {v}"
+    if v in BAD and t["failure_kinds"]:
+        text += " · " + ",".join(t["failure_kinds"])
+    return text
+
+
+def _headline(summary: dict) -> str:
+    rows = summary["rows"]
+    n = len(rows)
+    c = summary["verdict_counts"]
+    parts = [f"{c[v]} {v}" for v in VERDICTS if c.get(v)]
+    if summary["qualifies"]:
+        return f"QUALIFIES — all {n} rows passed or were skipped ({', '.join(parts)})"
+    why = []
+    if summary["failing_rows"]:
+        why.append(f"{len(summary['failing_rows'])} of {n} rows failing: {', '.join(summary['failing_rows'])}")
+    if summary["incomplete_rows"]:
+        why.append(f"unfinished: {', '.join(summary['incomplete_rows'])}")
+    if summary.get("nothing_ran") and not why:
+        why.append("nothing ran: every tier of every row was skipped")
+    return f"DOES NOT QUALIFY — {'; '.join(why)} ({', '.join(parts)})"
+
+
+def _md_escape(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------------------------------------------
+
+def render_markdown(summary: dict) -> str:
+    tiers = summary["tiers"]
+    mark = "✅" if summary["qualifies"] else "❌"
+    out = [f"# Gemma 4 MTP matrix — run `{summary['run_id']}`", "", f"**{mark} {_headline(summary)}**", ""]
+    head = ["row", "sglang", "transformers", "torch", "python", "overrides", *tiers, "verdict"]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in summary["rows"]:
+        v = r["versions"]
+        vers = [v.get(p) or "?" for p in (*MAIN_PACKAGES, "python")]
+        if not r["versions_installed"]:
+            vers = [f"{x} (pin)" if x != "?" else x for x in vers]
+        ov = ", ".join(f"`{o}`" for o in r["overrides"]) or "—"
+        if r["install"]["verdict"] == "failed":
+            cells = ["❌ install"] + ["—"] * (len(tiers) - 1)
+        else:
+            cells = [_tier_cell_text(r["tiers"].get(t)) for t in tiers]
+        out.append("| " + " | ".join(_md_escape(x) for x in [f"**{r['id']}**", *vers, ov, *cells,
+                                                                f"{SYMBOLS.get(r['verdict'], '?')} {r['verdict']}"])
+                   + " |")
+    out += ["", "Legend: ✅ passed · ❌ failed · 💥 error (harness/setup) · ⏭️ skipped · ⏳ pending · — not run", ""]
+    if summary["skips"]:
+        out.append("**Skipped**")
+        for g in summary["skips"]:
+            where = f"{'/'.join(g['tiers'])} in {len(g['rows'])} row{'s' if len(g['rows']) != 1 else ''}"
+            if g["checks"]:
+                where += f" ({g['checks']} check{'s' if g['checks'] != 1 else ''})"
+            out.append(f"- {where}: {_md_escape(g['reason'])}")
+        out.append("")
+
+    failing = [r for r in summary["rows"] if r["verdict"] in BAD]
+    if failing:
+        out += ["## Failures", ""]
+        for r in failing:
+            out.append(f"### {SYMBOLS[r['verdict']]} {r['id']}")
+            if r["install"]["verdict"] == "failed":
+                f = r["install"].get("failure") or {}
+                out.append(f"- **install** · `install` · {_md_escape(f.get('message', 'install failed'))}")
+            for tier in tiers:
+                t = r["tiers"].get(tier)
+                for f in (t or {}).get("failures", []):
+                    where = (f" — first frame `{f['frame']}`" if f.get("frame") else
+                             f" — raised at `{f['raised_at']}`" if f.get("raised_at") else "")
+                    what = f" ({f['short']})" if f.get("short") else ""
+                    typ = f"{f['type']}: " if f.get("type") else ""
+                    out.append(f"- **{tier}** · `{f.get('kind') or '?'}`{what} · "
+                               f"{_md_escape(typ + (f.get('message') or ''))}{where}")
+            cp = r.get("closest_passing")
+            if cp:
+                diffs = cp["differences"]
+                shown = ", ".join(f"{d['package']} {d['this'] or '–'} → {d['other'] or '–'}" for d in diffs[:12])
+                more = f", … {len(diffs) - 12} more" if len(diffs) > 12 else ""
+                src = " (from pins: this row never installed)" if cp.get("source") == "pins" else ""
+                out.append(f"- closest passing row: **{cp['row']}**, {cp['distance']} package(s) differ{src}: "
+                           f"{shown or 'none'}{more}")
+            elif r.get("closest_passing") is None and "closest_passing" in r:
+                out.append("- closest passing row: none (no row passed)")
+            out.append("")
+
+    metric_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if m.get("known")]
+    other_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if not m.get("known")]
+    if metric_rows:
+        out += ["## Metrics", "", "| row | check | score [95% CI] | accept length | speedup | other |",
+                "|---|---|---|---|---|---|"]
+        for rid, m in metric_rows:
+            other = "; ".join(f"{k}={_fmt_other(v, 40)}" for k, v in (m.get("other") or {}).items())
+            out.append("| " + " | ".join(_md_escape(x) for x in [
+                rid, m["short"], _score_text(m), _fmt_num(m["accept_length"]) if "accept_length" in m else "",
+                f"{_fmt_num(m['speedup'], 2)}×" if "speedup" in m else "", other]) + " |")
+        out.append("")
+    if other_rows:
+        out += ["<details><summary>Other recorded metrics</summary>", ""]
+        for rid, m in other_rows:
+            other = "; ".join(f"{k}={_fmt_other(v, 40)}" for k, v in (m.get("other") or {}).items())
+            out.append(f"- {rid} `{m['short']}`: {_md_escape(other)}")
+        out += ["", "</details>", ""]
+
+    if summary["paired"]:
+        out += ["## GSM8K per question (paired)", "",
+                "| check | row A | row B | n | A right | B right | A✓ B✗ | A✗ B✓ | McNemar p |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for p in summary["paired"]:
+            out.append(f"| {_md_escape(p['key'])} | {p['row_a']} | {p['row_b']} | {p['n']} | {p['a_correct']} | "
+                       f"{p['b_correct']} | {p['right_in_a_only']} | {p['right_in_b_only']} | "
+                       f"{_fmt_p(p['p_value'])}{' **' if p['p_value'] < ALPHA else ''} |")
+        out.append("")
+        for p in summary["paired"]:
+            if p["flipped_to_wrong"] or p["flipped_to_right"]:
+                out.append(f"- {p['key']} {p['row_a']} → {p['row_b']}: now wrong {_idx(p['flipped_to_wrong'])}; "
+                           f"now right {_idx(p['flipped_to_right'])}")
+        out.append("")
+
+    base = summary.get("baseline")
+    if base:
+        out += _md_baseline(base)
+    out.append(f"<sub>generated {summary['generated']} by mtpmatrix report</sub>")
+    return "\n".join(out) + "\n"
+
+
+def _idx(items: list[int], limit: int = 20) -> str:
+    if not items:
+        return "none"
+    s = ", ".join(f"#{i}" for i in items[:limit])
+    return s + (f" … (+{len(items) - limit})" if len(items) > limit else "")
+
+
+def _md_baseline(base: dict) -> list[str]:
+    out = [f"## Compared with baseline `{base['run_id']}`", ""]
+    nf, fx = base["new_failures"], base["fixed"]
+    out.append(f"{len(nf)} new failure(s), {len(fx)} fixed"
+               + (f"; new rows: {', '.join(base['new_rows'])}" if base["new_rows"] else "")
+               + (f"; rows missing from this run: {', '.join(base['missing_rows'])}" if base["missing_rows"] else ""))
+    out.append("")
+    changed = [(r, t, tv) for r in base["rows"] for t, tv in r["tiers"].items() if tv.get("change") not in (None, "same")]
+    if changed:
+        out += ["| row | tier | before | after | change |", "|---|---|---|---|---|"]
+        for r, t, tv in changed:
+            arrow = "🔺 better" if tv["change"] == "better" else "🔻 worse"
+            out.append(f"| {r['row']} | {t} | {SYMBOLS.get(tv['before'], '—')} {tv['before'] or '—'} | "
+                       f"{SYMBOLS.get(tv['after'], '—')} {tv['after'] or '—'} | {arrow} ({tv['label']}) |")
+        out.append("")
+    same = sum(1 for r in base["rows"] for tv in r["tiers"].values() if tv.get("change") == "same")
+    out.append(f"{same} row×tier cell(s) unchanged.")
+    out.append("")
+    for item in nf:
+        where = f" at `{item['frame']}`" if item.get("frame") else ""
+        out.append(f"- 🔻 new failure **{item['row']}** {item['tier']} {short_check(item['check'] or '')}: "
+                   f"`{item.get('kind') or '?'}` {_md_escape(item.get('message') or '')}{where}")
+    for item in fx:
+        out.append(f"- 🔺 fixed **{item['row']}** {item['tier']} {short_check(item['check'] or '')}")
+    if nf or fx:
+        out.append("")
+    if base["metric_deltas"]:
+        out += ["| row | check | metric | before | after | Δ |", "|---|---|---|---|---|---|"]
+        for d in base["metric_deltas"]:
+            out.append(f"| {d['row']} | {_md_escape(short_check(d['check']))} | {d['metric']} | {_fmt_num(d['before'])} | "
+                       f"{_fmt_num(d['after'])} | {d['delta']:+.3f} |")
+        out.append("")
+    changed_p = [p for p in base["paired"] if p["right_in_a_only"] or p["right_in_b_only"]]
+    if base["paired"]:
+        out.append(f"GSM8K per question against the baseline: {len(base['paired']) - len(changed_p)} of "
+                   f"{len(base['paired'])} check(s) answered identically.")
+    for p in changed_p:
+        out.append(f"- {p['row']} {p['key']}: {p['a_correct']}/{p['n']} → {p['b_correct']}/{p['n']}, "
+                   f"{p['right_in_a_only']} now wrong {_idx(p['flipped_to_wrong'], 10)}, {p['right_in_b_only']} now "
+                   f"right, McNemar p={_fmt_p(p['p_value'])}{' **' if p['p_value'] < ALPHA else ''}")
+    if base["paired"]:
+        out.append("")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HTML (one self-contained page)
+# ---------------------------------------------------------------------------------------------------------------
+
+_CSS = """
+*{box-sizing:border-box}
+body{font:14px/1.45 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;color:#1f2328;
+ margin:0;padding:20px 28px;background:#f6f8fa}
+h1{font-size:20px;margin:0 0 10px}
+h2{font-size:16px;margin:26px 0 8px;padding-bottom:4px;border-bottom:1px solid #d0d7de}
+code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+.banner{padding:12px 16px;border-radius:6px;font-size:16px;font-weight:600;margin-bottom:14px}
+.banner.ok{background:#dafbe1;color:#116329;border:1px solid #4ac26b}
+.banner.bad{background:#ffebe9;color:#a40e26;border:1px solid #ff8182}
+.meta{color:#59636e;font-size:12.5px;margin-bottom:12px}
+table{border-collapse:collapse;background:#fff;border:1px solid #d0d7de;width:100%}
+th,td{border:1px solid #d0d7de;padding:6px 9px;text-align:left;vertical-align:top}
+th{background:#f0f3f6;font-weight:600;font-size:12.5px}
+td.v{text-align:center;font-weight:600;min-width:96px}
+.passed{background:#dafbe1;color:#116329}.failed{background:#ffcecb;color:#a40e26}
+.error{background:#ffe2b8;color:#953800}.skipped{background:#eef1f4;color:#656d76;font-weight:400}
+.pending{background:#fff8c5;color:#7d4e00}.none{background:#fff;color:#8c959f;font-weight:400}
+.small{font-size:12px;color:#59636e;font-weight:400}
+.kind{display:inline-block;font-size:11.5px;padding:0 6px;border-radius:10px;background:rgba(0,0,0,.08);margin-top:2px}
+.rowid{font-weight:600;white-space:nowrap}
+td.row{max-width:250px}td.row .small{display:block;white-space:normal;margin-top:2px}
+.vers{font-size:12px;color:#424a53;white-space:nowrap}
+.ovr{display:inline-block;font-size:11.5px;background:#ddf4ff;color:#0550ae;border-radius:10px;padding:0 7px;margin:2px 0}
+.logs a,.logs span{display:block;font-size:12px;white-space:nowrap}.logs span{color:#afb8c1}
+.inline .logs a,.inline .logs span{display:inline;margin-right:10px}
+details{background:#fff;border:1px solid #d0d7de;border-radius:6px;margin:8px 0;padding:0 12px}
+details[open]{padding-bottom:10px}
+summary{cursor:pointer;padding:8px 0;font-weight:600}
+.fail{border-left:3px solid #cf222e;padding:4px 10px;margin:6px 0;background:#fff5f5}
+.fail.err{border-left-color:#bc4c00;background:#fff8f0}
+.msg{white-space:pre-wrap;word-break:break-word}
+ul.skips{margin:6px 0;padding-left:20px;color:#59636e}
+.better{color:#116329;font-weight:600}.worse{color:#a40e26;font-weight:600}
+.sig{font-weight:700;color:#a40e26}
+.legend span{display:inline-block;padding:1px 8px;border-radius:4px;margin-right:6px;font-size:12px}
+"""
+
+
+def _e(x) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _cell_html(t: dict | None) -> str:
+    if t is None:
+        return '<td class="v none">—</td>'
+    v = t["verdict"]
+    inner = f"{GLYPHS.get(v, '?')} {_e(v)}"
+    title = ""
+    if v in BAD:
+        if t["failure_kinds"]:
+            inner += "<br>" + " ".join(f'<span class="kind">{_e(k)}</span>' for k in t["failure_kinds"])
+        f0 = next((f for f in t["failures"] if f.get("message")), None)
+        if f0:
+            title = f0["message"]
+        n_bad = sum(t["counts"].get(k, 0) for k in BAD)
+        n_all = sum(t["counts"].values())
+        if n_all:
+            inner += f'<br><span class="small">{n_bad}/{n_all} failed</span>'
+    elif v == "skipped":
+        title = t.get("reason") or ""
+    elif v == "passed":
+        n_all = sum(t["counts"].values())
+        n_skip = t["counts"].get("skipped", 0)
+        extra = _plural(n_all - n_skip, "check") + (f", {n_skip} skipped" if n_skip else "")
+        if t.get("seconds") is not None:
+            extra += f", {_fmt_dur(t['seconds'])}"
+        inner += f'<br><span class="small">{_e(extra)}</span>'
+    return f'<td class="v {_e(v)}" title="{_e(title)}">{inner}</td>'
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _fmt_dur(s) -> str:
+    if not _is_number(s):
+        return "?"
+    s = float(s)
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def _logs_html(r: dict) -> str:
+    parts = []
+    for name in ("install.log", "pytest.log", "freeze.txt", "junit.xml"):
+        rel = r["logs"].get(name)
+        parts.append(f'<a href="{_e(rel)}">{_e(name)}</a>' if rel else f"<span>{_e(name)}</span>")
+    return '<div class="logs">' + "".join(parts) + "</div>"
+
+
+def render_html(summary: dict) -> str:
+    tiers = summary["tiers"]
+    ok = summary["qualifies"]
+    h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+         f"<title>MTP matrix {_e(summary['run_id'])}: {'qualifies' if ok else 'does not qualify'}</title>",
+         f"<style>{_CSS}</style></head><body>",
+         f"<h1>Gemma 4 MTP qualification matrix — run <code>{_e(summary['run_id'])}</code></h1>",
+         f'<div class="banner {"ok" if ok else "bad"}">{"✓" if ok else "✗"} {_e(_headline(summary))}</div>']
+    hosts = sorted({(r.get("host") or {}).get("hostname", "") for r in summary["rows"]} - {""})
+    gpus = sorted({r.get("gpus") for r in summary["rows"] if r.get("gpus") is not None})
+    meta = [f"generated {_e(summary['generated'])}"]
+    if hosts:
+        meta.append("host " + _e(", ".join(hosts)))
+    if gpus:
+        meta.append("GPUs " + _e(", ".join(str(g) for g in gpus)))
+    if summary.get("baseline"):
+        meta.append(f"baseline <code>{_e(summary['baseline']['run_id'])}</code>")
+    h.append(f'<div class="meta">{" · ".join(meta)}</div>')
+
+    # the matrix
+    h.append("<table><thead><tr><th>row</th><th>versions</th>"
+             + "".join(f"<th>{_e(t)}</th>" for t in tiers) + "<th>row verdict</th><th>logs</th></tr></thead><tbody>")
+    for r in summary["rows"]:
+        v = r["versions"]
+        pin = "" if r["versions_installed"] else ' <span class="small">(pinned; not installed)</span>'
+        vers = "<br>".join(f"{p} <b>{_e(v.get(p) or '?')}</b>" for p in (*MAIN_PACKAGES, "python"))
+        ovr = "".join(f'<br><span class="ovr">--with {_e(o)}</span>' for o in r["overrides"])
+        desc = f'<span class="small">{_e(r["description"])}</span>' if r["description"] else ""
+        h.append(f'<tr><td class="row"><span class="rowid">{_e(r["id"])}</span>{ovr}{desc}</td>'
+                 f'<td class="vers">{vers}{pin}</td>')
+        if r["install"]["verdict"] == "failed":
+            msg = (r["install"].get("failure") or {}).get("message", "install failed")
+            h.append(f'<td class="v failed" colspan="{len(tiers)}" title="{_e(msg)}">✗ install failed'
+                     f'<br><span class="small mono">{_e(_fmt_other(msg, 140))}</span></td>')
+        else:
+            h.extend(_cell_html(r["tiers"].get(t)) for t in tiers)
+        h.append(f'<td class="v {_e(r["verdict"])}">{GLYPHS.get(r["verdict"], "?")} {_e(r["verdict"])}</td>'
+                 f"<td>{_logs_html(r)}</td></tr>")
+    h.append("</tbody></table>")
+    h.append('<div class="legend meta" style="margin-top:6px">'
+             + "".join(f'<span class="{v}">{GLYPHS[v]} {v}</span>' for v in VERDICTS)
+             + " hover a cell for the first failure message or the skip reason</div>")
+    if summary["skips"]:
+        h.append('<ul class="skips">')
+        for g in summary["skips"]:
+            where = f"{'/'.join(g['tiers'])} skipped in {len(g['rows'])} row{'s' if len(g['rows']) != 1 else ''}"
+            if g["checks"]:
+                where += f" ({g['checks']} check{'s' if g['checks'] != 1 else ''})"
+            h.append(f"<li><b>{_e(where)}</b>: {_e(g['reason'])}</li>")
+        h.append("</ul>")
+
+    # failures
+    failing = [r for r in summary["rows"] if r["verdict"] in BAD]
+    if failing:
+        h.append("<h2>Failures</h2>")
+        for r in failing:
+            kinds = sorted({k for t in r["tiers"].values() for k in t["failure_kinds"]}
+                           | ({"install"} if r["install"]["verdict"] == "failed" else set()))
+            h.append(f'<details open><summary>{GLYPHS[r["verdict"]]} {_e(r["id"])} — '
+                     f'{_e(", ".join(kinds) or r["verdict"])}</summary>')
+            if r["install"]["verdict"] == "failed":
+                f = r["install"].get("failure") or {}
+                h.append(f'<div class="fail"><b>install</b> <span class="kind">install</span>'
+                         f'<div class="msg mono">{_e(f.get("message"))}</div></div>')
+            for tier in tiers:
+                for f in (r["tiers"].get(tier) or {}).get("failures", []):
+                    cls = "fail err" if f["outcome"] == "error" else "fail"
+                    h.append(f'<div class="{cls}"><b>{_e(tier)}</b> <span class="kind">{_e(f.get("kind") or "?")}</span> '
+                             f'<span class="mono">{_e(f.get("short") or "")}</span>'
+                             f'<div class="msg mono">{_e((f["type"] + ": ") if f.get("type") else "")}'
+                             f'{_e(f.get("message"))}</div>')
+                    if f.get("frame"):
+                        h.append(f'<div class="small">first library frame <code>{_e(f["frame"])}</code></div>')
+                    if f.get("raised_at") and f.get("raised_at") != f.get("frame"):
+                        h.append(f'<div class="small">raised at <code>{_e(f["raised_at"])}</code></div>')
+                    h.append("</div>")
+            cp = r.get("closest_passing")
+            if cp:
+                src = " (compared on pins: this row never installed)" if cp.get("source") == "pins" else ""
+                h.append(f'<p><b>Closest passing row: {_e(cp["row"])}</b> — {cp["distance"]} package(s) differ{src}</p>')
+                if cp["differences"]:
+                    h.append(f"<table style=\"width:auto\"><tr><th>package</th><th>{_e(r['id'])}</th>"
+                             f"<th>{_e(cp['row'])}</th></tr>")
+                    for d in cp["differences"]:
+                        h.append(f"<tr><td>{_e(d['package'])}</td><td class=\"mono\">{_e(d['this'] or '–')}</td>"
+                                 f"<td class=\"mono\">{_e(d['other'] or '–')}</td></tr>")
+                    h.append("</table>")
+            elif "closest_passing" in r:
+                h.append("<p>No passing row to compare with.</p>")
+            h.append(f'<div class="inline">{_logs_html(r)}</div></details>')
+
+    # metrics
+    metric_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if m.get("known")]
+    other_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if not m.get("known")]
+    if metric_rows:
+        h.append("<h2>Metrics</h2><table><thead><tr><th>row</th><th>check</th><th>GSM8K score [95% CI]</th>"
+                 "<th>accept length</th><th>speedup</th><th>other</th></tr></thead><tbody>")
+        for rid, m in metric_rows:
+            other = "<br>".join(f"{_e(k)} = <span class=\"mono\">{_e(_fmt_other(v))}</span>"
+                                for k, v in (m.get("other") or {}).items())
+            cls = m.get("outcome") if m.get("outcome") in BAD else ""
+            h.append(f'<tr><td class="rowid">{_e(rid)}</td><td class="mono {cls}">{_e(m["short"])}</td>'
+                     f"<td>{_e(_score_text(m))}</td>"
+                     f"<td>{_e(_fmt_num(m['accept_length'])) if 'accept_length' in m else ''}</td>"
+                     f"<td>{_e(_fmt_num(m['speedup'], 2) + '×') if 'speedup' in m else ''}</td>"
+                     f'<td class="small">{other}</td></tr>')
+        h.append("</tbody></table>")
+    if other_rows:
+        h.append('<details><summary>Other recorded metrics</summary><table><thead><tr><th>row</th><th>check</th>'
+                 "<th>metrics</th></tr></thead><tbody>")
+        for rid, m in other_rows:
+            other = "<br>".join(f"{_e(k)} = <span class=\"mono\">{_e(_fmt_other(v, 120))}</span>"
+                                for k, v in (m.get("other") or {}).items())
+            h.append(f'<tr><td class="rowid">{_e(rid)}</td><td class="mono">{_e(m["short"])}</td>'
+                     f'<td class="small">{other}</td></tr>')
+        h.append("</tbody></table></details>")
+
+    if summary["paired"]:
+        h.append("<h2>GSM8K per question, row against row (McNemar exact)</h2><table><thead><tr><th>check</th>"
+                 "<th>row A</th><th>row B</th><th>n</th><th>A right</th><th>B right</th><th>A✓ B✗</th>"
+                 "<th>A✗ B✓</th><th>p</th><th>flipped questions</th></tr></thead><tbody>")
+        for p in summary["paired"]:
+            sig = ' class="sig"' if p["p_value"] < ALPHA else ""
+            flips = (f"now wrong: {_e(_idx(p['flipped_to_wrong'], 12))}<br>now right: "
+                     f"{_e(_idx(p['flipped_to_right'], 12))}")
+            h.append(f'<tr><td class="mono">{_e(p["key"])}</td><td>{_e(p["row_a"])}</td><td>{_e(p["row_b"])}</td>'
+                     f"<td>{p['n']}</td><td>{p['a_correct']}</td><td>{p['b_correct']}</td>"
+                     f"<td>{p['right_in_a_only']}</td><td>{p['right_in_b_only']}</td>"
+                     f"<td{sig}>{_e(_fmt_p(p['p_value']))}</td><td class=\"small\">{flips}</td></tr>")
+        h.append("</tbody></table>")
+
+    if summary.get("baseline"):
+        h.append(_html_baseline(summary["baseline"]))
+
+    h.append(f'<p class="meta">summary.md and summary.json next to this page hold the same data · run '
+             f"{_e(summary['run_id'])}</p></body></html>")
+    return "\n".join(h) + "\n"
+
+
+def _html_baseline(base: dict) -> str:
+    h = [f"<h2>Compared with baseline <code>{_e(base['run_id'])}</code></h2>"]
+    nf, fx = base["new_failures"], base["fixed"]
+    line = f'<p><span class="worse">{len(nf)} new failure(s)</span> · <span class="better">{len(fx)} fixed</span>'
+    if base["new_rows"]:
+        line += f" · new rows: {_e(', '.join(base['new_rows']))}"
+    if base["missing_rows"]:
+        line += f" · not in this run: {_e(', '.join(base['missing_rows']))}"
+    h.append(line + "</p>")
+    tiers = [t for t in ("install", *TIERS) if any(t in r["tiers"] for r in base["rows"])]
+    h.append("<table><thead><tr><th>row</th>" + "".join(f"<th>{_e(t)}</th>" for t in tiers)
+             + "<th>row</th></tr></thead><tbody>")
+    for r in base["rows"]:
+        h.append(f'<tr><td class="rowid">{_e(r["row"])}</td>')
+        for t in tiers:
+            tv = r["tiers"].get(t)
+            if not tv:
+                h.append('<td class="v none">—</td>')
+                continue
+            ch = tv.get("change", "same")
+            cls = tv["after"] if ch != "same" else "none"
+            arrow = {"better": "▲ ", "worse": "▼ "}.get(ch, "")
+            h.append(f'<td class="v {_e(cls)}" title="{_e(tv.get("label", ""))}">{arrow}{GLYPHS.get(tv["before"], "—")} → '
+                     f'{GLYPHS.get(tv["after"], "—")}<br><span class="small">{_e(tv.get("label", ""))}</span></td>')
+        arrow = {"better": "▲ ", "worse": "▼ "}.get(r["change"], "")
+        h.append(f'<td class="v {"none" if r["change"] == "same" else _e(r["after"])}">{arrow}{_e(r["before"] or "—")} → '
+                 f'{_e(r["after"] or "—")}</td></tr>')
+    h.append("</tbody></table>")
+    if nf or fx:
+        h.append("<ul>")
+        for i in nf:
+            where = f" at <code>{_e(i['frame'])}</code>" if i.get("frame") else ""
+            h.append(f'<li><span class="worse">new failure</span> <b>{_e(i["row"])}</b> {_e(i["tier"])} '
+                     f'<span class="mono">{_e(short_check(i["check"] or ""))}</span> '
+                     f'<span class="kind">{_e(i.get("kind") or "?")}</span> {_e(i.get("message") or "")}{where}</li>')
+        for i in fx:
+            h.append(f'<li><span class="better">fixed</span> <b>{_e(i["row"])}</b> {_e(i["tier"])} '
+                     f'<span class="mono">{_e(short_check(i["check"] or ""))}</span></li>')
+        h.append("</ul>")
+    if base["metric_deltas"]:
+        h.append('<table style="width:auto"><thead><tr><th>row</th><th>check</th><th>metric</th><th>before</th>'
+                 "<th>after</th><th>Δ</th></tr></thead><tbody>")
+        for d in base["metric_deltas"]:
+            cls = "better" if d["delta"] > 0 else "worse"
+            h.append(f'<tr><td>{_e(d["row"])}</td><td class="mono">{_e(short_check(d["check"]))}</td>'
+                     f'<td>{_e(d["metric"])}</td><td>{_e(_fmt_num(d["before"]))}</td><td>{_e(_fmt_num(d["after"]))}</td>'
+                     f'<td class="{cls}">{d["delta"]:+.3f}</td></tr>')
+        h.append("</tbody></table>")
+    if base["paired"]:
+        changed_p = [p for p in base["paired"] if p["right_in_a_only"] or p["right_in_b_only"]]
+        h.append(f"<p>GSM8K per question against the baseline: {len(base['paired']) - len(changed_p)} of "
+                 f"{len(base['paired'])} check(s) answered identically.</p><ul>")
+        for p in changed_p:
+            sig = ' class="sig"' if p["p_value"] < ALPHA else ""
+            h.append(f"<li><b>{_e(p['row'])}</b> <span class=\"mono\">{_e(p['key'])}</span>: "
+                     f"{p['a_correct']}/{p['n']} → {p['b_correct']}/{p['n']}; {p['right_in_a_only']} now wrong "
+                     f"({_e(_idx(p['flipped_to_wrong'], 12))}), {p['right_in_b_only']} now right; "
+                     f"<span{sig}>McNemar p = {_e(_fmt_p(p['p_value']))}</span></li>")
+        h.append("</ul>")
+    return "\n".join(h)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------------------------------------------
+
+def write_report(results: Path, run_id: str | None = None, *, baseline: str | None = None,
+                 out: Path | None = None) -> tuple[dict, dict[str, Path]]:
+    """Build and write the report; returns (summary, {"md": ..., "html": ..., "json": ...})."""
+    run_dir = resolve_run(results, run_id)
+    base_dir = resolve_run(results, baseline) if baseline else None
+    if base_dir is not None and base_dir.resolve() == run_dir.resolve():
+        raise ReportError(f"--baseline {baseline} is the run being reported")
+    out_dir = Path(out) if out else run_dir / REPORT_DIR
+    summary = build_summary(run_dir, baseline_dir=base_dir, out_dir=out_dir)
+    md = render_markdown(summary)
+    paths = {"md": out_dir / "summary.md", "html": out_dir / "report.html", "json": out_dir / "summary.json"}
+    atomic_write_text(paths["md"], md)
+    atomic_write_text(paths["html"], render_html(summary))
+    atomic_write_json(paths["json"], summary)
+    step = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step:
+        with open(step, "a") as fh:
+            fh.write(md + "\n")
+    return summary, paths
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="results/<RUN_ID>/ (default: the latest run)")
+    p.add_argument("--results", type=Path, default=Path(os.environ.get("MTPMATRIX_RESULTS_ROOT", "results")),
+                   help="results root (default: results, env MTPMATRIX_RESULTS_ROOT)")
+    p.add_argument("--baseline", metavar="RUN_ID", help="compare with this earlier run")
+    p.add_argument("--out", type=Path, help="write here instead of results/<RUN_ID>/report/")
+
+
+def run(ns: argparse.Namespace) -> int:
+    try:
+        summary, paths = write_report(ns.results, ns.run_id, baseline=ns.baseline, out=ns.out)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(("✅ " if summary["qualifies"] else "❌ ") + _headline(summary))
+    for r in summary["rows"]:
+        cells = ", ".join(f"{t}={r['tiers'][t]['verdict']}" for t in summary["tiers"] if t in r["tiers"])
+        if r["install"]["verdict"] == "failed":
+            cells = "install failed"
+        print(f"  {GLYPHS.get(r['verdict'], '?')} {r['id']}: {r['verdict']} ({cells})")
+    if summary.get("baseline"):
+        b = summary["baseline"]
+        print(f"  vs {b['run_id']}: {len(b['new_failures'])} new failure(s), {len(b['fixed'])} fixed")
+    print(f"report: {paths['html']}\n        {paths['md']}\n        {paths['json']}")
+    return 0 if summary["qualifies"] else 1

@@ -1,0 +1,444 @@
+"""sglang server lifecycle: launch, readiness, teardown of the whole process tree.
+
+    with SglangServer(settings.server_args(...), log_path=tmp / "server.log") as srv:
+        client.generate(srv.base_url, text="Hello", sampling_params={"max_new_tokens": 8})
+
+``start()`` runs ``python -m sglang.launch_server <args> --host 127.0.0.1 --port P`` in its own session/process
+group, stdout+stderr into one log file. ``wait_ready()`` polls /health_generate (falling back to /health) and then
+/model_info, and fails fast with ``CheckFailure("launch")`` (exit code + log tail) when the process dies first.
+``stop()`` kills the whole process group (SIGTERM, grace, SIGKILL), waits until no member is left, the port is
+free and, where ``nvidia-smi`` exists, no GPU context of those pids is left.
+
+Stdlib only, and never imports sglang (the launching Python may be another venv's).
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as _dt
+import functools
+import http.client
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mtpmatrix import client
+from mtpmatrix.verdict import CheckFailure
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+HEALTH_PATHS = ("/health_generate", "/health")
+# Environment names: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, *_API_KEY, *SECRET*, *PASSWORD* (not TOKENIZERS_*, *_TOKENS).
+_SECRET_NAME = re.compile(r"TOKEN(?!S|IZER)|KEY|SECRET|PASSW|CREDENTIAL", re.I)
+# Option names: --api-key, --admin-api-key, --hf-token, --*-secret, --*-password (not --max-total-tokens,
+# --skip-tokenizer-init, --speculative-num-draft-tokens).
+_SECRET_OPTION = re.compile(r"(?:^|[-_])(?:key|token|secret|passw(?:or)?d|credentials?)$", re.I)
+_ERROR_LINE = re.compile(r"Error|Exception|Traceback|CUDA out of memory|Killed|FAILED|assert", re.I)
+REDACTED = "***"
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port on ``host`` (the kernel picks it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when a new server could bind ``host:port`` now (SO_REUSEADDR, like uvicorn: TIME_WAIT is fine)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_env(env: dict[str, str] | None) -> dict[str, str]:
+    """``env`` with the values of HF_TOKEN / *TOKEN* / *KEY* / *SECRET* / *PASSWORD* names replaced by ***."""
+    return {k: (REDACTED if is_secret_name(k) and v else v) for k, v in (env or {}).items()}
+
+
+def redact_args(args: list[str]) -> list[str]:
+    """Command-line ``args`` with the values of secret-looking options (--api-key X, --hf-token=X) replaced."""
+    out: list[str] = []
+    hide_next = False
+    for a in args:
+        a = str(a)
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif a.startswith("--") and "=" in a and _SECRET_OPTION.search(a.split("=", 1)[0][2:]):
+            out.append(a.split("=", 1)[0] + "=" + REDACTED)
+        elif a.startswith("--") and _SECRET_OPTION.search(a[2:]):
+            out.append(a)
+            hide_next = True
+        else:
+            out.append(a)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def sglang_package_dir(python: str = sys.executable) -> Path | None:
+    """Where ``python`` would import sglang from, found without importing it (find_spec runs no package code)."""
+    code = ("import importlib.util as u; s = u.find_spec('sglang'); "
+            "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(out) if out else None
+
+
+@functools.lru_cache(maxsize=None)
+def sglang_env_names(python: str = sys.executable) -> frozenset[str]:
+    """SGLANG_* / SGL_* names that occur in the installed sglang's envs module (srt/environ.py)."""
+    pkg = sglang_package_dir(python)
+    if pkg is None:
+        return frozenset()
+    names: set[str] = set()
+    for rel in ("srt/environ.py", "srt/envs.py", "environ.py"):
+        p = pkg / rel
+        if p.is_file():
+            names |= set(re.findall(r"\b(SGLANG_[A-Z0-9_]+|SGL_[A-Z0-9_]+)\b", p.read_text(errors="replace")))
+    return frozenset(names)
+
+
+def supported_env(env: dict[str, str] | None, python: str = sys.executable,
+                  known: frozenset[str] | set[str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """Split ``env`` into (what to pass, dropped names).
+
+    SGLANG_* / SGL_* variables are passed only when their name occurs in the installed sglang's envs module (an
+    unknown name is silently ignored by sglang, so passing it would make a row *look* configured); every other
+    variable (CUDA_VISIBLE_DEVICES, HF_HUB_OFFLINE, ...) is passed as is.
+    """
+    env = dict(env or {})
+    if not any(k.startswith(("SGLANG_", "SGL_")) for k in env):
+        return env, []
+    names = sglang_env_names(python) if known is None else known
+    kept, dropped = {}, []
+    for k, v in env.items():
+        if k.startswith(("SGLANG_", "SGL_")) and k not in names:
+            dropped.append(k)
+        else:
+            kept[k] = v
+    return kept, dropped
+
+
+def _read_tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            block = min(size, max(65536, n * 400))
+            fh.seek(size - block)
+            data = fh.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-n:]
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids in process group ``pgid``; via /proc on Linux, killpg(0) elsewhere."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
+    members = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...  -- comm may contain spaces/parens: split after the last ')'
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) >= 3 and fields[0] != "Z" and fields[2] == str(pgid):
+            members.append(int(d.name))
+    return members
+
+
+def gpu_pids() -> set[int] | None:
+    """Pids holding a CUDA context (nvidia-smi --query-compute-apps); None when nvidia-smi is absent/fails."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return {int(t) for t in out.stdout.split() if t.strip().isdigit()}
+
+
+# --- the server -------------------------------------------------------------------------------------------------
+class SglangServer:
+    """One ``sglang.launch_server`` process tree on a loopback port; a context manager (start + wait_ready)."""
+
+    def __init__(self, args: list[str], *, python: str = sys.executable, log_path: Path,
+                 env: dict | None = None, host: str = "127.0.0.1", port: int | None = None,
+                 ready_timeout: float = 600, launcher: list[str] | None = None, stop_timeout: float = 60,
+                 name: str | None = None):
+        if host not in LOOPBACK_HOSTS:
+            raise ValueError(f"SglangServer binds loopback only; got host {host!r}")
+        self.args = [str(a) for a in args]
+        if any(a in ("--host", "--port") or a.startswith(("--host=", "--port=")) for a in self.args):
+            raise ValueError("pass host/port to SglangServer, not in args")
+        self.python = python
+        self.log_path = Path(log_path)
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.ready_timeout = ready_timeout
+        self.stop_timeout = stop_timeout
+        # ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests start stub servers this way).
+        self.launcher = list(launcher) if launcher else [python, "-m", "sglang.launch_server"]
+        self.name = name or "sglang"
+        self.env, self.dropped_env = supported_env(env, python) if launcher is None else (dict(env or {}), [])
+        self.proc: subprocess.Popen | None = None
+        self.model_info: dict | None = None
+        self.started_at: float | None = None
+        self.ready_seconds: float | None = None
+        self._pids_seen: set[int] = set()
+        self._log_fh = None
+
+    # -- properties
+    @property
+    def base_url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        return [*self.launcher, *self.args, "--host", self.host, "--port", str(self.port)]
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- lifecycle
+    def __enter__(self) -> "SglangServer":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "SglangServer":
+        if self.proc is not None:
+            raise RuntimeError("server already started")
+        if not port_is_free(self.host, self.port):
+            raise RuntimeError(f"port {self.port} on {self.host} is already in use (a leftover server?)")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fh = open(self.log_path, "ab", buffering=0)
+        header = [
+            f"# mtpmatrix {self.name} server, started {_dt.datetime.now(_dt.timezone.utc).isoformat()}",
+            f"# command: {shlex.join(redact_args(self.command))}",
+            f"# env overrides: {json.dumps(redact_env(self.env), sort_keys=True)}",
+        ]
+        if self.dropped_env:
+            header.append(f"# not passed (unknown to this sglang's envs module): {', '.join(sorted(self.dropped_env))}")
+        self._log_fh.write(("\n".join(header) + "\n").encode())
+        full_env = {**os.environ, **self.env}
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log_fh,
+                                     stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+                                     close_fds=True)
+        self._log_fh.write(f"# pid {self.proc.pid} (process group {self.proc.pid})\n".encode())
+        atexit.register(self._atexit)
+        return self
+
+    def _fail(self, kind: str, first_line: str, n: int = 40) -> CheckFailure:
+        tail = self.log_tail(n)
+        last_err = next((ln.strip() for ln in reversed(tail) if _ERROR_LINE.search(ln) and not ln.startswith("#")),
+                        "")
+        head = first_line + (f": {last_err[:300]}" if last_err else "")
+        body = "\n".join(tail)
+        return CheckFailure(kind, f"{head}\nlog: {self.log_path}\n--- last {len(tail)} log lines ---\n{body}")
+
+    def wait_ready(self, timeout: float | None = None, poll: float = 1.0) -> dict:
+        """Block until the server generates (/health_generate 200) and answers /model_info; return model_info.
+
+        Raises CheckFailure("launch") with the exit code and the log tail as soon as the process exits, or when
+        ``timeout`` (default ``ready_timeout``) passes.
+        """
+        if self.proc is None:
+            raise RuntimeError("server not started")
+        if self.model_info is not None and self.proc.poll() is None:
+            return self.model_info  # already ready (e.g. wait_ready() again inside ``with``)
+        timeout = self.ready_timeout if timeout is None else timeout
+        t0 = self.started_at or time.monotonic()
+        deadline = time.monotonic() + timeout
+        health = list(HEALTH_PATHS)
+        last = "no answer yet"
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise self._fail("launch", f"{self.name} server exited with code {rc} before it was ready "
+                                           f"({time.monotonic() - t0:.0f}s after launch)")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._fail("launch", f"{self.name} server not ready after {timeout:.0f}s "
+                                           f"(last health answer: {last})")
+            try:
+                status, _ = client.request(self.base_url, "GET", health[0], timeout=min(30.0, max(remaining, 1.0)))
+                last = f"{health[0]} -> {status}"
+                if status == 404 and len(health) > 1:
+                    health.pop(0)
+                    continue
+                if status == 200:
+                    status, body = client.request(self.base_url, "GET", "/model_info",
+                                                  timeout=min(30.0, max(remaining, 1.0)))
+                    last = f"/model_info -> {status}"
+                    if status == 404:  # very old releases
+                        status, body = client.request(self.base_url, "GET", "/get_model_info", timeout=30)
+                    if status == 200:
+                        try:
+                            self.model_info = json.loads(body) if body else {}
+                        except ValueError:
+                            self.model_info = {}
+                        self.ready_seconds = round(time.monotonic() - t0, 3)
+                        self._log(f"ready after {self.ready_seconds}s")
+                        return self.model_info
+            except (OSError, http.client.HTTPException) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    def check_alive(self, what: str = "serving") -> None:
+        """CheckFailure("crash") with the log tail when the server process has exited."""
+        rc = self.returncode
+        if self.proc is not None and rc is not None:
+            raise self._fail("crash", f"{self.name} server died (exit code {rc}) while {what}")
+
+    def _log(self, line: str) -> None:
+        try:
+            if self._log_fh and not self._log_fh.closed:
+                self._log_fh.write(f"# mtpmatrix: {line}\n".encode())
+        except OSError:
+            pass
+
+    # -- HTTP conveniences
+    def flush_cache(self, timeout: float = 60.0) -> bool:
+        """POST /flush_cache, retrying while sglang refuses (it does while requests run); True when flushed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ok = client.flush_cache(self.base_url, timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+            if ok or time.monotonic() >= deadline:
+                return ok
+            time.sleep(0.5)
+
+    def server_info(self, timeout: float = 60.0) -> dict:
+        return client.server_info(self.base_url, timeout=timeout)
+
+    def log_tail(self, n: int = 40) -> list[str]:
+        return _read_tail(self.log_path, n)
+
+    # -- teardown
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Kill the whole process group (SIGTERM, wait, SIGKILL); wait for port and GPU memory to be released.
+
+        Returns the server's exit code (None when never started). Safe to call twice.
+        """
+        if self.proc is None:
+            return None
+        timeout = self.stop_timeout if timeout is None else timeout
+        pgid = self.proc.pid
+        members = set(_group_members(pgid)) | {pgid}
+        self._pids_seen |= members
+        if self.proc.poll() is None or _group_members(pgid):
+            self._signal_group(pgid, signal.SIGTERM)
+            if not self._wait_group(pgid, timeout):
+                self._log(f"process group {pgid} still alive {timeout:.0f}s after SIGTERM: SIGKILL")
+                self._signal_group(pgid, signal.SIGKILL)
+                self._wait_group(pgid, 30)
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        self._wait_port_free(timeout)
+        self._wait_gpu_released(timeout)
+        self._log(f"stopped (exit code {rc})")
+        if self._log_fh:
+            self._log_fh.close()
+        atexit.unregister(self._atexit)
+        return rc
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _wait_group(self, pgid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None:
+                self.proc.poll()  # reap our direct child so it does not linger as a zombie
+            members = _group_members(pgid)
+            self._pids_seen |= set(members)
+            if not members:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    def _wait_port_free(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not port_is_free(self.host, self.port):
+            if time.monotonic() >= deadline:
+                self._log(f"port {self.port} still busy {timeout:.0f}s after stop")
+                return False
+            time.sleep(0.2)
+        return True
+
+    def _wait_gpu_released(self, timeout: float) -> bool:
+        """Best effort: wait until nvidia-smi lists none of this server's pids (no-op without nvidia-smi)."""
+        if not shutil.which("nvidia-smi"):
+            return True
+        deadline = time.monotonic() + timeout
+        while True:
+            held = gpu_pids()
+            if held is None or not (held & self._pids_seen):
+                return True
+            if time.monotonic() >= deadline:
+                self._log(f"GPU contexts of pids {sorted(held & self._pids_seen)} still present after {timeout:.0f}s")
+                return False
+            time.sleep(0.5)
+
+    def _atexit(self) -> None:
+        if self.proc is not None and (self.proc.poll() is None or _group_members(self.proc.pid)):
+            self._signal_group(self.proc.pid, signal.SIGKILL)

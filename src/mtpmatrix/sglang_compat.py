@@ -1,0 +1,533 @@
+"""A small compatibility layer over sglang releases (0.5.13 .. 0.5.23) for the contract tier.
+
+What the contract tier asks of sglang, on a CPU-only machine:
+
+  * ``import_chain()``        the modules of the Gemma 4 MTP path import (MTP_IMPORT_CHAIN);
+  * ``load_config(path)``     sglang's own config loader reads a target / assistant folder;
+  * ``resolve_server_args()`` the server's own argparse + ServerArgs resolution turns the seed command line into
+                              the values the MTP path needs (FROZEN_KV_MTP, topk, steps, draft tokens, triton);
+  * ``spec_worker_class()``   sglang's own dispatch picks the Frozen-KV MTP worker for the resolved args;
+  * ``load_models()``         sglang's model loader builds the target and assistant classes and loads the saved
+                              safetensors on the CPU (single-rank gloo groups).
+
+API differences found between releases (all handled by capability checks, never by version numbers):
+
+  * Frozen-KV worker module: 0.5.13 ships ``frozen_kv_mtp_worker`` (what ``create_worker`` returns there, overlap
+    off) *and* ``frozen_kv_mtp_worker_v2``; 0.5.17 and 0.5.23 ship only ``frozen_kv_mtp_worker_v2``.
+  * ServerArgs resolution: <= 0.5.17 resolves in the dataclass ``__post_init__`` (i.e. inside ``from_cli_args``);
+    0.5.23's ``__post_init__`` does nothing, resolution is ``resolve_once()`` and the values are ``resolved_dict()``
+    (the record itself keeps the operator's raw input).
+  * ``get_global_server_args``: <= 0.5.17 reads the published args; 0.5.23 retired it (publish still exists).
+  * ``initialize_model_parallel``: <= 0.5.17 takes ``tensor_model_parallel_size``...; 0.5.23 takes the sizes from
+    the published runtime context (keyword ``backend`` first).
+
+Failure semantics: an exception raised inside sglang (or transformers / torch) is let through unchanged, so
+``mtpmatrix.verdict.classify`` files it under the test's declared check with sglang's first frame. Anything that is
+this adapter's own problem (an sglang API it does not know, an unexpected return shape) is raised as
+``AdapterError`` from adapter code with no library frame in its traceback: it classifies as ``harness``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import io
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtpmatrix.verdict import CheckFailure
+
+
+class AdapterError(RuntimeError):
+    """This adapter does not know how to drive the installed sglang: a harness problem, never an sglang break."""
+
+
+# --------------------------------------------------------------------------------------------- import chain
+
+
+@dataclass(frozen=True)
+class ImportStep:
+    """One link of the MTP import chain. With several ``alternatives`` (a module renamed across releases) every
+    alternative the release *has* must import, and at least one must exist."""
+
+    role: str
+    alternatives: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        return self.alternatives[0].rsplit(".", 1)[-1]
+
+
+MTP_IMPORT_CHAIN: tuple[ImportStep, ...] = (
+    # gemma4_causal first: it pulls in most of sglang (layers, kernels, distributed) and dominates the import time.
+    ImportStep("Gemma 4 text model (target trunk)", ("sglang.srt.models.gemma4_causal",)),
+    ImportStep("Gemma 4 multimodal model (target)", ("sglang.srt.models.gemma4_mm",)),
+    ImportStep("Gemma 4 MTP assistant model (draft)", ("sglang.srt.models.gemma4_mtp",)),
+    ImportStep("Frozen-KV MTP worker", ("sglang.srt.speculative.frozen_kv_mtp_worker_v2",
+                                        "sglang.srt.speculative.frozen_kv_mtp_worker")),
+    ImportStep("Frozen-KV MTP CUDA-graph runner", ("sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner",)),
+    ImportStep("triton attention backend", ("sglang.srt.layers.attention.triton_backend",)),
+    ImportStep("server entrypoint", ("sglang.launch_server",)),
+    ImportStep("HTTP server", ("sglang.srt.entrypoints.http_server",)),
+)
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def import_step(step: ImportStep) -> list[str]:
+    """Import every alternative of ``step`` that this release has; return their names.
+
+    A missing step raises ModuleNotFoundError naming the module(s) (classified ``import``); an alternative that
+    exists but fails to import lets sglang's own exception through.
+    """
+    present = [m for m in step.alternatives if _module_exists(m)]
+    if not present:
+        names = " or ".join(step.alternatives)
+        raise ModuleNotFoundError(f"{step.role}: sglang {sglang_version()} has no module {names}",
+                                  name=step.alternatives[0])
+    for name in present:
+        importlib.import_module(name)
+    return present
+
+
+@dataclass
+class ImportResult:
+    modules: dict[str, list[str]] = field(default_factory=dict)  # step id -> imported modules
+    errors: dict[str, BaseException] = field(default_factory=dict)  # step id -> the exception, to re-raise
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def import_chain(chain: tuple[ImportStep, ...] = MTP_IMPORT_CHAIN) -> ImportResult:
+    """Import the whole chain once, recording each step's modules or exception (nothing is raised here)."""
+    result = ImportResult()
+    for step in chain:
+        t0 = time.monotonic()
+        try:
+            result.modules[step.id] = import_step(step)
+        except Exception as exc:  # noqa: BLE001 - kept for the step's test to re-raise with sglang's frames
+            result.errors[step.id] = exc
+        result.seconds[step.id] = round(time.monotonic() - t0, 3)
+    return result
+
+
+def sglang_version() -> str:
+    try:
+        import importlib.metadata as md
+
+        return md.version("sglang")
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+# --------------------------------------------------------------------------------------------- CPU
+
+
+def no_accelerator() -> bool:
+    """True when torch sees no CUDA device (torch's own availability probe; no CUDA context is created)."""
+    from mtpmatrix import environment
+
+    return environment.gpu_count() == 0
+
+
+# Why not sglang's own CPU engine (SGLANG_USE_CPU_ENGINE=1)? Tried: with the CUDA build of sgl-kernel that the rows
+# install, the CPU engine makes ``sglang.srt.mem_cache.memory_pool`` import ``sgl_kernel`` CPU ops at import time,
+# which fails ("libcuda.so.1: cannot open shared object file"): the whole import chain would break on CPU.
+
+
+@contextlib.contextmanager
+def cpu_build_patches():
+    """CPU-only patches for *building* the model classes on a machine without a GPU. The server never does this.
+
+    * ``sglang.srt.layers.rotary_embedding.base._is_cpu`` -> True while models are built: without CUDA the
+      RotaryEmbedding constructor takes a "fallback kernel" branch that imports ``vllm._custom_ops`` (not
+      installed, and a CUDA op anyway). On a GPU that branch uses sglang's own CUDA rope kernel (and real
+      Gemma 4 head dims, 256/512, skip it); the flag only makes the constructor keep the pure-torch rotary path,
+      which is all a weights-loading check needs (no forward pass runs here).
+    Each patch is undone on exit; a patch target that this release lacks is skipped (nothing to patch).
+    """
+    patched: list[tuple[Any, str, Any]] = []
+    try:
+        for mod_name, attr, value in (("sglang.srt.layers.rotary_embedding.base", "_is_cpu", True),):
+            if not _module_exists(mod_name):
+                continue
+            mod = importlib.import_module(mod_name)
+            if hasattr(mod, attr):
+                patched.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, value)
+        yield [f"{m.__name__}.{a}" for m, a, _ in patched]
+    finally:
+        for mod, attr, old in reversed(patched):
+            setattr(mod, attr, old)
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+def load_config(path: str | Path, trust_remote_code: bool = False):
+    """sglang's own config loader (``get_config``) on a model folder; sglang's exceptions pass through."""
+    get_config = _get_config_fn()
+    return get_config(str(path), trust_remote_code=trust_remote_code)
+
+
+def _get_config_fn():
+    for mod in ("sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers"):
+        if _module_exists(mod):
+            fn = getattr(importlib.import_module(mod), "get_config", None)
+            if fn is not None:
+                return fn
+    raise AdapterError(f"sglang {sglang_version()}: no get_config in sglang.srt.utils.hf_transformers[_utils]; "
+                       "the adapter needs the new config loader's location")
+
+
+def resolve_model_class(architectures: list[str] | None):
+    """(class, architecture) from sglang's ModelRegistry: which sglang model class serves this config."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    if not hasattr(ModelRegistry, "resolve_model_cls"):
+        raise AdapterError(f"sglang {sglang_version()}: ModelRegistry has no resolve_model_cls")
+    return ModelRegistry.resolve_model_cls(list(architectures or []))
+
+
+def text_config(cfg):
+    return getattr(cfg, "text_config", None) or cfg
+
+
+# --------------------------------------------------------------------------------------------- server args
+
+
+@dataclass
+class Resolution:
+    server_args: Any  # sglang's ServerArgs object (resolved)
+    values: dict[str, Any]  # the resolved values, plain
+    argv: list[str]  # the command line that was parsed (seed + CPU additions)
+    added: list[str]  # what this adapter added for CPU (documented in resolve())
+    mode: str  # "post_init" (<= 0.5.17) or "resolve_once" (0.5.23+)
+
+
+def cpu_args(argv: list[str]) -> list[str]:
+    """Arguments a CPU-only machine needs on top of the seed command line.
+
+    No accelerator: sglang's default-device probe (``get_device()``) raises "No accelerator ... available", so
+    ``--device cpu`` is added, as a user on a CPU box would. The attention backend stays the seed's ``triton``.
+    """
+    if "--device" in argv or any(a.startswith("--device=") for a in argv) or not no_accelerator():
+        return []
+    return ["--device", "cpu"]
+
+
+@contextlib.contextmanager
+def _keep_root_logging():
+    """sglang's prepare_server_args calls logging.basicConfig(force=True), which would drop pytest's capture
+    handlers; restore the root logger afterwards (the server process itself keeps sglang's configuration)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def parse_server_args(argv: list[str]):
+    """The server's own parsing: ``prepare_server_args`` where the release has it (argparse with
+    ServerArgs.add_cli_args, the release's CLI compat shims, ServerArgs.from_cli_args), else the two calls.
+
+    An argument sglang's parser rejects is a CheckFailure('args') carrying argparse's message.
+    """
+    import sglang.srt.server_args as sa_mod
+
+    ServerArgs = getattr(sa_mod, "ServerArgs", None)
+    if ServerArgs is None:
+        raise AdapterError(f"sglang {sglang_version()}: sglang.srt.server_args has no ServerArgs")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), _keep_root_logging():
+            if hasattr(sa_mod, "prepare_server_args"):
+                return sa_mod.prepare_server_args(list(argv))
+            if not (hasattr(ServerArgs, "add_cli_args") and hasattr(ServerArgs, "from_cli_args")):
+                raise AdapterError(f"sglang {sglang_version()}: ServerArgs has neither prepare_server_args nor "
+                                   "add_cli_args/from_cli_args")
+            parser = argparse.ArgumentParser(prog="sglang serve")
+            ServerArgs.add_cli_args(parser)
+            return ServerArgs.from_cli_args(parser.parse_args(list(argv)))
+    except SystemExit as exc:  # argparse rejects the command line with exit(2)
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        raise CheckFailure("args", f"sglang's argument parser rejected the command line (exit {exc.code}): "
+                                   + (lines[-1] if lines else "no message")) from None
+
+
+def _plain_fields(server_args) -> dict[str, Any]:
+    if dataclasses.is_dataclass(server_args):
+        return {f.name: getattr(server_args, f.name) for f in dataclasses.fields(server_args)}
+    try:  # msgspec Structs (0.5.23's record type) and anything else with __struct_fields__
+        return {name: getattr(server_args, name) for name in type(server_args).__struct_fields__}
+    except AttributeError:
+        raise AdapterError(f"sglang {sglang_version()}: ServerArgs is neither a dataclass nor a Struct and has "
+                           "no resolved_dict(); the adapter cannot read resolved values") from None
+
+
+def resolve(argv: list[str]) -> Resolution:
+    """Parse ``argv`` as ``sglang.launch_server`` would and run ServerArgs resolution.
+
+    Exceptions from sglang's parsing / resolution pass through (classified 'args' by the test's check marker).
+    """
+    added = cpu_args(argv)
+    full = list(argv) + added
+    server_args = parse_server_args(full)
+    if hasattr(server_args, "resolve_once"):  # 0.5.23+: construction leaves the record unresolved
+        server_args.resolve_once()
+        if not hasattr(server_args, "resolved_dict"):
+            raise AdapterError(f"sglang {sglang_version()}: ServerArgs has resolve_once() but no resolved_dict()")
+        values, mode = server_args.resolved_dict(), "resolve_once"
+    else:  # <= 0.5.17: __post_init__ resolved everything inside from_cli_args
+        values, mode = _plain_fields(server_args), "post_init"
+    values = {k: _plain_value(v) for k, v in values.items()}
+    return Resolution(server_args=server_args, values=values, argv=full, added=added, mode=mode)
+
+
+def _plain_value(v):
+    name = getattr(v, "name", None)
+    if name is not None and type(v).__module__.startswith("sglang") and hasattr(type(v), "__members__"):
+        return name  # enums (e.g. SpeculativeAlgorithm) -> their name
+    return v
+
+
+def resolve_server_args(argv: list[str]) -> dict[str, Any]:
+    """The resolved ServerArgs values for a ``sglang.launch_server`` command line, as a plain dict."""
+    return resolve(argv).values
+
+
+def check_resolution(values: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """Differences between resolved ``values`` and ``expected`` (settings.expected_resolution), as lines."""
+    out = []
+    for key, want in expected.items():
+        if key not in values:
+            out.append(f"{key}: not among the resolved ServerArgs fields")
+            continue
+        got = values[key]
+        if str(got).upper() != str(want).upper() if isinstance(want, str) else got != want:
+            out.append(f"{key}: resolved {got!r}, expected {want!r}")
+    return out
+
+
+def spec_worker_class(resolution: Resolution):
+    """The worker class sglang's own dispatch (SpeculativeAlgorithm.create_worker) picks for the resolved args."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string(resolution.values["speculative_algorithm"])
+    if not hasattr(algo, "create_worker"):
+        raise AdapterError(f"sglang {sglang_version()}: SpeculativeAlgorithm has no create_worker")
+    return algo.create_worker(resolution.server_args)
+
+
+# --------------------------------------------------------------------------------------------- weights
+
+
+@dataclass
+class LoadedModels:
+    target: Any
+    assistant: Any
+    target_class: str
+    assistant_class: str
+    target_params: int
+    assistant_params: int
+    seconds: float
+
+
+_DIST_READY = False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def publish_server_args(resolution: Resolution) -> None:
+    """Publish the resolved args for this process as rank 0 of a one-rank world, as the scheduler process does
+    before building models.
+
+    0.5.23's ``runtime_context.publish`` takes the launcher placement (``ranks=SpawnRanks(...)``; without it every
+    rank read raises); <= 0.5.17 publish via ``set_global_server_args_for_scheduler`` with no placement.
+    """
+    import sglang.srt.server_args as sa_mod
+
+    rc_name = "sglang.srt.runtime_context"
+    rc = importlib.import_module(rc_name) if _module_exists(rc_name) else None
+    publish = getattr(rc, "publish", None)
+    if publish is not None and hasattr(rc, "SpawnRanks") and "ranks" in inspect.signature(publish).parameters:
+        publish(resolution.server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+        return
+    legacy = getattr(sa_mod, "set_global_server_args_for_scheduler", None)
+    if legacy is None:
+        raise AdapterError(f"sglang {sglang_version()}: no set_global_server_args_for_scheduler and no "
+                           "runtime_context.publish(ranks=...)")
+    legacy(resolution.server_args)
+
+
+def init_single_rank(resolution: Resolution, model_config=None) -> None:
+    """A single-rank gloo world + TP/PP groups of size 1, and the resolved args published, as the scheduler does
+    before building models. Idempotent within a process."""
+    global _DIST_READY
+    import sglang.srt.distributed.parallel_state as ps
+
+    publish_server_args(resolution)
+    if _DIST_READY:
+        return
+    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                    distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+    # <= 0.5.17 takes the sizes as arguments; 0.5.23 reads them from the runtime context published above.
+    if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
+        ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    else:
+        ps.initialize_model_parallel()
+    # The attention-DP placement the model layers read (0.5.23: get_parallel().attn_tp_rank); the server's
+    # bootstrap calls it right after the model-parallel groups. Its signature differs per release.
+    dp_mod = "sglang.srt.layers.dp_attention"
+    init_dp = getattr(importlib.import_module(dp_mod), "initialize_dp_attention", None) \
+        if _module_exists(dp_mod) else None
+    if init_dp is not None:
+        params = inspect.signature(init_dp).parameters
+        kwargs = {"server_args": resolution.server_args}
+        if "model_config" in params:
+            kwargs["model_config"] = model_config
+        init_dp(**kwargs)
+    _DIST_READY = True
+
+
+def _adapter_step(fn, *args):
+    """Run one step of the adapter's stand-in for the scheduler's bootstrap; a failure there is the adapter's
+    (it does not set sglang up the way this release wants), so it becomes an AdapterError (harness)."""
+    try:
+        return fn(*args)
+    except AdapterError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise AdapterError(f"sglang {sglang_version()}: the adapter's single-rank CPU setup ({fn.__name__}) "
+                           f"failed: {type(exc).__name__}: {first}") from exc
+
+
+def load_models(resolution: Resolution) -> LoadedModels:
+    """Build the target and assistant sglang model classes and load their safetensors with sglang's loader
+    (``get_model`` with ModelConfig.from_server_args, LoadConfig('auto'), DeviceConfig('cpu'))."""
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import get_model
+
+    t0 = time.monotonic()
+    sa = resolution.server_args
+    values = resolution.values
+    device = DeviceConfig("cpu")
+    with cpu_build_patches():
+        _adapter_step(publish_server_args, resolution)
+        target_cfg = ModelConfig.from_server_args(sa)  # sglang's own config -> model-config step: a real check
+        _adapter_step(init_single_rank, resolution, target_cfg)
+        target = get_model(model_config=target_cfg, load_config=LoadConfig(load_format="auto"),
+                           device_config=device)
+        draft_cfg = ModelConfig.from_server_args(sa, model_path=values["speculative_draft_model_path"],
+                                                 is_draft_model=True)
+        assistant = get_model(model_config=draft_cfg, load_config=LoadConfig(load_format="auto"),
+                              device_config=device)
+    return LoadedModels(
+        target=target, assistant=assistant,
+        target_class=type(target).__name__, assistant_class=type(assistant).__name__,
+        target_params=sum(p.numel() for p in target.parameters()),
+        assistant_params=sum(p.numel() for p in assistant.parameters()),
+        seconds=round(time.monotonic() - t0, 3),
+    )
+
+
+# Signatures of "this step needs a GPU", found by trying on CPU-only machines. Matched only when there is no
+# accelerator; anything else from sglang is a real failure.
+_CUDA_ONLY_SIGNATURES = (
+    "libcuda.so",
+    "Torch not compiled with CUDA enabled",
+    "Found no NVIDIA driver",
+    "No CUDA GPUs are available",
+    "CUDA driver initialization failed",
+    "No module named 'vllm'",  # CUDA-op fallbacks that sglang imports from vllm on non-CUDA, non-CPU-engine builds
+)
+
+
+def cpu_blocker(exc: BaseException) -> str | None:
+    """A one-line reason when ``exc`` says the step needs CUDA and this machine has none, else None.
+
+    The reason names the release and sglang's first frame, e.g.
+    "sglang 0.5.13: sglang/srt/foo.py:12 in bar requires CUDA (Torch not compiled with CUDA enabled)".
+    """
+    if not no_accelerator():
+        return None
+    from mtpmatrix.verdict import first_library_frame
+
+    chain, seen = [], set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for e in chain:
+        text = f"{type(e).__name__}: {e}"
+        sig = next((s for s in _CUDA_ONLY_SIGNATURES if s in text), None)
+        if sig:
+            frame = first_library_frame(e.__traceback__)[0] or first_library_frame(exc.__traceback__)[0]
+            line = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            return f"sglang {sglang_version()}: {frame or 'model build'} requires CUDA ({line})"
+    return None
+
+
+def spot_check(model, folder: str | Path, max_tensors: int = 6) -> list[str]:
+    """Compare a few saved tensors with the loaded parameters (same trailing name, same shape): proves the
+    loader actually copied the checkpoint in. Returns problems as lines (empty = fine)."""
+    import torch
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return [f"{folder}: no *.safetensors to compare with"]
+    params = dict(model.named_parameters())
+    # Gemma 4 assistants with use_ordered_embeddings: sglang reorders the tied embed/lm_head rows into centroid
+    # order after loading (Gemma4AssistantForCausalLM._reorder_embedding_to_centroid_order).
+    ordering = getattr(model, "token_ordering", None) if getattr(model, "use_ordered_embeddings", False) else None
+    checked, problems = 0, []
+    with safe_open(str(files[0]), "pt") as fh:
+        keys = [k for k in fh.keys() if k.endswith(("embed_tokens.weight", "q_proj.weight", "pre_projection.weight",
+                                                    "post_projection.weight", "norm.weight"))
+                and "vision" not in k and "audio" not in k]
+        for key in keys:
+            if checked >= max_tensors:
+                break
+            tail = ".".join(key.split(".")[-3:])
+            saved = fh.get_tensor(key)
+            candidates = [(n, p) for n, p in params.items()
+                          if n.endswith(tail) and tuple(p.shape) == tuple(saved.shape)]
+            if not candidates:
+                continue
+            checked += 1
+            def same(p):
+                loaded = p.detach().to(saved.dtype).cpu()
+                if torch.equal(loaded, saved):
+                    return True
+                return (ordering is not None and key.endswith("embed_tokens.weight")
+                        and torch.equal(loaded, saved[ordering.long().cpu()]))
+
+            if not any(same(p) for _, p in candidates):
+                problems.append(f"{key}: loaded values differ from the checkpoint ({candidates[0][0]})")
+    if checked == 0:
+        problems.append(f"{folder}: no saved tensor matched a loaded parameter by name and shape")
+    return problems

@@ -1,0 +1,47 @@
+"""Fixtures shared by the CPU/GPU tiers: tiny shape-true Gemma 4 pairs, built lazily and once per session.
+
+Nothing is built at import or collection time; building needs only transformers/torch/tokenizers/safetensors
+(never sglang). ``MTPMATRIX_TINY_DIR`` points the cache at a persistent folder (reused across sessions and rows:
+a finished pair folder is recognised by its marker hash); otherwise it lives under pytest's basetemp.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    env = os.environ.get("MTPMATRIX_TINY_DIR")
+    if env:
+        root = Path(env).expanduser()
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+    return tmp_path_factory.mktemp("tiny-pairs")
+
+
+@pytest.fixture(scope="session")
+def build_tiny_pair(tiny_root):
+    """Factory ``(name, constructed=False) -> PairPaths``; each pair is built at most once per session."""
+    from mtpmatrix import tiny
+
+    built: dict[tuple[str, bool], tiny.PairPaths] = {}
+
+    def _build(name: str, constructed: bool = False) -> tiny.PairPaths:
+        key = (name, bool(constructed))
+        if key not in built:
+            built[key] = tiny.build_pair(name, tiny_root, constructed=bool(constructed))
+        return built[key]
+
+    return _build
+
+
+@pytest.fixture(scope="session", params=PAIR_NAMES)
+def tiny_pair(request, build_tiny_pair):
+    """Each tiny pair (random weights), as PairPaths."""
+    return build_tiny_pair(request.param)

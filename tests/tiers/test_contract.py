@@ -1,0 +1,148 @@
+"""Contract tier (CPU, needs sglang): the MTP path imports, sglang reads the tiny pairs' configs, the seed command
+lines resolve to FROZEN_KV_MTP with the expected draft shape, and sglang's loader builds both model classes and
+loads their safetensors on the CPU.
+
+sglang is imported once per process (the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else
+is cheap. Failures carry sglang's first frame: library exceptions are let through (see mtpmatrix.sglang_compat).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mtpmatrix import settings
+from mtpmatrix import sglang_compat as compat
+from mtpmatrix.verdict import CheckFailure
+
+pytestmark = pytest.mark.contract
+
+ASSISTANT_ARCHS = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
+TARGET_MODEL_TYPES = ("gemma4", "gemma4_text")
+
+
+@pytest.fixture(scope="session")
+def sglang_chain():
+    """Import the whole MTP chain once; per-step exceptions are kept for test_import to re-raise."""
+    t0 = time.monotonic()
+    result = compat.import_chain()
+    result.total_seconds = round(time.monotonic() - t0, 3)
+    return result
+
+
+def _seed_argv(pair, topk: int) -> list[str]:
+    return settings.server_args(str(pair.target), assistant=str(pair.assistant), topk=topk, tp=1)
+
+
+# ------------------------------------------------------------------------------------------------ import
+
+
+@pytest.mark.check("import")
+@pytest.mark.parametrize("step", compat.MTP_IMPORT_CHAIN, ids=lambda s: s.id)
+def test_import(step, sglang_chain, record_property):
+    """Every module of the MTP path imports (a renamed module fails here, naming it)."""
+    record_property("seconds", sglang_chain.seconds.get(step.id))
+    record_property("chain_seconds", sglang_chain.total_seconds)
+    if step.id in sglang_chain.errors:
+        raise sglang_chain.errors[step.id]
+    record_property("modules", sglang_chain.modules[step.id])
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+@pytest.mark.check("config")
+def test_config(tiny_pair, sglang_chain, record_property):
+    """sglang's config loader reads target and assistant; the registry maps both to sglang model classes."""
+    target = compat.load_config(tiny_pair.target)
+    assistant = compat.load_config(tiny_pair.assistant)
+    t_text = compat.text_config(target)
+    a_text = compat.text_config(assistant)
+    record_property("target_model_type", target.model_type)
+    record_property("assistant_model_type", assistant.model_type)
+
+    problems = []
+    if target.model_type not in TARGET_MODEL_TYPES:
+        problems.append(f"target model_type {target.model_type!r} not in {TARGET_MODEL_TYPES}")
+    if assistant.model_type != "gemma4_assistant":
+        problems.append(f"assistant model_type {assistant.model_type!r} != 'gemma4_assistant'")
+    if not set(assistant.architectures or ()) & set(ASSISTANT_ARCHS):
+        problems.append(f"assistant architectures {assistant.architectures} name no Gemma 4 assistant class")
+    backbone = getattr(assistant, "backbone_hidden_size", None)
+    if backbone != t_text.hidden_size:
+        problems.append(f"assistant backbone_hidden_size {backbone} != target hidden_size {t_text.hidden_size}")
+    if a_text.vocab_size != t_text.vocab_size:
+        problems.append(f"assistant vocab_size {a_text.vocab_size} != target vocab_size {t_text.vocab_size}")
+    if problems:
+        raise CheckFailure("config", "; ".join(problems))
+
+    t_cls, t_arch = compat.resolve_model_class(target.architectures)
+    a_cls, a_arch = compat.resolve_model_class(assistant.architectures)
+    record_property("target_class", f"{t_cls.__module__}.{t_cls.__name__}")
+    record_property("assistant_class", f"{a_cls.__module__}.{a_cls.__name__}")
+    if not a_cls.__module__.endswith("gemma4_mtp"):
+        raise CheckFailure("config", f"sglang maps {a_arch} to {a_cls.__module__}.{a_cls.__name__}, "
+                                     "not to the gemma4_mtp assistant")
+
+
+# ------------------------------------------------------------------------------------------------ args
+
+
+@pytest.mark.check("args")
+@pytest.mark.parametrize("topk", settings.TOPKS, ids=lambda k: f"topk{k}")
+def test_server_args(tiny_pair, topk, sglang_chain, record_property):
+    """The seed command line resolves NEXTN -> FROZEN_KV_MTP with settings.expected_resolution(topk), the triton
+    backend, and sglang's own dispatch picks a Frozen-KV MTP worker."""
+    t0 = time.monotonic()
+    res = compat.resolve(_seed_argv(tiny_pair, topk))
+    values = res.values
+    record_property("resolution", res.mode)
+    record_property("cpu_args", " ".join(res.added))
+    record_property("speculative_algorithm", values.get("speculative_algorithm"))
+    record_property("speculative_num_draft_tokens", values.get("speculative_num_draft_tokens"))
+    record_property("attention_backend", values.get("attention_backend"))
+
+    problems = compat.check_resolution(values, settings.expected_resolution(topk))
+    if values.get("attention_backend") != "triton":
+        problems.append(f"attention_backend: resolved {values.get('attention_backend')!r}, expected 'triton'")
+    if problems:
+        raise CheckFailure("args", "; ".join(problems))
+
+    worker = compat.spec_worker_class(res)
+    record_property("worker", f"{worker.__module__}.{worker.__name__}")
+    record_property("seconds", round(time.monotonic() - t0, 3))
+    if "frozen_kv_mtp" not in worker.__module__:
+        raise CheckFailure("args", f"FROZEN_KV_MTP dispatches to {worker.__module__}.{worker.__name__}")
+
+
+# ------------------------------------------------------------------------------------------------ weights
+
+
+@pytest.mark.check("weights")
+def test_weights(tiny_pair, sglang_chain, record_property):
+    """sglang's loader builds target + assistant on the CPU and loads the saved safetensors into them."""
+    try:
+        res = compat.resolve(_seed_argv(tiny_pair, settings.TOPKS[0]))
+    except compat.AdapterError:
+        raise
+    except Exception as exc:  # reported (with sglang's frame) by test_server_args; weights cannot be checked
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        pytest.skip(f"prerequisite failed: ServerArgs resolution ({type(exc).__name__}: {first}); "
+                    "see test_server_args")
+    try:
+        loaded = compat.load_models(res)
+    except Exception as exc:
+        blocker = compat.cpu_blocker(exc)  # only "needs CUDA" signatures on a machine without one
+        if blocker:
+            pytest.skip(blocker)
+        raise
+    record_property("target_class", loaded.target_class)
+    record_property("assistant_class", loaded.assistant_class)
+    record_property("target_params", loaded.target_params)
+    record_property("assistant_params", loaded.assistant_params)
+    record_property("seconds", loaded.seconds)
+    problems = compat.spot_check(loaded.target, tiny_pair.target) + compat.spot_check(loaded.assistant,
+                                                                                      tiny_pair.assistant)
+    if problems:
+        raise CheckFailure("weights", "; ".join(problems))

@@ -1,0 +1,320 @@
+"""GSM8K tier: real Gemma 4 pairs behind a live sglang server with Frozen-KV MTP, CUDA graphs on.
+
+For every pair in settings.DEFAULT_PAIRS and every topk in settings.TOPKS, one server runs GSM8K 5-shot (the exact
+prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.gsm8k) and three checks read what it did:
+
+  test_args        /server_info resolved the requested algorithm/topk/steps/draft tokens, CUDA graph not disabled
+  test_accuracy    GSM8K score >= the pair's threshold (Wilson 95% interval recorded)
+  test_acceptance  /server_info avg_spec_accept_length >= settings.MIN_ACCEPT_LENGTH; absent = failure
+
+Per-question records go to ``gsm8k-<case>.jsonl`` and the server log to ``server-gsm8k-<case>.log``, next to
+$MTPMATRIX_RESULTS (the row's tiers.json) or in a pytest temp dir.
+
+Env knobs:
+  MTPMATRIX_GSM8K_PAIRS=E4B,E2B             pairs to run (default: settings.DEFAULT_PAIRS)
+  MTPMATRIX_GSM8K_BASELINE=1                also run each pair without MTP (and record a paired McNemar comparison)
+  MTPMATRIX_GSM8K_NUM_EXAMPLES=N            default settings.GSM8K_NUM_EXAMPLES
+  MTPMATRIX_<PAIR>_TARGET/_ASSISTANT/_TP/_THRESHOLD   see settings.resolve_pair
+  MTPMATRIX_GSM8K_READY_TIMEOUT=S           server readiness deadline (default 1200 s)
+  MTPMATRIX_GSM8K_PAIR=tiny:<target_dir>:<assistant_dir>
+      END-TO-END PROOF MODE: run this tier on a tiny local pair (e.g. the smoke tier's) instead of the real ones.
+      Cases are named "tiny-e2e-proof-*"; the GSM8K score is reported, NOT gated (threshold None), and the
+      acceptance floor is settings.SMOKE_MIN_ACCEPT_LENGTH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix import client, gsm8k, settings, stats
+from mtpmatrix.verdict import CheckFailure
+
+pytestmark = pytest.mark.gsm8k
+
+TINY_PREFIX = "tiny-e2e-proof"
+# Char-level tiny tokenizer: a 5-shot prompt is up to ~2.9k tokens, so the tiny pair gets its full 4096 context.
+TINY_ARGS_OVERRIDES = {"--context-length": "4096", "--max-total-tokens": "32768"}
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    pair: str
+    target: str
+    assistant: str
+    tp: int
+    topk: int | None  # None = no-MTP baseline
+    threshold: float | None
+    extra_args: tuple[str, ...] = ()
+    tiny: bool = False
+    target_env: str = ""
+    assistant_env: str = ""
+
+
+def _cases() -> list[Case]:
+    baseline = _truthy(os.environ.get("MTPMATRIX_GSM8K_BASELINE"))
+    topks: list[int | None] = ([None] if baseline else []) + list(settings.TOPKS)
+    tiny = os.environ.get("MTPMATRIX_GSM8K_PAIR", "").strip()
+    if tiny:
+        kind, _, rest = tiny.partition(":")
+        target, _, assistant = rest.partition(":")
+        if kind != "tiny" or not target or not assistant:
+            raise pytest.UsageError(f"MTPMATRIX_GSM8K_PAIR={tiny!r}: expected tiny:<target_dir>:<assistant_dir>")
+        return [Case(f"{TINY_PREFIX}-{'nomtp' if k is None else f'topk{k}'}", "tiny", target, assistant, tp=1,
+                     topk=k, threshold=None, tiny=True, target_env="MTPMATRIX_GSM8K_PAIR",
+                     assistant_env="MTPMATRIX_GSM8K_PAIR") for k in topks]
+    names = [n.strip() for n in os.environ.get("MTPMATRIX_GSM8K_PAIRS", "").split(",") if n.strip()]
+    cases = []
+    for name in names or settings.DEFAULT_PAIRS:
+        pair = settings.resolve_pair(name)
+        key = "MTPMATRIX_" + name.upper().replace("-", "_")
+        for k in topks:
+            cases.append(Case(f"{name}-{'nomtp' if k is None else f'topk{k}'}", name, pair.target, pair.assistant,
+                              pair.tp, k, pair.threshold, tuple(pair.extra_args),
+                              target_env=f"{key}_TARGET", assistant_env=f"{key}_ASSISTANT"))
+    return cases
+
+
+CASES = _cases()
+IDS = [c.id for c in CASES]
+MTP_CASES = [c for c in CASES if c.topk is not None]
+
+
+# --- weights: local path or Hugging Face cache, never a download ----------------------------------------------
+def hub_cache_dirs() -> list[Path]:
+    env = os.environ
+    dirs = [env.get("HF_HUB_CACHE"), env.get("HUGGINGFACE_HUB_CACHE"),
+            str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None,
+            str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface" / "hub")]
+    out: list[Path] = []
+    for d in dirs:
+        if d and Path(d).expanduser() not in out:
+            out.append(Path(d).expanduser())
+    return out
+
+
+def _has_weights(d: Path) -> bool:
+    return (d / "config.json").is_file() and (
+        any(d.glob("*.safetensors")) or (d / "model.safetensors.index.json").is_file() or any(d.glob("*.bin")))
+
+
+def resolve_weights(ref: str) -> tuple[Path | None, str]:
+    """(local folder with config + weights, or None; where it was looked for)."""
+    p = Path(ref).expanduser()
+    if p.is_dir():
+        return (p, "") if _has_weights(p) else (None, f"local dir {p} (it has no config.json + weight files)")
+    looked = []
+    if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
+        for cache in hub_cache_dirs():
+            repo = cache / ("models--" + ref.replace("/", "--"))
+            looked.append(str(repo))
+            snaps = []
+            head = repo / "refs" / "main"
+            if head.is_file():
+                snaps.append(repo / "snapshots" / head.read_text().strip())
+            if (repo / "snapshots").is_dir():
+                snaps += sorted((repo / "snapshots").iterdir(), key=lambda s: s.stat().st_mtime, reverse=True)
+            for s in snaps:
+                if s.is_dir() and _has_weights(s):
+                    return s, ""
+    where = f"local path {p}" + (f" and HF cache {', '.join(looked)}" if looked else "")
+    return None, where
+
+
+# --- one server per case, collected once ----------------------------------------------------------------------------
+@dataclass
+class Gsm8kRun:
+    case: Case
+    skip: str | None = None
+    error: BaseException | None = None
+    log_path: Path | None = None
+    records_path: Path | None = None
+    launch_seconds: float | None = None
+    info_before: dict | None = None
+    info_after: dict | None = None
+    result: gsm8k.Gsm8kResult | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+_RUNS: dict[str, Gsm8kRun] = {}
+
+
+def _override(args: tuple[str, ...], overrides: dict[str, str]) -> tuple[str, ...]:
+    out = list(args)
+    for flag, value in overrides.items():
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return tuple(out)
+
+
+def _out_dir(tmp_path_factory) -> Path:
+    results = os.environ.get("MTPMATRIX_RESULTS")
+    if results:
+        d = Path(results).resolve().parent
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+    return tmp_path_factory.mktemp("gsm8k")
+
+
+def _collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
+    from mtpmatrix.environment import gpu_count
+    from mtpmatrix.server import SglangServer
+
+    run = Gsm8kRun(case)
+    n_gpu = gpu_count()
+    if n_gpu < case.tp:
+        run.skip = (f"{case.pair} needs TP {case.tp}, this machine has {n_gpu} GPU{'' if n_gpu == 1 else 's'}"
+                    + ("" if case.tiny else f" (MTPMATRIX_{case.pair.upper().replace('-', '_')}_TP overrides)"))
+        return run
+    env = {}
+    paths = {}
+    for role, ref, var in (("target", case.target, case.target_env), ("assistant", case.assistant, case.assistant_env)):
+        if role == "assistant" and case.topk is None:
+            continue
+        var = var or "MTPMATRIX_" + case.pair.upper().replace("-", "_") + "_" + role.upper()
+        found, looked = resolve_weights(ref)
+        if found is None:
+            run.skip = f"{case.pair} {role} weights {ref} not found: looked for {looked}; set {var} to a local path"
+            return run
+        paths[role] = found
+        if not Path(ref).expanduser().is_dir():
+            env["HF_HUB_OFFLINE"] = "1"  # resolved from the HF cache: never let the server reach for the hub
+    try:  # the data first: a missing dataset must not cost a server launch
+        lines = gsm8k.load_split("test")
+    except gsm8k.DataError as exc:
+        run.error = exc
+        return run
+    base = _override(settings.COMMON_ARGS, TINY_ARGS_OVERRIDES) if case.tiny else settings.COMMON_ARGS
+    args = settings.server_args(paths["target"], assistant=paths.get("assistant"), topk=case.topk, tp=case.tp,
+                                base=base, extra=case.extra_args)
+    num_examples = int(os.environ.get("MTPMATRIX_GSM8K_NUM_EXAMPLES") or settings.GSM8K_NUM_EXAMPLES)
+    run.log_path = out_dir / f"server-gsm8k-{case.id}.log"
+    run.records_path = out_dir / f"gsm8k-{case.id}.jsonl"
+    server = SglangServer(args, log_path=run.log_path, env=env,
+                          ready_timeout=float(os.environ.get("MTPMATRIX_GSM8K_READY_TIMEOUT") or 1200))
+    try:
+        say(f"[gsm8k {case.id}] launching sglang ({' '.join(args)})")
+        with server:
+            run.launch_seconds = server.ready_seconds
+            run.info_before = server.server_info()
+            server.flush_cache()
+            run.result = gsm8k.run_gsm8k(server.base_url, num_examples=num_examples,
+                                         num_shots=settings.GSM8K_NUM_SHOTS, parallel=settings.GSM8K_PARALLEL,
+                                         max_new_tokens=settings.GSM8K_MAX_NEW_TOKENS, lines=lines,
+                                         log=say, label=f"[gsm8k {case.id}]", timeout=3600)
+            server.check_alive("running GSM8K")
+            run.info_after = server.server_info()
+        run.result.write_jsonl(run.records_path)
+    except Exception as exc:  # kept and re-raised by each check, with its classification
+        run.error = exc
+    return run
+
+
+@pytest.fixture
+def gsm8k_run(request, tmp_path_factory) -> Gsm8kRun:
+    case: Case = request.param
+    if case.id not in _RUNS:
+        tr = request.config.pluginmanager.get_plugin("terminalreporter")
+        say = (lambda line: tr.write_line(line)) if tr is not None else print
+        _RUNS[case.id] = _collect(case, _out_dir(tmp_path_factory), say)
+    run = _RUNS[case.id]
+    if run.skip:
+        pytest.skip(run.skip)
+    return run
+
+
+def _use(run: Gsm8kRun, record_property) -> Gsm8kRun:
+    if run.log_path:
+        record_property("server_log", str(run.log_path))
+    if run.launch_seconds is not None:
+        record_property("launch_seconds", run.launch_seconds)
+    if run.error is not None:
+        raise run.error
+    return run
+
+
+# --- checks ------------------------------------------------------------------------------------------------------------
+@pytest.mark.check("args")
+@pytest.mark.parametrize("gsm8k_run", CASES, ids=IDS, indirect=True)
+def test_args(gsm8k_run, record_property):
+    """The live server resolved the requested speculative config, with CUDA graphs on."""
+    run = _use(gsm8k_run, record_property)
+    info = run.info_before or {}
+    if run.case.topk is None:
+        algo = client.find_arg(info, "speculative_algorithm")
+        record_property("speculative_algorithm", algo)
+        if algo not in (None, "", "NONE"):
+            raise CheckFailure("args", f"baseline server resolved speculative_algorithm={algo!r}, expected none")
+    else:
+        want = settings.expected_resolution(run.case.topk)
+        got = {k: client.find_arg(info, k) for k in want}
+        record_property("resolved", json.dumps(got))
+        if got != want:
+            raise CheckFailure("args", f"/server_info {got} != expected {want}")
+    disabled = client.cuda_graph_disabled(info)
+    record_property("cuda_graph_disabled", disabled)
+    if disabled is not False:
+        raise CheckFailure("args", f"CUDA graph not on per /server_info (disabled={disabled})")
+
+
+@pytest.mark.check("accuracy")
+@pytest.mark.parametrize("gsm8k_run", CASES, ids=IDS, indirect=True)
+def test_accuracy(gsm8k_run, record_property):
+    """GSM8K 5-shot score >= the pair's threshold (tiny proof mode: reported, not gated)."""
+    run = _use(gsm8k_run, record_property)
+    res = run.result
+    lo, hi = res.wilson95
+    thr = run.case.threshold
+    record_property("score", round(res.score, 4))
+    record_property("wilson95", [round(lo, 4), round(hi, 4)])
+    record_property("num_correct", res.num_correct)
+    record_property("num_examples", res.num_examples)
+    record_property("num_invalid", res.num_invalid)
+    record_property("num_errors", res.num_errors)
+    record_property("output_tokens_per_s", res.output_tokens_per_s)
+    record_property("wall_s", res.wall_s)
+    record_property("threshold", thr)
+    record_property("gated", thr is not None)
+    record_property("records", str(run.records_path))
+    if run.case.topk is not None:
+        base = _RUNS.get(run.case.id.rsplit("-", 1)[0] + "-nomtp")
+        if base is not None and base.result is not None and base.result.num_examples == res.num_examples:
+            cmp = stats.paired_compare(base.result.correct_list, res.correct_list)
+            record_property("vs_nomtp", {"delta": round(cmp.delta, 4), "lost": cmp.only_a, "gained": cmp.only_b,
+                                         "mcnemar_p": cmp.p_value,
+                                         "speedup": stats.speedup(base.result.output_tokens_per_s,
+                                                                  res.output_tokens_per_s)})
+    if res.num_errors:
+        raise CheckFailure("crash", f"{res.num_errors}/{res.num_examples} GSM8K requests failed: "
+                                    f"{res.first_errors[0] if res.first_errors else '?'}")
+    if thr is not None and res.score < thr:
+        raise CheckFailure("accuracy", f"GSM8K score {res.score:.3f} < threshold {thr} ({res.num_correct}/"
+                                       f"{res.num_examples}, Wilson 95% [{lo:.3f}, {hi:.3f}])")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("gsm8k_run", MTP_CASES, ids=[c.id for c in MTP_CASES], indirect=True)
+def test_acceptance(gsm8k_run, record_property):
+    """avg_spec_accept_length from /server_info after the run >= the floor; absent is a failure."""
+    run = _use(gsm8k_run, record_property)
+    floor = settings.SMOKE_MIN_ACCEPT_LENGTH if run.case.tiny else settings.MIN_ACCEPT_LENGTH
+    st = client.spec_stats(run.info_after)
+    avg = st["avg_spec_accept_length"] if st else None
+    record_property("avg_spec_accept_length", avg)
+    record_property("accept_length_requests", run.result.spec_accept_length)
+    record_property("min_accept_length", floor)
+    if avg is None:
+        raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length after the GSM8K run")
+    if avg < floor:
+        raise CheckFailure("acceptance", f"avg_spec_accept_length {avg:.3f} < {floor}")

@@ -1,0 +1,286 @@
+"""Reference tier (transformers only, CPU): greedy decoding with the Gemma 4 MTP assistant must equal greedy
+decoding without it, token for token, on every tiny pair (random and constructed weights).
+
+Acceptance statistics: transformers exposes none for assisted decoding, so they are counted by instrumenting
+``SinglePositionMultiTokenCandidateGenerator`` (the candidate generator transformers uses for Gemma 4
+assistants): ``get_candidates`` gives the number of drafted tokens per step, ``update_candidate_strategy`` the
+number the target accepted. Drafts per step are fixed at DRAFT_TOKENS (constant schedule), so the accept length
+(accepted + the target's own token) is at most DRAFT_TOKENS + 1.
+
+For the constructed pairs ("next token = current + 1") the rule itself is asserted and the acceptance must be near
+maximal. Measured on transformers 5.8.1 and 5.12.1: acceptance rate 1.0 and accept length 3.83 of 4 (4 prompts x
+24 new tokens = 24 verification steps, 68 drafts, all accepted; the mean is under 4 only because the first step
+per prompt is the target's own prefill token and the last one is cut by max_new_tokens). The bars
+(ACCEPT_RATE_MIN 0.95, ACCEPT_LEN_MIN 3.5) leave margin for that bookkeeping only: one draft position that is
+systematically rejected drops the length to <= 3.0 and fails.
+
+transformers 5.19.0 cannot run Gemma 4 assisted generation at all: ``_get_candidate_generator`` constructs
+``SinglePositionMultiTokenCandidateGenerator`` without the ``input_ids`` / ``model_kwargs`` positional arguments
+its ``__init__`` still requires (TypeError). The tests then fail with kind "crash" and that frame in the message.
+
+Prompts stay inside the tiny pairs' sliding window (64): transformers cannot crop a sliding-window cache that has
+seen more tokens than the window, which assisted decoding does whenever a draft is rejected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+
+import pytest
+
+from mtpmatrix.tiny import PAIR_NAMES
+from mtpmatrix.verdict import CheckFailure
+
+pytestmark = pytest.mark.reference
+
+NEW_TOKENS = 24
+DRAFT_TOKENS = 3
+PROMPTS = ("Hello world, count: 1 2 3", "def f(x):\n    return x", "The quick brown fox", "Q: 7*6=? A:")
+ACCEPT_RATE_MIN = 0.95
+ACCEPT_LEN_MIN = 3.5  # of DRAFT_TOKENS + 1 = 4
+PAIRS = [pytest.param(n, c, id=f"{n}{'-constructed' if c else ''}") for c in (False, True) for n in PAIR_NAMES]
+
+
+def _torch():
+    import torch
+
+    # One intra-op thread: the tiny models gain nothing from more, and on a small shared CPU box (2 cores, other
+    # processes busy) torch's spinning OpenMP barriers made 2 threads 20-30x slower than 1 (measured).
+    torch.set_num_threads(1)
+    return torch
+
+
+@pytest.fixture(scope="session")
+def load_pair(build_tiny_pair):
+    """``(name, constructed) -> (target, assistant, tokenizer)`` in fp32, loaded once per session."""
+
+    @_memo
+    def _load(name: str, constructed: bool):
+        paths = build_tiny_pair(name, constructed)
+        torch = _torch()
+        try:
+            from transformers import AutoTokenizer, Gemma4AssistantForCausalLM, Gemma4ForConditionalGeneration
+        except ImportError as exc:
+            raise CheckFailure("import", f"transformers has no Gemma 4 model classes: {exc}") from exc
+        from mtpmatrix.tiny import read_marker
+
+        marker = read_marker(paths.target.parent) or {}
+        if not marker.get("weights"):
+            raise CheckFailure("weights", f"{name}: no weights were generated: {marker.get('weights_error')}")
+        models = []
+        for cls, folder in ((Gemma4ForConditionalGeneration, paths.target),
+                            (Gemma4AssistantForCausalLM, paths.assistant)):
+            try:
+                model, info = cls.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+            except Exception as exc:
+                raise CheckFailure("weights", f"{cls.__name__}.from_pretrained({folder.name}) failed: "
+                                              f"{type(exc).__name__}: {exc}") from exc
+            bad = {k: sorted(v)[:5] for k, v in info.items() if k in ("missing_keys", "unexpected_keys",
+                                                                        "mismatched_keys") and v}
+            if bad:
+                raise CheckFailure("weights", f"{cls.__name__} from {folder.name}: {bad}")
+            models.append(model.eval())
+        tokenizer = AutoTokenizer.from_pretrained(paths.target)
+        return models[0], models[1], tokenizer
+
+    return _load
+
+
+@contextlib.contextmanager
+def _count_acceptance(stats: list):
+    """Record (drafted, accepted) per verification step of transformers' Gemma 4 candidate generator."""
+    from transformers.generation import candidate_generator as cg
+
+    cls = cg.SinglePositionMultiTokenCandidateGenerator
+    orig_get, orig_update = cls.get_candidates, cls.update_candidate_strategy
+    pending: list[int] = []
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        out = orig_get(self, input_ids, *args, **kwargs)
+        pending.append(out[0].shape[1] - input_ids.shape[1])
+        return out
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        drafted = pending.pop() if pending else 0
+        if drafted:
+            stats.append((drafted, int(num_matches)))
+        return orig_update(self, input_ids, scores, num_matches)
+
+    cls.get_candidates, cls.update_candidate_strategy = get_candidates, update_candidate_strategy
+    try:
+        yield
+    finally:
+        cls.get_candidates, cls.update_candidate_strategy = orig_get, orig_update
+
+
+@pytest.fixture(scope="session")
+def generations(load_pair):
+    """``(name, constructed) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats."""
+
+    @_memo
+    def _run(name: str, constructed: bool):
+        torch = _torch()
+        target, assistant, tokenizer = load_pair(name, constructed)
+        assistant.generation_config.num_assistant_tokens = DRAFT_TOKENS
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        window = _field(target.config.get_text_config(), "sliding_window")
+        out, stats = [], []
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            assert ids.shape[1] + NEW_TOKENS < window, f"prompt {prompt!r} would run past the sliding window"
+            kw = dict(max_new_tokens=NEW_TOKENS, do_sample=False, attention_mask=torch.ones_like(ids))
+            try:
+                with torch.no_grad():
+                    plain = target.generate(ids, **kw)
+                    with _count_acceptance(stats):
+                        assisted = target.generate(ids, assistant_model=assistant, **kw)
+            except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
+                frame = _deepest_frame(exc)  # own traceback starts in this file
+                raise CheckFailure("crash", f"{name}: generate failed on {prompt!r}: {type(exc).__name__}: "
+                                            f"{exc} (at {frame})") from exc
+            out.append((ids[0].tolist(), plain[0, ids.shape[1]:].tolist(), assisted[0, ids.shape[1]:].tolist()))
+        return out, stats
+
+    return _run
+
+
+def _deepest_frame(exc: BaseException) -> str:
+    """'transformers/x.py:123 in f' for the innermost transformers frame of ``exc`` (else the innermost frame)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    lib = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")
+           and f.name not in ("wrapped_func", "wrapper", "decorate_context")]  # decorators say nothing
+    f = (lib or frames or [None])[-1]
+    if f is None:
+        return "?"
+    name = f.filename.replace("\\", "/")
+    name = "transformers/" + name.split("/transformers/", 1)[1] if "/transformers/" in name else name
+    return f"{name}:{f.lineno} in {f.name}"
+
+
+def _field(cfg, key):
+    """``cfg.key``; transformers >= 5.19 marks per-layer attributes (head_dim, ...) of Gemma 4 text configs as
+    ambiguous on the global config and raises on plain access: read the global value explicitly then."""
+    try:
+        return getattr(cfg, key)
+    except AttributeError:
+        raise
+    except Exception:
+        if hasattr(cfg, "_getattr_without_heterogeneous_validation"):
+            return cfg._getattr_without_heterogeneous_validation(key)
+        raise
+
+
+def _memo(fn):
+    """lru_cache that also remembers a failure, so each failing pair is run (and reported) once per session."""
+    done: dict = {}
+
+    @functools.wraps(fn)
+    def inner(*args):
+        if args not in done:
+            try:
+                done[args] = (True, fn(*args))
+            except Exception as exc:  # noqa: BLE001 - re-raised below, for every test that needs it
+                done[args] = (False, exc)
+        ok, value = done[args]
+        if not ok:
+            raise value
+        return value
+
+    return inner
+
+
+def _acceptance(stats):
+    steps = len(stats)
+    drafted = sum(d for d, _ in stats)
+    accepted = sum(a for _, a in stats)
+    return {"steps": steps, "drafted": drafted, "accepted": accepted,
+            "accept_rate": round(accepted / drafted, 4) if drafted else None,
+            "accept_len": round((accepted + steps) / steps, 4) if steps else None}
+
+
+@pytest.mark.check("config")
+@pytest.mark.parametrize("name,constructed", PAIRS)
+def test_configs_load(build_tiny_pair, name, constructed):
+    paths = build_tiny_pair(name, constructed)
+    from transformers import AutoConfig
+
+    cfgs = {}
+    for role, folder, model_type in (("target", paths.target, "gemma4"),
+                                     ("assistant", paths.assistant, "gemma4_assistant")):
+        try:
+            cfgs[role] = AutoConfig.from_pretrained(folder)
+        except Exception as exc:
+            raise CheckFailure("config", f"{name} {role} config.json does not load: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+        if cfgs[role].model_type != model_type:
+            raise CheckFailure("config", f"{name} {role}: model_type {cfgs[role].model_type!r} != {model_type!r}")
+    t, a = cfgs["target"].get_text_config(), cfgs["assistant"].text_config
+    problems = []
+    if cfgs["assistant"].backbone_hidden_size != _field(t, "hidden_size"):
+        problems.append(f"backbone_hidden_size {cfgs['assistant'].backbone_hidden_size} != target "
+                        f"{_field(t, 'hidden_size')}")
+    shared, layers = _field(a, "num_kv_shared_layers"), _field(a, "num_hidden_layers")
+    if shared != layers:
+        problems.append(f"assistant num_kv_shared_layers {shared} != {layers}")
+    # Attention shapes the assistant reads from the target's KV. Compared on the files: transformers >= 5.19
+    # turns global_head_dim / num_global_key_value_heads into per-layer overrides (no global attribute left).
+    raw_t = json.loads((paths.target / "config.json").read_text())["text_config"]
+    raw_a = json.loads((paths.assistant / "config.json").read_text())["text_config"]
+    for field in ("head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads",
+                  "attention_k_eq_v", "sliding_window", "vocab_size"):
+        if raw_a.get(field) != raw_t.get(field):
+            problems.append(f"{field}: assistant {raw_a.get(field)} != target {raw_t.get(field)}")
+    if _field(a, "sliding_window") != _field(t, "sliding_window"):
+        problems.append("loaded sliding_window differs between assistant and target")
+    if name == "e-series" and not (_field(t, "hidden_size_per_layer_input") and _field(t, "num_kv_shared_layers")
+                                   and cfgs["assistant"].use_ordered_embeddings):
+        problems.append("e-series lost PLE / KV sharing / ordered embeddings")
+    if name == "moe-26b-a4b" and not _field(t, "enable_moe_block"):
+        problems.append("moe target has enable_moe_block false")
+    if problems:
+        raise CheckFailure("config", f"{name}: " + "; ".join(problems))
+
+
+@pytest.mark.check("mismatch")
+@pytest.mark.parametrize("name,constructed", PAIRS)
+def test_greedy_with_assistant_equals_greedy(generations, record_property, name, constructed):
+    results, stats = generations(name, constructed)
+    acc = _acceptance(stats)
+    for key, value in acc.items():
+        record_property(key, value)
+    record_property("draft_tokens", DRAFT_TOKENS)
+    if acc["steps"] == 0:
+        raise CheckFailure("acceptance", f"{name}: the assistant drafted nothing (no acceptance statistics)")
+    for (prompt, plain, assisted), text in zip(results, PROMPTS):
+        if plain != assisted:
+            first = next((i for i, (x, y) in enumerate(zip(plain, assisted)) if x != y), min(len(plain),
+                                                                                           len(assisted)))
+            raise CheckFailure("mismatch", f"{name}: prompt {text!r}: with assistant != without at new token "
+                                           f"{first}: {assisted[first:first + 4]} vs {plain[first:first + 4]}")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", PAIR_NAMES)
+def test_constructed_rule_and_acceptance(generations, record_property, name):
+    from mtpmatrix.tiny import VOCAB
+
+    results, stats = generations(name, True)
+    for (prompt, plain, assisted), text in zip(results, PROMPTS):
+        expected = [(prompt[-1] + i) % VOCAB for i in range(1, NEW_TOKENS + 1)]
+        if plain != expected:
+            raise CheckFailure("mismatch", f"{name}: target breaks the +1 rule on {text!r}: {plain[:6]} vs "
+                                           f"{expected[:6]}")
+        if assisted != expected:
+            raise CheckFailure("mismatch", f"{name}: assisted decoding breaks the +1 rule on {text!r}: "
+                                           f"{assisted[:6]} vs {expected[:6]}")
+    acc = _acceptance(stats)
+    for key, value in acc.items():
+        record_property(key, value)
+    if not acc["steps"] or acc["accept_rate"] < ACCEPT_RATE_MIN or acc["accept_len"] < ACCEPT_LEN_MIN:
+        raise CheckFailure("acceptance", f"{name}: constructed pair accepts too little: {acc} (bars: rate >= "
+                                         f"{ACCEPT_RATE_MIN}, accept length >= {ACCEPT_LEN_MIN} of "
+                                         f"{DRAFT_TOKENS + 1})")

@@ -1,0 +1,164 @@
+"""Smoke tier: the live sglang MTP path on one GPU, tiny Gemma 4 pairs, no real weights.
+
+Env knobs: MTPMATRIX_SMOKE_PAIR (tiny pair family, default e-series), MTPMATRIX_SMOKE_TP (default 1),
+MTPMATRIX_SMOKE_SERVERS (comma-separated subset of smoke.SMOKE_SERVERS names),
+MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the constructed target with the random pair's assistant,
+a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mtpmatrix import settings, smoke
+from mtpmatrix.environment import gpu_missing
+from mtpmatrix.verdict import CheckFailure
+
+pytestmark = pytest.mark.smoke
+
+SMOKE_PAIR = os.environ.get("MTPMATRIX_SMOKE_PAIR", "e-series")
+SMOKE_TP = int(os.environ.get("MTPMATRIX_SMOKE_TP", "1"))
+_selected = [s for s in os.environ.get("MTPMATRIX_SMOKE_SERVERS", "").split(",") if s]
+SPECS = [s for s in smoke.SMOKE_SERVERS if not _selected or s.name in _selected]
+MTP_SPECS = [s for s in SPECS if s.topk]
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(build_tiny_pair, tmp_path_factory, request):
+    """Launch every selected server once (in turn) and keep what each did."""
+    why = gpu_missing(SMOKE_TP)
+    if why:
+        pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={SMOKE_TP})")
+    pairs = {"random": build_tiny_pair(SMOKE_PAIR), "constructed": build_tiny_pair(SMOKE_PAIR, constructed=True)}
+    results = os.environ.get("MTPMATRIX_RESULTS")
+    log_dir = (os.path.dirname(results) if results else None) or str(tmp_path_factory.mktemp("smoke-logs"))
+    swap = os.environ.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1"
+    runs = {}
+    for spec in SPECS:
+        pair = pairs[spec.pair]
+        assistant = pairs["random"].assistant if swap and spec.pair == "constructed" else pair.assistant
+        runs[spec.name] = smoke.collect(spec, pair.target, assistant, vocab_size=_vocab_size(pair.target),
+                                        log_dir=log_dir, tp=SMOKE_TP)
+    return runs
+
+
+def _vocab_size(target_dir) -> int:
+    cfg = json.loads((target_dir / "config.json").read_text())
+    return (cfg.get("text_config") or cfg)["vocab_size"]
+
+
+def _run(smoke_runs, name, record_property) -> smoke.SmokeRun:
+    run = smoke_runs[name]
+    record_property("server_log", str(run.log_path))
+    if run.launch_seconds is not None:
+        record_property("launch_seconds", run.launch_seconds)
+    if run.error is not None:
+        raise run.error
+    return run
+
+
+@pytest.mark.check("launch")
+@pytest.mark.parametrize("name", [s.name for s in SPECS])
+def test_server_serves(smoke_runs, name, record_property):
+    """The server launches, answers text and token-id requests, and returns non-empty output."""
+    run = _run(smoke_runs, name, record_property)
+    record_property("request_seconds", run.request_seconds)
+    empty = [i for i, out in enumerate(run.id_outputs) if len(out) != smoke.MAX_NEW_TOKENS]
+    if empty:
+        raise CheckFailure("crash", f"{len(empty)} token-id requests returned != {smoke.MAX_NEW_TOKENS} tokens")
+    if not all(run.text_outputs):
+        raise CheckFailure("crash", "a text request returned empty text")
+
+
+@pytest.mark.check("args")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS])
+def test_resolved_mtp_args(smoke_runs, name, record_property):
+    """The live server resolved NEXTN to FROZEN_KV_MTP with the requested topk / draft tokens, CUDA graph on."""
+    from mtpmatrix.client import cuda_graph_disabled, find_arg
+
+    run = _run(smoke_runs, name, record_property)
+    info = run.server_info_before or {}
+    want = settings.expected_resolution(run.spec.topk)
+    got = {k: find_arg(info, k) for k in want}
+    record_property("resolved", json.dumps(got))
+    if got != want:
+        raise CheckFailure("args", f"server_info {got} != expected {want}")
+    if cuda_graph_disabled(info) is not False:
+        raise CheckFailure("args", f"CUDA graph not on per /server_info (disabled={cuda_graph_disabled(info)})")
+
+
+@pytest.mark.check("launch")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS])
+def test_cuda_graphs_captured(smoke_runs, name, record_property):
+    """Target and draft CUDA graphs were captured (read from the server log)."""
+    run = _run(smoke_runs, name, record_property)
+    target = len(smoke.TARGET_GRAPH_RE.findall(run.log_text))
+    draft = len(smoke.DRAFT_GRAPH_RE.findall(run.log_text))
+    record_property("target_graph_captures", target)
+    record_property("draft_graph_captures", draft)
+    if not target or not draft:
+        raise CheckFailure("launch", f"CUDA graph capture lines in log: target={target}, draft={draft}")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS])
+def test_spec_metrics(smoke_runs, name, record_property):
+    """Spec metrics are present per response and in /server_info; accept length within bounds."""
+    from mtpmatrix.client import spec_stats
+
+    run = _run(smoke_runs, name, record_property)
+    per_request = smoke.accept_length_from_meta(run.id_meta)
+    server_side = spec_stats(run.server_info_after or {})
+    avg = server_side.get("avg_spec_accept_length") if server_side else None
+    record_property("accept_length_requests", per_request)
+    record_property("avg_spec_accept_length", avg)
+    if per_request is None:
+        raise CheckFailure("acceptance", "responses carry no spec_verify_ct (speculative decoding did not run)")
+    if avg is None:
+        raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
+    floor = (smoke.CONSTRUCTED_MIN_ACCEPT[run.spec.topk] if run.spec.pair == "constructed"
+             else settings.SMOKE_MIN_ACCEPT_LENGTH)
+    max_len = settings.NUM_STEPS + 1
+    if not (floor <= per_request <= max_len + 1e-6):
+        raise CheckFailure("acceptance", f"accept length {per_request} outside [{floor}, {max_len}]")
+
+
+@pytest.mark.check("mismatch")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.pair == "constructed"])
+def test_constructed_pair_follows_rule(smoke_runs, name, record_property):
+    """Constructed pair: every greedy token is previous + 1, exactly, through the MTP path."""
+    run = _run(smoke_runs, name, record_property)
+    prompts = smoke.id_prompts(run.vocab_size)
+    bad = [i for i, (p, out) in enumerate(zip(prompts, run.id_outputs)) if out != smoke.expected_constructed(p)]
+    record_property("rule_sequences_ok", f"{len(prompts) - len(bad)}/{len(prompts)}")
+    if bad:
+        i = bad[0]
+        raise CheckFailure("mismatch", f"{len(bad)}/{len(prompts)} sequences break next=token+1; first: prompt "
+                                       f"ends {prompts[i][-1]}, got {run.id_outputs[i][:8]}...")
+
+
+@pytest.mark.check("mismatch")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.pair == "random" and s.load_format == "auto"])
+def test_random_pair_agrees_with_no_mtp(smoke_runs, name, record_property):
+    """Random weights: greedy MTP output equals no-MTP output, or first diverges at a bf16 near-tie of the no-MTP
+    server's own logits (smoke.NEAR_TIE_NATS); any other divergence is a mismatch."""
+    if "random-nomtp" not in smoke_runs:
+        pytest.skip("random-nomtp server not selected (MTPMATRIX_SMOKE_SERVERS)")
+    ref = _run(smoke_runs, "random-nomtp", record_property)
+    run = _run(smoke_runs, name, record_property)
+    pairs = list(zip(ref.id_outputs, run.id_outputs))
+    same_tokens = sum(x == y for a, b in pairs for x, y in zip(a, b))
+    divs = smoke.divergences(ref, run)
+    real = [d for d in divs if not d.near_tie]
+    record_property("identical_sequences", f"{len(pairs) - len(divs)}/{len(pairs)}")
+    record_property("identical_token_fraction", round(same_tokens / max(1, sum(len(a) for a, _ in pairs)), 3))
+    record_property("near_tie_divergences", len(divs) - len(real))
+    record_property("divergence_gaps_nats", [d.gap_nats for d in divs])
+    if real:
+        d = real[0]
+        raise CheckFailure("mismatch", f"{len(real)}/{len(pairs)} sequences diverge from no-MTP beyond a near-tie; "
+                                       f"first: seq {d.sequence} pos {d.position} no-MTP {d.reference_token} vs "
+                                       f"MTP {d.mtp_token}, logprob gap {d.gap_nats} (> {smoke.NEAR_TIE_NATS})")

@@ -1,0 +1,191 @@
+"""A stub of sglang's native HTTP API, for unit tests of the client / lifecycle code ONLY (never for tiers).
+
+In-process::
+
+    with FakeSglang(delay=0.01, fail={3: 500}) as fake:
+        client.generate(fake.base_url, text="hi")
+
+As a process (lifecycle tests; argv mimics ``sglang.launch_server``)::
+
+    python fake_sglang.py --model-path x --host 127.0.0.1 --port 30000 [--startup-delay 1] [--grandchild]
+
+Endpoints: GET /health, /health_generate, /model_info, /get_model_info, /server_info, /get_server_info;
+POST /generate, /flush_cache. HTTP/1.1 keep-alive like uvicorn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+
+class FakeState:
+    def __init__(self, *, delay: float = 0.0, fail: dict | None = None, responder: Callable | None = None,
+                 server_info: dict | None = None, legacy_server_info: bool = False, accept_length: float = 2.0,
+                 completion_tokens: int = 8, starting_for: float = 0.0, flush_refusals: int = 0,
+                 drop_connection: set | None = None):
+        self.delay = delay
+        self.fail = dict(fail or {})  # request number (0-based, arrival order) -> HTTP status
+        self.drop_connection = set(drop_connection or ())  # request numbers answered by closing the socket
+        self.responder = responder  # payload -> text
+        self.server_info = server_info
+        self.legacy_server_info = legacy_server_info  # 404 on /server_info (old releases)
+        self.accept_length = accept_length
+        self.completion_tokens = completion_tokens
+        self.ready_at = time.monotonic() + starting_for  # /health answers 503 until then
+        self.flush_refusals = flush_refusals
+        self.lock = threading.Lock()
+        self.count = 0
+        self.payloads: list[dict] = []
+        self.connections: set = set()
+        self.flushes = 0
+
+    def info(self) -> dict:
+        if self.server_info is not None:
+            return self.server_info
+        return {"model_path": "fake", "speculative_algorithm": "FROZEN_KV_MTP", "speculative_eagle_topk": 1,
+                "disable_cuda_graph": False, "version": "0.0.fake",
+                "internal_states": [{"avg_spec_accept_length": self.accept_length}]}
+
+
+def make_handler(state: FakeState):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            super().setup()
+            # like uvicorn/asyncio: no Nagle, else header and body writes meet delayed ACKs (40 ms per request)
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def log_message(self, *a):  # quiet
+            pass
+
+        def _send(self, status: int, obj=None, text: str | None = None):
+            body = (json.dumps(obj) if obj is not None else (text or "")).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json" if obj is not None else "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            with state.lock:
+                state.connections.add(self.client_address)
+            p = self.path.split("?")[0]
+            if p in ("/health", "/health_generate"):
+                return self._send(200 if time.monotonic() >= state.ready_at else 503, text="")
+            if p in ("/model_info", "/get_model_info"):
+                return self._send(200, {"model_path": "fake", "is_generation": True})
+            if p == "/server_info" and state.legacy_server_info:
+                return self._send(404, {"detail": "Not Found"})
+            if p in ("/server_info", "/get_server_info"):
+                return self._send(200, state.info())
+            return self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            p = self.path.split("?")[0]
+            if p == "/flush_cache":
+                with state.lock:
+                    state.flushes += 1
+                    refuse = state.flushes <= state.flush_refusals
+                return self._send(400 if refuse else 200, text="Cache flushed.\n")
+            if p != "/generate":
+                return self._send(404, {"detail": "Not Found"})
+            with state.lock:
+                k = state.count
+                state.count += 1
+                state.connections.add(self.client_address)
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                return self._send(400, {"error": {"message": "bad json"}})
+            with state.lock:
+                state.payloads.append(payload)
+            if state.delay:
+                time.sleep(state.delay)
+            if k in state.drop_connection:
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            if k in state.fail:
+                return self._send(state.fail[k], {"error": {"message": f"injected failure #{k}",
+                                                            "type": "BadRequest", "code": state.fail[k]}})
+            text = state.responder(payload) if state.responder else f"echo {k}"
+            ct = state.completion_tokens
+            meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": ct},
+                    "prompt_tokens": 5, "completion_tokens": ct, "cached_tokens": 0, "e2e_latency": state.delay}
+            if state.accept_length:
+                verify = max(1, round(ct / state.accept_length))
+                meta.update(spec_verify_ct=verify, spec_accept_length=ct / verify)
+            return self._send(200, {"text": text, "output_ids": list(range(ct)), "meta_info": meta})
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # uvicorn listens with backlog 2048; the default 5 resets connections at parallel 128
+    daemon_threads = True
+
+
+class FakeSglang:
+    """In-process fake server on a free 127.0.0.1 port (context manager)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **kw):
+        self.state = FakeState(**kw)
+        self.httpd = _Server((host, port), make_handler(self.state))
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> "FakeSglang":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--startup-delay", type=float, default=0.0, help="seconds before binding the port")
+    ap.add_argument("--starting-for", type=float, default=0.0, help="seconds of 503 on /health after binding")
+    ap.add_argument("--grandchild", action="store_true", help="spawn a long-lived grandchild (same group)")
+    ap.add_argument("--pidfile", default=None, help="write 'server_pid grandchild_pid' here")
+    ap.add_argument("--ignore-sigterm", action="store_true")
+    args, _unknown = ap.parse_known_args(argv)
+    if args.ignore_sigterm:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child_pid = None
+    if args.grandchild:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        child_pid = child.pid
+    if args.pidfile:
+        with open(args.pidfile, "w") as fh:
+            fh.write(f"{os.getpid()} {child_pid or 0}\n")
+    print(f"fake sglang: pid {os.getpid()} starting", flush=True)
+    time.sleep(args.startup_delay)
+    fake = FakeSglang(args.host, args.port, starting_for=args.starting_for)
+    print(f"fake sglang: serving on {fake.base_url}", flush=True)
+    fake.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

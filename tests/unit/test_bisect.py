@@ -1,0 +1,273 @@
+"""mtpmatrix.bisect: the search with a fake probe (nothing is installed), candidates, defaults, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix import bisect as bs
+from mtpmatrix.rows import load_rows
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data" / "runs"
+VERSIONS = [f"5.{m}.{p}" for m in range(8, 14) for p in range(3)]  # 18 releases, 5.8.0 .. 5.13.2
+
+
+def fake(first_bad: int | None, uninstallable=(), calls=None):
+    """A probe over VERSIONS-like lists: index >= first_bad is bad; some indices do not install."""
+    def factory(cands):
+        def probe(v):
+            i = cands.index(v)
+            if calls is not None:
+                calls.append(v)
+            if i in uninstallable:
+                return bs.Probe(v, bs.UNTESTABLE, f"does not install: resolver conflict: no wheel for {v}")
+            if first_bad is not None and i >= first_bad:
+                return bs.Probe(v, bs.BAD, "2 check(s) failed [mismatch]",
+                                {"kind": "mismatch", "type": "CheckFailure", "message": f"tokens differ at 3 ({v})",
+                                 "frame": "transformers/generation/utils.py:2471 in _assisted_decoding",
+                                 "raised_at": "tests/tiers/test_reference.py:61 in test_greedy"})
+            return bs.Probe(v, bs.GOOD)
+        return probe
+    return factory
+
+
+def run_search(cands, first_bad, uninstallable=()):
+    calls = []
+    res = bs.search(cands, fake(first_bad, uninstallable, calls)(cands), log=lambda s: None)
+    return res, calls
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_finds_every_first_bad_position_in_log_probes(n):
+    cands = VERSIONS[:n]
+    for first_bad in range(n + 1):  # n means: everything passes
+        res, calls = run_search(cands, first_bad)
+        assert len(calls) == len(set(calls)) <= math.ceil(math.log2(n + 1))
+        if first_bad == n:
+            assert res.outcome == "no-bad" and res.first_bad is None and res.last_good == cands[-1]
+        elif first_bad == 0:
+            assert res.outcome == "good-fails" and res.first_bad == cands[0] and res.last_good is None
+        else:
+            assert res.outcome == "found"
+            assert (res.first_bad, res.last_good) == (cands[first_bad], cands[first_bad - 1])
+            assert res.ambiguous == []
+
+
+def test_uninstallable_releases_in_the_middle_are_skipped():
+    # 5.10.1 .. 5.11.0 do not install; the break is at 5.12.0
+    unin = {7, 8, 9}
+    res, calls = run_search(VERSIONS, first_bad=12, uninstallable=unin)
+    assert res.outcome == "found" and res.first_bad == "5.12.0" and res.last_good == "5.11.2"
+    assert res.ambiguous == []
+    assert any(p.status == bs.UNTESTABLE for p in res.probes) or not set(calls) & {VERSIONS[i] for i in unin}
+
+
+def test_uninstallable_releases_right_before_the_break_make_it_ambiguous():
+    # the real first bad release (5.10.0) does not install, nor does the one before it
+    res, _ = run_search(VERSIONS, first_bad=6, uninstallable={5, 6})
+    assert res.first_bad == "5.10.1" and res.last_good == "5.9.1"
+    assert res.ambiguous == ["5.9.2", "5.10.0"]
+    text = "\n".join(bs.describe(res, "transformers"))
+    assert "or one of the untestable releases just before it: 5.9.2, 5.10.0" in text
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_ranges_with_random_uninstallable_releases(seed):
+    rnd = random.Random(seed)
+    n = rnd.randint(1, 30)
+    cands = [f"1.{i}.0" for i in range(n)]
+    first_bad = rnd.randint(0, n)
+    unin = {i for i in range(n) if rnd.random() < 0.3}
+    res, calls = run_search(cands, first_bad, unin)
+    assert len(calls) == len(set(calls))  # never probes a release twice
+    testable_bad = [i for i in range(first_bad, n) if i not in unin]
+    if testable_bad:
+        assert res.first_bad == cands[testable_bad[0]]
+        # everything between the last good and the reported first bad is untestable
+        lo = cands.index(res.last_good) if res.last_good else -1
+        assert all(i in unin for i in range(lo + 1, testable_bad[0]))
+        assert res.ambiguous == [cands[i] for i in range(lo + 1, testable_bad[0])]
+    else:
+        assert res.first_bad is None
+        assert res.outcome == ("no-bad" if len(unin) < n else "inconclusive")
+
+
+def test_all_good_and_all_bad_ranges():
+    res, _ = run_search(VERSIONS, first_bad=None)
+    assert res.outcome == "no-bad" and res.last_good == VERSIONS[-1]
+    assert "BAD passes here" in "\n".join(bs.describe(res, "transformers"))
+    res, _ = run_search(VERSIONS, first_bad=0)
+    assert res.outcome == "good-fails" and res.first_bad == VERSIONS[0]
+    assert "GOOD 5.8.0 itself fails" in "\n".join(bs.describe(res, "transformers"))
+
+
+def test_nothing_installs_is_inconclusive():
+    res, calls = run_search(VERSIONS[:5], first_bad=2, uninstallable=set(range(5)))
+    assert res.outcome == "inconclusive" and res.first_bad is None and len(calls) == 5
+    assert "inconclusive" in "\n".join(bs.describe(res, "transformers"))
+
+
+@pytest.mark.parametrize("first_bad, outcome", [(0, "good-fails"), (None, "no-bad")])
+def test_good_equals_bad_is_one_probe(first_bad, outcome):
+    cands = bs.candidates("transformers", "5.9.0", "5.9.0", releases=lambda name: VERSIONS)
+    assert cands == ["5.9.0"]
+    res, calls = run_search(cands, first_bad)
+    assert calls == ["5.9.0"] and res.outcome == outcome
+
+
+def test_candidates_from_the_index_listing():
+    rel = ["5.7.0", "5.8.0", "5.8.1", "5.10.0", "5.9.0", "6.0.0"]
+    assert bs.candidates("transformers", "5.8.1", "5.10.0", releases=lambda n: rel) == ["5.8.1", "5.9.0", "5.10.0"]
+    with pytest.raises(bs.BisectError, match="newer than BAD"):
+        bs.candidates("transformers", "5.10.0", "5.8.1", releases=lambda n: rel)
+    with pytest.raises(bs.BisectError, match="no release of transformers between"):
+        bs.candidates("transformers", "5.8.2", "5.8.9", releases=lambda n: rel)
+    with pytest.raises(bs.BisectError, match="Invalid version"):
+        bs.candidates("transformers", "five", "5.8.9", releases=lambda n: rel)
+
+
+def test_the_search_reports_the_failure_of_the_first_bad_release():
+    res, _ = run_search(VERSIONS, first_bad=9)
+    lines = bs.describe(res, "transformers")
+    assert lines[0] == "first bad release: transformers 5.11.0 (last good: 5.10.2)"
+    assert "error: [mismatch] CheckFailure: tokens differ at 3 (5.11.0)" in lines[1]
+    assert lines[2] == "  first frame: transformers/generation/utils.py:2471 in _assisted_decoding"
+    assert "probe(s) over 18 release(s)" in lines[-1]
+
+
+# --- probe records -> good / bad / untestable ---------------------------------------------------------------
+
+def _rec(**tier):
+    return {"install": {"verdict": "passed"}, "tiers": {"reference": tier}}
+
+
+def test_classify_record():
+    inst = {"install": {"verdict": "failed", "failure": {"kind": "install", "message": "resolver conflict: x"}}}
+    p = bs.classify_record(inst, "reference", "5.9.0", 3.0)
+    assert p.status == bs.UNTESTABLE and p.detail == "does not install: resolver conflict: x"
+    assert bs.classify_record(_rec(verdict="passed", checks=[]), "reference", "v", 1).status == bs.GOOD
+    fail = {"kind": "mismatch", "type": "CheckFailure", "message": "tokens differ", "frame": "f", "raised_at": "r"}
+    p = bs.classify_record(_rec(verdict="failed", failure_kinds=["mismatch"],
+                                checks=[{"id": "t", "outcome": "failed", "failure": fail}]), "reference", "v", 1)
+    assert p.status == bs.BAD and p.failure == fail and "tokens differ" in p.detail
+    harness = {"kind": "harness", "message": "KeyError"}
+    p = bs.classify_record(_rec(verdict="error", failure_kinds=["harness"],
+                                checks=[{"id": "t", "outcome": "error", "failure": harness}]), "reference", "v", 1)
+    assert p.status == bs.UNTESTABLE and p.detail.startswith("harness error")
+    p = bs.classify_record(_rec(verdict="error", reason="pytest exited 4 without results", failure_kinds=["crash"],
+                                checks=[]), "reference", "v", 1)
+    assert p.status == bs.BAD and "pytest exited 4" in p.detail
+    p = bs.classify_record(_rec(verdict="skipped", reason="reference tier: transformers 5.7 has no gemma4_assistant",
+                                checks=[]), "reference", "v", 1)
+    assert p.status == bs.UNTESTABLE and "no gemma4_assistant" in p.detail and not p.fatal
+    p = bs.classify_record({"install": {"verdict": "passed"}, "tiers": {"smoke": {
+        "verdict": "skipped", "reason": "smoke tier: needs 1 CUDA GPU(s), this machine has 0"}}}, "smoke", "v", 1)
+    assert p.fatal and p.detail == "smoke tier skipped: needs 1 CUDA GPU(s), this machine has 0"
+
+
+def test_a_fatal_probe_stops_the_search():
+    calls = []
+
+    def probe(v):
+        calls.append(v)
+        return bs.Probe(v, bs.UNTESTABLE, "smoke tier skipped: needs 1 CUDA GPU(s)", fatal=True)
+    with pytest.raises(bs.BisectError, match="no release can be tested here"):
+        bs.search(VERSIONS, probe, log=lambda s: None)
+    assert len(calls) == 1
+
+
+def test_constraints_without_the_overridden_package():
+    text = "# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\nTransformers==5.12.1  # pinned\ntorch==2.11.0\n"
+    out = bs.constraints_without(text, "transformers")
+    assert "sglang==0.5.17\n" in out and "torch==2.11.0\n" in out and "# python: 3.11" in out
+    assert not [ln for ln in out.splitlines() if ln.lower().startswith("transformers")]
+
+
+# --- defaults -------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def results(tmp_path):
+    dest = tmp_path / "results"
+    shutil.copytree(DATA, dest)
+    return dest
+
+
+def test_default_tier_is_the_cheapest_that_failed_in_the_latest_finished_run(results):
+    # 0.5.23 is unfinished in the newest (CPU) run: the run before failed contract and gsm8k
+    assert bs.cheapest_failed_tier(results, "sglang-0.5.23") == ("contract", "20261208-090507")
+    assert bs.cheapest_failed_tier(results, "sglang-0.5.17") == ("contract", "20261209-140233")  # nothing failed
+    assert bs.cheapest_failed_tier(results, "no-such-row") == ("contract", None)
+    f = results / "20261208-090507" / "sglang-0.5.23" / "row.json"
+    rec = json.loads(f.read_text())
+    rec["tiers"]["reference"]["verdict"] = "failed"
+    f.write_text(json.dumps(rec))
+    assert bs.cheapest_failed_tier(results, "sglang-0.5.23") == ("reference", "20261208-090507")
+
+
+def test_cheapest_order():
+    assert bs.CHEAPEST == ("reference", "contract", "smoke", "gsm8k")
+
+
+# --- the CLI with an injected probe ---------------------------------------------------------------------------
+
+def _ns(results, *argv):
+    p = argparse.ArgumentParser()
+    bs.add_arguments(p)
+    return p.parse_args([*argv, "--results", str(results)])
+
+
+def test_cli_bisects_with_injected_probe_and_writes_bisect_json(results, capsys):
+    rows = load_rows(REPO / "constraints")
+    cands = VERSIONS[3:15]
+    ns = _ns(results, "transformers", cands[0], cands[-1], "--row", "sglang-0.5.17", "--tier", "reference",
+             "--run-id", "bisect-test")
+    rc = bs.run(ns, probe_factory=lambda: fake(6, uninstallable={2})(cands), releases=lambda n: VERSIONS, rows=rows)
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"first bad release: transformers {cands[6]} (last good: {cands[5]})" in out
+    data = json.loads((results / "bisect-test" / "bisect.json").read_text())
+    assert data["first_bad"] == cands[6] and data["row"] == "sglang-0.5.17" and data["tier"] == "reference"
+    assert data["outcome"] == "found" and len(data["probes"]) >= 3
+
+
+def test_cli_no_bad_release_exits_1(results, capsys):
+    ns = _ns(results, "transformers", "5.8.0", "5.9.0", "--row", "sglang-0.5.17", "--run-id", "bisect-ok")
+    cands = ["5.8.0", "5.8.1", "5.8.2", "5.9.0"]
+    assert bs.run(ns, probe_factory=lambda: fake(None)(cands), releases=lambda n: VERSIONS) == 1
+    assert "no bad release" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["transformers", "5.9.0", "5.8.0", "--row", "sglang-0.5.17"], "newer than BAD"),
+    (["transformers", "5.8.0", "5.9.0", "--row", "sglang-9.9.9"], "unknown row 'sglang-9.9.9'"),
+])
+def test_cli_bad_input_exits_2(results, capsys, argv, words):
+    assert bs.run(_ns(results, *argv), probe_factory=lambda: None, releases=lambda n: VERSIONS) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_default_row_is_the_first_failing_row_of_the_latest_run(results):
+    rows = load_rows(REPO / "constraints")
+    # latest (CPU) run: sglang-0.5.13 errored
+    assert bs.default_row(results, rows) == "sglang-0.5.13"
+    assert bs.default_row(results / "nowhere", rows) == "sglang-0.5.17"  # the 'ci' row
+
+
+def test_every_probe_status_combination_on_three_releases():
+    # exhaustive over 3 releases x {good, bad, untestable}, monotone in good/bad
+    cands = ["1.0", "1.1", "1.2"]
+    for statuses in itertools.product((bs.GOOD, bs.BAD, bs.UNTESTABLE), repeat=3):
+        testable = [s for s in statuses if s != bs.UNTESTABLE]
+        if testable != sorted(testable, key=lambda s: s == bs.BAD):
+            continue  # not monotone
+        res = bs.search(cands, lambda v: bs.Probe(v, statuses[cands.index(v)]), log=lambda s: None)
+        bad = [i for i, s in enumerate(statuses) if s == bs.BAD]
+        assert res.first_bad == (cands[bad[0]] if bad else None)

@@ -1,0 +1,202 @@
+"""matrix.py: session options (--with, --resume, --shard, pass-through to pytest), the install command, sharding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix import matrix
+from mtpmatrix.matrix import Options, in_shard, install_command, parse_options, preflight_overrides
+from mtpmatrix.rows import RowError, load_rows, parse_row
+from mtpmatrix.store import TIERS, RunStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for var in ("MTPMATRIX_RUN_ID", "MTPMATRIX_RESULTS_ROOT", "MTPMATRIX_TIERS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)  # a stray ./results of the checkout must not leak into --resume
+
+
+def one_line_error(args) -> str:
+    with pytest.raises(RowError) as info:
+        parse_options(args)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+# --- parse_options -------------------------------------------------------------------------------------------
+
+def test_defaults():
+    o = parse_options([])
+    assert o == Options(overrides=[], run_id=None, resume=False, results=Path("results"), tiers=",".join(TIERS),
+                        shard=None, pytest_args=[], offline_check=False)
+
+
+def test_env_defaults(monkeypatch, tmp_path):
+    monkeypatch.setenv("MTPMATRIX_RUN_ID", "from-env")
+    monkeypatch.setenv("MTPMATRIX_RESULTS_ROOT", str(tmp_path / "r"))
+    monkeypatch.setenv("MTPMATRIX_TIERS", "contract")
+    o = parse_options([])
+    assert (o.run_id, o.results, o.tiers) == ("from-env", tmp_path / "r", "contract")
+    assert parse_options(["--run-id", "cli"]).run_id == "cli"  # the command line wins
+
+
+def test_with_is_repeatable_and_validated():
+    o = parse_options(["--with", "transformers==5.20.0", "--with", "flashinfer-python>=0.4,<0.5"])
+    assert o.overrides == ["transformers==5.20.0", "flashinfer-python>=0.4,<0.5"]
+    assert "give a version" in one_line_error(["--with", "transformers"])
+    assert "not a requirement" in one_line_error(["--with", "transformers=5.20"])
+    assert "markers are not supported" in one_line_error(["--with", "torch==2.11.0; python_version<'3.12'"])
+    assert "expected one argument" in one_line_error(["--with"])
+
+
+def test_tiers_validated():
+    assert parse_options(["--tiers", "contract,reference"]).tiers == "contract,reference"
+    assert "unknown tier(s) gpu" in one_line_error(["--tiers", "contract,gpu"])
+
+
+def test_resume_latest(tmp_path):
+    results = tmp_path / "res"
+    assert "no earlier run" in one_line_error(["--resume", "--results", str(results)])
+    RunStore(results, "20260101-000000").save_row("a", {"verdict": "passed"})
+    RunStore(results, "20260102-000000").save_row("a", {"verdict": "pending"})
+    o = parse_options(["--resume", "--results", str(results)])
+    assert (o.resume, o.run_id) == (True, "20260102-000000")
+    # an explicit --run-id is what gets resumed
+    assert parse_options(["--resume", "--run-id", "20260101-000000", "--results", str(results)]).run_id == \
+        "20260101-000000"
+
+
+def test_resume_explicit(tmp_path):
+    o = parse_options(["--resume", "20251231-235959", "--results", str(tmp_path)])  # need not exist yet
+    assert (o.resume, o.run_id) == (True, "20251231-235959")
+    RunStore(tmp_path / "results", "20260101-000000").save_row("a", {"verdict": "passed"})
+    o = parse_options(["--resume", "--", "-x"])  # '--resume' then pytest args: the latest run, args to pytest
+    assert (o.run_id, o.pytest_args) == ("20260101-000000", ["-x"])
+
+
+def test_resume_latest_without_run_is_error_even_with_pytest_args():
+    assert "no earlier run" in one_line_error(["--resume", "-k", "smoke"])
+
+
+@pytest.mark.parametrize("text,shard", [("1/1", (1, 1)), ("1/4", (1, 4)), ("4/4", (4, 4))])
+def test_shard_ok(text, shard):
+    assert parse_options(["--shard", text]).shard == shard
+
+
+@pytest.mark.parametrize("text,words", [
+    ("0/4", "need 1 <= I <= N"),
+    ("5/4", "need 1 <= I <= N"),
+    ("1/0", "need 1 <= I <= N"),
+    ("x", "wants I/N"),
+    ("1/2/3", "wants I/N"),
+    ("1-4", "wants I/N"),
+])
+def test_shard_validation(text, words):
+    msg = one_line_error(["--shard", text])
+    assert "--shard" in msg and words in msg
+
+
+def test_unknown_args_pass_through_to_pytest():
+    o = parse_options(["-k", "smoke and not 31B", "--with", "transformers==5.20.0", "-x", "--maxfail=2",
+                       "tests/tiers/test_contract.py::test_resolution", "--no-index-check"])
+    assert o.pytest_args == ["-k", "smoke and not 31B", "-x", "--maxfail=2",
+                             "tests/tiers/test_contract.py::test_resolution"]
+    assert o.overrides == ["transformers==5.20.0"] and o.offline_check is True
+    # a leading '--' separates our options from pytest's
+    assert parse_options(["--", "-k", "x"]).pytest_args == ["-k", "x"]
+
+
+# --- install_command ---------------------------------------------------------------------------------------------
+
+def row_file(tmp_path, backend="pypi"):
+    p = tmp_path / f"row-{backend}.txt"
+    p.write_text(f"# python: 3.11\n# torch-backend: {backend}\nsglang==0.5.17\ntransformers==5.12.1\ntorch==2.11.0\n")
+    return parse_row(p)
+
+
+@pytest.fixture
+def fake_uv(monkeypatch):
+    monkeypatch.setattr(matrix.shutil, "which", lambda name: "/opt/bin/uv" if name == "uv" else None)
+    return "/opt/bin/uv"
+
+
+def test_install_command_pypi(tmp_path, fake_uv):
+    venv = tmp_path / "venv"
+    cmd = install_command(row_file(tmp_path), venv, tmp_path / "c.txt", None)
+    assert cmd[:4] == [fake_uv, "pip", "install", "--python"]
+    assert cmd[4] == str(venv / "bin" / "python")
+    assert cmd[cmd.index("-c") + 1] == str(tmp_path / "c.txt")
+    assert "--override" not in cmd and "--torch-backend" not in cmd
+    assert cmd[-5:] == ["sglang==0.5.17", "transformers==5.12.1", "torch==2.11.0", "-e", str(matrix.REPO)]
+
+
+def test_install_command_overrides_and_torch_backend(tmp_path, fake_uv):
+    cmd = install_command(row_file(tmp_path, "cu128"), tmp_path / "v", tmp_path / "c.txt", tmp_path / "o.txt")
+    assert cmd[cmd.index("-c") + 1] == str(tmp_path / "c.txt")
+    assert cmd[cmd.index("--override") + 1] == str(tmp_path / "o.txt")
+    assert cmd[cmd.index("--torch-backend") + 1] == "cu128"
+    # options come before the requirements
+    assert max(cmd.index("-c"), cmd.index("--override"), cmd.index("--torch-backend")) < cmd.index("sglang==0.5.17")
+
+
+def test_install_command_without_uv(tmp_path, monkeypatch):
+    monkeypatch.setattr(matrix.shutil, "which", lambda name: None)
+    with pytest.raises(RowError, match="uv is not on PATH"):
+        install_command(row_file(tmp_path), tmp_path / "v", tmp_path / "c.txt", None)
+
+
+# --- in_shard ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7])
+def test_in_shard_covers_every_row_exactly_once(n):
+    ids = [f"row-{c}" for c in "qwertyuiopa"]  # unsorted on purpose
+    owners = {rid: [i for i in range(1, n + 1) if in_shard(rid, ids, (i, n))] for rid in ids}
+    assert all(len(v) == 1 for v in owners.values()), owners
+    sizes = [sum(1 for v in owners.values() if v == [i]) for i in range(1, n + 1)]
+    assert max(sizes) - min(sizes) <= 1  # round robin: balanced
+
+
+def test_in_shard_real_rows_and_order_independence():
+    ids = [r.id for r in load_rows(REPO / "constraints")]
+    for n in (1, 2, 3, len(ids), len(ids) + 1):
+        picked = [rid for i in range(1, n + 1) for rid in ids if in_shard(rid, ids, (i, n))]
+        assert sorted(picked) == sorted(ids)
+        assert all(in_shard(r, ids, (i, n)) == in_shard(r, list(reversed(ids)), (i, n))
+                   for r in ids for i in range(1, n + 1))
+    assert all(in_shard(r, ids, None) for r in ids)
+
+
+# --- preflight ---------------------------------------------------------------------------------------------------
+
+def test_preflight_overrides_offline_checks_syntax_only():
+    preflight_overrides(["transformers==99.0.0"], skip_index=True)  # not asked: no network
+    with pytest.raises(RowError, match="give a version"):
+        preflight_overrides(["transformers"], skip_index=True)
+
+
+def test_preflight_overrides_index_error_is_one_line(monkeypatch):
+    def unreachable(req, **kw):
+        raise matrix.index.IndexError_("index http://127.0.0.1:9/simple is unreachable (Connection refused)")
+
+    monkeypatch.setattr(matrix.index, "check_spec", unreachable)
+    with pytest.raises(RowError) as info:
+        preflight_overrides(["transformers==5.20.0"])
+    assert str(info.value) == ("--with transformers==5.20.0: index http://127.0.0.1:9/simple is unreachable "
+                               "(Connection refused)")
+
+
+def test_summary_line():
+    rec = {"row": {"id": "r"}, "verdict": "failed",
+           "tiers": {"contract": {"verdict": "failed", "failure_kinds": ["args"]},
+                     "smoke": {"verdict": "skipped", "reason": "needs 1 CUDA GPU(s), this machine has 0"}}}
+    assert matrix.summary_line(rec) == ("r: FAILED — contract=failed [args]; "
+                                        "smoke=skipped (needs 1 CUDA GPU(s), this machine has 0)")
+    rec = {"row": {"id": "r"}, "verdict": "failed",
+           "install": {"verdict": "failed", "failure": {"message": "resolver conflict: x"}}}
+    assert matrix.summary_line(rec) == "r: FAILED at install: resolver conflict: x"

@@ -1,0 +1,100 @@
+"""noxfile.py: nox lists every row (with its tags) and a malformed constraints/ fails nox in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix.rows import load_rows
+
+# this interpreter's nox, else the one on PATH (inside `nox -s unit` the venv has no nox, the machine does)
+NOX = ([sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else
+       [shutil.which("nox")] if shutil.which("nox") else None)
+if NOX is None:
+    pytest.skip("nox is not installed here (pip install -e '.[dev]')", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = load_rows(REPO / "constraints")
+
+
+def nox(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MTPMATRIX_", "NOX"))}
+    return subprocess.run([*NOX, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def listing(*args: str) -> list[dict]:
+    proc = nox("-l", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_list_json_has_every_default_row_with_its_tags():
+    got = {s["session"]: s for s in listing()}
+    want = [r for r in ROWS if r.default]
+    assert want, "no default rows"
+    assert set(got) == {f"gemma4_mtp({r.id})" for r in want}  # default sessions are the default rows, nothing else
+    for r in want:
+        s = got[f"gemma4_mtp({r.id})"]
+        assert s["name"] == "gemma4_mtp"
+        assert s["call_spec"] == {"row": r.id}
+        assert s["tags"] == list(r.tags)
+        assert s["python"] == r.python
+
+
+def test_extra_session_has_the_non_default_rows():
+    got = {s["call_spec"]["row"]: s for s in listing("-s", "gemma4_mtp_extra")}
+    assert set(got) == {r.id for r in ROWS if not r.default}
+    for r in ROWS:
+        if not r.default:
+            assert got[r.id]["tags"] == list(r.tags) and got[r.id]["python"] == r.python
+
+
+def test_ci_tag_is_unit_plus_the_ci_rows():
+    got = {s["session"] for s in listing("-t", "ci")}
+    ci_rows = {f"gemma4_mtp({r.id})" if r.default else f"gemma4_mtp_extra({r.id})" for r in ROWS if "ci" in r.tags}
+    assert ci_rows, "no row is tagged ci"
+    assert got == {"unit"} | ci_rows
+
+
+def copy_project(tmp_path: Path) -> Path:
+    dst = tmp_path / "proj"
+    dst.mkdir()
+    shutil.copy2(REPO / "noxfile.py", dst / "noxfile.py")
+    shutil.copytree(REPO / "src", dst / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(REPO / "constraints", dst / "constraints")
+    return dst
+
+
+@pytest.mark.parametrize("name,text,line,words", [
+    ("sglang-9.9.9.txt", "# python: 3.11\n# torch-backend: pypi\n# gpu: 2\nsglang==9.9.9\ntransformers==5.12.1\n"
+     "torch==2.11.0\n", 3, "unknown header key 'gpu'"),
+    ("sglang-9.9.9.txt", "# python: 3.11\n# torch-backend: pypi\nsglang==9.9.9\ntransformers>=5.12\n"
+     "torch==2.11.0\n", 4, "must be pinned exactly"),
+    ("sglang-0.5.13.txt", "# python: 3.11\n# torch-backend: pypi\nsglang==0.5.13\ntransformers==5.7.0\n"
+     "torch==2.11.0\n", 4, "predates gemma4_assistant"),
+])
+def test_malformed_constraints_fail_nox_in_one_line(tmp_path, name, text, line, words):
+    proj = copy_project(tmp_path)
+    bad = proj / "constraints" / name
+    bad.write_text(text)
+    for args in (["-l"], ["-l", "--json"], ["-s", "gemma4_mtp"]):
+        proc = nox(*args, cwd=proj)
+        assert proc.returncode != 0
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"error: {bad}:{line}: ") and words in lines[0], lines[0]
+    assert not (proj / ".nox").exists()  # failed before any venv was made
+
+
+def test_copied_project_with_good_rows_lists_them(tmp_path):
+    """The copy used above is a working project: only the bad file makes it fail."""
+    proc = nox("-l", "--json", cwd=copy_project(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)) == sum(r.default for r in ROWS)

@@ -1,0 +1,190 @@
+"""SglangServer lifecycle against stub server *processes* (tests/unit/fake_sglang.py and tiny python -c scripts)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix import client, server
+from mtpmatrix.server import SglangServer
+from mtpmatrix.verdict import CheckFailure, classify
+
+FAKE = str(Path(__file__).with_name("fake_sglang.py"))
+PROBE_PY = Path("/tmp/probe/v0.5.17/bin/python")
+
+
+def _fake(tmp_path, *extra, **kw) -> SglangServer:
+    return SglangServer(["--model-path", "fake", *extra], log_path=tmp_path / "server.log",
+                        launcher=[sys.executable, FAKE], **kw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def test_start_ready_generate_stop(tmp_path):
+    srv = _fake(tmp_path, "--startup-delay", "0.3", "--starting-for", "0.5")
+    with srv:
+        assert srv.base_url == f"http://127.0.0.1:{srv.port}"
+        assert srv.model_info == {"model_path": "fake", "is_generation": True}
+        assert srv.ready_seconds >= 0.8
+        out = client.generate(srv.base_url, text="hi")
+        assert out["meta_info"]["completion_tokens"] == 8
+        assert client.spec_stats(srv.server_info())["avg_spec_accept_length"] == 2.0
+        assert srv.flush_cache() is True
+        srv.check_alive()
+    assert not srv.alive()
+    assert server.port_is_free("127.0.0.1", srv.port)
+    log = (tmp_path / "server.log").read_text()
+    assert "# command:" in log and "fake sglang: serving" in log and "stopped (exit code" in log
+    assert srv.stop() is not None  # idempotent
+
+
+def test_command_line_shape(tmp_path):
+    srv = SglangServer(["--model-path", "m"], python="/x/bin/python", log_path=tmp_path / "l.log", port=31234)
+    assert srv.command == ["/x/bin/python", "-m", "sglang.launch_server", "--model-path", "m",
+                           "--host", "127.0.0.1", "--port", "31234"]
+    with pytest.raises(ValueError, match="loopback"):
+        SglangServer([], log_path=tmp_path / "l.log", host="0.0.0.0")
+    with pytest.raises(ValueError, match="host/port"):
+        SglangServer(["--port", "1"], log_path=tmp_path / "l.log")
+
+
+def test_early_exit_fails_fast_with_log_tail(tmp_path):
+    script = ("import sys\nfor i in range(60): print('noise', i)\n"
+              "print('RuntimeError: CUDA error: out of memory', flush=True)\nsys.exit(3)")
+    srv = SglangServer([], log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script], ready_timeout=120)
+    t0 = time.monotonic()
+    with pytest.raises(CheckFailure) as ei:
+        with srv:
+            pass
+    assert time.monotonic() - t0 < 15
+    exc = ei.value
+    assert exc.kind == "launch"
+    first = str(exc).splitlines()[0]
+    assert "exited with code 3" in first and "CUDA error: out of memory" in first
+    assert "noise 59" in str(exc) and "noise 5\n" not in str(exc)  # only the tail (~40 lines)
+    assert classify(exc).kind == "launch"
+
+
+def test_not_ready_before_deadline_is_launch_failure(tmp_path):
+    srv = _fake(tmp_path, "--starting-for", "100", ready_timeout=2)
+    with pytest.raises(CheckFailure) as ei:
+        with srv:
+            pass
+    assert ei.value.kind == "launch" and "not ready after 2s" in str(ei.value)
+    assert "/health_generate -> 503" in str(ei.value)
+    assert not srv.alive() and server.port_is_free("127.0.0.1", srv.port)
+
+
+def test_stop_kills_whole_group_including_grandchild(tmp_path):
+    pidfile = tmp_path / "pids"
+    srv = _fake(tmp_path, "--grandchild", "--pidfile", str(pidfile))
+    with srv:
+        spid, gpid = map(int, pidfile.read_text().split())
+        assert _alive(spid) and _alive(gpid) and gpid != 0
+        assert os.getpgid(gpid) == srv.pid  # same process group as the server
+    deadline = time.monotonic() + 10
+    while _alive(gpid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(spid) and not _alive(gpid)
+    assert server.port_is_free("127.0.0.1", srv.port)
+
+
+def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
+    srv = _fake(tmp_path, "--ignore-sigterm", stop_timeout=1)
+    srv.start()
+    srv.wait_ready(timeout=30)
+    t0 = time.monotonic()
+    rc = srv.stop()
+    assert rc == -9 and time.monotonic() - t0 < 10
+    assert "SIGKILL" in (tmp_path / "server.log").read_text()
+
+
+def test_crash_while_serving_is_crash(tmp_path):
+    srv = _fake(tmp_path)
+    with srv:
+        os.kill(srv.pid, 9)
+        srv.proc.wait(10)
+        with pytest.raises(CheckFailure) as ei:
+            srv.check_alive("running gsm8k")
+        assert ei.value.kind == "crash" and "exit code -9" in str(ei.value)
+
+
+def test_port_in_use_is_refused(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not server.port_is_free("127.0.0.1", port)
+        with pytest.raises(RuntimeError, match="already in use"):
+            _fake(tmp_path, port=port).start()
+
+
+def test_secrets_are_redacted_in_log_header(tmp_path):
+    script = "import time; time.sleep(0.1)"
+    env = {"HF_TOKEN": "hf_supersecret", "MY_API_KEY": "k-123", "CUDA_VISIBLE_DEVICES": "0"}
+    srv = SglangServer(["--api-key", "sk-abc", "--hf-token=tok-xyz", "--model-path", "m"],
+                       log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script], env=env)
+    srv.start()
+    srv.stop()
+    log = (tmp_path / "s.log").read_text()
+    for secret in ("hf_supersecret", "k-123", "sk-abc", "tok-xyz"):
+        assert secret not in log
+    assert '"CUDA_VISIBLE_DEVICES": "0"' in log and "--api-key '***'" in log or "--api-key ***" in log
+
+
+def test_env_passed_to_process(tmp_path):
+    out = tmp_path / "env.txt"
+    script = f"import os; open({str(out)!r}, 'w').write(os.environ.get('MTP_TEST_VAR', '-'))"
+    srv = SglangServer([], log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script],
+                       env={"MTP_TEST_VAR": "yes"})
+    srv.start()
+    srv.proc.wait(30)
+    srv.stop()
+    assert out.read_text() == "yes"
+
+
+def test_supported_env_filters_unknown_sglang_names():
+    kept, dropped = server.supported_env({"SGLANG_KNOWN": "1", "SGLANG_TYPO": "1", "CUDA_VISIBLE_DEVICES": "0"},
+                                         known={"SGLANG_KNOWN"})
+    assert kept == {"SGLANG_KNOWN": "1", "CUDA_VISIBLE_DEVICES": "0"} and dropped == ["SGLANG_TYPO"]
+    assert server.supported_env({"A": "b"}) == ({"A": "b"}, [])
+
+
+@pytest.mark.skipif(not PROBE_PY.exists(), reason=f"no sglang venv at {PROBE_PY} to read an envs module from")
+def test_sglang_env_names_read_from_installed_sglang():
+    names = server.sglang_env_names(str(PROBE_PY))
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" in names
+    assert server.sglang_package_dir(str(PROBE_PY)).name == "sglang"
+
+
+def test_sglang_env_names_without_sglang():
+    assert server.sglang_env_names("/nonexistent/python") == frozenset()
+
+
+def test_redaction_helpers():
+    assert server.redact_env({"HF_TOKEN": "x", "HUGGING_FACE_HUB_TOKEN": "y", "PATH": "/bin"}) == {
+        "HF_TOKEN": "***", "HUGGING_FACE_HUB_TOKEN": "***", "PATH": "/bin"}
+    assert server.redact_args(["--api-key", "s", "--tp", "2", "--admin-api-key=z"]) == [
+        "--api-key", "***", "--tp", "2", "--admin-api-key=***"]
+
+
+def test_redaction_keeps_token_count_options():
+    args = ["--max-total-tokens", "32768", "--speculative-num-draft-tokens", "6", "--skip-tokenizer-init",
+            "--model-path", "m", "--hf-token", "t", "--api-key=k"]
+    assert server.redact_args(args) == ["--max-total-tokens", "32768", "--speculative-num-draft-tokens", "6",
+                                        "--skip-tokenizer-init", "--model-path", "m", "--hf-token", "***",
+                                        "--api-key=***"]
+    assert server.redact_env({"TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}) == {
+        "TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}

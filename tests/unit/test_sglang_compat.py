@@ -1,0 +1,205 @@
+"""mtpmatrix.sglang_compat, pure-python parts: no sglang needed (stub modules stand in for sglang's API shapes)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import sys
+import types
+
+import pytest
+
+from mtpmatrix import settings
+from mtpmatrix import sglang_compat as compat
+from mtpmatrix.verdict import CheckFailure, classify
+
+
+def _raised(fn, *args, **kwargs) -> BaseException:
+    try:
+        fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("expected an exception")
+
+
+# ------------------------------------------------------------------------------------------------ import chain
+
+
+def test_chain_names_the_mtp_path():
+    ids = [s.id for s in compat.MTP_IMPORT_CHAIN]
+    assert len(ids) == len(set(ids))
+    mods = {m for s in compat.MTP_IMPORT_CHAIN for m in s.alternatives}
+    for needed in ("sglang.srt.models.gemma4_causal", "sglang.srt.models.gemma4_mm", "sglang.srt.models.gemma4_mtp",
+                   "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner", "sglang.launch_server",
+                   "sglang.srt.entrypoints.http_server", "sglang.srt.layers.attention.triton_backend"):
+        assert needed in mods
+    worker = next(s for s in compat.MTP_IMPORT_CHAIN if "frozen_kv_mtp_worker" in s.alternatives[0])
+    assert set(worker.alternatives) == {"sglang.srt.speculative.frozen_kv_mtp_worker_v2",
+                                        "sglang.srt.speculative.frozen_kv_mtp_worker"}
+
+
+def test_one_of_step_imports_what_exists():
+    step = compat.ImportStep("demo", ("mtpmatrix_no_such_pkg.renamed", "json"))
+    assert compat.import_step(step) == ["json"]
+
+
+def test_missing_step_is_an_import_failure_naming_the_module():
+    step = compat.ImportStep("Frozen-KV MTP worker",
+                             ("mtpmatrix_no_such_pkg.worker_v2", "mtpmatrix_no_such_pkg.worker"))
+    exc = _raised(compat.import_step, step)
+    assert isinstance(exc, ModuleNotFoundError)
+    assert "mtpmatrix_no_such_pkg.worker_v2 or mtpmatrix_no_such_pkg.worker" in str(exc)
+    assert classify(exc, "import").kind == "import"
+
+
+def test_import_chain_collects_errors_without_raising():
+    chain = (compat.ImportStep("ok", ("json",)), compat.ImportStep("gone", ("mtpmatrix_no_such_pkg.gone",)))
+    result = compat.import_chain(chain)
+    assert result.modules == {"json": ["json"]}
+    assert set(result.errors) == {"gone"} and isinstance(result.errors["gone"], ModuleNotFoundError)
+    assert set(result.seconds) == {"json", "gone"}
+
+
+def test_existing_module_that_breaks_lets_its_error_through(tmp_path, monkeypatch):
+    (tmp_path / "mtpmatrix_broken_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exc = _raised(compat.import_step, compat.ImportStep("broken", ("mtpmatrix_broken_mod",)))
+    assert isinstance(exc, RuntimeError) and "boom at import" in str(exc)
+    sys.modules.pop("mtpmatrix_broken_mod", None)
+
+
+# ------------------------------------------------------------------------------------------------ resolution
+
+
+def test_check_resolution_against_settings():
+    for topk in settings.TOPKS:
+        want = settings.expected_resolution(topk)
+        assert compat.check_resolution(dict(want), want) == []
+        assert compat.check_resolution({**want, "speculative_algorithm": "frozen_kv_mtp"}, want) == []
+    want = settings.expected_resolution(3)
+    bad = {**want, "speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 6}
+    del bad["speculative_num_steps"]
+    lines = compat.check_resolution(bad, want)
+    assert any("speculative_algorithm: resolved 'EAGLE'" in ln for ln in lines)
+    assert any("speculative_num_draft_tokens: resolved 6, expected 12" in ln for ln in lines)
+    assert any("speculative_num_steps: not among" in ln for ln in lines)
+
+
+def test_cpu_args(monkeypatch):
+    monkeypatch.setattr(compat, "no_accelerator", lambda: True)
+    assert compat.cpu_args(["--model-path", "x"]) == ["--device", "cpu"]
+    assert compat.cpu_args(["--device", "cuda"]) == []
+    assert compat.cpu_args(["--device=cpu"]) == []
+    monkeypatch.setattr(compat, "no_accelerator", lambda: False)
+    assert compat.cpu_args(["--model-path", "x"]) == []
+
+
+class _Algo(enum.Enum):
+    FROZEN_KV_MTP = 1
+
+
+_Algo.__module__ = "sglang.srt.speculative.spec_info"
+
+
+def test_enum_values_become_names():
+    assert compat._plain_value(_Algo.FROZEN_KV_MTP) == "FROZEN_KV_MTP"
+    assert compat._plain_value(5) == 5
+
+
+def _fake_server_args_module(monkeypatch, *, post_init_resolves: bool, with_prepare: bool = False):
+    """Stub ``sglang.srt.server_args`` in the two shapes found: <=0.5.17 (resolve in __post_init__) and 0.5.23
+    (resolve_once + resolved_dict)."""
+
+    @dataclasses.dataclass
+    class ServerArgs:
+        model_path: str = ""
+        speculative_algorithm: str | None = None
+        device: str | None = None
+
+        def __post_init__(self):
+            if post_init_resolves and self.speculative_algorithm == "NEXTN":
+                self.speculative_algorithm = "FROZEN_KV_MTP"
+
+        @staticmethod
+        def add_cli_args(parser):
+            parser.add_argument("--model-path", dest="model_path", required=True)
+            parser.add_argument("--speculative-algorithm", dest="speculative_algorithm")
+            parser.add_argument("--device", dest="device")
+
+        @classmethod
+        def from_cli_args(cls, args):
+            return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    if not post_init_resolves:
+        def resolve_once(self):
+            self._resolved = {**dataclasses.asdict(self), "speculative_algorithm": "FROZEN_KV_MTP"}
+
+        ServerArgs.resolve_once = resolve_once
+        ServerArgs.resolved_dict = lambda self: dict(self._resolved)
+
+    mod = types.ModuleType("sglang.srt.server_args")
+    mod.ServerArgs = ServerArgs
+    if with_prepare:
+        def prepare_server_args(argv):
+            parser = argparse.ArgumentParser(prog="sglang serve")
+            ServerArgs.add_cli_args(parser)
+            import logging
+            logging.basicConfig(level=logging.INFO, force=True)  # what sglang does
+            return ServerArgs.from_cli_args(parser.parse_args(argv))
+
+        mod.prepare_server_args = prepare_server_args
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.server_args", mod)
+    monkeypatch.setattr(compat, "no_accelerator", lambda: True)
+    return ServerArgs
+
+
+@pytest.mark.parametrize("shape", ["post_init", "resolve_once", "prepare"])
+def test_resolve_both_api_shapes(monkeypatch, shape):
+    _fake_server_args_module(monkeypatch, post_init_resolves=shape != "resolve_once", with_prepare=shape == "prepare")
+    import logging
+    handlers = logging.getLogger().handlers[:]
+    res = compat.resolve(["--model-path", "m", "--speculative-algorithm", "NEXTN"])
+    assert logging.getLogger().handlers == handlers  # prepare_server_args' basicConfig(force=True) is undone
+    assert res.values["speculative_algorithm"] == "FROZEN_KV_MTP"
+    assert res.values["device"] == "cpu" and res.added == ["--device", "cpu"]
+    assert res.mode == ("resolve_once" if shape == "resolve_once" else "post_init")
+    assert compat.resolve_server_args(["--model-path", "m"])["model_path"] == "m"
+
+
+def test_argparse_rejection_is_an_args_failure(monkeypatch):
+    _fake_server_args_module(monkeypatch, post_init_resolves=True)
+    exc = _raised(compat.resolve, ["--model-path", "m", "--no-such-flag"])
+    assert isinstance(exc, CheckFailure) and exc.kind == "args"
+    assert "unrecognized arguments: --no-such-flag" in str(exc)
+
+
+def test_unknown_api_is_a_harness_failure(monkeypatch):
+    mod = types.ModuleType("sglang.srt.server_args")  # no ServerArgs at all
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.server_args", mod)
+    exc = _raised(compat.parse_server_args, ["--model-path", "m"])
+    assert isinstance(exc, compat.AdapterError)
+    assert classify(exc, "args").kind == "harness"
+    assert classify(_raised(compat._plain_fields, object()), "args").kind == "harness"
+
+
+# ------------------------------------------------------------------------------------------------ CPU blockers
+
+
+def test_cpu_blocker_only_for_cuda_signatures(monkeypatch):
+    monkeypatch.setattr(compat, "no_accelerator", lambda: True)
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'vllm'")
+        except ModuleNotFoundError as inner:
+            raise RuntimeError("build failed") from inner
+    except RuntimeError as exc:
+        reason = compat.cpu_blocker(exc)
+    assert reason and "requires CUDA" in reason and "vllm" in reason and reason.startswith("sglang ")
+    assert compat.cpu_blocker(ValueError("shape mismatch in qkv_proj")) is None
+    monkeypatch.setattr(compat, "no_accelerator", lambda: False)
+    assert compat.cpu_blocker(RuntimeError("Torch not compiled with CUDA enabled")) is None

@@ -1,0 +1,131 @@
+"""store.py: atomic writes, resume bookkeeping (finished only with a final verdict), latest run, verdict order."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from mtpmatrix import store
+from mtpmatrix.store import RunStore, atomic_write_json, atomic_write_text, new_run_id, row_verdict, worst
+
+
+def test_atomic_write_text_and_json(tmp_path):
+    f = tmp_path / "deep" / "dir" / "a.json"
+    atomic_write_json(f, {"verdict": "passed", "when": dt.date(2026, 1, 2)})
+    assert json.loads(f.read_text()) == {"verdict": "passed", "when": "2026-01-02"}
+    atomic_write_text(f, "replaced\n")
+    assert f.read_text() == "replaced\n"
+    assert os.listdir(f.parent) == ["a.json"]
+
+
+@pytest.mark.parametrize("fail_in", ["write", "fsync", "replace"])
+def test_atomic_write_leaves_no_partial_file_when_it_raises(tmp_path, monkeypatch, fail_in):
+    f = tmp_path / "row.json"
+    atomic_write_json(f, {"verdict": "pending"})
+    old = f.read_text()
+
+    def boom(*a, **k):
+        raise OSError(f"disk died in {fail_in}")
+
+    if fail_in == "write":
+        # the new content is half-written into the temp file when the error hits
+        real_fdopen = os.fdopen
+
+        class HalfFile:
+            def __init__(self, fh):
+                self.fh = fh
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.fh.close()
+
+            def write(self, text):
+                self.fh.write(text[: len(text) // 2])
+                self.fh.flush()
+                raise OSError("disk full")
+
+        monkeypatch.setattr(store.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
+    else:
+        monkeypatch.setattr(store.os, fail_in, boom)
+    with pytest.raises(OSError):
+        atomic_write_json(f, {"verdict": "passed", "tiers": {"contract": {"verdict": "passed"}}})
+    monkeypatch.undo()
+    assert f.read_text() == old  # the old file, whole
+    assert os.listdir(tmp_path) == ["row.json"]  # no temp file left behind
+
+
+def test_atomic_write_first_write_failing_leaves_nothing(tmp_path, monkeypatch):
+    f = tmp_path / "new.json"
+    monkeypatch.setattr(store.os, "fsync", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):  # a Ctrl-C mid-write cleans up too (BaseException)
+        atomic_write_json(f, {"a": 1})
+    assert not f.exists() and os.listdir(tmp_path) == []
+
+
+def test_new_run_id_is_sortable_utc():
+    t = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
+    assert new_run_id(t) == "20260304-050607"
+    assert new_run_id(t) < new_run_id(t + dt.timedelta(seconds=1))
+
+
+def test_save_and_load_row(tmp_path):
+    s = RunStore(tmp_path, "20260101-000000")
+    assert s.load_row("r1") is None and s.row_ids() == [] and s.all_rows() == {}
+    path = s.save_row("r1", {"verdict": "pending"})
+    assert path == tmp_path / "20260101-000000" / "r1" / "row.json"
+    rec = s.load_row("r1")
+    assert rec == {"verdict": "pending", "schema": store.SCHEMA, "run_id": "20260101-000000"}
+    s.row_dir("r2")  # a row folder without row.json is not a row (yet)
+    assert s.row_ids() == ["r1"]
+
+
+@pytest.mark.parametrize("record,finished", [
+    (None, False),
+    ({"verdict": "pending"}, False),
+    ({}, False),
+    ({"row": {"id": "r"}}, False),
+    ({"verdict": "passed"}, True),
+    ({"verdict": "failed"}, True),
+    ({"verdict": "error"}, True),
+    ({"verdict": "skipped"}, True),
+])
+def test_finished_only_with_a_final_verdict(tmp_path, record, finished):
+    s = RunStore(tmp_path, "run")
+    if record is not None:
+        s.save_row("r", record)
+    assert s.finished("r") is finished
+
+
+def test_latest_run(tmp_path):
+    assert RunStore.latest(tmp_path / "missing") is None
+    assert RunStore.latest(tmp_path) is None
+    for run in ("20260101-000000", "20260301-000000", "20260201-000000"):
+        (tmp_path / run).mkdir()
+    (tmp_path / "zzz-not-a-dir.txt").write_text("x")
+    latest = RunStore.latest(tmp_path)
+    assert latest.run_id == "20260301-000000" and latest.path == tmp_path / "20260301-000000"
+
+
+@pytest.mark.parametrize("verdicts,expected", [
+    (["passed", "skipped"], "passed"),
+    (["passed", "failed", "error"], "failed"),
+    (["passed", "error"], "error"),
+    (["skipped", "skipped"], "skipped"),
+    ([], "skipped"),
+    ([None, ""], "skipped"),
+])
+def test_worst(verdicts, expected):
+    assert worst(verdicts) == expected
+
+
+def test_row_verdict():
+    assert row_verdict({"install": {"verdict": "failed"}, "tiers": {"contract": {"verdict": "passed"}}}) == "failed"
+    assert row_verdict({"install": {"verdict": "passed"}, "tiers": {"contract": {"verdict": "passed"},
+                                                                    "smoke": {"verdict": "skipped"}}}) == "passed"
+    assert row_verdict({"install": {"verdict": "passed"}, "tiers": {"contract": {"verdict": "error"}}}) == "error"
+    assert row_verdict({"install": {"verdict": "passed"}}) == "skipped"

@@ -1,0 +1,59 @@
+"""The tiny-pair templates keep the structure the Gemma 4 MTP path relies on (no transformers needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtpmatrix import tiny
+
+
+@pytest.mark.parametrize("name", tiny.PAIR_NAMES)
+@pytest.mark.parametrize("constructed", [False, True])
+def test_assistant_template_satisfies_validate_architecture(name, constructed):
+    a = tiny.assistant_template(name, constructed)
+    t = tiny.target_template(name, constructed)
+    at, tt = a["text_config"], t["text_config"]
+    assert a["model_type"] == "gemma4_assistant" and a["architectures"] == ["Gemma4AssistantForCausalLM"]
+    assert t["model_type"] == "gemma4" and t["architectures"] == ["Gemma4ForConditionalGeneration"]
+    # Gemma4AssistantConfig.validate_architecture
+    assert at["hidden_size_per_layer_input"] == 0 and at["vocab_size_per_layer_input"] == 0
+    assert at["enable_moe_block"] is False and at["use_double_wide_mlp"] is False
+    assert at["num_kv_shared_layers"] == at["num_hidden_layers"] == len(at["layer_types"])
+    # the assistant reads the target's last sliding + last full KV: same shapes
+    for k in ("head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads",
+              "attention_k_eq_v", "sliding_window", "vocab_size"):
+        assert at[k] == tt[k], k
+    assert set(at["layer_types"]) == set(tt["layer_types"]) == {"sliding_attention", "full_attention"}
+    assert tt["layer_types"][-1] == at["layer_types"][-1] == "full_attention"
+    assert a["backbone_hidden_size"] == tt["hidden_size"] > at["hidden_size"]
+    assert at["num_attention_heads"] % at["num_key_value_heads"] == 0
+    if a["use_ordered_embeddings"]:
+        assert at["vocab_size"] % a["num_centroids"] == 0
+        assert a["centroid_intermediate_top_k"] < a["num_centroids"]
+    assert tt["tie_word_embeddings"] is (not constructed) and t["tie_word_embeddings"] is (not constructed)
+    assert all(v < tt["vocab_size"] for v in tiny.MM_TOKEN_IDS.values())
+
+
+def test_families_keep_their_structure():
+    e = tiny.target_template("e-series")["text_config"]
+    assert e["hidden_size_per_layer_input"] > 0 and e["vocab_size_per_layer_input"] == e["vocab_size"]
+    assert 0 < e["num_kv_shared_layers"] < e["num_hidden_layers"] and e["global_head_dim"] != e["head_dim"]
+    assert tiny.assistant_template("e-series")["use_ordered_embeddings"] is True
+    assert tiny.target_template("e-series")["audio_config"] is not None
+    moe = tiny.target_template("moe-26b-a4b")["text_config"]
+    assert moe["enable_moe_block"] and moe["num_experts"] > moe["top_k_experts"] > 0 and moe["moe_intermediate_size"]
+    dense = tiny.target_template("dense-31b")["text_config"]
+    assert not dense["enable_moe_block"] and dense["hidden_size_per_layer_input"] == 0
+
+
+def test_pair_hash_is_stable_and_distinct():
+    hashes = {(n, c): tiny.pair_hash(n, c, 0) for n in tiny.PAIR_NAMES for c in (False, True)}
+    assert len(set(hashes.values())) == len(hashes)
+    assert tiny.pair_hash("dense-31b", False, 0) == hashes[("dense-31b", False)]
+    assert tiny.pair_hash("dense-31b", False, 1) != hashes[("dense-31b", False)]
+
+
+def test_build_pair_rejects_unknown_names(tmp_path):
+    with pytest.raises(ValueError, match="unknown tiny pair"):
+        tiny.build_pair("gemma-5", tmp_path)
+    assert not any(tmp_path.iterdir())
