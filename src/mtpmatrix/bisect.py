@@ -230,24 +230,6 @@ def _canon(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def constraints_without(text: str, package: str) -> str:
-    """The row's constraints minus any pin of ``package``.
-
-    uv applies constraints on top of overrides, so ``-c row.txt`` with ``transformers==5.8.1`` and
-    ``--override transformers==5.9.0`` is unsatisfiable: the probe's pin must go from the constraints.
-    """
-    out = []
-    for line in text.splitlines():
-        s = line.split(" #", 1)[0].strip()
-        if s and not s.startswith("#"):
-            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)", s)
-            if m and _canon(m.group(1)) == _canon(package):
-                out.append(f"# {line}  (dropped by bisect: overridden)")
-                continue
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
 def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
                keep_venvs: bool = False, log: Callable[[str], None] = print) -> Callable[[str], Probe]:
     """A probe that installs ``row`` with ``package==version`` into a fresh venv and runs ``tier``."""
@@ -273,11 +255,7 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
             why = (made.stderr or made.stdout).strip().splitlines()
             raise BisectError(f"cannot create a Python {row.python} venv for row {row.id}: "
                               f"{why[-1] if why else 'uv venv failed'}")
-        cdir = base / f"constraints-{version}"
-        cdir.mkdir(exist_ok=True)
-        cfile = cdir / f"{row.id}.txt"
-        cfile.write_text(constraints_without(row.path.read_text(), package))
-        probe_row = dataclasses.replace(row, id=probe_id, path=cfile)
+        probe_row = dataclasses.replace(row, id=probe_id)
         opts = matrix.Options(overrides=[f"{package}=={version}"], run_id=run_id, results=Path(results), tiers=tier)
         try:
             record = matrix.run_row(probe_row, venv, opts, log=log)

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix import index
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from mtpmatrix.rows import Row, RowError, parse_override
 from mtpmatrix.store import TIERS, TIERS_FILE, RunStore, new_run_id, read_json, row_verdict
 from mtpmatrix.verdict import classify_install
@@ -106,7 +109,34 @@ def preflight_overrides(overrides: list[str], *, skip_index: bool = False) -> No
                 raise RowError(f"--with {spec}: {exc}") from None
 
 
-def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Path | None) -> list[str]:
+def overridden_names(overrides: list[str]) -> set[str]:
+    return {canonicalize_name(parse_override(spec).name) for spec in overrides}
+
+
+def constraints_text(row: Row, overrides: list[str]) -> str:
+    """The row's constraints file minus the pins of overridden packages.
+
+    uv applies constraints on top of overrides, so ``-c row.txt`` pinning ``transformers==5.8.1`` together with
+    ``--override transformers==5.9.0`` is unsatisfiable: an overridden package's pin must leave the constraints.
+    """
+    dropped = overridden_names(overrides)
+    out = []
+    for line in row.path.read_text().splitlines():
+        body = line.split(" #", 1)[0].strip()
+        if body and not body.startswith("#"):
+            try:
+                name = canonicalize_name(Requirement(body).name)
+            except InvalidRequirement:
+                name = None
+            if name in dropped:
+                out.append(f"# {line}  (dropped: overridden)")
+                continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Path | None,
+                    overrides: list[str] = ()) -> list[str]:
     """The one install command of a row: sglang + its pins + this package, into ``venv``, with uv."""
     uv = shutil.which("uv")
     if uv is None:
@@ -116,7 +146,9 @@ def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Pat
         cmd += ["--override", str(overrides_file)]
     if row.torch_backend != "pypi":
         cmd += ["--torch-backend", row.torch_backend]
-    cmd += [f"sglang=={row.sglang}", f"transformers=={row.transformers}", f"torch=={row.torch}", "-e", str(REPO)]
+    replaced = overridden_names(list(overrides))
+    cmd += [name if name in replaced else f"{name}=={version}" for name, version in row.pins.items()]
+    cmd += ["-e", str(REPO)]
     return cmd
 
 
@@ -171,12 +203,12 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
 
     # 1. install (the row's constraints, then overrides on top)
     constraints = out / "constraints.txt"
-    constraints.write_text(row.path.read_text())
+    constraints.write_text(constraints_text(row, opts.overrides))
     overrides_file = None
     if opts.overrides:
         overrides_file = out / "overrides.txt"
         overrides_file.write_text("\n".join(opts.overrides) + "\n")
-    cmd = install_command(row, venv, constraints, overrides_file)
+    cmd = install_command(row, venv, constraints, overrides_file, opts.overrides)
     t0 = time.monotonic()
     log(f"[{row.id}] installing: {' '.join(cmd[1:])}")
     rc, output = _run_logged(cmd, out / "install.log", env=env_uv)
@@ -206,7 +238,9 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
                   *opts.pytest_args]
     env_py = {**os.environ, "VIRTUAL_ENV": str(venv),
               "PATH": f"{venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-              "MTPMATRIX_ROW": row.id, "PYTHONUNBUFFERED": "1"}
+              "MTPMATRIX_ROW": row.id, "PYTHONUNBUFFERED": "1",
+              # tiny pairs are built once per row (their weights come from the row's transformers) and reused
+              "MTPMATRIX_TINY_DIR": os.environ.get("MTPMATRIX_TINY_DIR") or str(REPO / ".cache" / "tiny" / row.id)}
     env_py.pop("PYTHONPATH", None)  # the row venv must see only what the row installed
     log(f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}")
     t0 = time.monotonic()

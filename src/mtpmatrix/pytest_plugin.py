@@ -19,6 +19,7 @@ from mtpmatrix.store import TIERS, atomic_write_json, worst
 from mtpmatrix.verdict import classify
 
 _RECORDS_KEY = pytest.StashKey[list]()
+_SETUP_SECONDS_KEY = pytest.StashKey[float]()
 _START_KEY = pytest.StashKey[float]()
 
 
@@ -74,6 +75,10 @@ def pytest_runtest_makereport(item, call):
     tier = _tier_of(item)
     if tier is None:
         return
+    if report.when == "setup" and report.passed:
+        # Counted into the test's seconds: expensive shared work (the sglang import, server launches) happens in
+        # fixtures, and a tier's time must include it.
+        item.stash[_SETUP_SECONDS_KEY] = report.duration
     # One record per test: setup skips/errors, the call, or a teardown error.
     if report.when == "call" or (report.when == "setup" and not report.passed) or (
         report.when == "teardown" and report.failed
@@ -84,7 +89,8 @@ def pytest_runtest_makereport(item, call):
             "id": item.nodeid,
             "tier": tier,
             "outcome": report.outcome if report.when == "call" or report.skipped else "error",
-            "seconds": round(report.duration, 3),
+            "seconds": round(report.duration + (item.stash.get(_SETUP_SECONDS_KEY, 0.0)
+                                                if report.when == "call" else 0.0), 3),
             "metrics": {k: v for k, v in item.user_properties},
         }
         if report.skipped:

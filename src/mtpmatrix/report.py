@@ -26,7 +26,9 @@ import re
 import sys
 from pathlib import Path
 
-from mtpmatrix.store import TIERS, VERDICTS, atomic_write_json, atomic_write_text, read_json, row_verdict
+from mtpmatrix import stats
+from mtpmatrix.store import (TIERS, VERDICTS, atomic_write_json, atomic_write_text, is_matrix_run, latest_run_id,
+                             read_json, row_verdict)
 
 REPORT_DIR = "report"
 LOG_FILES = ("install.log", "pytest.log", "freeze.txt", "check.txt", "junit.xml")
@@ -50,100 +52,19 @@ class ReportError(ValueError):
     """Bad input for the report (no such run, no rows); the message is one line."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# statistics: mtpmatrix.stats when a colleague's module is present, small private versions otherwise
-# ---------------------------------------------------------------------------------------------------------------
-
-def _stats_module():
-    try:
-        from mtpmatrix import stats  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return stats
-
-
-def _private_wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def _private_mcnemar(b: int, c: int) -> float:
-    """Exact two-sided McNemar p: binomial test of min(b, c) among b + c discordant pairs at 1/2."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
-def _pair_of(result) -> tuple[float, float] | None:
-    for lo, hi in (("low", "high"), ("lo", "hi"), ("lower", "upper")):
-        if hasattr(result, lo) and hasattr(result, hi):
-            return float(getattr(result, lo)), float(getattr(result, hi))
-    if isinstance(result, dict):
-        for lo, hi in (("low", "high"), ("lo", "hi"), ("lower", "upper")):
-            if lo in result and hi in result:
-                return float(result[lo]), float(result[hi])
-    if isinstance(result, (tuple, list)) and len(result) >= 2:
-        return float(result[0]), float(result[1])
-    return None
-
-
 def wilson(k: int, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of k successes in n (z = 1.96, as mtpmatrix.stats)."""
-    stats = _stats_module()
-    if stats is not None and hasattr(stats, "wilson_interval"):
-        try:
-            got = _pair_of(stats.wilson_interval(k, n))
-            if got is not None:
-                return got
-        except (ValueError, ZeroDivisionError):
-            pass
-    return _private_wilson(k, n)
+    """95% Wilson score interval of k successes in n."""
+    return stats.wilson_interval(k, n)
 
 
 def mcnemar_p(b: int, c: int) -> float:
-    """Exact McNemar p for b and c discordant pairs."""
-    stats = _stats_module()
-    if stats is not None and hasattr(stats, "mcnemar"):
-        try:
-            got = stats.mcnemar(b, c)
-            for attr in ("p", "pvalue", "p_value"):
-                if hasattr(got, attr):
-                    return float(getattr(got, attr))
-                if isinstance(got, dict) and attr in got:
-                    return float(got[attr])
-            if isinstance(got, (int, float)):
-                return float(got)
-            if isinstance(got, (tuple, list)) and got:
-                return float(got[-1])
-        except (ValueError, ZeroDivisionError):
-            pass
-    return _private_mcnemar(b, c)
+    """Exact two-sided McNemar p for b and c discordant pairs."""
+    return stats.mcnemar(b, c)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # reading a run
 # ---------------------------------------------------------------------------------------------------------------
-
-def is_matrix_run(path: Path) -> bool:
-    """A folder that holds at least one ``<row>/row.json`` and is not a bisect run."""
-    return path.is_dir() and not path.name.startswith("bisect-") and any(path.glob("*/row.json"))
-
-
-def latest_run_id(results: Path) -> str | None:
-    """The newest matrix run under ``results`` (run ids are UTC timestamps, so name order is time order)."""
-    results = Path(results)
-    if not results.is_dir():
-        return None
-    runs = sorted(p.name for p in results.iterdir() if is_matrix_run(p))
-    return runs[-1] if runs else None
-
 
 def resolve_run(results: Path, run_id: str | None) -> Path:
     results = Path(results)

@@ -16,8 +16,9 @@ SCHEMA = 1
 ROW_FILE = "row.json"
 TIERS_FILE = "tiers.json"
 TIERS = ("contract", "reference", "smoke", "gsm8k")
-# Verdict words, worst first: a row or tier takes the worst of its parts.
-VERDICTS = ("failed", "error", "passed", "skipped", "pending")
+# Verdict words, worst first: a row or tier takes the worst of its parts ('pending' = unfinished, so it outranks
+# any finished good news; 'skipped' only when nothing ran).
+VERDICTS = ("failed", "error", "pending", "passed", "skipped")
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -66,6 +67,21 @@ def row_verdict(row_record: dict) -> str:
     return worst(t.get("verdict") for t in tiers.values())
 
 
+def is_matrix_run(path: Path) -> bool:
+    """A folder that holds at least one ``<row>/row.json`` and is not a bisect run."""
+    path = Path(path)
+    return path.is_dir() and not path.name.startswith("bisect-") and any(path.glob(f"*/{ROW_FILE}"))
+
+
+def latest_run_id(results: Path) -> str | None:
+    """The newest matrix run under ``results`` (run ids are UTC timestamps, so name order is time order)."""
+    results = Path(results)
+    if not results.is_dir():
+        return None
+    runs = sorted(p.name for p in results.iterdir() if is_matrix_run(p))
+    return runs[-1] if runs else None
+
+
 class RunStore:
     """One matrix run on disk."""
 
@@ -76,9 +92,8 @@ class RunStore:
 
     @classmethod
     def latest(cls, root: Path) -> "RunStore | None":
-        root = Path(root)
-        runs = sorted(p.name for p in root.glob("*/") if p.is_dir()) if root.exists() else []
-        return cls(root, runs[-1]) if runs else None
+        run_id = latest_run_id(root)
+        return cls(root, run_id) if run_id else None
 
     def row_dir(self, row_id: str) -> Path:
         d = self.path / row_id

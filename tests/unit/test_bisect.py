@@ -184,13 +184,6 @@ def test_a_fatal_probe_stops_the_search():
     assert len(calls) == 1
 
 
-def test_constraints_without_the_overridden_package():
-    text = "# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\nTransformers==5.12.1  # pinned\ntorch==2.11.0\n"
-    out = bs.constraints_without(text, "transformers")
-    assert "sglang==0.5.17\n" in out and "torch==2.11.0\n" in out and "# python: 3.11" in out
-    assert not [ln for ln in out.splitlines() if ln.lower().startswith("transformers")]
-
-
 # --- defaults -------------------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -200,3 +200,17 @@ def test_summary_line():
     rec = {"row": {"id": "r"}, "verdict": "failed",
            "install": {"verdict": "failed", "failure": {"message": "resolver conflict: x"}}}
     assert matrix.summary_line(rec) == "r: FAILED at install: resolver conflict: x"
+
+
+def test_overridden_pins_leave_the_constraints_and_the_requirements(tmp_path):
+    f = tmp_path / "sglang-0.5.17.txt"
+    f.write_text("# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\nTransformers==5.12.1  # pinned\n"
+                 "torch==2.11.0\n")
+    row = parse_row(f)
+    text = matrix.constraints_text(row, ["transformers==5.20.0"])
+    assert "sglang==0.5.17\n" in text and "torch==2.11.0\n" in text and "# python: 3.11" in text
+    assert not [ln for ln in text.splitlines() if ln.lower().startswith("transformers")]
+    assert matrix.constraints_text(row, []) == f.read_text()
+    cmd = matrix.install_command(row, tmp_path / "venv", tmp_path / "c.txt", tmp_path / "o.txt",
+                                 ["transformers==5.20.0"])
+    assert "transformers" in cmd and "transformers==5.12.1" not in cmd and "sglang==0.5.17" in cmd

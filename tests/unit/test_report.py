@@ -178,7 +178,7 @@ def test_gsm8k_paired_comparison_between_rows(results):
     assert (p["n"], p["a_correct"], p["b_correct"]) == (200, 138, 115)
     assert (p["right_in_a_only"], p["right_in_b_only"]) == (28, 5)
     assert len(p["flipped_to_wrong"]) == 28 and p["flipped_to_right"] == [24, 67, 76, 94, 173]
-    assert p["p_value"] == pytest.approx(report._private_mcnemar(28, 5)) and p["p_value"] < 1e-4
+    assert p["p_value"] == pytest.approx(report.mcnemar_p(28, 5)) and p["p_value"] < 1e-4
     # 0.5.17's records were named with an absolute path from the GPU box: found in the row's gsm8k/ folder
     assert ("test_gsm8k_accuracy[E4B-topk1]", "sglang-0.5.13", "sglang-0.5.17") in pairs
 
@@ -190,18 +190,18 @@ def test_wilson_from_metrics_or_records(results):
     assert e4b["ci"] == [0.623, 0.75] or e4b["ci"] == pytest.approx([0.6227, 0.7504], abs=1e-3)
     # no CI in the metrics: computed from gsm8k/26B-A4B-topk1.jsonl, which no metric names
     a26 = m["test_gsm8k_accuracy[26B-A4B-topk1]"]
-    assert a26["n"] == 200 and a26["ci"] == pytest.approx(list(report._private_wilson(96, 200)))
+    assert a26["n"] == 200 and a26["ci"] == pytest.approx(list(report.wilson(96, 200)))
     assert a26["accept_length"] == 2.71 and a26["speedup"] == 1.52
 
 
 def test_private_statistics():
-    assert report._private_mcnemar(0, 0) == 1.0
-    assert report._private_mcnemar(5, 0) == pytest.approx(0.0625)
-    assert report._private_mcnemar(3, 3) == 1.0
-    lo, hi = report._private_wilson(0, 20)
+    assert report.mcnemar_p(0, 0) == 1.0
+    assert report.mcnemar_p(5, 0) == pytest.approx(0.0625)
+    assert report.mcnemar_p(3, 3) == 1.0
+    lo, hi = report.wilson(0, 20)
     assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-4)
     assert report.wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
-    assert report.mcnemar_p(28, 5) == pytest.approx(report._private_mcnemar(28, 5))
+    assert report.mcnemar_p(28, 5) == pytest.approx(report.mcnemar_p(28, 5))
 
 
 def test_unknown_and_odd_metrics_do_not_crash(results):

@@ -104,8 +104,10 @@ def test_finished_only_with_a_final_verdict(tmp_path, record, finished):
 def test_latest_run(tmp_path):
     assert RunStore.latest(tmp_path / "missing") is None
     assert RunStore.latest(tmp_path) is None
-    for run in ("20260101-000000", "20260301-000000", "20260201-000000"):
-        (tmp_path / run).mkdir()
+    for run in ("20260101-000000", "20260301-000000", "20260201-000000", "bisect-20260401-000000"):
+        (tmp_path / run / "row-a").mkdir(parents=True)
+        (tmp_path / run / "row-a" / "row.json").write_text("{}")
+    (tmp_path / "20260501-000000").mkdir()  # no row.json: not a run (yet)
     (tmp_path / "zzz-not-a-dir.txt").write_text("x")
     latest = RunStore.latest(tmp_path)
     assert latest.run_id == "20260301-000000" and latest.path == tmp_path / "20260301-000000"
@@ -116,6 +118,8 @@ def test_latest_run(tmp_path):
     (["passed", "failed", "error"], "failed"),
     (["passed", "error"], "error"),
     (["skipped", "skipped"], "skipped"),
+    (["passed", "pending"], "pending"),
+    (["failed", "pending"], "failed"),
     ([], "skipped"),
     ([None, ""], "skipped"),
 ])
