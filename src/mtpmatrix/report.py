@@ -267,11 +267,23 @@ def _tier_summary(tier: dict) -> dict:
                          "kind": (tier.get("failure_kinds") or [None])[0], "type": None,
                          "message": tier.get("reason"), "frame": None, "raised_at": None})
     kinds = tier.get("failure_kinds") or sorted({f["kind"] for f in failures if f["kind"]})
+    groups = group_failures(failures)
     skipped_checks = [{"check": c["id"], "reason": c.get("reason", "")} for c in checks
                       if c.get("outcome") == "skipped"]
     return {"verdict": tier.get("verdict"), "reason": tier.get("reason"), "seconds": tier.get("seconds"),
-            "counts": counts, "failure_kinds": list(kinds), "failures": failures,
+            "counts": counts, "failure_kinds": list(kinds), "failures": failures, "failure_groups": groups,
             "skipped_checks": skipped_checks}
+
+
+def group_failures(failures: list[dict]) -> list[dict]:
+    """Failures with the same kind, exception type and frame are one finding (one bug seen from N checks)."""
+    groups: dict[tuple, dict] = {}
+    for f in failures:
+        key = (f.get("kind"), f.get("type"), f.get("frame") or f.get("raised_at"), f.get("outcome"))
+        g = groups.setdefault(key, dict(f, shorts=[]))
+        if f.get("short"):
+            g["shorts"].append(f["short"])
+    return list(groups.values())
 
 
 def _versions(record: dict) -> tuple[dict, bool]:
@@ -665,10 +677,13 @@ def render_markdown(summary: dict) -> str:
                 out.append(f"- **install** · `install` · {_md_escape(f.get('message', 'install failed'))}")
             for tier in tiers:
                 t = r["tiers"].get(tier)
-                for f in (t or {}).get("failures", []):
+                for f in (t or {}).get("failure_groups", []):
                     where = (f" — first frame `{f['frame']}`" if f.get("frame") else
                              f" — raised at `{f['raised_at']}`" if f.get("raised_at") else "")
-                    what = f" ({f['short']})" if f.get("short") else ""
+                    shorts = f.get("shorts") or []
+                    what = (f" ({shorts[0]})" if len(shorts) == 1 else
+                            f" ({len(shorts)} checks: {', '.join(shorts[:4])}{', …' if len(shorts) > 4 else ''})"
+                            if shorts else "")
                     typ = f"{f['type']}: " if f.get("type") else ""
                     out.append(f"- **{tier}** · `{f.get('kind') or '?'}`{what} · "
                                f"{_md_escape(typ + (f.get('message') or ''))}{where}")
@@ -935,10 +950,12 @@ def render_html(summary: dict) -> str:
                 h.append(f'<div class="fail"><b>install</b> <span class="kind">install</span>'
                          f'<div class="msg mono">{_e(f.get("message"))}</div></div>')
             for tier in tiers:
-                for f in (r["tiers"].get(tier) or {}).get("failures", []):
+                for f in (r["tiers"].get(tier) or {}).get("failure_groups", []):
                     cls = "fail err" if f["outcome"] == "error" else "fail"
+                    shorts = f.get("shorts") or []
+                    label = shorts[0] if len(shorts) == 1 else (f"{len(shorts)} checks" if shorts else "")
                     h.append(f'<div class="{cls}"><b>{_e(tier)}</b> <span class="kind">{_e(f.get("kind") or "?")}</span> '
-                             f'<span class="mono">{_e(f.get("short") or "")}</span>'
+                             f'<span class="mono" title="{_e(", ".join(shorts))}">{_e(label)}</span>'
                              f'<div class="msg mono">{_e((f["type"] + ": ") if f.get("type") else "")}'
                              f'{_e(f.get("message"))}</div>')
                     if f.get("frame"):

@@ -26,6 +26,7 @@ KINDS = (
     "harness",  # a bug in this project
 )
 LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
+UNDER_TEST = ("sglang", "transformers")  # preferred for "the first frame": torch decorators wrap their entry points
 _SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)[/\\]")
 
 
@@ -73,7 +74,8 @@ def _fmt(fs: traceback.FrameSummary) -> str:
 def first_library_frame(tb: TracebackType | None) -> tuple[str | None, str | None, bool]:
     """(first library frame, innermost frame, whether any frame is inside a library under test)."""
     frames = traceback.extract_tb(tb) if tb else []
-    first = next((f for f in frames if _package_of(f.filename) in LIBRARIES), None)
+    first = (next((f for f in frames if _package_of(f.filename) in UNDER_TEST), None)
+             or next((f for f in frames if _package_of(f.filename) in LIBRARIES), None))
     return (_fmt(first) if first else None, _fmt(frames[-1]) if frames else None, first is not None)
 
 
@@ -85,6 +87,14 @@ def classify(exc: BaseException, default_kind: str | None = None) -> FailureReco
     is 'harness'.
     """
     frame, raised_at, in_library = first_library_frame(exc.__traceback__)
+    # A check that wraps a library exception (raise CheckFailure(...) from exc) points at the library through
+    # its cause: take the frame from there.
+    cause, seen = exc.__cause__ or exc.__context__, 0
+    while frame is None and cause is not None and seen < 5:
+        frame, cause_raised_at, _ = first_library_frame(cause.__traceback__)
+        if frame is not None:
+            raised_at = cause_raised_at  # where the wrapped library error itself was raised
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
     if isinstance(exc, CheckFailure):
         kind = exc.kind
     elif isinstance(exc, ImportError):

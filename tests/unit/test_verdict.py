@@ -177,3 +177,24 @@ def test_classify_install_tty_hint_block():
     msg = classify_install(out).message
     assert msg.startswith("resolver conflict: × No solution found")
     assert "| Because sglang==0.5.17" in msg and "╰" not in msg
+
+
+def test_wrapped_library_error_keeps_its_library_frame(tmp_path, monkeypatch):
+    """A check that re-raises a library error as CheckFailure(...) from exc still points into the library."""
+    pkg = tmp_path / "site-packages" / "transformers"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "wrapped_mod.py").write_text("def generate():\n    return inner()\n\ndef inner():\n    raise TypeError('x')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    import importlib
+    mod = importlib.import_module("transformers.wrapped_mod")
+    try:
+        try:
+            mod.generate()
+        except TypeError as exc:
+            raise CheckFailure("crash", "generate failed") from exc
+    except CheckFailure as outer:
+        rec = classify(outer)
+    assert rec.kind == "crash"
+    assert rec.frame == "transformers/wrapped_mod.py:2 in generate"
+    assert rec.raised_at == "transformers/wrapped_mod.py:5 in inner"
