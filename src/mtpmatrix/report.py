@@ -276,10 +276,11 @@ def _tier_summary(tier: dict) -> dict:
 
 
 def group_failures(failures: list[dict]) -> list[dict]:
-    """Failures with the same kind, exception type and frame are one finding (one bug seen from N checks)."""
+    """Failures of the same kind and exception type raised at the same place are one finding (one bug seen from N
+    checks); the first one's message and frame stand for the group."""
     groups: dict[tuple, dict] = {}
     for f in failures:
-        key = (f.get("kind"), f.get("type"), f.get("frame") or f.get("raised_at"), f.get("outcome"))
+        key = (f.get("kind"), f.get("type"), f.get("raised_at") or f.get("frame"), f.get("outcome"))
         g = groups.setdefault(key, dict(f, shorts=[]))
         if f.get("short"):
             g["shorts"].append(f["short"])
