@@ -33,7 +33,8 @@ try:
     ROWS = {row.id: row for row in load_rows(Path(__file__).parent / "constraints")}
 except RowError as exc:  # one clear line, before any session (or venv) exists
     raise SystemExit(f"error: {exc}") from None
-RUN_ID = os.environ.setdefault("MTPMATRIX_RUN_ID", matrix.new_run_id())
+# One run id for every row of this nox invocation (--run-id / --resume / MTPMATRIX_RUN_ID take precedence).
+RUN_ID = matrix.new_run_id()
 
 
 def _params(default: bool):

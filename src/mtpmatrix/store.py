@@ -74,12 +74,14 @@ def is_matrix_run(path: Path) -> bool:
 
 
 def latest_run_id(results: Path) -> str | None:
-    """The newest matrix run under ``results`` (run ids are UTC timestamps, so name order is time order)."""
+    """The matrix run under ``results`` whose rows were written last (by row.json time, so named runs such as
+    ``--run-id probe-x`` order correctly among timestamped ones); ties go to the larger name."""
     results = Path(results)
     if not results.is_dir():
         return None
-    runs = sorted(p.name for p in results.iterdir() if is_matrix_run(p))
-    return runs[-1] if runs else None
+    runs = [(max(f.stat().st_mtime for f in p.glob(f"*/{ROW_FILE}")), p.name)
+            for p in results.iterdir() if is_matrix_run(p)]
+    return max(runs)[1] if runs else None
 
 
 class RunStore:

@@ -104,9 +104,10 @@ def test_finished_only_with_a_final_verdict(tmp_path, record, finished):
 def test_latest_run(tmp_path):
     assert RunStore.latest(tmp_path / "missing") is None
     assert RunStore.latest(tmp_path) is None
-    for run in ("20260101-000000", "20260301-000000", "20260201-000000", "bisect-20260401-000000"):
+    for age, run in enumerate(("20260301-000000", "probe-named", "20260201-000000", "bisect-20260401-000000")):
         (tmp_path / run / "row-a").mkdir(parents=True)
         (tmp_path / run / "row-a" / "row.json").write_text("{}")
+        os.utime(tmp_path / run / "row-a" / "row.json", (1e9 - age * 100, 1e9 - age * 100))
     (tmp_path / "20260501-000000").mkdir()  # no row.json: not a run (yet)
     (tmp_path / "zzz-not-a-dir.txt").write_text("x")
     latest = RunStore.latest(tmp_path)
