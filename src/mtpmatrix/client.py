@@ -172,25 +172,25 @@ def generate(base_url: str, text: str | None = None, input_ids: list[int] | None
         return c.json("POST", "/generate", payload, timeout)
 
 
-def server_info(base_url: str, timeout: float = 60.0) -> dict:
-    """GET /server_info, falling back to /get_server_info on releases without the new name."""
+def _get_json_with_fallback(base_url: str, path: str, old_path: str, timeout: float) -> dict:
+    """GET ``path``, or ``old_path`` on releases that answer 404 for the new name."""
     with Connection(base_url, timeout) as c:
         try:
-            return c.json("GET", "/server_info")
+            return c.json("GET", path)
         except ClientError as exc:
             if exc.status != 404:
                 raise
-        return c.json("GET", "/get_server_info")
+        return c.json("GET", old_path)
+
+
+def server_info(base_url: str, timeout: float = 60.0) -> dict:
+    """GET /server_info (/get_server_info on older releases)."""
+    return _get_json_with_fallback(base_url, "/server_info", "/get_server_info", timeout)
 
 
 def model_info(base_url: str, timeout: float = 60.0) -> dict:
-    with Connection(base_url, timeout) as c:
-        try:
-            return c.json("GET", "/model_info")
-        except ClientError as exc:
-            if exc.status != 404:
-                raise
-        return c.json("GET", "/get_model_info")
+    """GET /model_info (/get_model_info on older releases)."""
+    return _get_json_with_fallback(base_url, "/model_info", "/get_model_info", timeout)
 
 
 def flush_cache(base_url: str, timeout: float = 60.0) -> bool:

@@ -102,6 +102,18 @@ def pytest_runtest_makereport(item, call):
         item.config.stash[_RECORDS_KEY].append(rec)
 
 
+def replay_run(run, record_property):
+    """For checks over a server run collected once by a fixture (smoke, gsm8k): record its log and launch time on
+    this check, then re-raise the run's own failure (already classified) so every dependent check reports it."""
+    if getattr(run, "log_path", None):
+        record_property("server_log", str(run.log_path))
+    if getattr(run, "launch_seconds", None) is not None:
+        record_property("launch_seconds", run.launch_seconds)
+    if getattr(run, "error", None) is not None:
+        raise run.error
+    return run
+
+
 def _skip_reason(report) -> str:
     lr = report.longrepr
     if isinstance(lr, tuple) and len(lr) == 3:

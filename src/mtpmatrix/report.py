@@ -639,6 +639,15 @@ def _md_escape(text) -> str:
 # Markdown
 # ---------------------------------------------------------------------------------------------------------------
 
+def _skip_where(group: dict, verb: str) -> str:
+    """'smoke/gsm8k in 3 rows (2 checks)' for one group of identical skip reasons."""
+    rows = len(group["rows"])
+    where = f"{'/'.join(group['tiers'])} {verb} {rows} row{'s' if rows != 1 else ''}"
+    if group["checks"]:
+        where += f" ({group['checks']} check{'s' if group['checks'] != 1 else ''})"
+    return where
+
+
 def render_markdown(summary: dict) -> str:
     tiers = summary["tiers"]
     mark = "✅" if summary["qualifies"] else "❌"
@@ -662,10 +671,7 @@ def render_markdown(summary: dict) -> str:
     if summary["skips"]:
         out.append("**Skipped**")
         for g in summary["skips"]:
-            where = f"{'/'.join(g['tiers'])} in {len(g['rows'])} row{'s' if len(g['rows']) != 1 else ''}"
-            if g["checks"]:
-                where += f" ({g['checks']} check{'s' if g['checks'] != 1 else ''})"
-            out.append(f"- {where}: {_md_escape(g['reason'])}")
+            out.append(f"- {_skip_where(g, 'in')}: {_md_escape(g['reason'])}")
         out.append("")
 
     failing = [r for r in summary["rows"] if r["verdict"] in BAD]
@@ -931,10 +937,7 @@ def render_html(summary: dict) -> str:
     if summary["skips"]:
         h.append('<ul class="skips">')
         for g in summary["skips"]:
-            where = f"{'/'.join(g['tiers'])} skipped in {len(g['rows'])} row{'s' if len(g['rows']) != 1 else ''}"
-            if g["checks"]:
-                where += f" ({g['checks']} check{'s' if g['checks'] != 1 else ''})"
-            h.append(f"<li><b>{_e(where)}</b>: {_e(g['reason'])}</li>")
+            h.append(f"<li><b>{_e(_skip_where(g, 'skipped in'))}</b>: {_e(g['reason'])}</li>")
         h.append("</ul>")
 
     # failures

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix import client, gsm8k, settings, stats
+from mtpmatrix.pytest_plugin import replay_run
 from mtpmatrix.verdict import CheckFailure
 
 pytestmark = pytest.mark.gsm8k
@@ -235,13 +236,7 @@ def gsm8k_run(request, tmp_path_factory) -> Gsm8kRun:
 
 
 def _use(run: Gsm8kRun, record_property) -> Gsm8kRun:
-    if run.log_path:
-        record_property("server_log", str(run.log_path))
-    if run.launch_seconds is not None:
-        record_property("launch_seconds", run.launch_seconds)
-    if run.error is not None:
-        raise run.error
-    return run
+    return replay_run(run, record_property)
 
 
 # --- checks ------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 from mtpmatrix import settings, smoke
 from mtpmatrix.environment import gpu_missing
+from mtpmatrix.pytest_plugin import replay_run
 from mtpmatrix.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
@@ -51,13 +52,7 @@ def _vocab_size(target_dir) -> int:
 
 
 def _run(smoke_runs, name, record_property) -> smoke.SmokeRun:
-    run = smoke_runs[name]
-    record_property("server_log", str(run.log_path))
-    if run.launch_seconds is not None:
-        record_property("launch_seconds", run.launch_seconds)
-    if run.error is not None:
-        raise run.error
-    return run
+    return replay_run(smoke_runs[name], record_property)
 
 
 @pytest.mark.check("launch")
