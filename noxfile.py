@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).parent / "src"))
 from mtpmatrix import matrix  # noqa: E402
 from mtpmatrix.rows import RowError, load_rows  # noqa: E402
 
-# uv cannot download interpreters on air-gapped machines: fail at once on a missing Python instead of retrying.
-os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+# A row's Python comes from the machine; uv may download a missing one only where it can (online users). On
+# air-gapped machines set UV_PYTHON_DOWNLOADS=never (.ci/run does) so a missing Python fails at once instead of
+# retrying.
 nox.options.default_venv_backend = "uv"
-nox.options.download_python = "never"
+nox.options.download_python = "never" if os.environ.get("UV_PYTHON_DOWNLOADS") == "never" else "auto"
 nox.options.error_on_missing_interpreters = True
 
 try:
@@ -47,15 +48,17 @@ def _run_matrix_row(session: nox.Session, row_id: str) -> None:
     try:
         opts = matrix.parse_options(session.posargs)
         opts.run_id = opts.run_id or RUN_ID
-        if not matrix.in_shard(row_id, list(ROWS), opts.shard):
+        # shards split the rows of this session (default rows, or the extra ones), so N shards stay balanced
+        peers = [r.id for r in ROWS.values() if r.default == ROWS[row_id].default]
+        if not matrix.in_shard(row_id, peers, opts.shard):
             session.skip(f"{row_id} is not in shard {opts.shard[0]}/{opts.shard[1]}")
         store = matrix.RunStore(opts.results, opts.run_id)
         if opts.resume and store.finished(row_id):
             session.skip(f"{row_id} already has a verdict in run {opts.run_id} (--resume)")
         matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
-    except RowError as exc:
+        record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
+    except RowError as exc:  # bad input, no uv: one line (run_row raises it before recording anything)
         session.error(str(exc))
-    record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
     session.log(matrix.summary_line(record))
     session.log(f"results: {opts.results / opts.run_id / row_id / 'row.json'}")
     if record["verdict"] in ("failed", "error"):

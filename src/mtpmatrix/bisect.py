@@ -247,7 +247,7 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
         if venv.exists():
             shutil.rmtree(venv)
         base.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "UV_PYTHON_DOWNLOADS": os.environ.get("UV_PYTHON_DOWNLOADS", "never")}
+        env = dict(os.environ)  # UV_PYTHON_DOWNLOADS=never (air-gapped machines) is honoured as set
         env.pop("VIRTUAL_ENV", None)
         made = subprocess.run([uv, "venv", "--python", row.python, str(venv)], capture_output=True, text=True,
                               env=env)

@@ -70,6 +70,8 @@ def releases(name: str, *, url: str | None = None, timeout: float = 15.0,
 
 def check_spec(req, **kw) -> list[Version]:
     """Raise IndexError_ unless some release of ``req.name`` satisfies ``req.specifier``."""
+    # a spec that names a pre-release (transformers==5.20.0rc1) wants one, as uv installs it
+    kw.setdefault("include_prereleases", bool(req.specifier.prereleases))
     rels = releases(req.name, **kw)
     ok = [v for v in rels if req.specifier.contains(v, prereleases=True)]
     if not ok:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix import index
+from mtpmatrix import environment, index
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
@@ -73,9 +73,12 @@ def parse_options(posargs: list[str]) -> Options:
     ns, rest = p.parse_known_args(posargs)
     for spec in ns.overrides:
         parse_override(spec)  # raises RowError with one line
-    bad = [t for t in ns.tiers.split(",") if t and t not in TIERS]
+    tiers = [t.strip() for t in ns.tiers.split(",") if t.strip()]  # as the pytest plugin reads them
+    bad = [t for t in tiers if t not in TIERS]
     if bad:
         raise RowError(f"--tiers: unknown tier(s) {', '.join(bad)}; known: {', '.join(TIERS)}")
+    if not tiers:
+        raise RowError(f"--tiers: no tier given; known: {', '.join(TIERS)}")
     run_id = ns.run_id or os.environ.get("MTPMATRIX_RUN_ID")
     resume = ns.resume is not None
     if resume and ns.resume != "latest":
@@ -87,7 +90,7 @@ def parse_options(posargs: list[str]) -> Options:
         run_id = run_id or latest.run_id
     if rest and rest[0] == "--":
         rest = rest[1:]
-    return Options(overrides=ns.overrides, run_id=run_id, resume=resume, results=ns.results, tiers=ns.tiers,
+    return Options(overrides=ns.overrides, run_id=run_id, resume=resume, results=ns.results, tiers=",".join(tiers),
                    shard=ns.shard, pytest_args=rest, offline_check=ns.offline_check)
 
 
@@ -190,6 +193,10 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     """
     store = RunStore(opts.results, opts.run_id or new_run_id())
     out = store.row_dir(row.id)
+    constraints = out / "constraints.txt"
+    overrides_file = out / "overrides.txt" if opts.overrides else None
+    # built first: a missing uv raises its one-line RowError before a 'pending' record exists
+    cmd = install_command(row, venv, constraints, overrides_file, opts.overrides)
     env_uv = {**os.environ, "VIRTUAL_ENV": str(venv), "UV_PYTHON_DOWNLOADS": "never"}
     record = {
         "row": row.as_dict(),
@@ -202,13 +209,9 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     store.save_row(row.id, record)
 
     # 1. install (the row's constraints, then overrides on top)
-    constraints = out / "constraints.txt"
     constraints.write_text(constraints_text(row, opts.overrides))
-    overrides_file = None
-    if opts.overrides:
-        overrides_file = out / "overrides.txt"
+    if overrides_file is not None:
         overrides_file.write_text("\n".join(opts.overrides) + "\n")
-    cmd = install_command(row, venv, constraints, overrides_file, opts.overrides)
     t0 = time.monotonic()
     log(f"[{row.id}] installing: {' '.join(cmd[1:])}")
     rc, output = _run_logged(cmd, out / "install.log", env=env_uv)
@@ -222,7 +225,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     uv = cmd[0]
     rc_f, freeze = _run_logged([uv, "pip", "freeze", "--python", str(venv_python(venv))], out / "freeze.log",
                                env=env_uv)
-    (out / "freeze.txt").write_text("\n".join(ln for ln in freeze.splitlines()[0:] if "==" in ln or " @ " in ln)
+    (out / "freeze.txt").write_text("\n".join(ln for ln in freeze.splitlines() if "==" in ln or " @ " in ln)
                                     + "\n")
     rc_c, check = _run_logged([uv, "pip", "check", "--python", str(venv_python(venv))], out / "check.txt",
                               env=env_uv)
@@ -258,14 +261,13 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
 
 
 def _versions_from_freeze(freeze: str) -> dict[str, str]:
-    wanted = {"sglang", "sglang-kernel", "sgl-kernel", "transformers", "torch", "triton", "flashinfer-python",
-              "tokenizers", "huggingface-hub", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"}
+    wanted = {*environment.WATCHED, "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"}
     out = {}
     for line in freeze.splitlines():
         if "==" in line:
             name, ver = line.strip().split("==", 1)
-            if name.lower() in wanted:
-                out[name.lower()] = ver
+            if canonicalize_name(name) in wanted:
+                out[canonicalize_name(name)] = ver
     return out
 
 

@@ -116,13 +116,12 @@ def replay_run(run, record_property):
 
 def _skip_reason(report) -> str:
     lr = report.longrepr
-    if isinstance(lr, tuple) and len(lr) == 3:
-        return str(lr[2]).removeprefix("Skipped: ")
-    return str(lr)
+    text = str(lr[2]).removeprefix("Skipped: ") if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return " ".join(ln.strip() for ln in text.splitlines() if ln.strip())  # one line, whatever pytest.skip got
 
 
 def summarize(records: list[dict]) -> dict:
-    """Per-tier verdicts from per-test records (also used by the report for re-aggregation)."""
+    """Per-tier verdicts from per-test records."""
     tiers: dict[str, dict] = {}
     for tier in TIERS:
         recs = [r for r in records if r["tier"] == tier]
@@ -142,13 +141,42 @@ def summarize(records: list[dict]) -> dict:
     return tiers
 
 
+# Exit statuses of a session that did not run to its end (collection error, Ctrl-C, internal error).
+_INCOMPLETE = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR)
+
+
+def mark_incomplete(tiers: dict, selected: list[str], exitstatus: int, detail: str = "") -> dict:
+    """A session that stopped early qualifies nothing: every selected tier that has not already failed becomes
+    'error' (harness). Without this a collection error, which runs no test at all, reads as 'skipped'."""
+    if exitstatus not in _INCOMPLETE:
+        return tiers
+    reason = f"pytest stopped early (exit {int(exitstatus)}){': ' + detail if detail else ''}; see the pytest output"
+    for tier in selected:
+        entry = tiers.get(tier)
+        if entry is None or entry["verdict"] in ("failed", "error"):
+            continue
+        entry["verdict"] = "error"
+        entry["reason"] = reason
+        entry["failure_kinds"] = sorted(set(entry.get("failure_kinds", [])) | {"harness"})
+    return tiers
+
+
+def _collection_errors(session) -> str:
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    errors = [r for r in (tr.stats.get("error", []) if tr is not None else []) if isinstance(r, pytest.CollectReport)]
+    if not errors:
+        return ""
+    return f"{len(errors)} collection error(s), first in {errors[0].nodeid or 'the session'}"
+
+
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--mtp-results")
     if not path:
         return
     records = session.config.stash[_RECORDS_KEY]
     atomic_write_json(path, {
-        "tiers": summarize(records),
+        "tiers": mark_incomplete(summarize(records), _selected_tiers(session.config), exitstatus,
+                                 _collection_errors(session)),
         "versions": environment.versions(),
         "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
         "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),

@@ -134,6 +134,8 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
                                                 meta.get("output_top_logprobs") or []])
             run.text_outputs = [r.response.get("text", "") for r in results[n_ids:]]
             run.server_info_after = server.server_info()
+    except KeyboardInterrupt:  # Ctrl-C stops the tier, not just this server (the caller launches the next)
+        raise
     except BaseException as exc:  # kept for the tests, which re-raise it with its classification
         run.error = exc
     finally:

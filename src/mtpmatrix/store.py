@@ -26,12 +26,17 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%d-%H%M%S")
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: mkstemp makes 0600 files, and results/reports must be readable as any other file
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
+            os.chmod(tmp, 0o666 & ~_UMASK)
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

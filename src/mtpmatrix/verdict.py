@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import traceback
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import TracebackType
 
 KINDS = (
@@ -28,6 +29,10 @@ KINDS = (
 LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
 UNDER_TEST = ("sglang", "transformers")  # preferred for "the first frame": torch decorators wrap their entry points
 _SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)[/\\]")
+# This project's own code (the package and, in a checkout, its tests) is never a library, even when the checkout
+# lives under a folder named like one (~/sglang/gemma4-mtp-matrix/...), which the path fallback below would match.
+_OWN_DIRS = tuple(str(d).replace("\\", "/") + "/" for d in (Path(__file__).resolve().parent,
+                                                            Path(__file__).resolve().parents[2] / "tests"))
 
 
 class CheckFailure(AssertionError):
@@ -57,8 +62,11 @@ def _package_of(filename: str) -> str | None:
     if m:
         return m.group(1)
     # editable / source checkouts: .../sglang/python/sglang/srt/..., /tmp/site/sglang/... (device bundles)
+    name = filename.replace("\\", "/")
+    if name.startswith(_OWN_DIRS):
+        return None
     for lib in LIBRARIES:
-        if f"/{lib}/" in filename.replace("\\", "/"):
+        if f"/{lib}/" in name:
             return lib
     return None
 

@@ -127,6 +127,8 @@ def test_constructed_pair_follows_rule(smoke_runs, name, record_property):
     """Constructed pair: every greedy token is previous + 1, exactly, through the MTP path."""
     run = _run(smoke_runs, name, record_property)
     prompts = smoke.id_prompts(run.vocab_size)
+    if len(run.id_outputs) != len(prompts):
+        raise CheckFailure("crash", f"{len(run.id_outputs)} outputs for {len(prompts)} prompts")
     bad = [i for i, (p, out) in enumerate(zip(prompts, run.id_outputs)) if out != smoke.expected_constructed(p)]
     record_property("rule_sequences_ok", f"{len(prompts) - len(bad)}/{len(prompts)}")
     if bad:
@@ -145,6 +147,10 @@ def test_random_pair_agrees_with_no_mtp(smoke_runs, name, record_property):
     ref = _run(smoke_runs, "random-nomtp", record_property)
     run = _run(smoke_runs, name, record_property)
     pairs = list(zip(ref.id_outputs, run.id_outputs))
+    if (not pairs or len(ref.id_outputs) != len(run.id_outputs)
+            or any(len(x) != smoke.MAX_NEW_TOKENS for pair in pairs for x in pair)):
+        raise CheckFailure("crash", f"output counts/lengths differ: {len(ref.id_outputs)} vs {len(run.id_outputs)} "
+                                    f"sequences of {smoke.MAX_NEW_TOKENS} tokens expected")
     same_tokens = sum(x == y for a, b in pairs for x, y in zip(a, b))
     divs = smoke.divergences(ref, run)
     real = [d for d in divs if not d.near_tie]

@@ -58,6 +58,9 @@ def test_with_is_repeatable_and_validated():
 def test_tiers_validated():
     assert parse_options(["--tiers", "contract,reference"]).tiers == "contract,reference"
     assert "unknown tier(s) gpu" in one_line_error(["--tiers", "contract,gpu"])
+    # read as the pytest plugin reads them (stripped, empty items dropped), and at least one is needed
+    assert parse_options(["--tiers", " contract, reference,"]).tiers == "contract,reference"
+    assert "no tier given" in one_line_error(["--tiers", ","])
 
 
 def test_resume_latest(tmp_path):
@@ -214,3 +217,15 @@ def test_overridden_pins_leave_the_constraints_and_the_requirements(tmp_path):
     cmd = matrix.install_command(row, tmp_path / "venv", tmp_path / "c.txt", tmp_path / "o.txt",
                                  ["transformers==5.20.0"])
     assert "transformers" in cmd and "transformers==5.12.1" not in cmd and "sglang==0.5.17" in cmd
+
+
+def test_with_a_prerelease_pin_asks_the_index_for_prereleases(monkeypatch):
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    def releases(name, include_prereleases=False, **kw):
+        return [Version("5.19.0")] + ([Version("5.20.0rc1")] if include_prereleases else [])
+
+    monkeypatch.setattr(matrix.index, "releases", releases)
+    assert matrix.index.check_spec(Requirement("transformers==5.20.0rc1")) == [Version("5.20.0rc1")]
+    assert matrix.index.check_spec(Requirement("transformers>=5.0")) == [Version("5.19.0")]

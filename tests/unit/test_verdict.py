@@ -198,3 +198,14 @@ def test_wrapped_library_error_keeps_its_library_frame(tmp_path, monkeypatch):
     assert rec.kind == "crash"
     assert rec.frame == "transformers/wrapped_mod.py:2 in generate"
     assert rec.raised_at == "transformers/wrapped_mod.py:5 in inner"
+
+
+def test_own_code_is_never_a_library_even_under_a_library_named_folder(monkeypatch):
+    from mtpmatrix import verdict
+
+    monkeypatch.setattr(verdict, "_OWN_DIRS", ("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/",
+                                               "/home/u/sglang/gemma4-mtp-matrix/tests/"))
+    assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/smoke.py") is None
+    assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/tests/tiers/test_smoke.py") is None
+    assert verdict._package_of("/home/u/sglang/python/sglang/srt/server_args.py") == "sglang"  # a real checkout
+    assert verdict._package_of("/x/lib/python3.11/site-packages/torch/nn/module.py") == "torch"
