@@ -363,14 +363,25 @@ def closest_passing(target: dict[str, str], candidates: dict[str, dict[str, str]
             "differences": [{"package": n, "this": target.get(n), "other": candidates[rid].get(n)} for n in diff]}
 
 
-def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[str, dict]) -> None:
-    freezes = {}
-    for rid in rows:
-        f = run_dir / rid / "freeze.txt"
-        freezes[rid] = parse_freeze(f.read_text()) if f.exists() else None
+def _freeze_of(row_dir: Path) -> dict[str, str] | None:
+    f = row_dir / "freeze.txt"
+    return parse_freeze(f.read_text()) if f.exists() else None
+
+
+def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[str, dict],
+                          baseline_dir: Path | None = None) -> None:
+    """Attach to every failing row the closest passing row: from this run, and, with a baseline, from the
+    baseline run too (an upgrade probe re-runs one row, so its nearest good neighbour is usually the baseline's)."""
+    freezes = {rid: _freeze_of(run_dir / rid) for rid in rows}
     passing = {rid: (freezes[rid] if freezes[rid] else _pins_of(rows[rid]))
                for rid, s in summaries.items() if s["verdict"] == "passed"}
     sglang_of = {rid: summaries[rid]["versions"].get("sglang") for rid in summaries}
+    if baseline_dir is not None:
+        for rid, rec in load_rows(baseline_dir).items():
+            if row_verdict(rec) == "passed":
+                key = f"{rid} @ {Path(baseline_dir).name}"
+                passing[key] = _freeze_of(Path(baseline_dir) / rid) or _pins_of(rec)
+                sglang_of[key] = (rec.get("versions") or {}).get("sglang")
     for rid, s in summaries.items():
         if s["verdict"] not in BAD:
             continue
@@ -521,7 +532,7 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     if not rows:
         raise ReportError(f"run {run_dir.name!r} ({run_dir}) has no rows (no */row.json)")
     summaries = {rid: _row_summary(run_dir, rid, rec, out_dir) for rid, rec in rows.items()}
-    _closest_passing_rows(run_dir, rows, summaries)
+    _closest_passing_rows(run_dir, rows, summaries, baseline_dir)
     counts = {v: 0 for v in VERDICTS}
     for s in summaries.values():
         counts[s["verdict"]] = counts.get(s["verdict"], 0) + 1
