@@ -1,0 +1,89 @@
+"""smoke.py's pure parts: graph-capture log lines (as sglang 0.5.13 / 0.5.17 printed them on an H200), prompts,
+the constructed-pair rule, accept length from meta_info, and the near-tie judgement of divergences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix import settings, smoke
+
+# Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
+LOG_0513 = """\
+[2026-11-30 06:23:21] Capture cuda graph end. Time elapsed: 6.54 s. mem usage=0.04 GB. avail mem=138.96 GB.
+[2026-11-30 06:23:25] Capture Frozen-KV MTP draft cuda graph end.
+"""
+LOG_0517 = """\
+[2026-11-30 06:08:05] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=6, bs=[1, 2]
+[2026-11-30 06:08:06] Capture target verify CUDA graph end. elapsed=1.44 s, mem usage=0.04 GB, avail mem=137.45 GB.
+[2026-11-30 06:08:06] Capture Frozen-KV MTP draft cuda graph begin.
+[2026-11-30 06:08:10] Capture Frozen-KV MTP draft cuda graph end.
+"""
+NO_DRAFT = "[2026-11-30 06:05:57] Capture target decode CUDA graph end. elapsed=73.26 s, mem usage=0.04 GB\n"
+
+
+@pytest.mark.parametrize("log,target,draft", [(LOG_0513, 1, 1), (LOG_0517, 1, 1), (NO_DRAFT, 1, 0), ("", 0, 0)])
+def test_graph_capture_lines(log, target, draft):
+    assert len(smoke.TARGET_GRAPH_RE.findall(log)) == target
+    assert len(smoke.DRAFT_GRAPH_RE.findall(log)) == draft
+
+
+def test_draft_line_never_counts_as_target():
+    assert not smoke.TARGET_GRAPH_RE.search("Capture Frozen-KV MTP draft cuda graph end.")
+    assert not smoke.TARGET_GRAPH_RE.search("Capture draft cuda graph end. Time elapsed: 1 s")
+    assert not smoke.TARGET_GRAPH_RE.search("Capture target verify CUDA graph begin.")
+
+
+def test_id_prompts_stay_clear_of_specials_and_wrap():
+    prompts = smoke.id_prompts(512)
+    assert len(prompts) == smoke.N_ID_PROMPTS and all(len(p) == smoke.PROMPT_LEN for p in prompts)
+    assert len({tuple(p) for p in prompts}) == len(prompts)
+    for p in prompts:
+        assert min(p) >= 16
+        assert max(smoke.expected_constructed(p)) < 512  # the +1 rule never wraps to the low special ids
+
+
+def test_expected_constructed_is_next_plus_one():
+    assert smoke.expected_constructed([20, 30, 40], 4) == [41, 42, 43, 44]
+
+
+def test_accept_length_from_meta():
+    metas = [{"completion_tokens": 32, "spec_verify_ct": 6}, {"completion_tokens": 32, "spec_verify_ct": 6}]
+    assert smoke.accept_length_from_meta(metas) == pytest.approx(5.333, abs=1e-3)
+    assert smoke.accept_length_from_meta([{"completion_tokens": 32}]) is None  # no spec decoding ran
+
+
+def _run(outputs, top=None):
+    run = smoke.SmokeRun(spec=smoke.SMOKE_SERVERS[0], log_path=Path("x.log"))
+    run.id_outputs = outputs
+    run.id_top_logprobs = top or []
+    return run
+
+
+def test_divergences_judged_on_reference_logprobs():
+    ref = _run([[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+               top=[[[(-0.1, 1)], [(-0.1, 2)], [(-0.1, 3)]],
+                    [[(-0.1, 4)], [(-0.50, 5), (-0.5039, 50)], [(-0.1, 6)]],  # near-tie at position 1
+                    [[(-0.1, 7)], [(-0.1, 8), (-2.0, 80)], [(-0.1, 9)]]])  # clear winner at position 1
+    mtp = _run([[1, 2, 3], [4, 50, 51], [7, 80, 81]])
+    divs = smoke.divergences(ref, mtp)
+    assert [(d.sequence, d.position, d.reference_token, d.mtp_token) for d in divs] == [(1, 1, 5, 50), (2, 1, 8, 80)]
+    assert divs[0].near_tie and divs[0].gap_nats == pytest.approx(0.0039)
+    assert not divs[1].near_tie and divs[1].gap_nats == pytest.approx(1.9)
+
+
+def test_divergence_outside_reference_top_k_is_never_a_near_tie():
+    ref = _run([[1, 2]], top=[[[(-0.1, 1)], [(-0.1, 2), (-0.2, 3)]]])
+    (d,) = smoke.divergences(ref, _run([[1, 9]]))
+    assert d.gap_nats is None and not d.near_tie
+
+
+def test_server_args_for_specs():
+    nomtp, dummy = smoke.SMOKE_SERVERS[0], smoke.SMOKE_SERVERS[1]
+    args = smoke.server_args_for(nomtp, Path("/t"), Path("/a"), tp=1)
+    assert "--speculative-algorithm" not in args and "--load-format" not in args
+    args = smoke.server_args_for(dummy, Path("/t"), Path("/a"), tp=2)
+    assert args[args.index("--load-format") + 1] == "dummy" and args[args.index("--tp-size") + 1] == "2"
+    assert args[args.index("--speculative-num-draft-tokens") + 1] == str(settings.DRAFT_TOKENS[dummy.topk])
+    assert "--decode-log-interval" in args  # server-side accept length needs it (see settings.SMOKE_ARGS)
