@@ -23,7 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.rows import Row, RowError, parse_override
-from mtpmatrix.store import TIERS, TIERS_FILE, RunStore, new_run_id, read_json, row_verdict
+from mtpmatrix.store import TIERS, TIERS_FILE, RunStore, new_run_id, parse_freeze, read_json, row_verdict
 from mtpmatrix.verdict import classify_install
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,13 +262,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
 
 def _versions_from_freeze(freeze: str) -> dict[str, str]:
     wanted = {*environment.WATCHED, "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"}
-    out = {}
-    for line in freeze.splitlines():
-        if "==" in line:
-            name, ver = line.strip().split("==", 1)
-            if canonicalize_name(name) in wanted:
-                out[canonicalize_name(name)] = ver
-    return out
+    return {name: ver for name, ver in parse_freeze(freeze).items() if name in wanted}
 
 
 def _finish(store: RunStore, row: Row, record: dict) -> dict:

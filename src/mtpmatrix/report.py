@@ -28,7 +28,7 @@ from pathlib import Path
 
 from mtpmatrix import stats
 from mtpmatrix.store import (TIERS, VERDICTS, atomic_write_json, atomic_write_text, is_matrix_run, latest_run_id,
-                             read_json, row_verdict)
+                             parse_freeze, read_json, row_verdict)
 
 REPORT_DIR = "report"
 LOG_FILES = ("install.log", "pytest.log", "freeze.txt", "check.txt", "junit.xml")
@@ -44,7 +44,6 @@ ACCEPT_KEYS = ("avg_spec_accept_length", "spec_accept_length", "accept_length")
 SPEEDUP_KEYS = ("speedup", "throughput_speedup", "latency_speedup")
 CI_PAIR_KEYS = ("score_ci", "wilson95", "ci95")
 COUNT_KEYS = ("num_questions", "n", "num_examples", "total", "questions")
-SELF_PACKAGES = {"gemma4-mtp-matrix", "mtpmatrix"}
 ALPHA = 0.05
 
 
@@ -80,25 +79,6 @@ def resolve_run(results: Path, run_id: str | None) -> Path:
     if not any(run_dir.glob("*/row.json")):
         raise ReportError(f"run {run_id!r} ({run_dir}) has no rows (no */row.json)")
     return run_dir
-
-
-def parse_freeze(text: str) -> dict[str, str]:
-    """``name==version`` / ``name @ url`` lines as {canonical name: version or url}."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", "-e ")):
-            continue
-        if "==" in line:
-            name, ver = line.split("==", 1)
-        elif " @ " in line:
-            name, ver = line.split(" @ ", 1)
-        else:
-            continue
-        name = re.sub(r"[-_.]+", "-", name.strip()).lower()
-        if name not in SELF_PACKAGES:
-            out[name] = ver.strip()
-    return out
 
 
 def _pins_of(record: dict) -> dict[str, str]:

@@ -12,6 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 SCHEMA = 1
 ROW_FILE = "row.json"
 TIERS_FILE = "tiers.json"
@@ -87,6 +89,28 @@ def latest_run_id(results: Path) -> str | None:
     runs = [(max(f.stat().st_mtime for f in p.glob(f"*/{ROW_FILE}")), p.name)
             for p in results.iterdir() if is_matrix_run(p)]
     return max(runs)[1] if runs else None
+
+
+SELF_PACKAGES = {"gemma4-mtp-matrix", "mtpmatrix"}  # this project, installed into every row: never a difference
+
+
+def parse_freeze(text: str) -> dict[str, str]:
+    """``name==version`` / ``name @ url`` lines as {canonical name: version or url}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "-e ")):
+            continue
+        if "==" in line:
+            name, ver = line.split("==", 1)
+        elif " @ " in line:
+            name, ver = line.split(" @ ", 1)
+        else:
+            continue
+        name = canonicalize_name(name.strip())
+        if name not in SELF_PACKAGES:
+            out[name] = ver.strip()
+    return out
 
 
 class RunStore:
