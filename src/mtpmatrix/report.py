@@ -26,7 +26,10 @@ import re
 import sys
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from mtpmatrix import stats
+from mtpmatrix.rows import RowError, parse_override
 from mtpmatrix.store import (TIERS, VERDICTS, atomic_write_json, atomic_write_text, is_matrix_run, latest_run_id,
                              parse_freeze, read_json, row_verdict)
 
@@ -83,11 +86,15 @@ def resolve_run(results: Path, run_id: str | None) -> Path:
 
 def _pins_of(record: dict) -> dict[str, str]:
     """What a row asked for (its pins with --with overrides applied): the fallback when no freeze.txt exists."""
-    pins = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in (record.get("row") or {}).get("pins", {}).items()}
+    pins = {canonicalize_name(k): v for k, v in (record.get("row") or {}).get("pins", {}).items()}
     for spec in record.get("overrides") or []:
-        m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*===?\s*([^\s,;]+)\s*$", spec)
-        if m:
-            pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+        try:
+            req = parse_override(spec)
+        except RowError:
+            continue
+        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(exact) == 1 and len(req.specifier) == 1:  # only an exact override names a version
+            pins[canonicalize_name(req.name)] = exact[0]
     return pins
 
 
