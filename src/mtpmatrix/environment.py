@@ -11,6 +11,8 @@ import importlib.metadata as md
 import importlib.util
 import os
 import platform
+import shutil
+import subprocess
 
 from packaging.version import Version
 
@@ -51,6 +53,40 @@ def gpu_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken CUDA install means: no usable GPU here
         return 0
+
+
+def gpu_free_mib(env: dict | None = None) -> int | None:
+    """Least free memory (MiB) among the GPUs this process may use, per nvidia-smi; None when unknown.
+
+    Honours a numeric CUDA_VISIBLE_DEVICES (nvidia-smi itself ignores it); with UUIDs or MIG names it is unknown.
+    """
+    env = os.environ if env is None else env
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return least_free_mib(out.stdout, env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def least_free_mib(smi_csv: str, visible: str | None) -> int | None:
+    """The smallest memory.free of ``index, memory.free`` CSV rows, restricted to ``visible`` device indexes."""
+    free = {}
+    for line in smi_csv.splitlines():
+        parts = [t.strip() for t in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            free[int(parts[0])] = int(parts[1])
+    if visible is not None and visible.strip():
+        wanted = [t.strip() for t in visible.split(",")]
+        if not all(t.isdigit() for t in wanted):
+            return None
+        free = {i: m for i, m in free.items() if str(i) in wanted}
+    return min(free.values()) if free else None
 
 
 def sglang_missing() -> str | None:

@@ -109,6 +109,8 @@ def replay_run(run, record_property):
         record_property("server_log", str(run.log_path))
     if getattr(run, "launch_seconds", None) is not None:
         record_property("launch_seconds", run.launch_seconds)
+    if getattr(run, "first_attempt_error", None):  # failed beside other servers, then relaunched alone
+        record_property("first_attempt_error", run.first_attempt_error)
     if getattr(run, "error", None) is not None:
         raise run.error
     return run

@@ -20,6 +20,7 @@ import functools
 import http.client
 import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -45,10 +46,32 @@ REDACTED = "***"
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on ``host`` (the kernel picks it)."""
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux default 32768-60999)."""
+    try:
+        lo, hi = (int(t) for t in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A currently free TCP port on ``host`` for a server to listen on.
+
+    Picked at random *below* the ephemeral range. A kernel-assigned (bind to 0) port comes from that range, and so
+    do sglang's own helper ports (0.5.17 takes its NCCL port with bind to 0) and every outgoing connection's: with
+    five TP2 servers launching side by side on 2x H200, a neighbour took a server's port between pick and launch.
+    """
+    rng = rng or random.Random()
+    lo = 20000
+    hi = min(ephemeral_port_range()[0], 65536) - 1001  # older sglang derive helper ports up to +1000 above the server's
+    if hi > lo:
+        for _ in range(64):
+            port = rng.randrange(lo, hi)
+            if port_is_free(host, port):
+                return port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    with socket.socket(family, socket.SOCK_STREAM) as s:  # fallback: let the kernel pick
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -177,19 +200,31 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def gpu_pids() -> set[int] | None:
-    """Pids holding a CUDA context (nvidia-smi --query-compute-apps); None when nvidia-smi is absent/fails."""
+def gpu_memory_by_pid() -> dict[int, int] | None:
+    """MiB of GPU memory per pid with a CUDA context (summed over GPUs); None without a working nvidia-smi."""
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
     try:
-        out = subprocess.run([smi, "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
         return None
-    return {int(t) for t in out.stdout.split() if t.strip().isdigit()}
+    held: dict[int, int] = {}
+    for line in out.stdout.splitlines():
+        parts = [t.strip() for t in line.split(",")]
+        if parts and parts[0].isdigit():  # used_memory may read "[N/A]": the pid still holds a context
+            mib = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+            held[int(parts[0])] = held.get(int(parts[0]), 0) + mib
+    return held
+
+
+def gpu_pids() -> set[int] | None:
+    """Pids holding a CUDA context; None when nvidia-smi is absent/fails."""
+    held = gpu_memory_by_pid()
+    return None if held is None else set(held)
 
 
 # --- the server -------------------------------------------------------------------------------------------------
@@ -208,6 +243,7 @@ class SglangServer:
         self.python = python
         self.log_path = Path(log_path)
         self.host = host
+        self._auto_port = port is None
         self.port = port if port is not None else free_port(host)
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
@@ -245,7 +281,8 @@ class SglangServer:
 
     # -- lifecycle
     def __enter__(self) -> "SglangServer":
-        self.start()
+        if self.proc is None:
+            self.start()
         try:
             self.wait_ready()
         except BaseException:
@@ -259,6 +296,8 @@ class SglangServer:
     def start(self) -> "SglangServer":
         if self.proc is not None:
             raise RuntimeError("server already started")
+        if self._auto_port and not port_is_free(self.host, self.port):
+            self.port = free_port(self.host)  # taken since __init__ picked it: pick again rather than fail
         if not port_is_free(self.host, self.port):
             raise RuntimeError(f"port {self.port} on {self.host} is already in use (a leftover server?)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -336,6 +375,17 @@ class SglangServer:
             except (OSError, http.client.HTTPException) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    def gpu_memory_mib(self) -> int | None:
+        """GPU memory held by this server's process group (all TP ranks), in MiB; None when nvidia-smi cannot tell
+        (absent, or a container whose PID namespace hides the pids)."""
+        if self.proc is None:
+            return None
+        held = gpu_memory_by_pid()
+        members = set(_group_members(self.proc.pid))
+        self._pids_seen |= members
+        mine = [mib for pid, mib in (held or {}).items() if pid in members]
+        return sum(mine) if mine else None
 
     def check_alive(self, what: str = "serving") -> None:
         """CheckFailure("crash") with the log tail when the server process has exited."""

@@ -37,7 +37,6 @@ import importlib.util
 import inspect
 import io
 import logging
-import os
 import socket
 import time
 from dataclasses import dataclass, field

@@ -1,9 +1,12 @@
 """GPU smoke tier: live sglang servers with Frozen-KV MTP on tiny Gemma 4 pairs.
 
-One collection pass launches each server in turn (no-MTP reference, MTP topk 1 and 3, dummy and safetensors
-weights), sends the same greedy requests through the GSM8K tier's client (text in/out and token ids), reads
-/server_info and the server log, and stops it; the tests then assert on what was collected. Servers run one at a
-time so the tier's memory use never depends on what else is on the GPU.
+One collection pass launches every server (no-MTP reference, MTP topk 1 and 3, dummy and safetensors weights),
+sends the same greedy requests through the GSM8K tier's client (text in/out and token ids), reads /server_info and
+the server log, and stops it; the tests then assert on what was collected.
+
+Servers launch side by side when the GPU has room (``launch_parallelism``): a launch is mostly CPU-bound Triton
+compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200. A server that fails
+while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict.
 
 Two pairs, built on the fly by mtpmatrix.tiny:
 - *random*: saved random weights (accept length ~1.0; bf16 near-ties may flip a few greedy tokens);
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +42,13 @@ CONSTRUCTED_MIN_ACCEPT = {1: 5.0, 3: 4.0}
 # The check therefore looks at the first token where a sequence diverges: the no-MTP server's own top-2 logprobs
 # there must show a near-tie between the two tokens. Any other divergence is a real mismatch.
 NEAR_TIE_NATS = 0.05
-TOP_LOGPROBS = 2
+# Enough of the no-MTP ranking to place the MTP token at a divergence (its rank and gap) even when it is not 2nd.
+TOP_LOGPROBS = 10
+# sglang sizes its static pool as mem_fraction_static x the GPU memory free *when it starts*, then checks that what
+# is still free after loading covers the rest; memory other servers take meanwhile counts against that margin.
+# With SMOKE_ARGS' 0.12 the margin is 12% of free memory, and a smoke server on a tiny pair holds a few GiB, so one
+# extra concurrent server per MIB_PER_EXTRA_SERVER of free memory keeps every launch inside its margin.
+MIB_PER_EXTRA_SERVER = 25 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,8 @@ class SmokeRun:
     id_top_logprobs: list[list] = field(default_factory=list)  # no-MTP only: per position [(logprob, id), ...]
     text_outputs: list[str] = field(default_factory=list)
     request_seconds: float | None = None
+    gpu_memory_mib: int | None = None  # what the server's processes held on the GPU once ready (nvidia-smi)
+    first_attempt_error: str | None = None  # set when a side-by-side launch failed and this run is the relaunch
     log_text: str = ""
 
 
@@ -90,55 +103,145 @@ def sampling_params() -> dict:
     return {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
 
 
-def server_args_for(spec: SmokeServerSpec, target: Path, assistant: Path, tp: int) -> list[str]:
+def server_args_for(spec: SmokeServerSpec, target: Path, assistant: Path, tp: int,
+                    extra_args: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """sglang arguments of one smoke server; ``extra_args`` (MTPMATRIX_SMOKE_EXTRA_ARGS) go last, so they win."""
     extra = ["--load-format", spec.load_format] if spec.load_format != "auto" else []
     return settings.server_args(target, assistant=assistant if spec.topk else None, topk=spec.topk, tp=tp,
-                                base=settings.SMOKE_ARGS, extra=extra)
+                                base=settings.SMOKE_ARGS, extra=[*extra, *extra_args])
+
+
+@dataclass(frozen=True)
+class SmokeJob:
+    """One server to collect: its spec, the pair folders it serves and the target's vocabulary size."""
+    spec: SmokeServerSpec
+    target: Path
+    assistant: Path
+    vocab_size: int
+
+
+def launch_parallelism(n_servers: int, free_mib: int | None, requested: str | None = None) -> int:
+    """How many smoke servers to launch side by side.
+
+    ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise 1 + one per MIB_PER_EXTRA_SERVER of the
+    least free memory among the visible GPUs (5 on a free H200, 1 on a 24 GiB card), never more than there are
+    servers, and 1 when free memory is unknown.
+    """
+    if requested:
+        try:
+            n = int(requested)
+        except ValueError:
+            raise ValueError(f"MTPMATRIX_SMOKE_PARALLEL must be a whole number >= 1, got {requested!r}") from None
+        if n < 1:
+            raise ValueError(f"MTPMATRIX_SMOKE_PARALLEL must be a whole number >= 1, got {requested!r}")
+        return min(n, max(1, n_servers))
+    if free_mib is None:
+        return 1
+    return max(1, min(n_servers, 1 + free_mib // MIB_PER_EXTRA_SERVER))
+
+
+def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: int = 1,
+                python: str = sys.executable, ready_timeout: float = 420.0, extra_args: tuple[str, ...] = (),
+                launcher: list[str] | None = None) -> dict[str, SmokeRun]:
+    """Collect every job, ``parallel`` servers at a time; relaunch alone any that failed beside others.
+
+    Ctrl-C (or the SIGINT of tools/gpu_box.sh's timeout) stops every running server's process group before it
+    propagates. Returns runs by server name, in job order.
+    """
+    started: list = []  # every SglangServer launched, so an interrupt can stop them all
+    lock = threading.Lock()
+    interrupted = threading.Event()
+
+    def remember(server) -> None:
+        # Under the lock: either the interrupt handler sees this server, or this server sees the interrupt.
+        with lock:
+            started.append(server)
+            if interrupted.is_set():
+                raise RuntimeError("smoke collection interrupted")
+
+    def one(job: SmokeJob, log_name: str) -> SmokeRun:
+        return collect(job.spec, job.target, job.assistant, vocab_size=job.vocab_size, log_dir=log_dir, tp=tp,
+                       python=python, ready_timeout=ready_timeout, extra_args=extra_args, launcher=launcher,
+                       log_name=log_name, on_start=remember)
+
+    runs: dict[str, SmokeRun] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="smoke")
+    try:
+        futures = {job.spec.name: pool.submit(one, job, f"server-{job.spec.name}.log") for job in jobs}
+        for name, fut in futures.items():
+            runs[name] = fut.result()
+        pool.shutdown(wait=True)
+        if parallel > 1:
+            for job in jobs:
+                first = runs[job.spec.name]
+                if first.error is None:
+                    continue
+                again = one(job, f"server-{job.spec.name}-alone.log")
+                again.first_attempt_error = f"{type(first.error).__name__}: {str(first.error).splitlines()[0]}"[:300]
+                runs[job.spec.name] = again
+    except BaseException:
+        interrupted.set()
+        with lock:
+            servers = list(started)
+        for srv in servers:
+            srv.stop(timeout=20)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    return runs
 
 
 def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size: int, log_dir: Path,
-            tp: int = 1, python: str = sys.executable, ready_timeout: float = 420.0) -> SmokeRun:
-    """Launch one server, exercise it, stop it. Never raises: a failure is kept in ``run.error``."""
+            tp: int = 1, python: str = sys.executable, ready_timeout: float = 420.0, extra_args: tuple[str, ...] = (),
+            launcher: list[str] | None = None, log_name: str | None = None, on_start=None) -> SmokeRun:
+    """Launch one server, exercise it, stop it. Never raises: a failure is kept in ``run.error``.
+
+    ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests only); ``on_start(server)`` is called
+    once the process exists, before waiting for it.
+    """
     from mtpmatrix import client
     from mtpmatrix.server import SglangServer
 
-    run = SmokeRun(spec=spec, log_path=Path(log_dir) / f"server-{spec.name}.log", vocab_size=vocab_size)
-    server = SglangServer(server_args_for(spec, target, assistant, tp), python=python, log_path=run.log_path,
-                          ready_timeout=ready_timeout)
+    run = SmokeRun(spec=spec, log_path=Path(log_dir) / (log_name or f"server-{spec.name}.log"), vocab_size=vocab_size)
+    server = SglangServer(server_args_for(spec, target, assistant, tp, extra_args), python=python, log_path=run.log_path,
+                          ready_timeout=ready_timeout, launcher=launcher, name=spec.name)
     t0 = time.monotonic()
     try:
-        with server:
-            server.wait_ready()
-            run.launch_seconds = round(time.monotonic() - t0, 1)
-            run.server_info_before = server.server_info()
-            t1 = time.monotonic()
-            # The no-MTP reference also returns its top-2 logprobs, to tell near-ties from real divergences.
-            logprob_args = {} if spec.topk else {"return_logprob": True, "top_logprobs_num": TOP_LOGPROBS}
-            reqs = [{"input_ids": p, "sampling_params": sampling_params(), **logprob_args}
-                    for p in id_prompts(vocab_size)]
-            reqs += [{"text": t, "sampling_params": sampling_params()} for t in TEXT_PROMPTS]
-            results = client.run_batch(server.base_url, reqs, parallel=len(reqs))
-            run.request_seconds = round(time.monotonic() - t1, 2)
-            errors = [r.error for r in results if r.error]
-            if errors:
-                from mtpmatrix.verdict import CheckFailure
+        server.start()
+        if on_start is not None:
+            on_start(server)
+        server.wait_ready()
+        run.launch_seconds = round(time.monotonic() - t0, 1)
+        run.gpu_memory_mib = server.gpu_memory_mib()
+        run.server_info_before = server.server_info()
+        t1 = time.monotonic()
+        # The no-MTP reference also returns its top-2 logprobs, to tell near-ties from real divergences.
+        logprob_args = {} if spec.topk else {"return_logprob": True, "top_logprobs_num": TOP_LOGPROBS}
+        reqs = [{"input_ids": p, "sampling_params": sampling_params(), **logprob_args}
+                for p in id_prompts(vocab_size)]
+        reqs += [{"text": t, "sampling_params": sampling_params()} for t in TEXT_PROMPTS]
+        results = client.run_batch(server.base_url, reqs, parallel=len(reqs))
+        run.request_seconds = round(time.monotonic() - t1, 2)
+        errors = [r.error for r in results if r.error]
+        if errors:
+            from mtpmatrix.verdict import CheckFailure
 
-                raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
-            n_ids = len(reqs) - len(TEXT_PROMPTS)
-            for r in results[:n_ids]:
-                run.id_outputs.append(list(r.response.get("output_ids") or []))
-                meta = r.response.get("meta_info", {})
-                run.id_meta.append(meta)
-                if not spec.topk:
-                    run.id_top_logprobs.append([[(e[0], e[1]) for e in pos] for pos in
-                                                meta.get("output_top_logprobs") or []])
-            run.text_outputs = [r.response.get("text", "") for r in results[n_ids:]]
-            run.server_info_after = server.server_info()
-    except KeyboardInterrupt:  # Ctrl-C stops the tier, not just this server (the caller launches the next)
+            raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
+        n_ids = len(reqs) - len(TEXT_PROMPTS)
+        for r in results[:n_ids]:
+            run.id_outputs.append(list(r.response.get("output_ids") or []))
+            meta = r.response.get("meta_info", {})
+            run.id_meta.append(meta)
+            if not spec.topk:
+                run.id_top_logprobs.append([[(e[0], e[1]) for e in pos] for pos in
+                                            meta.get("output_top_logprobs") or []])
+        run.text_outputs = [r.response.get("text", "") for r in results[n_ids:]]
+        run.server_info_after = server.server_info()
+    except KeyboardInterrupt:  # Ctrl-C stops the tier, not just this server
         raise
     except BaseException as exc:  # kept for the tests, which re-raise it with its classification
         run.error = exc
     finally:
+        server.stop()  # the whole process group, also when start() or on_start() raised
         run.log_text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
     return run
 
@@ -157,6 +260,7 @@ class Divergence:
     reference_token: int
     mtp_token: int
     gap_nats: float | None  # reference logprob(reference token) - logprob(mtp token); None: mtp token not in top-k
+    mtp_rank: int | None = None  # 1-based rank of the MTP token in the reference's top-k there; None: not in it
 
     @property
     def near_tie(self) -> bool:
@@ -170,8 +274,10 @@ def divergences(reference: SmokeRun, mtp: SmokeRun) -> list[Divergence]:
         pos = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
         if pos is None:
             continue
-        top = dict((tid, lp) for lp, tid in reference.id_top_logprobs[s][pos]) if s < len(
-            reference.id_top_logprobs) and pos < len(reference.id_top_logprobs[s]) else {}
+        ranked = (reference.id_top_logprobs[s][pos] if s < len(reference.id_top_logprobs)
+                  and pos < len(reference.id_top_logprobs[s]) else [])
+        top = {tid: lp for lp, tid in ranked}
         gap = top[ref[pos]] - top[got[pos]] if ref[pos] in top and got[pos] in top else None
-        out.append(Divergence(s, pos, ref[pos], got[pos], None if gap is None else round(gap, 5)))
+        rank = next((i + 1 for i, (_lp, tid) in enumerate(ranked) if tid == got[pos]), None)
+        out.append(Divergence(s, pos, ref[pos], got[pos], None if gap is None else round(gap, 5), rank))
     return out

@@ -27,6 +27,12 @@ in both configs; both sglang and transformers load bf16, and the reference tier 
 When the model classes are missing the folder still gets configs + tokenizer and the marker says
 ``"weights": false`` with the reason.
 
+In the MoE family every expert of a layer gets the same weights (the router still routes, and sglang's fused MoE
+kernels still run). A random router scores its experts within a hair of each other, so bf16 rounding that differs
+between a 12-token verify pass and a 1-token decode step flipped expert choices and moved the logits by up to 0.1
+nats (2x H200, TP 2, sglang 0.5.17), beyond the smoke tier's near-tie bar; with shared experts the output does not
+depend on which experts win, so MTP-vs-no-MTP divergences are bf16 near-ties again, as in the dense families.
+
 constructed=True builds a pair whose weights make both models compute "next token = current token + 1 (mod vocab)":
 
   * every layer adds nothing to the residual stream: attention o_proj, MLP down_proj, MoE experts' down_proj and
@@ -60,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
-CODE_VERSION = "tiny-v1"
+CODE_VERSION = "tiny-v2"  # v2: MoE experts share weights
 MARKER = ".mtpmatrix-tiny.json"
 DTYPE = "bfloat16"
 
@@ -394,6 +400,7 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
         if assistant.masked_embedding is not None:  # HF init zeroes it: a real permutation, as in checkpoints
             perm = torch.randperm(VOCAB, generator=gen)
             assistant.masked_embedding.token_ordering.copy_(perm)
+        _share_expert_weights(target.model.language_model)
         if constructed:
             _make_plus_one(target, assistant, a_cfg, gen)
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)
@@ -408,6 +415,15 @@ def _config_kwargs(cfg: dict) -> dict:
         if isinstance(out.get(sub), dict):
             out[sub] = {k: v for k, v in out[sub].items() if k not in ("model_type", "dtype")}
     return out
+
+
+def _share_expert_weights(text_model) -> None:
+    """Every MoE expert of a layer computes what expert 0 computes (routing then cannot change the output)."""
+    for layer in text_model.layers:
+        experts = getattr(layer, "experts", None)
+        if experts is not None:
+            experts.gate_up_proj.copy_(experts.gate_up_proj[:1].expand_as(experts.gate_up_proj))
+            experts.down_proj.copy_(experts.down_proj[:1].expand_as(experts.down_proj))
 
 
 def _zero_residual_writers(text_model) -> None:

@@ -287,3 +287,39 @@ def test_constructed_rule_and_acceptance(generations, record_property, name):
         raise CheckFailure("acceptance", f"{name}: constructed pair accepts too little: {acc} (bars: rate >= "
                                          f"{ACCEPT_RATE_MIN}, accept length >= {ACCEPT_LEN_MIN} of "
                                          f"{DRAFT_TOKENS + 1})")
+
+
+@pytest.mark.check("weights")
+def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
+    """The tiny MoE target's experts share weights (mtpmatrix.tiny), so its output must not change when the router
+    picks other experts: the smoke tier's MTP-vs-no-MTP comparison relies on that to tell bf16 near-ties from real
+    divergences. Re-randomises every router, compares fp32 logits, restores the router."""
+    torch = _torch()
+    target, _assistant, tokenizer = load_pair("moe-26b-a4b", False)
+    routers = [layer.router for layer in target.model.language_model.layers if getattr(layer, "router", None)]
+    if not routers:
+        raise CheckFailure("config", "moe-26b-a4b target has no MoE routers")
+    ids = tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    saved = [r.proj.weight.detach().clone() for r in routers]
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        before = target(ids).logits
+        chosen_before = [r(torch.randn(8, r.hidden_size, generator=gen))[2] for r in routers]
+        try:
+            for r in routers:
+                r.proj.weight.copy_(torch.randn(r.proj.weight.shape, generator=gen))
+            gen = torch.Generator().manual_seed(1)
+            chosen_after = [r(torch.randn(8, r.hidden_size, generator=gen))[2] for r in routers]
+            after = target(ids).logits
+        finally:
+            for r, w in zip(routers, saved):
+                r.proj.weight.copy_(w)
+    rerouted = sum(not torch.equal(a, b) for a, b in zip(chosen_before, chosen_after))
+    diff = float((before - after).abs().max())
+    record_property("routers_rerouted", f"{rerouted}/{len(routers)}")
+    record_property("max_logit_change", diff)
+    if not rerouted:
+        raise CheckFailure("harness", "re-randomised routers chose the same experts: the check proved nothing")
+    if diff > 1e-4:
+        raise CheckFailure("weights", f"moe-26b-a4b logits changed by {diff:.3g} when routing changed: its experts "
+                                      "do not share weights (rebuild the tiny pair: MTPMATRIX_TINY_DIR)")

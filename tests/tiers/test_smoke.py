@@ -1,7 +1,9 @@
 """Smoke tier: the live sglang MTP path on one GPU, tiny Gemma 4 pairs, no real weights.
 
 Env knobs: MTPMATRIX_SMOKE_PAIR (tiny pair family, default e-series), MTPMATRIX_SMOKE_TP (default 1),
-MTPMATRIX_SMOKE_SERVERS (comma-separated subset of smoke.SMOKE_SERVERS names),
+MTPMATRIX_SMOKE_SERVERS (comma-separated subset of smoke.SMOKE_SERVERS names), MTPMATRIX_SMOKE_PARALLEL
+(servers launched side by side; default from free GPU memory, see smoke.launch_parallelism),
+MTPMATRIX_SMOKE_EXTRA_ARGS (sglang arguments appended to every smoke server, e.g. "--enable-deterministic-inference"),
 MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the constructed target with the random pair's assistant,
 a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
 """
@@ -10,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 import pytest
 
 from mtpmatrix import settings, smoke
-from mtpmatrix.environment import gpu_missing
+from mtpmatrix.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.pytest_plugin import replay_run
 from mtpmatrix.verdict import CheckFailure
 
@@ -22,6 +25,7 @@ pytestmark = pytest.mark.smoke
 
 SMOKE_PAIR = os.environ.get("MTPMATRIX_SMOKE_PAIR", "e-series")
 SMOKE_TP = int(os.environ.get("MTPMATRIX_SMOKE_TP", "1"))
+SMOKE_EXTRA_ARGS = tuple(shlex.split(os.environ.get("MTPMATRIX_SMOKE_EXTRA_ARGS", "")))
 _selected = [s for s in os.environ.get("MTPMATRIX_SMOKE_SERVERS", "").split(",") if s]
 SPECS = [s for s in smoke.SMOKE_SERVERS if not _selected or s.name in _selected]
 MTP_SPECS = [s for s in SPECS if s.topk]
@@ -29,7 +33,7 @@ MTP_SPECS = [s for s in SPECS if s.topk]
 
 @pytest.fixture(scope="module")
 def smoke_runs(build_tiny_pair, tmp_path_factory, request):
-    """Launch every selected server once (in turn) and keep what each did."""
+    """Launch every selected server once (side by side where the GPU has room) and keep what each did."""
     why = gpu_missing(SMOKE_TP)
     if why:
         pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={SMOKE_TP})")
@@ -37,13 +41,13 @@ def smoke_runs(build_tiny_pair, tmp_path_factory, request):
     results = os.environ.get("MTPMATRIX_RESULTS")
     log_dir = (os.path.dirname(results) if results else None) or str(tmp_path_factory.mktemp("smoke-logs"))
     swap = os.environ.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1"
-    runs = {}
+    jobs = []
     for spec in SPECS:
         pair = pairs[spec.pair]
         assistant = pairs["random"].assistant if swap and spec.pair == "constructed" else pair.assistant
-        runs[spec.name] = smoke.collect(spec, pair.target, assistant, vocab_size=_vocab_size(pair.target),
-                                        log_dir=log_dir, tp=SMOKE_TP)
-    return runs
+        jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
+    parallel = smoke.launch_parallelism(len(jobs), gpu_free_mib(), os.environ.get("MTPMATRIX_SMOKE_PARALLEL"))
+    return smoke.collect_all(jobs, log_dir=log_dir, tp=SMOKE_TP, parallel=parallel, extra_args=SMOKE_EXTRA_ARGS)
 
 
 def _vocab_size(target_dir) -> int:
@@ -61,6 +65,7 @@ def test_server_serves(smoke_runs, name, record_property):
     """The server launches, answers text and token-id requests, and returns non-empty output."""
     run = _run(smoke_runs, name, record_property)
     record_property("request_seconds", run.request_seconds)
+    record_property("gpu_memory_mib", run.gpu_memory_mib)
     empty = [i for i, out in enumerate(run.id_outputs) if len(out) != smoke.MAX_NEW_TOKENS]
     if empty:
         raise CheckFailure("crash", f"{len(empty)} token-id requests returned != {smoke.MAX_NEW_TOKENS} tokens")
@@ -158,8 +163,10 @@ def test_random_pair_agrees_with_no_mtp(smoke_runs, name, record_property):
     record_property("identical_token_fraction", round(same_tokens / max(1, sum(len(a) for a, _ in pairs)), 3))
     record_property("near_tie_divergences", len(divs) - len(real))
     record_property("divergence_gaps_nats", [d.gap_nats for d in divs])
+    record_property("divergence_mtp_ranks", [d.mtp_rank for d in divs])
     if real:
         d = real[0]
         raise CheckFailure("mismatch", f"{len(real)}/{len(pairs)} sequences diverge from no-MTP beyond a near-tie; "
                                        f"first: seq {d.sequence} pos {d.position} no-MTP {d.reference_token} vs "
-                                       f"MTP {d.mtp_token}, logprob gap {d.gap_nats} (> {smoke.NEAR_TIE_NATS})")
+                                       f"MTP {d.mtp_token} (rank {d.mtp_rank or f'>{smoke.TOP_LOGPROBS}'} there), logprob gap "
+                                       f"{d.gap_nats} (> {smoke.NEAR_TIE_NATS})")

@@ -168,11 +168,20 @@ def main(argv=None) -> None:
     ap.add_argument("--grandchild", action="store_true", help="spawn a long-lived grandchild (same group)")
     ap.add_argument("--pidfile", default=None, help="write 'server_pid grandchild_pid' here")
     ap.add_argument("--ignore-sigterm", action="store_true")
+    ap.add_argument("--exit-once", default=None, help="if this file exists: delete it and exit 1 (one failure)")
     args, _unknown = ap.parse_known_args(argv)
     if args.ignore_sigterm:
         import signal
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.exit_once:
+        try:
+            os.unlink(args.exit_once)
+        except FileNotFoundError:
+            pass
+        else:
+            print("fake sglang: RuntimeError: injected launch failure (--exit-once)", flush=True)
+            sys.exit(1)
     child_pid = None
     if args.grandchild:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])

@@ -188,3 +188,26 @@ def test_redaction_keeps_token_count_options():
                                         "--api-key=***"]
     assert server.redact_env({"TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}) == {
         "TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}
+
+
+def test_free_port_avoids_the_ephemeral_range():
+    import random
+
+    lo, _hi = server.ephemeral_port_range()
+    rng = random.Random(7)
+    ports = {server.free_port(rng=rng) for _ in range(20)}
+    assert all(20000 <= p < lo - 1000 for p in ports), ports
+    assert len(ports) > 1  # random, so side-by-side launches do not race for one port
+
+
+def test_auto_port_taken_before_start_is_picked_again(tmp_path):
+    import socket
+
+    srv = _fake(tmp_path)
+    taken = srv.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with srv:
+            assert srv.port != taken
+            assert client.health(srv.base_url, timeout=5)

@@ -71,12 +71,13 @@ def test_divergences_judged_on_reference_logprobs():
     assert [(d.sequence, d.position, d.reference_token, d.mtp_token) for d in divs] == [(1, 1, 5, 50), (2, 1, 8, 80)]
     assert divs[0].near_tie and divs[0].gap_nats == pytest.approx(0.0039)
     assert not divs[1].near_tie and divs[1].gap_nats == pytest.approx(1.9)
+    assert [d.mtp_rank for d in divs] == [2, 2]
 
 
 def test_divergence_outside_reference_top_k_is_never_a_near_tie():
     ref = _run([[1, 2]], top=[[[(-0.1, 1)], [(-0.1, 2), (-0.2, 3)]]])
     (d,) = smoke.divergences(ref, _run([[1, 9]]))
-    assert d.gap_nats is None and not d.near_tie
+    assert d.gap_nats is None and not d.near_tie and d.mtp_rank is None
 
 
 def test_server_args_for_specs():
@@ -87,3 +88,110 @@ def test_server_args_for_specs():
     assert args[args.index("--load-format") + 1] == "dummy" and args[args.index("--tp-size") + 1] == "2"
     assert args[args.index("--speculative-num-draft-tokens") + 1] == str(settings.DRAFT_TOKENS[dummy.topk])
     assert "--decode-log-interval" in args  # server-side accept length needs it (see settings.SMOKE_ARGS)
+    args = smoke.server_args_for(dummy, Path("/t"), Path("/a"), tp=1, extra_args=("--enable-deterministic-inference",))
+    assert args[-1] == "--enable-deterministic-inference"  # extras go last, so they override
+
+
+# --- side-by-side collection (against tests/unit/fake_sglang.py processes; lifecycle only, never tier evidence)
+FAKE = str(Path(__file__).with_name("fake_sglang.py"))
+
+
+def _jobs(tmp_path, n=3):
+    return [smoke.SmokeJob(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512)
+            for spec in smoke.SMOKE_SERVERS[:n]]
+
+
+@pytest.mark.parametrize("free_mib,want", [(None, 1), (0, 1), (20 * 1024, 1), (24 * 1024, 1), (48 * 1024, 2),
+                                           (80 * 1024, 4), (140 * 1024, 5), (10**7, 5)])
+def test_launch_parallelism_from_free_memory(free_mib, want):
+    assert smoke.launch_parallelism(5, free_mib) == want
+
+
+def test_launch_parallelism_requested_wins_and_is_checked():
+    assert smoke.launch_parallelism(5, 140 * 1024, "1") == 1
+    assert smoke.launch_parallelism(3, None, "8") == 3
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(ValueError, match="MTPMATRIX_SMOKE_PARALLEL"):
+            smoke.launch_parallelism(5, None, bad)
+
+
+def test_collect_all_side_by_side(tmp_path):
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3,
+                             launcher=[sys.executable, FAKE, "--startup-delay", "1.5"])
+    elapsed = time.monotonic() - t0
+    assert list(runs) == [s.name for s in smoke.SMOKE_SERVERS[:3]]  # job order, whatever finished first
+    for run in runs.values():
+        assert run.error is None, run.error
+        assert run.launch_seconds is not None and run.server_info_before is not None
+        assert len(run.id_outputs) == smoke.N_ID_PROMPTS and all(run.text_outputs)
+        assert run.first_attempt_error is None
+        assert "# command: " in run.log_text
+    # three 1.5 s launches side by side, not in turn (generous bound for a loaded 2-core CI box)
+    assert elapsed < 3 * 1.5 + 2.5
+
+
+def test_failure_beside_others_is_relaunched_alone(tmp_path):
+    import sys
+
+    flag = tmp_path / "fail-once"
+    flag.touch()
+    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3,
+                             launcher=[sys.executable, FAKE, "--exit-once", str(flag)])
+    relaunched = [r for r in runs.values() if r.first_attempt_error]
+    assert len(relaunched) == 1 and "exited with code 1" in relaunched[0].first_attempt_error
+    assert all(r.error is None for r in runs.values())
+    assert relaunched[0].log_path.name.endswith("-alone.log")
+    assert (tmp_path / relaunched[0].log_path.name.replace("-alone", "")).exists()  # first attempt's log is kept
+
+
+def test_failure_alone_is_not_retried(tmp_path):
+    import sys
+
+    flag = tmp_path / "fail-once"
+    flag.touch()
+    runs = smoke.collect_all(_jobs(tmp_path, 1), log_dir=tmp_path, parallel=1,
+                             launcher=[sys.executable, FAKE, "--exit-once", str(flag)])
+    (run,) = runs.values()
+    assert run.error is not None and run.first_attempt_error is None
+    assert "injected launch failure" in str(run.error)
+
+
+def test_interrupt_stops_every_server(tmp_path, monkeypatch):
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from mtpmatrix.server import SglangServer, _group_members
+
+    seen: list[SglangServer] = []
+    real_start = SglangServer.start
+
+    def start(self):
+        seen.append(self)
+        return real_start(self)
+
+    monkeypatch.setattr(SglangServer, "start", start)
+    # Python leaves SIGINT ignored when it started ignored (a background job of a non-interactive shell): make it
+    # raise KeyboardInterrupt here whatever launched the test run.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Servers never become ready; SIGINT the test process (as tools/gpu_box.sh's timeout does) once all three
+    # processes exist.
+    timer = threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3, ready_timeout=60,
+                              launcher=[sys.executable, FAKE, "--startup-delay", "120"])
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert len(seen) == 3
+    assert all(not _group_members(s.pid) for s in seen)
+    assert time.monotonic() - t0 < 30  # stopped at the interrupt, not at the 60 s ready timeout
