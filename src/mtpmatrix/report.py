@@ -237,6 +237,18 @@ def _metric_row(chk: dict, qrecords: dict[str, dict]) -> dict | None:
     return out
 
 
+def _relaunched(record: dict) -> list[dict]:
+    """Servers that failed while launched beside others and passed or failed again alone (one entry per log)."""
+    seen: dict[str, dict] = {}
+    for tier_name, tier in (record.get("tiers") or {}).items():
+        for chk in tier.get("checks") or []:
+            m = chk.get("metrics") or {}
+            if m.get("first_attempt_error"):
+                log = Path(str(m.get("server_log") or chk["id"])).name
+                seen.setdefault(log, {"tier": tier_name, "server_log": log, "error": m["first_attempt_error"]})
+    return list(seen.values())
+
+
 def _tier_summary(tier: dict) -> dict:
     checks = tier.get("checks") or []
     counts: dict[str, int] = {}
@@ -306,6 +318,7 @@ def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dic
     check = install.get("check") or {}
     return {
         "id": row_id,
+        "relaunched": _relaunched(record),
         "verdict": record.get("verdict") or row_verdict(record),
         "description": row.get("description", ""),
         "tags": row.get("tags", []),
@@ -672,6 +685,13 @@ def render_markdown(summary: dict) -> str:
             out.append(f"- {_skip_where(g, 'in')}: {_md_escape(g['reason'])}")
         out.append("")
 
+    relaunched = [(r["id"], x) for r in summary["rows"] for x in r.get("relaunched") or []]
+    if relaunched:
+        out.append("**Relaunched alone** (failed beside other servers; the verdict is from the relaunch)")
+        for rid, x in relaunched:
+            out.append(f"- {rid} · {x['tier']} · `{x['server_log']}`: {_md_escape(x['error'])}")
+        out.append("")
+
     failing = [r for r in summary["rows"] if r["verdict"] in BAD]
     if failing:
         out += ["## Failures", ""]
@@ -936,6 +956,14 @@ def render_html(summary: dict) -> str:
         h.append('<ul class="skips">')
         for g in summary["skips"]:
             h.append(f"<li><b>{_e(_skip_where(g, 'skipped in'))}</b>: {_e(g['reason'])}</li>")
+        h.append("</ul>")
+
+    relaunched = [(r["id"], x) for r in summary["rows"] for x in r.get("relaunched") or []]
+    if relaunched:
+        h.append("<p><b>Relaunched alone</b> (failed beside other servers; the verdict is from the relaunch)</p><ul>")
+        for rid, x in relaunched:
+            h.append(f'<li>{_e(rid)} · {_e(x["tier"])} · <code>{_e(x["server_log"])}</code>: '
+                     f'<span class="mono">{_e(x["error"])}</span></li>')
         h.append("</ul>")
 
     # failures

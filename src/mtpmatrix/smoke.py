@@ -171,13 +171,14 @@ def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: i
         for name, fut in futures.items():
             runs[name] = fut.result()
         pool.shutdown(wait=True)
-        if parallel > 1:
+        if parallel > 1 and len(jobs) > 1:
             for job in jobs:
                 first = runs[job.spec.name]
                 if first.error is None:
                     continue
                 again = one(job, f"server-{job.spec.name}-alone.log")
-                again.first_attempt_error = f"{type(first.error).__name__}: {str(first.error).splitlines()[0]}"[:300]
+                line = (str(first.error).splitlines() or [""])[0]
+                again.first_attempt_error = f"{type(first.error).__name__}: {line}"[:300]
                 runs[job.spec.name] = again
     except BaseException:
         interrupted.set()

@@ -272,3 +272,22 @@ def test_html_is_one_self_contained_page(results):
     # with a baseline, the same row from the baseline run is the nearest passing neighbour
     assert "Closest passing row: sglang-0.5.23 @ " in html
     assert "&lt;" not in s["run_id"]  # sanity: escaping applies to data, not ids
+
+
+def test_servers_relaunched_alone_are_listed_once_per_server(tmp_path):
+    run = tmp_path / "20260102-000000" / "sglang-0.5.17"
+    run.mkdir(parents=True)
+    err = "CheckFailure: random-nomtp server exited with code -9 before it was ready (70s after launch)"
+    m = {"server_log": "/box/out/work/server-random-nomtp-alone.log", "first_attempt_error": err}
+    checks = [{"id": f"tests/tiers/test_smoke.py::{name}[random-nomtp]", "tier": "smoke", "outcome": "passed",
+               "metrics": dict(m)} for name in ("test_server_serves", "test_spec_metrics")]
+    checks.append({"id": "tests/tiers/test_smoke.py::test_server_serves[random-mtp-topk3]", "tier": "smoke",
+                   "outcome": "passed", "metrics": {"server_log": "/box/out/work/server-random-mtp-topk3.log"}})
+    tiers = {"smoke": {"verdict": "passed", "checks": checks}}
+    (run / "row.json").write_text(json.dumps({"row": {"id": "sglang-0.5.17", "pins": {}}, "verdict": "passed",
+                                              "install": {"verdict": "passed"}, "tiers": tiers}))
+    s = report.build_summary(run.parent)
+    assert _row(s, "sglang-0.5.17")["relaunched"] == [
+        {"tier": "smoke", "server_log": "server-random-nomtp-alone.log", "error": err}]
+    assert "**Relaunched alone**" in report.render_markdown(s)
+    assert "server-random-nomtp-alone.log" in report.render_html(s)
