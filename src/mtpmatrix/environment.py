@@ -55,23 +55,26 @@ def gpu_count() -> int:
         return 0
 
 
+def nvidia_smi(*args: str) -> str | None:
+    """stdout of ``nvidia-smi ARGS`` (one place for the call); None when nvidia-smi is absent or fails."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def gpu_free_mib(env: dict | None = None) -> int | None:
     """Least free memory (MiB) among the GPUs this process may use, per nvidia-smi; None when unknown.
 
     Honours a numeric CUDA_VISIBLE_DEVICES (nvidia-smi itself ignores it); with UUIDs or MIG names it is unknown.
     """
     env = os.environ if env is None else env
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return least_free_mib(out.stdout, env.get("CUDA_VISIBLE_DEVICES"))
+    csv = nvidia_smi("--query-gpu=index,memory.free", "--format=csv,noheader,nounits")
+    return None if csv is None else least_free_mib(csv, env.get("CUDA_VISIBLE_DEVICES"))
 
 
 def least_free_mib(smi_csv: str, visible: str | None) -> int | None:

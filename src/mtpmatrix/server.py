@@ -9,7 +9,7 @@ group, stdout+stderr into one log file. ``wait_ready()`` polls /health_generate 
 ``stop()`` kills the whole process group (SIGTERM, grace, SIGKILL), waits until no member is left, the port is
 free and, where ``nvidia-smi`` exists, no GPU context of those pids is left.
 
-Stdlib only, and never imports sglang (the launching Python may be another venv's).
+Stdlib and this package only, and never imports sglang (the launching Python may be another venv's).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from mtpmatrix import client
+from mtpmatrix.environment import nvidia_smi
 from mtpmatrix.verdict import CheckFailure
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -202,18 +203,11 @@ def _group_members(pgid: int) -> list[int]:
 
 def gpu_memory_by_pid() -> dict[int, int] | None:
     """MiB of GPU memory per pid with a CUDA context (summed over GPUs); None without a working nvidia-smi."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
+    csv = nvidia_smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+    if csv is None:
         return None
     held: dict[int, int] = {}
-    for line in out.stdout.splitlines():
+    for line in csv.splitlines():
         parts = [t.strip() for t in line.split(",")]
         if parts and parts[0].isdigit():  # used_memory may read "[N/A]": the pid still holds a context
             mib = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0

@@ -211,3 +211,11 @@ def test_auto_port_taken_before_start_is_picked_again(tmp_path):
         with srv:
             assert srv.port != taken
             assert client.health(srv.base_url, timeout=5)
+
+
+def test_gpu_memory_by_pid_sums_gpus_and_keeps_unreadable_pids(monkeypatch):
+    monkeypatch.setattr(server, "nvidia_smi", lambda *a: "101, 3100\n102, 3100\n101, 3210\n103, [N/A]\n")
+    assert server.gpu_memory_by_pid() == {101: 6310, 102: 3100, 103: 0}
+    assert server.gpu_pids() == {101, 102, 103}  # a context with unreadable memory still counts for teardown
+    monkeypatch.setattr(server, "nvidia_smi", lambda *a: None)
+    assert server.gpu_memory_by_pid() is None and server.gpu_pids() is None
