@@ -56,6 +56,7 @@ def _run_matrix_row(session: nox.Session, row_id: str) -> None:
         if opts.resume and store.finished(row_id):
             session.skip(f"{row_id} already has a verdict in run {opts.run_id} (--resume)")
         matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
+        matrix.preflight_tier_env(opts.tiers)
         record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
     except RowError as exc:  # bad input, no uv: one line (run_row raises it before recording anything)
         session.error(str(exc))

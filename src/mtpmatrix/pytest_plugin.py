@@ -49,7 +49,13 @@ def _selected_tiers(config) -> list[str]:
 def pytest_configure(config):
     config.stash[_RECORDS_KEY] = []
     config.stash[_START_KEY] = time.monotonic()
-    _selected_tiers(config)
+    if "smoke" in _selected_tiers(config):
+        from mtpmatrix import smoke
+
+        try:  # a bad MTPMATRIX_SMOKE_* value: one line now, not a collection error after minutes of setup
+            smoke.smoke_options()
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,7 +16,9 @@ Two pairs, built on the fly by mtpmatrix.tiny:
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix import settings
+from mtpmatrix.tiny import PAIR_NAMES
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -66,6 +69,50 @@ SMOKE_SERVERS = (
     SmokeServerSpec("constructed-mtp-topk1", "constructed", 1),
     SmokeServerSpec("constructed-mtp-topk3", "constructed", 3),
 )
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    """The smoke tier's environment knobs, checked (see ``smoke_options``)."""
+    pair: str = "e-series"  # MTPMATRIX_SMOKE_PAIR: tiny pair family
+    tp: int = 1  # MTPMATRIX_SMOKE_TP
+    specs: tuple[SmokeServerSpec, ...] = SMOKE_SERVERS  # MTPMATRIX_SMOKE_SERVERS: subset, by name
+    parallel: int | None = None  # MTPMATRIX_SMOKE_PARALLEL; None = from free GPU memory
+    extra_args: tuple[str, ...] = ()  # MTPMATRIX_SMOKE_EXTRA_ARGS, split like a shell would
+    swap_drafters: bool = False  # MTPMATRIX_SMOKE_SWAP_DRAFTERS=1: fault injection (wrong drafter)
+
+
+def smoke_options(env: dict | None = None) -> SmokeOptions:
+    """The smoke knobs from ``env``; ValueError with one line naming the variable and what it accepts."""
+    env = os.environ if env is None else env
+    pair = env.get("MTPMATRIX_SMOKE_PAIR") or "e-series"
+    if pair not in PAIR_NAMES:
+        raise ValueError(f"MTPMATRIX_SMOKE_PAIR={pair!r} is not a tiny pair; known: {', '.join(PAIR_NAMES)}")
+    tp = _positive_int(env, "MTPMATRIX_SMOKE_TP") or 1
+    names = [n.strip() for n in (env.get("MTPMATRIX_SMOKE_SERVERS") or "").split(",") if n.strip()]
+    known = [s.name for s in SMOKE_SERVERS]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"MTPMATRIX_SMOKE_SERVERS: unknown server(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    specs = tuple(s for s in SMOKE_SERVERS if not names or s.name in names)
+    try:
+        extra = tuple(shlex.split(env.get("MTPMATRIX_SMOKE_EXTRA_ARGS") or ""))
+    except ValueError as exc:
+        raise ValueError(f"MTPMATRIX_SMOKE_EXTRA_ARGS does not split like shell words: {exc}") from None
+    owned = [a for a in extra if a.split("=", 1)[0] in ("--host", "--port", "--model-path", "--tp-size")]
+    if owned:
+        raise ValueError(f"MTPMATRIX_SMOKE_EXTRA_ARGS may not set {', '.join(owned)}: the tier sets those itself")
+    return SmokeOptions(pair=pair, tp=tp, specs=specs, parallel=_positive_int(env, "MTPMATRIX_SMOKE_PARALLEL"),
+                        extra_args=extra, swap_drafters=env.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1")
+
+
+def _positive_int(env: dict, name: str) -> int | None:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {raw!r}")
+    return int(raw)
 
 
 @dataclass
@@ -120,21 +167,15 @@ class SmokeJob:
     vocab_size: int
 
 
-def launch_parallelism(n_servers: int, free_mib: int | None, requested: str | None = None) -> int:
+def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | None = None) -> int:
     """How many smoke servers to launch side by side.
 
     ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise 1 + one per MIB_PER_EXTRA_SERVER of the
     least free memory among the visible GPUs (5 on a free H200, 1 on a 24 GiB card), never more than there are
     servers, and 1 when free memory is unknown.
     """
-    if requested:
-        try:
-            n = int(requested)
-        except ValueError:
-            raise ValueError(f"MTPMATRIX_SMOKE_PARALLEL must be a whole number >= 1, got {requested!r}") from None
-        if n < 1:
-            raise ValueError(f"MTPMATRIX_SMOKE_PARALLEL must be a whole number >= 1, got {requested!r}")
-        return min(n, max(1, n_servers))
+    if requested is not None:
+        return max(1, min(requested, n_servers))
     if free_mib is None:
         return 1
     return max(1, min(n_servers, 1 + free_mib // MIB_PER_EXTRA_SERVER))

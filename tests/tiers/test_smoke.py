@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 
 import pytest
 
@@ -23,31 +22,32 @@ from mtpmatrix.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
-SMOKE_PAIR = os.environ.get("MTPMATRIX_SMOKE_PAIR", "e-series")
-SMOKE_TP = int(os.environ.get("MTPMATRIX_SMOKE_TP", "1"))
-SMOKE_EXTRA_ARGS = tuple(shlex.split(os.environ.get("MTPMATRIX_SMOKE_EXTRA_ARGS", "")))
-_selected = [s for s in os.environ.get("MTPMATRIX_SMOKE_SERVERS", "").split(",") if s]
-SPECS = [s for s in smoke.SMOKE_SERVERS if not _selected or s.name in _selected]
+try:
+    OPTIONS = smoke.smoke_options()
+except ValueError:  # with the smoke tier selected the plugin has already stopped pytest with this one line;
+    OPTIONS = smoke.SmokeOptions()  # without it, a bad knob must not break collecting the other tiers
+SPECS = list(OPTIONS.specs)
 MTP_SPECS = [s for s in SPECS if s.topk]
 
 
 @pytest.fixture(scope="module")
 def smoke_runs(build_tiny_pair, tmp_path_factory, request):
     """Launch every selected server once (side by side where the GPU has room) and keep what each did."""
-    why = gpu_missing(SMOKE_TP)
+    why = gpu_missing(OPTIONS.tp)
     if why:
-        pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={SMOKE_TP})")
-    pairs = {"random": build_tiny_pair(SMOKE_PAIR), "constructed": build_tiny_pair(SMOKE_PAIR, constructed=True)}
+        pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={OPTIONS.tp})")
+    pairs = {"random": build_tiny_pair(OPTIONS.pair),
+             "constructed": build_tiny_pair(OPTIONS.pair, constructed=True)}
     results = os.environ.get("MTPMATRIX_RESULTS")
     log_dir = (os.path.dirname(results) if results else None) or str(tmp_path_factory.mktemp("smoke-logs"))
-    swap = os.environ.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1"
+    swap = OPTIONS.swap_drafters
     jobs = []
     for spec in SPECS:
         pair = pairs[spec.pair]
         assistant = pairs["random"].assistant if swap and spec.pair == "constructed" else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
-    parallel = smoke.launch_parallelism(len(jobs), gpu_free_mib(), os.environ.get("MTPMATRIX_SMOKE_PARALLEL"))
-    return smoke.collect_all(jobs, log_dir=log_dir, tp=SMOKE_TP, parallel=parallel, extra_args=SMOKE_EXTRA_ARGS)
+    parallel = smoke.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel)
+    return smoke.collect_all(jobs, log_dir=log_dir, tp=OPTIONS.tp, parallel=parallel, extra_args=OPTIONS.extra_args)
 
 
 def _vocab_size(target_dir) -> int:

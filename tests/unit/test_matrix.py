@@ -229,3 +229,11 @@ def test_with_a_prerelease_pin_asks_the_index_for_prereleases(monkeypatch):
     monkeypatch.setattr(matrix.index, "releases", releases)
     assert matrix.index.check_spec(Requirement("transformers==5.20.0rc1")) == [Version("5.20.0rc1")]
     assert matrix.index.check_spec(Requirement("transformers>=5.0")) == [Version("5.19.0")]
+
+
+def test_preflight_tier_env_checks_smoke_knobs_only_when_smoke_runs():
+    bad = {"MTPMATRIX_SMOKE_SERVERS": "random-nomtp,nope"}
+    with pytest.raises(RowError, match="MTPMATRIX_SMOKE_SERVERS: unknown server\\(s\\) nope"):
+        matrix.preflight_tier_env("contract,smoke", bad)
+    matrix.preflight_tier_env("contract,reference", bad)  # smoke not selected: nothing to check
+    matrix.preflight_tier_env("smoke", {})

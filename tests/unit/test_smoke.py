@@ -107,12 +107,53 @@ def test_launch_parallelism_from_free_memory(free_mib, want):
     assert smoke.launch_parallelism(5, free_mib) == want
 
 
-def test_launch_parallelism_requested_wins_and_is_checked():
-    assert smoke.launch_parallelism(5, 140 * 1024, "1") == 1
-    assert smoke.launch_parallelism(3, None, "8") == 3
-    for bad in ("0", "-2", "two"):
-        with pytest.raises(ValueError, match="MTPMATRIX_SMOKE_PARALLEL"):
-            smoke.launch_parallelism(5, None, bad)
+def test_launch_parallelism_requested_wins():
+    assert smoke.launch_parallelism(5, 140 * 1024, 1) == 1
+    assert smoke.launch_parallelism(3, None, 8) == 3
+
+
+def test_smoke_options_defaults_and_values():
+    assert smoke.smoke_options({}) == smoke.SmokeOptions()
+    opts = smoke.smoke_options({"MTPMATRIX_SMOKE_PAIR": "moe-26b-a4b", "MTPMATRIX_SMOKE_TP": "2",
+                                "MTPMATRIX_SMOKE_SERVERS": "random-nomtp, random-mtp-topk3",
+                                "MTPMATRIX_SMOKE_PARALLEL": "3",
+                                "MTPMATRIX_SMOKE_EXTRA_ARGS": "--enable-deterministic-inference --foo 'a b'",
+                                "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1"})
+    assert (opts.pair, opts.tp, opts.parallel, opts.swap_drafters) == ("moe-26b-a4b", 2, 3, True)
+    assert [s.name for s in opts.specs] == ["random-nomtp", "random-mtp-topk3"]  # spec order, not env order
+    assert opts.extra_args == ("--enable-deterministic-inference", "--foo", "a b")
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"MTPMATRIX_SMOKE_PAIR": "gemma-99b"}, "MTPMATRIX_SMOKE_PAIR='gemma-99b' is not a tiny pair; known: e-series"),
+    ({"MTPMATRIX_SMOKE_TP": "two"}, "MTPMATRIX_SMOKE_TP must be a whole number >= 1, got 'two'"),
+    ({"MTPMATRIX_SMOKE_TP": "0"}, "MTPMATRIX_SMOKE_TP must be a whole number"),
+    ({"MTPMATRIX_SMOKE_PARALLEL": "-2"}, "MTPMATRIX_SMOKE_PARALLEL must be a whole number"),
+    ({"MTPMATRIX_SMOKE_SERVERS": "random-nomtp,random-mtp-topk2"}, "unknown server\\(s\\) random-mtp-topk2; known:"),
+    ({"MTPMATRIX_SMOKE_EXTRA_ARGS": "--foo 'unclosed"}, "does not split like shell words"),
+    ({"MTPMATRIX_SMOKE_EXTRA_ARGS": "--port=1 --tp-size 4"}, "may not set --port=1, --tp-size"),
+])
+def test_smoke_options_reject_bad_values_in_one_line(env, match):
+    with pytest.raises(ValueError, match=match) as info:
+        smoke.smoke_options(env)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_smoke_knob_stops_pytest_before_collection(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "MTPMATRIX_SMOKE_PAIR": "gemma-99b", "PYTHONPATH": str(repo / "src")}
+    out = subprocess.run([sys.executable, "-m", "pytest", "tests/tiers/test_smoke.py", "--tiers", "smoke",
+                          "-p", "no:cacheprovider"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 4  # pytest's usage error
+    assert "MTPMATRIX_SMOKE_PAIR='gemma-99b' is not a tiny pair" in out.stderr
+    env_other = {**env, "MTPMATRIX_TIERS": "contract"}  # smoke not selected: the knob does not matter
+    out = subprocess.run([sys.executable, "-m", "pytest", "tests/tiers/test_smoke.py", "-q", "-p", "no:cacheprovider"],
+                         cwd=repo, env=env_other, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "skipped" in out.stdout, out.stdout + out.stderr
 
 
 def test_collect_all_side_by_side(tmp_path):
