@@ -194,6 +194,8 @@ def test_free_port_avoids_the_ephemeral_range():
     import random
 
     lo, _hi = server.ephemeral_port_range()
+    if lo - 1001 <= 20000:
+        pytest.skip(f"ephemeral range starts at {lo}: no room below it, free_port falls back to the kernel's pick")
     rng = random.Random(7)
     ports = {server.free_port(rng=rng) for _ in range(20)}
     assert all(20000 <= p < lo - 1000 for p in ports), ports
