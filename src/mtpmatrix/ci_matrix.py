@@ -3,11 +3,11 @@
     python -m mtpmatrix.ci_matrix [--tags a,b] [--tiers T,..] [--gpus N] [--max-gpus N] [--include-extra]
                                   [--from-json -|FILE] [--constraints DIR] [--github-output FILE]
 
-prints ``{"include": [{"session": "gemma4_mtp(sglang-0.5.17)", "row": "sglang-0.5.17", "python": "3.11",
-"gpus": 1, "runner": "gpu-1"}, ...]}``. The row list comes from nox (so CI runs exactly the sessions nox knows);
-GPU counts come from the row files: ``# gpus: N`` (default 1), raised to what ``--tiers`` need when given (gsm8k
-serves the TP2 pairs of settings.py) and to ``--gpus``, capped at ``--max-gpus`` (the largest runner there is) with
-a warning.
+prints ``{"include": [{"session": "gemma4_mtp(sglang-0.5.17)", "row": "sglang-0.5.17", "python": "3.11", "gpus": 1,
+"runner": "gpu-1"}, ...]}``. The row list comes from nox (so CI runs exactly the sessions nox knows); GPU counts
+come from the row files: ``# gpus: N`` (default 1), raised to what ``--tiers`` need when given (gsm8k serves the
+TP2 pairs of settings.py; smoke with MTPMATRIX_SMOKE_TP=2 serves at TP 2) and to ``--gpus``, capped at ``--max-
+gpus`` (the largest runner there is) with a warning.
 
 Selection: with ``--tags``, every row session carrying one of the tags (default or not, like ``nox -t``);
 without, the default rows (``gemma4_mtp``), plus ``gemma4_mtp_extra`` rows with ``--include-extra``.
@@ -55,10 +55,18 @@ def select(listing: list[dict], tags: list[str] | None = None, include_extra: bo
 
 
 def tier_gpus(tiers: list[str], env: dict | None = None) -> int:
-    """GPUs the selected tiers need on one runner: gsm8k serves the default pairs at their TP size."""
+    """GPUs the selected tiers need on one runner: gsm8k serves the default pairs at their TP size, smoke serves
+    its tiny pairs at MTPMATRIX_SMOKE_TP. A bad MTPMATRIX_SMOKE_* value is a RowError (one line)."""
     need = 1
     if "gsm8k" in tiers:
         need = max([need] + [settings.resolve_pair(p, env).tp for p in settings.DEFAULT_PAIRS])
+    if "smoke" in tiers:
+        from mtpmatrix import smoke
+
+        try:
+            need = max(need, smoke.smoke_options(env).tp)
+        except ValueError as exc:
+            raise RowError(str(exc)) from None
     return need
 
 

@@ -110,8 +110,17 @@ def test_tiers_that_need_tp2_get_two_gpus(rows):
     assert tier_gpus(["gsm8k"], env={"MTPMATRIX_31B_TP": "4"}) == 4
     m = build_matrix(LISTING, rows, tiers=["contract", "gsm8k"], env={})
     assert {e["runner"] for e in m["include"]} == {"gpu-2"}
-    m = build_matrix(LISTING, rows, tiers=["contract", "smoke"])
+    m = build_matrix(LISTING, rows, tiers=["contract", "smoke"], env={})
     assert [e["gpus"] for e in m["include"]] == [1, 1, 2]
+
+
+def test_smoke_at_tp2_gets_two_gpus(rows):
+    tp2 = {"MTPMATRIX_SMOKE_TP": "2"}
+    assert tier_gpus(["smoke"], env=tp2) == 2 and tier_gpus(["contract", "reference"], env=tp2) == 1
+    m = build_matrix(LISTING, rows, tiers=["contract", "smoke"], env=tp2)
+    assert {e["runner"] for e in m["include"]} == {"gpu-2"}
+    with pytest.raises(RowError, match="MTPMATRIX_SMOKE_TP must be a whole number"):
+        tier_gpus(["smoke"], env={"MTPMATRIX_SMOKE_TP": "2x"})
 
 
 def test_gpus_floor_and_max_gpus_cap(rows):
@@ -246,3 +255,15 @@ def test_workflow_reads_only_keys_the_matrix_has(workflow, rows):
     exprs = re.findall(r"\$\{\{(.*?)\}\}", WORKFLOW.read_text())
     used = {k for e in exprs for k in re.findall(r"(?<![\w.])matrix\.(\w+)", e)}
     assert used and used <= entry_keys, used - entry_keys
+
+
+def test_workflow_smoke_tp_input_reaches_matrix_and_rows(workflow):
+    triggers = workflow[True] if True in workflow else workflow["on"]
+    inputs = triggers["workflow_dispatch"]["inputs"]
+    assert inputs["smoke_tp"]["options"] == ["1", "2"] and inputs["smoke_tp"]["default"] == "1"
+    from mtpmatrix.tiny import PAIR_NAMES
+
+    assert set(inputs["smoke_pair"]["options"]) == set(PAIR_NAMES)
+    # workflow-level env: the matrix job (runner size) and every row job (the suite) read the same values
+    assert workflow["env"]["MTPMATRIX_SMOKE_TP"] == "${{ inputs.smoke_tp || '1' }}"
+    assert workflow["env"]["MTPMATRIX_SMOKE_PAIR"] == "${{ inputs.smoke_pair || 'e-series' }}"
