@@ -6,8 +6,8 @@
 prints ``{"include": [{"session": "gemma4_mtp(sglang-0.5.17)", "row": "sglang-0.5.17", "python": "3.11", "gpus": 1,
 "runner": "gpu-1"}, ...]}``. The row list comes from nox (so CI runs exactly the sessions nox knows); GPU counts
 come from the row files: ``# gpus: N`` (default 1), raised to what ``--tiers`` need when given (gsm8k serves the
-TP2 pairs of settings.py; smoke with MTPMATRIX_SMOKE_TP=2 serves at TP 2) and to ``--gpus``, capped at ``--max-
-gpus`` (the largest runner there is) with a warning.
+TP2 pairs of settings.py; smoke with MTPMATRIX_SMOKE_TP=2 serves at TP 2) and to ``--gpus``, capped at
+``--max-gpus`` (the largest runner there is) with a warning.
 
 Selection: with ``--tags``, every row session carrying one of the tags (default or not, like ``nox -t``);
 without, the default rows (``gemma4_mtp``), plus ``gemma4_mtp_extra`` rows with ``--include-extra``.
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from mtpmatrix import settings
-from mtpmatrix.matrix import in_shard
+from mtpmatrix.matrix import in_shard, preflight_tier_env
 from mtpmatrix.rows import Row, RowError, load_rows
 from mtpmatrix.store import TIERS
 
@@ -60,13 +60,9 @@ def tier_gpus(tiers: list[str], env: dict | None = None) -> int:
     need = 1
     if "gsm8k" in tiers:
         need = max([need] + [settings.resolve_pair(p, env).tp for p in settings.DEFAULT_PAIRS])
-    if "smoke" in tiers:
-        from mtpmatrix import smoke
-
-        try:
-            need = max(need, smoke.smoke_options(env).tp)
-        except ValueError as exc:
-            raise RowError(str(exc)) from None
+    smoke = preflight_tier_env(",".join(tiers), env)
+    if smoke is not None:
+        need = max(need, smoke.tp)
     return need
 
 
@@ -107,8 +103,8 @@ def nox_listing(nox: list[str] | None = None, cwd: Path | None = None) -> list[d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mtpmatrix.ci_matrix", description=__doc__.split("\n\n")[0])
     p.add_argument("--tags", default="", help="comma-separated row tags (default: every default row)")
-    p.add_argument("--tiers", default="", help="tiers the rows will run; with gsm8k, rows get runners for the "
-                   "pairs' TP size (default: the row files' '# gpus:' alone)")
+    p.add_argument("--tiers", default="", help="tiers the rows will run; with gsm8k (and smoke at "
+                   "MTPMATRIX_SMOKE_TP), rows get runners for that TP size (default: the row files' '# gpus:' alone)")
     p.add_argument("--gpus", type=int, default=1, help="at least this many GPUs for every row")
     p.add_argument("--max-gpus", type=int, default=None, help="largest runner there is; bigger needs are capped")
     p.add_argument("--include-extra", action="store_true", help="also rows marked 'default: false'")

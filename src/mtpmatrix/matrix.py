@@ -112,15 +112,17 @@ def preflight_overrides(overrides: list[str], *, skip_index: bool = False) -> No
                 raise RowError(f"--with {spec}: {exc}") from None
 
 
-def preflight_tier_env(tiers: str, env: dict | None = None) -> None:
-    """The selected tiers' environment knobs (MTPMATRIX_SMOKE_*), checked before anything is installed."""
-    if "smoke" in tiers.split(","):
-        from mtpmatrix import smoke
+def preflight_tier_env(tiers: str, env: dict | None = None):
+    """The selected tiers' environment knobs (MTPMATRIX_SMOKE_*), checked before anything is installed: the smoke
+    tier's ``SmokeOptions`` when smoke is selected, else None; a bad value is a RowError (one line)."""
+    if "smoke" not in tiers.split(","):
+        return None
+    from mtpmatrix import smoke
 
-        try:
-            smoke.smoke_options(env)
-        except ValueError as exc:
-            raise RowError(str(exc)) from None
+    try:
+        return smoke.smoke_options(env)
+    except ValueError as exc:
+        raise RowError(str(exc)) from None
 
 
 def overridden_names(overrides: list[str]) -> set[str]:

@@ -556,6 +556,7 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
         "tier_verdicts": {rid: {t: tv["verdict"] for t, tv in s["tiers"].items()} for rid, s in summaries.items()},
         "rows": list(summaries.values()),
         "skips": _skip_groups(summaries),
+        "relaunched": [dict(x, row=rid) for rid, r in summaries.items() for x in r["relaunched"]],
         "paired": _paired_across_rows(run_dir, rows),
         "baseline": None,
         "regressions": [],
@@ -685,11 +686,10 @@ def render_markdown(summary: dict) -> str:
             out.append(f"- {_skip_where(g, 'in')}: {_md_escape(g['reason'])}")
         out.append("")
 
-    relaunched = [(r["id"], x) for r in summary["rows"] for x in r.get("relaunched") or []]
-    if relaunched:
+    if summary.get("relaunched"):
         out.append("**Relaunched alone** (failed beside other servers; the verdict is from the relaunch)")
-        for rid, x in relaunched:
-            out.append(f"- {rid} · {x['tier']} · `{x['server_log']}`: {_md_escape(x['error'])}")
+        for x in summary["relaunched"]:
+            out.append(f"- {x['row']} · {x['tier']} · `{x['server_log']}`: {_md_escape(x['error'])}")
         out.append("")
 
     failing = [r for r in summary["rows"] if r["verdict"] in BAD]
@@ -958,11 +958,10 @@ def render_html(summary: dict) -> str:
             h.append(f"<li><b>{_e(_skip_where(g, 'skipped in'))}</b>: {_e(g['reason'])}</li>")
         h.append("</ul>")
 
-    relaunched = [(r["id"], x) for r in summary["rows"] for x in r.get("relaunched") or []]
-    if relaunched:
+    if summary.get("relaunched"):
         h.append("<p><b>Relaunched alone</b> (failed beside other servers; the verdict is from the relaunch)</p><ul>")
-        for rid, x in relaunched:
-            h.append(f'<li>{_e(rid)} · {_e(x["tier"])} · <code>{_e(x["server_log"])}</code>: '
+        for x in summary["relaunched"]:
+            h.append(f'<li>{_e(x["row"])} · {_e(x["tier"])} · <code>{_e(x["server_log"])}</code>: '
                      f'<span class="mono">{_e(x["error"])}</span></li>')
         h.append("</ul>")
 

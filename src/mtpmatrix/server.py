@@ -275,8 +275,7 @@ class SglangServer:
 
     # -- lifecycle
     def __enter__(self) -> "SglangServer":
-        if self.proc is None:
-            self.start()
+        self.start()
         try:
             self.wait_ready()
         except BaseException:

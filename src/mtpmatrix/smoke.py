@@ -42,7 +42,7 @@ DRAFT_GRAPH_RE = re.compile(r"Capture Frozen-KV MTP draft (?:cuda|CUDA) graph en
 CONSTRUCTED_MIN_ACCEPT = {1: 5.0, 3: 4.0}
 # Random weights give flat logits, so MTP (verify over 6-12 tokens at once) and no-MTP (one token at a time) take
 # different kernels and split bf16 near-ties differently: on an H200 (0.5.17) only 2/8 sequences were identical.
-# The check therefore looks at the first token where a sequence diverges: the no-MTP server's own top-2 logprobs
+# The check therefore looks at the first token where a sequence diverges: the no-MTP server's own top logprobs
 # there must show a near-tie between the two tokens. Any other divergence is a real mismatch.
 NEAR_TIE_NATS = 0.05
 # Enough of the no-MTP ranking to place the MTP token at a divergence (its rank and gap) even when it is not 2nd.
@@ -256,7 +256,7 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         run.gpu_memory_mib = server.gpu_memory_mib()
         run.server_info_before = server.server_info()
         t1 = time.monotonic()
-        # The no-MTP reference also returns its top-2 logprobs, to tell near-ties from real divergences.
+        # The no-MTP reference also returns its top logprobs, to tell near-ties from real divergences.
         logprob_args = {} if spec.topk else {"return_logprob": True, "top_logprobs_num": TOP_LOGPROBS}
         reqs = [{"input_ids": p, "sampling_params": sampling_params(), **logprob_args}
                 for p in id_prompts(vocab_size)]

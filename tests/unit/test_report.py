@@ -289,5 +289,7 @@ def test_servers_relaunched_alone_are_listed_once_per_server(tmp_path):
     s = report.build_summary(run.parent)
     assert _row(s, "sglang-0.5.17")["relaunched"] == [
         {"tier": "smoke", "server_log": "server-random-nomtp-alone.log", "error": err}]
+    assert s["relaunched"] == [{"row": "sglang-0.5.17", "tier": "smoke",
+                                "server_log": "server-random-nomtp-alone.log", "error": err}]
     assert "**Relaunched alone**" in report.render_markdown(s)
     assert "server-random-nomtp-alone.log" in report.render_html(s)
