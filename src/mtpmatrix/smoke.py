@@ -38,8 +38,14 @@ TEXT_PROMPTS = ("The quick brown fox", "Question: 2 + 3 = ?\nAnswer:", "Gemma fo
 # the draft line count as the target's.
 TARGET_GRAPH_RE = re.compile(r"Capture (?!Frozen-KV|draft)[\w\- ]*?(?:cuda|CUDA) graph end")
 DRAFT_GRAPH_RE = re.compile(r"Capture Frozen-KV MTP draft (?:cuda|CUDA) graph end")
-# Measured on an H200 (sglang 0.5.13, constructed pair): topk 1 -> 5.82 of max 6, topk 3 -> 4.92.
-CONSTRUCTED_MIN_ACCEPT = {1: 5.0, 3: 4.0}
+# Accept length per request (completion tokens / verify steps) of the pairs whose drafts are all right when the path
+# works. Constructed pair, H200, sglang 0.5.13: topk 1 -> 5.82 of max 6, topk 3 -> 4.92. The witness pair must reach
+# the same: any broken hand-off (hidden state, KV layer, positions, tree parent, batch rows) drops it to ~1.
+EXACT_PAIR_MIN_ACCEPT = {1: 5.0, 3: 4.0}
+# The witness tier demands that topk 3 ran with several requests in one draft/verify batch (batch expansion at
+# topk > 1 is one of the things the witness checks), read from the server's decode log lines.
+WITNESS_MIN_BATCH = 4
+RUNNING_REQ_RE = re.compile(r"#running-req[:=]\s*(\d+)")
 # Random weights give flat logits, so MTP (verify over 6-12 tokens at once) and no-MTP (one token at a time) take
 # different kernels and split bf16 near-ties differently: on an H200 (0.5.17) only 2/8 sequences were identical.
 # The check therefore looks at the first token where a sequence diverges: the no-MTP server's own top logprobs
@@ -57,18 +63,30 @@ MIB_PER_EXTRA_SERVER = 25 * 1024
 @dataclass(frozen=True)
 class SmokeServerSpec:
     name: str
-    pair: str  # "random" | "constructed"
+    pair: str  # tiny pair variant: "random" | "constructed" | "witness" (mtpmatrix.tiny.VARIANTS)
     topk: int | None  # None = no MTP
     load_format: str = "auto"
+    default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers
+
+    @property
+    def exact(self) -> bool:
+        """Greedy output known exactly (next = token + 1) and every draft right when the MTP path works."""
+        return self.pair in ("constructed", "witness")
 
 
 SMOKE_SERVERS = (
     SmokeServerSpec("random-nomtp", "random", None),
     SmokeServerSpec("random-mtp-topk1-dummy", "random", 1, "dummy"),
     SmokeServerSpec("random-mtp-topk3", "random", 3),
-    SmokeServerSpec("constructed-mtp-topk1", "constructed", 1),
-    SmokeServerSpec("constructed-mtp-topk3", "constructed", 3),
+    SmokeServerSpec("witness-mtp-topk1", "witness", 1),
+    SmokeServerSpec("witness-mtp-topk3", "witness", 3),
+    # the constructed pair drafts from the token alone (blind to hidden state, KV and positions): kept on demand
+    SmokeServerSpec("constructed-mtp-topk1", "constructed", 1, default=False),
+    SmokeServerSpec("constructed-mtp-topk3", "constructed", 3, default=False),
 )
+DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
+# What fault injection (mtpmatrix.mutants) serves per mutant: the witness servers see every hand-off.
+WITNESS_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
 
 
 @dataclass(frozen=True)
@@ -76,7 +94,7 @@ class SmokeOptions:
     """The smoke tier's environment knobs, checked (see ``smoke_options``)."""
     pair: str = "e-series"  # MTPMATRIX_SMOKE_PAIR: tiny pair family
     tp: int = 1  # MTPMATRIX_SMOKE_TP
-    specs: tuple[SmokeServerSpec, ...] = SMOKE_SERVERS  # MTPMATRIX_SMOKE_SERVERS: subset, by name
+    specs: tuple[SmokeServerSpec, ...] = DEFAULT_SMOKE_SERVERS  # MTPMATRIX_SMOKE_SERVERS: by name
     parallel: int | None = None  # MTPMATRIX_SMOKE_PARALLEL; None = from free GPU memory
     extra_args: tuple[str, ...] = ()  # MTPMATRIX_SMOKE_EXTRA_ARGS, split like a shell would
     swap_drafters: bool = False  # MTPMATRIX_SMOKE_SWAP_DRAFTERS=1: fault injection (wrong drafter)
@@ -94,7 +112,7 @@ def smoke_options(env: dict | None = None) -> SmokeOptions:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"MTPMATRIX_SMOKE_SERVERS: unknown server(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    specs = tuple(s for s in SMOKE_SERVERS if not names or s.name in names)
+    specs = tuple(s for s in SMOKE_SERVERS if (s.name in names if names else s.default))
     try:
         extra = tuple(shlex.split(env.get("MTPMATRIX_SMOKE_EXTRA_ARGS") or ""))
     except ValueError as exc:
@@ -128,6 +146,7 @@ class SmokeRun:
     id_meta: list[dict] = field(default_factory=list)
     id_top_logprobs: list[list] = field(default_factory=list)  # no-MTP only: per position [(logprob, id), ...]
     text_outputs: list[str] = field(default_factory=list)
+    text_meta: list[dict] = field(default_factory=list)
     request_seconds: float | None = None
     gpu_memory_mib: int | None = None  # what the server's processes held on the GPU once ready (nvidia-smi)
     first_attempt_error: str | None = None  # set when a side-by-side launch failed and this run is the relaunch
@@ -277,6 +296,7 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
                 run.id_top_logprobs.append([[(e[0], e[1]) for e in pos] for pos in
                                             meta.get("output_top_logprobs") or []])
         run.text_outputs = [r.response.get("text", "") for r in results[n_ids:]]
+        run.text_meta = [r.response.get("meta_info", {}) for r in results[n_ids:]]
         run.server_info_after = server.server_info()
     except KeyboardInterrupt:  # Ctrl-C stops the tier, not just this server
         raise
@@ -286,6 +306,29 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         server.stop()  # the whole process group, also when start() or on_start() raised
         run.log_text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
     return run
+
+
+def max_running_requests(log_text: str) -> int:
+    """The largest batch the server logged (#running-req of its decode lines); 0 when it logged none."""
+    return max((int(m) for m in RUNNING_REQ_RE.findall(log_text)), default=0)
+
+
+def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] | None:
+    """Where /server_info's avg_spec_accept_length must lie given the requests' own counters.
+
+    The server divides all tokens its verify steps accepted (drafts + bonus) by the number of verify steps. Each
+    request's completion tokens are its prefill token plus what its verify steps accepted, except that a request's
+    last step may accept up to ``steps`` tokens past max_new_tokens (counted by the server, cut from the response).
+    So the server's value lies in [sum(completion - 1) / V, (sum(completion - 1) + steps * requests) / V], V the
+    requests' verify steps, and never above steps + 1. None when the requests ran no verify step.
+    """
+    verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
+    if not verify:
+        return None
+    kept = sum(max(0, (m.get("completion_tokens", 0) or 0) - 1) for m in metas)
+    lo = kept / verify
+    hi = min(steps + 1.0, (kept + steps * len(metas)) / verify)
+    return round(lo, 4), round(hi, 4)
 
 
 def accept_length_from_meta(metas: list[dict]) -> float | None:

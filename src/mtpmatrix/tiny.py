@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
-CODE_VERSION = "tiny-v2"  # v2: MoE experts share weights
+CODE_VERSION = "tiny-v3"  # v2: MoE experts share weights; v3: two physical layers per type, witness variant
 MARKER = ".mtpmatrix-tiny.json"
 DTYPE = "bfloat16"
 
@@ -161,20 +161,24 @@ _AUDIO = {
     "gradient_clipping": 1e10, "output_proj_dims": 64, "initializer_range": 0.02, "dtype": DTYPE,
 }
 
-_E_LAYERS = ["sliding_attention", "sliding_attention", "full_attention",
-             "sliding_attention", "sliding_attention", "full_attention"]
+_S, _F = "sliding_attention", "full_attention"
+# Two physical (non-KV-shared) layers of each attention type, so that binding the assistant to the wrong one of a
+# type is a different layer, as in the real checkpoints (5 sliding : 1 full, many layers).
+_DENSE_LAYERS = [_S, _S, _F, _S, _S, _F]
+_E_LAYERS = _DENSE_LAYERS + [_S, _F]  # the last two are KV-shared (num_kv_shared_layers=2)
 
 _TARGET_TEXT = {
     "e-series": _text(
-        num_hidden_layers=6, layer_types=_E_LAYERS, num_attention_heads=2, num_key_value_heads=1,
-        hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=3,
+        num_hidden_layers=8, layer_types=_E_LAYERS, num_attention_heads=2, num_key_value_heads=1,
+        hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=2,
         use_double_wide_mlp=True,
     ),
     "moe-26b-a4b": _text(
-        intermediate_size=128, num_global_key_value_heads=1, attention_k_eq_v=True, enable_moe_block=True,
+        num_hidden_layers=6, layer_types=_DENSE_LAYERS, intermediate_size=128, num_global_key_value_heads=1, attention_k_eq_v=True, enable_moe_block=True,
         num_experts=8, top_k_experts=2, moe_intermediate_size=32,
     ),
-    "dense-31b": _text(num_global_key_value_heads=1, attention_k_eq_v=True),
+    "dense-31b": _text(num_hidden_layers=6, layer_types=_DENSE_LAYERS, num_global_key_value_heads=1,
+                       attention_k_eq_v=True),
 }
 
 # Assistant-side knobs; everything attention-shaped is copied from the target text config.
@@ -188,9 +192,21 @@ _COPIED_FROM_TARGET = ("vocab_size", "num_key_value_heads", "head_dim", "global_
                        "max_position_embeddings", "final_logit_softcapping", "hidden_activation", "rms_norm_eps")
 
 
-def target_template(name: str, constructed: bool = False) -> dict:
+VARIANTS = ("random", "constructed", "witness")
+
+
+def variant_name(variant: str | bool) -> str:
+    """``"random"``, ``"constructed"`` or ``"witness"``; a bool means constructed (the older spelling)."""
+    if isinstance(variant, bool):
+        return "constructed" if variant else "random"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown tiny pair variant {variant!r}; known: {', '.join(VARIANTS)}")
+    return variant
+
+
+def target_template(name: str, variant: str | bool = "random") -> dict:
     text = copy.deepcopy(_TARGET_TEXT[name])
-    if constructed:
+    if variant_name(variant) != "random":
         text["tie_word_embeddings"] = False  # W[j] = E[j-1] needs an output head of its own
     cfg = {
         "architectures": ["Gemma4ForConditionalGeneration"],
@@ -206,7 +222,7 @@ def target_template(name: str, constructed: bool = False) -> dict:
     return cfg
 
 
-def assistant_template(name: str, constructed: bool = False) -> dict:
+def assistant_template(name: str, variant: str | bool = "random") -> dict:
     tgt = _TARGET_TEXT[name]
     text = _text(
         hidden_size=ASSISTANT_HIDDEN, intermediate_size=128, num_hidden_layers=2,
@@ -235,11 +251,14 @@ class PairPaths:
     target: Path
     assistant: Path
     constructed: bool
+    variant: str = "random"
 
 
-def pair_hash(name: str, constructed: bool, seed: int) -> str:
-    blob = json.dumps({"code": CODE_VERSION, "target": target_template(name, constructed),
-                       "assistant": assistant_template(name, constructed), "seed": seed,
+def pair_hash(name: str, variant: str, seed: int) -> str:
+    # a witness pair is also rebuilt whenever its construction changes
+    witness_src = (Path(__file__).with_name("witness.py").read_bytes() if variant == "witness" else b"")
+    blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(), "target": target_template(name, variant),
+                       "assistant": assistant_template(name, variant), "seed": seed,
                        "tokenizer": SPECIAL_TOKENS, "generation": generation_config()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -269,20 +288,23 @@ def _has_model_classes() -> bool:
     return True
 
 
-def build_pair(name: str, root: Path, *, constructed: bool = False, seed: int = 0) -> PairPaths:
+def build_pair(name: str, root: Path, *, variant: str | bool = "random", constructed: bool | None = None,
+               seed: int = 0) -> PairPaths:
     """Build (or reuse) the tiny pair ``name`` under ``root``; see the module docstring."""
     if name not in PAIR_NAMES:
         raise ValueError(f"unknown tiny pair {name!r}; known: {', '.join(PAIR_NAMES)}")
     root = Path(root)
-    dest = root / (name + ("-constructed" if constructed else ""))
-    paths = PairPaths(name=name, target=dest / "target", assistant=dest / "assistant", constructed=constructed)
-    digest = pair_hash(name, constructed, seed)
+    variant = variant_name(constructed if constructed is not None else variant)
+    dest = root / (name + ("" if variant == "random" else f"-{variant}"))
+    paths = PairPaths(name=name, target=dest / "target", assistant=dest / "assistant",
+                      constructed=variant == "constructed", variant=variant)
+    digest = pair_hash(name, variant, seed)
     if _usable(dest, digest):
         return paths
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{dest.name}-", dir=root))
     try:
-        marker = _build_into(tmp, name, constructed, seed)
+        marker = _build_into(tmp, name, variant, seed)
         marker["hash"] = digest
         (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
         if dest.exists():
@@ -308,10 +330,11 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def _build_into(folder: Path, name: str, constructed: bool, seed: int) -> dict:
+def _build_into(folder: Path, name: str, variant: str, seed: int) -> dict:
     t_dir, a_dir = folder / "target", folder / "assistant"
-    t_cfg, a_cfg = target_template(name, constructed), assistant_template(name, constructed)
-    marker: dict = {"name": name, "constructed": constructed, "seed": seed, "code_version": CODE_VERSION,
+    t_cfg, a_cfg = target_template(name, variant), assistant_template(name, variant)
+    marker: dict = {"name": name, "variant": variant, "constructed": variant == "constructed", "seed": seed,
+                    "code_version": CODE_VERSION,
                     "dtype": DTYPE, "weights": False, "weights_error": None, "processor": False,
                     "processor_error": None}
     try:
@@ -334,7 +357,7 @@ def _build_into(folder: Path, name: str, constructed: bool, seed: int) -> dict:
 
     if marker["transformers"] is not None:
         try:
-            _save_weights(name, t_cfg, a_cfg, t_dir, a_dir, constructed, seed)
+            marker.update(_save_weights(name, t_cfg, a_cfg, t_dir, a_dir, variant, seed))
             marker["weights"] = True
         except Exception as exc:  # noqa: BLE001 - a transformers that cannot build the classes: files stay
             marker["weights_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -384,8 +407,8 @@ def _save_processor(tokenizer, folder: Path) -> None:
     proc.save_pretrained(folder)
 
 
-def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path, constructed: bool,
-                  seed: int) -> None:
+def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path, variant: str,
+                  seed: int) -> dict:
     import torch
     from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4Config,
                               Gemma4ForConditionalGeneration)
@@ -401,12 +424,18 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
             perm = torch.randperm(VOCAB, generator=gen)
             assistant.masked_embedding.token_ordering.copy_(perm)
         _share_expert_weights(target.model.language_model)
-        if constructed:
+        extra: dict = {}
+        if variant == "constructed":
             _make_plus_one(target, assistant, a_cfg, gen)
+        elif variant == "witness":
+            from mtpmatrix.witness import make_witness
+
+            extra = make_witness(target, assistant, t_cfg, a_cfg, gen)
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)
     assistant.to(torch.bfloat16).save_pretrained(a_dir, safe_serialization=True)
     for d in (t_dir, a_dir):  # the templates are the config; drop transformers' own generation_config guess
         _write_json(d / "generation_config.json", generation_config())
+    return extra
 
 
 def _config_kwargs(cfg: dict) -> dict:

@@ -27,15 +27,16 @@ def tiny_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def build_tiny_pair(tiny_root):
-    """Factory ``(name, constructed=False) -> PairPaths``; each pair is built at most once per session."""
+    """Factory ``(name, variant="random") -> PairPaths`` (variant: random / constructed / witness, or a bool for
+    constructed); each pair is built at most once per session."""
     from mtpmatrix import tiny
 
-    built: dict[tuple[str, bool], tiny.PairPaths] = {}
+    built: dict[tuple[str, str], tiny.PairPaths] = {}
 
-    def _build(name: str, constructed: bool = False) -> tiny.PairPaths:
-        key = (name, bool(constructed))
+    def _build(name: str, variant: str | bool = "random") -> tiny.PairPaths:
+        key = (name, tiny.variant_name(variant))
         if key not in built:
-            built[key] = tiny.build_pair(name, tiny_root, constructed=bool(constructed))
+            built[key] = tiny.build_pair(name, tiny_root, variant=key[1])
         return built[key]
 
     return _build

@@ -40,7 +40,13 @@ DRAFT_TOKENS = 3
 PROMPTS = ("Hello world, count: 1 2 3", "def f(x):\n    return x", "The quick brown fox", "Q: 7*6=? A:")
 ACCEPT_RATE_MIN = 0.95
 ACCEPT_LEN_MIN = 3.5  # of DRAFT_TOKENS + 1 = 4
-PAIRS = [pytest.param(n, c, id=f"{n}{'-constructed' if c else ''}") for c in (False, True) for n in PAIR_NAMES]
+PAIRS = [pytest.param(n, v, id=n if v == "random" else f"{n}-{v}")
+         for v in ("random", "constructed", "witness") for n in PAIR_NAMES]
+# Witness ablations (mtpmatrix.witness.draft_rounds): the intact drafter must draft (nearly) every token right, and
+# each broken input must take the accuracy of the drafts that consume it to at most this share of the intact one.
+WITNESS_INTACT_MIN = 0.95
+WITNESS_ABLATED_MAX_SHARE = 0.25
+WITNESS_PROMPTS = 2  # sequences of token-id prompts (as the smoke tier sends), 19 draft rounds each
 
 
 def _torch():
@@ -57,7 +63,7 @@ def load_pair(build_tiny_pair):
     """``(name, constructed) -> (target, assistant, tokenizer)`` in fp32, loaded once per session."""
 
     @_memo
-    def _load(name: str, constructed: bool):
+    def _load(name: str, constructed):
         paths = build_tiny_pair(name, constructed)
         torch = _torch()
         try:
@@ -120,7 +126,7 @@ def generations(load_pair):
     """``(name, constructed) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats."""
 
     @_memo
-    def _run(name: str, constructed: bool):
+    def _run(name: str, constructed):
         torch = _torch()
         target, assistant, tokenizer = load_pair(name, constructed)
         assistant.generation_config.num_assistant_tokens = DRAFT_TOKENS
@@ -323,3 +329,46 @@ def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
     if diff > 1e-4:
         raise CheckFailure("weights", f"moe-26b-a4b logits changed by {diff:.3g} when routing changed: its experts "
                                       "do not share weights (rebuild the tiny pair: MTPMATRIX_TINY_DIR)")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", PAIR_NAMES)
+def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_property, name):
+    """The witness assistant is not blind: with sglang's seeding (bonus token + the target's hidden state at the
+    last accepted position, target KV of the bound layers, query at seq_lens - 1) it drafts every token right, and
+    each ablation -- hidden state of the previous position, KV of another layer of the same type, positions off by
+    one either way, another request's rows, a tree node fed its parent's sibling's state -- takes the accuracy of
+    the drafts that consume the broken input far below that. Fails if the drafter stops depending on an input."""
+    from mtpmatrix import witness
+    from mtpmatrix.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
+
+    torch = _torch()
+    target, assistant, _tok = load_pair(name, "witness")
+    text = json.loads((build_tiny_pair(name, "witness").target / "config.json").read_text())["text_config"]
+    prompts = torch.tensor(id_prompts(text["vocab_size"])[:WITNESS_PROMPTS])
+    with torch.no_grad():
+        seqs = target.generate(prompts, max_new_tokens=MAX_NEW_TOKENS // 2, do_sample=False,
+                               attention_mask=torch.ones_like(prompts))
+    expected = prompts[:, -1:] + torch.arange(1, MAX_NEW_TOKENS // 2 + 1)
+    if not torch.equal(seqs[:, PROMPT_LEN:], expected % text["vocab_size"]):
+        raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
+    steps = 5
+    intact = witness.draft_rounds(target, assistant, seqs, text, steps=steps, start=PROMPT_LEN)
+    record_property("intact", json.dumps(intact))
+    base = sum(intact["step_accuracy"]) / steps
+    if base < WITNESS_INTACT_MIN:
+        raise CheckFailure("acceptance", f"{name}: intact witness drafts only {base:.2f} right "
+                                         f"(per step {intact['step_accuracy']}); needs >= {WITNESS_INTACT_MIN}")
+    blind = []
+    for ablation in witness.ABLATIONS:
+        got = witness.draft_rounds(target, assistant, seqs, text, steps=steps, start=PROMPT_LEN, ablation=ablation)
+        # the sibling-parent fault first reaches the third draft (the first node whose parent has siblings)
+        first = 2 if ablation == "tree_sibling_parent" else 0
+        hit = sum(got["step_accuracy"][first:]) / (steps - first)
+        ref = sum(intact["step_accuracy"][first:]) / (steps - first)
+        record_property(ablation, round(hit, 4))
+        if hit > WITNESS_ABLATED_MAX_SHARE * ref:
+            blind.append(f"{ablation} {hit:.2f}")
+    if blind:
+        raise CheckFailure("acceptance", f"{name}: witness drafter still drafts right with a broken input "
+                                         f"(accuracy vs intact {base:.2f}): {', '.join(blind)}")

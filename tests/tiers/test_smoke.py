@@ -4,8 +4,13 @@ Env knobs: MTPMATRIX_SMOKE_PAIR (tiny pair family, default e-series), MTPMATRIX_
 MTPMATRIX_SMOKE_SERVERS (comma-separated subset of smoke.SMOKE_SERVERS names), MTPMATRIX_SMOKE_PARALLEL
 (servers launched side by side; default from free GPU memory, see smoke.launch_parallelism),
 MTPMATRIX_SMOKE_EXTRA_ARGS (sglang arguments appended to every smoke server, e.g. "--enable-deterministic-inference"),
-MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the constructed target with the random pair's assistant,
-a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
+MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the witness/constructed targets with the random pair's
+assistant, a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
+
+The witness pair (mtpmatrix.witness) drafts right only when sglang hands its assistant the right hidden state, the
+right target KV layer per attention type, the right positions, each tree node's own parent and each request's own
+rows; its accept length is held to the same floor as an exact pair's. ``python -m mtpmatrix mutants`` shows which
+check kills which broken copy of sglang's MTP code.
 """
 
 from __future__ import annotations
@@ -36,15 +41,16 @@ def smoke_runs(build_tiny_pair, tmp_path_factory, request):
     why = gpu_missing(OPTIONS.tp)
     if why:
         pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={OPTIONS.tp})")
-    pairs = {"random": build_tiny_pair(OPTIONS.pair),
-             "constructed": build_tiny_pair(OPTIONS.pair, constructed=True)}
+    pairs = {variant: build_tiny_pair(OPTIONS.pair, variant) for variant in sorted({s.pair for s in SPECS})}
+    if OPTIONS.swap_drafters:
+        pairs.setdefault("random", build_tiny_pair(OPTIONS.pair))
     results = os.environ.get("MTPMATRIX_RESULTS")
     log_dir = (os.path.dirname(results) if results else None) or str(tmp_path_factory.mktemp("smoke-logs"))
     swap = OPTIONS.swap_drafters
     jobs = []
     for spec in SPECS:
         pair = pairs[spec.pair]
-        assistant = pairs["random"].assistant if swap and spec.pair == "constructed" else pair.assistant
+        assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
     parallel = smoke.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel)
     return smoke.collect_all(jobs, log_dir=log_dir, tp=OPTIONS.tp, parallel=parallel, extra_args=OPTIONS.extra_args)
@@ -119,17 +125,34 @@ def test_spec_metrics(smoke_runs, name, record_property):
         raise CheckFailure("acceptance", "responses carry no spec_verify_ct (speculative decoding did not run)")
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
-    floor = (smoke.CONSTRUCTED_MIN_ACCEPT[run.spec.topk] if run.spec.pair == "constructed"
-             else settings.SMOKE_MIN_ACCEPT_LENGTH)
+    floor = (smoke.EXACT_PAIR_MIN_ACCEPT[run.spec.topk] if run.spec.exact else settings.SMOKE_MIN_ACCEPT_LENGTH)
     max_len = settings.NUM_STEPS + 1
     if not (floor <= per_request <= max_len + 1e-6):
         raise CheckFailure("acceptance", f"accept length {per_request} outside [{floor}, {max_len}]")
+    # The server's own counter must agree with what the requests saw (an accounting bug shows here, not above).
+    bounds = smoke.server_accept_bounds(run.id_meta + run.text_meta, settings.NUM_STEPS)
+    record_property("avg_spec_accept_length_bounds", list(bounds) if bounds else None)
+    if bounds and not (bounds[0] - 0.02 <= avg <= bounds[1] + 0.02):
+        raise CheckFailure("acceptance", f"/server_info avg_spec_accept_length {avg:.3f} outside [{bounds[0]}, "
+                                         f"{bounds[1]}], the range the requests' own counters allow")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.exact and s.topk and s.topk > 1])
+def test_topk_batch_served_together(smoke_runs, name, record_property):
+    """topk > 1 ran with several requests in one batch (the witness then checks each request's own rows)."""
+    run = _run(smoke_runs, name, record_property)
+    biggest = smoke.max_running_requests(run.log_text)
+    record_property("max_running_requests", biggest)
+    if biggest < smoke.WITNESS_MIN_BATCH:
+        raise CheckFailure("harness", f"largest logged batch had {biggest} requests; the tier needs >= "
+                                      f"{smoke.WITNESS_MIN_BATCH} in one batch at topk {run.spec.topk}")
 
 
 @pytest.mark.check("mismatch")
-@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.pair == "constructed"])
-def test_constructed_pair_follows_rule(smoke_runs, name, record_property):
-    """Constructed pair: every greedy token is previous + 1, exactly, through the MTP path."""
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.exact])
+def test_exact_pair_follows_rule(smoke_runs, name, record_property):
+    """Witness/constructed pair: every greedy token is previous + 1, exactly, through the MTP path."""
     run = _run(smoke_runs, name, record_property)
     prompts = smoke.id_prompts(run.vocab_size)
     if len(run.id_outputs) != len(prompts):

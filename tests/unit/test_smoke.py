@@ -236,3 +236,27 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
     assert len(seen) == 3
     assert all(not _group_members(s.pid) for s in seen)
     assert time.monotonic() - t0 < 30  # stopped at the interrupt, not at the 60 s ready timeout
+
+
+def test_default_suite_serves_the_witness_not_the_blind_constructed_pair():
+    names = [s.name for s in smoke.smoke_options({}).specs]
+    assert "witness-mtp-topk1" in names and "witness-mtp-topk3" in names
+    assert not any(n.startswith("constructed-") for n in names)
+    opts = smoke.smoke_options({"MTPMATRIX_SMOKE_SERVERS": "constructed-mtp-topk3"})  # still there on demand
+    assert [s.name for s in opts.specs] == ["constructed-mtp-topk3"] and opts.specs[0].exact
+
+
+def test_max_running_requests_reads_both_log_spellings():
+    log = ("Decode batch. #running-req: 3, #token: 40\n"
+           "Prefill batch. #new-seq: 4, #running-req=7, x\nDecode batch. #running-req: 5, #token: 90\n")
+    assert smoke.max_running_requests(log) == 7
+    assert smoke.max_running_requests("no batches logged") == 0
+
+
+def test_server_accept_bounds_from_request_counters():
+    # 2 requests of 32 tokens, 6 verify steps each: 31 accepted tokens each -> [62/12, (62 + 2*5)/12]
+    metas = [{"completion_tokens": 32, "spec_verify_ct": 6}] * 2
+    lo, hi = smoke.server_accept_bounds(metas, steps=5)
+    assert (lo, hi) == (round(62 / 12, 4), 6.0)
+    assert smoke.server_accept_bounds([{"completion_tokens": 32, "spec_verify_ct": 31}], steps=5) == (1.0, 1.1613)
+    assert smoke.server_accept_bounds([{"completion_tokens": 5}], steps=5) is None  # no speculative decoding ran

@@ -57,3 +57,23 @@ def test_build_pair_rejects_unknown_names(tmp_path):
     with pytest.raises(ValueError, match="unknown tiny pair"):
         tiny.build_pair("gemma-5", tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", tiny.PAIR_NAMES)
+def test_witness_layout_fits_every_family(name):
+    from mtpmatrix import witness
+
+    t, a = tiny.target_template(name, "witness"), tiny.assistant_template(name, "witness")
+    assert t["text_config"]["tie_word_embeddings"] is False  # the witness target has its own output head
+    centroids = a["num_centroids"] if a["use_ordered_embeddings"] else 0
+    witness.Layout(t["text_config"]["hidden_size"], a["text_config"]["hidden_size"], centroids).check()
+    phys = witness.physical_kv_layers(t["text_config"])
+    # binding the wrong layer of a type must be possible to ablate: two physical layers of each type
+    assert all(len(phys[k]) >= 2 for k in ("sliding_attention", "full_attention")), phys
+
+
+def test_variant_names():
+    assert tiny.variant_name(True) == "constructed" and tiny.variant_name(False) == "random"
+    assert tiny.variant_name("witness") == "witness"
+    with pytest.raises(ValueError, match="unknown tiny pair variant 'nope'"):
+        tiny.variant_name("nope")

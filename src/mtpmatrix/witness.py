@@ -1,0 +1,555 @@
+"""Witness pairs: tiny Gemma 4 target + assistant whose drafts are right only when sglang's Frozen-KV MTP path
+hands the assistant every input it is supposed to.
+
+Why: the constructed "+1" pair drafts from the token embedding alone, so it accepted 5.33 of 6 tokens whatever
+hidden state, KV cache or positions sglang gave it; it could not see a broken hand-off. A witness assistant needs
+each input, and a wrong one makes its draft wrong, so the accept length collapses while the output stays lossless
+(the class of bug the seed suite's accept-length gate exists for).
+
+The target stays trivially exact: next token = current + 1 (mod vocab), so the greedy output is known and the smoke
+tier can still demand it token for token.
+
+Construction (all arithmetic exact up to bf16 rounding; every vector below has a fixed norm)
+-----------------------------------------------------------------------------------------------
+Codes: c(t) is a unit "token code" in D dims (a spread-out spherical code: its largest cross-cosine is printed by
+``code_margin``), n_s(t) and n_f(t) are unit "anchor codes" in D_ANCHOR dims (random), L is a random orthogonal
+DxD matrix, M_s, M_f embed D_ANCHOR dims isometrically into D dims.
+
+Target embedding row E[t] (unit norm, so the scaled embedding sqrt(H)*E[t] has RMS 1 and RMSNorm with weight 1
+leaves it unchanged: the target's pre-norm and post-norm hidden states are the same vector) holds, in disjoint
+dims: a constant, c(t) ("own"), c(t+1) ("next"), n_s(t), n_f(t) and, for the centroid head, the one-hot of the
+cluster that holds t+1. Every target layer writes nothing to the residual stream (o_proj, MLP/MoE down
+projections and PLE projections are zero), so the target's hidden state at position p is exactly sqrt(H)*E[x_p].
+Its output head reads the "next" dims: logits peak at x_p + 1.
+
+The target's attention projections do not touch its output (o_proj is zero), so they are free to shape the KV
+cache the assistant reads:
+  * every layer's key is the same position-only vector (the constant dim through k_proj; RoPE adds the position);
+  * the value of the *owner* layers sglang binds (the last non-KV-shared layer of each attention type) carries the
+    anchor code of its own token: n_s(x_p) on the sliding owner, n_f(x_p) on the full owner; every other layer's
+    value carries c(x_p) through a random map, so reading the wrong layer reads something that does not cancel.
+
+Assistant step (input token t, recurrent state r; at the seed step r is the target's hidden at the last accepted
+position and t the bonus token; later r = post_projection of the parent node's output):
+
+    z = pre_projection([sqrt(H) E[t], r]):
+        code dims  +=  c(t+1)  +  ALPHA*L c(t)  -  ALPHA*L c(r.next)  +  BETA*M_s r.n_s  +  BETA*M_f r.n_f
+        keep dims   =  r.n_s, r.n_f                 (carried to the next step unchanged)
+        cluster     =  one-hot cluster of t+1       (centroid head only)
+    sliding layer: the query is position-only and peaks on the key at its *own* RoPE position (relative offset
+        0); sglang places draft queries at seq_lens - 1, the last accepted token, so it reads that token's value
+        n_s(x_last) and adds  -BETA*M_s n_s(x_last)  to the code dims (post-attention RMSNorm fixes the size);
+    full layer: the same with n_f;
+    output: lm_head reads the code dims; post_projection writes code -> r.next, keep -> r.n_s / r.n_f.
+
+With every input right the nuisance terms cancel and the code dims hold exactly c(t+1): the draft is t+1 and the
+next state carries next = c(t+1). Each input the path hands over appears in exactly one cancellation:
+  * hidden state of another position (block's first, stale): r.next != c(t) and r.n_* != n_*(x_last);
+  * KV of another layer: the value read is not n_*(x_last);
+  * draft positions shifted by one: the query reads the neighbour's key;
+  * at topk > 1, a node fed another node's parent state: r.next is the code of another token;
+  * another request's rows: both hidden state and KV belong to another sequence.
+An uncancelled term adds a vector of norm ~ALPHA*sqrt(2) (or BETA*sqrt(2)) = 5.7 to a code of norm 1 in the code
+dims, so the draft lands on an unrelated token: the ablations in ``draft_rounds`` drop the accepted drafts per
+round from ~5 of 5 to ~0.
+
+Position selection: query and key use the same per-pair RoPE amplitudes, so the score at relative offset d is
+G * sum_i a_i cos(w_i d); it peaks at d = 0 and the next best offset is at least ``position_margin`` nats lower
+(printed by ``witness_report``; > 10 nats, so the neighbours carry < 1e-4 of the attention).
+
+Convention note, measured by the reference tier: transformers' ``SinglePositionMultiTokenCandidateGenerator`` puts
+the draft query at the *bonus* token's position (``input_ids.shape[1] - 1``), one past sglang's ``seq_lens - 1``.
+The witness follows sglang (what the smoke tier serves); under transformers' placement it reads the position after
+the last accepted token, so transformers' own assisted generation accepts almost nothing from a witness (its output
+stays lossless). ``draft_rounds`` drives the transformers assistant module directly with sglang's placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+D_CODE = 14
+D_NUISANCE = 14
+D_ANCHOR = 8
+NUISANCE_READOUT = 1.0  # how strongly the output head reads the nuisance dims (see the module docstring)
+ALPHA = 4.0
+BETA = 4.0
+LOGIT_PEAK = 20.0  # target and assistant logits at the argmax (below the 30.0 softcap)
+SCORE_GAIN = 112.0  # attention score at the peak offset: margins of ~20 (sliding) / ~15 (full) nats, see position_margin
+DRAFT_QUERY_OFFSET = 0  # the query reads the key at its own RoPE position (sglang: seq_lens - 1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which dims of the target hidden (backbone) and of the assistant hidden hold what."""
+    backbone: int
+    assistant: int
+    centroids: int  # 0 without a centroid head
+
+    # backbone (target hidden / embedding / recurrent state)
+    @property
+    def b_const(self) -> int:
+        return 0
+
+    @property
+    def b_own(self) -> slice:
+        return slice(1, 1 + D_CODE)
+
+    @property
+    def b_next(self) -> slice:
+        return slice(self.b_own.stop, self.b_own.stop + D_CODE)
+
+    @property
+    def b_anchor_s(self) -> slice:
+        return slice(self.b_next.stop, self.b_next.stop + D_ANCHOR)
+
+    @property
+    def b_anchor_f(self) -> slice:
+        return slice(self.b_anchor_s.stop, self.b_anchor_s.stop + D_ANCHOR)
+
+    @property
+    def b_cluster(self) -> slice:
+        return slice(self.b_anchor_f.stop, self.b_anchor_f.stop + self.centroids)
+
+    # assistant residual stream
+    @property
+    def a_const(self) -> int:
+        return 0
+
+    @property
+    def a_code(self) -> slice:
+        return slice(1, 1 + D_CODE)
+
+    @property
+    def a_nuisance(self) -> slice:
+        return slice(self.a_code.stop, self.a_code.stop + D_NUISANCE)
+
+    @property
+    def a_keep_s(self) -> slice:
+        return slice(self.a_nuisance.stop, self.a_nuisance.stop + D_ANCHOR)
+
+    @property
+    def a_keep_f(self) -> slice:
+        return slice(self.a_keep_s.stop, self.a_keep_s.stop + D_ANCHOR)
+
+    @property
+    def a_cluster(self) -> slice:
+        return slice(self.a_keep_f.stop, self.a_keep_f.stop + self.centroids)
+
+    def check(self) -> None:
+        if self.b_cluster.stop > self.backbone or self.a_cluster.stop > self.assistant:
+            raise ValueError(f"witness layout does not fit: backbone {self.b_cluster.stop}/{self.backbone}, "
+                             f"assistant {self.a_cluster.stop}/{self.assistant}")
+
+
+# Sizes of the assistant residual's parts (their squares add up to the residual's squared norm after the two
+# cancellations, which fixes the final RMSNorm's divisor).
+KAPPA_CONST = 1.0
+KAPPA_KEEP = 1.0
+ZETA_CLUSTER = 1.5
+# Share of the target embedding's unit norm: the constant, then the code parts equally.
+EMBED_CONST = 0.3
+# When the value shares the key projection (attention_k_eq_v), the key's position part is scaled up so it keeps most
+# of the key's norm after k_norm (the value's anchor part is renormalised downstream anyway).
+K_POS_SCALE_SHARED = 3.0
+
+
+def spherical_code(n: int, dim: int, gen, steps: int = 300):
+    """``n`` unit vectors in ``dim`` dims, spread apart by a short repulsion (deterministic for a seeded gen)."""
+    import torch
+
+    x = torch.randn(n, dim, generator=gen, dtype=torch.float64)
+    x = x / x.norm(dim=1, keepdim=True)
+    eye = torch.eye(n, dtype=torch.bool)
+    with torch.enable_grad():  # callers build weights under no_grad
+        x.requires_grad_(True)
+        opt = torch.optim.Adam([x], lr=0.02)
+        for _ in range(steps):
+            u = x / x.norm(dim=1, keepdim=True)
+            cos = (u @ u.T).masked_fill(eye, -1.0)
+            loss = torch.logsumexp(12.0 * cos, dim=1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        u = x / x.norm(dim=1, keepdim=True)
+    return u.detach().float()
+
+
+def code_margin(codes) -> float:
+    """1 - the largest cosine between two different codes (the decoding margin per unit of signal)."""
+    import torch
+
+    cos = codes @ codes.T
+    cos.fill_diagonal_(-1.0)
+    return float(1.0 - cos.max())
+
+
+def _orthogonal(n: int, m: int, gen):
+    """An n x m matrix with orthonormal columns (n >= m)."""
+    import torch
+
+    q, _ = torch.linalg.qr(torch.randn(n, m, generator=gen))
+    return q[:, :m]
+
+
+def rope_inv_freq(text_cfg: dict, layer_type: str):
+    """The inverse RoPE frequencies transformers and sglang use for ``layer_type`` (pairs (i, i + head_dim/2))."""
+    import torch
+
+    rope = text_cfg["rope_parameters"][layer_type]
+    if layer_type == "full_attention":
+        head_dim = text_cfg.get("global_head_dim") or text_cfg["head_dim"]
+    else:
+        head_dim = text_cfg["head_dim"]
+    base = rope["rope_theta"]
+    if rope.get("rope_type") == "proportional":
+        rotated = int(rope.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    else:
+        rotated = head_dim // 2
+    inv = 1.0 / base ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float64) / head_dim)
+    return head_dim, inv.float()
+
+
+def pair_amplitudes(inv_freq):
+    """Per-pair amplitude of the position-only query/key: only pairs that rotate, weighted to the fast ones (they
+    separate neighbouring offsets); unit norm."""
+    import torch
+
+    a = torch.where(inv_freq > 0, 1.0 / (1.0 + 4.0 * (1.0 - inv_freq.clamp(max=1.0))), torch.zeros_like(inv_freq))
+    return a / a.norm()
+
+
+def position_scores(inv_freq, amps, gain: float, max_offset: int = 600):
+    """Attention score of the witness query on keys 0..max_offset positions back."""
+    import torch
+
+    d = torch.arange(0, max_offset + 1, dtype=torch.float64)
+    return gain * (amps.double()[None, :] ** 2 * torch.cos(d[:, None] * inv_freq.double()[None, :])).sum(-1)
+
+
+def position_margin(inv_freq, amps, gain: float, max_offset: int = 600) -> float:
+    """Score at offset 0 minus the best score at any other offset up to ``max_offset`` (nats)."""
+    s = position_scores(inv_freq, amps, gain, max_offset)
+    return float(s[0] - s[1:].max())
+
+
+def _position_vector(head_dim: int, inv_freq, amps, scale: float):
+    """A head vector whose rotating pairs (i, i + head_dim/2) carry ``amps`` on their first component."""
+    import torch
+
+    v = torch.zeros(head_dim)
+    v[: len(inv_freq)] = amps * scale
+    return v
+
+
+def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen) -> dict:
+    """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction.
+
+    Returns numbers worth keeping in the pair's marker (margins the construction relies on).
+    """
+    import torch
+
+    text = t_cfg["text_config"]
+    V, H = text["vocab_size"], text["hidden_size"]
+    A = a_cfg["text_config"]["hidden_size"]
+    centroid = bool(a_cfg.get("use_ordered_embeddings"))
+    C = a_cfg["num_centroids"] if centroid else 0
+    lay = Layout(backbone=H, assistant=A, centroids=C)
+    lay.check()
+    u = H ** 0.5
+
+    codes = spherical_code(V, D_CODE, gen)
+    anchor_s = torch.randn(V, D_ANCHOR, generator=gen)
+    anchor_s = anchor_s / anchor_s.norm(dim=1, keepdim=True)
+    anchor_f = torch.randn(V, D_ANCHOR, generator=gen)
+    anchor_f = anchor_f / anchor_f.norm(dim=1, keepdim=True)
+    L = _orthogonal(D_NUISANCE, D_CODE, gen) if D_NUISANCE >= D_CODE else _orthogonal(D_CODE, D_NUISANCE, gen).T
+    M_s = _orthogonal(D_NUISANCE, D_ANCHOR, gen)
+    M_f = _orthogonal(D_NUISANCE, D_ANCHOR, gen)
+    readout = torch.randn(V, D_NUISANCE, generator=gen)
+    readout = readout / readout.norm(dim=1, keepdim=True)
+    nxt = (torch.arange(V) + 1) % V
+
+    # --- target embedding: constant, own code, next code, anchors, cluster of t+1 (centroid head) --------------
+    parts = 4 + (1 if centroid else 0)
+    s_part = ((1.0 - EMBED_CONST ** 2) / parts) ** 0.5
+    E = torch.zeros(V, H)
+    E[:, lay.b_const] = EMBED_CONST
+    E[:, lay.b_own] = s_part * codes
+    E[:, lay.b_next] = s_part * codes[nxt]
+    E[:, lay.b_anchor_s] = s_part * anchor_s
+    E[:, lay.b_anchor_f] = s_part * anchor_f
+    cluster_of = None
+    if centroid:
+        vpc = V // C
+        ordering = assistant.masked_embedding.token_ordering.long()
+        cluster_of = torch.empty(V, dtype=torch.long)
+        cluster_of[ordering] = torch.arange(V) // vpc
+        E[torch.arange(V), lay.b_cluster.start + cluster_of[nxt]] = s_part
+    E = E / E.norm(dim=1, keepdim=True)
+
+    lm = target.model.language_model
+    with torch.no_grad():
+        lm.embed_tokens.weight.copy_(E)
+        head = torch.zeros(V, H)
+        head[:, lay.b_next] = codes * (LOGIT_PEAK / (u * s_part))
+        target.lm_head.weight.copy_(head)
+        lm.norm.weight.fill_(1.0)
+        _witness_target_layers(lm, text, lay, gen)
+        _witness_assistant(assistant, a_cfg, text, lay, codes, readout, L, M_s, M_f, s_part, u)
+
+    h_dim_s, inv_s = rope_inv_freq(text, "sliding_attention")
+    h_dim_f, inv_f = rope_inv_freq(text, "full_attention")
+    return {"witness": {
+        "code_margin": round(code_margin(codes), 4),
+        "position_margin_sliding_nats": round(position_margin(inv_s, pair_amplitudes(inv_s), SCORE_GAIN,
+                                                              text["sliding_window"]), 2),
+        "position_margin_full_nats": round(position_margin(inv_f, pair_amplitudes(inv_f), SCORE_GAIN, 512), 2),
+        "alpha": ALPHA, "beta": BETA, "d_code": D_CODE, "d_nuisance": D_NUISANCE, "d_anchor": D_ANCHOR,
+        "draft_query_offset": DRAFT_QUERY_OFFSET,
+    }}
+
+
+def physical_kv_layers(text: dict) -> dict[str, list[int]]:
+    """Non-KV-shared target layers by attention type, in order (the last of each is the one sglang binds)."""
+    n = text["num_hidden_layers"]
+    first_shared = n - (text.get("num_kv_shared_layers") or 0)
+    out: dict[str, list[int]] = {}
+    for i, t in enumerate(text["layer_types"][:first_shared]):
+        out.setdefault(t, []).append(i)
+    return out
+
+
+def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:
+    import torch
+
+    phys = physical_kv_layers(text)
+    owners = {t: idx[-1] for t, idx in phys.items()}
+    for i, layer in enumerate(lm.layers):
+        attn = layer.self_attn
+        _zero_writers(layer)
+        if getattr(attn, "k_proj", None) is None:  # KV-shared layer: no K/V of its own
+            continue
+        ltype = text["layer_types"][i]
+        head_dim, inv = rope_inv_freq(text, ltype)
+        amps = pair_amplitudes(inv)
+        kv_heads = attn.k_proj.weight.shape[0] // head_dim
+        alt = attn.v_proj is None  # attention_k_eq_v: the value is the (pre-norm) key projection
+        anchor = lay.b_anchor_s if ltype == "sliding_attention" else lay.b_anchor_f
+        k = torch.zeros(kv_heads * head_dim, lay.backbone)
+        v = torch.zeros(kv_heads * head_dim, lay.backbone)
+        rot = len(inv)
+        for h in range(kv_heads):
+            base = h * head_dim
+            # position-only key: the constant dim feeds the rotating pairs' first components
+            k[base:base + rot, lay.b_const] = amps * (K_POS_SCALE_SHARED if alt else 1.0)
+            # value: dims that RoPE leaves alone when the value shares the key projection
+            vstart = base + _value_offset(head_dim, rot, alt)
+            if i == owners[ltype]:
+                v[vstart:vstart + D_ANCHOR, anchor] = torch.eye(D_ANCHOR)
+            else:  # a layer sglang must not bind: its value carries something that never cancels
+                v[vstart:vstart + D_ANCHOR, lay.b_own] = _orthogonal(D_CODE, D_ANCHOR, gen).T
+        if alt:
+            attn.k_proj.weight.copy_(k + v)
+        else:
+            attn.k_proj.weight.copy_(k)
+            attn.v_proj.weight.copy_(v)
+        # k_norm: unit RMS over the head, then this gain; the score gain is set on the assistant's q_norm
+        attn.k_norm.weight.fill_(1.0)
+
+
+def _value_offset(head_dim: int, rotating_pairs: int, shared_with_key: bool) -> int:
+    """Where in a head the anchor sits in the value: from dim 0 with a value projection of its own; with the value
+    shared with the key, past the rotating pairs' first components (dims rotating_pairs..head_dim/2 never rotate
+    under partial RoPE, so the query, zero there, does not score them)."""
+    if not shared_with_key:
+        return 0
+    if rotating_pairs + D_ANCHOR > head_dim // 2:
+        raise ValueError(f"witness: no unrotated room for a {D_ANCHOR}-dim anchor in a {head_dim}-dim head")
+    return rotating_pairs
+
+
+def _zero_writers(layer) -> None:
+    layer.self_attn.o_proj.weight.zero_()
+    layer.mlp.down_proj.weight.zero_()
+    if getattr(layer, "per_layer_projection", None) is not None:
+        layer.per_layer_projection.weight.zero_()
+    if getattr(layer, "experts", None) is not None:
+        layer.experts.down_proj.zero_()
+
+
+def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M_s, M_f, s_part, u) -> None:
+    import torch
+
+    A, H = lay.assistant, lay.backbone
+    am = assistant.model
+    # pre_projection: input [sqrt(H) E[t] (token half), r (recurrent half)]; see the module docstring
+    P = torch.zeros(A, 2 * H)
+    tok, rec = 0, H
+    P[lay.a_code, tok + lay.b_next.start: tok + lay.b_next.stop] = torch.eye(D_CODE) / (u * s_part)
+    P[lay.a_nuisance, tok + lay.b_own.start: tok + lay.b_own.stop] = ALPHA * L / (u * s_part)
+    P[lay.a_nuisance, rec + lay.b_next.start: rec + lay.b_next.stop] = -ALPHA * L / (u * s_part)
+    P[lay.a_nuisance, rec + lay.b_anchor_s.start: rec + lay.b_anchor_s.stop] = BETA * M_s / (u * s_part)
+    P[lay.a_nuisance, rec + lay.b_anchor_f.start: rec + lay.b_anchor_f.stop] = BETA * M_f / (u * s_part)
+    P[lay.a_keep_s, rec + lay.b_anchor_s.start: rec + lay.b_anchor_s.stop] = KAPPA_KEEP * torch.eye(D_ANCHOR) / (u * s_part)
+    P[lay.a_keep_f, rec + lay.b_anchor_f.start: rec + lay.b_anchor_f.stop] = KAPPA_KEEP * torch.eye(D_ANCHOR) / (u * s_part)
+    P[lay.a_const, rec + lay.b_const] = KAPPA_CONST / (u * EMBED_CONST)
+    if lay.centroids:
+        P[lay.a_cluster, tok + lay.b_cluster.start: tok + lay.b_cluster.stop] = \
+            ZETA_CLUSTER * torch.eye(lay.centroids) / (u * s_part)
+    assistant.pre_projection.weight.copy_(P)
+
+    # after both cancellations the residual is [KAPPA_CONST, c(t+1), KAPPA_KEEP n_s, KAPPA_KEEP n_f, ZETA onehot]
+    sq = KAPPA_CONST ** 2 + 1.0 + 2 * KAPPA_KEEP ** 2 + (ZETA_CLUSTER ** 2 if lay.centroids else 0.0)
+    R = (sq / A) ** 0.5  # its RMS: the final norm divides by this
+
+    a_text = a_cfg["text_config"]
+    for i, layer in enumerate(am.layers):
+        attn = layer.self_attn
+        ltype = a_text["layer_types"][i]
+        head_dim, inv = rope_inv_freq(text, ltype)
+        amps = pair_amplitudes(inv)
+        n_heads = attn.q_proj.weight.shape[0] // head_dim
+        q = torch.zeros(n_heads * head_dim, A)
+        for h in range(n_heads):
+            q[h * head_dim: h * head_dim + len(inv), lay.a_const] = amps
+        attn.q_proj.weight.copy_(q)
+        # q is normalised to RMS 1 over the head (norm sqrt(head_dim), all in the rotating pairs' first components),
+        # the key's position part has norm key_position_norm: score(d) = SCORE_GAIN * sum_i a_i^2 cos(w_i d)
+        attn.q_norm.weight.fill_(SCORE_GAIN / (head_dim ** 0.5 * key_position_norm(text, ltype, s_part)))
+        # o_proj: each head's value dims that carry the anchor -> minus the anchor's image in the code dims
+        o = torch.zeros(A, n_heads * head_dim)
+        rot = len(inv)
+        alt = bool(text.get("attention_k_eq_v")) and ltype == "full_attention"
+        M = M_s if ltype == "sliding_attention" else M_f
+        for h in range(n_heads):
+            vstart = h * head_dim + _value_offset(head_dim, rot, alt)
+            o[lay.a_nuisance, vstart:vstart + D_ANCHOR] = -M / n_heads
+        attn.o_proj.weight.copy_(o)
+        # post-attention RMSNorm rescales the o_proj output (norm ~ |M n|, all in the code dims) to RMS 1 over A
+        # dims, i.e. norm sqrt(A): this weight makes it exactly BETA * M n
+        layer.post_attention_layernorm.weight.fill_(BETA / A ** 0.5)
+        layer.input_layernorm.weight.fill_(1.0)
+        layer.mlp.down_proj.weight.zero_()
+    am.norm.weight.fill_(1.0)
+
+    head = torch.zeros(codes.shape[0], A)
+    head[:, lay.a_code] = codes * (LOGIT_PEAK * R)
+    head[:, lay.a_nuisance] = readout * (LOGIT_PEAK * R * NUISANCE_READOUT)
+    am.embed_tokens.weight.copy_(head)  # tied lm_head
+    assistant.lm_head.weight.copy_(head)
+    if lay.centroids:
+        cw = torch.zeros(lay.centroids, A)
+        cw[torch.arange(lay.centroids), lay.a_cluster.start + torch.arange(lay.centroids)] = 1.0
+        assistant.masked_embedding.centroids.weight.copy_(cw)
+
+    # post_projection: normed residual -> recurrent state in the target hidden's own units (sqrt(H) * E parts)
+    Q = torch.zeros(H, A)
+    Q[lay.b_const, lay.a_const] = u * EMBED_CONST * R / KAPPA_CONST
+    Q[lay.b_next, lay.a_code] = u * s_part * R * torch.eye(D_CODE)
+    Q[lay.b_anchor_s, lay.a_keep_s] = u * s_part * R / KAPPA_KEEP * torch.eye(D_ANCHOR)
+    Q[lay.b_anchor_f, lay.a_keep_f] = u * s_part * R / KAPPA_KEEP * torch.eye(D_ANCHOR)
+    assistant.post_projection.weight.copy_(Q)
+
+
+def key_position_norm(text: dict, ltype: str, s_part: float) -> float:
+    """Norm of the position part of a target key after k_norm (the key is normalised to RMS 1 over the head; when
+    the value shares the key projection, the anchor part takes its share of that norm)."""
+    head_dim, _inv = rope_inv_freq(text, ltype)
+    u = text["hidden_size"] ** 0.5
+    if not (text.get("attention_k_eq_v") and ltype == "full_attention"):
+        return head_dim ** 0.5
+    pos, anchor = u * EMBED_CONST * K_POS_SCALE_SHARED, u * s_part
+    return head_dim ** 0.5 * pos / (pos ** 2 + anchor ** 2) ** 0.5
+
+
+# ------------------------------------------------------------------------------------------- CPU draft harness
+
+ABLATIONS = (
+    "hidden_previous_position",  # the seed's hidden state comes from the position before the last accepted one
+    "kv_other_sliding_layer",  # the sliding layers read another physical sliding layer's KV
+    "kv_other_full_layer",  # the full layers read another physical full layer's KV
+    "position_plus_one",  # draft queries one position later (transformers' placement)
+    "position_minus_one",  # draft queries one position earlier
+    "other_request_rows",  # hidden state and KV of the next request in the batch
+    "tree_sibling_parent",  # topk > 1: from the third draft on, a node gets its parent's sibling's state
+)
+
+
+def target_states(target, ids):
+    """One target forward over whole sequences: the post-norm hidden state at every position and each physical
+    layer's K (after RoPE) and V, as sglang's KV cache holds them."""
+    import torch
+
+    with torch.no_grad():
+        out = target(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, output_hidden_states=True)
+    hidden = out.hidden_states[-1]
+    cache = out.past_key_values
+    kv = {}
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.numel():
+            kv[i] = (keys, layer.values)
+    return hidden, kv
+
+
+def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: int, ablation: str | None = None):
+    """Draft ``steps`` tokens (greedy chain, sglang's seeding and placement) from every bonus position ``P`` in
+    ``start .. len - steps - 1`` of the known greedy sequences ``ids`` [batch, len], with every input intact or one
+    ``ablation`` applied. Returns per-step accuracy (fraction of rounds whose k-th draft equals the target's token)
+    and the mean number of leading correct drafts per round (what a verifier would accept).
+    """
+    import torch
+
+    if ablation is not None and ablation not in ABLATIONS:
+        raise ValueError(f"unknown ablation {ablation!r}; known: {', '.join(ABLATIONS)}")
+    hidden, layer_kv = target_states(target, ids)
+    phys = physical_kv_layers(text)
+    use = {t: idx[-1] for t, idx in phys.items()}
+    if ablation == "kv_other_sliding_layer":
+        use["sliding_attention"] = phys["sliding_attention"][-2]
+    if ablation == "kv_other_full_layer":
+        use["full_attention"] = phys["full_attention"][-2]
+    embed = target.get_input_embeddings()
+    B, T = ids.shape
+    correct = torch.zeros(steps)
+    leading = []
+    rounds = 0
+    with torch.no_grad():
+        for P in range(start, T - steps):
+            h = hidden[:, P - 2 if ablation == "hidden_previous_position" else P - 1][:, None]
+            kv = {t: (layer_kv[i][0][:, :, :P], layer_kv[i][1][:, :, :P]) for t, i in use.items()}
+            if ablation == "other_request_rows":
+                h = h.roll(1, dims=0)
+                kv = {t: (k.roll(1, dims=0), v.roll(1, dims=0)) for t, (k, v) in kv.items()}
+            pos = P - 1 + DRAFT_QUERY_OFFSET + {"position_plus_one": 1, "position_minus_one": -1}.get(ablation, 0)
+            position_ids = torch.full((B, 1), pos, dtype=torch.long)
+            token, state = ids[:, P:P + 1], h
+            ok_so_far = torch.ones(B, dtype=torch.bool)
+            n_lead = torch.zeros(B)
+            prev = None  # (logits, state) of the forward that drafted ``token``, for the sibling ablation
+            for k in range(steps):
+                if ablation == "tree_sibling_parent" and k >= 2:
+                    sibling = prev[0].topk(2, dim=-1).indices[..., 1]  # the parent's second-best alternative
+                    state = _assist(assistant, embed, sibling, prev[1], kv, position_ids)[1]
+                logits, new_state = _assist(assistant, embed, token, state, kv, position_ids)
+                prev = (logits, state)
+                token, state = logits.argmax(-1), new_state
+                hit = token[:, 0] == ids[:, P + 1 + k]
+                correct[k] += hit.float().sum()
+                ok_so_far &= hit
+                n_lead += ok_so_far.float()
+            leading.append(n_lead)
+            rounds += B
+    acc = (correct / max(1, rounds)).tolist()
+    return {"rounds": rounds, "step_accuracy": [round(a, 4) for a in acc],
+            "accepted_drafts": round(float(torch.cat(leading).mean()), 4) if leading else None}
+
+
+def _assist(assistant, embed, token, state, kv, position_ids):
+    import torch
+
+    x = torch.cat([embed(token).to(state.dtype), state], dim=-1)
+    out = assistant(inputs_embeds=x, position_ids=position_ids, shared_kv_states=kv, use_cache=False)
+    return out.logits, out.last_hidden_state
