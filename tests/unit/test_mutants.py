@@ -516,7 +516,7 @@ def test_scheduler_times_out_a_hanging_suite(tmp_path):
     hang.write_text("import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(2)\n")
     suite = M.Suite("m", ("a",), tmp_path / "m", dict(os.environ))
     t0 = time.monotonic()
-    M.Scheduler([suite], cap=1, timeout=1, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
+    M.Scheduler([suite], cap=1, timeout=2, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
                 poll=0.05, grace=5).run()
     assert suite.timed_out and suite.exitstatus == 2 and time.monotonic() - t0 < 20
     assert M.judge_suite(None, suite.exitstatus, suite.timed_out).status == "timeout"
