@@ -9,6 +9,7 @@
     nox -s unit                               the runner's own unit tests
     nox -t ci                                 what CI runs: unit tests + the CPU tiers of the 'ci' row
     nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
+    nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
 """
 
 from __future__ import annotations
@@ -101,3 +102,32 @@ def bisect(session: nox.Session) -> None:
     """First bad release: nox -s bisect -- PACKAGE GOOD BAD [--row ROW] [--tier TIER]."""
     session.run(sys.executable, "-m", "mtpmatrix", "bisect", *session.posargs,
                 env={"PYTHONPATH": str(Path(__file__).parent / "src")})
+
+
+@nox.session(python=False, default=False)
+def mutants(session: nox.Session) -> None:
+    """Fault injection: nox -s mutants -- --row ROW [--list | --check] [--mutants ID,ID] [--out DIR] ...
+
+    Builds the row's venv (.nox/mutants-<row>) with the matrix's one install command, then runs
+    ``python -m mtpmatrix mutants`` inside it; --row defaults to the row tagged 'ci'."""
+    from mtpmatrix import mutants as mut
+
+    try:
+        row_id, rest = mut.split_row_arg(session.posargs)
+        row_id = row_id or next((r.id for r in ROWS.values() if "ci" in r.tags), None)
+        if row_id not in ROWS:
+            raise mut.MutantsError(f"unknown row {row_id!r}; known: {', '.join(ROWS)}")
+        venv = Path(__file__).parent / ".nox" / f"mutants-{row_id}"
+        constraints = venv.parent / f"mutants-{row_id}.constraints.txt"
+        constraints.parent.mkdir(parents=True, exist_ok=True)
+        constraints.write_text(matrix.constraints_text(ROWS[row_id], []))
+        commands = mut.row_venv_commands(ROWS[row_id], venv, constraints)
+    except mut.MutantsError as exc:
+        session.error(str(exc))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(VIRTUAL_ENV=str(venv),
+               PATH=f"{matrix.venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    for cmd in commands:
+        session.run(*cmd, env=env, include_outer_env=False, external=True)
+    session.run(str(matrix.venv_python(venv)), "-m", "mtpmatrix", "mutants", *rest, env=env,
+                include_outer_env=False, external=True)

@@ -1,8 +1,9 @@
-"""``python -m mtpmatrix``: report, bisect, rows.
+"""``python -m mtpmatrix``: report, bisect, rows, mutants.
 
     python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR]
     python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
     python -m mtpmatrix rows [--json]
+    python -m mtpmatrix mutants [--list | --check] [--mutants ID,ID] [--out DIR] [--timeout S] [--budget S]
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     bisect.add_arguments(bp)
     lp = sub.add_parser("rows", help="list the rows (constraints/*.txt)")
     lp.add_argument("--json", action="store_true", help="machine-readable")
+    mp = sub.add_parser("mutants", help="fault injection: does the smoke tier kill deliberate bugs in sglang's MTP "
+                                        "path? (exit 0 only when the baseline passes and every mutant is killed)")
+    from mtpmatrix import mutants
+
+    mutants.add_arguments(mp)
     ns = p.parse_args(argv)
+    if ns.cmd == "mutants":
+        return mutants.run(ns)
     if ns.cmd == "report":
         return report.run(ns)
     if ns.cmd == "bisect":
