@@ -42,15 +42,16 @@ from mtpmatrix.store import atomic_write_json, atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_DIR = Path(__file__).resolve().parent / "mutant_hook"
+from mtpmatrix.smoke import WITNESS_SERVERS  # noqa: E402 - the one definition of the witness servers
+
 ENV_MUTANT = "MTPMATRIX_MUTANT"  # read by mutant_hook/sitecustomize.py
 MARK = "mtpmatrix-mutant:"  # the hook's log lines
 SUITE = "tests/tiers/test_smoke.py"
 
 # The smoke servers a mutant's suite launches unless its catalogue entry says otherwise: the witness pair, whose
 # drafter needs the right hidden state, KV layer, positions, tree parent and its own request's rows to draft right.
-DEFAULT_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
-TOPK1 = ("witness-mtp-topk1",)
-TOPK3 = ("witness-mtp-topk3",)
+DEFAULT_SERVERS = WITNESS_SERVERS
+TOPK1, TOPK3 = (WITNESS_SERVERS[0],), (WITNESS_SERVERS[1],)
 
 # Concurrency is bounded by CPU, not GPU memory: a server launch is mostly CPU-bound Triton compilation, processor
 # loading and CUDA-graph capture. Measured on one H200 box with 16 cores (sglang 0.5.17, tiny pairs, warm caches):
