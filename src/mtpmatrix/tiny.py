@@ -256,7 +256,8 @@ class PairPaths:
 
 def pair_hash(name: str, variant: str, seed: int) -> str:
     # a witness pair is also rebuilt whenever its construction changes
-    witness_src = (Path(__file__).with_name("witness.py").read_bytes() if variant == "witness" else b"")
+    witness_src = (Path(__file__).with_name("witness.py").read_bytes()
+                   + os.environ.get("MTPMATRIX_WITNESS_QUERY_OFFSET", "0").encode() if variant == "witness" else b"")
     blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(), "target": target_template(name, variant),
                        "assistant": assistant_template(name, variant), "seed": seed,
                        "tokenizer": SPECIAL_TOKENS, "generation": generation_config()}, sort_keys=True)

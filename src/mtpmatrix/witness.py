@@ -76,7 +76,10 @@ ALPHA = 4.0
 BETA = 4.0
 LOGIT_PEAK = 20.0  # target and assistant logits at the argmax (below the 30.0 softcap)
 SCORE_GAIN = 112.0  # attention score at the peak offset: margins of ~20 (sliding) / ~15 (full) nats, see position_margin
-DRAFT_QUERY_OFFSET = 0  # the query reads the key at its own RoPE position (sglang: seq_lens - 1)
+import os as _os
+
+# Which key the draft query reads, counted back from its own RoPE position: 0 = its own position, 1 = the one before.
+DRAFT_QUERY_OFFSET = int(_os.environ.get("MTPMATRIX_WITNESS_QUERY_OFFSET", "0"))
 
 
 @dataclass(frozen=True)
@@ -412,8 +415,11 @@ def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M
         amps = pair_amplitudes(inv)
         n_heads = attn.q_proj.weight.shape[0] // head_dim
         q = torch.zeros(n_heads * head_dim, A)
+        # pair i of the query is rotated back by w_i * offset, so q.k peaks at relative offset DRAFT_QUERY_OFFSET
+        back = inv * DRAFT_QUERY_OFFSET
         for h in range(n_heads):
-            q[h * head_dim: h * head_dim + len(inv), lay.a_const] = amps
+            q[h * head_dim: h * head_dim + len(inv), lay.a_const] = amps * torch.cos(back)
+            q[h * head_dim + head_dim // 2: h * head_dim + head_dim // 2 + len(inv), lay.a_const] = -amps * torch.sin(back)
         attn.q_proj.weight.copy_(q)
         # q is normalised to RMS 1 over the head (norm sqrt(head_dim), all in the rotating pairs' first components),
         # the key's position part has norm key_position_norm: score(d) = SCORE_GAIN * sum_i a_i^2 cos(w_i d)
