@@ -8,22 +8,24 @@ passed under a torch whose ABI the kernels cannot load. This module finds those 
 
 Which libraries (from the installed distributions, nothing hard-coded):
   * the distributions in sglang's runtime-dependency closure (``Requires-Dist`` of the installed metadata, markers
-    evaluated, no extras), torch itself excluded: it is what the others are checked against;
-  * of their files (``RECORD``), the Python extension modules this interpreter can import (a name ending in one of
-    ``importlib.machinery.EXTENSION_SUFFIXES`` with an identifier before it, exporting ``PyInit_<name>``) whose
-    ``DT_NEEDED`` names one of torch's libraries: these are what ``import sgl_kernel`` (both per-architecture
-    ``common_ops``), ``deep_gemm``, ``torchvision``, ``torchaudio``, ... load. Plain libraries that package code
-    loads through ctypes with its own fallback (torch_c_dlpack_ext's one-per-torch-release addons, torchcodec's
-    one-per-FFmpeg cores) are not modules and are left out: which of them loads is the package's runtime choice;
-  * with each module, the libraries of its own ``DT_NEEDED`` closure that live outside torch and link torch
-    themselves (``torchaudio/lib/libtorchaudio.abi3.so`` under ``_torchaudio.abi3.so``).
+    evaluated, no extras, torch's own requirements not followed), torch itself excluded: it is what the others are
+    checked against;
+  * every ELF shared object in their ``RECORD`` whose ``DT_NEEDED`` names one of torch's libraries: the extension
+    modules (sgl_kernel's per-architecture ``sm90``/``sm100`` ``common_ops``, ``flash_ops``, ...) and the operator
+    libraries packages load with ``torch.ops.load_library`` or ctypes (deep_gemm's ``_C.so``, torchvision,
+    torchaudio, torchao, torchcodec). Which of them one server run loads depends on the GPU and the features used;
+    each is loaded on some path of sglang, and the message names every library, so a reader sees which broke;
+  * except builds for another torch release, named so (``libtorch_c_dlpack_addon_torch26-cpu.so`` under torch
+    2.11): their package loads only the one named for the running torch.
 
 What "missing" means, and why it gives no false alarms:
   * torch's side is what ``import torch`` has loaded before any extension: the shared libraries torch ships
     (``torch/lib``, by ``SONAME``) and their own ``DT_NEEDED`` closure, resolved like the dynamic loader does
     (RPATH/RUNPATH with ``$ORIGIN``, then the system's library path);
-  * a library's undefined symbols are looked up in its load scope: torch's global dependencies plus the library's
-    own ``DT_NEEDED`` closure, resolved the same way (a soname torch already loaded is that object);
+  * a library's undefined symbols are looked up in its load scope: the interpreter and torch's global dependencies
+    plus the library's own ``DT_NEEDED`` closure, resolved the same way (a soname torch already loaded is that
+    object; one found nowhere else may be a library the checked packages ship and load by path first, as
+    torchcodec does with its cores);
   * a symbol is *torch's* when it is unversioned and its name belongs to torch: a mangled C++ name that mentions
     ``c10``, ``at``, ``torch``, ``caffe2`` or ``aoti`` as a name component (``_ZN3c10...``, ``_ZNK2at...``, also
     ``THPVariable_Wrap(at::TensorBase const&)``), or torch's C ABI (``aoti_torch_*``, ``torch_*``, ``THP*``).
@@ -53,7 +55,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.machinery
 import importlib.metadata as md
 import os
 import re
@@ -280,12 +281,11 @@ class ReadelfReader:
 
 def make_reader(prefer: str | None = None):
     """pyelftools, else readelf; AbiUnavailable (one line) when neither is here. ``prefer`` forces one (tests)."""
-    errors = []
     for kind in ((prefer,) if prefer else ("pyelftools", "readelf")):
         try:
             return PyElfReader() if kind == "pyelftools" else ReadelfReader()
         except (ImportError, FileNotFoundError):
-            errors.append(kind)
+            continue
     raise AbiUnavailable("no ELF reader: neither pyelftools (pip install pyelftools) nor binutils' readelf is "
                          "available")
 

@@ -4,7 +4,8 @@ FROZEN_KV_MTP with the expected draft shape, and sglang's loader builds both mod
 safetensors on the CPU.
 
 The ABI checks read ELF files only (seconds, see mtpmatrix.abi) and run first. sglang is imported once per process
-(the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else is cheap. Failures carry sglang's first frame: library exceptions are let through (see mtpmatrix.sglang_compat).
+(the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else is cheap. Failures carry sglang's
+first frame: library exceptions are let through (see mtpmatrix.sglang_compat).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def test_torch_abi(native_abi, record_property):
     record_property("libraries", len(native_abi.libraries))
     record_property("torch_symbols", sum(r.torch_refs for r in native_abi.libraries))
     record_property("distributions", ", ".join(native_abi.distributions))
+    # not torch's, so not judged here: the driver's libcuda.so.1 on a CPU machine, FFmpeg for torchcodec's cores
+    record_property("absent_libraries", ", ".join(sorted({s for r in native_abi.libraries for s in r.absent_libs})))
     if not native_abi.libraries:
         pytest.skip("no native library of sglang or its dependencies links torch")
     message = native_abi.failure_message()
