@@ -10,6 +10,7 @@ import argparse
 import datetime as _dt
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from mtpmatrix import environment, index
 from packaging.requirements import InvalidRequirement, Requirement
@@ -168,6 +170,58 @@ def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Pat
     return cmd
 
 
+_PIP_CHECK_UNMET = re.compile(r"The package `([^`]+)` requires `([^`]+)`, but `([^`]+)` is installed")
+
+
+def stranded_by_overrides(check_output: str, overrides: list[str], pinned: Iterable[str]) -> list[str]:
+    """Installed packages whose own requirement on an overridden package is unmet, per ``uv pip check``
+    (torchvision 0.29.2 needing ``torch>=2.14.0`` under ``--with torch==2.11.0``): canonical names, sorted.
+
+    An override replaces every requirement on its package, so the resolver is free to pick any release of the
+    packages released in lock-step with it (the newest torchvision), or keeps the one a row pin names for the old
+    release. The row's own pins and the overridden packages are never stranded: sglang's ``torch==2.11.0`` is what
+    a torch override is there to break.
+    """
+    targets = overridden_names(overrides)
+    keep = {canonicalize_name(p) for p in pinned} | targets
+    out = set()
+    for package, requirement, _ in _PIP_CHECK_UNMET.findall(check_output):
+        try:
+            name = canonicalize_name(Requirement(requirement).name)
+        except InvalidRequirement:
+            continue
+        if name in targets and canonicalize_name(package) not in keep:
+            out.add(canonicalize_name(package))
+    return sorted(out)
+
+
+def resolve_companions(row: Row, venv: Path, overrides: list[str], names: list[str], env: dict | None = None,
+                       log: Path | None = None) -> list[str]:
+    """``name==version`` of each of ``names`` as uv resolves them next to the overrides taken as plain requirements,
+    so that each one's own requirement on the overridden packages holds (torch==2.13.0 -> torchvision==0.28.0).
+    Raises RowError with uv's first error line when no release fits."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise RowError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    cmd = [uv, "pip", "compile", "-", "--python", str(venv_python(venv)), "--no-header", "--no-annotate"]
+    if row.torch_backend != "pypi":  # companions of a CUDA-variant torch come from the same index
+        cmd += ["--torch-backend", row.torch_backend]
+    done = subprocess.run(cmd, input="\n".join([*overrides, *names]) + "\n", capture_output=True, text=True,
+                          env=env, cwd=REPO)
+    if log is not None:
+        log.write_text("$ " + " ".join(cmd) + "\n" + done.stdout + done.stderr)
+    if done.returncode != 0:
+        why = next((ln.strip() for ln in done.stderr.splitlines() if ln.strip()), "uv pip compile failed")
+        raise RowError(f"no release of {', '.join(names)} fits {', '.join(overrides)}: {why}")
+    wanted = set(names)
+    pins = []
+    for line in done.stdout.splitlines():
+        body = line.split("#", 1)[0].strip()
+        if "==" in body and canonicalize_name(body.split("==", 1)[0]) in wanted:
+            pins.append(body)
+    return sorted(pins)
+
+
 def venv_python(venv: Path) -> Path:
     return Path(venv) / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
@@ -233,9 +287,37 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     if rc != 0:
         record["install"]["failure"] = classify_install(output).as_dict()
         return _finish(store, row, record)
+    uv = cmd[0]
+
+    # 1b. packages the overrides stranded (see stranded_by_overrides) follow them: left as resolved, a torchvision
+    # built for another torch breaks `import sglang` for a reason that is not the row's
+    if opts.overrides:
+        _, check = _run_logged([uv, "pip", "check", "--python", str(venv_python(venv))],
+                               out / "check-overrides.txt", env=env_uv)
+        stranded = stranded_by_overrides(check, opts.overrides, row.pins)
+        if stranded:
+            try:
+                companions = resolve_companions(row, venv, opts.overrides, stranded, env=env_uv,
+                                                log=out / "companions.log")
+            except RowError as exc:  # recorded; the suite still runs on what pass 1 installed
+                record["install"]["companions_error"] = str(exc)
+                log(f"[{row.id}] {exc}")
+            else:
+                both = [*opts.overrides, *companions]
+                constraints.write_text(constraints_text(row, both))
+                overrides_file.write_text("\n".join(both) + "\n")
+                cmd2 = install_command(row, venv, constraints, overrides_file, both)
+                log(f"[{row.id}] the overrides strand {', '.join(stranded)}: installing {', '.join(companions)} "
+                    "with them")
+                rc, output = _run_logged(cmd2, out / "install-companions.log", env=env_uv)
+                record["install"].update(companions=companions, command=cmd2[1:],
+                                         seconds=round(time.monotonic() - t0, 1))
+                if rc != 0:
+                    record["install"]["verdict"] = "failed"
+                    record["install"]["failure"] = classify_install(output).as_dict()
+                    return _finish(store, row, record)
 
     # 2. what actually got installed
-    uv = cmd[0]
     rc_f, freeze = _run_logged([uv, "pip", "freeze", "--python", str(venv_python(venv))], out / "freeze.log",
                                env=env_uv)
     (out / "freeze.txt").write_text("\n".join(ln for ln in freeze.splitlines() if "==" in ln or " @ " in ln)

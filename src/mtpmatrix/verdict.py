@@ -1,5 +1,5 @@
-"""Failure classification: what broke (install conflict, import, config, args, weights, launch, crash, mismatch,
-accuracy, acceptance) and where (the first frame inside sglang / transformers / torch).
+"""Failure classification: what broke (install conflict, import, abi, config, args, weights, launch, crash,
+mismatch, accuracy, acceptance) and where (the first frame inside sglang / transformers / torch).
 
 A failure whose exception was raised from this project's own code, without passing through the libraries under
 test, is classified ``harness``: a bug in the matrix must never read as a break in sglang.
@@ -16,6 +16,7 @@ from types import TracebackType
 KINDS = (
     "install",  # the resolver refused the row (conflict, missing wheel, unreachable index)
     "import",  # a module of the MTP path does not import
+    "abi",  # a native extension needs torch symbols / libraries / a CUDA major the installed torch does not provide
     "config",  # a config does not load or resolves to the wrong values
     "args",  # ServerArgs resolution broke or resolved to the wrong algorithm/values
     "weights",  # building the model classes or loading weights failed

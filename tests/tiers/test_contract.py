@@ -1,9 +1,11 @@
-"""Contract tier (CPU, needs sglang): the MTP path imports, sglang reads the tiny pairs' configs, the seed command
-lines resolve to FROZEN_KV_MTP with the expected draft shape, and sglang's loader builds both model classes and
-loads their safetensors on the CPU.
+"""Contract tier (CPU, needs sglang): the native extensions sglang installs can load against this torch (symbols,
+CUDA major), the MTP path imports, sglang reads the tiny pairs' configs, the seed command lines resolve to
+FROZEN_KV_MTP with the expected draft shape, and sglang's loader builds both model classes and loads their
+safetensors on the CPU.
 
-sglang is imported once per process (the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else
-is cheap. Failures carry sglang's first frame: library exceptions are let through (see mtpmatrix.sglang_compat).
+The ABI checks read ELF files only (seconds, see mtpmatrix.abi) and run first. sglang is imported once per process
+(the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else is cheap. Failures carry sglang's
+first frame: library exceptions are let through (see mtpmatrix.sglang_compat).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix import abi, settings
 from mtpmatrix import sglang_compat as compat
 from mtpmatrix.verdict import CheckFailure
 
@@ -31,8 +33,59 @@ def sglang_chain():
     return result
 
 
+@pytest.fixture(scope="session")
+def native_abi():
+    """The torch-linked native libraries of sglang and its dependencies, resolved against the installed torch."""
+    try:
+        return abi.check_installed()
+    except abi.AbiUnavailable as exc:
+        pytest.skip(f"ABI check: {exc}")
+
+
 def _seed_argv(pair, topk: int) -> list[str]:
     return settings.server_args(str(pair.target), assistant=str(pair.assistant), topk=topk, tp=1)
+
+
+# ------------------------------------------------------------------------------------------------ abi
+# First in the file: seconds, no import. On a CPU machine ``import sgl_kernel`` fails anyway (no libcuda.so.1), so
+# only these checks see a torch the kernels were not built for.
+
+
+@pytest.mark.check("abi")
+def test_torch_abi(native_abi, record_property):
+    """Every torch symbol and torch library that the native libraries need (sgl_kernel's per-architecture
+    common_ops, deep_gemm, torchvision, ...) is defined / shipped by the installed torch."""
+    record_property("reader", native_abi.reader)
+    record_property("seconds", native_abi.seconds)
+    record_property("libraries", len(native_abi.libraries))
+    record_property("torch_symbols", sum(r.torch_refs for r in native_abi.libraries))
+    record_property("distributions", ", ".join(native_abi.distributions))
+    # not torch's, so not judged here: the driver's libcuda.so.1 on a CPU machine, FFmpeg for torchcodec's cores
+    record_property("absent_libraries", ", ".join(sorted({s for r in native_abi.libraries for s in r.absent_libs})))
+    if not native_abi.libraries:
+        pytest.skip("no native library of sglang or its dependencies links torch")
+    message = native_abi.failure_message()
+    if message:
+        record_property("missing", {r.label: r.missing_demangled + r.missing_torch_libs for r in native_abi.broken})
+        raise CheckFailure("abi", message)
+
+
+@pytest.mark.check("abi")
+def test_cuda_major(native_abi, record_property):
+    """The CUDA runtime libraries the native libraries need (libcudart.so.N, libcublas.so.N, ...) have the CUDA
+    major of this torch build: a cu128 torch under cu130 kernels fails here, not on the GPU."""
+    if native_abi.torch_cuda is None:
+        pytest.skip(f"torch {native_abi.torch_version} is a CPU build (torch.version.cuda is None): "
+                    "no CUDA major to compare")
+    needed = sorted({s for r in native_abi.libraries for s in r.cuda_majors})
+    record_property("torch_cuda", native_abi.torch_cuda)
+    record_property("cuda_libraries", ", ".join(needed))
+    if not needed:
+        pytest.skip("no native library of sglang or its dependencies needs a CUDA runtime library")
+    problems = abi.cuda_mismatches(native_abi.libraries, native_abi.torch_cuda)
+    if problems:
+        raise CheckFailure("abi", f"torch {native_abi.torch_version} is built for CUDA {native_abi.torch_cuda}, "
+                                  "but " + "; ".join(problems))
 
 
 # ------------------------------------------------------------------------------------------------ import

@@ -237,3 +237,69 @@ def test_preflight_tier_env_checks_smoke_knobs_only_when_smoke_runs():
         matrix.preflight_tier_env("contract,smoke", bad)
     matrix.preflight_tier_env("contract,reference", bad)  # smoke not selected: nothing to check
     matrix.preflight_tier_env("smoke", {})
+
+
+# --- packages an override strands ------------------------------------------------------------------------------
+
+# real `uv pip check` output of a probe with --with torch==2.11.0: the resolver took the newest torchvision
+PIP_CHECK = """Using Python 3.11.7 environment at: .cache/bisect/sglang-0.5.17/2.11.0
+Checked 215 packages in 2ms
+Found 3 incompatibilities
+The package `torchvision` requires `torch>=2.14.0`, but `2.11.0` is installed
+The package `sglang` requires `torch==2.13.0`, but `2.11.0` is installed
+The package `flashinfer-python` requires `nvidia-cudnn-frontend>=1.13`, but `1.10` is installed
+"""
+
+
+def test_stranded_by_overrides_names_only_companions_of_an_overridden_package():
+    # sglang is a row pin (its torch pin is what the override breaks); flashinfer's problem is not the override's
+    assert matrix.stranded_by_overrides(PIP_CHECK, ["torch==2.11.0"], ["sglang", "transformers", "torch"]) \
+        == ["torchvision"]
+    assert matrix.stranded_by_overrides(PIP_CHECK, ["transformers==5.20.0"], ["sglang", "torch"]) == []
+    assert matrix.stranded_by_overrides("Checked 215 packages\nAll installed packages are compatible\n",
+                                        ["torch==2.11.0"], []) == []
+
+
+def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    """A metadata-only wheel: all a resolver reads."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                     + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", f"{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+
+
+@pytest.fixture
+def local_index(tmp_path):
+    """uv offline on a folder of wheels: base 1/2/3, companion 1/2/3 (each pinning its base), a venv to resolve for."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("uv") is None:
+        pytest.skip("needs uv")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for v in ("1.0", "2.0"):
+        _wheel(wheels, "base", v, [])
+    for v in ("1.0", "2.0", "3.0"):  # companion 3.0 needs a base 3.0 that does not exist
+        _wheel(wheels, "companion", v, [f"base=={v}"])
+    env = {**__import__("os").environ, "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(wheels), "UV_OFFLINE": "1",
+           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_PYTHON_DOWNLOADS": "never"}
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "--python", sys.executable, str(venv)], check=True, capture_output=True, env=env)
+    return venv, env
+
+
+def test_resolve_companions_follows_the_override(tmp_path, local_index):
+    venv, env = local_index
+    row = row_file(tmp_path)
+    assert matrix.resolve_companions(row, venv, ["base==2.0"], ["companion"], env=env) == ["companion==2.0"]
+    assert matrix.resolve_companions(row, venv, ["base==1.0"], ["companion"], env=env) == ["companion==1.0"]
+    with pytest.raises(RowError) as info:
+        matrix.resolve_companions(row, venv, ["base==9.0"], ["companion"], env=env, log=tmp_path / "c.log")
+    assert "\n" not in str(info.value) and str(info.value).startswith("no release of companion fits base==9.0: ")
+    assert (tmp_path / "c.log").read_text().startswith("$ ")

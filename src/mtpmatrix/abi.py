@@ -1,0 +1,664 @@
+"""Can the MTP path's native extensions load against this environment's torch? Answered from the ELF files alone,
+on a CPU machine, in seconds.
+
+Why: sglang's kernels (``sgl_kernel/sm90/common_ops.abi3.so``, ``sm100/...``) are C++ extensions built against one
+torch release. Under another torch, ``import sgl_kernel`` fails with "undefined symbol" on a GPU box and no server
+starts. On a CPU machine it fails anyway (no ``libcuda.so.1``) and sglang swallows the error, so the contract tier
+passed under a torch whose ABI the kernels cannot load. This module finds those breaks without loading anything.
+
+Which libraries (from the installed distributions, nothing hard-coded):
+  * the distributions in sglang's runtime-dependency closure (``Requires-Dist`` of the installed metadata, markers
+    evaluated, no extras, torch's own requirements not followed), torch itself excluded: it is what the others are
+    checked against;
+  * every ELF shared object in their ``RECORD`` whose ``DT_NEEDED`` names one of torch's libraries: the extension
+    modules (sgl_kernel's per-architecture ``sm90``/``sm100`` ``common_ops``, ``flash_ops``, ...) and the operator
+    libraries packages load with ``torch.ops.load_library`` or ctypes (deep_gemm's ``_C.so``, torchvision,
+    torchaudio, torchao, torchcodec). Which of them one server run loads depends on the GPU and the features used;
+    each is loaded on some path of sglang, and the message names every library, so a reader sees which broke;
+  * except builds for another torch release, named so (``libtorch_c_dlpack_addon_torch26-cpu.so`` under torch
+    2.11): their package loads only the one named for the running torch.
+
+What "missing" means, and why it gives no false alarms:
+  * torch's side is what ``import torch`` has loaded before any extension: the shared libraries torch ships
+    (``torch/lib``, by ``SONAME``) and their own ``DT_NEEDED`` closure, resolved like the dynamic loader does
+    (RPATH/RUNPATH with ``$ORIGIN``, then the system's library path);
+  * a library's undefined symbols are looked up in its load scope: the interpreter and torch's global dependencies
+    plus the library's own ``DT_NEEDED`` closure, resolved the same way (a soname torch already loaded is that
+    object; one found nowhere else may be a library the checked packages ship and load by path first, as
+    torchcodec does with its cores);
+  * a symbol is *torch's* when it is unversioned and its name belongs to torch: a mangled C++ name that mentions
+    ``c10``, ``at``, ``torch``, ``caffe2`` or ``aoti`` as a name component (``_ZN3c10...``, ``_ZNK2at...``, also
+    ``THPVariable_Wrap(at::TensorBase const&)``), or torch's C ABI (``aoti_torch_*``, ``torch_*``, ``THP*``).
+    Versioned references (``memcpy@GLIBC_2.14``) belong to the library named in their version requirement, and torch
+    versions none of its symbols. Weak undefined references may stay unresolved at load time, so they never count.
+    Everything else that stays unresolved on a CPU machine (``cu*`` from the absent driver's ``libcuda.so.1``,
+    ``Py*`` from the interpreter) is not torch's and is only counted;
+  * a torch symbol is missing when no library in the scope defines it (defined: any binding, not ``UND``), and a
+    ``DT_NEEDED`` torch library is missing when the row's torch does not ship it (``libc10_cuda.so`` under a CPU
+    build). Each one is a load failure on any machine.
+  Comparing the export tables of the *pinned* torch and the row's torch would need the pinned torch installed too
+  (gigabytes per probe) and would still not say which of the differences a library uses; resolving the library's
+  own references against the row's torch answers exactly that.
+
+CUDA: the CUDA runtime libraries whose soname major is the CUDA major (``libcudart``, ``libcublas``,
+``libcublasLt``, ``libnvrtc``, ``libnvJitLink``; not cufft/cusparse/curand, whose majors differ) that a library
+needs must have the major of the row's torch build (``torch.version.cuda``, read from ``torch/version.py`` without
+importing torch). A CPU build of torch has no CUDA version: that half is skipped, saying so.
+
+ELF reading: pyelftools (a dependency of this package; symbol lookups go through the libraries' GNU hash tables, so
+libtorch_cpu's ~80k exports are never listed) or, where it is absent (plain ``pytest`` with ``PYTHONPATH=src``),
+binutils' ``readelf``; with neither the check is skipped with one line. Names are demangled with ``c++filt`` when
+it is there.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata as md
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+ROOT_DIST = "sglang"
+TORCH_DIST = "torch"
+# torch's own shared libraries, by soname: what a DT_NEEDED entry must name to be torch's to provide (a CPU build
+# ships no *_cuda ones). Other libraries named libtorch* (libtorchaudio, libtorchcodec_core4, ...) are not torch's.
+TORCH_SONAME = re.compile(r"^lib(?:torch(?:_[a-z_]+)?|c10(?:_[a-z]+)?|caffe2_nvrtc|shm)\.so$")
+# A mangled name whose entity lives in one of torch's namespaces: the first component of its nested name (after
+# the special-name prefixes for vtables, typeinfo, thunks and guard variables, and the cv/ref qualifiers) is c10,
+# at, torch, caffe2 or aoti. Only the entity's own name counts: torchcodec's
+# ``facebook::torchcodec::VideoEncoder::VideoEncoder(torch::stable::Tensor const&, ...)`` mentions torch in a
+# parameter type but is torchcodec's to define.
+_TORCH_MANGLED = re.compile(r"^_Z(?:T[VTIS]|Th[n]?\d+_|Tv[n]?\d+_[n]?\d+_|GV)?N?[rVK]*[RO]?"
+                            r"(?:3c10|2at|5torch|6caffe2|4aoti)")
+# torch's C ABI (stable ABI shims and the Python bindings), also as the name of a global-namespace C++ function
+# (``_Z16THPVariable_WrapRKN2at10TensorBaseE``).
+_TORCH_C_ABI = re.compile(r"^(?:aoti_torch_|torch_|THP)")
+_GLOBAL_CXX = re.compile(r"^_Z(\d+)")
+# Sonames whose major number is the CUDA major (auditwheel may insert a hash: libcudart.faf08d9a.so.13).
+CUDA_MAJOR_SONAME = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nvJitLink)(?:[.-][0-9a-f]{8})?\.so\.(\d+)$")
+_DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib",
+                 "/usr/local/lib")
+
+
+class AbiUnavailable(RuntimeError):
+    """The check cannot run here (no ELF reader, not an ELF platform, no torch); the message is one line."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ELF readers
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dynamic:
+    soname: str | None
+    needed: tuple[str, ...]
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A strong undefined reference of a library: its name and, for a versioned one, the file the version names."""
+    name: str
+    version_file: str | None = None
+
+
+class PyElfReader:
+    """pyelftools: dynamic section, undefined references, and name lookups through the GNU/SysV hash table."""
+
+    name = "pyelftools"
+
+    def __init__(self):
+        from elftools.elf.elffile import ELFFile  # noqa: F401  (raises ImportError where pyelftools is absent)
+
+        self._open: dict[str, tuple] = {}
+
+    def _elf(self, path: Path):
+        key = str(path)
+        if key not in self._open:
+            from elftools.elf.elffile import ELFFile
+            from elftools.elf.hash import ELFHashSection, GNUHashSection
+
+            fh = open(path, "rb")
+            elf = ELFFile(fh)
+            dynsym = elf.get_section_by_name(".dynsym")
+            table = None
+            for sec in elf.iter_sections():
+                if isinstance(sec, GNUHashSection):
+                    table = sec
+                    break
+                if isinstance(sec, ELFHashSection):
+                    table = sec
+            self._open[key] = (fh, elf, dynsym, table)
+        return self._open[key]
+
+    def close(self) -> None:
+        for fh, *_ in self._open.values():
+            fh.close()
+        self._open.clear()
+
+    def dynamic(self, path: Path) -> Dynamic:
+        _, elf, _, _ = self._elf(path)
+        soname, needed, rpath, runpath = None, [], [], []
+        dyn = elf.get_section_by_name(".dynamic")
+        if dyn is None:
+            dyn = next((s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC"), None)
+        for tag in dyn.iter_tags() if dyn is not None else ():
+            kind = tag.entry.d_tag
+            if kind == "DT_NEEDED":
+                needed.append(tag.needed)
+            elif kind == "DT_SONAME":
+                soname = tag.soname
+            elif kind == "DT_RPATH":
+                rpath += tag.rpath.split(":")
+            elif kind == "DT_RUNPATH":
+                runpath += tag.runpath.split(":")
+        return Dynamic(soname, tuple(needed), tuple(rpath), tuple(runpath))
+
+    def undefined(self, path: Path) -> list[Ref]:
+        _, elf, dynsym, _ = self._elf(path)
+        if dynsym is None:
+            return []
+        versym = elf.get_section_by_name(".gnu.version")
+        verneed = elf.get_section_by_name(".gnu.version_r")
+        file_of: dict[int, str] = {}
+        if verneed is not None:
+            for vn, auxs in verneed.iter_versions():
+                for aux in auxs:
+                    file_of[aux["vna_other"]] = vn.name
+        out = []
+        for i, sym in enumerate(dynsym.iter_symbols()):
+            if i == 0 or sym["st_shndx"] != "SHN_UNDEF" or sym["st_info"]["bind"] != "STB_GLOBAL" or not sym.name:
+                continue
+            ndx = versym.get_symbol(i)["ndx"] if versym is not None else "VER_NDX_GLOBAL"
+            out.append(Ref(sym.name, file_of.get(ndx & 0x7FFF) if isinstance(ndx, int) else None))
+        return out
+
+    def defines(self, path: Path, names: Iterable[str]) -> set[str]:
+        _, _, dynsym, table = self._elf(path)
+        if dynsym is None:
+            return set()
+        found = set()
+        if table is not None:
+            for name in names:
+                sym = table.get_symbol(name)
+                if sym is not None and sym["st_shndx"] != "SHN_UNDEF":
+                    found.add(name)
+            return found
+        wanted = set(names)  # no hash section (unusual): one pass over the table
+        return {s.name for s in dynsym.iter_symbols() if s.name in wanted and s["st_shndx"] != "SHN_UNDEF"}
+
+
+class ReadelfReader:
+    """binutils' readelf, for environments without pyelftools (output parsed once per library and cached)."""
+
+    name = "readelf"
+
+    def __init__(self, exe: str | None = None):
+        self.exe = exe or shutil.which("readelf")
+        if self.exe is None:
+            raise FileNotFoundError("readelf")
+        self._syms: dict[str, tuple[list[Ref], frozenset[str]]] = {}
+
+    def _run(self, *args: str) -> str:
+        out = subprocess.run([self.exe, "-W", *args], capture_output=True, text=True, errors="replace")
+        if out.returncode != 0:
+            raise OSError(f"readelf {' '.join(args)}: {(out.stderr or out.stdout).strip().splitlines()[:1]}")
+        return out.stdout
+
+    def close(self) -> None:
+        self._syms.clear()
+
+    def dynamic(self, path: Path) -> Dynamic:
+        soname, needed, rpath, runpath = None, [], [], []
+        for line in self._run("-d", str(path)).splitlines():
+            m = re.search(r"\((NEEDED|SONAME|RPATH|RUNPATH)\)\s+[^\[]*\[(.*)\]\s*$", line)
+            if not m:
+                continue
+            kind, value = m.groups()
+            if kind == "NEEDED":
+                needed.append(value)
+            elif kind == "SONAME":
+                soname = value
+            elif kind == "RPATH":
+                rpath += value.split(":")
+            else:
+                runpath += value.split(":")
+        return Dynamic(soname, tuple(needed), tuple(rpath), tuple(runpath))
+
+    def _symbols(self, path: Path) -> tuple[list[Ref], frozenset[str]]:
+        key = str(path)
+        if key not in self._syms:
+            file_of: dict[int, str] = {}
+            current = None
+            for line in self._run("-V", str(path)).splitlines():
+                m = re.search(r"File:\s*(\S+)", line)
+                if m:
+                    current = m.group(1)
+                    continue
+                m = re.search(r"Name:\s*\S+\s+Flags:.*Version:\s*(\d+)", line)
+                if m and current:
+                    file_of[int(m.group(1))] = current
+            refs, defined = [], set()
+            for line in self._run("--dyn-syms", str(path)).splitlines():
+                parts = line.split()
+                # Num: Value Size Type Bind Vis Ndx Name [(version index)]
+                if len(parts) < 8 or not parts[0].endswith(":") or not parts[0][:-1].isdigit():
+                    continue
+                bind, ndx, raw = parts[4], parts[6], parts[7]
+                name = raw.split("@", 1)[0]
+                if not name:
+                    continue
+                if ndx != "UND":
+                    defined.add(name)
+                elif bind == "GLOBAL":
+                    vfile = None
+                    if "@" in raw:
+                        m = re.search(r"\((\d+)\)", line)
+                        vfile = file_of.get(int(m.group(1))) if m else raw.split("@", 1)[1]
+                    refs.append(Ref(name, vfile))
+            self._syms[key] = (refs, frozenset(defined))
+        return self._syms[key]
+
+    def undefined(self, path: Path) -> list[Ref]:
+        return list(self._symbols(path)[0])
+
+    def defines(self, path: Path, names: Iterable[str]) -> set[str]:
+        defined = self._symbols(path)[1]
+        return {n for n in names if n in defined}
+
+
+def make_reader(prefer: str | None = None):
+    """pyelftools, else readelf; AbiUnavailable (one line) when neither is here. ``prefer`` forces one (tests)."""
+    for kind in ((prefer,) if prefer else ("pyelftools", "readelf")):
+        try:
+            return PyElfReader() if kind == "pyelftools" else ReadelfReader()
+        except (ImportError, FileNotFoundError):
+            continue
+    raise AbiUnavailable("no ELF reader: neither pyelftools (pip install pyelftools) nor binutils' readelf is "
+                         "available")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# names
+# ---------------------------------------------------------------------------------------------------------------
+
+def is_torch_symbol(ref: Ref) -> bool:
+    """Whether an undefined reference is torch's to define (see the module docstring)."""
+    if ref.version_file is not None:
+        return bool(TORCH_SONAME.match(ref.version_file))
+    name = ref.name
+    m = _GLOBAL_CXX.match(name)
+    if m:  # a global-namespace function: its source name decides
+        name = name[m.end():m.end() + int(m.group(1))]
+    return bool(_TORCH_MANGLED.match(name) or _TORCH_C_ABI.match(name))
+
+
+def demangle(names: list[str]) -> list[str]:
+    """Demangled names, in order (c++filt); the mangled names themselves where c++filt is absent."""
+    tool = shutil.which("c++filt")
+    if not names or tool is None:
+        return list(names)
+    out = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    return lines if out.returncode == 0 and len(lines) == len(names) else list(names)
+
+
+def short_name(demangled: str) -> str:
+    """``torch::Library::_def(std::variant<...>&&, ...)`` -> ``torch::Library::_def``: the parameter list (and a
+    template function's return type) dropped."""
+    depth, start = 0, 0
+    for i, ch in enumerate(demangled):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == " " and depth == 0:  # "int const* at::TensorBase::const_data_ptr<int, 0>()": skip the return type
+            start = i + 1
+        elif ch == "(" and depth == 0 and not demangled[:i].endswith("operator"):
+            return demangled[start:i]
+    return demangled
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the loader's view
+# ---------------------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _system_dirs() -> tuple[str, ...]:
+    """The dynamic loader's default search list: ld.so.cache's folders (ldconfig -p), then the usual defaults."""
+    dirs: list[str] = []
+    ldconfig = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig")
+                                                 if os.path.exists(p)), None)
+    if ldconfig:
+        try:
+            out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        for line in out.splitlines():
+            if "=>" in line:
+                d = os.path.dirname(line.split("=>", 1)[1].strip())
+                if d not in dirs:
+                    dirs.append(d)
+    return tuple(dirs + [d for d in _DEFAULT_DIRS if d not in dirs])
+
+
+def _expand(entries: Iterable[str], origin: Path) -> list[Path]:
+    return [Path(e.replace("$ORIGIN", str(origin)).replace("${ORIGIN}", str(origin))) for e in entries if e]
+
+
+class LoadScope:
+    """What the dynamic loader would find, given what ``import torch`` already loaded.
+
+    ``torch_libs``: torch's shared libraries (soname -> file). They and their DT_NEEDED closure are "loaded": a
+    library needing one of those sonames gets that object, wherever its own search path points. ``shipped``: shared
+    libraries that the checked packages ship (file name -> file), the last resort for a soname found nowhere else:
+    a package whose libraries need each other without an RPATH loads them itself, dependencies first, by full path
+    (torchcodec's cores, tvm_ffi's libtvm_ffi.so), and the loader then matches the soname already loaded.
+    """
+
+    def __init__(self, reader, torch_libs: dict[str, Path], system_dirs: Iterable[str] | None = None,
+                 shipped: dict[str, Path] | None = None, interpreter: Path | None = None):
+        self.reader = reader
+        self.torch_libs = dict(torch_libs)
+        self.system_dirs = tuple(system_dirs) if system_dirs is not None else _system_dirs()
+        self.shipped = dict(shipped or {})
+        self._dyn: dict[Path, Dynamic] = {}
+        self.loaded: dict[str, Path] = dict(self.torch_libs)
+        for path in list(self.torch_libs.values()):
+            for soname, dep in self.closure(path).items():
+                self.loaded.setdefault(soname, dep)
+        # The global scope every later library sees: the interpreter (it defines the Py* API) and what torch loads
+        # RTLD_GLOBAL (libtorch_global_deps.so and its closure).
+        self.global_scope: dict[str, Path] = {}
+        if interpreter is not None and interpreter.is_file():
+            self.global_scope["<interpreter>"] = interpreter
+            self.global_scope.update(self.closure(interpreter))
+        global_deps = self.torch_libs.get("libtorch_global_deps.so")
+        if global_deps:
+            self.global_scope["libtorch_global_deps.so"] = global_deps
+            self.global_scope.update(self.closure(global_deps))
+
+    def dynamic(self, path: Path) -> Dynamic:
+        if path not in self._dyn:
+            self._dyn[path] = self.reader.dynamic(path)
+        return self._dyn[path]
+
+    def resolve(self, soname: str, needed_by: Path) -> Path | None:
+        """Where ``soname`` comes from when ``needed_by`` needs it (None: nowhere on this machine)."""
+        if soname in self.loaded:
+            return self.loaded[soname]
+        if "/" in soname:
+            return Path(soname) if Path(soname).exists() else None
+        dyn = self.dynamic(needed_by)
+        origin = needed_by.parent
+        dirs = [] if dyn.runpath else _expand(dyn.rpath, origin)
+        dirs += [Path(d) for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+        dirs += _expand(dyn.runpath, origin) + [Path(d) for d in self.system_dirs]
+        for d in dirs:
+            cand = d / soname
+            if cand.is_file():
+                return cand.resolve()
+        return self.shipped.get(soname)
+
+    def closure(self, path: Path) -> dict[str, Path]:
+        """``path``'s DT_NEEDED closure, breadth first as the loader walks it: soname -> file (found ones only)."""
+        found: dict[str, Path] = {}
+        queue, seen = [path], {path}
+        while queue:
+            lib = queue.pop(0)
+            for soname in self.dynamic(lib).needed:
+                if soname in found:
+                    continue
+                dep = self.resolve(soname, lib)
+                if dep is None:
+                    continue
+                found[soname] = dep
+                if dep not in seen:
+                    seen.add(dep)
+                    queue.append(dep)
+        return found
+
+    def missing_needed(self, path: Path) -> list[str]:
+        """DT_NEEDED entries of ``path`` found nowhere."""
+        return [s for s in self.dynamic(path).needed if self.resolve(s, path) is None]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one library
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class LibraryResult:
+    path: Path
+    label: str  # e.g. "sgl_kernel/sm90/common_ops.abi3.so (sglang-kernel 0.4.5)"
+    missing_symbols: list[str] = field(default_factory=list)  # mangled
+    missing_demangled: list[str] = field(default_factory=list)
+    missing_torch_libs: list[str] = field(default_factory=list)  # DT_NEEDED torch sonames the row's torch lacks
+    unresolved_other: list[str] = field(default_factory=list)  # not torch's; left to the driver / interpreter
+    absent_libs: list[str] = field(default_factory=list)  # non-torch DT_NEEDED not on this machine (libcuda.so.1)
+    torch_refs: int = 0  # how many torch symbols it needs (all resolved unless listed above)
+    cuda_majors: dict[str, int] = field(default_factory=dict)  # soname -> CUDA major it needs
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.missing_symbols or self.missing_torch_libs)
+
+
+def check_library(path: Path, scope: LoadScope, label: str | None = None) -> LibraryResult:
+    """Resolve ``path``'s torch references in its load scope (see the module docstring)."""
+    path = Path(path).resolve()
+    reader = scope.reader
+    res = LibraryResult(path=path, label=label or path.name)
+    dyn = scope.dynamic(path)
+    for soname in dyn.needed:
+        m = CUDA_MAJOR_SONAME.match(soname)
+        if m:
+            res.cuda_majors[soname] = int(m.group(2))
+        if scope.resolve(soname, path) is None:
+            (res.missing_torch_libs if TORCH_SONAME.match(soname) else res.absent_libs).append(soname)
+    refs = reader.undefined(path)
+    torch_names = sorted({r.name for r in refs if is_torch_symbol(r)})
+    res.torch_refs = len(torch_names)
+    # torch's libraries first (where torch's symbols live), then the rest of the scope for what is left
+    closure = scope.closure(path)
+    ordered = [p for s, p in closure.items() if TORCH_SONAME.match(s)]
+    ordered += [p for s, p in {**scope.global_scope, **closure}.items() if p not in ordered]
+    left = set(torch_names)
+    for lib in ordered:
+        if not left:
+            break
+        left -= reader.defines(lib, left)
+    res.missing_symbols = sorted(left)
+    res.missing_demangled = demangle(res.missing_symbols)
+    other = {r.name for r in refs if not is_torch_symbol(r) and r.version_file is None}
+    if other:
+        for lib in ordered:
+            if not other:
+                break
+            other -= reader.defines(lib, other)
+    res.unresolved_other = sorted(other)
+    return res
+
+
+def cuda_mismatches(results: list[LibraryResult], torch_cuda: str) -> list[str]:
+    """One line per library that needs a CUDA runtime of another major than ``torch_cuda`` ("13.0")."""
+    major = int(torch_cuda.split(".")[0])
+    out = []
+    for r in results:
+        bad = {s: m for s, m in r.cuda_majors.items() if m != major}
+        if bad:
+            majors = "/".join(sorted({str(m) for m in bad.values()}))
+            out.append(f"{r.label} needs {', '.join(sorted(bad))} (CUDA {majors})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the installed environment
+# ---------------------------------------------------------------------------------------------------------------
+
+def _dists(path: list[str] | None = None) -> dict[str, md.Distribution]:
+    out: dict[str, md.Distribution] = {}
+    for d in md.distributions(**({"path": path} if path is not None else {})):
+        name = d.metadata["Name"]
+        if name:
+            out.setdefault(canonicalize_name(name), d)  # first on the path wins, as for imports
+    return out
+
+
+def dependency_closure(root: str, dists: dict[str, md.Distribution], stop_at: Iterable[str] = ()) -> list[str]:
+    """``root`` and every installed distribution it requires, transitively (markers evaluated, no extras); the
+    requirements of ``stop_at`` distributions are not followed."""
+    seen: list[str] = []
+    stack = [canonicalize_name(root)]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in dists:
+            continue
+        seen.append(name)
+        if name in stop_at:
+            continue
+        for spec in dists[name].requires or []:
+            try:
+                req = Requirement(spec)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            stack.append(canonicalize_name(req.name))
+    return seen
+
+
+_SHARED_OBJECT = re.compile(r"\.so(?:\.\d+)*$")
+# A per-release build: "libtorch_c_dlpack_addon_torch26-cpu.so" is loaded by its package only under torch 2.6.
+_FOR_TORCH_RELEASE = re.compile(r"torch(\d)(\d{1,2})(?![0-9])")
+
+
+def built_for_other_torch(filename: str, torch_version: str) -> bool:
+    """Whether the file name marks a build for another torch release (``...torch26...`` under torch 2.11)."""
+    m = _FOR_TORCH_RELEASE.search(filename)
+    if not m:
+        return False
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", torch_version).groups())
+    return (int(m.group(1)), int(m.group(2))) != (major, minor)
+
+
+def torch_libraries(dist: md.Distribution) -> dict[str, Path]:
+    """The shared libraries torch ships (torch/lib), by file name (= soname for torch's)."""
+    out = {}
+    for f in dist.files or []:
+        parts = f.parts
+        if len(parts) == 3 and parts[:2] == ("torch", "lib") and (f.name.endswith(".so") or ".so." in f.name):
+            out[f.name] = Path(dist.locate_file(f)).resolve()
+    return out
+
+
+def torch_cuda_version(dist: md.Distribution) -> str | None:
+    """``torch.version.cuda`` read from torch/version.py (no torch import): "13.0", or None for a CPU build."""
+    for f in dist.files or []:
+        if f.parts == ("torch", "version.py"):
+            tree = ast.parse(Path(dist.locate_file(f)).read_text())
+            for node in tree.body:
+                target = node.target if isinstance(node, ast.AnnAssign) else (
+                    node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+                if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
+                    value = ast.literal_eval(node.value)
+                    return str(value) if value else None
+    return None
+
+
+@dataclass
+class AbiReport:
+    torch_version: str
+    torch_cuda: str | None
+    reader: str
+    libraries: list[LibraryResult]
+    seconds: float
+    distributions: list[str]  # distributions that contributed a library, "name version"
+
+    @property
+    def broken(self) -> list[LibraryResult]:
+        return [r for r in self.libraries if r.broken]
+
+    def failure_message(self) -> str | None:
+        """None when every library loads. Else a first line naming the missing symbols (short names) and the
+        libraries that need them (most missing first), then each library group with the full signatures."""
+        broken = sorted(self.broken, key=lambda r: (-len(r.missing_symbols) - len(r.missing_torch_libs), r.label))
+        if not broken:
+            return None
+        heads = []
+        with_syms = [r for r in broken if r.missing_symbols]
+        if with_syms:
+            mangled = {m for r in with_syms for m in r.missing_symbols}
+            names = sorted({short_name(d) for r in with_syms for d in r.missing_demangled})
+            libs = ", ".join(f"{r.label} ({len(r.missing_symbols)})" for r in with_syms[:4])
+            libs += f" and {len(with_syms) - 4} more" if len(with_syms) > 4 else ""  # the first line stays short
+            heads.append(f"torch {self.torch_version} does not define {len(mangled)} symbol(s) that "
+                         f"{len(with_syms)} native librar{'y' if len(with_syms) == 1 else 'ies'} need: "
+                         f"{', '.join(names)} -- needed by {libs}")
+        with_libs = [r for r in broken if r.missing_torch_libs]
+        if with_libs:
+            sonames = sorted({s for r in with_libs for s in r.missing_torch_libs})
+            heads.append(f"torch {self.torch_version} ships no {', '.join(sonames)} -- needed by "
+                         + ", ".join(r.label for r in with_libs))
+        groups: dict[tuple, list[str]] = {}
+        for r in with_syms:
+            groups.setdefault(tuple(r.missing_demangled), []).append(r.label)
+        details = []
+        for demangled, labels in groups.items():
+            details.append(f"  {', '.join(labels)}:")
+            details += [f"    {d}" for d in demangled]
+        return "\n".join(["; ".join(heads), *details])
+
+
+def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | None = None) -> AbiReport:
+    """The ABI report of the torch-linked native libraries of ``root`` and its dependencies against the installed
+    torch (see the module docstring for which libraries)."""
+    t0 = time.monotonic()
+    if not sys.platform.startswith("linux"):
+        raise AbiUnavailable(f"the check reads ELF files; this is {sys.platform}")
+    dists = _dists(path)
+    torch = dists.get(TORCH_DIST)
+    if torch is None:
+        raise AbiUnavailable("torch is not installed in this environment")
+    if canonicalize_name(root) not in dists:
+        raise AbiUnavailable(f"{root} is not installed in this environment")
+    reader = reader or make_reader()
+    results: list[LibraryResult] = []
+    contributing: list[str] = []
+    try:
+        closure = [dists[n] for n in dependency_closure(root, dists, stop_at=(TORCH_DIST,)) if n != TORCH_DIST]
+        candidates = [(dist, f, Path(dist.locate_file(f)).resolve()) for dist in closure
+                      for f in dist.files or [] if _SHARED_OBJECT.search(f.name)]
+        scope = LoadScope(reader, torch_libraries(torch), shipped={f.name: file for _, f, file in candidates},
+                          interpreter=Path(sys.executable).resolve())
+        for dist in closure:
+            checked = 0
+            for f in dist.files or []:
+                if not _SHARED_OBJECT.search(f.name) or built_for_other_torch(f.name, torch.version):
+                    continue
+                file = Path(dist.locate_file(f)).resolve()
+                try:
+                    needed = scope.dynamic(file).needed
+                except Exception:  # not an ELF file (a linker script, a stray name): the loader would refuse it
+                    continue
+                if any(TORCH_SONAME.match(s) for s in needed):
+                    results.append(check_library(file, scope, label=str(f)))
+                    checked += 1
+            if checked:
+                contributing.append(f"{dist.metadata['Name']} {dist.version}")
+    finally:
+        reader.close()
+    return AbiReport(torch_version=torch.version, torch_cuda=torch_cuda_version(torch), reader=reader.name,
+                     libraries=results, seconds=round(time.monotonic() - t0, 2), distributions=contributing)
