@@ -161,9 +161,15 @@ def test_collect_all_side_by_side(tmp_path):
     import time
 
     t0 = time.monotonic()
+    said = []
     runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3,
-                             launcher=[sys.executable, FAKE, "--startup-delay", "1.5"])
+                             launcher=[sys.executable, FAKE, "--startup-delay", "1.5"], progress=said.append)
     elapsed = time.monotonic() - t0
+    # progress while it runs: which server, how many are done, how long each took to get ready
+    assert said[0] == "[smoke] launching 3 sglang server(s), 3 side by side"
+    collected = sorted(ln.split(": ")[0] for ln in said if "collected" in ln)
+    assert collected == [f"[smoke] {i}/3 collected" for i in (1, 2, 3)]
+    assert sum(" ready after " in ln and ln.startswith("[random-") for ln in said) == 3  # SglangServer's own lines
     assert list(runs) == [s.name for s in smoke.SMOKE_SERVERS[:3]]  # job order, whatever finished first
     for run in runs.values():
         assert run.error is None, run.error
