@@ -4,7 +4,7 @@ visible but apart.
 The entries live in ``known_upstream.json`` next to this module, one object each::
 
     {"id": "...", "package": "transformers", "affected": ">=5.18.0,<5.20.0", "tier": "reference",
-     "match": "regex on the check's failure message", "checks": ["test_function", ...],
+     "match": "regex on 'TYPE: MESSAGE (raised at FILE:LINE in FUNC)'", "checks": ["test_function", ...],
      "summary": "one line", "upstream": "https://...", "fixed_in": "5.20.0", "serving_path": false}
 
 A failed or errored check of ``tier`` whose failure message matches ``match`` while the installed ``package`` is in
@@ -55,7 +55,8 @@ class KnownIssue:
 
     def matches(self, check: dict) -> bool:
         f = check.get("failure") or {}
-        text = f"{f.get('type') or ''}: {f.get('message') or ''}"
+        # where it was raised counts too: a generic message is only this bug when it comes from the broken code
+        text = f"{f.get('type') or ''}: {f.get('message') or ''} (raised at {f.get('raised_at') or '?'})"
         return check.get("outcome") in ("failed", "error") and re.search(self.match, text) is not None
 
     def as_dict(self) -> dict:

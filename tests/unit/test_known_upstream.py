@@ -101,3 +101,25 @@ def test_malformed_entries_are_one_line_errors(tmp_path, entry, words):
     with pytest.raises(ValueError) as info:
         known_upstream.load(f)
     assert words in str(info.value) and "\n" not in str(info.value) and str(f) in str(info.value)
+
+
+def test_transformers_5_23_assistant_config_rejection_is_known_upstream():
+    """The recorded --with transformers==5.23.0 probe of the 0.5.23 row (reference tier, written before the entry
+    existed): every assistant load fails in kv_sharing_modes; the entry tags all of it, 5.24.0 is out of range."""
+    rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
+                      "cpu-20261130-probe-tf5230-sglang-0.5.23.json").read_text())
+    assert rec["versions"]["transformers"] == "5.23.0" and rec["verdict"] == "failed"
+    fresh = copy.deepcopy(rec)
+    known_upstream.apply(rec["tiers"], rec["versions"])
+    ref = rec["tiers"]["reference"]
+    assert ref["verdict"] == KNOWN_UPSTREAM and row_verdict(rec) == "passed"
+    assert [k["id"] for k in ref["known_upstream"]] == ["hf-gemma4-assistant-config-kv-sharing-modes"]
+    assert len(ref["known_upstream"][0]["checks"]) == 10
+    known_upstream.apply(fresh["tiers"], dict(fresh["versions"], transformers="5.24.0"))
+    assert fresh["tiers"]["reference"]["verdict"] == "failed"
+    # the same message raised anywhere else is not this bug
+    chk = fresh["tiers"]["reference"]["checks"][6]
+    chk["failure"]["raised_at"] = "tests/tiers/test_reference.py:141 in _run"
+    fresh["tiers"]["reference"]["verdict"] = "failed"
+    known_upstream.apply(fresh["tiers"], fresh["versions"])
+    assert "known_upstream" not in chk and fresh["tiers"]["reference"]["verdict"] == "failed"
