@@ -777,7 +777,8 @@ def render_markdown(summary: dict) -> str:
         out.append("| " + " | ".join(_md_escape(x) for x in [f"**{r['id']}**", *vers, ov, *cells,
                                                                 f"{SYMBOLS.get(r['verdict'], '?')} {r['verdict']}"])
                    + " |")
-    out += ["", "Legend: ✅ passed · ❌ failed · 💥 error (harness/setup) · ⏭️ skipped · ⏳ pending · — not run", ""]
+    out += ["", "Legend: ✅ passed · ❌ failed · 💥 error (harness/setup) · ⚠️ known-upstream (fails only on a known "
+            "upstream bug; the row passes) · ⏭️ skipped · ⏳ pending · — not run", ""]
     if summary["skips"]:
         out.append("**Skipped**")
         for g in summary["skips"]:
