@@ -993,6 +993,10 @@ def _cell_html(t: dict | None) -> str:
         n_all = sum(t["counts"].values())
         if n_all:
             inner += f'<br><span class="small">{n_bad}/{n_all} failed</span>'
+    elif v == KNOWN_UPSTREAM:
+        title = "; ".join(k["summary"] for k in t["known_upstream"])
+        inner += "".join(f'<br><span class="small">{_e(k["package"])} {_e(k["version"])}</span>'
+                         for k in t["known_upstream"])
     elif v == "skipped":
         title = t.get("reason") or ""
     elif v == "passed":
