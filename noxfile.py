@@ -7,9 +7,10 @@
     nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows that have a verdict
     nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
     nox -s unit                               the runner's own unit tests
-    nox -t ci                                 what CI runs: unit tests + the CPU tiers of the 'ci' row
+    nox -t ci                                 what CI runs: unit tests + the CPU tiers of the 'ci' row (ci_row)
     nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
     nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
+    nox -s gemma4_mtp -- --tiers gsm8k --server-url URL    GSM8K against a running sglang server
 """
 
 from __future__ import annotations
@@ -39,18 +40,22 @@ except RowError as exc:  # one clear line, before any session (or venv) exists
 RUN_ID = matrix.new_run_id()
 
 
+CI_TAG = "ci"
+
+
 def _params(default: bool):
-    return [nox.param(row.python, row.id, id=row.id, tags=list(row.tags))
+    # A row file's 'ci' tag selects the ci_row session below, not this one: `nox -t ci` must not file its CI run
+    # under results/ as the user's latest matrix run (the report's default).
+    return [nox.param(row.python, row.id, id=row.id, tags=[t for t in row.tags if t != CI_TAG])
             for row in ROWS.values() if row.default is default]
 
 
-def _run_matrix_row(session: nox.Session, row_id: str) -> None:
+def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id: str = RUN_ID) -> None:
     """The one path every row takes: options, pre-flight, install, suite, verdict."""
     try:
         opts = matrix.parse_options(session.posargs)
-        opts.run_id = opts.run_id or RUN_ID
+        opts.run_id = opts.run_id or run_id
         # shards split the rows of this session (default rows, or the extra ones), so N shards stay balanced
-        peers = [r.id for r in ROWS.values() if r.default == ROWS[row_id].default]
         if not matrix.in_shard(row_id, peers, opts.shard):
             session.skip(f"{row_id} is not in shard {opts.shard[0]}/{opts.shard[1]}")
         store = matrix.RunStore(opts.results, opts.run_id)
@@ -58,6 +63,8 @@ def _run_matrix_row(session: nox.Session, row_id: str) -> None:
             session.skip(f"{row_id} already has a verdict in run {opts.run_id} (--resume)")
         matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
         matrix.preflight_tier_env(opts.tiers)
+        for s in matrix.preflight_servers(opts.server_urls):
+            session.log(f"gsm8k against {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")
         record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
     except RowError as exc:  # bad input, no uv: one line (run_row raises it before recording anything)
         session.error(str(exc))
@@ -71,14 +78,23 @@ def _run_matrix_row(session: nox.Session, row_id: str) -> None:
 @nox.parametrize(["python", "row"], _params(default=True))
 def gemma4_mtp(session: nox.Session, row: str) -> None:
     """Qualify one row: uv venv, sglang + pins (+ --with overrides), freeze, the tiered suite."""
-    _run_matrix_row(session, row)
+    _run_matrix_row(session, row, [r.id for r in ROWS.values() if r.default])
 
 
 @nox.session(venv_backend="uv", default=False)
 @nox.parametrize(["python", "row"], _params(default=False))
 def gemma4_mtp_extra(session: nox.Session, row: str) -> None:
     """Rows not run by default (e.g. CUDA variants that need the PyTorch index)."""
-    _run_matrix_row(session, row)
+    _run_matrix_row(session, row, [r.id for r in ROWS.values() if not r.default])
+
+
+@nox.session(venv_backend="uv", tags=[CI_TAG], default=False)
+@nox.parametrize(["python", "row"], [nox.param(r.python, r.id, id=r.id) for r in ROWS.values() if CI_TAG in r.tags])
+def ci_row(session: nox.Session, row: str) -> None:
+    """The 'ci' row for `nox -t ci`: the matrix row path, results under results/ci-<time>/.
+
+    Filed apart so that the report's default run stays the user's own latest matrix run."""
+    _run_matrix_row(session, row, [r.id for r in ROWS.values() if CI_TAG in r.tags], run_id=f"ci-{RUN_ID}")
 
 
 @nox.session(venv_backend="uv", tags=["ci"], default=False)

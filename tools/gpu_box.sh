@@ -4,7 +4,9 @@
 #   tools/gpu_box.sh OUTDIR [pytest args...]          uses the sglang already installed in this python
 #   BUNDLE=.devbundle17 tools/gpu_box.sh OUTDIR ...    first unpacks a bundle made by shared/device/make_bundle.sh
 #
-# OUTDIR gets tiers.json (verdicts), junit.xml, pytest.log, env.txt and logs.tgz (one log per sglang server).
+# OUTDIR gets tiers.json (verdicts), junit.xml, pytest.log, env.txt and logs.tgz (one log per sglang server, and
+# the GSM8K per-question records under gsm8k/). File it into the results store for the report and --baseline:
+#   python -m mtpmatrix import OUTDIR --row sglang-0.5.17 [--run-id RUN]
 # TESTS="tests/tiers/test_smoke.py ..." picks files (default tests/tiers).
 # GPU_BOX_TIMEOUT=SECONDS interrupts pytest (SIGINT) in time for it to stop its servers and write tiers.json.
 set -uo pipefail
@@ -17,14 +19,15 @@ if [ -n "${BUNDLE:-}" ]; then
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export MTPMATRIX_RESULTS="$OUT/work/tiers.json" MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
+export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
   python3 -c 'import sys,torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
   python3 -c 'import importlib.metadata as m; print(*(f"{d}=={m.version(d)}" for d in ("sglang","transformers","tokenizers")))'
 } > "$OUT/env.txt" 2>&1
 cd "$REPO"
 timeout -s INT -k 30 "${GPU_BOX_TIMEOUT:-0}" \
-  python3 -m pytest ${TESTS:-tests/tiers} -p no:cacheprovider --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log"
+  python3 -m pytest ${TESTS:-tests/tiers} -p no:cacheprovider --junitxml="$OUT/junit.xml" \
+    --mtp-results="$OUT/work/tiers.json" "$@" 2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}
 cp "$OUT/work/tiers.json" "$OUT/tiers.json" 2>/dev/null
 (cd "$OUT/work" && tar czf "$OUT/logs.tgz" --exclude=tiny $(ls | grep -v '^tiny$') 2>/dev/null)

@@ -1,6 +1,7 @@
 """``python -m mtpmatrix``: report, bisect, rows, mutants.
 
-    python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR]
+    python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR] [--require TIERS]
+    python -m mtpmatrix import OUT --row ROW [--run-id RUN_ID] [--results DIR]
     python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
     python -m mtpmatrix rows [--json]
     python -m mtpmatrix mutants [--list | --check] [--mutants ID,ID] [--out DIR] [--timeout S] [--budget S]
@@ -34,12 +35,15 @@ def _rows(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mtpmatrix import bisect, report
+    from mtpmatrix import bisect, importer, report
 
     p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
     sub = p.add_subparsers(dest="cmd", required=True)
-    rp = sub.add_parser("report", help="Markdown/HTML/JSON summary of a run (exit 0 qualifies, 1 not, 2 bad input)")
+    rp = sub.add_parser("report", help="Markdown/HTML/JSON summary of a run (exit 0 nothing failed, 1 failures, "
+                                       "2 bad input, 3 a --require'd tier did not run)")
     report.add_arguments(rp)
+    ip = sub.add_parser("import", help="file a tools/gpu_box.sh output folder under results/<run>/<row>/")
+    importer.add_arguments(ip)
     bp = sub.add_parser("bisect", help="first bad release of PACKAGE between GOOD and BAD for a row and tier")
     bisect.add_arguments(bp)
     lp = sub.add_parser("rows", help="list the rows (constraints/*.txt)")
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return report.run(ns)
     if ns.cmd == "bisect":
         return bisect.run(ns)
+    if ns.cmd == "import":
+        return importer.run(ns)
     return _rows(ns)
 
 

@@ -46,11 +46,16 @@ def row_sessions(listing: list[dict]) -> list[dict]:
     return [s for s in listing if s.get("name") in ROW_SESSIONS and (s.get("call_spec") or {}).get("row")]
 
 
-def select(listing: list[dict], tags: list[str] | None = None, include_extra: bool = False) -> list[dict]:
+def select(listing: list[dict], tags: list[str] | None = None, include_extra: bool = False,
+           rows: dict[str, Row] | None = None) -> list[dict]:
+    """Row sessions carrying one of ``tags`` (nox's tags, and with ``rows`` the row files' own: the 'ci' row's
+    session is not nox-tagged 'ci', so that `nox -t ci` runs the ci_row session instead of the matrix row)."""
     sessions = row_sessions(listing)
     if tags:
         wanted = set(tags)
-        return [s for s in sessions if wanted & set(s.get("tags") or ())]
+        row_tags = {rid: set(r.tags) for rid, r in (rows or {}).items()}
+        return [s for s in sessions
+                if wanted & (set(s.get("tags") or ()) | row_tags.get(s["call_spec"]["row"], set()))]
     return [s for s in sessions if s["name"] == DEFAULT_SESSION or include_extra]
 
 
@@ -77,7 +82,7 @@ def build_matrix(listing: list[dict], rows: dict[str, Row], *, tags: list[str] |
         raise RowError(f"--tiers: unknown tier(s) {', '.join(unknown)}; known: {', '.join(TIERS)}")
     floor = max(gpus, tier_gpus(tiers, env))
     include = []
-    for s in select(listing, tags, include_extra):
+    for s in select(listing, tags, include_extra, rows):
         row_id = s["call_spec"]["row"]
         if row_id not in rows:
             raise RowError(f"nox lists {s['session']} but there is no row file {row_id}.txt")

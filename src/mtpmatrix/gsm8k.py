@@ -309,8 +309,11 @@ def run_gsm8k(base_url: str, num_examples: int = settings.GSM8K_NUM_EXAMPLES,
             tally["correct"] += is_correct(get_answer_value((res.text or "") if res.ok else ""), q.gold)
             tally["errors"] += not res.ok
         if log and progress_every and (done % progress_every == 0 or done == total):
-            log(f"{label}: {done}/{total} done, {tally['correct']} correct, {tally['errors']} errors, "
-                f"{time.perf_counter() - t0:.1f}s")
+            el = time.perf_counter() - t0
+            rate = done / el if el > 0 else 0.0
+            eta = f", ~{(total - done) / rate:.0f}s left" if rate and done < total else ""
+            log(f"{label}: {done}/{total} questions, {rate:.1f}/s, {tally['correct']} correct, "
+                f"{tally['errors']} errors, {el:.1f}s{eta}")
 
     results = client.run_batch(base_url, payloads, parallel=parallel, progress=progress, timeout=timeout)
     wall = time.perf_counter() - t0

@@ -25,7 +25,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.rows import Row, RowError, parse_override
-from mtpmatrix.store import TIERS, TIERS_FILE, RunStore, new_run_id, parse_freeze, read_json, row_verdict
+from mtpmatrix.store import (KNOWN_UPSTREAM, TIERS, TIERS_FILE, RunStore, new_run_id, parse_freeze, read_json,
+                             row_verdict)
 from mtpmatrix.verdict import classify_install
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +43,7 @@ class Options:
     shard: tuple[int, int] | None = None
     pytest_args: list[str] = field(default_factory=list)
     offline_check: bool = False  # skip the index pre-flight (air-gapped boxes with a local mirror)
+    server_urls: list[str] = field(default_factory=list)  # gsm8k tier against running servers (served.py)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -72,6 +74,8 @@ def parse_options(posargs: list[str]) -> Options:
     p.add_argument("--shard", type=_shard, help="run only shard I of N (rows in id order, round robin)")
     p.add_argument("--no-index-check", dest="offline_check", action="store_true",
                    help="do not ask the index whether --with releases exist before installing")
+    p.add_argument("--server-url", dest="server_urls", action="append", default=[], metavar="URL",
+                   help="run the gsm8k tier against this running sglang server (repeatable; checked before install)")
     ns, rest = p.parse_known_args(posargs)
     for spec in ns.overrides:
         parse_override(spec)  # raises RowError with one line
@@ -92,8 +96,10 @@ def parse_options(posargs: list[str]) -> Options:
         run_id = run_id or latest.run_id
     if rest and rest[0] == "--":
         rest = rest[1:]
+    if ns.server_urls and "gsm8k" not in tiers:
+        raise RowError("--server-url serves the gsm8k tier: add --tiers gsm8k (or a list that has it)")
     return Options(overrides=ns.overrides, run_id=run_id, resume=resume, results=ns.results, tiers=",".join(tiers),
-                   shard=ns.shard, pytest_args=rest, offline_check=ns.offline_check)
+                   shard=ns.shard, pytest_args=rest, offline_check=ns.offline_check, server_urls=ns.server_urls)
 
 
 def in_shard(row_id: str, all_ids: list[str], shard: tuple[int, int] | None) -> bool:
@@ -124,6 +130,17 @@ def preflight_tier_env(tiers: str, env: dict | None = None):
     try:
         return smoke.smoke_options(env)
     except ValueError as exc:
+        raise RowError(str(exc)) from None
+
+
+def preflight_servers(urls: list[str]) -> list:
+    """Every --server-url answers /server_info like an sglang server (served.fetch_all), before anything is
+    installed; a RowError (one line) otherwise. Returns what each serves."""
+    from mtpmatrix import served
+
+    try:
+        return served.fetch_all(urls)
+    except served.ServedError as exc:
         raise RowError(str(exc)) from None
 
 
@@ -284,6 +301,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     rc, output = _run_logged(cmd, out / "install.log", env=env_uv)
     record["install"] = {"verdict": "passed" if rc == 0 else "failed", "seconds": round(time.monotonic() - t0, 1),
                          "command": cmd[1:]}
+    log(f"[{row.id}] install {record['install']['verdict']} in {record['install']['seconds']}s")
     if rc != 0:
         record["install"]["failure"] = classify_install(output).as_dict()
         return _finish(store, row, record)
@@ -333,7 +351,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     tiers_file.unlink(missing_ok=True)
     pytest_cmd = [str(venv_python(venv)), "-m", "pytest", SUITE, "-p", "no:cacheprovider",
                   f"--junitxml={out / 'junit.xml'}", f"--mtp-results={tiers_file}", f"--tiers={opts.tiers}",
-                  *opts.pytest_args]
+                  *(f"--server-url={u}" for u in opts.server_urls), *opts.pytest_args]
     env_py = {**os.environ, "VIRTUAL_ENV": str(venv),
               "PATH": f"{venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}",
               "MTPMATRIX_ROW": row.id, "PYTHONUNBUFFERED": "1",
@@ -344,6 +362,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     t0 = time.monotonic()
     rc_p, _ = _run_logged(pytest_cmd, out / "pytest.log", env=env_py, echo=True)
     record["suite"] = {"exitstatus": rc_p, "seconds": round(time.monotonic() - t0, 1)}
+    log(f"[{row.id}] suite finished in {record['suite']['seconds']}s (pytest exit {rc_p})")
     if tiers_file.exists():
         data = read_json(tiers_file)
         record["tiers"] = data["tiers"]
@@ -377,7 +396,12 @@ def summary_line(record: dict) -> str:
         s = f"{tier}={t['verdict']}"
         if t["verdict"] == "skipped" and t.get("reason"):
             s += f" ({t['reason']})"
+        elif t["verdict"] == KNOWN_UPSTREAM:
+            s += " (" + "; ".join(f"{k['package']} {k['version']}: {k['id']}, {k['upstream']}"
+                                  for k in t.get("known_upstream", [])) + ")"
         elif t.get("failure_kinds"):
             s += f" [{','.join(t['failure_kinds'])}]"
+        for k in t.get("stale_known_upstream", []):
+            s += f" (known-upstream entry {k['id']} can go: {len(k['checks'])} of its checks pass)"
         parts.append(s)
     return f"{rid}: {record['verdict'].upper()} — " + "; ".join(parts)

@@ -4,23 +4,36 @@ Loaded by tests/conftest.py, so plain ``pytest tests/tiers`` works in any enviro
 pre-provisioned GPU boxes, air-gapped clusters). Options:
 
   --tiers contract,reference   run only these tiers (default: all that this machine allows)
-  --mtp-results PATH           write the per-tier verdicts, classified failures and metrics as JSON
+  --mtp-results PATH           write the per-tier verdicts, classified failures and metrics as JSON; the tiers'
+                               server logs and GSM8K records go next to it (schema.py), handed to them by the
+                               ``mtp_results_dir`` fixture
+  --server-url URL             run the gsm8k tier against this running sglang server (repeatable; served.py)
+
+Fixtures for the tiers: ``mtp_results_dir`` (where a tier writes what it keeps) and ``mtp_progress`` (one plain
+line to the terminal, also from worker threads, shown under nox and plain pytest alike).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from mtpmatrix import environment
+from mtpmatrix import environment, known_upstream, served
+from mtpmatrix.schema import LAUNCH_SECONDS, SCHEMA, SERVER_LOG
 from mtpmatrix.store import TIERS, atomic_write_json, worst
 from mtpmatrix.verdict import classify
 
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()
 _START_KEY = pytest.StashKey[float]()
+SERVED_KEY = pytest.StashKey[list]()  # served.Served for every --server-url, read once at startup
+_KNOWN_KEY = pytest.StashKey[list]()  # known_upstream.KnownIssue entries, loaded (and checked) at startup
 
 
 def pytest_addoption(parser):
@@ -28,7 +41,11 @@ def pytest_addoption(parser):
     group.addoption("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)),
                     help="comma-separated tiers to run (default: all; env MTPMATRIX_TIERS)")
     group.addoption("--mtp-results", default=os.environ.get("MTPMATRIX_RESULTS"),
-                    help="write tier verdicts as JSON to this path (env MTPMATRIX_RESULTS)")
+                    help="write tier verdicts as JSON to this path; server logs and GSM8K records go to its folder "
+                         "(env MTPMATRIX_RESULTS)")
+    group.addoption("--server-url", action="append", default=[], metavar="URL",
+                    help="run the gsm8k tier against this running sglang server instead of launching one "
+                         "(repeatable: add a no-MTP server of the same pair for speed-up and McNemar)")
 
 
 def _tier_of(item) -> str | None:
@@ -49,6 +66,19 @@ def _selected_tiers(config) -> list[str]:
 def pytest_configure(config):
     config.stash[_RECORDS_KEY] = []
     config.stash[_START_KEY] = time.monotonic()
+    config.stash[SERVED_KEY] = []
+    try:
+        config.stash[_KNOWN_KEY] = known_upstream.load()
+    except ValueError as exc:
+        raise pytest.UsageError(f"known upstream issues: {exc}") from None
+    urls = config.getoption("--server-url", default=None) or []
+    if urls:
+        if "gsm8k" not in _selected_tiers(config):
+            raise pytest.UsageError("--server-url serves the gsm8k tier, which --tiers does not select")
+        try:  # unreachable or not sglang: one line now, before any tier spends time
+            config.stash[SERVED_KEY] = served.fetch_all(urls)
+        except served.ServedError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if "smoke" in _selected_tiers(config):
         from mtpmatrix import smoke
 
@@ -56,6 +86,50 @@ def pytest_configure(config):
             smoke.smoke_options()
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+
+def tier_unavailable(config, tier: str) -> str | None:
+    """Why ``tier`` cannot run in this session (None: it can); the gsm8k tier against --server-url needs no GPU,
+    weights or sglang here, only the servers."""
+    if tier == "gsm8k" and config.stash.get(SERVED_KEY, None):
+        return None
+    return environment.tier_unavailable(tier)
+
+
+@pytest.fixture(scope="session")
+def mtp_results_dir(request, tmp_path_factory) -> Path:
+    """The folder a tier writes what it keeps into (server logs, GSM8K records; names in schema.py): the folder of
+    --mtp-results, which is the row folder under nox and tools/gpu_box.sh's work folder; a temp folder without it."""
+    path = request.config.getoption("--mtp-results")
+    if path:
+        out = Path(path).resolve().parent
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    return tmp_path_factory.mktemp("mtp-results")
+
+
+@pytest.fixture(scope="session")
+def mtp_progress(request):
+    """``say(line)``: one progress line on the terminal now, whatever pytest captures (long steps: server launches,
+    GSM8K questions). Safe from threads."""
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    capman = request.config.pluginmanager.get_plugin("capturemanager")
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with lock:
+            if tr is None:
+                print(line, file=sys.stderr, flush=True)
+                return
+            # pytest captures fd 1/2 while fixtures and tests run: lift it for the line, or nothing shows until
+            # the tier ends (what a 2-7 minute smoke tier used to look like)
+            with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+                if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):
+                    tr.write("\n")  # not glued to a row of progress dots
+                tr.write_line(line)
+                tr.flush()
+
+    return say
 
 
 def pytest_collection_modifyitems(config, items):
@@ -69,7 +143,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"{tier} tier not selected (--tiers {','.join(selected)})"))
             continue
         if tier not in reasons:
-            reasons[tier] = environment.tier_unavailable(tier)
+            reasons[tier] = tier_unavailable(config, tier)
         if reasons[tier]:
             item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {reasons[tier]}"))
 
@@ -111,10 +185,10 @@ def pytest_runtest_makereport(item, call):
 def replay_run(run, record_property):
     """For checks over a server run collected once by a fixture (smoke, gsm8k): record its log and launch time on
     this check, then re-raise the run's own failure (already classified) so every dependent check reports it."""
-    if getattr(run, "log_path", None):
-        record_property("server_log", str(run.log_path))
+    if getattr(run, "log_path", None):  # server logs sit at the top of the row folder: the name is the path there
+        record_property(SERVER_LOG, Path(run.log_path).name)
     if getattr(run, "launch_seconds", None) is not None:
-        record_property("launch_seconds", run.launch_seconds)
+        record_property(LAUNCH_SECONDS, run.launch_seconds)
     if getattr(run, "first_attempt_error", None):  # failed beside other servers, then relaunched alone
         record_property("first_attempt_error", run.first_attempt_error)
     if getattr(run, "error", None) is not None:
@@ -164,6 +238,7 @@ def mark_incomplete(tiers: dict, selected: list[str], exitstatus: int, detail: s
         if entry is None or entry["verdict"] in ("failed", "error"):
             continue
         entry["verdict"] = "error"
+        entry["incomplete"] = True
         entry["reason"] = reason
         entry["failure_kinds"] = sorted(set(entry.get("failure_kinds", [])) | {"harness"})
     return tiers
@@ -182,10 +257,13 @@ def pytest_sessionfinish(session, exitstatus):
     if not path:
         return
     records = session.config.stash[_RECORDS_KEY]
+    versions = environment.versions()
+    # known upstream bugs first: a session that stopped early stays an error whatever its checks hit
+    tiers = known_upstream.apply(summarize(records), versions, session.config.stash.get(_KNOWN_KEY, None))
     atomic_write_json(path, {
-        "tiers": mark_incomplete(summarize(records), _selected_tiers(session.config), exitstatus,
-                                 _collection_errors(session)),
-        "versions": environment.versions(),
+        "schema": SCHEMA,
+        "tiers": mark_incomplete(tiers, _selected_tiers(session.config), exitstatus, _collection_errors(session)),
+        "versions": versions,
         "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
         "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
         "exitstatus": int(exitstatus),
@@ -196,6 +274,8 @@ def pytest_report_header(config):
     selected = _selected_tiers(config)
     lines = []
     for tier in selected:
-        why = environment.tier_unavailable(tier)
+        why = tier_unavailable(config, tier)
         lines.append(f"mtpmatrix tier {tier}: " + (f"skip ({why})" if why else "available"))
+    for s in config.stash.get(SERVED_KEY, []):
+        lines.append(f"mtpmatrix gsm8k server {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")
     return lines

@@ -3,8 +3,14 @@
     python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR]
 
 writes ``summary.md``, ``report.html`` and ``summary.json`` into ``results/<run-id>/report/`` (or ``--out``) and
-appends summary.md to ``$GITHUB_STEP_SUMMARY`` when that is set. Exit status: 0 when the run qualifies (every row
-finished and none failed or errored), 1 when it does not, 2 on bad input (no such run, no rows) with one line.
+appends summary.md to ``$GITHUB_STEP_SUMMARY`` when that is set.
+
+The verdict says what was proven. A run QUALIFIES only when every tier ran and passed in every row; a run whose
+CPU tiers passed on a machine without a GPU says so ("CPU checks pass; smoke and gsm8k not run (no GPU)"). Failures
+listed in known_upstream.json are shown as "known upstream" next to their row and do not fail it. Exit status
+(EXIT_*): 0 nothing failed and every --require'd tier ran; 1 a row failed, errored or is unfinished; 2 bad input
+(no such run, no rows, unknown tier), one line; 3 nothing failed but not proven: a --require'd tier did not run in
+every row, or nothing ran at all.
 
 Besides the rows x tiers table the report holds, for every failing row, the closest passing row (fewest packages
 that differ in freeze.txt, ties broken towards the same sglang) with the differing versions; GSM8K per-question
@@ -28,26 +34,27 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import stats
+from mtpmatrix import schema, stats
 from mtpmatrix.rows import RowError, parse_override
+from mtpmatrix.schema import GPU_TIERS, KNOWN_UPSTREAM
 from mtpmatrix.store import (TIERS, VERDICTS, atomic_write_json, atomic_write_text, is_matrix_run, latest_run_id,
                              parse_freeze, read_json, row_verdict)
 
 REPORT_DIR = "report"
 LOG_FILES = ("install.log", "pytest.log", "freeze.txt", "check.txt", "junit.xml")
-SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️", "pending": "⏳", None: "—"}
+SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️", "pending": "⏳",
+           KNOWN_UPSTREAM: "⚠️", None: "—"}
 # The HTML page uses plain glyphs that every font has (emoji need a color-emoji font the viewer may lack).
-GLYPHS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "pending": "…", None: "—"}
+GLYPHS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "pending": "…", KNOWN_UPSTREAM: "⚠",
+          None: "—"}
 BAD = ("failed", "error")
+RAN = ("passed", KNOWN_UPSTREAM)  # a tier that ran without failing sglang
 MAIN_PACKAGES = ("sglang", "transformers", "torch")
-# Metrics shown in their own columns; everything else lands in "other", shortened.
-KNOWN_METRICS = ("score", "score_ci_low", "score_ci_high", "avg_spec_accept_length", "speedup", "records")
-# Aliases the tiers may use for the same things (first present wins).
-ACCEPT_KEYS = ("avg_spec_accept_length", "spec_accept_length", "accept_length")
-SPEEDUP_KEYS = ("speedup", "throughput_speedup", "latency_speedup")
-CI_PAIR_KEYS = ("score_ci", "wilson95", "ci95")
-COUNT_KEYS = ("num_questions", "n", "num_examples", "total", "questions")
+# Metrics shown in their own columns (schema.py names); the rest lands in "other", shortened.
+COLUMN_METRICS = (schema.SCORE, schema.WILSON95, schema.NUM_EXAMPLES, schema.ACCEPT_LENGTH, schema.SPEEDUP,
+                  schema.RECORDS)
 ALPHA = 0.05
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_PROVEN = 0, 1, 2, 3
 
 
 class ReportError(ValueError):
@@ -98,11 +105,12 @@ def _pins_of(record: dict) -> dict[str, str]:
     return pins
 
 
-def _resolve_records_path(value: str, row_dir: Path, run_dir: Path) -> Path | None:
-    p = Path(value)
-    candidates = [p] if p.is_absolute() else []
-    candidates += [row_dir / value, row_dir / p.name, row_dir / "gsm8k" / p.name, run_dir / value, Path.cwd() / value]
-    return next((c for c in candidates if c.is_file()), None)
+def _records_file(value, row_dir: Path) -> Path | None:
+    """The per-question file a RECORDS metric names (row-relative, schema.gsm8k_records), if it is there."""
+    if not isinstance(value, str) or Path(value).is_absolute() or ".." in Path(value).parts:
+        return None
+    path = row_dir / value
+    return path if path.is_file() else None
 
 
 def read_question_records(path: Path) -> dict[int, bool]:
@@ -123,46 +131,27 @@ def read_question_records(path: Path) -> dict[int, bool]:
 
 
 def short_check(check_id: str) -> str:
-    """``tests/tiers/test_gsm8k.py::test_gsm8k[E4B-topk1]`` -> ``test_gsm8k[E4B-topk1]``."""
+    """``tests/tiers/test_gsm8k.py::test_accuracy[E4B-topk1]`` -> ``test_accuracy[E4B-topk1]``."""
     return check_id.split("::", 1)[1] if "::" in check_id else check_id
 
 
-def question_records(record: dict, row_dir: Path, run_dir: Path) -> dict[str, dict]:
-    """{key: {"path", "questions": {index: correct}}} for every GSM8K per-question file of a row.
+def case_of(check_id: str) -> str:
+    """What a check ran on: its parameter (``E4B-topk1``, a smoke server's name), else the check's name."""
+    short = short_check(check_id)
+    return short[short.index("[") + 1:-1] if short.endswith("]") and "[" in short else short
 
-    A check whose metrics name a ``records`` file is keyed by its short check id; files under ``gsm8k/*.jsonl``
-    that no check names are keyed ``gsm8k/<stem>``.
-    """
+
+def question_records(record: dict, row_dir: Path) -> dict[str, dict]:
+    """{case: {"path", "questions": {index: correct}}} for every GSM8K case of a row whose check names its
+    per-question file (schema.RECORDS)."""
     out: dict[str, dict] = {}
-    seen: set[Path] = set()
-    for tier in (record.get("tiers") or {}).values():
-        for chk in tier.get("checks") or []:
-            value = (chk.get("metrics") or {}).get("records")
-            if not isinstance(value, str):
-                continue
-            path = _resolve_records_path(value, row_dir, run_dir)
-            if path is None:
-                continue
-            qs = read_question_records(path)
-            if qs:
-                out[short_check(chk["id"])] = {"path": str(path), "questions": qs}
-                seen.add(path.resolve())
-    by_param: dict[str, list[str]] = {}
-    for tier in (record.get("tiers") or {}).values():
-        for chk in tier.get("checks") or []:
-            m = re.search(r"\[([^\]]+)\]$", chk["id"])
-            if m and chk.get("tier") == "gsm8k":
-                by_param.setdefault(m.group(1), []).append(short_check(chk["id"]))
-    for path in sorted((row_dir / "gsm8k").glob("*.jsonl")) if (row_dir / "gsm8k").is_dir() else []:
-        if path.resolve() in seen:
+    for chk in ((record.get("tiers") or {}).get("gsm8k") or {}).get("checks") or []:
+        path = _records_file((chk.get("metrics") or {}).get(schema.RECORDS), row_dir)
+        if path is None:
             continue
         qs = read_question_records(path)
-        if not qs:
-            continue
-        # gsm8k/<param>.jsonl belongs to the one gsm8k check parametrized <param>, when there is exactly one
-        owners = [k for k in by_param.get(path.stem, []) if k not in out]
-        key = owners[0] if len(owners) == 1 else f"gsm8k/{path.stem}"
-        out[key] = {"path": str(path), "questions": qs}
+        if qs:
+            out[case_of(chk["id"])] = {"path": str(path), "questions": qs}
     return out
 
 
@@ -196,41 +185,48 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _metric_row(chk: dict, qrecords: dict[str, dict]) -> dict | None:
-    metrics = chk.get("metrics") or {}
-    if not metrics:
-        return None
-    key = short_check(chk["id"])
-    out: dict = {"check": chk["id"], "short": key, "tier": chk.get("tier"), "outcome": chk.get("outcome")}
-    score = metrics.get("score")
+def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
+    """One row per (tier, case) with the metrics of all its checks: a GSM8K case's score and interval (test_accuracy)
+    sit next to its accept length (test_acceptance)."""
+    groups: dict[tuple[str, str], dict] = {}
+    for tier_name in TIERS:
+        for chk in ((record.get("tiers") or {}).get(tier_name) or {}).get("checks") or []:
+            metrics = chk.get("metrics") or {}
+            if not metrics:
+                continue
+            key = (tier_name, case_of(chk["id"]))
+            g = groups.setdefault(key, {"tier": tier_name, "case": key[1], "checks": [], "outcome": "passed",
+                                        "metrics": {}})
+            g["checks"].append(chk["id"])
+            if chk.get("outcome") in BAD:
+                g["outcome"] = chk["outcome"]
+            g["metrics"].update(metrics)
+    return [_metric_row(g, qrecords) for g in groups.values()]
+
+
+def _metric_row(group: dict, qrecords: dict[str, dict]) -> dict:
+    metrics = group["metrics"]
+    out: dict = {"check": group["checks"][0], "checks": group["checks"], "short": group["case"],
+                 "tier": group["tier"], "outcome": group["outcome"]}
+    score = metrics.get(schema.SCORE)
+    qs = qrecords.get(group["case"], {}).get("questions") if group["tier"] == "gsm8k" else None
     if _is_number(score):
         out["score"] = float(score)
-        n = next((int(metrics[k]) for k in COUNT_KEYS if _is_number(metrics.get(k))), None)
-        qs = qrecords.get(key, {}).get("questions")
-        if n is None and qs:
-            n = len(qs)
+        n = metrics.get(schema.NUM_EXAMPLES)
+        n = int(n) if _is_number(n) else (len(qs) if qs else None)
         if n:
             out["n"] = n
-        lo, hi = metrics.get("score_ci_low"), metrics.get("score_ci_high")
-        pair = next((metrics[k] for k in CI_PAIR_KEYS if isinstance(metrics.get(k), (list, tuple))
-                     and len(metrics[k]) == 2 and all(_is_number(x) for x in metrics[k])), None)
-        if _is_number(lo) and _is_number(hi):
-            out["ci"] = [float(lo), float(hi)]
-        elif pair is not None:
-            out["ci"] = [float(pair[0]), float(pair[1])]
+        ci = metrics.get(schema.WILSON95)
+        if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_is_number(x) for x in ci):
+            out["ci"] = [float(ci[0]), float(ci[1])]
         elif qs:
             out["ci"] = list(wilson(sum(qs.values()), len(qs)))
-        elif n:
-            out["ci"] = list(wilson(round(score * n), n))
-    used = set(KNOWN_METRICS) | set(COUNT_KEYS) | set(CI_PAIR_KEYS)
-    for names, key_out in ((ACCEPT_KEYS, "accept_length"), (SPEEDUP_KEYS, "speedup")):
-        name = next((k for k in names if _is_number(metrics.get(k))), None)
-        if name is not None:
+    for name, key_out in ((schema.ACCEPT_LENGTH, "accept_length"), (schema.SPEEDUP, "speedup")):
+        if _is_number(metrics.get(name)):
             out[key_out] = float(metrics[name])
-            used.add(name)
-    if isinstance(metrics.get("records"), str):
-        out["records"] = metrics["records"]
-    other = {k: v for k, v in metrics.items() if k not in used}
+    if isinstance(metrics.get(schema.RECORDS), str):
+        out["records"] = metrics[schema.RECORDS]
+    other = {k: v for k, v in metrics.items() if k not in COLUMN_METRICS}
     if other:
         out["other"] = other
     out["known"] = any(k in out for k in ("score", "accept_length", "speedup"))
@@ -256,7 +252,7 @@ def _tier_summary(tier: dict) -> dict:
         counts[c.get("outcome", "?")] = counts.get(c.get("outcome", "?"), 0) + 1
     failures = []
     for c in checks:
-        if c.get("outcome") in BAD:
+        if c.get("outcome") in BAD and not c.get("known_upstream"):  # known upstream bugs are listed apart
             f = c.get("failure") or {}
             failures.append({"check": c["id"], "short": short_check(c["id"]), "outcome": c["outcome"],
                              "kind": f.get("kind"), "type": f.get("type"), "message": f.get("message"),
@@ -271,7 +267,8 @@ def _tier_summary(tier: dict) -> dict:
                       if c.get("outcome") == "skipped"]
     return {"verdict": tier.get("verdict"), "reason": tier.get("reason"), "seconds": tier.get("seconds"),
             "counts": counts, "failure_kinds": list(kinds), "failures": failures, "failure_groups": groups,
-            "skipped_checks": skipped_checks}
+            "skipped_checks": skipped_checks, "known_upstream": tier.get("known_upstream", []),
+            "stale_known_upstream": tier.get("stale_known_upstream", [])}
 
 
 def group_failures(failures: list[dict]) -> list[dict]:
@@ -302,14 +299,9 @@ def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dic
     row = record.get("row") or {}
     versions, installed = _versions(record)
     install = record.get("install") or {}
-    qrecords = question_records(record, row_dir, run_dir)
+    qrecords = question_records(record, row_dir)
     tiers = {t: _tier_summary(tv) for t, tv in (record.get("tiers") or {}).items()}
-    metrics = []
-    for tier in (record.get("tiers") or {}).values():
-        for chk in tier.get("checks") or []:
-            m = _metric_row(chk, qrecords)
-            if m:
-                metrics.append(m)
+    metrics = _metric_rows(record, qrecords)
     logs = {}
     for name in LOG_FILES:
         f = row_dir / name
@@ -424,7 +416,9 @@ def _skip_groups(summaries: dict[str, dict]) -> list[dict]:
 
 
 def _paired_across_rows(run_dir: Path, rows: dict[str, dict]) -> list[dict]:
-    per_row = {rid: question_records(rec, run_dir / rid, run_dir) for rid, rec in rows.items()}
+    """Per-question comparisons: the same case in two rows, and within a row each MTP case against the no-MTP case
+    of its pair (key ``E4B-nomtp → E4B-topk1``, row A = row B)."""
+    per_row = {rid: question_records(rec, run_dir / rid) for rid, rec in rows.items()}
     keys = sorted({k for qs in per_row.values() for k in qs})
     out = []
     for key in keys:
@@ -433,6 +427,13 @@ def _paired_across_rows(run_dir: Path, rows: dict[str, dict]) -> list[dict]:
             for b in have[i + 1:]:
                 cmp = paired_comparison(per_row[a][key]["questions"], per_row[b][key]["questions"])
                 out.append({"key": key, "row_a": a, "row_b": b, **cmp})
+    for rid in sorted(per_row):
+        qs = per_row[rid]
+        for key in sorted(qs):
+            base = key.rsplit("-", 1)[0] + "-nomtp"
+            if key != base and base in qs:
+                cmp = paired_comparison(qs[base]["questions"], qs[key]["questions"])
+                out.append({"key": f"{base} → {key}", "row_a": rid, "row_b": rid, **cmp})
     return out
 
 
@@ -444,7 +445,7 @@ def _change(before: str | None, after: str | None) -> tuple[str, str]:
         return ("worse", "new row, failing") if after in BAD else ("same", "new row")
     if after is None:
         return "same", "not in this run"
-    rank = {"passed": 2, "skipped": 1, "pending": 1, "failed": 0, "error": 0}
+    rank = {"passed": 2, KNOWN_UPSTREAM: 2, "skipped": 1, "pending": 1, "failed": 0, "error": 0}
     rb, ra = rank.get(before, 1), rank.get(after, 1)
     if before == after or (rb == ra == 0):
         return "same", "still failing" if ra == 0 else "same"
@@ -485,15 +486,14 @@ def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_
                 f = c.get("failure") or {}
                 item = {"row": rid, "tier": tier, "check": c["id"], "before": ob, "after": oa,
                         "kind": f.get("kind"), "message": f.get("message"), "frame": _first_frame(f)}
-                if oa in BAD and ob not in BAD:
+                if oa in BAD and ob not in BAD and not c.get("known_upstream"):
                     new_failures.append(item)
                 elif ob in BAD and oa == "passed":
                     fixed.append(item)
                 if old:
                     mb, ma = old.get("metrics") or {}, c.get("metrics") or {}
-                    for name in sorted(set(mb) & set(ma), key=lambda n: (n not in KNOWN_METRICS, n)):
-                        if name in ("score_ci_low", "score_ci_high") or not (_is_number(mb[name])
-                                                                             and _is_number(ma[name])):
+                    for name in sorted(set(mb) & set(ma), key=lambda n: (n not in COLUMN_METRICS, n)):
+                        if not (_is_number(mb[name]) and _is_number(ma[name])):
                             continue
                         if mb[name] != ma[name]:
                             deltas.append({"row": rid, "tier": tier, "check": c["id"], "metric": name,
@@ -504,8 +504,8 @@ def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_
             new_failures.append({"row": rid, "tier": "install", "check": None, "before": "passed" if base else None,
                                  "after": "failed", "kind": "install", "message": f.get("message"), "frame": None})
         if cur and base:
-            qa = question_records(base, base_dir / rid, base_dir)
-            qb = question_records(cur, cur_dir / rid, cur_dir)
+            qa = question_records(base, base_dir / rid)
+            qb = question_records(cur, cur_dir / rid)
             for key in sorted(set(qa) & set(qb)):
                 cmp = paired_comparison(qa[key]["questions"], qb[key]["questions"])
                 paired.append({"row": rid, "key": key, **cmp})
@@ -525,7 +525,43 @@ def load_rows(run_dir: Path) -> dict[str, dict]:
     return out
 
 
-def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: Path | None = None) -> dict:
+def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]) -> dict[str, dict]:
+    """Per tier over all rows: which rows ran it (passed or known upstream), which did not, and one short reason
+    for the ones that did not ('no GPU' when every skip of the tier says a GPU is missing)."""
+    out = {}
+    for tier in tiers:
+        ran = [rid for rid, s in summaries.items() if (s["tiers"].get(tier) or {}).get("verdict") in RAN]
+        not_run = [rid for rid, s in summaries.items() if (s["tiers"].get(tier) or {}).get("verdict") in
+                   ("skipped", None) and s["install"]["verdict"] != "failed"]
+        reasons = [g["reason"] for g in skips if tier in g["tiers"] and set(g["rows"]) & set(not_run)
+                   and not g["checks"]]
+        if reasons and all("GPU" in r for r in reasons):
+            why = "no GPU"
+        elif reasons and all("not selected" in r for r in reasons):
+            why = "not selected"
+        else:
+            why = reasons[0] if reasons else ""
+        out[tier] = {"ran": ran, "not_run": not_run, "why": why}
+    return out
+
+
+def _verdict(summary: dict, require: list[str]) -> tuple[str, int]:
+    """(state, exit status): 'qualifies' (every tier ran and passed everywhere), 'partial' (nothing failed, some
+    tiers did not run), 'not-proven' (a --require'd tier did not run everywhere, or nothing ran), 'fails'."""
+    if summary["failing_rows"] or summary["incomplete_rows"]:
+        return "fails", EXIT_FAILED
+    if summary["nothing_ran"]:
+        return "not-proven", EXIT_NOT_PROVEN
+    status = summary["tier_status"]
+    if any(status.get(t, {}).get("not_run") or t not in status for t in require):
+        return "not-proven", EXIT_NOT_PROVEN
+    if all(not st["not_run"] for st in status.values()) and set(status) == set(TIERS):
+        return "qualifies", EXIT_OK
+    return "partial", EXIT_OK
+
+
+def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: Path | None = None,
+                  require: list[str] | tuple[str, ...] = ()) -> dict:
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / REPORT_DIR
     rows = load_rows(run_dir)
@@ -539,28 +575,37 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     failing = [rid for rid, s in summaries.items() if s["verdict"] in BAD]
     incomplete = [rid for rid, s in summaries.items() if s["verdict"] in (None, "pending")]
     tiers = [t for t in TIERS if any(t in s["tiers"] for s in summaries.values())] or list(TIERS)
-    ran_any = any(t["verdict"] == "passed" for s in summaries.values() for t in s["tiers"].values())
+    ran_any = any(t["verdict"] in RAN for s in summaries.values() for t in s["tiers"].values())
+    skips = _skip_groups(summaries)
+    known = [dict(k, row=rid, tier=t) for rid, s in summaries.items() for t, tv in s["tiers"].items()
+             for k in tv["known_upstream"]]
+    stale = [dict(k, row=rid, tier=t) for rid, s in summaries.items() for t, tv in s["tiers"].items()
+             for k in tv["stale_known_upstream"]]
     summary = {
-        "schema": 1,
+        "schema": schema.SCHEMA,
         "run_id": run_dir.name,
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        # A run qualifies when every row finished, none failed, and something actually ran (an all-skipped run
-        # proves nothing: it must not turn a CI gate green).
-        "qualifies": not failing and not incomplete and ran_any,
-        "nothing_ran": not ran_any,
+        "required_tiers": list(require),
         "verdict_counts": {k: v for k, v in counts.items() if v},
         "failing_rows": failing,
         "incomplete_rows": incomplete,
+        "nothing_ran": not ran_any,
         "tiers": tiers,
+        "tier_status": _tier_status(summaries, tiers, skips),
         "row_verdicts": {rid: s["verdict"] for rid, s in summaries.items()},
         "tier_verdicts": {rid: {t: tv["verdict"] for t, tv in s["tiers"].items()} for rid, s in summaries.items()},
         "rows": list(summaries.values()),
-        "skips": _skip_groups(summaries),
+        "skips": skips,
+        "known_upstream": known,
+        "stale_known_upstream": stale,
         "relaunched": [dict(x, row=rid) for rid, r in summaries.items() for x in r["relaunched"]],
         "paired": _paired_across_rows(run_dir, rows),
         "baseline": None,
         "regressions": [],
     }
+    summary["verdict"], summary["exit_status"] = _verdict(summary, list(require))
+    # True only when every tier ran and passed in every row: a CPU-only run never 'qualifies' a release.
+    summary["qualifies"] = summary["verdict"] == "qualifies"
     if baseline_dir is not None:
         base = compare_runs(run_dir, rows, Path(baseline_dir), load_rows(baseline_dir))
         base["run_id"] = Path(baseline_dir).name
@@ -595,7 +640,12 @@ def _fmt_other(v, limit: int = 60) -> str:
             return f"{len(v)} values, mean {_fmt_num(sum(nums) / len(nums))}"
         return f"{len(v)} items"
     if isinstance(v, dict):
-        return f"{{{len(v)} keys}}"
+        inner = ", ".join(f"{k} {len(x) if isinstance(x, (list, tuple)) else _fmt_other(x, 24)}"
+                          for k, x in v.items()
+                          if _is_number(x) or isinstance(x, (str, bool, list, tuple)) or x is None)
+        if not inner:
+            return f"{{{len(v)} keys}}"
+        return inner if len(inner) <= limit else inner[: limit - 1] + "…"
     s = _fmt_num(v) if _is_number(v) or isinstance(v, bool) else str(v)
     s = " ".join(s.split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -623,24 +673,72 @@ def _tier_cell_text(t: dict | None) -> str:
     text = f"{SYMBOLS.get(v, '?')} {v}"
     if v in BAD and t["failure_kinds"]:
         text += " · " + ",".join(t["failure_kinds"])
+    if v == KNOWN_UPSTREAM:
+        text += " · " + ", ".join(f"{k['package']} {k['version']}" for k in t["known_upstream"])
     return text
+
+
+# Headline marks: proven, nothing failed but not everything proven, not qualified.
+MARKS = {"qualifies": "✅", "partial": "🟡", "not-proven": "❌", "fails": "❌"}
+BANNERS = {"qualifies": ("ok", "✓"), "partial": ("partial", "~"), "not-proven": ("bad", "✗"),
+           "fails": ("bad", "✗")}
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _proven_text(summary: dict) -> str:
+    """'CPU checks pass; smoke and gsm8k not run (no GPU)': which tiers ran and passed, which did not run, why."""
+    status, n = summary["tier_status"], len(summary["rows"])
+    full = [t for t in summary["tiers"] if status[t]["ran"] and not status[t]["not_run"]]
+    some = [t for t in summary["tiers"] if status[t]["ran"] and status[t]["not_run"]]
+    none = [t for t in summary["tiers"] if not status[t]["ran"]]
+    parts = []
+    if full:
+        parts.append("CPU checks pass" if full == [t for t in TIERS if t not in GPU_TIERS]
+                     else f"{_and(full)} pass{'es' if len(full) == 1 else ''}")
+    for t in some:
+        parts.append(f"{t} ran in {len(status[t]['ran'])} of {n} rows")
+    by_why: dict[str, list[str]] = {}
+    for t in none:
+        by_why.setdefault(status[t]["why"], []).append(t)
+    for why, ts in by_why.items():
+        parts.append(f"{_and(ts)} not run" + (f" ({why})" if why else ""))
+    return "; ".join(parts)
+
+
+def _known_text(summary: dict) -> str:
+    k = summary.get("known_upstream") or []
+    if not k:
+        return ""
+    where = sorted({f"{x['row']} {x['tier']}" for x in k})
+    return f"; {len({x['id'] for x in k})} known upstream issue(s), not sglang: {', '.join(where)}"
 
 
 def _headline(summary: dict) -> str:
     rows = summary["rows"]
     n = len(rows)
     c = summary["verdict_counts"]
-    parts = [f"{c[v]} {v}" for v in VERDICTS if c.get(v)]
-    if summary["qualifies"]:
-        return f"QUALIFIES — all {n} rows passed or were skipped ({', '.join(parts)})"
+    counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
+    state = summary.get("verdict")
+    if state == "qualifies":
+        return f"QUALIFIES — every tier ran and passed in all {n} rows{_known_text(summary)} ({counts})"
+    if state == "partial":
+        return f"{_proven_text(summary)}{_known_text(summary)} ({n} rows: {counts})"
+    if state == "not-proven":
+        if summary.get("nothing_ran"):
+            return f"NOT QUALIFIED — nothing ran: every tier of every row was skipped ({counts})"
+        missing = [t for t in summary["required_tiers"] if summary["tier_status"].get(t, {}).get("not_run")
+                   or t not in summary["tier_status"]]
+        return (f"NOT QUALIFIED — required tier(s) not run in every row: {', '.join(missing)}; "
+                f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
     why = []
     if summary["failing_rows"]:
         why.append(f"{len(summary['failing_rows'])} of {n} rows failing: {', '.join(summary['failing_rows'])}")
     if summary["incomplete_rows"]:
         why.append(f"unfinished: {', '.join(summary['incomplete_rows'])}")
-    if summary.get("nothing_ran") and not why:
-        why.append("nothing ran: every tier of every row was skipped")
-    return f"DOES NOT QUALIFY — {'; '.join(why)} ({', '.join(parts)})"
+    return f"DOES NOT QUALIFY — {'; '.join(why)} ({counts})"
 
 
 def _md_escape(text) -> str:
@@ -662,7 +760,7 @@ def _skip_where(group: dict, verb: str) -> str:
 
 def render_markdown(summary: dict) -> str:
     tiers = summary["tiers"]
-    mark = "✅" if summary["qualifies"] else "❌"
+    mark = MARKS[summary["verdict"]]
     out = [f"# Gemma 4 MTP matrix — run `{summary['run_id']}`", "", f"**{mark} {_headline(summary)}**", ""]
     head = ["row", "sglang", "transformers", "torch", "python", "overrides", *tiers, "verdict"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -679,11 +777,24 @@ def render_markdown(summary: dict) -> str:
         out.append("| " + " | ".join(_md_escape(x) for x in [f"**{r['id']}**", *vers, ov, *cells,
                                                                 f"{SYMBOLS.get(r['verdict'], '?')} {r['verdict']}"])
                    + " |")
-    out += ["", "Legend: ✅ passed · ❌ failed · 💥 error (harness/setup) · ⏭️ skipped · ⏳ pending · — not run", ""]
+    out += ["", "Legend: ✅ passed · ❌ failed · 💥 error (harness/setup) · ⚠️ known-upstream (fails only on a known "
+            "upstream bug; the row passes) · ⏭️ skipped · ⏳ pending · — not run", ""]
     if summary["skips"]:
         out.append("**Skipped**")
         for g in summary["skips"]:
             out.append(f"- {_skip_where(g, 'in')}: {_md_escape(g['reason'])}")
+        out.append("")
+    if summary.get("known_upstream") or summary.get("stale_known_upstream"):
+        out.append("**Known upstream** (bugs outside sglang's serving path: listed in known_upstream.json, they do "
+                   "not fail the row)")
+        for k in summary.get("known_upstream") or []:
+            fixed = f", fixed in {k['fixed_in']}" if k.get("fixed_in") else ""
+            out.append(f"- ⚠️ **{k['row']}** {k['tier']} · {k['package']} {k['version']} · `{k['id']}` "
+                       f"({len(k['checks'])} checks): {_md_escape(k['summary'])} {k['upstream']}{fixed}")
+        for k in summary.get("stale_known_upstream") or []:
+            out.append(f"- 🧹 entry `{k['id']}` can go: with {k['package']} {k['version']} in its range, "
+                       f"{len(k['checks'])} of its checks pass in {k['row']} {k['tier']} "
+                       f"({_md_escape(', '.join(short_check(c) for c in k['checks'][:3]))})")
         out.append("")
 
     if summary.get("relaunched"):
@@ -727,19 +838,20 @@ def render_markdown(summary: dict) -> str:
     metric_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if m.get("known")]
     other_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if not m.get("known")]
     if metric_rows:
-        out += ["## Metrics", "", "| row | check | score [95% CI] | accept length | speedup | other |",
-                "|---|---|---|---|---|---|"]
+        out += ["## Metrics", "", "| row | tier | case | score [95% CI] | accept length | speedup | other |",
+                "|---|---|---|---|---|---|---|"]
         for rid, m in metric_rows:
             other = "; ".join(f"{k}={_fmt_other(v, 40)}" for k, v in (m.get("other") or {}).items())
             out.append("| " + " | ".join(_md_escape(x) for x in [
-                rid, m["short"], _score_text(m), _fmt_num(m["accept_length"]) if "accept_length" in m else "",
+                rid, m["tier"], m["short"], _score_text(m),
+                _fmt_num(m["accept_length"]) if "accept_length" in m else "",
                 f"{_fmt_num(m['speedup'], 2)}×" if "speedup" in m else "", other]) + " |")
         out.append("")
     if other_rows:
         out += ["<details><summary>Other recorded metrics</summary>", ""]
         for rid, m in other_rows:
             other = "; ".join(f"{k}={_fmt_other(v, 40)}" for k, v in (m.get("other") or {}).items())
-            out.append(f"- {rid} `{m['short']}`: {_md_escape(other)}")
+            out.append(f"- {rid} {m['tier']} `{m['short']}`: {_md_escape(other)}")
         out += ["", "</details>", ""]
 
     if summary["paired"]:
@@ -830,6 +942,7 @@ code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font
 .banner{padding:12px 16px;border-radius:6px;font-size:16px;font-weight:600;margin-bottom:14px}
 .banner.ok{background:#dafbe1;color:#116329;border:1px solid #4ac26b}
 .banner.bad{background:#ffebe9;color:#a40e26;border:1px solid #ff8182}
+.banner.partial{background:#fff8c5;color:#7d4e00;border:1px solid #d4a72c}
 .meta{color:#59636e;font-size:12.5px;margin-bottom:12px}
 table{border-collapse:collapse;background:#fff;border:1px solid #d0d7de;width:100%}
 th,td{border:1px solid #d0d7de;padding:6px 9px;text-align:left;vertical-align:top}
@@ -838,6 +951,7 @@ td.v{text-align:center;font-weight:600;min-width:96px}
 .passed{background:#dafbe1;color:#116329}.failed{background:#ffcecb;color:#a40e26}
 .error{background:#ffe2b8;color:#953800}.skipped{background:#eef1f4;color:#656d76;font-weight:400}
 .pending{background:#fff8c5;color:#7d4e00}.none{background:#fff;color:#8c959f;font-weight:400}
+.known-upstream{background:#fff1e5;color:#7d4e00}
 .small{font-size:12px;color:#59636e;font-weight:400}
 .kind{display:inline-block;font-size:11.5px;padding:0 6px;border-radius:10px;background:rgba(0,0,0,.08);margin-top:2px}
 .rowid{font-weight:600;white-space:nowrap}
@@ -879,6 +993,10 @@ def _cell_html(t: dict | None) -> str:
         n_all = sum(t["counts"].values())
         if n_all:
             inner += f'<br><span class="small">{n_bad}/{n_all} failed</span>'
+    elif v == KNOWN_UPSTREAM:
+        title = "; ".join(k["summary"] for k in t["known_upstream"])
+        inner += "".join(f'<br><span class="small">{_e(k["package"])} {_e(k["version"])}</span>'
+                         for k in t["known_upstream"])
     elif v == "skipped":
         title = t.get("reason") or ""
     elif v == "passed":
@@ -912,12 +1030,12 @@ def _logs_html(r: dict) -> str:
 
 def render_html(summary: dict) -> str:
     tiers = summary["tiers"]
-    ok = summary["qualifies"]
+    cls, glyph = BANNERS[summary["verdict"]]
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-         f"<title>MTP matrix {_e(summary['run_id'])}: {'qualifies' if ok else 'does not qualify'}</title>",
+         f"<title>MTP matrix {_e(summary['run_id'])}: {_e(summary['verdict'])}</title>",
          f"<style>{_CSS}</style></head><body>",
          f"<h1>Gemma 4 MTP qualification matrix — run <code>{_e(summary['run_id'])}</code></h1>",
-         f'<div class="banner {"ok" if ok else "bad"}">{"✓" if ok else "✗"} {_e(_headline(summary))}</div>']
+         f'<div class="banner {cls}">{glyph} {_e(_headline(summary))}</div>']
     hosts = sorted({(r.get("host") or {}).get("hostname", "") for r in summary["rows"]} - {""})
     gpus = sorted({r.get("gpus") for r in summary["rows"] if r.get("gpus") is not None})
     meta = [f"generated {_e(summary['generated'])}"]
@@ -956,6 +1074,19 @@ def render_html(summary: dict) -> str:
         h.append('<ul class="skips">')
         for g in summary["skips"]:
             h.append(f"<li><b>{_e(_skip_where(g, 'skipped in'))}</b>: {_e(g['reason'])}</li>")
+        h.append("</ul>")
+    if summary.get("known_upstream") or summary.get("stale_known_upstream"):
+        h.append("<p><b>Known upstream</b> (bugs outside sglang's serving path, listed in known_upstream.json; "
+                 "they do not fail the row)</p><ul>")
+        for k in summary.get("known_upstream") or []:
+            fixed = f", fixed in {k['fixed_in']}" if k.get("fixed_in") else ""
+            h.append(f'<li class="known-upstream">{GLYPHS[KNOWN_UPSTREAM]} <b>{_e(k["row"])}</b> {_e(k["tier"])} · '
+                     f'{_e(k["package"])} {_e(k["version"])} · <code>{_e(k["id"])}</code> ({len(k["checks"])} '
+                     f'checks): {_e(k["summary"])} <a href="{_e(k["upstream"])}">{_e(k["upstream"])}</a>'
+                     f"{_e(fixed)}</li>")
+        for k in summary.get("stale_known_upstream") or []:
+            h.append(f"<li>entry <code>{_e(k['id'])}</code> can go: with {_e(k['package'])} {_e(k['version'])} in "
+                     f"its range, {len(k['checks'])} of its checks pass in {_e(k['row'])} {_e(k['tier'])}</li>")
         h.append("</ul>")
 
     if summary.get("relaunched"):
@@ -1011,26 +1142,26 @@ def render_html(summary: dict) -> str:
     metric_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if m.get("known")]
     other_rows = [(r["id"], m) for r in summary["rows"] for m in r["metrics"] if not m.get("known")]
     if metric_rows:
-        h.append("<h2>Metrics</h2><table><thead><tr><th>row</th><th>check</th><th>GSM8K score [95% CI]</th>"
+        h.append("<h2>Metrics</h2><table><thead><tr><th>row</th><th>tier</th><th>case</th><th>GSM8K score [95% CI]</th>"
                  "<th>accept length</th><th>speedup</th><th>other</th></tr></thead><tbody>")
         for rid, m in metric_rows:
             other = "<br>".join(f"{_e(k)} = <span class=\"mono\">{_e(_fmt_other(v))}</span>"
                                 for k, v in (m.get("other") or {}).items())
             cls = m.get("outcome") if m.get("outcome") in BAD else ""
-            h.append(f'<tr><td class="rowid">{_e(rid)}</td><td class="mono {cls}">{_e(m["short"])}</td>'
-                     f"<td>{_e(_score_text(m))}</td>"
+            h.append(f'<tr><td class="rowid">{_e(rid)}</td><td>{_e(m["tier"])}</td>'
+                     f'<td class="mono {cls}">{_e(m["short"])}</td><td>{_e(_score_text(m))}</td>'
                      f"<td>{_e(_fmt_num(m['accept_length'])) if 'accept_length' in m else ''}</td>"
                      f"<td>{_e(_fmt_num(m['speedup'], 2) + '×') if 'speedup' in m else ''}</td>"
                      f'<td class="small">{other}</td></tr>')
         h.append("</tbody></table>")
     if other_rows:
-        h.append('<details><summary>Other recorded metrics</summary><table><thead><tr><th>row</th><th>check</th>'
-                 "<th>metrics</th></tr></thead><tbody>")
+        h.append('<details><summary>Other recorded metrics</summary><table><thead><tr><th>row</th><th>tier</th>'
+                 "<th>case</th><th>metrics</th></tr></thead><tbody>")
         for rid, m in other_rows:
             other = "<br>".join(f"{_e(k)} = <span class=\"mono\">{_e(_fmt_other(v, 120))}</span>"
                                 for k, v in (m.get("other") or {}).items())
-            h.append(f'<tr><td class="rowid">{_e(rid)}</td><td class="mono">{_e(m["short"])}</td>'
-                     f'<td class="small">{other}</td></tr>')
+            h.append(f'<tr><td class="rowid">{_e(rid)}</td><td>{_e(m["tier"])}</td>'
+                     f'<td class="mono">{_e(m["short"])}</td><td class="small">{other}</td></tr>')
         h.append("</tbody></table></details>")
 
     if summary["paired"]:
@@ -1121,15 +1252,24 @@ def _html_baseline(base: dict) -> str:
 # entry point
 # ---------------------------------------------------------------------------------------------------------------
 
+def parse_require(text: str | None) -> list[str]:
+    """``--require smoke,gsm8k`` -> ["smoke", "gsm8k"]; ReportError (one line) for an unknown tier."""
+    tiers = [t.strip() for t in (text or "").split(",") if t.strip()]
+    bad = [t for t in tiers if t not in TIERS]
+    if bad:
+        raise ReportError(f"--require: unknown tier(s) {', '.join(bad)}; known: {', '.join(TIERS)}")
+    return tiers
+
+
 def write_report(results: Path, run_id: str | None = None, *, baseline: str | None = None,
-                 out: Path | None = None) -> tuple[dict, dict[str, Path]]:
+                 out: Path | None = None, require: list[str] | tuple[str, ...] = ()) -> tuple[dict, dict[str, Path]]:
     """Build and write the report; returns (summary, {"md": ..., "html": ..., "json": ...})."""
     run_dir = resolve_run(results, run_id)
     base_dir = resolve_run(results, baseline) if baseline else None
     if base_dir is not None and base_dir.resolve() == run_dir.resolve():
         raise ReportError(f"--baseline {baseline} is the run being reported")
     out_dir = Path(out) if out else run_dir / REPORT_DIR
-    summary = build_summary(run_dir, baseline_dir=base_dir, out_dir=out_dir)
+    summary = build_summary(run_dir, baseline_dir=base_dir, out_dir=out_dir, require=require)
     md = render_markdown(summary)
     paths = {"md": out_dir / "summary.md", "html": out_dir / "report.html", "json": out_dir / "summary.json"}
     atomic_write_text(paths["md"], md)
@@ -1148,15 +1288,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="results root (default: results, env MTPMATRIX_RESULTS_ROOT)")
     p.add_argument("--baseline", metavar="RUN_ID", help="compare with this earlier run")
     p.add_argument("--out", type=Path, help="write here instead of results/<RUN_ID>/report/")
+    p.add_argument("--require", metavar="TIERS", default="",
+                   help="release gate: exit 3 unless these tiers ran (and passed) in every row, e.g. smoke,gsm8k")
 
 
 def run(ns: argparse.Namespace) -> int:
     try:
-        summary, paths = write_report(ns.results, ns.run_id, baseline=ns.baseline, out=ns.out)
+        summary, paths = write_report(ns.results, ns.run_id, baseline=ns.baseline, out=ns.out,
+                                      require=parse_require(ns.require))
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(("✅ " if summary["qualifies"] else "❌ ") + _headline(summary))
+        return EXIT_BAD_INPUT
+    print(f"{MARKS[summary['verdict']]} {_headline(summary)}")
     for r in summary["rows"]:
         cells = ", ".join(f"{t}={r['tiers'][t]['verdict']}" for t in summary["tiers"] if t in r["tiers"])
         if r["install"]["verdict"] == "failed":
@@ -1166,4 +1309,4 @@ def run(ns: argparse.Namespace) -> int:
         b = summary["baseline"]
         print(f"  vs {b['run_id']}: {len(b['new_failures'])} new failure(s), {len(b['fixed'])} fixed")
     print(f"report: {paths['html']}\n        {paths['md']}\n        {paths['json']}")
-    return 0 if summary["qualifies"] else 1
+    return summary["exit_status"]

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from mtpmatrix import client
 from mtpmatrix.environment import nvidia_smi
@@ -228,7 +229,8 @@ class SglangServer:
     def __init__(self, args: list[str], *, python: str = sys.executable, log_path: Path,
                  env: dict | None = None, host: str = "127.0.0.1", port: int | None = None,
                  ready_timeout: float = 600, launcher: list[str] | None = None, stop_timeout: float = 60,
-                 name: str | None = None):
+                 name: str | None = None, progress: Callable[[str], None] | None = None,
+                 progress_every: float = 30.0):
         if host not in LOOPBACK_HOSTS:
             raise ValueError(f"SglangServer binds loopback only; got host {host!r}")
         self.args = [str(a) for a in args]
@@ -244,6 +246,10 @@ class SglangServer:
         # ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests start stub servers this way).
         self.launcher = list(launcher) if launcher else [python, "-m", "sglang.launch_server"]
         self.name = name or "sglang"
+        # progress(line): launch, a line every progress_every seconds while sglang starts (a launch takes 1-4
+        # minutes with nothing else to show), ready or not
+        self.progress = progress
+        self.progress_every = progress_every
         self.env, self.dropped_env = supported_env(env, python) if launcher is None else (dict(env or {}), [])
         self.proc: subprocess.Popen | None = None
         self.model_info: dict | None = None
@@ -311,7 +317,15 @@ class SglangServer:
                                      close_fds=True)
         self._log_fh.write(f"# pid {self.proc.pid} (process group {self.proc.pid})\n".encode())
         atexit.register(self._atexit)
+        self._say(f"launching on {self.base_url}, log {self.log_path}")
         return self
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            try:
+                self.progress(f"[{self.name}] {line}")
+            except Exception:  # a broken progress printer must not fail a launch
+                pass
 
     def _fail(self, kind: str, first_line: str, n: int = 40) -> CheckFailure:
         tail = self.log_tail(n)
@@ -336,15 +350,21 @@ class SglangServer:
         deadline = time.monotonic() + timeout
         health = list(HEALTH_PATHS)
         last = "no answer yet"
+        next_say = time.monotonic() + self.progress_every
         while True:
             rc = self.proc.poll()
             if rc is not None:
+                self._say(f"exited with code {rc} before it was ready ({time.monotonic() - t0:.0f}s)")
                 raise self._fail("launch", f"{self.name} server exited with code {rc} before it was ready "
                                            f"({time.monotonic() - t0:.0f}s after launch)")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self._say(f"not ready after {timeout:.0f}s: giving up")
                 raise self._fail("launch", f"{self.name} server not ready after {timeout:.0f}s "
                                            f"(last health answer: {last})")
+            if time.monotonic() >= next_say:
+                next_say += self.progress_every
+                self._say(f"starting, {time.monotonic() - t0:.0f}s so far (last health answer: {last})")
             try:
                 status, _ = client.request(self.base_url, "GET", health[0], timeout=min(30.0, max(remaining, 1.0)))
                 last = f"{health[0]} -> {status}"
@@ -364,6 +384,7 @@ class SglangServer:
                             self.model_info = {}
                         self.ready_seconds = round(time.monotonic() - t0, 3)
                         self._log(f"ready after {self.ready_seconds}s")
+                        self._say(f"ready after {self.ready_seconds:.0f}s")
                         return self.model_info
             except (OSError, http.client.HTTPException) as exc:
                 last = f"{type(exc).__name__}: {exc}"

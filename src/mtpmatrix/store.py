@@ -14,13 +14,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-SCHEMA = 1
-ROW_FILE = "row.json"
-TIERS_FILE = "tiers.json"
-TIERS = ("contract", "reference", "smoke", "gsm8k")
-# Verdict words, worst first: a row or tier takes the worst of its parts ('pending' = unfinished, so it outranks
-# any finished good news; 'skipped' only when nothing ran).
-VERDICTS = ("failed", "error", "pending", "passed", "skipped")
+from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, SCHEMA, TIERS, TIERS_FILE, VERDICTS  # noqa: F401 (re-exported)
+
+# Prefixes of run folders that are not the matrix a user ran: bisect probes and the CI row (`nox -t ci`), so the
+# report's default run and --resume stay on the user's own matrix.
+SIDE_RUN_PREFIXES = ("bisect-", "ci-")
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -67,17 +65,19 @@ def worst(verdicts) -> str:
 
 
 def row_verdict(row_record: dict) -> str:
+    """The sglang verdict of a row: the worst of its tiers, where a tier failing only on known upstream issues
+    (known_upstream.json) counts as passed; the report lists those issues next to the row."""
     install = row_record.get("install", {})
     if install.get("verdict") == "failed":
         return "failed"
     tiers = row_record.get("tiers") or {}
-    return worst(t.get("verdict") for t in tiers.values())
+    return worst("passed" if t.get("verdict") == KNOWN_UPSTREAM else t.get("verdict") for t in tiers.values())
 
 
 def is_matrix_run(path: Path) -> bool:
-    """A folder that holds at least one ``<row>/row.json`` and is not a bisect run."""
+    """A folder that holds at least one ``<row>/row.json`` and is not a bisect or CI run."""
     path = Path(path)
-    return path.is_dir() and not path.name.startswith("bisect-") and any(path.glob(f"*/{ROW_FILE}"))
+    return path.is_dir() and not path.name.startswith(SIDE_RUN_PREFIXES) and any(path.glob(f"*/{ROW_FILE}"))
 
 
 def latest_run_id(results: Path) -> str | None:

@@ -7,8 +7,11 @@ prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.gsm8k) and three check
   test_accuracy    GSM8K score >= the pair's threshold (Wilson 95% interval recorded)
   test_acceptance  /server_info avg_spec_accept_length >= settings.MIN_ACCEPT_LENGTH; absent = failure
 
-Per-question records go to ``gsm8k-<case>.jsonl`` and the server log to ``server-gsm8k-<case>.log``, next to
-$MTPMATRIX_RESULTS (the row's tiers.json) or in a pytest temp dir.
+Per-question records go to ``gsm8k/<case>.jsonl`` and the server log to ``server-gsm8k-<case>.log`` in the
+``mtp_results_dir`` folder (the row folder under nox; names and metrics in mtpmatrix.schema).
+
+``--server-url URL`` (repeatable) runs the same checks against sglang servers someone else started instead of
+launching any: one case per server, named from what its /server_info says it serves (mtpmatrix.served).
 
 Env knobs:
   MTPMATRIX_GSM8K_PAIRS=E4B,E2B             pairs to run (default: settings.DEFAULT_PAIRS)
@@ -24,6 +27,7 @@ Env knobs:
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 from dataclasses import dataclass, field
@@ -31,8 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import client, gsm8k, settings, stats
-from mtpmatrix.pytest_plugin import replay_run
+from mtpmatrix import client, gsm8k, schema, settings, stats
+from mtpmatrix.pytest_plugin import SERVED_KEY, replay_run
 from mtpmatrix.verdict import CheckFailure
 
 pytestmark = pytest.mark.gsm8k
@@ -59,9 +63,24 @@ class Case:
     tiny: bool = False
     target_env: str = ""
     assistant_env: str = ""
+    url: str | None = None  # a running server (--server-url): nothing is launched
+    served: dict | None = None  # what that server turned out to be (schema.SERVED)
 
 
-def _cases() -> list[Case]:
+def _served_cases(servers) -> list[Case]:
+    """One case per --server-url, gated like the launched case of the same pair (unknown pair: not gated)."""
+    out = []
+    for s in servers:
+        thr = settings.resolve_pair(s.pair).threshold if s.pair else None
+        out.append(Case(s.case_id, s.pair or "served", s.model_path or "", s.draft_model_path or "", s.tp_size or 1,
+                        s.topk, thr, url=s.url, served=s.as_metric()))
+    return out
+
+
+def _cases(config=None) -> list[Case]:
+    servers = config.stash.get(SERVED_KEY, []) if config is not None else []
+    if servers:
+        return _served_cases(servers)
     baseline = _truthy(os.environ.get("MTPMATRIX_GSM8K_BASELINE"))
     topks: list[int | None] = ([None] if baseline else []) + list(settings.TOPKS)
     tiny = os.environ.get("MTPMATRIX_GSM8K_PAIR", "").strip()
@@ -85,9 +104,17 @@ def _cases() -> list[Case]:
     return cases
 
 
-CASES = _cases()
-IDS = [c.id for c in CASES]
-MTP_CASES = [c for c in CASES if c.topk is not None]
+MTP_ONLY = ("test_acceptance",)  # checks that only mean something with speculative decoding on
+
+
+def pytest_generate_tests(metafunc):
+    """Every check runs once per case; the cases come from the session (--server-url) or settings.py."""
+    if "gsm8k_run" not in metafunc.fixturenames:
+        return
+    cases = _cases(metafunc.config)
+    if metafunc.function.__name__ in MTP_ONLY:
+        cases = [c for c in cases if c.topk is not None]
+    metafunc.parametrize("gsm8k_run", cases, ids=[c.id for c in cases], indirect=True)
 
 
 # --- weights: local path or Hugging Face cache, never a download ----------------------------------------------
@@ -159,19 +186,46 @@ def _override(args: tuple[str, ...], overrides: dict[str, str]) -> tuple[str, ..
     return tuple(out)
 
 
-def _out_dir(tmp_path_factory) -> Path:
-    results = os.environ.get("MTPMATRIX_RESULTS")
-    if results:
-        d = Path(results).resolve().parent
-        d.mkdir(parents=True, exist_ok=True)
-        return d
-    return tmp_path_factory.mktemp("gsm8k")
+def _num_examples() -> int:
+    return int(os.environ.get("MTPMATRIX_GSM8K_NUM_EXAMPLES") or settings.GSM8K_NUM_EXAMPLES)
+
+
+def _score(url: str, lines: list[dict], say, label: str) -> gsm8k.Gsm8kResult:
+    return gsm8k.run_gsm8k(url, num_examples=_num_examples(), num_shots=settings.GSM8K_NUM_SHOTS,
+                           parallel=settings.GSM8K_PARALLEL, max_new_tokens=settings.GSM8K_MAX_NEW_TOKENS,
+                           lines=lines, log=say, label=label, timeout=3600)
+
+
+def _collect_served(case: Case, out_dir: Path, say) -> Gsm8kRun:
+    """Score a running server (--server-url); its cache is not flushed: the deployment is not ours to reset."""
+    run = Gsm8kRun(case)
+
+    def info(when: str) -> dict:
+        try:
+            return client.server_info(case.url)
+        except (OSError, http.client.HTTPException, client.ClientError) as exc:
+            raise CheckFailure("crash", f"{case.url} stopped answering /server_info {when}: "
+                                        f"{type(exc).__name__}: {exc}") from exc
+
+    try:
+        lines = gsm8k.load_split("test")
+        run.records_path = out_dir / schema.gsm8k_records(case.id)
+        run.info_before = info("before GSM8K")
+        say(f"[gsm8k {case.id}] scoring the running server {case.url} (model {case.target})")
+        run.result = _score(case.url, lines, say, f"[gsm8k {case.id}]")
+        run.info_after = info("after GSM8K")
+        run.result.write_jsonl(run.records_path)
+    except Exception as exc:  # kept and re-raised by each check, with its classification
+        run.error = exc
+    return run
 
 
 def _collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
     from mtpmatrix.environment import gpu_count
     from mtpmatrix.server import SglangServer
 
+    if case.url:
+        return _collect_served(case, out_dir, say)
     run = Gsm8kRun(case)
     n_gpu = gpu_count()
     if n_gpu < case.tp:
@@ -199,21 +253,17 @@ def _collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
     base = _override(settings.COMMON_ARGS, TINY_ARGS_OVERRIDES) if case.tiny else settings.COMMON_ARGS
     args = settings.server_args(paths["target"], assistant=paths.get("assistant"), topk=case.topk, tp=case.tp,
                                 base=base, extra=case.extra_args)
-    num_examples = int(os.environ.get("MTPMATRIX_GSM8K_NUM_EXAMPLES") or settings.GSM8K_NUM_EXAMPLES)
-    run.log_path = out_dir / f"server-gsm8k-{case.id}.log"
-    run.records_path = out_dir / f"gsm8k-{case.id}.jsonl"
-    server = SglangServer(args, log_path=run.log_path, env=env,
-                          ready_timeout=float(os.environ.get("MTPMATRIX_GSM8K_READY_TIMEOUT") or 1200))
+    run.log_path = out_dir / schema.server_log(f"gsm8k-{case.id}")
+    run.records_path = out_dir / schema.gsm8k_records(case.id)
+    server = SglangServer(args, log_path=run.log_path, env=env, name=f"gsm8k {case.id}",
+                          ready_timeout=float(os.environ.get("MTPMATRIX_GSM8K_READY_TIMEOUT") or 1200),
+                          progress=say)
     try:
-        say(f"[gsm8k {case.id}] launching sglang ({' '.join(args)})")
         with server:
             run.launch_seconds = server.ready_seconds
             run.info_before = server.server_info()
             server.flush_cache()
-            run.result = gsm8k.run_gsm8k(server.base_url, num_examples=num_examples,
-                                         num_shots=settings.GSM8K_NUM_SHOTS, parallel=settings.GSM8K_PARALLEL,
-                                         max_new_tokens=settings.GSM8K_MAX_NEW_TOKENS, lines=lines,
-                                         log=say, label=f"[gsm8k {case.id}]", timeout=3600)
+            run.result = _score(server.base_url, lines, say, f"[gsm8k {case.id}]")
             server.check_alive("running GSM8K")
             run.info_after = server.server_info()
         run.result.write_jsonl(run.records_path)
@@ -223,12 +273,10 @@ def _collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
 
 
 @pytest.fixture
-def gsm8k_run(request, tmp_path_factory) -> Gsm8kRun:
+def gsm8k_run(request, mtp_results_dir, mtp_progress) -> Gsm8kRun:
     case: Case = request.param
     if case.id not in _RUNS:
-        tr = request.config.pluginmanager.get_plugin("terminalreporter")
-        say = (lambda line: tr.write_line(line)) if tr is not None else print
-        _RUNS[case.id] = _collect(case, _out_dir(tmp_path_factory), say)
+        _RUNS[case.id] = _collect(case, mtp_results_dir, mtp_progress)
     run = _RUNS[case.id]
     if run.skip:
         pytest.skip(run.skip)
@@ -236,12 +284,13 @@ def gsm8k_run(request, tmp_path_factory) -> Gsm8kRun:
 
 
 def _use(run: Gsm8kRun, record_property) -> Gsm8kRun:
+    if run.case.served:
+        record_property(schema.SERVED, run.case.served)
     return replay_run(run, record_property)
 
 
 # --- checks ------------------------------------------------------------------------------------------------------------
 @pytest.mark.check("args")
-@pytest.mark.parametrize("gsm8k_run", CASES, ids=IDS, indirect=True)
 def test_args(gsm8k_run, record_property):
     """The live server resolved the requested speculative config, with CUDA graphs on."""
     run = _use(gsm8k_run, record_property)
@@ -252,6 +301,9 @@ def test_args(gsm8k_run, record_property):
         if algo not in (None, "", "NONE"):
             raise CheckFailure("args", f"baseline server resolved speculative_algorithm={algo!r}, expected none")
     else:
+        if run.case.topk not in settings.DRAFT_TOKENS:
+            raise CheckFailure("args", f"server runs speculative_eagle_topk={run.case.topk}; the seed suite covers "
+                                       f"{', '.join(map(str, settings.TOPKS))}")
         want = settings.expected_resolution(run.case.topk)
         got = {k: client.find_arg(info, k) for k in want}
         record_property("resolved", json.dumps(got))
@@ -264,32 +316,30 @@ def test_args(gsm8k_run, record_property):
 
 
 @pytest.mark.check("accuracy")
-@pytest.mark.parametrize("gsm8k_run", CASES, ids=IDS, indirect=True)
 def test_accuracy(gsm8k_run, record_property):
     """GSM8K 5-shot score >= the pair's threshold (tiny proof mode: reported, not gated)."""
     run = _use(gsm8k_run, record_property)
     res = run.result
     lo, hi = res.wilson95
     thr = run.case.threshold
-    record_property("score", round(res.score, 4))
-    record_property("wilson95", [round(lo, 4), round(hi, 4)])
-    record_property("num_correct", res.num_correct)
-    record_property("num_examples", res.num_examples)
+    record_property(schema.SCORE, round(res.score, 4))
+    record_property(schema.WILSON95, [round(lo, 4), round(hi, 4)])
+    record_property(schema.NUM_CORRECT, res.num_correct)
+    record_property(schema.NUM_EXAMPLES, res.num_examples)
     record_property("num_invalid", res.num_invalid)
     record_property("num_errors", res.num_errors)
-    record_property("output_tokens_per_s", res.output_tokens_per_s)
+    record_property(schema.OUTPUT_TOKENS_PER_S, res.output_tokens_per_s)
     record_property("wall_s", res.wall_s)
-    record_property("threshold", thr)
-    record_property("gated", thr is not None)
-    record_property("records", str(run.records_path))
+    record_property(schema.THRESHOLD, thr)
+    record_property(schema.GATED, thr is not None)
+    record_property(schema.RECORDS, schema.gsm8k_records(run.case.id))
     if run.case.topk is not None:
         base = _RUNS.get(run.case.id.rsplit("-", 1)[0] + "-nomtp")
         if base is not None and base.result is not None and base.result.num_examples == res.num_examples:
             cmp = stats.paired_compare(base.result.correct_list, res.correct_list)
-            record_property("vs_nomtp", {"delta": round(cmp.delta, 4), "lost": cmp.only_a, "gained": cmp.only_b,
-                                         "mcnemar_p": cmp.p_value,
-                                         "speedup": stats.speedup(base.result.output_tokens_per_s,
-                                                                  res.output_tokens_per_s)})
+            record_property(schema.SPEEDUP, stats.speedup(base.result.output_tokens_per_s, res.output_tokens_per_s))
+            record_property(schema.VS_NOMTP, {"delta": round(cmp.delta, 4), "lost": cmp.only_a,
+                                              "gained": cmp.only_b, "mcnemar_p": cmp.p_value})
     if res.num_errors:
         raise CheckFailure("crash", f"{res.num_errors}/{res.num_examples} GSM8K requests failed: "
                                     f"{res.first_errors[0] if res.first_errors else '?'}")
@@ -299,16 +349,15 @@ def test_accuracy(gsm8k_run, record_property):
 
 
 @pytest.mark.check("acceptance")
-@pytest.mark.parametrize("gsm8k_run", MTP_CASES, ids=[c.id for c in MTP_CASES], indirect=True)
 def test_acceptance(gsm8k_run, record_property):
     """avg_spec_accept_length from /server_info after the run >= the floor; absent is a failure."""
     run = _use(gsm8k_run, record_property)
     floor = settings.SMOKE_MIN_ACCEPT_LENGTH if run.case.tiny else settings.MIN_ACCEPT_LENGTH
     st = client.spec_stats(run.info_after)
     avg = st["avg_spec_accept_length"] if st else None
-    record_property("avg_spec_accept_length", avg)
+    record_property(schema.ACCEPT_LENGTH, avg)
     record_property("accept_length_requests", run.result.spec_accept_length)
-    record_property("min_accept_length", floor)
+    record_property(schema.MIN_ACCEPT_LENGTH, floor)
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length after the GSM8K run")
     if avg < floor:

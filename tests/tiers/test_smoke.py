@@ -16,7 +16,6 @@ check kills which broken copy of sglang's MTP code.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -36,7 +35,7 @@ MTP_SPECS = [s for s in SPECS if s.topk]
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(build_tiny_pair, tmp_path_factory, request):
+def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
     """Launch every selected server once (side by side where the GPU has room) and keep what each did."""
     why = gpu_missing(OPTIONS.tp)
     if why:
@@ -44,8 +43,6 @@ def smoke_runs(build_tiny_pair, tmp_path_factory, request):
     pairs = {variant: build_tiny_pair(OPTIONS.pair, variant) for variant in sorted({s.pair for s in SPECS})}
     if OPTIONS.swap_drafters:
         pairs.setdefault("random", build_tiny_pair(OPTIONS.pair))
-    results = os.environ.get("MTPMATRIX_RESULTS")
-    log_dir = (os.path.dirname(results) if results else None) or str(tmp_path_factory.mktemp("smoke-logs"))
     swap = OPTIONS.swap_drafters
     jobs = []
     for spec in SPECS:
@@ -53,7 +50,8 @@ def smoke_runs(build_tiny_pair, tmp_path_factory, request):
         assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
     parallel = smoke.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel)
-    return smoke.collect_all(jobs, log_dir=log_dir, tp=OPTIONS.tp, parallel=parallel, extra_args=OPTIONS.extra_args)
+    return smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=OPTIONS.tp, parallel=parallel,
+                             extra_args=OPTIONS.extra_args, progress=mtp_progress)
 
 
 def _vocab_size(target_dir) -> int:

@@ -132,6 +132,40 @@ def make_handler(state: FakeState):
     return Handler
 
 
+def gsm8k_responder(lines: list[dict], right: Callable[[int], bool] = lambda index: True,
+                    num_shots: int = 5) -> Callable[[dict], str]:
+    """A /generate responder for GSM8K prompts (mtpmatrix.gsm8k's layout, few-shot prefix from the first
+    ``num_shots`` lines): the gold answer for evaluated question ``index`` where ``right(index)``, else gold + 1."""
+    golds: dict[str, tuple[int, str]] = {}
+    for i, line in enumerate(lines[num_shots:]):
+        golds.setdefault(line["question"], (i, line["answer"].split("####")[-1].strip().replace(",", "")))
+
+    def respond(payload: dict) -> str:
+        question = payload["text"].rsplit("Question: ", 1)[-1].removesuffix("\nAnswer:")
+        index, gold = golds[question]
+        return f" The answer is {gold if right(index) else int(float(gold)) + 1}.\n\n"
+
+    return respond
+
+
+def server_info(model_path: str = "google/gemma-4-E4B-it", topk: int | None = 1, accept_length: float | None = 2.5,
+                **extra) -> dict:
+    """/server_info as sglang 0.5.17 answers it (the fields the tiers read): resolved speculative args for ``topk``
+    (None: no speculative decoding), CUDA graphs on, the accept length under internal_states."""
+    from mtpmatrix import settings
+
+    info = {"model_path": model_path, "tp_size": 1, "disable_cuda_graph": False, "version": "0.5.17",
+            "speculative_algorithm": None, "internal_states": [{}]}
+    if topk is not None:
+        info.update(settings.expected_resolution(topk) if topk in settings.DRAFT_TOKENS else
+                    {"speculative_algorithm": settings.SPEC_ALGORITHM_RESOLVED, "speculative_eagle_topk": topk},
+                    speculative_draft_model_path=model_path + "-assistant")
+        if accept_length is not None:
+            info["internal_states"] = [{"avg_spec_accept_length": accept_length}]
+    info.update(extra)
+    return info
+
+
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # uvicorn listens with backlog 2048; the default 5 resets connections at parallel 128
     daemon_threads = True

@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from mtpmatrix import bisect as bs
 from mtpmatrix.rows import load_rows
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = Path(__file__).parent / "data" / "runs"
 VERSIONS = [f"5.{m}.{p}" for m in range(8, 14) for p in range(3)]  # 18 releases, 5.8.0 .. 5.13.2
 
 
@@ -185,13 +183,6 @@ def test_a_fatal_probe_stops_the_search():
 
 
 # --- defaults -------------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def results(tmp_path):
-    dest = tmp_path / "results"
-    shutil.copytree(DATA, dest)
-    return dest
-
 
 def test_default_tier_is_the_cheapest_that_failed_in_the_latest_finished_run(results):
     # 0.5.23 is unfinished in the newest (CPU) run: the run before failed contract and gsm8k

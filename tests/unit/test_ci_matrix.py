@@ -241,6 +241,8 @@ def test_workflow_row_runs_its_session_and_always_uploads(workflow):
     assert download["with"] == {"pattern": "results-*", "path": "results", "merge-multiple": True}
     report = next(s for s in workflow["jobs"]["report"]["steps"] if 'nox -s report -- "$RUN_ID"' in s.get("run", ""))
     assert report["env"]["RUN_ID"] == "${{ github.run_id }}"  # the run id every row wrote under
+    # the tiers the rows were asked to run are required: a GPU row that skipped them must not pass the gate
+    assert report["env"]["TIERS"] == "${{ needs.rows.outputs.tiers }}" and '--require "$TIERS"' in report["run"]
 
 
 def test_workflow_actions_pinned_by_major_tag(workflow):

@@ -177,7 +177,11 @@ def test_run_gsm8k_scores_records_and_errors(tmp_path):
     assert set(r0) >= {"index", "line", "prompt_sha", "response", "extracted", "gold", "correct",
                        "completion_tokens", "latency_s", "error"}
     assert [r["index"] for r in res.records] == list(range(20))
-    assert len([ln for ln in logs if "done" in ln]) == 4 and logs[-1].startswith("gsm8k: score")
+    # progress every 5 questions: count, rate and time left, then the score line
+    progress = [ln for ln in logs if " questions, " in ln]
+    assert [ln.split(":")[1].split()[0] for ln in progress] == ["5/20", "10/20", "15/20", "20/20"]
+    assert all("/s, " in ln for ln in progress) and "left" in progress[0] and "left" not in progress[-1]
+    assert logs[-1].startswith("gsm8k: score")
     out = res.write_jsonl(tmp_path / "r" / "records.jsonl")
     back = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert back == res.records

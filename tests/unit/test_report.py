@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 
 from mtpmatrix import report
 from mtpmatrix.__main__ import main
+from mtpmatrix.store import TIERS
 
-DATA = Path(__file__).parent / "data" / "runs"
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
-
-
-@pytest.fixture
-def results(tmp_path):
-    dest = tmp_path / "results"
-    shutil.copytree(DATA, dest)
-    return dest
 
 
 def _summary(results, run_id, baseline=None):
@@ -108,7 +100,7 @@ def test_markdown_table_versions_failures_and_skips(results):
     assert "| **sglang-0.5.23** | 0.5.23 | 5.19.0 | 2.14.1 | 3.11.7 | — | ❌ failed · args | ✅ passed |" in md
     assert "| **sglang-0.5.23-cu130** | 0.5.23 (pin) |" in md and "❌ install" in md
     assert "first frame `sglang/srt/server_args.py:2214 in _handle_speculative_decoding`" in md
-    assert "raised at `tests/tiers/test_gsm8k.py:88 in test_gsm8k_accuracy`" in md
+    assert "raised at `tests/tiers/test_gsm8k.py:88 in test_accuracy`" in md
     # skip reasons: one line per distinct reason, tier prefix stripped, rows counted
     assert "- gsm8k in 3 rows (3 checks): E2B threshold not calibrated" in md
     assert "0.575 [0.506, 0.641] (n=200)" in md
@@ -174,24 +166,31 @@ def test_parse_freeze():
 def test_gsm8k_paired_comparison_between_rows(results):
     s = _summary(results, CUR)
     pairs = {(p["key"], p["row_a"], p["row_b"]): p for p in s["paired"]}
-    p = pairs[("test_gsm8k_accuracy[E4B-topk1]", "sglang-0.5.17", "sglang-0.5.23")]
+    p = pairs[("E4B-topk1", "sglang-0.5.17", "sglang-0.5.23")]
     assert (p["n"], p["a_correct"], p["b_correct"]) == (200, 138, 115)
     assert (p["right_in_a_only"], p["right_in_b_only"]) == (28, 5)
     assert len(p["flipped_to_wrong"]) == 28 and p["flipped_to_right"] == [24, 67, 76, 94, 173]
     assert p["p_value"] == pytest.approx(report.mcnemar_p(28, 5)) and p["p_value"] < 1e-4
-    # 0.5.17's records were named with an absolute path from the GPU box: found in the row's gsm8k/ folder
-    assert ("test_gsm8k_accuracy[E4B-topk1]", "sglang-0.5.13", "sglang-0.5.17") in pairs
+    assert ("E4B-topk1", "sglang-0.5.13", "sglang-0.5.17") in pairs
+    assert not any(k == "26B-A4B-topk1" for k, _, _ in pairs)  # only 0.5.17 ran it: nothing to pair with
 
 
 def test_wilson_from_metrics_or_records(results):
     s = _summary(results, CUR)
-    m = {x["short"]: x for x in _row(s, "sglang-0.5.17")["metrics"]}
-    e4b = m["test_gsm8k_accuracy[E4B-topk1]"]
-    assert e4b["ci"] == [0.623, 0.75] or e4b["ci"] == pytest.approx([0.6227, 0.7504], abs=1e-3)
-    # no CI in the metrics: computed from gsm8k/26B-A4B-topk1.jsonl, which no metric names
-    a26 = m["test_gsm8k_accuracy[26B-A4B-topk1]"]
+    m = {(x["tier"], x["short"]): x for x in _row(s, "sglang-0.5.17")["metrics"]}
+    e4b = m[("gsm8k", "E4B-topk1")]
+    assert e4b["ci"] == pytest.approx([0.6228, 0.75]) and e4b["n"] == 200
+    # one row per case: test_accuracy's score next to test_acceptance's accept length
+    assert e4b["accept_length"] == 3.12 and e4b["speedup"] == 1.84
+    assert e4b["checks"] == ["tests/tiers/test_gsm8k.py::test_accuracy[E4B-topk1]",
+                             "tests/tiers/test_gsm8k.py::test_acceptance[E4B-topk1]"]
+    # no interval or count in the metrics: both from the per-question records the check names
+    a26 = m[("gsm8k", "26B-A4B-topk1")]
     assert a26["n"] == 200 and a26["ci"] == pytest.approx(list(report.wilson(96, 200)))
     assert a26["accept_length"] == 2.71 and a26["speedup"] == 1.52
+    assert m[("smoke", "mtp-tiny-topk1")]["accept_length"] == 1.03
+    md = report.render_markdown(s)
+    assert "| sglang-0.5.17 | gsm8k | E4B-topk1 | 0.690 [0.623, 0.750] (n=200) | 3.12 | 1.84× |" in md
 
 
 def test_private_statistics():
@@ -293,3 +292,94 @@ def test_servers_relaunched_alone_are_listed_once_per_server(tmp_path):
                                 "server_log": "server-random-nomtp-alone.log", "error": err}]
     assert "**Relaunched alone**" in report.render_markdown(s)
     assert "server-random-nomtp-alone.log" in report.render_html(s)
+
+
+# --- what was proven: verdict words, --require, exit statuses ------------------------------------------------------
+
+GPU_SKIP = "smoke tier: needs 1 CUDA GPU(s), this machine has 0"
+
+
+def _tier(verdict, reason=None, checks=None):
+    t = {"verdict": verdict, "checks": checks if checks is not None else [
+        {"id": f"tests/tiers/test_x.py::test_{verdict}", "tier": "x", "outcome": verdict, "seconds": 1.0,
+         "metrics": {}}]}
+    if reason:
+        t["reason"] = reason
+    return t
+
+
+def _run(root, run_id, rows):
+    for rid, tiers in rows.items():
+        d = root / run_id / rid
+        d.mkdir(parents=True)
+        rec = {"row": {"id": rid, "pins": {}}, "install": {"verdict": "passed"}, "tiers": tiers}
+        rec["verdict"] = report.row_verdict(rec)
+        (d / "row.json").write_text(json.dumps(rec))
+    return root
+
+
+def _cpu_tiers(reference=None):
+    return {"contract": _tier("passed"), "reference": reference or _tier("passed"),
+            "smoke": _tier("skipped", GPU_SKIP, []), "gsm8k": _tier("skipped", GPU_SKIP.replace("smoke", "gsm8k"), [])}
+
+
+def test_cpu_only_run_says_what_ran_and_a_release_gate_can_demand_the_gpu_tiers(tmp_path, capsys):
+    _run(tmp_path, "20260101-000000", {"a": _cpu_tiers(), "b": _cpu_tiers()})
+    args = ["report", "--results", str(tmp_path)]
+    assert main(args) == report.EXIT_OK
+    out = capsys.readouterr().out
+    assert "CPU checks pass; smoke and gsm8k not run (no GPU)" in out and "QUALIFIES" not in out
+    s = json.loads((tmp_path / "20260101-000000" / "report" / "summary.json").read_text())
+    assert (s["verdict"], s["qualifies"], s["exit_status"]) == ("partial", False, 0)
+    assert main(args + ["--require", "smoke,gsm8k"]) == report.EXIT_NOT_PROVEN
+    assert "NOT QUALIFIED — required tier(s) not run in every row: smoke, gsm8k; CPU checks pass" in \
+        capsys.readouterr().out
+    assert main(args + ["--require", "contract,reference"]) == report.EXIT_OK
+    assert main(args + ["--require", "smoke,gpu"]) == report.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err == "error: --require: unknown tier(s) gpu; known: contract, reference, smoke, gsm8k\n"
+
+
+def test_only_every_tier_in_every_row_qualifies(tmp_path, results):
+    assert main(["report", BASE, "--results", str(results), "--require", "smoke,gsm8k"]) == report.EXIT_OK
+    s = json.loads((results / BASE / "report" / "summary.json").read_text())
+    assert s["verdict"] == "qualifies" and "QUALIFIES — every tier ran and passed in all 3 rows" in \
+        report.render_markdown(s)
+    # one row without a GPU: smoke and gsm8k ran in the other row only
+    _run(tmp_path, "20260101-000000", {"gpu": {t: _tier("passed") for t in TIERS}, "cpu": _cpu_tiers()})
+    s = report.build_summary(tmp_path / "20260101-000000", require=["gsm8k"])
+    assert s["verdict"] == "not-proven" and s["exit_status"] == report.EXIT_NOT_PROVEN
+    assert "smoke ran in 1 of 2 rows; gsm8k ran in 1 of 2 rows" in report.render_markdown(s)
+
+
+def test_a_failure_beats_a_missing_tier_and_nothing_run_proves_nothing(tmp_path):
+    _run(tmp_path, "r1", {"a": _cpu_tiers(reference=_tier("failed"))})
+    s = report.build_summary(tmp_path / "r1", require=["smoke"])
+    assert (s["verdict"], s["exit_status"]) == ("fails", report.EXIT_FAILED)
+    _run(tmp_path, "r2", {"a": {t: _tier("skipped", "not selected", []) for t in TIERS}})
+    s = report.build_summary(tmp_path / "r2")
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report.EXIT_NOT_PROVEN)
+
+
+def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_path):
+    from mtpmatrix import known_upstream
+
+    rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
+                      "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())
+    known_upstream.apply(rec["tiers"], rec["versions"])
+    ok = json.loads(json.dumps(rec["tiers"]))
+    ok["reference"] = _tier("passed")
+    _run(tmp_path, "20260101-000000", {"sglang-0.5.23": ok})
+    _run(tmp_path, "20260102-000000", {"sglang-0.5.23": rec["tiers"], "sglang-0.5.17": _cpu_tiers()})
+    s = report.build_summary(tmp_path / "20260102-000000", baseline_dir=tmp_path / "20260101-000000")
+    assert s["row_verdicts"]["sglang-0.5.23"] == "passed" and s["exit_status"] == report.EXIT_OK
+    row = _row(s, "sglang-0.5.23")
+    assert row["tiers"]["reference"]["failures"] == []  # not listed as a failure ...
+    md = report.render_markdown(s)
+    assert "## Failures" not in md
+    assert "⚠️ known-upstream" in md and "**Known upstream**" in md  # ... but next to the row, with its link
+    assert "https://github.com/huggingface/transformers/pull/48982" in md and "fixed in 5.20.0" in md
+    assert "1 known upstream issue(s), not sglang: sglang-0.5.23 reference" in md
+    assert s["baseline"]["new_failures"] == []  # an upgrade that hits a known upstream bug is no regression
+    html = report.render_html(s)
+    assert 'class="v known-upstream"' in html and "pull/48982" in html

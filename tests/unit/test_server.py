@@ -48,6 +48,24 @@ def test_start_ready_generate_stop(tmp_path):
     assert srv.stop() is not None  # idempotent
 
 
+def test_progress_lines_while_a_server_starts(tmp_path):
+    """A launch takes minutes on a GPU: the caller hears the launch, a line while it waits, and the ready time."""
+    lines = []
+    srv = _fake(tmp_path, "--startup-delay", "0.5", "--starting-for", "0.6", name="random-nomtp",
+                progress=lines.append, progress_every=0.4)
+    with srv:
+        pass
+    assert lines[0].startswith(f"[random-nomtp] launching on {srv.base_url}, log {tmp_path / 'server.log'}")
+    assert any(ln.startswith("[random-nomtp] starting, ") and "so far (last health answer: " in ln for ln in lines)
+    assert lines[-1] == f"[random-nomtp] ready after {srv.ready_seconds:.0f}s"
+    failed = []
+    (tmp_path / "fail-once").write_text("")
+    with pytest.raises(CheckFailure):
+        with _fake(tmp_path, "--exit-once", str(tmp_path / "fail-once"), name="x", progress=failed.append):
+            pass
+    assert failed[-1].startswith("[x] exited with code 1 before it was ready")
+
+
 def test_command_line_shape(tmp_path):
     srv = SglangServer(["--model-path", "m"], python="/x/bin/python", log_path=tmp_path / "l.log", port=31234)
     assert srv.command == ["/x/bin/python", "-m", "sglang.launch_server", "--model-path", "m",

@@ -112,6 +112,10 @@ def test_latest_run(tmp_path):
     (tmp_path / "zzz-not-a-dir.txt").write_text("x")
     latest = RunStore.latest(tmp_path)
     assert latest.run_id == "20260301-000000" and latest.path == tmp_path / "20260301-000000"
+    # `nox -t ci` after the matrix: its newer ci- run is not what the report shows by default
+    (tmp_path / "ci-20260601-000000" / "row-a").mkdir(parents=True)
+    (tmp_path / "ci-20260601-000000" / "row-a" / "row.json").write_text("{}")
+    assert RunStore.latest(tmp_path).run_id == "20260301-000000"
 
 
 @pytest.mark.parametrize("verdicts,expected", [

@@ -1,0 +1,83 @@
+"""The results contract, defined once: which files a row folder holds, what each tier records under which metric
+names, and the per-question record layout. The tiers write it (through the pytest plugin's ``mtp_results_dir``
+fixture), ``matrix.run_row`` and ``python -m mtpmatrix import`` file it under ``results/<run>/<row>/``, and the report
+reads exactly these names (no aliases).
+
+Row folder ``results/<run-id>/<row-id>/``::
+
+    row.json                 the row record: row, overrides, versions, install, per-tier verdicts (store.RunStore)
+    tiers.json               what the pytest plugin wrote: per-tier verdicts and one record per check
+    junit.xml, pytest.log    pytest's own output
+    install.log, freeze.txt, check.txt     the row's install (nox rows; absent for imported GPU-box runs)
+    env.txt                  the GPU box's description (imported runs only)
+    server-<name>.log        one log per sglang server a tier launched (smoke and gsm8k)
+    gsm8k/<case>.jsonl       one JSON line per GSM8K question of one case (RECORD_FIELDS)
+
+A check record (``tiers.json`` -> tiers.<tier>.checks[]) is ``{"id", "tier", "outcome", "seconds", "metrics",
+["reason"], ["failure"], ["known_upstream"]}``; ``metrics`` holds the check's ``record_property`` values, and the ones
+the report shows in their own columns are named below. Paths in metrics are relative to the row folder, so a row
+folder can move (GPU box -> results store) without rewriting it.
+"""
+
+from __future__ import annotations
+
+SCHEMA = 2  # row.json / tiers.json layout version (2: this module's names, row-relative paths, known-upstream)
+
+# --- files of a row folder ------------------------------------------------------------------------------------------
+ROW_FILE = "row.json"
+TIERS_FILE = "tiers.json"
+JUNIT_FILE = "junit.xml"
+PYTEST_LOG = "pytest.log"
+INSTALL_LOG = "install.log"
+FREEZE_FILE = "freeze.txt"
+CHECK_FILE = "check.txt"
+ENV_FILE = "env.txt"
+GSM8K_DIR = "gsm8k"
+SERVER_LOG_PREFIX = "server-"
+
+# --- tiers and verdict words ----------------------------------------------------------------------------------------
+TIERS = ("contract", "reference", "smoke", "gsm8k")
+GPU_TIERS = ("smoke", "gsm8k")  # what a release needs a GPU for; contract and reference are the CPU checks
+KNOWN_UPSTREAM = "known-upstream"  # a tier whose only failures are listed in known_upstream.json
+# Verdict words, worst first: a row or tier takes the worst of its parts ('pending' = unfinished, so it outranks
+# any finished good news; 'skipped' only when nothing ran).
+VERDICTS = ("failed", "error", "pending", KNOWN_UPSTREAM, "passed", "skipped")
+
+
+def server_log(name: str) -> str:
+    """File name (in the row folder) of the log of the sglang server called ``name``."""
+    return f"{SERVER_LOG_PREFIX}{name}.log"
+
+
+def gsm8k_records(case: str) -> str:
+    """Row-relative path of the per-question records of GSM8K case ``case`` (e.g. ``E4B-topk1``)."""
+    return f"{GSM8K_DIR}/{case}.jsonl"
+
+
+# --- metric names (record_property keys) ----------------------------------------------------------------------------
+SCORE = "score"  # GSM8K: fraction of questions answered correctly
+WILSON95 = "wilson95"  # GSM8K: [low, high], the 95% Wilson score interval of SCORE
+NUM_EXAMPLES = "num_examples"  # GSM8K: questions scored
+NUM_CORRECT = "num_correct"  # GSM8K: questions answered correctly
+THRESHOLD = "threshold"  # GSM8K: the score floor of the pair (None: reported, not gated)
+GATED = "gated"  # GSM8K: whether THRESHOLD was applied
+RECORDS = "records"  # GSM8K: row-relative path of the per-question records (gsm8k_records(case))
+OUTPUT_TOKENS_PER_S = "output_tokens_per_s"  # GSM8K: output tokens per second over the whole run
+ACCEPT_LENGTH = "avg_spec_accept_length"  # smoke/gsm8k: sglang's /server_info accept length (tokens per verify step)
+MIN_ACCEPT_LENGTH = "min_accept_length"  # the floor ACCEPT_LENGTH was gated on
+SPEEDUP = "speedup"  # GSM8K: OUTPUT_TOKENS_PER_S with MTP / without it, same pair (needs a no-MTP case)
+VS_NOMTP = "vs_nomtp"  # GSM8K: {"delta", "lost", "gained", "mcnemar_p"}: per question against the no-MTP case
+SERVER_LOG = "server_log"  # smoke/gsm8k: row-relative path of the server's log
+LAUNCH_SECONDS = "launch_seconds"  # smoke/gsm8k: launch until ready
+SERVED = "served"  # gsm8k --server-url: {"url", "pair", "topk", "model_path", "draft_model_path", "tp_size",
+#                    "version"}: what the running server turned out to be
+
+# --- per-question GSM8K records (gsm8k/<case>.jsonl, one JSON object a line, in question order) ---------------------
+RECORD_FIELDS = (
+    "index",  # position among the evaluated questions (sglang's idx); the key for per-question comparisons
+    "line",  # position in test.jsonl (num_shots + index)
+    "prompt_sha",  # first 16 hex digits of the prompt's SHA-256: two runs asked the same thing
+    "question", "response", "extracted", "invalid", "gold",
+    "correct",  # bool: extracted == gold
+    "completion_tokens", "latency_s", "finish_reason", "spec_verify_ct", "spec_accept_length", "error",
+)

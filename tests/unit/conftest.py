@@ -1,0 +1,24 @@
+"""Fixtures shared by the unit tests."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+RECORDED_RUNS = Path(__file__).parent / "data" / "runs"
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """A copy of the hand-made results store in data/runs (the report and bisect write into runs)."""
+    dest = tmp_path / "results"
+    shutil.copytree(RECORDED_RUNS, dest)
+    # "latest run" goes by row.json time: give each run its id's time, whatever order the checkout wrote them in
+    for f in dest.glob("*/*/row.json"):
+        t = dt.datetime.strptime(f.parent.parent.name, "%Y%m%d-%H%M%S").replace(tzinfo=dt.timezone.utc).timestamp()
+        os.utime(f, (t, t))
+    return dest
