@@ -136,7 +136,9 @@ def generations(load_pair):
         for prompt in PROMPTS:
             ids = tokenizer(prompt, return_tensors="pt").input_ids
             assert ids.shape[1] + NEW_TOKENS < window, f"prompt {prompt!r} would run past the sliding window"
-            kw = dict(max_new_tokens=NEW_TOKENS, do_sample=False, attention_mask=torch.ones_like(ids))
+            # min_new_tokens: a random pair may otherwise stop at EOS; the same processor runs with and without MTP
+            kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                      attention_mask=torch.ones_like(ids))
             try:
                 with torch.no_grad():
                     plain = target.generate(ids, **kw)
