@@ -327,11 +327,13 @@ def physical_kv_layers(text: dict) -> dict[str, list[int]]:
 def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:
     import torch
 
+    from mtpmatrix.tiny import _zero_residual_writers
+
+    _zero_residual_writers(lm)  # the target's output stays next = token + 1; only its K/V are shaped below
     phys = physical_kv_layers(text)
     owners = {t: idx[-1] for t, idx in phys.items()}
     for i, layer in enumerate(lm.layers):
         attn = layer.self_attn
-        _zero_writers(layer)
         if getattr(attn, "k_proj", None) is None:  # KV-shared layer: no K/V of its own
             continue
         ltype = text["layer_types"][i]
@@ -371,15 +373,6 @@ def _value_offset(head_dim: int, rotating_pairs: int, shared_with_key: bool) -> 
     if rotating_pairs + D_ANCHOR > head_dim // 2:
         raise ValueError(f"witness: no unrotated room for a {D_ANCHOR}-dim anchor in a {head_dim}-dim head")
     return rotating_pairs
-
-
-def _zero_writers(layer) -> None:
-    layer.self_attn.o_proj.weight.zero_()
-    layer.mlp.down_proj.weight.zero_()
-    if getattr(layer, "per_layer_projection", None) is not None:
-        layer.per_layer_projection.weight.zero_()
-    if getattr(layer, "experts", None) is not None:
-        layer.experts.down_proj.zero_()
 
 
 def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M_s, M_f, s_part, u) -> None:
