@@ -1,5 +1,6 @@
-"""Known upstream bugs: failures of a library (not sglang's serving path, not this project) that the matrix keeps
-visible but apart.
+"""Known upstream issues: failures that are not this project's and not a regression of the release under test -- a
+library's bug, or a known sglang deviation from the transformers reference -- which the matrix keeps visible but
+apart.
 
 The entries live in ``known_upstream.json`` next to this module, one object each::
 
@@ -42,7 +43,7 @@ class KnownIssue:
     summary: str
     upstream: str
     fixed_in: str | None = None
-    serving_path: bool = False  # whether sglang's serving path calls the broken code (all entries so far: no)
+    serving_path: bool = False  # whether sglang's serving path runs the code in question (the sglang entries: yes)
 
     def applies_to(self, versions: dict) -> bool:
         v = versions.get(self.package)

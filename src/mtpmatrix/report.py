@@ -785,11 +785,12 @@ def render_markdown(summary: dict) -> str:
             out.append(f"- {_skip_where(g, 'in')}: {_md_escape(g['reason'])}")
         out.append("")
     if summary.get("known_upstream") or summary.get("stale_known_upstream"):
-        out.append("**Known upstream** (bugs outside sglang's serving path: listed in known_upstream.json, they do "
-                   "not fail the row)")
+        out.append("**Known upstream** (listed in known_upstream.json: a library's bugs and known sglang deviations "
+                   "from transformers; they do not fail the row)")
         for k in summary.get("known_upstream") or []:
             fixed = f", fixed in {k['fixed_in']}" if k.get("fixed_in") else ""
-            out.append(f"- ⚠️ **{k['row']}** {k['tier']} · {k['package']} {k['version']} · `{k['id']}` "
+            where = " · serving path" if k.get("serving_path") else ""
+            out.append(f"- ⚠️ **{k['row']}** {k['tier']} · {k['package']} {k['version']}{where} · `{k['id']}` "
                        f"({len(k['checks'])} checks): {_md_escape(k['summary'])} {k['upstream']}{fixed}")
         for k in summary.get("stale_known_upstream") or []:
             out.append(f"- 🧹 entry `{k['id']}` can go: with {k['package']} {k['version']} in its range, "
@@ -1076,12 +1077,13 @@ def render_html(summary: dict) -> str:
             h.append(f"<li><b>{_e(_skip_where(g, 'skipped in'))}</b>: {_e(g['reason'])}</li>")
         h.append("</ul>")
     if summary.get("known_upstream") or summary.get("stale_known_upstream"):
-        h.append("<p><b>Known upstream</b> (bugs outside sglang's serving path, listed in known_upstream.json; "
-                 "they do not fail the row)</p><ul>")
+        h.append("<p><b>Known upstream</b> (listed in known_upstream.json: a library's bugs and known sglang "
+                 "deviations from transformers; they do not fail the row)</p><ul>")
         for k in summary.get("known_upstream") or []:
             fixed = f", fixed in {k['fixed_in']}" if k.get("fixed_in") else ""
             h.append(f'<li class="known-upstream">{GLYPHS[KNOWN_UPSTREAM]} <b>{_e(k["row"])}</b> {_e(k["tier"])} · '
-                     f'{_e(k["package"])} {_e(k["version"])} · <code>{_e(k["id"])}</code> ({len(k["checks"])} '
+                     f'{_e(k["package"])} {_e(k["version"])}{" · serving path" if k.get("serving_path") else ""} · '
+                     f'<code>{_e(k["id"])}</code> ({len(k["checks"])} '
                      f'checks): {_e(k["summary"])} <a href="{_e(k["upstream"])}">{_e(k["upstream"])}</a>'
                      f"{_e(fixed)}</li>")
         for k in summary.get("stale_known_upstream") or []:

@@ -192,11 +192,12 @@ _COPIED_FROM_TARGET = ("vocab_size", "num_key_value_heads", "head_dim", "global_
                        "max_position_embeddings", "final_logit_softcapping", "hidden_activation", "rms_norm_eps")
 
 
-VARIANTS = ("random", "constructed", "witness")
+# witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.witness, "Draft phase")
+VARIANTS = ("random", "constructed", "witness", "witness-sglang-phase")
 
 
 def variant_name(variant: str | bool) -> str:
-    """``"random"``, ``"constructed"`` or ``"witness"``; a bool means constructed (the older spelling)."""
+    """One of ``VARIANTS``; a bool means constructed (the older spelling)."""
     if isinstance(variant, bool):
         return "constructed" if variant else "random"
     if variant not in VARIANTS:
@@ -254,11 +255,12 @@ class PairPaths:
     variant: str = "random"
 
 
-def pair_hash(name: str, variant: str, seed: int) -> str:
+def pair_hash(name: str, variant: str | bool, seed: int) -> str:
+    variant = variant_name(variant)
     # a witness pair is also rebuilt whenever its construction changes
-    witness_src = (Path(__file__).with_name("witness.py").read_bytes()
-                   + os.environ.get("MTPMATRIX_WITNESS_QUERY_OFFSET", "0").encode() if variant == "witness" else b"")
-    blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(), "target": target_template(name, variant),
+    witness_src = Path(__file__).with_name("witness.py").read_bytes() if variant.startswith("witness") else b""
+    blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(),
+                       "target": target_template(name, variant),
                        "assistant": assistant_template(name, variant), "seed": seed,
                        "tokenizer": SPECIAL_TOKENS, "generation": generation_config()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -428,10 +430,10 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
         extra: dict = {}
         if variant == "constructed":
             _make_plus_one(target, assistant, a_cfg, gen)
-        elif variant == "witness":
-            from mtpmatrix.witness import make_witness
+        elif variant.startswith("witness"):
+            from mtpmatrix.witness import PHASE_OF_VARIANT, make_witness
 
-            extra = make_witness(target, assistant, t_cfg, a_cfg, gen)
+            extra = make_witness(target, assistant, t_cfg, a_cfg, gen, phase=PHASE_OF_VARIANT[variant])
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)
     assistant.to(torch.bfloat16).save_pretrained(a_dir, safe_serialization=True)
     for d in (t_dir, a_dir):  # the templates are the config; drop transformers' own generation_config guess

@@ -36,8 +36,8 @@ position and t the bonus token; later r = post_projection of the parent node's o
         code dims  +=  c(t+1)  +  ALPHA*L c(t)  -  ALPHA*L c(r.next)  +  BETA*M_s r.n_s  +  BETA*M_f r.n_f
         keep dims   =  r.n_s, r.n_f                 (carried to the next step unchanged)
         cluster     =  one-hot cluster of t+1       (centroid head only)
-    sliding layer: the query is position-only and peaks on the key at its *own* RoPE position (relative offset
-        0); sglang places draft queries at seq_lens - 1, the last accepted token, so it reads that token's value
+    sliding layer: the query is position-only and peaks on the key ``phase`` positions before its own RoPE
+        position (see "Draft phase" below): the last accepted token's, so it reads that token's value
         n_s(x_last) and adds  -BETA*M_s n_s(x_last)  to the code dims (post-attention RMSNorm fixes the size);
     full layer: the same with n_f;
     output: lm_head reads the code dims; post_projection writes code -> r.next, keep -> r.n_s / r.n_f.
@@ -54,14 +54,25 @@ dims, so the draft lands on an unrelated token: the ablations in ``draft_rounds`
 round from ~5 of 5 to ~0.
 
 Position selection: query and key use the same per-pair RoPE amplitudes, so the score at relative offset d is
-G * sum_i a_i cos(w_i d); it peaks at d = 0 and the next best offset is at least ``position_margin`` nats lower
+G * sum_i a_i cos(w_i (d - phase)); it peaks at d = phase and the next best offset is at least ``position_margin`` nats lower
 (printed by ``witness_report``; > 10 nats, so the neighbours carry < 1e-4 of the attention).
 
-Convention note, measured by the reference tier: transformers' ``SinglePositionMultiTokenCandidateGenerator`` puts
-the draft query at the *bonus* token's position (``input_ids.shape[1] - 1``), one past sglang's ``seq_lens - 1``.
-The witness follows sglang (what the smoke tier serves); under transformers' placement it reads the position after
-the last accepted token, so transformers' own assisted generation accepts almost nothing from a witness (its output
-stays lossless). ``draft_rounds`` drives the transformers assistant module directly with sglang's placement.
+Draft phase (the witness's one free convention)
+-----------------------------------------------
+The *draft phase* is the draft query's RoPE position minus the RoPE position of the last accepted token's key. The
+witness query peaks on the key ``phase`` positions before itself, so a witness drafts right only under the phase it
+was built for:
+  * transformers (the reference): ``SinglePositionMultiTokenCandidateGenerator`` puts the query at the bonus token's
+    position ``input_ids.shape[1] - 1`` and the target's keys sit at 0-based positions: phase +1
+    (``REFERENCE_DRAFT_PHASE``; the reference tier checks it with transformers' own assisted generation);
+  * sglang 0.5.13-0.5.23 with a ``Gemma4ForConditionalGeneration`` target (every Gemma 4 checkpoint): the target
+    writes its keys at position + 1 (``gemma4_mm.py``: ``positions += 1``) and the draft query sits at
+    ``seq_lens - 1`` (``frozen_kv_mtp_utils.set_frozen_kv_positions``), so the last accepted key is one position
+    *after* the query: phase -1 (``SGLANG_DRAFT_PHASE``). Measured on an H200 (sglang 0.5.17) by dumping the draft
+    forward's q and the target's frozen K: slot j's key carries RoPE position j + 1, the query seq_lens - 1.
+Pair variants: ``witness`` is built for the reference phase, ``witness-sglang-phase`` for sglang's. The smoke tier
+gates hand-offs with the sglang-phase witness and reports the phase difference itself with the reference witness
+(``known_upstream.json``: sglang-gemma4-mtp-draft-rope-phase).
 """
 
 from __future__ import annotations
@@ -76,10 +87,11 @@ ALPHA = 4.0
 BETA = 4.0
 LOGIT_PEAK = 20.0  # target and assistant logits at the argmax (below the 30.0 softcap)
 SCORE_GAIN = 112.0  # attention score at the peak offset: margins of ~20 (sliding) / ~15 (full) nats, see position_margin
-import os as _os
-
-# Which key the draft query reads, counted back from its own RoPE position: 0 = its own position, 1 = the one before.
-DRAFT_QUERY_OFFSET = int(_os.environ.get("MTPMATRIX_WITNESS_QUERY_OFFSET", "0"))
+# Draft phase = the draft query's RoPE position minus that of the last accepted token's key (module docstring).
+REFERENCE_DRAFT_PHASE = 1  # transformers: query at the bonus token's position, keys at 0-based positions
+SGLANG_DRAFT_PHASE = -1  # sglang 0.5.13-0.5.23, Gemma4ForConditionalGeneration target: keys at position + 1
+# tiny pair variant -> the draft phase its assistant is built for
+PHASE_OF_VARIANT = {"witness": REFERENCE_DRAFT_PHASE, "witness-sglang-phase": SGLANG_DRAFT_PHASE}
 
 
 @dataclass(frozen=True)
@@ -246,8 +258,9 @@ def _position_vector(head_dim: int, inv_freq, amps, scale: float):
     return v
 
 
-def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen) -> dict:
-    """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction.
+def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE) -> dict:
+    """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction,
+    its assistant built for draft ``phase`` (module docstring).
 
     Returns numbers worth keeping in the pair's marker (margins the construction relies on).
     """
@@ -300,7 +313,7 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen) -> dict:
         target.lm_head.weight.copy_(head)
         lm.norm.weight.fill_(1.0)
         _witness_target_layers(lm, text, lay, gen)
-        _witness_assistant(assistant, a_cfg, text, lay, codes, readout, L, M_s, M_f, s_part, u)
+        _witness_assistant(assistant, a_cfg, text, lay, codes, readout, L, M_s, M_f, s_part, u, phase)
 
     h_dim_s, inv_s = rope_inv_freq(text, "sliding_attention")
     h_dim_f, inv_f = rope_inv_freq(text, "full_attention")
@@ -310,7 +323,7 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen) -> dict:
                                                               text["sliding_window"]), 2),
         "position_margin_full_nats": round(position_margin(inv_f, pair_amplitudes(inv_f), SCORE_GAIN, 512), 2),
         "alpha": ALPHA, "beta": BETA, "d_code": D_CODE, "d_nuisance": D_NUISANCE, "d_anchor": D_ANCHOR,
-        "draft_query_offset": DRAFT_QUERY_OFFSET,
+        "draft_phase": phase,
     }}
 
 
@@ -375,7 +388,8 @@ def _value_offset(head_dim: int, rotating_pairs: int, shared_with_key: bool) -> 
     return rotating_pairs
 
 
-def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M_s, M_f, s_part, u) -> None:
+def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M_s, M_f, s_part, u,
+                       phase: int) -> None:
     import torch
 
     A, H = lay.assistant, lay.backbone
@@ -408,8 +422,8 @@ def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M
         amps = pair_amplitudes(inv)
         n_heads = attn.q_proj.weight.shape[0] // head_dim
         q = torch.zeros(n_heads * head_dim, A)
-        # pair i of the query is rotated back by w_i * offset, so q.k peaks at relative offset DRAFT_QUERY_OFFSET
-        back = inv * DRAFT_QUERY_OFFSET
+        # pair i of the query is rotated back by w_i * phase, so q.k peaks on the key ``phase`` positions back
+        back = inv * phase
         for h in range(n_heads):
             q[h * head_dim: h * head_dim + len(inv), lay.a_const] = amps * torch.cos(back)
             q[h * head_dim + head_dim // 2: h * head_dim + head_dim // 2 + len(inv), lay.a_const] = -amps * torch.sin(back)
@@ -469,7 +483,7 @@ ABLATIONS = (
     "hidden_previous_position",  # the seed's hidden state comes from the position before the last accepted one
     "kv_other_sliding_layer",  # the sliding layers read another physical sliding layer's KV
     "kv_other_full_layer",  # the full layers read another physical full layer's KV
-    "position_plus_one",  # draft queries one position later (transformers' placement)
+    "position_plus_one",  # draft queries one position later
     "position_minus_one",  # draft queries one position earlier
     "other_request_rows",  # hidden state and KV of the next request in the batch
     "tree_sibling_parent",  # topk > 1: from the third draft on, a node gets its parent's sibling's state
@@ -493,10 +507,12 @@ def target_states(target, ids):
     return hidden, kv
 
 
-def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: int, ablation: str | None = None):
-    """Draft ``steps`` tokens (greedy chain, sglang's seeding and placement) from every bonus position ``P`` in
-    ``start .. len - steps - 1`` of the known greedy sequences ``ids`` [batch, len], with every input intact or one
-    ``ablation`` applied. Returns per-step accuracy (fraction of rounds whose k-th draft equals the target's token)
+def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: int, ablation: str | None = None,
+                 draft_phase: int = REFERENCE_DRAFT_PHASE):
+    """Draft ``steps`` tokens (greedy chain, the Frozen-KV seeding: bonus token + the target's hidden state at the
+    last accepted position) from every bonus position ``P`` in ``start .. len - steps - 1`` of the known greedy
+    sequences ``ids`` [batch, len], the query at ``draft_phase`` positions after the last accepted token's key (the
+    target's keys sit at 0-based positions here), with every input intact or one ``ablation`` applied. Returns per-step accuracy (fraction of rounds whose k-th draft equals the target's token)
     and the mean number of leading correct drafts per round (what a verifier would accept).
     """
     import torch
@@ -522,7 +538,7 @@ def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: i
             if ablation == "other_request_rows":
                 h = h.roll(1, dims=0)
                 kv = {t: (k.roll(1, dims=0), v.roll(1, dims=0)) for t, (k, v) in kv.items()}
-            pos = P - 1 + DRAFT_QUERY_OFFSET + {"position_plus_one": 1, "position_minus_one": -1}.get(ablation, 0)
+            pos = P - 1 + draft_phase + {"position_plus_one": 1, "position_minus_one": -1}.get(ablation, 0)
             position_ids = torch.full((B, 1), pos, dtype=torch.long)
             token, state = ids[:, P:P + 1], h
             ok_so_far = torch.ones(B, dtype=torch.bool)

@@ -96,12 +96,14 @@ def load_pair(build_tiny_pair):
 
 @contextlib.contextmanager
 def _count_acceptance(stats: list):
-    """Record (drafted, accepted) per verification step of transformers' Gemma 4 candidate generator."""
+    """Record (drafted, accepted, round) per verification step of transformers' Gemma 4 candidate generator; round
+    counts the steps inside this context (one generate call), 0 = the first round after prefill."""
     from transformers.generation import candidate_generator as cg
 
     cls = cg.SinglePositionMultiTokenCandidateGenerator
     orig_get, orig_update = cls.get_candidates, cls.update_candidate_strategy
     pending: list[int] = []
+    start = len(stats)
 
     def get_candidates(self, input_ids, *args, **kwargs):
         out = orig_get(self, input_ids, *args, **kwargs)
@@ -111,7 +113,7 @@ def _count_acceptance(stats: list):
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         drafted = pending.pop() if pending else 0
         if drafted:
-            stats.append((drafted, int(num_matches)))
+            stats.append((drafted, int(num_matches), len(stats) - start))
         return orig_update(self, input_ids, scores, num_matches)
 
     cls.get_candidates, cls.update_candidate_strategy = get_candidates, update_candidate_strategy
@@ -203,8 +205,8 @@ def _memo(fn):
 
 def _acceptance(stats):
     steps = len(stats)
-    drafted = sum(d for d, _ in stats)
-    accepted = sum(a for _, a in stats)
+    drafted = sum(d for d, _a, _r in stats)
+    accepted = sum(a for _d, a, _r in stats)
     return {"steps": steps, "drafted": drafted, "accepted": accepted,
             "accept_rate": round(accepted / drafted, 4) if drafted else None,
             "accept_len": round((accepted + steps) / steps, 4) if steps else None}
@@ -335,18 +337,48 @@ def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
 
 @pytest.mark.check("acceptance")
 @pytest.mark.parametrize("name", PAIR_NAMES)
-def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_property, name):
-    """The witness assistant is not blind: with sglang's seeding (bonus token + the target's hidden state at the
-    last accepted position, target KV of the bound layers, query at seq_lens - 1) it drafts every token right, and
-    each ablation -- hidden state of the previous position, KV of another layer of the same type, positions off by
-    one either way, another request's rows, a tree node fed its parent's sibling's state -- takes the accuracy of
-    the drafts that consume the broken input far below that. Fails if the drafter stops depending on an input."""
+def test_witness_drafts_at_transformers_phase(generations, record_property, name):
+    """transformers' own assisted generation (SinglePositionMultiTokenCandidateGenerator) accepts the reference
+    witness's drafts: the witness is built to transformers' draft phase (mtpmatrix.witness.REFERENCE_DRAFT_PHASE),
+    so a witness the smoke tier serves at that phase measures sglang against the reference, not against itself."""
+    _results, stats = generations(name, "witness")
+    later = _acceptance([s for s in stats if s[2] > 0])
+    first = _acceptance([s for s in stats if s[2] == 0])
+    for key, value in later.items():
+        record_property(key, value)
+    record_property("first_round_accept_rate", first["accept_rate"])
+    if not later["steps"] or later["accept_rate"] < ACCEPT_RATE_MIN or later["accept_len"] < ACCEPT_LEN_MIN:
+        raise CheckFailure("acceptance", f"{name}: transformers accepts too little from the reference witness: "
+                                         f"{later} (rounds after the first; bars: rate >= {ACCEPT_RATE_MIN}, accept "
+                                         f"length >= {ACCEPT_LEN_MIN} of {DRAFT_TOKENS + 1}); has transformers moved "
+                                         f"its draft query?")
+    # The first round after prefill is seeded from the prompt's last hidden state: a wrong one shows only there.
+    if not first["steps"] or first["accept_rate"] < ACCEPT_RATE_MIN:
+        raise CheckFailure("acceptance", f"{name}: transformers drafts the first round after prefill from the wrong "
+                                         f"hidden state: the reference witness accepts {first['accepted']}/"
+                                         f"{first['drafted']} drafts there, {later['accept_rate']} of them after")
+
+
+WITNESS_VARIANTS = [pytest.param(n, v, id=f"{n}-{v}") for v in ("witness", "witness-sglang-phase")
+                    for n in PAIR_NAMES]
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name,variant", WITNESS_VARIANTS)
+def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_property, name, variant):
+    """The witness assistant is not blind: with the Frozen-KV seeding (bonus token + the target's hidden state at
+    the last accepted position, target KV of the bound layers, the query at the draft phase the variant is built
+    for) it drafts every token right, and each ablation -- hidden state of the previous position, KV of another
+    layer of the same type, positions off by one either way, another request's rows, a tree node fed its parent's
+    sibling's state -- takes the accuracy of the drafts that consume the broken input far below that. Both variants:
+    the smoke tier serves both. Fails if the drafter stops depending on an input."""
     from mtpmatrix import witness
     from mtpmatrix.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
 
     torch = _torch()
-    target, assistant, _tok = load_pair(name, "witness")
-    text = json.loads((build_tiny_pair(name, "witness").target / "config.json").read_text())["text_config"]
+    phase = witness.PHASE_OF_VARIANT[variant]
+    target, assistant, _tok = load_pair(name, variant)
+    text = json.loads((build_tiny_pair(name, variant).target / "config.json").read_text())["text_config"]
     prompts = torch.tensor(id_prompts(text["vocab_size"])[:WITNESS_PROMPTS])
     with torch.no_grad():
         seqs = target.generate(prompts, max_new_tokens=MAX_NEW_TOKENS // 2, do_sample=False,
@@ -355,15 +387,18 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     if not torch.equal(seqs[:, PROMPT_LEN:], expected % text["vocab_size"]):
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
     steps = 5
-    intact = witness.draft_rounds(target, assistant, seqs, text, steps=steps, start=PROMPT_LEN)
+    rounds = functools.partial(witness.draft_rounds, target, assistant, seqs, text, steps=steps, start=PROMPT_LEN,
+                               draft_phase=phase)
+    intact = rounds()
     record_property("intact", json.dumps(intact))
     base = sum(intact["step_accuracy"]) / steps
     if base < WITNESS_INTACT_MIN:
-        raise CheckFailure("acceptance", f"{name}: intact witness drafts only {base:.2f} right "
-                                         f"(per step {intact['step_accuracy']}); needs >= {WITNESS_INTACT_MIN}")
+        raise CheckFailure("acceptance", f"{name}: intact {variant} drafts only {base:.2f} right at draft phase "
+                                         f"{phase:+d} (per step {intact['step_accuracy']}); needs >= "
+                                         f"{WITNESS_INTACT_MIN}")
     blind = []
     for ablation in witness.ABLATIONS:
-        got = witness.draft_rounds(target, assistant, seqs, text, steps=steps, start=PROMPT_LEN, ablation=ablation)
+        got = rounds(ablation=ablation)
         # the sibling-parent fault first reaches the third draft (the first node whose parent has siblings)
         first = 2 if ablation == "tree_sibling_parent" else 0
         hit = sum(got["step_accuracy"][first:]) / (steps - first)
@@ -372,5 +407,5 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
         if hit > WITNESS_ABLATED_MAX_SHARE * ref:
             blind.append(f"{ablation} {hit:.2f}")
     if blind:
-        raise CheckFailure("acceptance", f"{name}: witness drafter still drafts right with a broken input "
+        raise CheckFailure("acceptance", f"{name}: {variant} drafter still drafts right with a broken input "
                                          f"(accuracy vs intact {base:.2f}): {', '.join(blind)}")

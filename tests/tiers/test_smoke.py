@@ -9,8 +9,10 @@ assistant, a wrong-drafter combination the tier must fail on with an 'acceptance
 
 The witness pair (mtpmatrix.witness) drafts right only when sglang hands its assistant the right hidden state, the
 right target KV layer per attention type, the right positions, each tree node's own parent and each request's own
-rows; its accept length is held to the same floor as an exact pair's. ``python -m mtpmatrix mutants`` shows which
-check kills which broken copy of sglang's MTP code.
+rows; built for sglang's draft phase (witness-mtp-*), its accept length is held to the exact pair's floor. The one
+built for transformers' phase (witness-transformers-phase-topk1) says whether sglang drafts at the reference phase
+(test_draft_phase_matches_transformers). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
+of sglang's MTP code.
 """
 
 from __future__ import annotations
@@ -123,7 +125,9 @@ def test_spec_metrics(smoke_runs, name, record_property):
         raise CheckFailure("acceptance", "responses carry no spec_verify_ct (speculative decoding did not run)")
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
-    floor = (smoke.EXACT_PAIR_MIN_ACCEPT[run.spec.topk] if run.spec.exact else settings.SMOKE_MIN_ACCEPT_LENGTH)
+    # the transformers-phase witness's floor is test_draft_phase_matches_transformers' business
+    exact_floor = run.spec.exact and not run.spec.phase_reference
+    floor = smoke.EXACT_PAIR_MIN_ACCEPT[run.spec.topk] if exact_floor else settings.SMOKE_MIN_ACCEPT_LENGTH
     max_len = settings.NUM_STEPS + 1
     if not (floor <= per_request <= max_len + 1e-6):
         raise CheckFailure("acceptance", f"accept length {per_request} outside [{floor}, {max_len}]")
@@ -133,6 +137,33 @@ def test_spec_metrics(smoke_runs, name, record_property):
     if bounds and not (bounds[0] - 0.02 <= avg <= bounds[1] + 0.02):
         raise CheckFailure("acceptance", f"/server_info avg_spec_accept_length {avg:.3f} outside [{bounds[0]}, "
                                          f"{bounds[1]}], the range the requests' own counters allow")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.phase_reference])
+def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
+    """sglang drafts at transformers' RoPE phase: the witness built for transformers' draft phase reaches the exact
+    pair's accept-length floor. sglang 0.5.13-0.5.23 put the draft query two positions behind transformers' (known
+    upstream: sglang-gemma4-mtp-draft-rope-phase), reported apart from the hand-off checks."""
+    from mtpmatrix import witness
+
+    run = _run(smoke_runs, name, record_property)
+    got = smoke.accept_length_from_meta(run.id_meta)
+    floor = smoke.EXACT_PAIR_MIN_ACCEPT[run.spec.topk]
+    record_property("accept_length_requests", got)
+    if got is None:
+        raise CheckFailure("acceptance", "responses carry no spec_verify_ct (speculative decoding did not run)")
+    if got >= floor:
+        return
+    # the sglang-phase witness at the same topk tells a phase difference from a broken hand-off
+    gate = [smoke.accept_length_from_meta(r.id_meta) for r in smoke_runs.values()
+            if r.spec.pair == "witness-sglang-phase" and r.spec.topk == run.spec.topk]
+    gate_ok = bool(gate) and gate[0] is not None and gate[0] >= floor
+    why = (f"; the witness built for sglang's phase accepts {gate[0]:.2f}: sglang's draft query reads the last "
+           f"accepted key at phase {witness.SGLANG_DRAFT_PHASE:+d}, transformers' at "
+           f"{witness.REFERENCE_DRAFT_PHASE:+d}" if gate_ok else "")
+    raise CheckFailure("acceptance", f"draft query is not at transformers' RoPE phase: the transformers-phase "
+                                     f"witness accepts {got:.2f} per verify (floor {floor}){why}")
 
 
 @pytest.mark.check("acceptance")

@@ -244,12 +244,29 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
     assert time.monotonic() - t0 < 30  # stopped at the interrupt, not at the 60 s ready timeout
 
 
-def test_witness_servers_on_demand_constructed_by_default():
-    names = [s.name for s in smoke.smoke_options({}).specs]
-    assert "constructed-mtp-topk1" in names and "constructed-mtp-topk3" in names
-    assert not any(n.startswith("witness-") for n in names)  # until the witness passes on unpatched sglang
-    opts = smoke.smoke_options({"MTPMATRIX_SMOKE_SERVERS": "witness-mtp-topk3"})
-    assert [s.name for s in opts.specs] == ["witness-mtp-topk3"] and opts.specs[0].exact
+def test_default_suite_gates_with_the_sglang_phase_witness():
+    specs = {s.name: s for s in smoke.smoke_options({}).specs}
+    gate = [specs[n] for n in smoke.WITNESS_SERVERS]
+    assert all(s.pair == "witness-sglang-phase" and s.exact and not s.phase_reference for s in gate)
+    assert {s.topk for s in gate} == {1, 3}
+    probe = [s for s in specs.values() if s.phase_reference]
+    assert [s.pair for s in probe] == ["witness"] and probe[0].exact  # output still checked token for token
+    assert not any(n.startswith("constructed-") for n in specs)  # on demand: the witness is exact too
+    opts = smoke.smoke_options({"MTPMATRIX_SMOKE_SERVERS": "constructed-mtp-topk3"})
+    assert [s.name for s in opts.specs] == ["constructed-mtp-topk3"] and opts.specs[0].exact
+
+
+def test_known_sglang_draft_phase_entry_matches_the_check_message():
+    from mtpmatrix import known_upstream
+
+    entry = next(k for k in known_upstream.load() if k.id == "sglang-gemma4-mtp-draft-rope-phase")
+    failure = {"outcome": "failed", "failure": {"type": "CheckFailure", "message":
+               "draft query is not at transformers' RoPE phase: the transformers-phase witness accepts 1.04 per "
+               "verify (floor 5.0)"}}
+    assert entry.tier == "smoke" and entry.serving_path
+    assert entry.matches(failure)
+    assert entry.applies_to({"sglang": "0.5.17"}) and not entry.applies_to({"sglang": "0.5.24"})
+    assert not entry.matches({"outcome": "failed", "failure": {"message": "accept length 1.04 outside [5.0, 6]"}})
 
 
 def test_max_running_requests_reads_both_log_spellings():

@@ -47,10 +47,11 @@ def test_families_keep_their_structure():
 
 
 def test_pair_hash_is_stable_and_distinct():
-    hashes = {(n, c): tiny.pair_hash(n, c, 0) for n in tiny.PAIR_NAMES for c in (False, True)}
-    assert len(set(hashes.values())) == len(hashes)
-    assert tiny.pair_hash("dense-31b", False, 0) == hashes[("dense-31b", False)]
-    assert tiny.pair_hash("dense-31b", False, 1) != hashes[("dense-31b", False)]
+    hashes = {(n, c): tiny.pair_hash(n, c, 0) for n in tiny.PAIR_NAMES for c in tiny.VARIANTS}
+    assert len(set(hashes.values())) == len(hashes)  # the two witness phases are different pairs
+    assert tiny.pair_hash("e-series", True, 0) == hashes[("e-series", "constructed")]
+    assert tiny.pair_hash("dense-31b", False, 0) == hashes[("dense-31b", "random")]
+    assert tiny.pair_hash("dense-31b", False, 1) != hashes[("dense-31b", "random")]
 
 
 def test_build_pair_rejects_unknown_names(tmp_path):
