@@ -22,8 +22,8 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent / "src"))
-from mtpmatrix import matrix  # noqa: E402
-from mtpmatrix.rows import RowError, load_rows  # noqa: E402
+from mtpmatrix.runner import matrix  # noqa: E402
+from mtpmatrix.runner.rows import RowError, load_rows  # noqa: E402
 
 # A row's Python comes from the machine; uv may download a missing one only where it can (online users). On
 # air-gapped machines set UV_PYTHON_DOWNLOADS=never (.ci/run does) so a missing Python fails at once instead of
@@ -126,7 +126,7 @@ def mutants(session: nox.Session) -> None:
 
     Builds the row's venv (.nox/mutants-<row>) with the matrix's one install command, then runs
     ``python -m mtpmatrix mutants`` inside it; --row defaults to the row tagged 'ci'."""
-    from mtpmatrix import mutants as mut
+    from mtpmatrix.faults import mutants as mut
 
     try:
         row_id, rest = mut.split_row_arg(session.posargs)

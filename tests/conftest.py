@@ -1,3 +1,3 @@
 """Shared by every test: the mtpmatrix plugin gates tiers (one-line skip reasons) and writes tiers.json."""
 
-pytest_plugins = ["mtpmatrix.pytest_plugin"]
+pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]

@@ -15,8 +15,8 @@ import sys
 
 
 def _rows(ns: argparse.Namespace) -> int:
-    from mtpmatrix import matrix
-    from mtpmatrix.rows import RowError, load_rows
+    from mtpmatrix.runner import matrix
+    from mtpmatrix.runner.rows import RowError, load_rows
 
     try:
         rows = load_rows(matrix.REPO / "constraints")
@@ -35,7 +35,8 @@ def _rows(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mtpmatrix import bisect, importer, report
+    from mtpmatrix.runner import bisect, importer
+    from mtpmatrix import report
 
     p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("--json", action="store_true", help="machine-readable")
     mp = sub.add_parser("mutants", help="fault injection: does the smoke tier kill deliberate bugs in sglang's MTP "
                                         "path? (exit 0 only when the baseline passes and every mutant is killed)")
-    from mtpmatrix import mutants
+    from mtpmatrix.faults import mutants
 
     mutants.add_arguments(mp)
     ns = p.parse_args(argv)

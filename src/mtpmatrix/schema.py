@@ -81,3 +81,12 @@ RECORD_FIELDS = (
     "correct",  # bool: extracted == gold
     "completion_tokens", "latency_s", "finish_reason", "spec_verify_ct", "spec_accept_length", "error",
 )
+
+
+def worst(verdicts) -> str:
+    """The worst verdict among ``verdicts``; 'skipped' only when nothing ran."""
+    present = [v for v in verdicts if v]
+    for v in VERDICTS:
+        if v in present:
+            return v
+    return "skipped"

@@ -3,9 +3,9 @@ CUDA major), the MTP path imports, sglang reads the tiny pairs' configs, the see
 FROZEN_KV_MTP with the expected draft shape, and sglang's loader builds both model classes and loads their
 safetensors on the CPU.
 
-The ABI checks read ELF files only (seconds, see mtpmatrix.abi) and run first. sglang is imported once per process
+The ABI checks read ELF files only (seconds, see mtpmatrix.tiers.abi) and run first. sglang is imported once per process
 (the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else is cheap. Failures carry sglang's
-first frame: library exceptions are let through (see mtpmatrix.sglang_compat).
+first frame: library exceptions are let through (see mtpmatrix.tiers.sglang_compat).
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import time
 
 import pytest
 
-from mtpmatrix import abi, settings
-from mtpmatrix import sglang_compat as compat
-from mtpmatrix.verdict import CheckFailure
+from mtpmatrix.tiers import abi
+
+from mtpmatrix import settings
+from mtpmatrix.tiers import sglang_compat as compat
+from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.contract
 

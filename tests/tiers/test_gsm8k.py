@@ -1,7 +1,7 @@
 """GSM8K tier: real Gemma 4 pairs behind a live sglang server with Frozen-KV MTP, CUDA graphs on.
 
 For every pair in settings.DEFAULT_PAIRS and every topk in settings.TOPKS, one server runs GSM8K 5-shot (the exact
-prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.gsm8k) and three checks read what it did:
+prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.tiers.gsm8k) and three checks read what it did:
 
   test_args        /server_info resolved the requested algorithm/topk/steps/draft tokens, CUDA graph not disabled
   test_accuracy    GSM8K score >= the pair's threshold (Wilson 95% interval recorded)
@@ -11,7 +11,7 @@ Per-question records go to ``gsm8k/<case>.jsonl`` and the server log to ``server
 ``mtp_results_dir`` folder (the row folder under nox; names and metrics in mtpmatrix.schema).
 
 ``--server-url URL`` (repeatable) runs the same checks against sglang servers someone else started instead of
-launching any: one case per server, named from what its /server_info says it serves (mtpmatrix.served).
+launching any: one case per server, named from what its /server_info says it serves (mtpmatrix.tiers.served).
 
 Env knobs:
   MTPMATRIX_GSM8K_PAIRS=E4B,E2B             pairs to run (default: settings.DEFAULT_PAIRS)
@@ -35,9 +35,11 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import client, gsm8k, schema, settings, stats
-from mtpmatrix.pytest_plugin import SERVED_KEY, replay_run
-from mtpmatrix.verdict import CheckFailure
+from mtpmatrix.tiers import client, gsm8k
+
+from mtpmatrix import schema, settings, stats
+from mtpmatrix.tiers.pytest_plugin import SERVED_KEY, replay_run
+from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.gsm8k
 
@@ -221,8 +223,8 @@ def _collect_served(case: Case, out_dir: Path, say) -> Gsm8kRun:
 
 
 def _collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
-    from mtpmatrix.environment import gpu_count
-    from mtpmatrix.server import SglangServer
+    from mtpmatrix.tiers.environment import gpu_count
+    from mtpmatrix.tiers.server import SglangServer
 
     if case.url:
         return _collect_served(case, out_dir, say)

@@ -7,7 +7,7 @@ MTPMATRIX_SMOKE_EXTRA_ARGS (sglang arguments appended to every smoke server, e.g
 MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the witness/constructed targets with the random pair's
 assistant, a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
 
-The witness pair (mtpmatrix.witness) drafts right only when sglang hands its assistant the right hidden state, the
+The witness pair (mtpmatrix.tiers.witness) drafts right only when sglang hands its assistant the right hidden state, the
 right target KV layer per attention type, the right positions, each tree node's own parent and each request's own
 rows; built for sglang's draft phase (witness-mtp-*), its accept length is held to the exact pair's floor. The one
 built for transformers' phase (witness-transformers-phase-topk1) says whether sglang drafts at the reference phase
@@ -21,10 +21,12 @@ import json
 
 import pytest
 
-from mtpmatrix import settings, smoke
-from mtpmatrix.environment import gpu_free_mib, gpu_missing
-from mtpmatrix.pytest_plugin import replay_run
-from mtpmatrix.verdict import CheckFailure
+from mtpmatrix import settings
+
+from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
+from mtpmatrix.tiers.pytest_plugin import replay_run
+from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
@@ -83,7 +85,7 @@ def test_server_serves(smoke_runs, name, record_property):
 @pytest.mark.parametrize("name", [s.name for s in MTP_SPECS])
 def test_resolved_mtp_args(smoke_runs, name, record_property):
     """The live server resolved NEXTN to FROZEN_KV_MTP with the requested topk / draft tokens, CUDA graph on."""
-    from mtpmatrix.client import cuda_graph_disabled, find_arg
+    from mtpmatrix.tiers.client import cuda_graph_disabled, find_arg
 
     run = _run(smoke_runs, name, record_property)
     info = run.server_info_before or {}
@@ -113,7 +115,7 @@ def test_cuda_graphs_captured(smoke_runs, name, record_property):
 @pytest.mark.parametrize("name", [s.name for s in MTP_SPECS])
 def test_spec_metrics(smoke_runs, name, record_property):
     """Spec metrics are present per response and in /server_info; accept length within bounds."""
-    from mtpmatrix.client import spec_stats
+    from mtpmatrix.tiers.client import spec_stats
 
     run = _run(smoke_runs, name, record_property)
     per_request = smoke.accept_length_from_meta(run.id_meta)
@@ -145,7 +147,7 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     """sglang drafts at transformers' RoPE phase: the witness built for transformers' draft phase reaches the exact
     pair's accept-length floor. sglang 0.5.13-0.5.23 put the draft query two positions behind transformers' (known
     upstream: sglang-gemma4-mtp-draft-rope-phase), reported apart from the hand-off checks."""
-    from mtpmatrix import witness
+    from mtpmatrix.tiers import witness
 
     run = _run(smoke_runs, name, record_property)
     got = smoke.accept_length_from_meta(run.id_meta)

@@ -1,4 +1,4 @@
-"""mtpmatrix.bisect: the search with a fake probe (nothing is installed), candidates, defaults, the CLI."""
+"""mtpmatrix.runner.bisect: the search with a fake probe (nothing is installed), candidates, defaults, the CLI."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import bisect as bs
-from mtpmatrix.rows import load_rows
+from mtpmatrix.runner import bisect as bs
+from mtpmatrix.runner.rows import load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = [f"5.{m}.{p}" for m in range(8, 14) for p in range(3)]  # 18 releases, 5.8.0 .. 5.13.2

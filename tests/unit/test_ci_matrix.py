@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import ci_matrix
-from mtpmatrix.ci_matrix import build_matrix, select, shard, tier_gpus
-from mtpmatrix.matrix import in_shard
-from mtpmatrix.rows import RowError, load_rows
+from mtpmatrix.runner import ci_matrix
+from mtpmatrix.runner.ci_matrix import build_matrix, select, shard, tier_gpus
+from mtpmatrix.runner.matrix import in_shard
+from mtpmatrix.runner.rows import RowError, load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "gemma4-mtp.yml"
@@ -263,7 +263,7 @@ def test_workflow_smoke_tp_input_reaches_matrix_and_rows(workflow):
     triggers = workflow[True] if True in workflow else workflow["on"]
     inputs = triggers["workflow_dispatch"]["inputs"]
     assert inputs["smoke_tp"]["options"] == ["1", "2"] and inputs["smoke_tp"]["default"] == "1"
-    from mtpmatrix.tiny import PAIR_NAMES
+    from mtpmatrix.tiers.tiny import PAIR_NAMES
 
     assert set(inputs["smoke_pair"]["options"]) == set(PAIR_NAMES)
     # workflow-level env: the matrix job (runner size) and every row job (the suite) read the same values

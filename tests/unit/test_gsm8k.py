@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from fake_sglang import FakeSglang
-from mtpmatrix import gsm8k
+from mtpmatrix.tiers import gsm8k
 
 INV = gsm8k.INVALID
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import importer, report, schema
+from mtpmatrix.runner import importer
+
+from mtpmatrix import report, schema
 from mtpmatrix.__main__ import main
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
@@ -115,7 +117,7 @@ def test_gpu_box_script_output_imports_as_it_is(tmp_path):
     import sys
 
     from fake_sglang import FakeSglang, gsm8k_responder, server_info
-    from mtpmatrix import gsm8k
+    from mtpmatrix.tiers import gsm8k
 
     try:
         lines = gsm8k.load_split("test", offline=True)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import known_upstream, matrix
-from mtpmatrix.store import KNOWN_UPSTREAM, row_verdict
+from mtpmatrix.tiers import known_upstream
+
+from mtpmatrix.runner import matrix
+from mtpmatrix.runner.store import KNOWN_UPSTREAM, row_verdict
 
 RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                   "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())

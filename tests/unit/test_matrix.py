@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import matrix
-from mtpmatrix.matrix import Options, in_shard, install_command, parse_options, preflight_overrides
-from mtpmatrix.rows import RowError, load_rows, parse_row
-from mtpmatrix.store import TIERS, RunStore
+from mtpmatrix.runner import matrix
+from mtpmatrix.runner.matrix import Options, in_shard, install_command, parse_options, preflight_overrides
+from mtpmatrix.runner.rows import RowError, load_rows, parse_row
+from mtpmatrix.runner.store import TIERS, RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Fault injection (mtpmatrix.mutants and mutant_hook/sitecustomize.py), without sglang or a GPU.
+"""Fault injection (mtpmatrix.faults.mutants and mutant_hook/sitecustomize.py), without sglang or a GPU.
 
 The hook is exercised for real: subprocesses (and a multiprocessing *spawn* child, the way sglang starts its
 scheduler) import a toy package through it. The catalogue logic runs on small fake source trees, the verdicts on
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import mutants as M
+from mtpmatrix.faults import mutants as M
 from mtpmatrix.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 
 from mtpmatrix import report
 from mtpmatrix.__main__ import main
-from mtpmatrix.store import TIERS
+from mtpmatrix.runner.store import TIERS
 
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
 
@@ -362,7 +362,7 @@ def test_a_failure_beats_a_missing_tier_and_nothing_run_proves_nothing(tmp_path)
 
 
 def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_path):
-    from mtpmatrix import known_upstream
+    from mtpmatrix.tiers import known_upstream
 
     rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                       "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())

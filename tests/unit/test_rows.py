@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from mtpmatrix.rows import (HEADER_KEYS, MIN_TRANSFORMERS, REQUIRED_PINS, Row, RowError, load_rows, parse_override,
+from mtpmatrix.runner.rows import (HEADER_KEYS, MIN_TRANSFORMERS, REQUIRED_PINS, Row, RowError, load_rows, parse_override,
                             parse_row, select_rows)
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
-from mtpmatrix import gsm8k, matrix, schema, served
-from mtpmatrix.rows import RowError
+from mtpmatrix.tiers import gsm8k, served
+from mtpmatrix.runner import matrix
+from mtpmatrix import schema
+from mtpmatrix.runner.rows import RowError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import client, server
-from mtpmatrix.server import SglangServer
-from mtpmatrix.verdict import CheckFailure, classify
+from mtpmatrix.tiers import client, server
+from mtpmatrix.tiers.server import SglangServer
+from mtpmatrix.tiers.verdict import CheckFailure, classify
 
 FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 PROBE_PY = Path("/tmp/probe/v0.5.17/bin/python")

@@ -1,4 +1,4 @@
-"""mtpmatrix.sglang_compat, pure-python parts: no sglang needed (stub modules stand in for sglang's API shapes)."""
+"""mtpmatrix.tiers.sglang_compat, pure-python parts: no sglang needed (stub modules stand in for sglang's API shapes)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import types
 import pytest
 
 from mtpmatrix import settings
-from mtpmatrix import sglang_compat as compat
-from mtpmatrix.verdict import CheckFailure, classify
+from mtpmatrix.tiers import sglang_compat as compat
+from mtpmatrix.tiers.verdict import CheckFailure, classify
 
 
 def _raised(fn, *args, **kwargs) -> BaseException:

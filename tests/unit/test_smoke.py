@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import settings, smoke
+from mtpmatrix import settings
+
+from mtpmatrix.tiers import smoke
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
 LOG_0513 = """\
@@ -214,7 +216,7 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
     import threading
     import time
 
-    from mtpmatrix.server import SglangServer, _group_members
+    from mtpmatrix.tiers.server import SglangServer, _group_members
 
     seen: list[SglangServer] = []
     real_start = SglangServer.start
@@ -257,7 +259,7 @@ def test_default_suite_gates_with_the_sglang_phase_witness():
 
 
 def test_known_sglang_draft_phase_entry_matches_the_check_message():
-    from mtpmatrix import known_upstream
+    from mtpmatrix.tiers import known_upstream
 
     entry = next(k for k in known_upstream.load() if k.id == "sglang-gemma4-mtp-draft-rope-phase")
     failure = {"outcome": "failed", "failure": {"type": "CheckFailure", "message":

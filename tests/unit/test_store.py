@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from mtpmatrix import store
-from mtpmatrix.store import RunStore, atomic_write_json, atomic_write_text, new_run_id, row_verdict, worst
+from mtpmatrix import atomic
+from mtpmatrix.runner import store
+from mtpmatrix.runner.store import RunStore, atomic_write_json, atomic_write_text, new_run_id, row_verdict, worst
 
 
 def test_atomic_write_text_and_json(tmp_path):
@@ -49,9 +50,9 @@ def test_atomic_write_leaves_no_partial_file_when_it_raises(tmp_path, monkeypatc
                 self.fh.flush()
                 raise OSError("disk full")
 
-        monkeypatch.setattr(store.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
+        monkeypatch.setattr(atomic.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
     else:
-        monkeypatch.setattr(store.os, fail_in, boom)
+        monkeypatch.setattr(atomic.os, fail_in, boom)
     with pytest.raises(OSError):
         atomic_write_json(f, {"verdict": "passed", "tiers": {"contract": {"verdict": "passed"}}})
     monkeypatch.undo()
@@ -61,7 +62,7 @@ def test_atomic_write_leaves_no_partial_file_when_it_raises(tmp_path, monkeypatc
 
 def test_atomic_write_first_write_failing_leaves_nothing(tmp_path, monkeypatch):
     f = tmp_path / "new.json"
-    monkeypatch.setattr(store.os, "fsync", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):  # a Ctrl-C mid-write cleans up too (BaseException)
         atomic_write_json(f, {"a": 1})
     assert not f.exists() and os.listdir(tmp_path) == []
@@ -149,7 +150,7 @@ def test_atomic_write_makes_an_ordinary_file(tmp_path):
 
 
 def test_stopped_session_qualifies_no_tier():
-    from mtpmatrix.pytest_plugin import mark_incomplete, summarize
+    from mtpmatrix.tiers.pytest_plugin import mark_incomplete, summarize
 
     recs = [{"tier": "contract", "outcome": "passed", "seconds": 1.0},
             {"tier": "reference", "outcome": "failed", "seconds": 1.0, "failure": {"kind": "mismatch"}}]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import tiny
+from mtpmatrix.tiers import tiny
 
 
 @pytest.mark.parametrize("name", tiny.PAIR_NAMES)
@@ -62,7 +62,7 @@ def test_build_pair_rejects_unknown_names(tmp_path):
 
 @pytest.mark.parametrize("name", tiny.PAIR_NAMES)
 def test_witness_layout_fits_every_family(name):
-    from mtpmatrix import witness
+    from mtpmatrix.tiers import witness
 
     t, a = tiny.target_template(name, "witness"), tiny.assistant_template(name, "witness")
     assert t["text_config"]["tie_word_embeddings"] is False  # the witness target has its own output head

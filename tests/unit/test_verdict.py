@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.verdict import KINDS, CheckFailure, classify, classify_install, first_library_frame
+from mtpmatrix.tiers.verdict import KINDS, CheckFailure, classify, classify_install, first_library_frame
 
 UV = Path(__file__).parent / "data" / "uv"
 _counter = itertools.count()
@@ -201,11 +201,11 @@ def test_wrapped_library_error_keeps_its_library_frame(tmp_path, monkeypatch):
 
 
 def test_own_code_is_never_a_library_even_under_a_library_named_folder(monkeypatch):
-    from mtpmatrix import verdict
+    from mtpmatrix.tiers import verdict
 
     monkeypatch.setattr(verdict, "_OWN_DIRS", ("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/",
                                                "/home/u/sglang/gemma4-mtp-matrix/tests/"))
-    assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/smoke.py") is None
+    assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/tiers/smoke.py") is None
     assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/tests/tiers/test_smoke.py") is None
     assert verdict._package_of("/home/u/sglang/python/sglang/srt/server_args.py") == "sglang"  # a real checkout
     assert verdict._package_of("/x/lib/python3.11/site-packages/torch/nn/module.py") == "torch"

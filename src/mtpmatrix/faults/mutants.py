@@ -38,11 +38,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.store import atomic_write_json, atomic_write_text
+from mtpmatrix.runner.store import atomic_write_json, atomic_write_text
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HOOK_DIR = Path(__file__).resolve().parent / "mutant_hook"
-from mtpmatrix.smoke import WITNESS_SERVERS  # noqa: E402 - the one definition of the witness servers
+from mtpmatrix.tiers.smoke import WITNESS_SERVERS  # noqa: E402 - the one definition of the witness servers
 
 ENV_MUTANT = "MTPMATRIX_MUTANT"  # read by mutant_hook/sitecustomize.py
 MARK = "mtpmatrix-mutant:"  # the hook's log lines
@@ -338,7 +338,7 @@ def diff(app: Application) -> str:
 
 # --------------------------------------------------------------------------------------------- the installed sglang
 def find_sglang(python: str = sys.executable) -> Path | None:
-    from mtpmatrix.server import sglang_package_dir
+    from mtpmatrix.tiers.server import sglang_package_dir
 
     return sglang_package_dir(python)
 
@@ -483,7 +483,7 @@ def server_cap(cpus: int | None, free_mib: int | None, requested: int | None = N
         return max(1, requested)
     cap = max(1, (cpus or 1) // CORES_PER_SERVER)
     if free_mib is not None:
-        from mtpmatrix.smoke import MIB_PER_EXTRA_SERVER
+        from mtpmatrix.tiers.smoke import MIB_PER_EXTRA_SERVER
 
         cap = min(cap, 1 + free_mib // MIB_PER_EXTRA_SERVER)
     return max(1, cap)
@@ -534,7 +534,7 @@ def stop_leftover_servers(folder: Path) -> list[int]:
     """Kill the process groups of servers this suite started that are still alive: the groups named in their
     log headers, while a live member is still an sglang (or multiprocessing spawn) process. SglangServer.stop()
     normally leaves nothing; this is for a suite that had to be killed."""
-    from mtpmatrix.server import _group_members
+    from mtpmatrix.tiers.server import _group_members
 
     killed = []
     for log in Path(folder).rglob("server-*.log"):
@@ -787,7 +787,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         log("NOTHING-APPLICABLE: no selected mutant applies to this sglang release; nothing to run")
         return 1
     if known_servers is None:
-        from mtpmatrix.smoke import SMOKE_SERVERS
+        from mtpmatrix.tiers.smoke import SMOKE_SERVERS
 
         known_servers = [s.name for s in SMOKE_SERVERS]
     applicable = [a for a in apps if a.applicable]
@@ -796,18 +796,18 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         union += [s for s in _servers(ns, a.mutant) if s not in union]
     check_servers(union, known_servers)
     if gpu_check:
-        from mtpmatrix.environment import gpu_missing
+        from mtpmatrix.tiers.environment import gpu_missing
 
         why = gpu_missing(1)
         if why:
             raise MutantsError(f"the mutant suites need a GPU: {why} (--list/--check need none)")
     if free_mib is None and gpu_check:
-        from mtpmatrix.environment import gpu_free_mib
+        from mtpmatrix.tiers.environment import gpu_free_mib
 
         free_mib = gpu_free_mib()
     cap = server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)
 
-    from mtpmatrix.store import new_run_id
+    from mtpmatrix.runner.store import new_run_id
 
     out = Path(ns.out or Path("results") / f"mutants-{new_run_id()}").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -945,7 +945,7 @@ def row_venv_commands(row, venv: Path, constraints: Path) -> list[list[str]]:
     """uv venv (when missing) + the matrix's one install command for ``row`` into ``venv``."""
     import shutil
 
-    from mtpmatrix import matrix
+    from mtpmatrix.runner import matrix
 
     uv = shutil.which("uv")
     if uv is None:

@@ -22,7 +22,7 @@ API differences found between releases (all handled by capability checks, never 
     the published runtime context (keyword ``backend`` first).
 
 Failure semantics: an exception raised inside sglang (or transformers / torch) is let through unchanged, so
-``mtpmatrix.verdict.classify`` files it under the test's declared check with sglang's first frame. Anything that is
+``mtpmatrix.tiers.verdict.classify`` files it under the test's declared check with sglang's first frame. Anything that is
 this adapter's own problem (an sglang API it does not know, an unexpected return shape) is raised as
 ``AdapterError`` from adapter code with no library frame in its traceback: it classifies as ``harness``.
 """
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtpmatrix.verdict import CheckFailure
+from mtpmatrix.tiers.verdict import CheckFailure
 
 
 class AdapterError(RuntimeError):
@@ -137,7 +137,7 @@ def sglang_version() -> str:
 
 def no_accelerator() -> bool:
     """True when torch sees no CUDA device (torch's own availability probe; no CUDA context is created)."""
-    from mtpmatrix import environment
+    from mtpmatrix.tiers import environment
 
     return environment.gpu_count() == 0
 
@@ -472,7 +472,7 @@ def cpu_blocker(exc: BaseException) -> str | None:
     """
     if not no_accelerator():
         return None
-    from mtpmatrix.verdict import first_library_frame
+    from mtpmatrix.tiers.verdict import first_library_frame
 
     chain, seen = [], set()
     cur: BaseException | None = exc

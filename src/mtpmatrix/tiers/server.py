@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mtpmatrix import client
-from mtpmatrix.environment import nvidia_smi
-from mtpmatrix.verdict import CheckFailure
+from mtpmatrix.tiers import client
+from mtpmatrix.tiers.environment import nvidia_smi
+from mtpmatrix.tiers.verdict import CheckFailure
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 HEALTH_PATHS = ("/health_generate", "/health")

@@ -8,7 +8,7 @@ Servers launch side by side when the GPU has room (``launch_parallelism``): a la
 compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200. A server that fails
 while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict.
 
-Two pairs, built on the fly by mtpmatrix.tiny:
+Two pairs, built on the fly by mtpmatrix.tiers.tiny:
 - *random*: saved random weights (accept length ~1.0; bf16 near-ties may flip a few greedy tokens);
 - *constructed*: both models compute next = token + 1, so greedy output is known exactly and the accept length
   must be near its maximum (steps + 1). A drop means the acceptance machinery broke.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix import settings
-from mtpmatrix.tiny import PAIR_NAMES
+from mtpmatrix.tiers.tiny import PAIR_NAMES
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -63,7 +63,7 @@ MIB_PER_EXTRA_SERVER = 25 * 1024
 @dataclass(frozen=True)
 class SmokeServerSpec:
     name: str
-    pair: str  # tiny pair variant (mtpmatrix.tiny.VARIANTS)
+    pair: str  # tiny pair variant (mtpmatrix.tiers.tiny.VARIANTS)
     topk: int | None  # None = no MTP
     load_format: str = "auto"
     default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers
@@ -88,9 +88,9 @@ SMOKE_SERVERS = (
     # tell a broken verify path from a broken hand-off).
     SmokeServerSpec("constructed-mtp-topk1", "constructed", 1, default=False),
     SmokeServerSpec("constructed-mtp-topk3", "constructed", 3, default=False),
-    # The witness pair needs every hand-off (mtpmatrix.witness), built for the draft phase sglang uses: any broken
+    # The witness pair needs every hand-off (mtpmatrix.tiers.witness), built for the draft phase sglang uses: any broken
     # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
-    # 6.00 of 6 intact, all 13 mutants of mtpmatrix.mutants killed).
+    # 6.00 of 6 intact, all 13 mutants of mtpmatrix.faults.mutants killed).
     SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1),
     SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3),
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
@@ -98,7 +98,7 @@ SMOKE_SERVERS = (
     SmokeServerSpec("witness-transformers-phase-topk1", "witness", 1),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
-# What fault injection (mtpmatrix.mutants) serves per mutant: the witness servers see every hand-off.
+# What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.
 WITNESS_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
 
 
@@ -286,8 +286,8 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
     ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests only); ``on_start(server)`` is called
     once the process exists, before waiting for it.
     """
-    from mtpmatrix import client
-    from mtpmatrix.server import SglangServer
+    from mtpmatrix.tiers import client
+    from mtpmatrix.tiers.server import SglangServer
 
     run = SmokeRun(spec=spec, log_path=Path(log_dir) / (log_name or f"server-{spec.name}.log"), vocab_size=vocab_size)
     server = SglangServer(server_args_for(spec, target, assistant, tp, extra_args), python=python, log_path=run.log_path,
@@ -311,7 +311,7 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         run.request_seconds = round(time.monotonic() - t1, 2)
         errors = [r.error for r in results if r.error]
         if errors:
-            from mtpmatrix.verdict import CheckFailure
+            from mtpmatrix.tiers.verdict import CheckFailure
 
             raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
         n_ids = len(reqs) - len(TEXT_PROMPTS)

@@ -340,7 +340,7 @@ def physical_kv_layers(text: dict) -> dict[str, list[int]]:
 def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:
     import torch
 
-    from mtpmatrix.tiny import _zero_residual_writers
+    from mtpmatrix.tiers.tiny import _zero_residual_writers
 
     _zero_residual_writers(lm)  # the target's output stays next = token + 1; only its K/V are shaped below
     phys = physical_kv_layers(text)

@@ -1,6 +1,6 @@
 """GitHub Actions matrix from ``nox -l --json``: one entry per row session, with the GPU runner it needs.
 
-    python -m mtpmatrix.ci_matrix [--tags a,b] [--tiers T,..] [--gpus N] [--max-gpus N] [--include-extra]
+    python -m mtpmatrix.runner.ci_matrix [--tags a,b] [--tiers T,..] [--gpus N] [--max-gpus N] [--include-extra]
                                   [--from-json -|FILE] [--constraints DIR] [--github-output FILE]
 
 prints ``{"include": [{"session": "gemma4_mtp(sglang-0.5.17)", "row": "sglang-0.5.17", "python": "3.11", "gpus": 1,
@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 from mtpmatrix import settings
-from mtpmatrix.matrix import in_shard, preflight_tier_env
-from mtpmatrix.rows import Row, RowError, load_rows
-from mtpmatrix.store import TIERS
+from mtpmatrix.runner.matrix import in_shard, preflight_tier_env
+from mtpmatrix.runner.rows import Row, RowError, load_rows
+from mtpmatrix.runner.store import TIERS
 
 ROW_SESSIONS = ("gemma4_mtp", "gemma4_mtp_extra")
 DEFAULT_SESSION = "gemma4_mtp"
@@ -106,7 +106,7 @@ def nox_listing(nox: list[str] | None = None, cwd: Path | None = None) -> list[d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mtpmatrix.ci_matrix", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mtpmatrix.runner.ci_matrix", description=__doc__.split("\n\n")[0])
     p.add_argument("--tags", default="", help="comma-separated row tags (default: every default row)")
     p.add_argument("--tiers", default="", help="tiers the rows will run; with gsm8k (and smoke at "
                    "MTPMATRIX_SMOKE_TP), rows get runners for that TP size (default: the row files' '# gpus:' alone)")

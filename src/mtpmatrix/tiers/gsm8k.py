@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mtpmatrix import client, settings, stats
+from mtpmatrix.tiers import client
+
+from mtpmatrix import settings, stats
 
 INVALID = -9999999
 STOP = ["Question", "Assistant:", "<|separator|>"]
@@ -47,7 +49,7 @@ SHA256 = {
     "train": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",  # 7473 lines
 }
 _NUMBER = re.compile(r"-?\d+\.?\d*")
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class DataError(RuntimeError):

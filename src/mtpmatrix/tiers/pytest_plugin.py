@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import environment, known_upstream, served
-from mtpmatrix.schema import LAUNCH_SECONDS, SCHEMA, SERVER_LOG
-from mtpmatrix.store import TIERS, atomic_write_json, worst
-from mtpmatrix.verdict import classify
+from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.schema import LAUNCH_SECONDS, SCHEMA, SERVER_LOG, TIERS, worst
+from mtpmatrix.tiers import environment, known_upstream, served
+from mtpmatrix.tiers.verdict import classify
 
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()
@@ -80,7 +80,7 @@ def pytest_configure(config):
         except served.ServedError as exc:
             raise pytest.UsageError(str(exc)) from None
     if "smoke" in _selected_tiers(config):
-        from mtpmatrix import smoke
+        from mtpmatrix.tiers import smoke
 
         try:  # a bad MTPMATRIX_SMOKE_* value: one line now, not a collection error after minutes of setup
             smoke.smoke_options()

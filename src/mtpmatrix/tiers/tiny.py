@@ -192,7 +192,7 @@ _COPIED_FROM_TARGET = ("vocab_size", "num_key_value_heads", "head_dim", "global_
                        "max_position_embeddings", "final_logit_softcapping", "hidden_activation", "rms_norm_eps")
 
 
-# witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.witness, "Draft phase")
+# witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.tiers.witness, "Draft phase")
 VARIANTS = ("random", "constructed", "witness", "witness-sglang-phase")
 
 
@@ -431,7 +431,7 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
         if variant == "constructed":
             _make_plus_one(target, assistant, a_cfg, gen)
         elif variant.startswith("witness"):
-            from mtpmatrix.witness import PHASE_OF_VARIANT, make_witness
+            from mtpmatrix.tiers.witness import PHASE_OF_VARIANT, make_witness
 
             extra = make_witness(target, assistant, t_cfg, a_cfg, gen, phase=PHASE_OF_VARIANT[variant])
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)

@@ -20,16 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from mtpmatrix import environment, index
+from mtpmatrix.tiers import environment
+
+from mtpmatrix.runner import index
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.rows import Row, RowError, parse_override
-from mtpmatrix.store import (KNOWN_UPSTREAM, TIERS, TIERS_FILE, RunStore, new_run_id, parse_freeze, read_json,
+from mtpmatrix.runner.rows import Row, RowError, parse_override
+from mtpmatrix.runner.store import (KNOWN_UPSTREAM, TIERS, TIERS_FILE, RunStore, new_run_id, parse_freeze, read_json,
                              row_verdict)
-from mtpmatrix.verdict import classify_install
+from mtpmatrix.tiers.verdict import classify_install
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SUITE = "tests/tiers"
 
 
@@ -125,7 +127,7 @@ def preflight_tier_env(tiers: str, env: dict | None = None):
     tier's ``SmokeOptions`` when smoke is selected, else None; a bad value is a RowError (one line)."""
     if "smoke" not in tiers.split(","):
         return None
-    from mtpmatrix import smoke
+    from mtpmatrix.tiers import smoke
 
     try:
         return smoke.smoke_options(env)
@@ -136,7 +138,7 @@ def preflight_tier_env(tiers: str, env: dict | None = None):
 def preflight_servers(urls: list[str]) -> list:
     """Every --server-url answers /server_info like an sglang server (served.fetch_all), before anything is
     installed; a RowError (one line) otherwise. Returns what each serves."""
-    from mtpmatrix import served
+    from mtpmatrix.tiers import served
 
     try:
         return served.fetch_all(urls)

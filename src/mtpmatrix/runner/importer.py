@@ -19,9 +19,11 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from mtpmatrix import known_upstream, schema
-from mtpmatrix.rows import RowError, load_rows
-from mtpmatrix.store import atomic_write_json, new_run_id, read_json, row_verdict
+from mtpmatrix.tiers import known_upstream
+
+from mtpmatrix import schema
+from mtpmatrix.runner.rows import RowError, load_rows
+from mtpmatrix.runner.store import atomic_write_json, new_run_id, read_json, row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE)
 LOGS_TGZ = "logs.tgz"
@@ -107,7 +109,7 @@ def _env(out: Path) -> tuple[list[str], str | None]:
 def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = None,
                constraints: Path | None = None) -> tuple[Path, dict]:
     """Import gpu_box.sh's ``out`` as row ``row_id``; returns (row folder, row record)."""
-    from mtpmatrix.matrix import REPO
+    from mtpmatrix.runner.matrix import REPO
 
     out = Path(out)
     tiers_file = out / schema.TIERS_FILE
@@ -186,7 +188,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from mtpmatrix.matrix import summary_line
+    from mtpmatrix.runner.matrix import summary_line
 
     try:
         dest, record = import_run(ns.out, ns.row, results=ns.results, run_id=ns.run_id)

@@ -21,7 +21,9 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from mtpmatrix import client, settings
+from mtpmatrix.tiers import client
+
+from mtpmatrix import settings
 
 PAIR_ENV = "MTPMATRIX_SERVER_PAIR"  # the pair a server serves when its model path does not say (e.g. /models/e4b)
 INFO_TIMEOUT = 15.0

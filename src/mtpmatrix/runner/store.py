@@ -7,14 +7,12 @@ either the old file or the new one, never half of one; ``--resume`` trusts any r
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
-import tempfile
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, SCHEMA, TIERS, TIERS_FILE, VERDICTS  # noqa: F401 (re-exported)
+from mtpmatrix.atomic import atomic_write_json, atomic_write_text, read_json  # noqa: F401 (the store writes through it)
+from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, SCHEMA, TIERS, TIERS_FILE, VERDICTS, worst  # noqa: F401
 
 # Prefixes of run folders that are not the matrix a user ran: bisect probes and the CI row (`nox -t ci`), so the
 # report's default run and --resume stay on the user's own matrix.
@@ -24,44 +22,6 @@ SIDE_RUN_PREFIXES = ("bisect-", "ci-")
 def new_run_id(now: _dt.datetime | None = None) -> str:
     now = now or _dt.datetime.now(_dt.timezone.utc)
     return now.strftime("%Y%m%d-%H%M%S")
-
-
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)  # read once: mkstemp makes 0600 files, and results/reports must be readable as any other file
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            os.chmod(tmp, 0o666 & ~_UMASK)
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, data) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def read_json(path: Path):
-    with open(path) as fh:
-        return json.load(fh)
-
-
-def worst(verdicts) -> str:
-    """The worst verdict among ``verdicts``; 'skipped' only when nothing ran."""
-    present = [v for v in verdicts if v]
-    for v in VERDICTS:
-        if v in present:
-            return v
-    return "skipped"
 
 
 def row_verdict(row_record: dict) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mtpmatrix.store import TIERS, atomic_write_json, read_json
+from mtpmatrix.runner.store import TIERS, atomic_write_json, read_json
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
@@ -165,7 +165,7 @@ def candidates(package: str, good: str, bad: str, *, releases: Callable | None =
     """Releases GOOD <= v <= BAD from the index (``releases`` is injectable for tests)."""
     from packaging.version import InvalidVersion, Version
 
-    from mtpmatrix import index
+    from mtpmatrix.runner import index
 
     try:
         g, b = Version(good), Version(bad)
@@ -233,7 +233,7 @@ def _canon(name: str) -> str:
 def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
                keep_venvs: bool = False, log: Callable[[str], None] = print) -> Callable[[str], Probe]:
     """A probe that installs ``row`` with ``package==version`` into a fresh venv and runs ``tier``."""
-    from mtpmatrix import matrix
+    from mtpmatrix.runner import matrix
 
     uv = shutil.which("uv")
     if uv is None:
@@ -316,8 +316,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
-    from mtpmatrix import matrix
-    from mtpmatrix.rows import RowError, load_rows
+    from mtpmatrix.runner import matrix
+    from mtpmatrix.runner.rows import RowError, load_rows
 
     t0 = time.monotonic()
     try:

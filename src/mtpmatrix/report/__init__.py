@@ -35,9 +35,9 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from mtpmatrix import schema, stats
-from mtpmatrix.rows import RowError, parse_override
+from mtpmatrix.runner.rows import RowError, parse_override
 from mtpmatrix.schema import GPU_TIERS, KNOWN_UPSTREAM
-from mtpmatrix.store import (TIERS, VERDICTS, atomic_write_json, atomic_write_text, is_matrix_run, latest_run_id,
+from mtpmatrix.runner.store import (TIERS, VERDICTS, atomic_write_json, atomic_write_text, is_matrix_run, latest_run_id,
                              parse_freeze, read_json, row_verdict)
 
 REPORT_DIR = "report"

@@ -32,8 +32,8 @@ UNDER_TEST = ("sglang", "transformers")  # preferred for "the first frame": torc
 _SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)[/\\]")
 # This project's own code (the package and, in a checkout, its tests) is never a library, even when the checkout
 # lives under a folder named like one (~/sglang/gemma4-mtp-matrix/...), which the path fallback below would match.
-_OWN_DIRS = tuple(str(d).replace("\\", "/") + "/" for d in (Path(__file__).resolve().parent,
-                                                            Path(__file__).resolve().parents[2] / "tests"))
+_OWN_DIRS = tuple(str(d).replace("\\", "/") + "/" for d in (Path(__file__).resolve().parents[1],
+                                                            Path(__file__).resolve().parents[3] / "tests"))
 
 
 class CheckFailure(AssertionError):

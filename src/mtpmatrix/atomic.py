@@ -1,0 +1,37 @@
+"""Atomic file writes, shared by the results store and the tiers: a temp file in the same folder, fsync, rename,
+so a killed run leaves either the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: mkstemp makes 0600 files, and results/reports must be readable as any other file
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            os.chmod(tmp, 0o666 & ~_UMASK)
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path):
+    with open(path) as fh:
+        return json.load(fh)

@@ -1,0 +1,1 @@
+"""Fault injection: the mutant catalogue, its runner and the import hook that serves a mutant."""
