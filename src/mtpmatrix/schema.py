@@ -42,6 +42,25 @@ KNOWN_UPSTREAM = "known-upstream"  # a tier whose only failures are listed in kn
 # Verdict words, worst first: a row or tier takes the worst of its parts ('pending' = unfinished, so it outranks
 # any finished good news; 'skipped' only when nothing ran).
 VERDICTS = ("failed", "error", "pending", KNOWN_UPSTREAM, "passed", "skipped")
+# What counts against a release: a check or tier that failed, or errored before it could say (check outcomes use
+# the same two words).
+FAILING = ("failed", "error")
+# Where results go unless --results says otherwise (results/<run-id>/<row-id>/).
+RESULTS_ROOT_ENV = "MTPMATRIX_RESULTS_ROOT"
+
+
+def results_root(env: dict | None = None) -> "Path":
+    """The default results root: $MTPMATRIX_RESULTS_ROOT, else ./results."""
+    import os
+    from pathlib import Path
+
+    return Path((os.environ if env is None else env).get(RESULTS_ROOT_ENV) or "results")
+
+
+def parse_tiers(text: str | None) -> list[str]:
+    """A comma-separated tier list (``--tiers``, ``MTPMATRIX_TIERS``, a row's ``# tiers:``) as names, in order,
+    blanks dropped. Validating the names is the caller's business (each knows what it may accept)."""
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
 
 
 def server_log(name: str) -> str:

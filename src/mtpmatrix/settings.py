@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+# --- environments ---------------------------------------------------------------------------------------------
+MIN_TRANSFORMERS = "5.8.0"  # the first transformers with gemma4_assistant: rows below it are refused, the tier skips
+
 # --- speculative decoding: the seed command lines -----------------------------------------------------------
 SPEC_ALGORITHM_CLI = "NEXTN"  # what users type; sglang promotes it for Gemma 4 assistant drafts ...
 SPEC_ALGORITHM_RESOLVED = "FROZEN_KV_MTP"  # ... to this
