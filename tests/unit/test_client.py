@@ -141,19 +141,50 @@ def test_flush_cache_and_health():
     assert client.health(f"http://127.0.0.1:{free_port()}", timeout=2) is False
 
 
-def test_progress_printer_prints_every_n(capsys):
-    import sys
+def test_timeout_applies_to_batches_and_single_calls():
+    with FakeSglang(delay=0.5) as fake:
+        res = client.run_batch(fake.base_url, [client.generate_payload(text="x")] * 2, parallel=2, timeout=0.1)
+        assert not any(r.ok for r in res) and all("timed out" in r.error for r in res)
+        with pytest.raises(OSError):  # requests' Timeout is an OSError: callers' transport handlers catch it
+            client.generate(fake.base_url, text="x", timeout=0.1)
 
-    cb = client.progress_printer(every=2, label="gsm8k ", stream=sys.stdout)
-    r = client.Result(0, True, 0.1)
-    for d in range(1, 6):
-        cb(d, 5, r)
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 3 and lines[-1].startswith("gsm8k 5/5 done")
+
+def test_single_calls_keep_alive_and_resend_on_a_dropped_idle_connection():
+    with FakeSglang(drop_connection={1}) as fake:
+        assert client.generate(fake.base_url, text="a")["text"] == "echo 0"
+        # request #1 meets a connection the server drops: sent again once on a fresh one, answered as #2
+        assert client.generate(fake.base_url, text="b")["text"] == "echo 2"
+        assert client.generate(fake.base_url, text="c")["text"] == "echo 3"
+        assert len(fake.state.connections) == 2
+    with FakeSglang(drop_connection={0}) as fake:  # a fresh connection dropped is the server's answer: no resend
+        with pytest.raises(OSError, match="RemoteDisconnected|aborted"):
+            client.generate(fake.base_url, text="a")
+        assert fake.state.count == 1
+
+
+def test_environment_proxies_are_ignored(monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    with FakeSglang() as fake:
+        res = client.run_batch(fake.base_url, [client.generate_payload(text="x")] * 2, parallel=2)
+        assert all(r.ok for r in res)
+
+
+def test_only_plain_http():
+    with pytest.raises(ValueError, match="only plain http"):
+        client.request("https://127.0.0.1:1", "GET", "/health")
+
+
+def test_accept_length_counts_only_requests_with_verify_steps():
+    metas = [{"completion_tokens": 32, "spec_verify_ct": 6}, {"completion_tokens": 32, "spec_verify_ct": 6},
+             {"completion_tokens": 1}, {"completion_tokens": 1, "spec_verify_ct": 0}]  # done at prefill
+    assert client.accept_length_from_meta(metas) == pytest.approx(5.3333)
+    assert client.accept_length_from_meta([{"completion_tokens": 32}]) is None
+    assert client.accept_length_from_meta([]) is None
 
 
 def test_connection_thread_safety_not_shared():
-    # each run_batch worker owns its Connection; this asserts no cross-thread sharing assumptions break
+    # each run_batch worker owns its session; this asserts no cross-thread sharing assumptions break
     with FakeSglang() as fake:
         errs = []
 

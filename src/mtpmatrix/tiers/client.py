@@ -1,4 +1,7 @@
-"""Stdlib HTTP client for sglang's native API: /generate, /server_info, /flush_cache, and a concurrent batch runner.
+"""HTTP client for sglang's native API (/generate, /server_info, /flush_cache) and a concurrent batch runner.
+
+Built on requests: every thread has its own keep-alive Session (requests.Session is not meant to be shared between
+threads), so run_batch's workers hold one connection each and a thread's consecutive calls reuse its connection.
 
 Response shape of POST /generate (single request), identical in sglang 0.5.13 / 0.5.17 / 0.5.23::
 
@@ -19,19 +22,20 @@ cumulative since launch) is present only once a speculative forward has run (all
 
 from __future__ import annotations
 
-import http.client
 import json
 import queue
-import socket
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+
 DEFAULT_TIMEOUT = 600.0
-_RETRYABLE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError,
-              http.client.CannotSendRequest, http.client.BadStatusLine)
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class ClientError(RuntimeError):
@@ -43,75 +47,55 @@ class ClientError(RuntimeError):
         self.body = body
 
 
-def _split(base_url: str) -> tuple[str, int]:
+def _url(base_url: str, path: str) -> str:
+    """``path`` on the server of ``base_url``; only its host and port count (user info never reaches a request, so
+    no credential shows up in an error message)."""
     u = urllib.parse.urlsplit(base_url)
     if u.scheme not in ("http", ""):
         raise ValueError(f"only plain http is supported, got {base_url!r}")
-    return u.hostname or "127.0.0.1", u.port or 80
+    host = u.hostname or "127.0.0.1"
+    return f"http://{f'[{host}]' if ':' in host else host}:{u.port or 80}{path}"
 
 
-class Connection:
-    """One keep-alive HTTP/1.1 connection to a server, reopened transparently when the server closed it."""
+class _ThreadSession:
+    """One thread's requests.Session: its keep-alive connections serve every call that thread makes."""
 
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT):
-        self.base_url = base_url
-        self.host, self.port = _split(base_url)
-        self.timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
-        self._used = False  # whether the open connection already carried a request (stale keep-alive possible)
+    def __init__(self) -> None:
+        self.session = requests.Session()
+        # As the stdlib stack this replaces: nothing from the environment. A proxy variable would route local sglang
+        # traffic through a proxy, and .netrc would add credentials; it also saves per-request environment lookups.
+        self.session.trust_env = False
+        # A thread has one request in flight at a time, so one pooled connection per server is all it uses: run_batch's
+        # ``parallel`` threads hold ``parallel`` connections in all. No retries inside urllib3: a read timeout or a
+        # server dying mid-request must not be re-sent (send() retries the one safe case itself).
+        self.session.mount("http://", HTTPAdapter(pool_maxsize=1, max_retries=0))
+        self.kept_alive: set[str] = set()  # servers whose last answer left a connection open in the pool
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-            self._used = False
-
-    def __enter__(self) -> "Connection":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _open(self, timeout: float) -> http.client.HTTPConnection:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-            self._conn.connect()
-            self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._used = False
-        elif self._conn.sock is not None:
-            self._conn.sock.settimeout(timeout)
-        return self._conn
-
-    def request(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> tuple[int, bytes]:
-        """(status, body bytes). Retries once on a fresh connection when a reused keep-alive one was dropped."""
-        timeout = self.timeout if timeout is None else timeout
+    def send(self, method: str, base_url: str, path: str, payload: Any, timeout: float) -> tuple[int, bytes]:
+        url = _url(base_url, path)
         body = None if payload is None else json.dumps(payload).encode()
-        headers = {"Connection": "keep-alive"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
+        server = url[: len(url) - len(path)]
         for attempt in (0, 1):
-            reused = self._conn is not None and self._used
-            conn = self._open(timeout)
+            reused = server in self.kept_alive
+            self.kept_alive.discard(server)
             try:
-                conn.request(method, path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-            except _RETRYABLE:
-                self.close()
-                if reused and attempt == 0:
+                resp = self.session.request(method, url, data=body, headers=_JSON_HEADERS if body is not None else None,
+                                            timeout=timeout, allow_redirects=False)
+            except requests.ConnectionError as exc:
+                # A kept-alive connection the server closed while idle breaks on first use: that request goes again
+                # once, on a fresh connection. A fresh connection breaking is the server's doing and stands.
+                dropped = bool(exc.args) and isinstance(exc.args[0], urllib3.exceptions.ProtocolError)
+                if reused and dropped and attempt == 0:
                     continue
                 raise
-            except BaseException:
-                self.close()
-                raise
-            self._used = True
-            if resp.will_close:
-                self.close()
-            return resp.status, data
+            if resp.headers.get("Connection", "").lower() != "close":
+                self.kept_alive.add(server)
+            return resp.status_code, resp.content
         raise AssertionError("unreachable")
 
-    def json(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
-        status, data = self.request(method, path, payload, timeout)
+    def json(self, method: str, base_url: str, path: str, payload: Any = None,
+             timeout: float = DEFAULT_TIMEOUT) -> Any:
+        status, data = self.send(method, base_url, path, payload, timeout)
         text = data.decode("utf-8", errors="replace")
         if not 200 <= status < 300:
             raise ClientError(f"{method} {path} -> HTTP {status}: {_error_message(text)}", status, text)
@@ -120,6 +104,36 @@ class Connection:
         except ValueError as exc:
             raise ClientError(f"{method} {path} -> HTTP {status} with a non-JSON body: {text[:200]!r}",
                               status, text) from exc
+
+    def close(self) -> None:
+        self.session.close()
+        self.kept_alive.clear()
+
+
+_local = threading.local()
+
+
+def _thread_session() -> _ThreadSession:
+    """This thread's session, created on first use."""
+    ts = getattr(_local, "session", None)
+    if ts is None:
+        ts = _local.session = _ThreadSession()
+    return ts
+
+
+def _close_thread_session() -> None:
+    ts = getattr(_local, "session", None)
+    if ts is not None:
+        ts.close()
+        del _local.session
+
+
+def _transport_error(exc: BaseException) -> str:
+    """``Type: message`` of a failed request, without urllib3's "Max retries exceeded" wrapper (none ran)."""
+    inner = exc.args[0] if exc.args else None
+    if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
+        return f"{type(exc).__name__}: {inner.reason}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _error_message(text: str) -> str:
@@ -140,9 +154,9 @@ def _error_message(text: str) -> str:
 
 def request(base_url: str, method: str, path: str, payload: Any = None,
             timeout: float = DEFAULT_TIMEOUT) -> tuple[int, bytes]:
-    """One request on a fresh connection: (status, body bytes); transport errors raise OSError/HTTPException."""
-    with Connection(base_url, timeout) as c:
-        return c.request(method, path, payload, timeout)
+    """One request on this thread's keep-alive session: (status, body bytes). Transport errors and timeouts raise
+    requests' exceptions, which are OSErrors."""
+    return _thread_session().send(method, base_url, path, payload, timeout)
 
 
 def generate_payload(text: str | None = None, input_ids: list[int] | None = None,
@@ -159,28 +173,25 @@ def generate_payload(text: str | None = None, input_ids: list[int] | None = None
 
 def generate(base_url: str, text: str | None = None, input_ids: list[int] | None = None,
              sampling_params: dict | None = None, return_logprob: bool = False, timeout: float = DEFAULT_TIMEOUT,
-             *, conn: Connection | None = None, **extra) -> dict:
+             **extra) -> dict:
     """POST /generate for one prompt; returns sglang's JSON (``text``, ``output_ids``, ``meta_info``).
 
     ``extra`` goes into the request body as is (e.g. ``rid=...``, ``logprob_start_len=...``).
     Raises ClientError on a non-2xx answer (message = sglang's error message).
     """
     payload = generate_payload(text, input_ids, sampling_params, return_logprob, **extra)
-    if conn is not None:
-        return conn.json("POST", "/generate", payload, timeout)
-    with Connection(base_url, timeout) as c:
-        return c.json("POST", "/generate", payload, timeout)
+    return _thread_session().json("POST", base_url, "/generate", payload, timeout)
 
 
 def _get_json_with_fallback(base_url: str, path: str, old_path: str, timeout: float) -> dict:
     """GET ``path``, or ``old_path`` on releases that answer 404 for the new name."""
-    with Connection(base_url, timeout) as c:
-        try:
-            return c.json("GET", path)
-        except ClientError as exc:
-            if exc.status != 404:
-                raise
-        return c.json("GET", old_path)
+    session = _thread_session()
+    try:
+        return session.json("GET", base_url, path, timeout=timeout)
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+    return session.json("GET", base_url, old_path, timeout=timeout)
 
 
 def server_info(base_url: str, timeout: float = 60.0) -> dict:
@@ -197,7 +208,7 @@ def flush_cache(base_url: str, timeout: float = 60.0) -> bool:
     """POST /flush_cache; False when sglang refused (requests running) or the server is unreachable."""
     try:
         status, _ = request(base_url, "POST", "/flush_cache", timeout=timeout)
-    except (OSError, http.client.HTTPException):
+    except OSError:  # requests' exceptions included
         return False
     return status == 200
 
@@ -205,7 +216,7 @@ def flush_cache(base_url: str, timeout: float = 60.0) -> bool:
 def health(base_url: str, path: str = "/health_generate", timeout: float = 30.0) -> bool:
     try:
         status, _ = request(base_url, "GET", path, timeout=timeout)
-    except (OSError, http.client.HTTPException):
+    except OSError:  # requests' exceptions included
         return False
     return status == 200
 
@@ -310,7 +321,7 @@ class BatchSummary:
     latency_p50_s: float | None
     latency_p90_s: float | None
     latency_max_s: float | None
-    spec_accept_length: float | None  # sum(completion_tokens) / sum(spec_verify_ct) over requests that report it
+    spec_accept_length: float | None  # accept_length_from_meta over the answered requests
     first_errors: list[str]
 
     def as_dict(self) -> dict:
@@ -324,19 +335,32 @@ def _percentile(sorted_vals: list[float], q: float) -> float | None:
     return sorted_vals[k]
 
 
+def accept_length_from_meta(metas: Iterable[dict]) -> float | None:
+    """Accepted tokens per verify step over requests, sglang's per-request ``spec_accept_length`` (completion tokens
+    / spec_verify_ct, bonus token included) pooled: sum(completion_tokens) / sum(spec_verify_ct) over the requests
+    that ran a verify step. A request without one (no speculative decoding, or done at prefill) has no accept length
+    and adds nothing. None when no request ran a verify step.
+    """
+    verify = tokens = 0
+    for meta in metas:
+        ct = meta.get("spec_verify_ct")
+        if isinstance(ct, (int, float)) and ct > 0:
+            verify += int(ct)
+            tokens += int(meta.get("completion_tokens") or 0)
+    return round(tokens / verify, 4) if verify else None
+
+
 def summarize(results: list[Result], wall_s: float) -> BatchSummary:
     ok = [r for r in results if r.ok]
     toks = sum(r.completion_tokens for r in ok)
     lat = sorted(r.latency_s for r in ok)
-    verify = sum(int(r.meta_info.get("spec_verify_ct") or 0) for r in ok)
-    spec_toks = sum(r.completion_tokens for r in ok if r.meta_info.get("spec_verify_ct"))
     return BatchSummary(
         total=len(results), ok=len(ok), errors=len(results) - len(ok), wall_s=round(wall_s, 3),
         completion_tokens=toks, output_tokens_per_s=round(toks / wall_s, 2) if wall_s > 0 else 0.0,
         requests_per_s=round(len(results) / wall_s, 2) if wall_s > 0 else 0.0,
         latency_p50_s=_percentile(lat, 0.5), latency_p90_s=_percentile(lat, 0.9),
         latency_max_s=lat[-1] if lat else None,
-        spec_accept_length=round(spec_toks / verify, 4) if verify else None,
+        spec_accept_length=accept_length_from_meta(r.meta_info for r in ok),
         first_errors=[f"#{r.index}: {r.error}" for r in results if not r.ok][:5],
     )
 
@@ -346,8 +370,8 @@ def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
               timeout: float = DEFAULT_TIMEOUT, path: str = "/generate") -> list[Result]:
     """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``) with ``parallel`` workers.
 
-    Each worker thread keeps one keep-alive connection. A failing request (HTTP error, timeout, refused
-    connection, bad JSON) becomes a Result with ok=False and its error; it never stops the batch. Results come
+    Each worker thread has its own keep-alive session (one connection). A failing request (HTTP error, timeout,
+    refused connection, bad JSON) becomes a Result with ok=False and its error; it never stops the batch. Results come
     back in input order. ``progress(done, total, result)`` is called after each request, serialized by a lock.
     """
     payloads = list(requests)
@@ -363,7 +387,7 @@ def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
     t_batch = time.perf_counter()
 
     def worker() -> None:
-        conn = Connection(base_url, timeout)
+        session = _thread_session()
         try:
             while True:
                 try:
@@ -372,7 +396,7 @@ def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
                     return
                 t0 = time.perf_counter()
                 try:
-                    resp = conn.json("POST", path, payloads[i], timeout)
+                    resp = session.json("POST", base_url, path, payloads[i], timeout)
                     if not isinstance(resp, dict):
                         raise ClientError(f"unexpected /generate answer of type {type(resp).__name__}")
                     res = Result(i, True, time.perf_counter() - t0, response=resp, started_s=t0 - t_batch)
@@ -380,9 +404,8 @@ def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
                     res = Result(i, False, time.perf_counter() - t0, error=str(exc), status=exc.status,
                                  started_s=t0 - t_batch)
                 except Exception as exc:  # transport errors, timeouts: recorded, the batch goes on
-                    res = Result(i, False, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}",
+                    res = Result(i, False, time.perf_counter() - t0, error=_transport_error(exc),
                                  started_s=t0 - t_batch)
-                    conn.close()
                 results[i] = res
                 if progress is not None:
                     with lock:
@@ -392,8 +415,10 @@ def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
                         except Exception:  # a broken progress printer must not kill the batch
                             pass
         finally:
-            conn.close()
+            _close_thread_session()
 
+    # Plain daemon threads rather than a ThreadPoolExecutor: Ctrl-C must not wait at exit for requests in flight
+    # (a GSM8K request may run for minutes), and an executor's threads are joined at interpreter exit.
     n = max(1, min(int(parallel), total))
     threads = [threading.Thread(target=worker, name=f"mtpmatrix-client-{k}", daemon=True) for k in range(n)]
     for t in threads:
@@ -401,21 +426,3 @@ def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
     for t in threads:
         t.join()
     return [r for r in results if r is not None]  # every slot is filled: each index is taken exactly once
-
-
-def progress_printer(every: int = 25, label: str = "", stream=None) -> Callable[[int, int, Result], None]:
-    """A ``progress`` callback printing one line every ``every`` requests (and at the end)."""
-    import sys
-
-    out = stream or sys.stderr
-    t0 = time.perf_counter()
-    errors = [0]
-
-    def cb(done: int, total: int, res: Result) -> None:
-        if not res.ok:
-            errors[0] += 1
-        if done % every == 0 or done == total:
-            el = time.perf_counter() - t0
-            print(f"{label}{done}/{total} done, {errors[0]} errors, {el:.1f}s", file=out, flush=True)
-
-    return cb

@@ -359,10 +359,11 @@ def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] |
 
 
 def accept_length_from_meta(metas: list[dict]) -> float | None:
-    """Mean accepted tokens per verify step over requests: sum(completion_tokens) / sum(spec_verify_ct)."""
-    verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
-    tokens = sum(m.get("completion_tokens", 0) or 0 for m in metas)
-    return round(tokens / verify, 3) if verify else None
+    """client.accept_length_from_meta, the one definition; imported on call because the nox process imports this
+    module (for its options and server lists) and need not have the client's requests."""
+    from mtpmatrix.tiers import client
+
+    return client.accept_length_from_meta(metas)
 
 
 @dataclass
