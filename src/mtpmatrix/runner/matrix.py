@@ -138,8 +138,13 @@ def preflight_tier_env(tiers: str, env: dict | None = None):
 def preflight_servers(urls: list[str]) -> list:
     """Every --server-url answers /server_info like an sglang server (served.fetch_all), before anything is
     installed; a RowError (one line) otherwise. Returns what each serves."""
-    from mtpmatrix.tiers import served
-
+    if not urls:
+        return []
+    try:  # the client speaks HTTP through requests; nox's own Python has it only if the user installed it
+        from mtpmatrix.tiers import served
+    except ImportError as exc:
+        raise RowError(f"--server-url needs {exc.name or 'requests'} in nox's Python to reach the server before the "
+                       f"row installs: pip install requests") from None
     try:
         return served.fetch_all(urls)
     except served.ServedError as exc:
