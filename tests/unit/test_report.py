@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -383,3 +386,28 @@ def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_pat
     assert s["baseline"]["new_failures"] == []  # an upgrade that hits a known upstream bug is no regression
     html = report.render_html(s)
     assert 'class="v known-upstream"' in html and "pull/48982" in html
+
+
+# --- jinja2 is the report's own dependency ------------------------------------------------------------------------
+
+def test_without_jinja2_the_report_says_what_to_install_in_one_line(results, capsys, monkeypatch):
+    from mtpmatrix.report import render
+
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # `import jinja2` raises ImportError
+    render.environment.cache_clear()
+    try:
+        assert main(["report", CUR, "--results", str(results)]) == report.EXIT_BAD_INPUT
+    finally:
+        render.environment.cache_clear()
+    assert capsys.readouterr().err == \
+        "error: the report needs jinja2: pip install jinja2 (nox -s report installs it)\n"
+    assert not (results / CUR / "report").exists()  # nothing half-written
+
+
+def test_the_package_imports_without_jinja2():
+    """Row venvs get the package but not jinja2: `python -m mtpmatrix rows|mutants|bisect` must not need it."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = "import sys; sys.modules['jinja2'] = None; import mtpmatrix.report, mtpmatrix.__main__; print('ok')"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(src)})
+    assert got.stdout == "ok\n", got.stderr

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mtpmatrix.runner.store import TIERS, atomic_write_json, read_json
+from mtpmatrix.runner.store import TIERS, atomic_write_json, is_matrix_run, latest_run_id, read_json
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
@@ -191,8 +191,6 @@ def candidates(package: str, good: str, bad: str, *, releases: Callable | None =
 
 def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
     """(tier, run id it came from): the cheapest tier that failed in the latest matrix run of the row."""
-    from mtpmatrix.report import is_matrix_run
-
     results = Path(results)
     runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True) \
         if results.is_dir() else []
@@ -211,8 +209,6 @@ def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
 
 def default_row(results: Path, rows: list) -> str:
     """The first failing row of the latest matrix run, else the row tagged 'ci', else the first row."""
-    from mtpmatrix.report import latest_run_id
-
     latest = latest_run_id(results)
     if latest:
         for f in sorted((Path(results) / latest).glob("*/row.json")):

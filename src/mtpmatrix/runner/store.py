@@ -2,17 +2,22 @@
 
 Every JSON file is written atomically (temp file in the same folder, fsync, rename), so a killed matrix leaves
 either the old file or the new one, never half of one; ``--resume`` trusts any row.json that has a verdict.
+
+Reading a run back (the report, bisect) goes through here too: find_run, read_run, read_freeze and the per-question
+GSM8K records a check names.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.atomic import atomic_write_json, atomic_write_text, read_json  # noqa: F401 (the store writes through it)
-from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, SCHEMA, TIERS, TIERS_FILE, VERDICTS, worst  # noqa: F401
+from mtpmatrix.schema import (FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, TIERS, TIERS_FILE, VERDICTS,  # noqa: F401
+                              worst)
 
 # Prefixes of run folders that are not the matrix a user ran: bisect probes and the CI row (`nox -t ci`), so the
 # report's default run and --resume stay on the user's own matrix.
@@ -51,6 +56,68 @@ def latest_run_id(results: Path) -> str | None:
     return max(runs)[1] if runs else None
 
 
+class StoreError(ValueError):
+    """A run that cannot be read as asked (no such run, no rows, an unreadable row record); the message is one
+    line."""
+
+
+def find_run(results: Path, run_id: str | None) -> Path:
+    """The folder of run ``run_id`` under ``results`` (None: the latest matrix run); StoreError when it is missing
+    or holds no rows."""
+    results = Path(results)
+    if run_id is None:
+        run_id = latest_run_id(results)
+        if run_id is None:
+            raise StoreError(f"no runs under {results}/ (run the matrix first: nox -s gemma4_mtp)")
+    run_dir = results / run_id
+    if not run_dir.is_dir():
+        known = sorted(p.name for p in results.iterdir() if is_matrix_run(p))[-5:] if results.is_dir() else []
+        raise StoreError(f"no such run {run_id!r} under {results}/" + (f" (latest: {', '.join(known)})" if known
+                                                                          else ""))
+    if not any(run_dir.glob(f"*/{ROW_FILE}")):
+        raise StoreError(f"run {run_id!r} ({run_dir}) has no rows (no */{ROW_FILE})")
+    return run_dir
+
+
+def read_run(run_dir: Path) -> dict[str, dict]:
+    """{row id: row record} of every ``<row>/row.json`` of a run, in row-id order; StoreError for an unreadable
+    one (a run is judged whole or not at all)."""
+    out = {}
+    for f in sorted(Path(run_dir).glob(f"*/{ROW_FILE}")):
+        try:
+            out[f.parent.name] = read_json(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StoreError(f"{f}: unreadable row record ({exc})") from None
+    return out
+
+
+def records_file(value, row_dir: Path) -> Path | None:
+    """The per-question file a RECORDS metric names (row-relative, schema.gsm8k_records), if it is there; paths
+    that would leave the row folder name nothing."""
+    if not isinstance(value, str) or Path(value).is_absolute() or ".." in Path(value).parts:
+        return None
+    path = Path(row_dir) / value
+    return path if path.is_file() else None
+
+
+def read_question_records(path: Path) -> dict[int, bool]:
+    """Per-question correctness from a JSONL file whose lines carry ``index`` and ``correct``; other lines (a
+    half-written last line, foreign records) are skipped."""
+    out: dict[int, bool] = {}
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "index" in rec and "correct" in rec:
+                out[int(rec["index"])] = bool(rec["correct"])
+    return out
+
+
 SELF_PACKAGES = {"gemma4-mtp-matrix", "mtpmatrix"}  # this project, installed into every row: never a difference
 
 
@@ -71,6 +138,12 @@ def parse_freeze(text: str) -> dict[str, str]:
         if name not in SELF_PACKAGES:
             out[name] = ver.strip()
     return out
+
+
+def read_freeze(row_dir: Path) -> dict[str, str] | None:
+    """The row's installed packages (parse_freeze of its freeze.txt); None when the row never installed."""
+    f = Path(row_dir) / FREEZE_FILE
+    return parse_freeze(f.read_text()) if f.exists() else None
 
 
 class RunStore:

@@ -1,0 +1,146 @@
+"""Comparisons: GSM8K per question between rows of one run, and a run against a baseline run (``--baseline``):
+row-, tier- and check-level changes, metric deltas, per-question flips and the regressions they add up to.
+
+The per-question statistics are stats.paired_compare (exact McNemar); this module only names its numbers the way
+summary.json has always named them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtpmatrix import stats
+from mtpmatrix.report.checks import COLUMN_METRICS, first_frame, is_number, question_records
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS
+
+ALPHA = 0.05  # McNemar p below this is a significant change (bold in the report; a drop is a regression)
+
+
+def paired_comparison(a: dict[int, bool], b: dict[int, bool]) -> dict:
+    """McNemar on the questions both sides answered. right_in_a_only: right in A, wrong in B; right_in_b_only: the
+    reverse."""
+    cmp = stats.paired_compare(a, b)
+    return {
+        "n": cmp.n,
+        "a_correct": cmp.correct_a,
+        "b_correct": cmp.correct_b,
+        "right_in_a_only": len(cmp.only_a),
+        "right_in_b_only": len(cmp.only_b),
+        "p_value": cmp.p_value,
+        "flipped_to_wrong": cmp.only_a,  # A right, B wrong
+        "flipped_to_right": cmp.only_b,  # A wrong, B right
+    }
+
+
+def paired_across_rows(run_dir: Path, rows: dict[str, dict]) -> list[dict]:
+    """Per-question comparisons: the same case in two rows, and within a row each MTP case against the no-MTP case
+    of its pair (key ``E4B-nomtp → E4B-topk1``, row A = row B)."""
+    per_row = {rid: question_records(rec, run_dir / rid) for rid, rec in rows.items()}
+    keys = sorted({k for qs in per_row.values() for k in qs})
+    out = []
+    for key in keys:
+        have = [rid for rid in sorted(per_row) if key in per_row[rid]]
+        for i, a in enumerate(have):
+            for b in have[i + 1:]:
+                cmp = paired_comparison(per_row[a][key]["questions"], per_row[b][key]["questions"])
+                out.append({"key": key, "row_a": a, "row_b": b, **cmp})
+    for rid in sorted(per_row):
+        qs = per_row[rid]
+        for key in sorted(qs):
+            base = key.rsplit("-", 1)[0] + "-nomtp"
+            if key != base and base in qs:
+                cmp = paired_comparison(qs[base]["questions"], qs[key]["questions"])
+                out.append({"key": f"{base} → {key}", "row_a": rid, "row_b": rid, **cmp})
+    return out
+
+
+def _change(before: str | None, after: str | None) -> tuple[str, str]:
+    """(direction better/worse/same, label) for a verdict going from ``before`` to ``after``."""
+    if before is None and after is None:
+        return "same", "absent"
+    if before is None:
+        return ("worse", "new row, failing") if after in FAILING else ("same", "new row")
+    if after is None:
+        return "same", "not in this run"
+    rank = {"passed": 2, KNOWN_UPSTREAM: 2, "skipped": 1, "pending": 1, "failed": 0, "error": 0}
+    rb, ra = rank.get(before, 1), rank.get(after, 1)
+    if before == after or (rb == ra == 0):
+        return "same", "still failing" if ra == 0 else "same"
+    if ra == 0:
+        return "worse", "new failure"
+    if rb == 0:
+        return "better", "fixed" if ra == 2 else "no longer fails (not run)"
+    if ra == 2:
+        return "better", "now runs and passes"
+    if rb == 2:
+        return "worse", "no longer runs"
+    return "same", "same"
+
+
+def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_rows: dict[str, dict]) -> dict:
+    """Row-, tier- and check-level changes between a baseline run and this run, plus metric deltas."""
+    rows_out, new_failures, fixed, deltas, paired = [], [], [], [], []
+    for rid in sorted(set(cur_rows) | set(base_rows)):
+        cur, base = cur_rows.get(rid), base_rows.get(rid)
+        vb = base.get("verdict") if base else None
+        va = cur.get("verdict") if cur else None
+        direction, label = _change(vb, va)
+        entry = {"row": rid, "before": vb, "after": va, "change": direction, "label": label, "tiers": {}}
+        ctiers, btiers = (cur or {}).get("tiers") or {}, (base or {}).get("tiers") or {}
+        if cur and (cur.get("install") or {}).get("verdict") == "failed":
+            ib = ((base or {}).get("install") or {}).get("verdict")
+            d, lab = _change(ib, "failed")
+            entry["tiers"]["install"] = {"before": ib, "after": "failed", "change": d,
+                                         "label": "install fails" if d == "worse" else lab}
+        for tier in [t for t in TIERS if t in ctiers or t in btiers]:
+            tb, ta = (btiers.get(tier) or {}).get("verdict"), (ctiers.get(tier) or {}).get("verdict")
+            d, lab = _change(tb, ta)
+            entry["tiers"][tier] = {"before": tb, "after": ta, "change": d, "label": lab}
+            bchecks = {c["id"]: c for c in (btiers.get(tier) or {}).get("checks") or []}
+            for c in (ctiers.get(tier) or {}).get("checks") or []:
+                old = bchecks.get(c["id"])
+                ob, oa = (old or {}).get("outcome"), c.get("outcome")
+                f = c.get("failure") or {}
+                item = {"row": rid, "tier": tier, "check": c["id"], "before": ob, "after": oa,
+                        "kind": f.get("kind"), "message": f.get("message"), "frame": first_frame(f)}
+                if oa in FAILING and ob not in FAILING and not c.get("known_upstream"):
+                    new_failures.append(item)
+                elif ob in FAILING and oa == "passed":
+                    fixed.append(item)
+                if old:
+                    deltas += _metric_deltas(rid, tier, c["id"], old.get("metrics") or {}, c.get("metrics") or {})
+        if cur and (cur.get("install") or {}).get("verdict") == "failed" and (
+                (base or {}).get("install") or {}).get("verdict") != "failed":
+            f = cur["install"].get("failure") or {}
+            new_failures.append({"row": rid, "tier": "install", "check": None, "before": "passed" if base else None,
+                                 "after": "failed", "kind": "install", "message": f.get("message"), "frame": None})
+        if cur and base:
+            qa = question_records(base, base_dir / rid)
+            qb = question_records(cur, cur_dir / rid)
+            for key in sorted(set(qa) & set(qb)):
+                cmp = paired_comparison(qa[key]["questions"], qb[key]["questions"])
+                paired.append({"row": rid, "key": key, **cmp})
+        rows_out.append(entry)
+    return {"rows": rows_out, "new_failures": new_failures, "fixed": fixed, "metric_deltas": deltas,
+            "paired": paired,
+            "new_rows": sorted(set(cur_rows) - set(base_rows)), "missing_rows": sorted(set(base_rows) - set(cur_rows))}
+
+
+def _metric_deltas(rid: str, tier: str, check: str, before: dict, after: dict) -> list[dict]:
+    """Numeric metrics of one check that changed, the column metrics first."""
+    out = []
+    for name in sorted(set(before) & set(after), key=lambda n: (n not in COLUMN_METRICS, n)):
+        if is_number(before[name]) and is_number(after[name]) and before[name] != after[name]:
+            out.append({"row": rid, "tier": tier, "check": check, "metric": name,
+                        "before": before[name], "after": after[name], "delta": after[name] - before[name]})
+    return out
+
+
+def regressions(base: dict) -> list[dict]:
+    """What a baseline comparison holds against this run: new failures, and GSM8K cases whose accuracy dropped
+    significantly (McNemar p < ALPHA) on the same questions."""
+    out = [dict(r, why="new failure") for r in base["new_failures"]]
+    out += [{"row": p["row"], "tier": "gsm8k", "check": p["key"], "why": "significant accuracy drop",
+             "before": p["a_correct"] / p["n"], "after": p["b_correct"] / p["n"], "p_value": p["p_value"]}
+            for p in base["paired"] if p["n"] and p["p_value"] < ALPHA and p["b_correct"] < p["a_correct"]]
+    return out

@@ -1,0 +1,376 @@
+"""The summary model: one run (``results/<run-id>/``, read through runner.store) as the plain dict that
+summary.json holds and both templates render. Nothing here formats text.
+
+The verdict says what was proven. A run QUALIFIES only when every tier ran and passed in every row; a run whose
+CPU tiers passed on a machine without a GPU is 'partial'. Failures listed in known_upstream.json are shown as
+"known upstream" next to their row and do not fail it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from mtpmatrix import schema, stats
+from mtpmatrix.report import compare
+from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
+from mtpmatrix.runner.rows import RowError, parse_override
+from mtpmatrix.runner.store import read_freeze, read_run, row_verdict
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS, VERDICTS
+
+REPORT_DIR = "report"  # results/<run-id>/report/ unless --out says otherwise
+LOG_FILES = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.CHECK_FILE, schema.JUNIT_FILE)
+RAN = ("passed", KNOWN_UPSTREAM)  # a tier that ran without failing sglang
+MAIN_PACKAGES = ("sglang", "transformers", "torch")
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_PROVEN = 0, 1, 2, 3
+
+
+class ReportError(ValueError):
+    """Bad input for the report (a run without rows, an unknown tier, no jinja2); the message is one line. A run
+    that cannot be found or read raises store.StoreError, also one line."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one row
+# ---------------------------------------------------------------------------------------------------------------
+
+def _pins_of(record: dict) -> dict[str, str]:
+    """What a row asked for (its pins with --with overrides applied): the fallback when no freeze.txt exists."""
+    pins = {canonicalize_name(k): v for k, v in (record.get("row") or {}).get("pins", {}).items()}
+    for spec in record.get("overrides") or []:
+        try:
+            req = parse_override(spec)
+        except RowError:
+            continue
+        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(exact) == 1 and len(req.specifier) == 1:  # only an exact override names a version
+            pins[canonicalize_name(req.name)] = exact[0]
+    return pins
+
+
+def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
+    """One row per (tier, case) with the metrics of all its checks: a GSM8K case's score and interval (test_accuracy)
+    sit next to its accept length (test_acceptance)."""
+    groups: dict[tuple[str, str], dict] = {}
+    for tier_name in TIERS:
+        for chk in ((record.get("tiers") or {}).get(tier_name) or {}).get("checks") or []:
+            metrics = chk.get("metrics") or {}
+            if not metrics:
+                continue
+            key = (tier_name, case_of(chk["id"]))
+            g = groups.setdefault(key, {"tier": tier_name, "case": key[1], "checks": [], "outcome": "passed",
+                                        "metrics": {}})
+            g["checks"].append(chk["id"])
+            if chk.get("outcome") in FAILING:
+                g["outcome"] = chk["outcome"]
+            g["metrics"].update(metrics)
+    return [_metric_row(g, qrecords) for g in groups.values()]
+
+
+def _metric_row(group: dict, qrecords: dict[str, dict]) -> dict:
+    metrics = group["metrics"]
+    out: dict = {"check": group["checks"][0], "checks": group["checks"], "short": group["case"],
+                 "tier": group["tier"], "outcome": group["outcome"]}
+    score = metrics.get(schema.SCORE)
+    qs = qrecords.get(group["case"], {}).get("questions") if group["tier"] == "gsm8k" else None
+    if is_number(score):
+        out["score"] = float(score)
+        n = metrics.get(schema.NUM_EXAMPLES)
+        n = int(n) if is_number(n) else (len(qs) if qs else None)
+        if n:
+            out["n"] = n
+        ci = metrics.get(schema.WILSON95)
+        if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(is_number(x) for x in ci):
+            out["ci"] = [float(ci[0]), float(ci[1])]
+        elif qs:
+            out["ci"] = list(stats.wilson_interval(sum(qs.values()), len(qs)))
+    for name, key_out in ((schema.ACCEPT_LENGTH, "accept_length"), (schema.SPEEDUP, "speedup")):
+        if is_number(metrics.get(name)):
+            out[key_out] = float(metrics[name])
+    if isinstance(metrics.get(schema.RECORDS), str):
+        out["records"] = metrics[schema.RECORDS]
+    other = {k: v for k, v in metrics.items() if k not in COLUMN_METRICS}
+    if other:
+        out["other"] = other
+    out["known"] = any(k in out for k in ("score", "accept_length", "speedup"))
+    return out
+
+
+def _relaunched(record: dict) -> list[dict]:
+    """Servers that failed while launched beside others and passed or failed again alone (one entry per log)."""
+    seen: dict[str, dict] = {}
+    for tier_name, tier in (record.get("tiers") or {}).items():
+        for chk in tier.get("checks") or []:
+            m = chk.get("metrics") or {}
+            if m.get("first_attempt_error"):
+                log = Path(str(m.get(schema.SERVER_LOG) or chk["id"])).name
+                seen.setdefault(log, {"tier": tier_name, "server_log": log, "error": m["first_attempt_error"]})
+    return list(seen.values())
+
+
+def _tier_summary(tier: dict) -> dict:
+    checks = tier.get("checks") or []
+    counts: dict[str, int] = {}
+    for c in checks:
+        counts[c.get("outcome", "?")] = counts.get(c.get("outcome", "?"), 0) + 1
+    failures = []
+    for c in checks:
+        if c.get("outcome") in FAILING and not c.get("known_upstream"):  # known upstream bugs are listed apart
+            f = c.get("failure") or {}
+            failures.append({"check": c["id"], "short": short_check(c["id"]), "outcome": c["outcome"],
+                             "kind": f.get("kind"), "type": f.get("type"), "message": f.get("message"),
+                             "frame": f.get("frame"), "raised_at": f.get("raised_at")})
+    if tier.get("verdict") in FAILING and not failures:  # e.g. pytest died before writing results
+        failures.append({"check": None, "short": None, "outcome": tier.get("verdict"),
+                         "kind": (tier.get("failure_kinds") or [None])[0], "type": None,
+                         "message": tier.get("reason"), "frame": None, "raised_at": None})
+    kinds = tier.get("failure_kinds") or sorted({f["kind"] for f in failures if f["kind"]})
+    groups = group_failures(failures)
+    skipped_checks = [{"check": c["id"], "reason": c.get("reason", "")} for c in checks
+                      if c.get("outcome") == "skipped"]
+    return {"verdict": tier.get("verdict"), "reason": tier.get("reason"), "seconds": tier.get("seconds"),
+            "counts": counts, "failure_kinds": list(kinds), "failures": failures, "failure_groups": groups,
+            "skipped_checks": skipped_checks, "known_upstream": tier.get("known_upstream", []),
+            "stale_known_upstream": tier.get("stale_known_upstream", [])}
+
+
+def group_failures(failures: list[dict]) -> list[dict]:
+    """Failures of the same kind and exception type raised at the same place are one finding (one bug seen from N
+    checks); the first one's message and frame stand for the group."""
+    groups: dict[tuple, dict] = {}
+    for f in failures:
+        key = (f.get("kind"), f.get("type"), f.get("raised_at") or f.get("frame"), f.get("outcome"))
+        g = groups.setdefault(key, dict(f, shorts=[]))
+        if f.get("short"):
+            g["shorts"].append(f["short"])
+    return list(groups.values())
+
+
+def _versions(record: dict) -> tuple[dict, bool]:
+    """(versions, whether they were installed): freeze/tiers versions, else the pins the row asked for."""
+    v = dict(record.get("versions") or {})
+    installed = bool(v)
+    pins = _pins_of(record)
+    for p in MAIN_PACKAGES:
+        v.setdefault(p, pins.get(p))
+    v.setdefault("python", (record.get("row") or {}).get("python"))
+    return v, installed
+
+
+def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dict:
+    row_dir = run_dir / row_id
+    row = record.get("row") or {}
+    versions, installed = _versions(record)
+    install = record.get("install") or {}
+    qrecords = question_records(record, row_dir)
+    tiers = {t: _tier_summary(tv) for t, tv in (record.get("tiers") or {}).items()}
+    metrics = _metric_rows(record, qrecords)
+    logs = {}
+    for name in LOG_FILES:
+        f = row_dir / name
+        if f.exists():
+            logs[name] = os.path.relpath(f, out_dir)
+    check = install.get("check") or {}
+    return {
+        "id": row_id,
+        "relaunched": _relaunched(record),
+        "verdict": record.get("verdict") or row_verdict(record),
+        "description": row.get("description", ""),
+        "tags": row.get("tags", []),
+        "torch_backend": row.get("torch_backend"),
+        "versions": versions,
+        "versions_installed": installed,
+        "overrides": list(record.get("overrides") or []),
+        "install": {"verdict": install.get("verdict"), "seconds": install.get("seconds"),
+                    "failure": install.get("failure"), "check_ok": check.get("ok"),
+                    "check_output": check.get("output", [])},
+        "tiers": tiers,
+        "metrics": metrics,
+        "gsm8k_records": {k: {"path": v["path"], "n": len(v["questions"]),
+                              "correct": sum(v["questions"].values())} for k, v in qrecords.items()},
+        "logs": logs,
+        "started": record.get("started"),
+        "finished": record.get("finished"),
+        "host": record.get("host"),
+        "gpus": record.get("gpus"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# across rows
+# ---------------------------------------------------------------------------------------------------------------
+
+def closest_passing(target: dict[str, str], candidates: dict[str, dict[str, str]], *, target_sglang: str | None,
+                    sglang_of: dict[str, str | None], keys_only: bool = False) -> dict | None:
+    """The candidate with the fewest differing packages; ties go to the same sglang, then to the row id.
+
+    ``keys_only``: compare only the packages ``target`` names (the failing row never installed, so only its pins
+    are known).
+    """
+    best = None
+    for rid, pkgs in candidates.items():
+        names = set(target) if keys_only else set(target) | set(pkgs)
+        diff = sorted(n for n in names if target.get(n) != pkgs.get(n))
+        key = (len(diff), sglang_of.get(rid) != target_sglang, rid)
+        if best is None or key < best[0]:
+            best = (key, rid, diff)
+    if best is None:
+        return None
+    _, rid, diff = best
+    diff.sort(key=lambda n: (MAIN_PACKAGES.index(n) if n in MAIN_PACKAGES else len(MAIN_PACKAGES), n))
+    return {"row": rid, "distance": len(diff),
+            "differences": [{"package": n, "this": target.get(n), "other": candidates[rid].get(n)} for n in diff]}
+
+
+def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[str, dict],
+                          baseline_dir: Path | None = None) -> None:
+    """Attach to every failing row the closest passing row: from this run, and, with a baseline, from the
+    baseline run too (an upgrade probe re-runs one row, so its nearest good neighbour is usually the baseline's)."""
+    freezes = {rid: read_freeze(run_dir / rid) for rid in rows}
+    passing = {rid: (freezes[rid] if freezes[rid] else _pins_of(rows[rid]))
+               for rid, s in summaries.items() if s["verdict"] == "passed"}
+    sglang_of = {rid: summaries[rid]["versions"].get("sglang") for rid in summaries}
+    if baseline_dir is not None:
+        for rid, rec in read_run(baseline_dir).items():
+            if row_verdict(rec) == "passed":
+                key = f"{rid} @ {Path(baseline_dir).name}"
+                passing[key] = read_freeze(Path(baseline_dir) / rid) or _pins_of(rec)
+                sglang_of[key] = (rec.get("versions") or {}).get("sglang")
+    for rid, s in summaries.items():
+        if s["verdict"] not in FAILING:
+            continue
+        if not passing:
+            s["closest_passing"] = None
+            continue
+        source = "freeze" if freezes[rid] else "pins"
+        target = freezes[rid] if freezes[rid] else _pins_of(rows[rid])
+        best = closest_passing(target, passing, target_sglang=sglang_of.get(rid), sglang_of=sglang_of,
+                               keys_only=source == "pins")
+        if best:
+            best["source"] = source
+        s["closest_passing"] = best
+
+
+def _skip_groups(summaries: dict[str, dict]) -> list[dict]:
+    """Skip reasons, one line each: identical reasons across rows and tiers grouped together."""
+    groups: dict[str, dict] = {}
+
+    def add(reason: str, row: str, tier: str, checks: int | None) -> None:
+        reason = re.sub(rf"^{re.escape(tier)} tier:?\s*", "", (reason or "no reason given").strip())
+        reason = reason.splitlines()[0] if reason else "no reason given"
+        g = groups.setdefault(reason, {"reason": reason, "tiers": [], "rows": [], "checks": 0})
+        if tier not in g["tiers"]:
+            g["tiers"].append(tier)
+        if row not in g["rows"]:
+            g["rows"].append(row)
+        g["checks"] += checks or 0
+
+    for rid, s in summaries.items():
+        for tier, t in s["tiers"].items():
+            if t["verdict"] == "skipped":
+                add(t.get("reason") or "", rid, tier, None)
+            else:
+                for sc in t["skipped_checks"]:
+                    add(sc["reason"], rid, tier, 1)
+    for g in groups.values():
+        g["tiers"].sort(key=lambda t: TIERS.index(t) if t in TIERS else len(TIERS))
+    return sorted(groups.values(), key=lambda g: (-len(g["rows"]), g["reason"]))
+
+
+def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]) -> dict[str, dict]:
+    """Per tier over all rows: which rows ran it (passed or known upstream), which did not, and one short reason
+    for the ones that did not ('no GPU' when every skip of the tier says a GPU is missing)."""
+    out = {}
+    for tier in tiers:
+        ran = [rid for rid, s in summaries.items() if (s["tiers"].get(tier) or {}).get("verdict") in RAN]
+        not_run = [rid for rid, s in summaries.items() if (s["tiers"].get(tier) or {}).get("verdict") in
+                   ("skipped", None) and s["install"]["verdict"] != "failed"]
+        reasons = [g["reason"] for g in skips if tier in g["tiers"] and set(g["rows"]) & set(not_run)
+                   and not g["checks"]]
+        if reasons and all("GPU" in r for r in reasons):
+            why = "no GPU"
+        elif reasons and all("not selected" in r for r in reasons):
+            why = "not selected"
+        else:
+            why = reasons[0] if reasons else ""
+        out[tier] = {"ran": ran, "not_run": not_run, "why": why}
+    return out
+
+
+def missing_required(summary: dict) -> list[str]:
+    """The --require'd tiers that did not run in every row."""
+    status = summary["tier_status"]
+    return [t for t in summary["required_tiers"] if status.get(t, {}).get("not_run") or t not in status]
+
+
+def _verdict(summary: dict) -> tuple[str, int]:
+    """(state, exit status): 'qualifies' (every tier ran and passed everywhere), 'partial' (nothing failed, some
+    tiers did not run), 'not-proven' (a --require'd tier did not run everywhere, or nothing ran), 'fails'."""
+    if summary["failing_rows"] or summary["incomplete_rows"]:
+        return "fails", EXIT_FAILED
+    if summary["nothing_ran"]:
+        return "not-proven", EXIT_NOT_PROVEN
+    if missing_required(summary):
+        return "not-proven", EXIT_NOT_PROVEN
+    status = summary["tier_status"]
+    if all(not st["not_run"] for st in status.values()) and set(status) == set(TIERS):
+        return "qualifies", EXIT_OK
+    return "partial", EXIT_OK
+
+
+def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: Path | None = None,
+                  require: list[str] | tuple[str, ...] = ()) -> dict:
+    run_dir = Path(run_dir)
+    out_dir = Path(out_dir) if out_dir else run_dir / REPORT_DIR
+    rows = read_run(run_dir)
+    if not rows:
+        raise ReportError(f"run {run_dir.name!r} ({run_dir}) has no rows (no */{schema.ROW_FILE})")
+    summaries = {rid: _row_summary(run_dir, rid, rec, out_dir) for rid, rec in rows.items()}
+    _closest_passing_rows(run_dir, rows, summaries, baseline_dir)
+    counts = {v: 0 for v in VERDICTS}
+    for s in summaries.values():
+        counts[s["verdict"]] = counts.get(s["verdict"], 0) + 1
+    failing = [rid for rid, s in summaries.items() if s["verdict"] in FAILING]
+    incomplete = [rid for rid, s in summaries.items() if s["verdict"] in (None, "pending")]
+    tiers = [t for t in TIERS if any(t in s["tiers"] for s in summaries.values())] or list(TIERS)
+    ran_any = any(t["verdict"] in RAN for s in summaries.values() for t in s["tiers"].values())
+    skips = _skip_groups(summaries)
+    known = [dict(k, row=rid, tier=t) for rid, s in summaries.items() for t, tv in s["tiers"].items()
+             for k in tv["known_upstream"]]
+    stale = [dict(k, row=rid, tier=t) for rid, s in summaries.items() for t, tv in s["tiers"].items()
+             for k in tv["stale_known_upstream"]]
+    summary = {
+        "schema": schema.SCHEMA,
+        "run_id": run_dir.name,
+        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "required_tiers": list(require),
+        "verdict_counts": {k: v for k, v in counts.items() if v},
+        "failing_rows": failing,
+        "incomplete_rows": incomplete,
+        "nothing_ran": not ran_any,
+        "tiers": tiers,
+        "tier_status": _tier_status(summaries, tiers, skips),
+        "row_verdicts": {rid: s["verdict"] for rid, s in summaries.items()},
+        "tier_verdicts": {rid: {t: tv["verdict"] for t, tv in s["tiers"].items()} for rid, s in summaries.items()},
+        "rows": list(summaries.values()),
+        "skips": skips,
+        "known_upstream": known,
+        "stale_known_upstream": stale,
+        "relaunched": [dict(x, row=rid) for rid, r in summaries.items() for x in r["relaunched"]],
+        "paired": compare.paired_across_rows(run_dir, rows),
+        "baseline": None,
+        "regressions": [],
+    }
+    summary["verdict"], summary["exit_status"] = _verdict(summary)
+    # True only when every tier ran and passed in every row: a CPU-only run never 'qualifies' a release.
+    summary["qualifies"] = summary["verdict"] == "qualifies"
+    if baseline_dir is not None:
+        base = compare.compare_runs(run_dir, rows, Path(baseline_dir), read_run(baseline_dir))
+        base["run_id"] = Path(baseline_dir).name
+        summary["baseline"] = base
+        summary["regressions"] = compare.regressions(base)
+    return summary

@@ -1,0 +1,252 @@
+"""summary.md and report.html from one summary model, through the jinja2 templates in templates/.
+
+Both templates render the same context (``view``): the summary dict plus the few lists derived from it, computed
+once here; the templates only lay them out. The Markdown goes to GitHub step summaries and PR comments (emoji); the
+HTML is one self-contained page (no scripts, no external links) with plain glyphs that every font has, autoescaped.
+
+jinja2 is imported on first use, not with the package: the package is installed into every row's venv next to
+sglang's pins, where the report never runs (``nox -s report`` and ``nox -s unit`` install jinja2).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from mtpmatrix import schema
+from mtpmatrix.report.checks import is_number, short_check
+from mtpmatrix.report.compare import ALPHA
+from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
+from mtpmatrix.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, TIERS, VERDICTS
+
+TEMPLATES = Path(__file__).parent / "templates"
+MARKDOWN_TEMPLATE, HTML_TEMPLATE = "report.md.j2", "report.html.j2"
+NO_JINJA2 = "the report needs jinja2: pip install jinja2 (nox -s report installs it)"
+
+SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️", "pending": "⏳",
+           KNOWN_UPSTREAM: "⚠️", None: "—"}
+# The HTML page uses plain glyphs that every font has (emoji need a color-emoji font the viewer may lack).
+GLYPHS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "pending": "…", KNOWN_UPSTREAM: "⚠",
+          None: "—"}
+# Headline marks: proven, nothing failed but not everything proven, not qualified.
+MARKS = {"qualifies": "✅", "partial": "🟡", "not-proven": "❌", "fails": "❌"}
+BANNERS = {"qualifies": ("ok", "✓"), "partial": ("partial", "~"), "not-proven": ("bad", "✗"),
+           "fails": ("bad", "✗")}
+VERSION_KEYS = (*MAIN_PACKAGES, "python")  # the versions each row shows
+# the files each row of the page links to (summary.json lists check.txt too)
+HTML_LOGS = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.JUNIT_FILE)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# text both formats (and the CLI) share
+# ---------------------------------------------------------------------------------------------------------------
+
+def fmt_num(v, digits: int = 3) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.{digits}f}".rstrip("0").rstrip(".") if abs(v) < 1e6 else f"{v:.3g}"
+    return str(v)
+
+
+def fmt_other(v, limit: int = 60) -> str:
+    """A metric without a column of its own, in at most ``limit`` characters."""
+    if isinstance(v, (list, tuple)):
+        nums = [x for x in v if is_number(x)]
+        if nums and len(nums) == len(v):
+            return f"{len(v)} values, mean {fmt_num(sum(nums) / len(nums))}"
+        return f"{len(v)} items"
+    if isinstance(v, dict):
+        inner = ", ".join(f"{k} {len(x) if isinstance(x, (list, tuple)) else fmt_other(x, 24)}"
+                          for k, x in v.items()
+                          if is_number(x) or isinstance(x, (str, bool, list, tuple)) or x is None)
+        if not inner:
+            return f"{{{len(v)} keys}}"
+        return inner if len(inner) <= limit else inner[: limit - 1] + "…"
+    s = fmt_num(v) if is_number(v) or isinstance(v, bool) else str(v)
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def score_text(m: dict) -> str:
+    if "score" not in m:
+        return ""
+    s = f"{m['score']:.3f}"
+    if "ci" in m:
+        s += f" [{m['ci'][0]:.3f}, {m['ci'][1]:.3f}]"
+    if m.get("n"):
+        s += f" (n={m['n']})"
+    return s
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+
+
+def fmt_dur(s) -> str:
+    if not is_number(s):
+        return "?"
+    s = float(s)
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def idx(items: list[int], limit: int = 20) -> str:
+    """Question indices as ``#3, #7 … (+5)``."""
+    if not items:
+        return "none"
+    s = ", ".join(f"#{i}" for i in items[:limit])
+    return s + (f" … (+{len(items) - limit})" if len(items) > limit else "")
+
+
+def md_escape(text) -> str:
+    """A Markdown table cell: no pipes, one line."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def skip_where(group: dict, verb: str) -> str:
+    """'smoke/gsm8k in 3 rows (2 checks)' for one group of identical skip reasons."""
+    rows = len(group["rows"])
+    where = f"{'/'.join(group['tiers'])} {verb} {rows} row{'s' if rows != 1 else ''}"
+    if group["checks"]:
+        where += f" ({group['checks']} check{'s' if group['checks'] != 1 else ''})"
+    return where
+
+
+def tally(counts: dict[str, int], words) -> int:
+    """How many checks had one of ``words`` as their outcome."""
+    return sum(counts.get(w, 0) for w in words)
+
+
+def failure_kinds(row: dict) -> list[str]:
+    """Every failure kind of a row, its install's included, sorted."""
+    kinds = {k for t in row["tiers"].values() for k in t["failure_kinds"]}
+    return sorted(kinds | ({"install"} if row["install"]["verdict"] == "failed" else set()))
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _proven_text(summary: dict) -> str:
+    """'CPU checks pass; smoke and gsm8k not run (no GPU)': which tiers ran and passed, which did not run, why."""
+    status, n = summary["tier_status"], len(summary["rows"])
+    full = [t for t in summary["tiers"] if status[t]["ran"] and not status[t]["not_run"]]
+    some = [t for t in summary["tiers"] if status[t]["ran"] and status[t]["not_run"]]
+    none = [t for t in summary["tiers"] if not status[t]["ran"]]
+    parts = []
+    if full:
+        parts.append("CPU checks pass" if full == [t for t in TIERS if t not in GPU_TIERS]
+                     else f"{_and(full)} pass{'es' if len(full) == 1 else ''}")
+    for t in some:
+        parts.append(f"{t} ran in {len(status[t]['ran'])} of {n} rows")
+    by_why: dict[str, list[str]] = {}
+    for t in none:
+        by_why.setdefault(status[t]["why"], []).append(t)
+    for why, ts in by_why.items():
+        parts.append(f"{_and(ts)} not run" + (f" ({why})" if why else ""))
+    return "; ".join(parts)
+
+
+def _known_text(summary: dict) -> str:
+    k = summary.get("known_upstream") or []
+    if not k:
+        return ""
+    where = sorted({f"{x['row']} {x['tier']}" for x in k})
+    return f"; {len({x['id'] for x in k})} known upstream issue(s), not sglang: {', '.join(where)}"
+
+
+def headline(summary: dict) -> str:
+    """The verdict in one line: what was proven, what failed, what did not run."""
+    n = len(summary["rows"])
+    c = summary["verdict_counts"]
+    counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
+    state = summary.get("verdict")
+    if state == "qualifies":
+        return f"QUALIFIES — every tier ran and passed in all {n} rows{_known_text(summary)} ({counts})"
+    if state == "partial":
+        return f"{_proven_text(summary)}{_known_text(summary)} ({n} rows: {counts})"
+    if state == "not-proven":
+        if summary.get("nothing_ran"):
+            return f"NOT QUALIFIED — nothing ran: every tier of every row was skipped ({counts})"
+        return (f"NOT QUALIFIED — required tier(s) not run in every row: {', '.join(missing_required(summary))}; "
+                f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
+    why = []
+    if summary["failing_rows"]:
+        why.append(f"{len(summary['failing_rows'])} of {n} rows failing: {', '.join(summary['failing_rows'])}")
+    if summary["incomplete_rows"]:
+        why.append(f"unfinished: {', '.join(summary['incomplete_rows'])}")
+    return f"DOES NOT QUALIFY — {'; '.join(why)} ({counts})"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the context and the environment
+# ---------------------------------------------------------------------------------------------------------------
+
+def view(summary: dict) -> dict:
+    """What both templates render: the summary (``s``) and what is derived from it, once."""
+    rows = summary["rows"]
+    out = {
+        "s": summary,
+        "headline": headline(summary),
+        "failing": [r for r in rows if r["verdict"] in FAILING],
+        "metric_rows": [(r["id"], m) for r in rows for m in r["metrics"] if m.get("known")],
+        "other_rows": [(r["id"], m) for r in rows for m in r["metrics"] if not m.get("known")],
+        "hosts": sorted({(r.get("host") or {}).get("hostname", "") for r in rows} - {""}),
+        "gpus": sorted({r.get("gpus") for r in rows if r.get("gpus") is not None}),
+        "base": None,
+    }
+    base = summary.get("baseline")
+    if base:
+        cells = [(r, t, tv) for r in base["rows"] for t, tv in r["tiers"].items()]
+        out["base"] = {
+            "tiers": [t for t in ("install", *TIERS) if any(t in r["tiers"] for r in base["rows"])],
+            "changed_cells": [c for c in cells if c[2].get("change") not in (None, "same")],
+            "unchanged_cells": sum(1 for c in cells if c[2].get("change") == "same"),
+            "changed_paired": [p for p in base["paired"] if p["right_in_a_only"] or p["right_in_b_only"]],
+        }
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def environment():
+    """The jinja2 environment over templates/; autoescape for the HTML template only. ReportError (NO_JINJA2)
+    where jinja2 is not installed."""
+    try:
+        import jinja2
+    except ImportError:
+        raise ReportError(NO_JINJA2) from None
+
+    @jinja2.pass_eval_context
+    def finalize(ctx, value):
+        # a missing value prints as nothing on the page; summary.md keeps Python's 'None', as it always has
+        return "" if value is None and ctx.autoescape else value
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
+        # a line holding only a {% tag %} leaves nothing behind, so the templates read like the output
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,  # a misspelt key fails the render instead of vanishing
+        finalize=finalize,
+    )
+    env.filters.update(fmt_num=fmt_num, fmt_other=fmt_other, score_text=score_text, fmt_p=fmt_p, fmt_dur=fmt_dur,
+                       plural=plural, idx=idx, md=md_escape, skip_where=skip_where, short_check=short_check,
+                       tally=tally, failure_kinds=failure_kinds)
+    env.globals.update(SYMBOLS=SYMBOLS, GLYPHS=GLYPHS, MARKS=MARKS, BANNERS=BANNERS, VERSION_KEYS=VERSION_KEYS,
+                       HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, VERDICTS=VERDICTS,
+                       ALPHA=ALPHA)
+    return env
+
+
+def render_markdown(summary: dict) -> str:
+    return environment().get_template(MARKDOWN_TEMPLATE).render(view(summary))
+
+
+def render_html(summary: dict) -> str:
+    return environment().get_template(HTML_TEMPLATE).render(view(summary))
