@@ -12,20 +12,25 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: mkstemp makes 0600 files, and results/reports must be readable as any other file
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "wb") as fh:
             os.chmod(tmp, 0o666 & ~_UMASK)
-            fh.write(text)
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    # UTF-8 whatever the locale: GSM8K records keep the questions' own characters (ensure_ascii=False)
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: Path, data) -> None:

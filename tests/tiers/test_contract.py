@@ -1,7 +1,7 @@
 """Contract tier (CPU, needs sglang): the native extensions sglang installs can load against this torch (symbols,
 CUDA major), the MTP path imports, sglang reads the tiny pairs' configs, the seed command lines resolve to
 FROZEN_KV_MTP with the expected draft shape, and sglang's loader builds both model classes and loads their
-safetensors on the CPU.
+safetensors on the CPU; the gsm8k tier's scoring still mirrors this sglang's run_eval.
 
 The ABI checks read ELF files only (seconds, see mtpmatrix.tiers.abi) and run first. sglang is imported once per process
 (the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else is cheap. Failures carry sglang's
@@ -10,11 +10,15 @@ first frame: library exceptions are let through (see mtpmatrix.tiers.sglang_comp
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import re
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from mtpmatrix.tiers import abi
+from mtpmatrix.tiers import abi, gsm8k
 
 from mtpmatrix import settings
 from mtpmatrix.tiers import sglang_compat as compat
@@ -158,11 +162,9 @@ def test_server_args(tiny_pair, topk, sglang_chain, record_property):
     record_property("speculative_num_draft_tokens", values.get("speculative_num_draft_tokens"))
     record_property("attention_backend", values.get("attention_backend"))
 
-    problems = compat.check_resolution(values, settings.expected_resolution(topk))
-    if values.get("attention_backend") != "triton":
-        problems.append(f"attention_backend: resolved {values.get('attention_backend')!r}, expected 'triton'")
-    if problems:
-        raise CheckFailure("args", "; ".join(problems))
+    backend = values.get("attention_backend")
+    compat.require_resolution(values, settings.expected_resolution(topk), more=[] if backend == "triton" else [
+        f"attention_backend: resolved {backend!r}, expected 'triton'"])
 
     worker = compat.spec_worker_class(res)
     record_property("worker", f"{worker.__module__}.{worker.__name__}")
@@ -201,3 +203,69 @@ def test_weights(tiny_pair, sglang_chain, record_property):
                                                                                       tiny_pair.assistant)
     if problems:
         raise CheckFailure("weights", "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------------------------ gsm8k scoring
+
+
+def _gsm8k_response(q: gsm8k.Question) -> str:
+    """Canned answers that exercise extraction: right, with $ and commas, wrong, no number, leading zeros (a
+    SyntaxError for literal_eval), and a stop word left in."""
+    g = q.gold
+    return [f" {q.gold_text}", f" The total is ${g:,}.", f" It is {g + 1}", " no idea", f" 00{g}",
+            f" {g}\n\nQuestion: next"][q.index % 6]
+
+
+@pytest.mark.check("harness")
+def test_gsm8k_scoring_matches_run_eval(sglang_chain, gsm8k_lines, monkeypatch, record_property):
+    """The gsm8k tier's prompts, sampling parameters and scores (mtpmatrix.tiers.gsm8k) == this sglang's
+    run_eval(eval_name=gsm8k, api=completion), run with canned responses and no server. A difference is this
+    project's mirror falling behind sglang: 'harness'."""
+    try:
+        rev = importlib.import_module("sglang.test.run_eval")
+    except ImportError as exc:  # not the MTP path: an 'import' verdict would blame it
+        raise CheckFailure("harness", f"sglang.test.run_eval does not import: {type(exc).__name__}: {exc}") from exc
+    src = inspect.getsource(rev.run_eval)
+    m = re.search(r'eval_name == "gsm8k".*?from (sglang\.test\.\w+) import GSM8KEval', src, re.S)
+    assert m, "run_eval's gsm8k branch no longer imports a GSM8KEval: re-check gsm8k.py against sglang"
+    record_property("gsm8k_eval_module", m.group(1))
+    sg = importlib.import_module(m.group(1))
+    assert sg.INVALID == gsm8k.INVALID
+
+    ours = gsm8k.build_questions(gsm8k_lines, 200, 5)
+    responses = {q.prompt: _gsm8k_response(q) for q in ours}
+    seen, captured = [], {}
+
+    class CapturingSampler:  # stands in for CompletionSampler: no server, canned responses
+        def __init__(self, **kw):
+            captured.update(kw)
+            self.model = kw.get("model")
+            self._completion_tokens = []
+
+        def _pack_message(self, role, content):
+            return {"role": str(role), "content": content}
+
+        def __call__(self, message_list):
+            prompt = "\n".join(m["content"] for m in message_list if isinstance(m.get("content"), str))
+            seen.append(prompt)
+            return responses[prompt]
+
+    monkeypatch.setattr(rev, "CompletionSampler", CapturingSampler)
+    # the seed suite's call (sglang/test/kits/spec_server_kits.py), data from our verified file
+    args = SimpleNamespace(base_url="http://127.0.0.1:9", model="m", eval_name="gsm8k", api="completion",
+                           max_tokens=512, num_examples=200, num_threads=8)
+    eval_obj = sg.GSM8KEval(num_examples=args.num_examples, num_threads=args.num_threads,
+                            num_shots=getattr(args, "num_shots", 5),
+                            data_path=str(gsm8k.data_file("test", offline=True)))
+    result, _latency, _sampler = rev.run_eval_once(args, args.base_url + "/v1", eval_obj)
+
+    assert sorted(seen) == sorted(q.prompt for q in ours)  # same 200 prompts, byte for byte
+    assert captured["stop"] == gsm8k.STOP
+    assert captured["temperature"] == gsm8k.TEMPERATURE and captured["top_p"] == gsm8k.TOP_P
+    assert captured["max_tokens"] == 512
+    for q in ours:  # extraction and gold, function by function
+        assert sg.get_answer_value(responses[q.prompt]) == gsm8k.get_answer_value(responses[q.prompt])
+        assert sg.get_answer_value(gsm8k_lines[q.line]["answer"]) == q.gold
+    our_score = sum(gsm8k.is_correct(gsm8k.get_answer_value(responses[q.prompt]), q.gold) for q in ours) / 200
+    assert result.score == pytest.approx(our_score, abs=1e-12)
+    assert 0.0 < our_score < 1.0

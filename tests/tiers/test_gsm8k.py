@@ -1,7 +1,8 @@
 """GSM8K tier: real Gemma 4 pairs behind a live sglang server with Frozen-KV MTP, CUDA graphs on.
 
-For every pair in settings.DEFAULT_PAIRS and every topk in settings.TOPKS, one server runs GSM8K 5-shot (the exact
-prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.tiers.gsm8k) and three checks read what it did:
+For every case (mtpmatrix.tiers.gsm8k_tier: a pair in settings.DEFAULT_PAIRS at every topk in settings.TOPKS, or
+each ``--server-url`` server), one server runs GSM8K 5-shot (the exact prompts/scoring of sglang's run_eval gsm8k,
+see mtpmatrix.tiers.gsm8k) and three checks read what it did:
 
   test_args        /server_info resolved the requested algorithm/topk/steps/draft tokens, CUDA graph not disabled
   test_accuracy    GSM8K score >= the pair's threshold (Wilson 95% interval recorded)
@@ -11,100 +12,22 @@ Per-question records go to ``gsm8k/<case>.jsonl`` and the server log to ``server
 ``mtp_results_dir`` folder (the row folder under nox; names and metrics in mtpmatrix.schema).
 
 ``--server-url URL`` (repeatable) runs the same checks against sglang servers someone else started instead of
-launching any: one case per server, named from what its /server_info says it serves (mtpmatrix.tiers.served).
-
-Env knobs:
-  MTPMATRIX_GSM8K_PAIRS=E4B,E2B             pairs to run (default: settings.DEFAULT_PAIRS)
-  MTPMATRIX_GSM8K_BASELINE=1                also run each pair without MTP (and record a paired McNemar comparison)
-  MTPMATRIX_GSM8K_NUM_EXAMPLES=N            default settings.GSM8K_NUM_EXAMPLES
-  MTPMATRIX_<PAIR>_TARGET/_ASSISTANT/_TP/_THRESHOLD   see settings.resolve_pair
-  MTPMATRIX_GSM8K_READY_TIMEOUT=S           server readiness deadline (default 1200 s)
-  MTPMATRIX_GSM8K_PAIR=tiny:<target_dir>:<assistant_dir>
-      END-TO-END PROOF MODE: run this tier on a tiny local pair (e.g. the smoke tier's) instead of the real ones.
-      Cases are named "tiny-e2e-proof-*"; the GSM8K score is reported, NOT gated (threshold None), and the
-      acceptance floor is settings.SMOKE_MIN_ACCEPT_LENGTH.
+launching any. The env knobs (pairs, no-MTP baseline, number of questions, weights, the tiny end-to-end proof mode)
+are listed in mtpmatrix.tiers.gsm8k_tier.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import pytest
 
-from mtpmatrix.tiers import client, gsm8k
-
 from mtpmatrix import schema, settings, stats
-from mtpmatrix.tiers.pytest_plugin import SERVED_KEY, replay_run
+from mtpmatrix.tiers import client, sglang_compat
+from mtpmatrix.tiers.gsm8k_tier import Case, Gsm8kRun, Gsm8kRuns, cases
+from mtpmatrix.tiers.pytest_plugin import SERVED_KEY
+from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.gsm8k
-
-TINY_PREFIX = "tiny-e2e-proof"
-# Char-level tiny tokenizer: a 5-shot prompt is up to ~2.9k tokens, so the tiny pair gets its full 4096 context.
-TINY_ARGS_OVERRIDES = {"--context-length": "4096", "--max-total-tokens": "32768"}
-
-
-def _truthy(v: str | None) -> bool:
-    return (v or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    pair: str
-    target: str
-    assistant: str
-    tp: int
-    topk: int | None  # None = no-MTP baseline
-    threshold: float | None
-    extra_args: tuple[str, ...] = ()
-    tiny: bool = False
-    target_env: str = ""
-    assistant_env: str = ""
-    url: str | None = None  # a running server (--server-url): nothing is launched
-    served: dict | None = None  # what that server turned out to be (schema.SERVED)
-
-
-def _served_cases(servers) -> list[Case]:
-    """One case per --server-url, gated like the launched case of the same pair (unknown pair: not gated)."""
-    out = []
-    for s in servers:
-        thr = settings.resolve_pair(s.pair).threshold if s.pair else None
-        out.append(Case(s.case_id, s.pair or "served", s.model_path or "", s.draft_model_path or "", s.tp_size or 1,
-                        s.topk, thr, url=s.url, served=s.as_metric()))
-    return out
-
-
-def _cases(config=None) -> list[Case]:
-    servers = config.stash.get(SERVED_KEY, []) if config is not None else []
-    if servers:
-        return _served_cases(servers)
-    baseline = _truthy(os.environ.get("MTPMATRIX_GSM8K_BASELINE"))
-    topks: list[int | None] = ([None] if baseline else []) + list(settings.TOPKS)
-    tiny = os.environ.get("MTPMATRIX_GSM8K_PAIR", "").strip()
-    if tiny:
-        kind, _, rest = tiny.partition(":")
-        target, _, assistant = rest.partition(":")
-        if kind != "tiny" or not target or not assistant:
-            raise pytest.UsageError(f"MTPMATRIX_GSM8K_PAIR={tiny!r}: expected tiny:<target_dir>:<assistant_dir>")
-        return [Case(f"{TINY_PREFIX}-{'nomtp' if k is None else f'topk{k}'}", "tiny", target, assistant, tp=1,
-                     topk=k, threshold=None, tiny=True, target_env="MTPMATRIX_GSM8K_PAIR",
-                     assistant_env="MTPMATRIX_GSM8K_PAIR") for k in topks]
-    names = [n.strip() for n in os.environ.get("MTPMATRIX_GSM8K_PAIRS", "").split(",") if n.strip()]
-    cases = []
-    for name in names or settings.DEFAULT_PAIRS:
-        pair = settings.resolve_pair(name)
-        key = "MTPMATRIX_" + name.upper().replace("-", "_")
-        for k in topks:
-            cases.append(Case(f"{name}-{'nomtp' if k is None else f'topk{k}'}", name, pair.target, pair.assistant,
-                              pair.tp, k, pair.threshold, tuple(pair.extra_args),
-                              target_env=f"{key}_TARGET", assistant_env=f"{key}_ASSISTANT"))
-    return cases
-
 
 MTP_ONLY = ("test_acceptance",)  # checks that only mean something with speculative decoding on
 
@@ -113,173 +36,25 @@ def pytest_generate_tests(metafunc):
     """Every check runs once per case; the cases come from the session (--server-url) or settings.py."""
     if "gsm8k_run" not in metafunc.fixturenames:
         return
-    cases = _cases(metafunc.config)
+    try:
+        selected = cases(metafunc.config.stash.get(SERVED_KEY, []))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if metafunc.function.__name__ in MTP_ONLY:
-        cases = [c for c in cases if c.topk is not None]
-    metafunc.parametrize("gsm8k_run", cases, ids=[c.id for c in cases], indirect=True)
+        selected = [c for c in selected if c.topk is not None]
+    metafunc.parametrize("gsm8k_run", selected, ids=[c.id for c in selected], indirect=True)
 
 
-# --- weights: local path or Hugging Face cache, never a download ----------------------------------------------
-def hub_cache_dirs() -> list[Path]:
-    env = os.environ
-    dirs = [env.get("HF_HUB_CACHE"), env.get("HUGGINGFACE_HUB_CACHE"),
-            str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None,
-            str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface" / "hub")]
-    out: list[Path] = []
-    for d in dirs:
-        if d and Path(d).expanduser() not in out:
-            out.append(Path(d).expanduser())
-    return out
-
-
-def _has_weights(d: Path) -> bool:
-    return (d / "config.json").is_file() and (
-        any(d.glob("*.safetensors")) or (d / "model.safetensors.index.json").is_file() or any(d.glob("*.bin")))
-
-
-def resolve_weights(ref: str) -> tuple[Path | None, str]:
-    """(local folder with config + weights, or None; where it was looked for)."""
-    p = Path(ref).expanduser()
-    if p.is_dir():
-        return (p, "") if _has_weights(p) else (None, f"local dir {p} (it has no config.json + weight files)")
-    looked = []
-    if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
-        for cache in hub_cache_dirs():
-            repo = cache / ("models--" + ref.replace("/", "--"))
-            looked.append(str(repo))
-            snaps = []
-            head = repo / "refs" / "main"
-            if head.is_file():
-                snaps.append(repo / "snapshots" / head.read_text().strip())
-            if (repo / "snapshots").is_dir():
-                snaps += sorted((repo / "snapshots").iterdir(), key=lambda s: s.stat().st_mtime, reverse=True)
-            for s in snaps:
-                if s.is_dir() and _has_weights(s):
-                    return s, ""
-    where = f"local path {p}" + (f" and HF cache {', '.join(looked)}" if looked else "")
-    return None, where
-
-
-# --- one server per case, collected once ----------------------------------------------------------------------------
-@dataclass
-class Gsm8kRun:
-    case: Case
-    skip: str | None = None
-    error: BaseException | None = None
-    log_path: Path | None = None
-    records_path: Path | None = None
-    launch_seconds: float | None = None
-    info_before: dict | None = None
-    info_after: dict | None = None
-    result: gsm8k.Gsm8kResult | None = None
-    metrics: dict = field(default_factory=dict)
-
-
-_RUNS: dict[str, Gsm8kRun] = {}
-
-
-def _override(args: tuple[str, ...], overrides: dict[str, str]) -> tuple[str, ...]:
-    out = list(args)
-    for flag, value in overrides.items():
-        if flag in out:
-            out[out.index(flag) + 1] = value
-        else:
-            out += [flag, value]
-    return tuple(out)
-
-
-def _num_examples() -> int:
-    return int(os.environ.get("MTPMATRIX_GSM8K_NUM_EXAMPLES") or settings.GSM8K_NUM_EXAMPLES)
-
-
-def _score(url: str, lines: list[dict], say, label: str) -> gsm8k.Gsm8kResult:
-    return gsm8k.run_gsm8k(url, num_examples=_num_examples(), num_shots=settings.GSM8K_NUM_SHOTS,
-                           parallel=settings.GSM8K_PARALLEL, max_new_tokens=settings.GSM8K_MAX_NEW_TOKENS,
-                           lines=lines, log=say, label=label, timeout=3600)
-
-
-def _collect_served(case: Case, out_dir: Path, say) -> Gsm8kRun:
-    """Score a running server (--server-url); its cache is not flushed: the deployment is not ours to reset."""
-    run = Gsm8kRun(case)
-
-    def info(when: str) -> dict:
-        try:
-            return client.server_info(case.url)
-        except (OSError, http.client.HTTPException, client.ClientError) as exc:
-            raise CheckFailure("crash", f"{case.url} stopped answering /server_info {when}: "
-                                        f"{type(exc).__name__}: {exc}") from exc
-
-    try:
-        lines = gsm8k.load_split("test")
-        run.records_path = out_dir / schema.gsm8k_records(case.id)
-        run.info_before = info("before GSM8K")
-        say(f"[gsm8k {case.id}] scoring the running server {case.url} (model {case.target})")
-        run.result = _score(case.url, lines, say, f"[gsm8k {case.id}]")
-        run.info_after = info("after GSM8K")
-        run.result.write_jsonl(run.records_path)
-    except Exception as exc:  # kept and re-raised by each check, with its classification
-        run.error = exc
-    return run
-
-
-def _collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
-    from mtpmatrix.tiers.environment import gpu_count
-    from mtpmatrix.tiers.server import SglangServer
-
-    if case.url:
-        return _collect_served(case, out_dir, say)
-    run = Gsm8kRun(case)
-    n_gpu = gpu_count()
-    if n_gpu < case.tp:
-        run.skip = (f"{case.pair} needs TP {case.tp}, this machine has {n_gpu} GPU{'' if n_gpu == 1 else 's'}"
-                    + ("" if case.tiny else f" (MTPMATRIX_{case.pair.upper().replace('-', '_')}_TP overrides)"))
-        return run
-    env = {}
-    paths = {}
-    for role, ref, var in (("target", case.target, case.target_env), ("assistant", case.assistant, case.assistant_env)):
-        if role == "assistant" and case.topk is None:
-            continue
-        var = var or "MTPMATRIX_" + case.pair.upper().replace("-", "_") + "_" + role.upper()
-        found, looked = resolve_weights(ref)
-        if found is None:
-            run.skip = f"{case.pair} {role} weights {ref} not found: looked for {looked}; set {var} to a local path"
-            return run
-        paths[role] = found
-        if not Path(ref).expanduser().is_dir():
-            env["HF_HUB_OFFLINE"] = "1"  # resolved from the HF cache: never let the server reach for the hub
-    try:  # the data first: a missing dataset must not cost a server launch
-        lines = gsm8k.load_split("test")
-    except gsm8k.DataError as exc:
-        run.error = exc
-        return run
-    base = _override(settings.COMMON_ARGS, TINY_ARGS_OVERRIDES) if case.tiny else settings.COMMON_ARGS
-    args = settings.server_args(paths["target"], assistant=paths.get("assistant"), topk=case.topk, tp=case.tp,
-                                base=base, extra=case.extra_args)
-    run.log_path = out_dir / schema.server_log(f"gsm8k-{case.id}")
-    run.records_path = out_dir / schema.gsm8k_records(case.id)
-    server = SglangServer(args, log_path=run.log_path, env=env, name=f"gsm8k {case.id}",
-                          ready_timeout=float(os.environ.get("MTPMATRIX_GSM8K_READY_TIMEOUT") or 1200),
-                          progress=say)
-    try:
-        with server:
-            run.launch_seconds = server.ready_seconds
-            run.info_before = server.server_info()
-            server.flush_cache()
-            run.result = _score(server.base_url, lines, say, f"[gsm8k {case.id}]")
-            server.check_alive("running GSM8K")
-            run.info_after = server.server_info()
-        run.result.write_jsonl(run.records_path)
-    except Exception as exc:  # kept and re-raised by each check, with its classification
-        run.error = exc
-    return run
+@pytest.fixture(scope="session")
+def gsm8k_runs(mtp_results_dir, mtp_progress) -> Gsm8kRuns:
+    """Each case's server, launched (or scored) once for all the checks that read it."""
+    return Gsm8kRuns(mtp_results_dir, mtp_progress)
 
 
 @pytest.fixture
-def gsm8k_run(request, mtp_results_dir, mtp_progress) -> Gsm8kRun:
+def gsm8k_run(request, gsm8k_runs) -> Gsm8kRun:
     case: Case = request.param
-    if case.id not in _RUNS:
-        _RUNS[case.id] = _collect(case, mtp_results_dir, mtp_progress)
-    run = _RUNS[case.id]
+    run = gsm8k_runs.get(case)
     if run.skip:
         pytest.skip(run.skip)
     return run
@@ -297,28 +72,21 @@ def test_args(gsm8k_run, record_property):
     """The live server resolved the requested speculative config, with CUDA graphs on."""
     run = _use(gsm8k_run, record_property)
     info = run.info_before or {}
-    if run.case.topk is None:
-        algo = client.find_arg(info, "speculative_algorithm")
-        record_property("speculative_algorithm", algo)
-        if algo not in (None, "", "NONE"):
-            raise CheckFailure("args", f"baseline server resolved speculative_algorithm={algo!r}, expected none")
-    else:
-        if run.case.topk not in settings.DRAFT_TOKENS:
-            raise CheckFailure("args", f"server runs speculative_eagle_topk={run.case.topk}; the seed suite covers "
-                                       f"{', '.join(map(str, settings.TOPKS))}")
-        want = settings.expected_resolution(run.case.topk)
-        got = {k: client.find_arg(info, k) for k in want}
-        record_property("resolved", json.dumps(got))
-        if got != want:
-            raise CheckFailure("args", f"/server_info {got} != expected {want}")
     disabled = client.cuda_graph_disabled(info)
     record_property("cuda_graph_disabled", disabled)
+    if run.case.topk is not None:  # the check the smoke and contract tiers run too
+        sglang_compat.check_served_args(info, run.case.topk, record_property)
+        return
+    algo = client.find_arg(info, "speculative_algorithm")
+    record_property("speculative_algorithm", algo)
+    if algo not in (None, "", "NONE"):
+        raise CheckFailure("args", f"baseline server resolved speculative_algorithm={algo!r}, expected none")
     if disabled is not False:
         raise CheckFailure("args", f"CUDA graph not on per /server_info (disabled={disabled})")
 
 
 @pytest.mark.check("accuracy")
-def test_accuracy(gsm8k_run, record_property):
+def test_accuracy(gsm8k_run, gsm8k_runs, record_property):
     """GSM8K 5-shot score >= the pair's threshold (tiny proof mode: reported, not gated)."""
     run = _use(gsm8k_run, record_property)
     res = run.result
@@ -336,7 +104,7 @@ def test_accuracy(gsm8k_run, record_property):
     record_property(schema.GATED, thr is not None)
     record_property(schema.RECORDS, schema.gsm8k_records(run.case.id))
     if run.case.topk is not None:
-        base = _RUNS.get(run.case.id.rsplit("-", 1)[0] + "-nomtp")
+        base = gsm8k_runs.baseline_of(run.case)
         if base is not None and base.result is not None and base.result.num_examples == res.num_examples:
             cmp = stats.paired_compare(base.result.correct_list, res.correct_list)
             record_property(schema.SPEEDUP, stats.speedup(base.result.output_tokens_per_s, res.output_tokens_per_s))

@@ -23,9 +23,9 @@ import pytest
 
 from mtpmatrix import settings
 
-from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers import sglang_compat, smoke
 from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
-from mtpmatrix.tiers.pytest_plugin import replay_run
+from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
@@ -85,17 +85,8 @@ def test_server_serves(smoke_runs, name, record_property):
 @pytest.mark.parametrize("name", [s.name for s in MTP_SPECS])
 def test_resolved_mtp_args(smoke_runs, name, record_property):
     """The live server resolved NEXTN to FROZEN_KV_MTP with the requested topk / draft tokens, CUDA graph on."""
-    from mtpmatrix.tiers.client import cuda_graph_disabled, find_arg
-
     run = _run(smoke_runs, name, record_property)
-    info = run.server_info_before or {}
-    want = settings.expected_resolution(run.spec.topk)
-    got = {k: find_arg(info, k) for k in want}
-    record_property("resolved", json.dumps(got))
-    if got != want:
-        raise CheckFailure("args", f"server_info {got} != expected {want}")
-    if cuda_graph_disabled(info) is not False:
-        raise CheckFailure("args", f"CUDA graph not on per /server_info (disabled={cuda_graph_disabled(info)})")
+    sglang_compat.check_served_args(run.server_info_before or {}, run.spec.topk, record_property)
 
 
 @pytest.mark.check("launch")

@@ -41,14 +41,6 @@ WRONG_2 = WRONG_1 - {2, 3} | {100, 101, 102, 103, 104, 105}  # after: 2 question
 WRONG_NOMTP = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59}
 
 
-@pytest.fixture(scope="module")
-def lines():
-    try:
-        return gsm8k.load_split("test", offline=True)
-    except gsm8k.DataError as exc:
-        pytest.skip(f"GSM8K test split unavailable offline: {exc}")
-
-
 def nox(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("NOX", "VIRTUAL_ENV")) and (not k.startswith("MTPMATRIX_")
@@ -67,16 +59,16 @@ def report(results: Path, *args: str) -> subprocess.CompletedProcess:
     return nox("-s", "report", "--", *args, "--results", str(results), timeout=120)
 
 
-def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_path, lines):
+def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_path, gsm8k_lines):
     results = tmp_path / "results"
     with FakeSglang(server_info=server_info(topk=1, accept_length=2.4), accept_length=2.4, delay=0.005,
-                    responder=gsm8k_responder(lines, lambda i: i not in WRONG_1)) as mtp, \
+                    responder=gsm8k_responder(gsm8k_lines, lambda i: i not in WRONG_1)) as mtp, \
             FakeSglang(server_info=server_info(topk=None), accept_length=0, delay=0.02,
-                       responder=gsm8k_responder(lines, lambda i: i not in WRONG_NOMTP)) as base:
+                       responder=gsm8k_responder(gsm8k_lines, lambda i: i not in WRONG_NOMTP)) as base:
         first = run_row(results, "e2e-1", mtp.base_url, base.base_url)
         assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
         # the upgrade: some answers change, acceptance drops
-        mtp.state.responder = gsm8k_responder(lines, lambda i: i not in WRONG_2)
+        mtp.state.responder = gsm8k_responder(gsm8k_lines, lambda i: i not in WRONG_2)
         mtp.state.server_info = server_info(topk=1, accept_length=2.1)
         second = run_row(results, "e2e-2", mtp.base_url, base.base_url)
         assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]

@@ -1,29 +1,19 @@
-"""GSM8K prompts, extraction, scoring and data handling; one (slow) equivalence check against installed sglang."""
+"""GSM8K prompts, extraction, scoring and data handling, and the tier's cases, weights and run cache
+(mtpmatrix.tiers.gsm8k_tier). The equivalence with sglang's own run_eval needs sglang: the contract tier checks it
+(tests/tiers/test_contract.py::test_gsm8k_scoring_matches_run_eval)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import json
-import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from fake_sglang import FakeSglang
-from mtpmatrix.tiers import gsm8k
+from mtpmatrix import settings
+from mtpmatrix.tiers import gsm8k, gsm8k_tier, served
 
 INV = gsm8k.INVALID
-
-
-@pytest.fixture(scope="module")
-def test_lines():
-    try:
-        return gsm8k.load_split("test", offline=True)
-    except gsm8k.DataError as exc:
-        pytest.skip(f"GSM8K test split unavailable offline: {exc}")
 
 
 def _mini(n=8):
@@ -67,13 +57,14 @@ def test_prompt_layout_on_mini_data():
     assert len(gsm8k.build_questions(lines, num_examples=None, num_shots=0)) == 8
 
 
-def test_prompts_on_real_test_split(test_lines):
-    assert len(test_lines) == 1319
-    qs = gsm8k.build_questions(test_lines, 200, 5)
+def test_prompts_on_real_test_split(gsm8k_lines):
+    assert len(gsm8k_lines) == 1319
+    qs = gsm8k.build_questions(gsm8k_lines, 200, 5)
     assert len(qs) == 200 and qs[0].line == 5 and qs[-1].line == 204
     assert qs[0].prompt.startswith("Question: Janet\u2019s ducks lay 16 eggs per day.")
-    assert qs[0].prompt.count("\nAnswer:") == 6 and qs[0].prompt.endswith(f"Question: {test_lines[5]['question']}\nAnswer:")
-    assert all(q.gold != INV for q in gsm8k.build_questions(test_lines, None, 5))
+    assert qs[0].prompt.count("\nAnswer:") == 6
+    assert qs[0].prompt.endswith(f"Question: {gsm8k_lines[5]['question']}\nAnswer:")
+    assert all(q.gold != INV for q in gsm8k.build_questions(gsm8k_lines, None, 5))
     assert len({q.prompt_sha for q in qs}) == 200
 
 
@@ -189,58 +180,77 @@ def test_run_gsm8k_scores_records_and_errors(tmp_path):
     assert res.correct_list == [r["correct"] for r in res.records]
 
 
-# --- equivalence with the installed sglang --------------------------------------------------------------------------
-def _variant(q: gsm8k.Question) -> str:
-    k = q.index % 6
-    g = q.gold
-    return [f" {q.gold_text}", f" The total is ${g:,}.", f" It is {g + 1}", " no idea", f" 00{g}",
-            f" {g}\n\nQuestion: next"][k]
+# --- the tier's cases, weights and run cache (gsm8k_tier) ----------------------------------------------------------
+@pytest.fixture
+def no_gsm8k_env(monkeypatch):
+    for k in ("MTPMATRIX_GSM8K_PAIRS", "MTPMATRIX_GSM8K_BASELINE", "MTPMATRIX_GSM8K_PAIR"):
+        monkeypatch.delenv(k, raising=False)
+    return monkeypatch
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
-                    reason="sglang is not importable here (run with an sglang venv's python for this check)")
-def test_identical_to_installed_sglang_run_eval(monkeypatch, test_lines):
-    """Our prompts, sampling parameters and scores == sglang's run_eval(eval_name=gsm8k, api=completion)."""
-    rev = importlib.import_module("sglang.test.run_eval")
-    src = inspect.getsource(rev.run_eval)
-    m = re.search(r'eval_name == "gsm8k".*?from (sglang\.test\.\w+) import GSM8KEval', src, re.S)
-    assert m, "run_eval's gsm8k branch no longer imports a GSM8KEval: re-check gsm8k.py against sglang"
-    sg = importlib.import_module(m.group(1))
-    assert sg.INVALID == gsm8k.INVALID
+def test_cases_from_settings_and_env(no_gsm8k_env):
+    want = [f"{p}-topk{k}" for p in settings.DEFAULT_PAIRS for k in settings.TOPKS]
+    assert [c.id for c in gsm8k_tier.cases()] == want
+    no_gsm8k_env.setenv("MTPMATRIX_GSM8K_PAIRS", "E2B")
+    no_gsm8k_env.setenv("MTPMATRIX_GSM8K_BASELINE", "1")
+    got = gsm8k_tier.cases()
+    assert [c.id for c in got] == ["E2B-nomtp", "E2B-topk1", "E2B-topk3"]
+    assert got[0].topk is None and got[1].target_env == "MTPMATRIX_E2B_TARGET"
+    assert got[2].baseline_id == "E2B-nomtp"
 
-    ours = gsm8k.build_questions(test_lines, 200, 5)
-    responses = {q.prompt: _variant(q) for q in ours}
-    seen, captured = [], {}
 
-    class CapturingSampler:  # stands in for CompletionSampler: no server, canned responses
-        def __init__(self, **kw):
-            captured.update(kw)
-            self.model = kw.get("model")
-            self._completion_tokens = []
+def test_cases_tiny_proof_mode(no_gsm8k_env):
+    no_gsm8k_env.setenv("MTPMATRIX_GSM8K_PAIR", "tiny:/t:/a")
+    got = gsm8k_tier.cases()
+    assert [c.id for c in got] == [f"{gsm8k_tier.TINY_PREFIX}-topk{k}" for k in settings.TOPKS]
+    assert all(c.tiny and c.threshold is None and (c.target, c.assistant) == ("/t", "/a") for c in got)
+    no_gsm8k_env.setenv("MTPMATRIX_GSM8K_PAIR", "tiny:/t")
+    with pytest.raises(ValueError, match="expected tiny:<target_dir>:<assistant_dir>"):
+        gsm8k_tier.cases()
 
-        def _pack_message(self, role, content):
-            return {"role": str(role), "content": content}
 
-        def __call__(self, message_list):
-            prompt = "\n".join(m["content"] for m in message_list if isinstance(m.get("content"), str))
-            seen.append(prompt)
-            return responses[prompt]
+def test_cases_from_running_servers_are_gated_like_their_pair(no_gsm8k_env):
+    servers = [served.Served("http://h:1", {}, "E4B", 1, "m", "d", 1, "0.5.17"),
+               served.Served("http://h:2", {}, None, None, "x", None, None, None)]
+    e4b, unknown = gsm8k_tier.cases(servers)
+    assert (e4b.id, e4b.url, e4b.threshold) == ("E4B-topk1", "http://h:1", settings.resolve_pair("E4B").threshold)
+    assert e4b.served == servers[0].as_metric()
+    assert unknown.pair == "served" and unknown.threshold is None and unknown.tp == 1
 
-    monkeypatch.setattr(rev, "CompletionSampler", CapturingSampler)
-    # the seed suite's call (sglang/test/kits/spec_server_kits.py), data from our verified file
-    args = SimpleNamespace(base_url="http://127.0.0.1:9", model="m", eval_name="gsm8k", api="completion",
-                           max_tokens=512, num_examples=200, num_threads=8)
-    eval_obj = sg.GSM8KEval(num_examples=args.num_examples, num_threads=args.num_threads,
-                            num_shots=getattr(args, "num_shots", 5), data_path=str(gsm8k.data_file("test")))
-    result, _latency, _sampler = rev.run_eval_once(args, args.base_url + "/v1", eval_obj)
 
-    assert sorted(seen) == sorted(q.prompt for q in ours)  # same 200 prompts, byte for byte
-    assert captured["stop"] == gsm8k.STOP
-    assert captured["temperature"] == gsm8k.TEMPERATURE and captured["top_p"] == gsm8k.TOP_P
-    assert captured["max_tokens"] == 512
-    for q in ours:  # extraction and gold, function by function
-        assert sg.get_answer_value(responses[q.prompt]) == gsm8k.get_answer_value(responses[q.prompt])
-        assert sg.get_answer_value(test_lines[q.line]["answer"]) == q.gold
-    our_score = sum(gsm8k.is_correct(gsm8k.get_answer_value(responses[q.prompt]), q.gold) for q in ours) / 200
-    assert result.score == pytest.approx(our_score, abs=1e-12)
-    assert 0.0 < our_score < 1.0
+def _weights(d: Path) -> Path:
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"")
+    return d
+
+
+def test_resolve_weights_local_dir_and_hf_cache(tmp_path, monkeypatch):
+    assert gsm8k_tier.resolve_weights(str(_weights(tmp_path / "local"))) == (tmp_path / "local", "")
+    (tmp_path / "empty").mkdir()
+    found, looked = gsm8k_tier.resolve_weights(str(tmp_path / "empty"))
+    assert found is None and "has no config.json + weight files" in looked
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    repo = hub / "models--google--gemma-x"
+    snap = _weights(repo / "snapshots" / "abc")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc\n")
+    assert gsm8k_tier.resolve_weights("google/gemma-x") == (snap, "")
+    found, looked = gsm8k_tier.resolve_weights("google/absent")
+    assert found is None and str(hub / "models--google--absent") in looked
+
+
+def test_runs_are_collected_once_per_case(tmp_path):
+    calls = []
+
+    def collect(case, out_dir, say):
+        calls.append(case.id)
+        return gsm8k_tier.Gsm8kRun(case)
+
+    runs = gsm8k_tier.Gsm8kRuns(tmp_path, print, collect=collect)
+    mtp = gsm8k_tier.Case("E4B-topk1", "E4B", "t", "a", 1, 1, 0.65)
+    base = gsm8k_tier.Case("E4B-nomtp", "E4B", "t", "", 1, None, 0.65)
+    assert runs.baseline_of(mtp) is None  # not collected (yet): no comparison
+    assert runs.get(base) is runs.get(base) and runs.get(mtp).case is mtp
+    assert runs.baseline_of(mtp).case is base and calls == ["E4B-nomtp", "E4B-topk1"]

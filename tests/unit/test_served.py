@@ -16,20 +16,12 @@ from pathlib import Path
 import pytest
 
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
-from mtpmatrix.tiers import gsm8k, served
+from mtpmatrix.tiers import served
 from mtpmatrix.runner import matrix
 from mtpmatrix import schema
 from mtpmatrix.runner.rows import RowError
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def lines():
-    try:
-        return gsm8k.load_split("test", offline=True)
-    except gsm8k.DataError as exc:
-        pytest.skip(f"GSM8K test split unavailable offline: {exc}")
 
 
 @pytest.mark.parametrize("url, words", [
@@ -105,13 +97,14 @@ def _pytest(tmp_path, *args, env=None):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_gsm8k_tier_against_running_servers(tmp_path, lines):
+def test_gsm8k_tier_against_running_servers(tmp_path, gsm8k_lines):
     """The seed checks against an MTP server and a no-MTP one of the same pair: args, score against E4B's
     threshold, accept length gate, speed-up and McNemar against no-MTP, records and progress where they belong."""
     wrong = {2, 5, 11}
     with FakeSglang(server_info=server_info(topk=1, accept_length=2.5), accept_length=2.5,
-                    responder=gsm8k_responder(lines, lambda i: i not in wrong)) as mtp, \
-            FakeSglang(server_info=server_info(topk=None), accept_length=0, responder=gsm8k_responder(lines)) as base:
+                    responder=gsm8k_responder(gsm8k_lines, lambda i: i not in wrong)) as mtp, \
+            FakeSglang(server_info=server_info(topk=None), accept_length=0,
+                       responder=gsm8k_responder(gsm8k_lines)) as base:
         proc = _pytest(tmp_path, "--server-url", mtp.base_url, "--server-url", base.base_url)
         assert mtp.state.flushes == 0  # a deployment's cache is not ours to flush
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -135,12 +128,13 @@ def test_gsm8k_tier_against_running_servers(tmp_path, lines):
 
 @pytest.mark.parametrize("info, kind, words", [
     (server_info(topk=1, accept_length=1.2), "acceptance", "avg_spec_accept_length 1.200 < 1.5"),
-    (server_info(topk=1, speculative_num_draft_tokens=4), "args", "'speculative_num_draft_tokens': 4"),
+    (server_info(topk=1, speculative_num_draft_tokens=4), "args",
+     "speculative_num_draft_tokens: resolved 4, expected 6"),
     (server_info(topk=2), "args", "speculative_eagle_topk=2"),
     (server_info(topk=1, disable_cuda_graph=True), "args", "CUDA graph not on"),
 ])
-def test_gsm8k_tier_fails_a_server_that_does_not_meet_the_seed_suite(tmp_path, lines, info, kind, words):
-    with FakeSglang(server_info=info, responder=gsm8k_responder(lines)) as fake:
+def test_gsm8k_tier_fails_a_server_that_does_not_meet_the_seed_suite(tmp_path, gsm8k_lines, info, kind, words):
+    with FakeSglang(server_info=info, responder=gsm8k_responder(gsm8k_lines)) as fake:
         proc = _pytest(tmp_path, "--server-url", fake.base_url)
     assert proc.returncode == 1
     tiers = json.loads((tmp_path / "tiers.json").read_text())["tiers"]
@@ -149,8 +143,9 @@ def test_gsm8k_tier_fails_a_server_that_does_not_meet_the_seed_suite(tmp_path, l
     assert any(words in m for m in msgs), msgs
 
 
-def test_gsm8k_tier_gates_the_score_on_the_pair_threshold(tmp_path, lines):
-    with FakeSglang(server_info=server_info(topk=1), responder=gsm8k_responder(lines, lambda i: i % 2 == 0)) as fake:
+def test_gsm8k_tier_gates_the_score_on_the_pair_threshold(tmp_path, gsm8k_lines):
+    with FakeSglang(server_info=server_info(topk=1),
+                    responder=gsm8k_responder(gsm8k_lines, lambda i: i % 2 == 0)) as fake:
         proc = _pytest(tmp_path, "--server-url", fake.base_url)
     assert proc.returncode == 1
     tiers = json.loads((tmp_path / "tiers.json").read_text())["tiers"]

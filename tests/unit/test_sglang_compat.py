@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import json
 import sys
 import types
 
@@ -84,6 +85,44 @@ def test_check_resolution_against_settings():
     assert any("speculative_algorithm: resolved 'EAGLE'" in ln for ln in lines)
     assert any("speculative_num_draft_tokens: resolved 6, expected 12" in ln for ln in lines)
     assert any("speculative_num_steps: not among" in ln for ln in lines)
+
+
+def test_require_resolution_is_one_args_failure_naming_every_difference():
+    want = settings.expected_resolution(1)
+    compat.require_resolution(dict(want), want)  # nothing to say
+    exc = _raised(compat.require_resolution, {**want, "speculative_eagle_topk": 3}, want,
+                  more=["attention_backend: resolved 'fa3', expected 'triton'"])
+    assert isinstance(exc, CheckFailure) and exc.kind == "args"
+    assert str(exc) == ("speculative_eagle_topk: resolved 3, expected 1; "
+                        "attention_backend: resolved 'fa3', expected 'triton'")
+
+
+def _served_info(topk, **extra):
+    return {**settings.expected_resolution(topk), "disable_cuda_graph": False, **extra}
+
+
+@pytest.mark.parametrize("info, topk, words", [
+    (_served_info(1), 1, None),
+    ({"server_args": _served_info(3)}, 3, None),  # nested, as 0.5.23 answers
+    (_served_info(1, speculative_num_draft_tokens=4), 1, "/server_info speculative_num_draft_tokens: resolved 4, "
+                                                         "expected 6"),
+    ({k: v for k, v in _served_info(1).items() if k != "speculative_num_steps"}, 1,
+     "/server_info speculative_num_steps: not in /server_info"),
+    (_served_info(1, disable_cuda_graph=True), 1, "CUDA graph not on per /server_info (disabled=True)"),
+    ({k: v for k, v in _served_info(1).items() if k != "disable_cuda_graph"}, 1, "(disabled=None)"),
+    (_served_info(1, speculative_eagle_topk=2), 2, "speculative_eagle_topk=2; the seed suite covers 1, 3"),
+])
+def test_check_served_args(info, topk, words):
+    recorded = {}
+    exc = None
+    try:
+        compat.check_served_args(info, topk, lambda k, v: recorded.__setitem__(k, v))
+    except CheckFailure as e:
+        exc = e
+    if words is None:
+        assert exc is None and json.loads(recorded["resolved"]) == settings.expected_resolution(topk)
+    else:
+        assert exc is not None and exc.kind == "args" and words in str(exc), exc
 
 
 def test_cpu_args(monkeypatch):

@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mtpmatrix.tiers import client
-
 from mtpmatrix import settings, stats
+from mtpmatrix.atomic import atomic_write_bytes, atomic_write_text
+from mtpmatrix.tiers import client
 
 INVALID = -9999999
 STOP = ["Question", "Assistant:", "<|separator|>"]
@@ -124,23 +124,16 @@ def sha256_file(path: Path) -> str:
 
 def _download(split: str, dest: Path, timeout: float = 60.0) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     try:
-        with urllib.request.urlopen(URLS[split], timeout=timeout) as resp, open(tmp, "wb") as fh:
-            while True:
-                block = resp.read(1 << 20)
-                if not block:
-                    break
-                fh.write(block)
-        got = sha256_file(tmp)
+        with urllib.request.urlopen(URLS[split], timeout=timeout) as resp:
+            data = resp.read()  # a few MB at most; verified whole before anything is written
+        got = hashlib.sha256(data).hexdigest()
         if got != SHA256[split]:
             raise DataError(f"downloaded GSM8K {split}.jsonl from {URLS[split]} has SHA-256 {got}, "
                             f"expected {SHA256[split]}")
-        os.replace(tmp, dest)
+        atomic_write_bytes(dest, data)
     except OSError as exc:
         raise DataError(f"could not download GSM8K {split}.jsonl from {URLS[split]}: {exc}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def data_file(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
@@ -245,14 +238,9 @@ class Gsm8kResult:
         return [bool(r["correct"]) for r in self.records]
 
     def write_jsonl(self, path: str | Path) -> Path:
-        """One JSON record per question (index order); written to a temp file and renamed."""
+        """One JSON record per question (index order), written atomically."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for r in self.records:
-                fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records))
         return path
 
 

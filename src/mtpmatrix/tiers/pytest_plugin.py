@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.schema import LAUNCH_SECONDS, SCHEMA, SERVER_LOG, TIERS, worst
+from mtpmatrix.schema import SCHEMA, TIERS, worst
 from mtpmatrix.tiers import environment, known_upstream, served
 from mtpmatrix.tiers.verdict import classify
 
@@ -180,20 +180,6 @@ def pytest_runtest_makereport(item, call):
             if report.when != "call":
                 rec["outcome"] = "error"
         item.config.stash[_RECORDS_KEY].append(rec)
-
-
-def replay_run(run, record_property):
-    """For checks over a server run collected once by a fixture (smoke, gsm8k): record its log and launch time on
-    this check, then re-raise the run's own failure (already classified) so every dependent check reports it."""
-    if getattr(run, "log_path", None):  # server logs sit at the top of the row folder: the name is the path there
-        record_property(SERVER_LOG, Path(run.log_path).name)
-    if getattr(run, "launch_seconds", None) is not None:
-        record_property(LAUNCH_SECONDS, run.launch_seconds)
-    if getattr(run, "first_attempt_error", None):  # failed beside other servers, then relaunched alone
-        record_property("first_attempt_error", run.first_attempt_error)
-    if getattr(run, "error", None) is not None:
-        raise run.error
-    return run
 
 
 def _skip_reason(report) -> str:

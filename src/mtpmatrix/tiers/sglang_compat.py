@@ -6,6 +6,8 @@ What the contract tier asks of sglang, on a CPU-only machine:
   * ``load_config(path)``     sglang's own config loader reads a target / assistant folder;
   * ``resolve_server_args()`` the server's own argparse + ServerArgs resolution turns the seed command line into
                               the values the MTP path needs (FROZEN_KV_MTP, topk, steps, draft tokens, triton);
+  * ``require_resolution()``  the one resolved-args check (kind 'args'), also run by the smoke and gsm8k tiers on
+                              a live server's /server_info (``check_served_args``, which needs no sglang import);
   * ``spec_worker_class()``   sglang's own dispatch picks the Frozen-KV MTP worker for the resolved args;
   * ``load_models()``         sglang's model loader builds the target and assistant classes and loads the saved
                               safetensors on the CPU (single-rank gloo groups).
@@ -36,13 +38,15 @@ import importlib
 import importlib.util
 import inspect
 import io
+import json
 import logging
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+from mtpmatrix import settings
 from mtpmatrix.tiers.verdict import CheckFailure
 
 
@@ -310,17 +314,48 @@ def resolve_server_args(argv: list[str]) -> dict[str, Any]:
     return resolve(argv).values
 
 
-def check_resolution(values: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """Differences between resolved ``values`` and ``expected`` (settings.expected_resolution), as lines."""
+def check_resolution(values: dict[str, Any], expected: dict[str, Any],
+                     missing: str = "not among the resolved ServerArgs fields") -> list[str]:
+    """Differences between resolved ``values`` and ``expected`` (settings.expected_resolution), as lines; a key
+    absent from ``values`` is reported with ``missing``."""
     out = []
     for key, want in expected.items():
         if key not in values:
-            out.append(f"{key}: not among the resolved ServerArgs fields")
+            out.append(f"{key}: {missing}")
             continue
         got = values[key]
         if str(got).upper() != str(want).upper() if isinstance(want, str) else got != want:
             out.append(f"{key}: resolved {got!r}, expected {want!r}")
     return out
+
+
+def require_resolution(values: dict[str, Any], expected: dict[str, Any], *, more: Iterable[str] = (),
+                       missing: str = "not among the resolved ServerArgs fields", where: str = "") -> None:
+    """The resolved-args check of every tier (contract: ServerArgs resolved here; smoke and gsm8k: a live server's
+    /server_info): raise CheckFailure('args') naming each difference from ``expected`` and each of ``more``."""
+    problems = check_resolution(values, expected, missing) + list(more)
+    if problems:
+        raise CheckFailure("args", "; ".join(f"{where}{p}" for p in problems))
+
+
+_ABSENT = object()
+
+
+def check_served_args(info: dict, topk: int, record_property) -> None:
+    """A live MTP server resolved settings.expected_resolution(topk) per its /server_info, with CUDA graphs on
+    (smoke and gsm8k tiers). Records what it resolved as ``resolved`` (None where /server_info lacks a key)."""
+    from mtpmatrix.tiers.client import cuda_graph_disabled, find_arg
+
+    if topk not in settings.DRAFT_TOKENS:  # a --server-url deployment may run any topk
+        raise CheckFailure("args", f"server runs speculative_eagle_topk={topk}; the seed suite covers "
+                                   f"{', '.join(map(str, settings.TOPKS))}")
+    want = settings.expected_resolution(topk)
+    got = {k: find_arg(info, k, _ABSENT) for k in want}
+    record_property("resolved", json.dumps({k: None if v is _ABSENT else v for k, v in got.items()}))
+    disabled = cuda_graph_disabled(info)
+    cuda = [] if disabled is False else [f"CUDA graph not on per /server_info (disabled={disabled})"]
+    require_resolution({k: v for k, v in got.items() if v is not _ABSENT}, want, more=cuda,
+                       missing="not in /server_info", where="/server_info ")
 
 
 def spec_worker_class(resolution: Resolution):
