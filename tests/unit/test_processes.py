@@ -29,7 +29,8 @@ def _fake_sglang_python(tmp_path: Path, environ: str) -> tuple[Path, Path]:
     (pkg / "srt" / "environ.py").write_text(environ)
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(pkg.parent))} exec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(pkg.parent))} "
+                      f"exec {shlex.quote(sys.executable)} \"$@\"\n")
     python.chmod(0o755)
     return python, pkg
 
