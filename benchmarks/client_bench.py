@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from mtpmatrix.tiers import client  # noqa: E402
-from mtpmatrix.tiers.server import free_port  # noqa: E402
+from mtpmatrix.tiers.processes import free_port  # noqa: E402
 
 FAKE = ROOT / "tests" / "unit" / "fake_sglang.py"
 

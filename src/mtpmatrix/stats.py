@@ -4,7 +4,7 @@
 * ``mcnemar(b, c)``: exact (binomial) two-sided McNemar p-value for paired discordant counts.
 * ``paired_compare(a, b)``: per-question correctness of two runs -> discordant counts, flipped question indices
   both ways, McNemar p-value.
-* ``speedup`` / ``latency_speedup`` / ``geomean``: throughput ratios.
+* ``speedup`` / ``latency_speedup``: throughput ratios.
 """
 
 from __future__ import annotations
@@ -123,9 +123,3 @@ def latency_speedup(baseline_s: float, candidate_s: float) -> float | None:
         return None
     return baseline_s / candidate_s
 
-
-def geomean(values: Sequence[float]) -> float | None:
-    vals = [v for v in values if v is not None]
-    if not vals or any(v <= 0 for v in vals):
-        return None
-    return math.exp(sum(math.log(v) for v in vals) / len(vals))

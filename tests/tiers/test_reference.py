@@ -42,8 +42,9 @@ ACCEPT_RATE_MIN = 0.95
 ACCEPT_LEN_MIN = 3.5  # of DRAFT_TOKENS + 1 = 4
 PAIRS = [pytest.param(n, v, id=n if v == "random" else f"{n}-{v}")
          for v in ("random", "constructed", "witness") for n in PAIR_NAMES]
-# Witness ablations (mtpmatrix.tiers.witness.draft_rounds): the intact drafter must draft (nearly) every token right, and
-# each broken input must take the accuracy of the drafts that consume it to at most this share of the intact one.
+# Witness ablations (mtpmatrix.tiers.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
+# right, and each broken input must take the accuracy of the drafts that consume it to at most this share of the
+# intact one.
 WITNESS_INTACT_MIN = 0.95
 WITNESS_ABLATED_MAX_SHARE = 0.25
 WITNESS_PROMPTS = 2  # sequences of token-id prompts (as the smoke tier sends), 19 draft rounds each
@@ -372,7 +373,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     layer of the same type, positions off by one either way, another request's rows, a tree node fed its parent's
     sibling's state -- takes the accuracy of the drafts that consume the broken input far below that. Both variants:
     the smoke tier serves both. Fails if the drafter stops depending on an input."""
-    from mtpmatrix.tiers import witness
+    from mtpmatrix.tiers import witness, witness_harness
     from mtpmatrix.tiers.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
 
     torch = _torch()
@@ -387,7 +388,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     if not torch.equal(seqs[:, PROMPT_LEN:], expected % text["vocab_size"]):
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
     steps = 5
-    rounds = functools.partial(witness.draft_rounds, target, assistant, seqs, text, steps=steps, start=PROMPT_LEN,
+    rounds = functools.partial(witness_harness.draft_rounds, target, assistant, seqs, text, steps=steps, start=PROMPT_LEN,
                                draft_phase=phase)
     intact = rounds()
     record_property("intact", json.dumps(intact))
@@ -397,7 +398,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
                                          f"{phase:+d} (per step {intact['step_accuracy']}); needs >= "
                                          f"{WITNESS_INTACT_MIN}")
     blind = []
-    for ablation in witness.ABLATIONS:
+    for ablation in witness_harness.ABLATIONS:
         got = rounds(ablation=ablation)
         # the sibling-parent fault first reaches the third draft (the first node whose parent has siblings)
         first = 2 if ablation == "tree_sibling_parent" else 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.tiers import abi
+from mtpmatrix.tiers.elf import AbiUnavailable, Ref, make_reader
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="needs g++ to build the ELF fixtures")
@@ -97,8 +98,8 @@ def elf(tmp_path_factory):
 @pytest.fixture(params=["pyelftools", "readelf"])
 def reader(request):
     try:
-        r = abi.make_reader(request.param)
-    except abi.AbiUnavailable:
+        r = make_reader(request.param)
+    except AbiUnavailable:
         pytest.skip(f"{request.param} is not available here")
     yield r
     r.close()
@@ -169,7 +170,7 @@ def test_versioned_references_belong_to_their_library(elf, reader, tmp_path):
     assert present.missing_symbols == gone.missing_symbols == [
         "_ZN3c104impl3cow23materialize_cow_storageERNS_11StorageImplE", "_ZN5torch7Library4_defEi"]
     # the control: the same name unversioned would have been torch's, and missing
-    assert abi.is_torch_symbol(abi.Ref("_ZN3c105thingEv"))
+    assert abi.is_torch_symbol(Ref("_ZN3c105thingEv"))
     refs = {r.name: r for r in reader.undefined(elf["ext_versioned"])}
     assert refs["_ZN3c105thingEv"].version_file == "libver.so.1"
     assert refs["_ZN5torch7Library4_defEi"].version_file is None
@@ -216,12 +217,12 @@ def test_sonames_whose_major_is_not_the_cuda_major_are_ignored(soname):
     ("PyLong_FromLong", False),
 ])
 def test_torch_symbol_attribution(name, torch):
-    assert abi.is_torch_symbol(abi.Ref(name)) is torch
+    assert abi.is_torch_symbol(Ref(name)) is torch
 
 
 def test_versioned_reference_is_torch_only_when_its_version_is_torch_s():
-    assert not abi.is_torch_symbol(abi.Ref("_ZN3c105thingEv", "libver.so.1"))
-    assert abi.is_torch_symbol(abi.Ref("_ZN3c105thingEv", "libc10.so"))
+    assert not abi.is_torch_symbol(Ref("_ZN3c105thingEv", "libver.so.1"))
+    assert abi.is_torch_symbol(Ref("_ZN3c105thingEv", "libc10.so"))
 
 
 @pytest.mark.parametrize("soname,torch", [("libtorch.so", True), ("libtorch_cuda.so", True), ("libc10_cuda.so", True),
@@ -252,15 +253,15 @@ def test_no_reader_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "elftools", None)  # import elftools -> ImportError
     monkeypatch.setitem(sys.modules, "elftools.elf.elffile", None)
     monkeypatch.setenv("PATH", "")
-    with pytest.raises(abi.AbiUnavailable) as err:
-        abi.make_reader()
+    with pytest.raises(AbiUnavailable) as err:
+        make_reader()
     assert "\n" not in str(err.value) and "pyelftools" in str(err.value) and "readelf" in str(err.value)
 
 
 def test_readers_agree_on_a_real_extension(elf):
     try:
-        py, re_ = abi.make_reader("pyelftools"), abi.make_reader("readelf")
-    except abi.AbiUnavailable:
+        py, re_ = make_reader("pyelftools"), make_reader("readelf")
+    except AbiUnavailable:
         pytest.skip("needs both pyelftools and readelf")
     for path in (elf["ext"], elf["ext_versioned"], elf["ext_cuda"]):
         assert py.dynamic(path) == re_.dynamic(path)

@@ -1,4 +1,4 @@
-"""Fault injection (mtpmatrix.faults.mutants and mutant_hook/sitecustomize.py), without sglang or a GPU.
+"""Fault injection (mtpmatrix.faults and mutant_hook/sitecustomize.py), without sglang or a GPU.
 
 The hook is exercised for real: subprocesses (and a multiprocessing *spawn* child, the way sglang starts its
 scheduler) import a toy package through it. The catalogue logic runs on small fake source trees, the verdicts on
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.faults import catalogue as C
 from mtpmatrix.faults import mutants as M
+from mtpmatrix.faults import suites as S
 from mtpmatrix.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,15 +46,15 @@ TOY = {
             raise RuntimeError("boom at VALUE=%d" % VALUE)
         """,
 }
-TOY_MUTANT = M.Mutant("value-two", "accounting", "VALUE 1 -> 2", (M.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),))
+TOY_MUTANT = C.Mutant("value-two", "accounting", "VALUE 1 -> 2", (C.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),))
 
 
 def payload_for(tmp_path: Path, mutant=TOY_MUTANT, pkg="toypkg") -> tuple[Path, Path]:
     site = write_tree(tmp_path / "site", TOY)
-    app = M.apply(mutant, site / pkg)
+    app = C.apply(mutant, site / pkg)
     assert app.applicable and not app.error, app.reason()
     payload = tmp_path / "mutant.json"
-    payload.write_text(json.dumps(M.hook_payload(app)))
+    payload.write_text(json.dumps(C.hook_payload(app)))
     return site, payload
 
 
@@ -62,10 +64,10 @@ def py(code: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.Comp
 
 
 def hook_env(*paths: Path, payload: Path | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", M.ENV_MUTANT)}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (M.HOOK_DIR, *paths))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", C.ENV_MUTANT)}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (C.HOOK_DIR, *paths))
     if payload is not None:
-        env[M.ENV_MUTANT] = str(payload)
+        env[C.ENV_MUTANT] = str(payload)
     return env
 
 
@@ -96,7 +98,7 @@ def test_hook_serves_the_patched_module_to_a_process_and_its_spawn_child(tmp_pat
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["2", "2"]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{M.MARK} value-two serves patched toypkg.mod")]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{C.MARK} value-two serves patched toypkg.mod")]
     assert len(lines) == 2 and len({ln.rsplit("pid", 1)[1] for ln in lines}) == 2  # parent and child, each once
     assert (site / "toypkg" / "mod.py").read_text().startswith("VALUE = 1\n")  # the installed file is untouched
 
@@ -108,7 +110,7 @@ def test_hook_without_a_mutant_changes_nothing(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], env=hook_env(site), cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["1", "1"] and M.MARK not in proc.stderr
+    assert proc.stdout.split() == ["1", "1"] and C.MARK not in proc.stderr
 
 
 def test_tracebacks_and_inspect_show_the_patched_text(tmp_path):
@@ -157,7 +159,7 @@ def test_unreadable_payload_is_reported_and_startup_goes_on(tmp_path):
     site, _ = payload_for(tmp_path)
     proc = py("import toypkg.mod as m; print(m.VALUE)", hook_env(site, payload=tmp_path / "missing.json"), tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == "1"
-    assert f"{M.MARK} NOT applied: cannot read {M.ENV_MUTANT}=" in proc.stderr
+    assert f"{C.MARK} NOT applied: cannot read {C.ENV_MUTANT}=" in proc.stderr
 
 
 # --------------------------------------------------------------------------------------------- applying
@@ -172,33 +174,33 @@ FAKE = {
 
 def test_sites_apply_where_the_anchor_is_unique_and_are_na_elsewhere(tmp_path):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
-    m = M.Mutant("seed-first", "handoff", "first instead of last", (
-        M.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]", "return h[0]"),  # this release
-        M.Site("sglang.srt.speculative.worker_v1", "return h[n - 1]", "return h[0]"),  # an older one: absent
+    m = C.Mutant("seed-first", "handoff", "first instead of last", (
+        C.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]", "return h[0]"),  # this release
+        C.Site("sglang.srt.speculative.worker_v1", "return h[n - 1]", "return h[0]"),  # an older one: absent
     ))
-    app = M.apply(m, pkg)
+    app = C.apply(m, pkg)
     assert app.applicable and app.error is None
     assert [s.status for s in app.sites] == ["applied", "no such file"]
     assert app.files == ["sglang/srt/speculative/worker_v2.py"]
-    assert "return h[0]" in M.hook_payload(app)["modules"]["sglang.srt.speculative.worker_v2"]["source"]
-    assert "-    return h[n - 1]\n+    return h[0]" in M.diff(app)
+    assert "return h[0]" in C.hook_payload(app)["modules"]["sglang.srt.speculative.worker_v2"]["source"]
+    assert "-    return h[n - 1]\n+    return h[0]" in C.diff(app)
 
 
 @pytest.mark.parametrize("site,status", [
-    (M.Site("sglang.srt.speculative.worker_v2", "return h[n]", "return h[0]"), "anchor absent"),
-    (M.Site("sglang.srt.speculative.twice", "x = 1\n", "x = 2\n"), "anchor found 2 times"),
-    (M.Site("sglang.srt.speculative.gone", "x", "y"), "no such file"),
+    (C.Site("sglang.srt.speculative.worker_v2", "return h[n]", "return h[0]"), "anchor absent"),
+    (C.Site("sglang.srt.speculative.twice", "x = 1\n", "x = 2\n"), "anchor found 2 times"),
+    (C.Site("sglang.srt.speculative.gone", "x", "y"), "no such file"),
 ])
 def test_absent_or_ambiguous_anchor_is_not_applicable(tmp_path, site, status):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
-    app = M.apply(M.Mutant("m", "handoff", "m", (site,)), pkg)
+    app = C.apply(C.Mutant("m", "handoff", "m", (site,)), pkg)
     assert not app.applicable and app.modules == {}
     assert status in app.reason()
 
 
 def test_a_replacement_that_does_not_compile_is_an_error(tmp_path):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
-    app = M.apply(M.Mutant("m", "handoff", "m", (M.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]",
+    app = C.apply(C.Mutant("m", "handoff", "m", (C.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]",
                                                            "return h[0"),)), pkg)
     assert app.applicable and "does not compile" in app.error and "worker_v2.py:2" in app.error
 
@@ -206,17 +208,17 @@ def test_a_replacement_that_does_not_compile_is_an_error(tmp_path):
 def test_overlapping_sites_are_an_error(tmp_path):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
     mod = "sglang.srt.speculative.worker_v2"
-    app = M.apply(M.Mutant("m", "handoff", "m", (M.Site(mod, "return h[n - 1]", "return h[n - 2]"),
-                                                 M.Site(mod, "h[n - 1]", "h[0]"))), pkg)
+    app = C.apply(C.Mutant("m", "handoff", "m", (C.Site(mod, "return h[n - 1]", "return h[n - 2]"),
+                                                 C.Site(mod, "h[n - 1]", "h[0]"))), pkg)
     assert "overlap" in app.error
 
 
 def test_select_and_unknown_ids():
-    assert [m.id for m in M.select("topk-parent-hidden, handoff-block-first")] == ["handoff-block-first",
+    assert [m.id for m in C.select("topk-parent-hidden, handoff-block-first")] == ["handoff-block-first",
                                                                                   "topk-parent-hidden"]
-    assert len(M.select(None)) == len(M.CATALOGUE)
-    with pytest.raises(M.MutantsError, match="unknown mutant.s. nope; known: handoff-block-first"):
-        M.select("handoff-block-first,nope")
+    assert len(C.select(None)) == len(C.CATALOGUE)
+    with pytest.raises(C.MutantsError, match="unknown mutant.s. nope; known: handoff-block-first"):
+        C.select("handoff-block-first,nope")
 
 
 def test_unknown_mutant_id_is_one_line_and_exit_2(capsys):
@@ -226,22 +228,22 @@ def test_unknown_mutant_id_is_one_line_and_exit_2(capsys):
 
 
 def test_catalogue_covers_every_required_category_with_distinct_real_edits():
-    ids = [m.id for m in M.CATALOGUE]
+    ids = [m.id for m in C.CATALOGUE]
     assert len(ids) == len(set(ids)) >= 8
-    assert {m.category for m in M.CATALOGUE} == set(M.CATEGORIES)
-    for m in M.CATALOGUE:
+    assert {m.category for m in C.CATALOGUE} == set(C.CATEGORIES)
+    for m in C.CATALOGUE:
         assert m.sites and m.models and m.expect and m.servers, m.id
         assert all(s.module.startswith("sglang.") and s.anchor != s.replacement for s in m.sites), m.id
-        assert set(m.servers) <= set(M.DEFAULT_SERVERS), m.id
+        assert set(m.servers) <= set(C.DEFAULT_SERVERS), m.id
 
 
 def _sglang_017() -> Path | None:
     candidates = [os.environ.get("MTPMATRIX_SGLANG_DIR")]
-    found = M.find_sglang()
+    found = C.find_sglang()
     candidates.append(str(found) if found else None)
     candidates += [str(p) for p in sorted(REPO.glob(".nox/*sglang-0?5?17*/lib/python3*/site-packages/sglang"))]
     for c in candidates:
-        if c and Path(c).is_dir() and M.sglang_version(Path(c)) == "0.5.17":
+        if c and Path(c).is_dir() and C.sglang_version(Path(c)) == "0.5.17":
             return Path(c)
     return None
 
@@ -253,16 +255,16 @@ def test_check_against_the_installed_sglang_0_5_17(capsys):
     assert main(["mutants", "--check", "--sglang-dir", str(pkg)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("sglang 0.5.17 at ")
-    assert f"{len(M.CATALOGUE)} applicable, 0 n.a.; every patched module compiles" in out
-    for m in M.CATALOGUE:  # 0.5.17 runs Frozen-KV MTP on the spec-v2 worker: no site may land in the v1 worker
-        assert "frozen_kv_mtp_worker.py" not in " ".join(M.apply(m, pkg).files)
+    assert f"{len(C.CATALOGUE)} applicable, 0 n.a.; every patched module compiles" in out
+    for m in C.CATALOGUE:  # 0.5.17 runs Frozen-KV MTP on the spec-v2 worker: no site may land in the v1 worker
+        assert "frozen_kv_mtp_worker.py" not in " ".join(C.apply(m, pkg).files)
 
 
 def test_list_and_check_on_a_fake_release(tmp_path, capsys):
     pkg = write_tree(tmp_path, {**FAKE, "sglang/_version.py": "__version__ = version = '9.9.9'\n"}) / "sglang"
-    cat = (M.Mutant("ok", "handoff", "m", (M.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0]"),)),
-           M.Mutant("gone", "positions", "m", (M.Site("sglang.srt.speculative.worker_v1", "h", "g"),)),
-           M.Mutant("bad", "accounting", "m", (M.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0"),)))
+    cat = (C.Mutant("ok", "handoff", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0]"),)),
+           C.Mutant("gone", "positions", "m", (C.Site("sglang.srt.speculative.worker_v1", "h", "g"),)),
+           C.Mutant("bad", "accounting", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0"),)))
     ns = parse(["--list"])
     assert M.run(ns, catalogue=cat, pkg_dir=pkg) == 0  # --list does not compile
     ns = parse(["--check"])
@@ -292,49 +294,49 @@ def tiers(*checks, verdict=None, reason=None) -> dict:
 
 
 def test_judge_suite():
-    got = M.judge_suite(tiers(check("test_server_serves[w1]", "passed"),
+    got = S.judge_suite(tiers(check("test_server_serves[w1]", "passed"),
                               check("test_spec_metrics[w1]", "failed", "acceptance",
                                     "accept length 1.03 outside [5.0, 6]\nmore detail")))
     assert got.status == "failed" and got.passed == 1
     assert got.failed == [{"id": "tests/tiers/test_smoke.py::test_spec_metrics[w1]", "outcome": "failed",
                            "kind": "acceptance", "message": "accept length 1.03 outside [5.0, 6]"}]
-    assert M.judge_suite(tiers(check("a", "passed"), check("b", "passed"))).status == "passed"
-    skipped = M.judge_suite(tiers(check("a", "skipped"), verdict="skipped", reason="smoke tier: no GPU"))
+    assert S.judge_suite(tiers(check("a", "passed"), check("b", "passed"))).status == "passed"
+    skipped = S.judge_suite(tiers(check("a", "skipped"), verdict="skipped", reason="smoke tier: no GPU"))
     assert skipped.status == "error" and "no GPU" in skipped.reason
-    assert M.judge_suite(tiers(check("a", "failed", "harness", "KeyError"))).status == "error"
-    assert M.judge_suite(None, 2).reason.startswith("pytest exited 2 without tiers.json")
-    assert M.judge_suite(tiers(check("a", "passed")), timed_out=True).status == "timeout"
+    assert S.judge_suite(tiers(check("a", "failed", "harness", "KeyError"))).status == "error"
+    assert S.judge_suite(None, 2).reason.startswith("pytest exited 2 without tiers.json")
+    assert S.judge_suite(tiers(check("a", "passed")), timed_out=True).status == "timeout"
     stopped = tiers(check("a", "passed"), verdict="error", reason="pytest stopped early (exit 2)")
-    assert M.judge_suite(stopped).status == "error"
+    assert S.judge_suite(stopped).status == "error"
 
 
 def test_hook_evidence_from_server_logs(tmp_path):
-    (tmp_path / "server-w1.log").write_text(f"# pid 1 (process group 1)\n{M.MARK} m1 serves patched x.y (pid 3)\n")
-    assert M.hook_evidence(tmp_path, "m1") == (True, None)
-    assert M.hook_evidence(tmp_path, "m2") == (False, None)
-    (tmp_path / "server-w3.log").write_text(f"{M.MARK} m1 NOT applied to x.y: changed (pid 4)\n")
-    assert M.hook_evidence(tmp_path, "m1")[1].startswith(f"{M.MARK} m1 NOT applied")
+    (tmp_path / "server-w1.log").write_text(f"# pid 1 (process group 1)\n{C.MARK} m1 serves patched x.y (pid 3)\n")
+    assert S.hook_evidence(tmp_path, "m1") == (True, None)
+    assert S.hook_evidence(tmp_path, "m2") == (False, None)
+    (tmp_path / "server-w3.log").write_text(f"{C.MARK} m1 NOT applied to x.y: changed (pid 4)\n")
+    assert S.hook_evidence(tmp_path, "m1")[1].startswith(f"{C.MARK} m1 NOT applied")
 
 
 @pytest.mark.parametrize("outcome,served,refused,status", [
-    (M.SuiteOutcome("failed", [{"id": "a", "kind": "acceptance"}]), True, None, "killed"),
-    (M.SuiteOutcome("passed", [], 4), True, None, "survived"),
-    (M.SuiteOutcome("failed", [{"id": "a", "kind": "launch"}]), False, None, "error"),  # killed by something else
-    (M.SuiteOutcome("passed", [], 4), True, "NOT applied", "error"),
-    (M.SuiteOutcome("timeout", reason="t"), True, None, "error"),
-    (M.SuiteOutcome("error", reason="no smoke check ran"), True, None, "error"),
+    (S.SuiteOutcome("failed", [{"id": "a", "kind": "acceptance"}]), True, None, "killed"),
+    (S.SuiteOutcome("passed", [], 4), True, None, "survived"),
+    (S.SuiteOutcome("failed", [{"id": "a", "kind": "launch"}]), False, None, "error"),  # killed by something else
+    (S.SuiteOutcome("passed", [], 4), True, "NOT applied", "error"),
+    (S.SuiteOutcome("timeout", reason="t"), True, None, "error"),
+    (S.SuiteOutcome("error", reason="no smoke check ran"), True, None, "error"),
 ])
 def test_mutant_status(outcome, served, refused, status):
-    assert M.mutant_status(outcome, served, refused)[0] == status
+    assert S.mutant_status(outcome, served, refused)[0] == status
 
 
 def test_overall_verdict():
     killed, survived, na = ({"status": "killed"}, {"status": "survived"}, {"status": "n.a."})
-    assert M.overall({"status": "passed"}, [killed, na]) == ("all-killed", 0)
-    assert M.overall({"status": "passed"}, [killed, survived]) == ("survivors", 1)
-    assert M.overall({"status": "failed"}, [killed]) == ("invalid", 1)
-    assert M.overall({"status": "passed"}, [killed, {"status": "error"}]) == ("incomplete", 1)
-    assert M.overall({"status": "passed"}, [na]) == ("nothing-applicable", 1)
+    assert S.overall({"status": "passed"}, [killed, na]) == ("all-killed", 0)
+    assert S.overall({"status": "passed"}, [killed, survived]) == ("survivors", 1)
+    assert S.overall({"status": "failed"}, [killed]) == ("invalid", 1)
+    assert S.overall({"status": "passed"}, [killed, {"status": "error"}]) == ("incomplete", 1)
+    assert S.overall({"status": "passed"}, [na]) == ("nothing-applicable", 1)
 
 
 def test_render_table():
@@ -342,7 +344,7 @@ def test_render_table():
             {"id": "topk-parent-hidden", "models": "x" * 80, "status": "killed", "seconds": 95.0,
              "killed_by": "test_spec_metrics[witness-mtp-topk3] (acceptance)"},
             {"id": "accept-count-server", "models": "m", "status": "n.a.", "seconds": None}]
-    lines = M.render_table(rows, models_width=20).splitlines()
+    lines = S.render_table(rows, models_width=20).splitlines()
     assert lines[0].split() == ["mutant", "what", "it", "models", "status", "killed", "by", "s"]
     assert set(lines[1].replace(" ", "")) == {"-"}
     assert lines[3].startswith("topk-parent-hidden   " + "x" * 17 + "...  killed  test_spec_metrics[")
@@ -353,33 +355,33 @@ def test_render_table():
 
 def test_killed_by_names_checks_with_their_kind():
     checks = [{"id": f"t.py::c{i}", "kind": "acceptance"} for i in range(4)]
-    assert M.killed_by(checks) == "c0 (acceptance), c1 (acceptance), +2 more"
+    assert S.killed_by(checks) == "c0 (acceptance), c1 (acceptance), +2 more"
 
 
 def test_server_cap():
-    assert M.server_cap(16, None) == 5  # one per CORES_PER_SERVER cores
-    assert M.server_cap(16, 24 * 1024) == 1  # a 24 GiB card: the smoke tier's memory rule wins
-    assert M.server_cap(2, None) == 1 and M.server_cap(None, None) == 1
-    assert M.server_cap(16, None, requested=2) == 2
+    assert S.server_cap(16, None) == 5  # one per CORES_PER_SERVER cores
+    assert S.server_cap(16, 24 * 1024) == 1  # a 24 GiB card: the smoke tier's memory rule wins
+    assert S.server_cap(2, None) == 1 and S.server_cap(None, None) == 1
+    assert S.server_cap(16, None, requested=2) == 2
 
 
 def test_suite_env_puts_the_hook_first_and_names_the_suite(tmp_path):
-    base = {"PYTHONPATH": "/tmp/site:src", M.ENV_MUTANT: "stale", "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1"}
-    env = M.suite_env(base, ("a", "b"), tmp_path / "m", tmp_path / "tiny", tmp_path / "m" / "mutant.json",
+    base = {"PYTHONPATH": "/tmp/site:src", C.ENV_MUTANT: "stale", "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1"}
+    env = S.suite_env(base, ("a", "b"), tmp_path / "m", tmp_path / "tiny", tmp_path / "m" / "mutant.json",
                       tmp_path / "cache")
-    assert env["PYTHONPATH"] == f"{M.HOOK_DIR}{os.pathsep}/tmp/site:src"
-    assert env[M.ENV_MUTANT] == str(tmp_path / "m" / "mutant.json")
+    assert env["PYTHONPATH"] == f"{C.HOOK_DIR}{os.pathsep}/tmp/site:src"
+    assert env[C.ENV_MUTANT] == str(tmp_path / "m" / "mutant.json")
     assert env["MTPMATRIX_SMOKE_SERVERS"] == "a,b" and env["MTPMATRIX_SMOKE_PARALLEL"] == "2"
     assert env["MTPMATRIX_RESULTS"] == str(tmp_path / "m" / "tiers.json")
     assert env["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
     assert "MTPMATRIX_SMOKE_SWAP_DRAFTERS" not in env
-    baseline = M.suite_env(base, ("a",), tmp_path / "b", tmp_path / "tiny", None, None)
-    assert M.ENV_MUTANT not in baseline and "TRITON_CACHE_DIR" not in baseline
+    baseline = S.suite_env(base, ("a",), tmp_path / "b", tmp_path / "tiny", None, None)
+    assert C.ENV_MUTANT not in baseline and "TRITON_CACHE_DIR" not in baseline
 
 
 def test_pytest_command_is_the_smoke_suite_with_its_own_results(tmp_path):
-    s = M.Suite("m", ("a",), tmp_path, {})
-    assert M.pytest_command(s, "py") == ["py", "-m", "pytest", "tests/tiers/test_smoke.py", "-p", "no:cacheprovider",
+    s = S.Suite("m", ("a",), tmp_path, {})
+    assert S.pytest_command(s, "py") == ["py", "-m", "pytest", "tests/tiers/test_smoke.py", "-p", "no:cacheprovider",
                                          "--tiers", "smoke", "--mtp-results", str(tmp_path / "tiers.json")]
 
 
@@ -387,7 +389,7 @@ def test_split_row_arg():
     assert M.split_row_arg(["--row", "sglang-0.5.17", "--check"]) == ("sglang-0.5.17", ["--check"])
     assert M.split_row_arg(["--row=x", "--mutants", "a"]) == ("x", ["--mutants", "a"])
     assert M.split_row_arg([]) == (None, [])
-    with pytest.raises(M.MutantsError):
+    with pytest.raises(C.MutantsError):
         M.split_row_arg(["--row"])
 
 
@@ -416,11 +418,11 @@ json.dump({"tiers": {"smoke": {"verdict": "failed" if fail else "passed", "check
 """
 
 TOY_CAT = (
-    M.Mutant("value-two", "accounting", "VALUE 1 -> 2", (M.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),),
+    C.Mutant("value-two", "accounting", "VALUE 1 -> 2", (C.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),),
              servers=("w",)),
-    M.Mutant("comment-only", "positions", "a comment: changes nothing observable",
-             (M.Site("toypkg.mod", "def where():\n", "def where():  # mutated\n"),), servers=("w",)),
-    M.Mutant("elsewhere", "handoff", "absent here", (M.Site("toypkg.v1", "x", "y"),), servers=("w",)),
+    C.Mutant("comment-only", "positions", "a comment: changes nothing observable",
+             (C.Site("toypkg.mod", "def where():\n", "def where():  # mutated\n"),), servers=("w",)),
+    C.Mutant("elsewhere", "handoff", "absent here", (C.Site("toypkg.v1", "x", "y"),), servers=("w",)),
 )
 
 
@@ -436,7 +438,7 @@ def stub_env(tmp_path, monkeypatch):
     stub = tmp_path / "stub.py"
     stub.write_text(STUB)
     monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.delenv(M.ENV_MUTANT, raising=False)
+    monkeypatch.delenv(C.ENV_MUTANT, raising=False)
     command = lambda suite: [sys.executable, str(stub), str(suite.folder), suite.name]  # noqa: E731
     return site / "toypkg", command
 
@@ -494,10 +496,10 @@ def test_scheduler_respects_the_server_cap_and_the_warmup(tmp_path, stub_env, mo
     _pkg, command = stub_env
     monkeypatch.setenv("STUB_SLEEP", "0.6")
     out = tmp_path / "out"
-    suites = [M.Suite("baseline", ("a", "b"), out / "baseline", dict(os.environ))]
-    suites += [M.Suite(f"m{i}", ("a",), out / f"m{i}", dict(os.environ)) for i in range(4)]
+    suites = [S.Suite("baseline", ("a", "b"), out / "baseline", dict(os.environ))]
+    suites += [S.Suite(f"m{i}", ("a",), out / f"m{i}", dict(os.environ)) for i in range(4)]
     done: list[str] = []
-    M.Scheduler(suites, cap=2, timeout=60, command=command, log=lambda _: None, poll=0.02,
+    S.Scheduler(suites, cap=2, timeout=60, command=command, log=lambda _: None, poll=0.02,
                 on_done=lambda s: done.append(s.name)).run()
     assert sorted(done) == ["baseline", "m0", "m1", "m2", "m3"]
     spans = {}
@@ -514,12 +516,12 @@ def test_scheduler_respects_the_server_cap_and_the_warmup(tmp_path, stub_env, mo
 def test_scheduler_times_out_a_hanging_suite(tmp_path):
     hang = tmp_path / "hang.py"
     hang.write_text("import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(2)\n")
-    suite = M.Suite("m", ("a",), tmp_path / "m", dict(os.environ))
+    suite = S.Suite("m", ("a",), tmp_path / "m", dict(os.environ))
     t0 = time.monotonic()
-    M.Scheduler([suite], cap=1, timeout=2, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
+    S.Scheduler([suite], cap=1, timeout=2, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
                 poll=0.05, grace=5).run()
     assert suite.timed_out and suite.exitstatus == 2 and time.monotonic() - t0 < 20
-    assert M.judge_suite(None, suite.exitstatus, suite.timed_out).status == "timeout"
+    assert S.judge_suite(None, suite.exitstatus, suite.timed_out).status == "timeout"
 
 
 def test_nox_mutants_session_rejects_an_unknown_row_in_one_line():
@@ -560,7 +562,7 @@ def test_leftover_server_groups_are_killed_only_when_they_are_sglang(tmp_path):
         procs[name] = p
         (tmp_path / f"server-{name}.log").write_text(f"# command: x\n# pid {p.pid} (process group {p.pid})\nlog\n")
     try:
-        assert M.stop_leftover_servers(tmp_path) == [procs["sg"].pid]
+        assert S.stop_leftover_servers(tmp_path) == [procs["sg"].pid]
         assert procs["sg"].wait(timeout=10) == -9
         assert procs["other"].poll() is None
     finally:

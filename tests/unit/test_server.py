@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.tiers import client, server
+from mtpmatrix.tiers import client, processes
 from mtpmatrix.tiers.server import SglangServer
 from mtpmatrix.tiers.verdict import CheckFailure, classify
 
 FAKE = str(Path(__file__).with_name("fake_sglang.py"))
-PROBE_PY = Path("/tmp/probe/v0.5.17/bin/python")
 
 
 def _fake(tmp_path, *extra, **kw) -> SglangServer:
@@ -42,7 +41,7 @@ def test_start_ready_generate_stop(tmp_path):
         assert srv.flush_cache() is True
         srv.check_alive()
     assert not srv.alive()
-    assert server.port_is_free("127.0.0.1", srv.port)
+    assert processes.port_is_free("127.0.0.1", srv.port)
     log = (tmp_path / "server.log").read_text()
     assert "# command:" in log and "fake sglang: serving" in log and "stopped (exit code" in log
     assert srv.stop() is not None  # idempotent
@@ -100,7 +99,7 @@ def test_not_ready_before_deadline_is_launch_failure(tmp_path):
             pass
     assert ei.value.kind == "launch" and "not ready after 2s" in str(ei.value)
     assert "/health_generate -> 503" in str(ei.value)
-    assert not srv.alive() and server.port_is_free("127.0.0.1", srv.port)
+    assert not srv.alive() and processes.port_is_free("127.0.0.1", srv.port)
 
 
 def test_stop_kills_whole_group_including_grandchild(tmp_path):
@@ -114,7 +113,7 @@ def test_stop_kills_whole_group_including_grandchild(tmp_path):
     while _alive(gpid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(spid) and not _alive(gpid)
-    assert server.port_is_free("127.0.0.1", srv.port)
+    assert processes.port_is_free("127.0.0.1", srv.port)
 
 
 def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
@@ -144,7 +143,7 @@ def test_port_in_use_is_refused(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert not server.port_is_free("127.0.0.1", port)
+        assert not processes.port_is_free("127.0.0.1", port)
         with pytest.raises(RuntimeError, match="already in use"):
             _fake(tmp_path, port=port).start()
 
@@ -173,53 +172,6 @@ def test_env_passed_to_process(tmp_path):
     assert out.read_text() == "yes"
 
 
-def test_supported_env_filters_unknown_sglang_names():
-    kept, dropped = server.supported_env({"SGLANG_KNOWN": "1", "SGLANG_TYPO": "1", "CUDA_VISIBLE_DEVICES": "0"},
-                                         known={"SGLANG_KNOWN"})
-    assert kept == {"SGLANG_KNOWN": "1", "CUDA_VISIBLE_DEVICES": "0"} and dropped == ["SGLANG_TYPO"]
-    assert server.supported_env({"A": "b"}) == ({"A": "b"}, [])
-
-
-@pytest.mark.skipif(not PROBE_PY.exists(), reason=f"no sglang venv at {PROBE_PY} to read an envs module from")
-def test_sglang_env_names_read_from_installed_sglang():
-    names = server.sglang_env_names(str(PROBE_PY))
-    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" in names
-    assert server.sglang_package_dir(str(PROBE_PY)).name == "sglang"
-
-
-def test_sglang_env_names_without_sglang():
-    assert server.sglang_env_names("/nonexistent/python") == frozenset()
-
-
-def test_redaction_helpers():
-    assert server.redact_env({"HF_TOKEN": "x", "HUGGING_FACE_HUB_TOKEN": "y", "PATH": "/bin"}) == {
-        "HF_TOKEN": "***", "HUGGING_FACE_HUB_TOKEN": "***", "PATH": "/bin"}
-    assert server.redact_args(["--api-key", "s", "--tp", "2", "--admin-api-key=z"]) == [
-        "--api-key", "***", "--tp", "2", "--admin-api-key=***"]
-
-
-def test_redaction_keeps_token_count_options():
-    args = ["--max-total-tokens", "32768", "--speculative-num-draft-tokens", "6", "--skip-tokenizer-init",
-            "--model-path", "m", "--hf-token", "t", "--api-key=k"]
-    assert server.redact_args(args) == ["--max-total-tokens", "32768", "--speculative-num-draft-tokens", "6",
-                                        "--skip-tokenizer-init", "--model-path", "m", "--hf-token", "***",
-                                        "--api-key=***"]
-    assert server.redact_env({"TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}) == {
-        "TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}
-
-
-def test_free_port_avoids_the_ephemeral_range():
-    import random
-
-    lo, _hi = server.ephemeral_port_range()
-    if lo - 1001 <= 20000:
-        pytest.skip(f"ephemeral range starts at {lo}: no room below it, free_port falls back to the kernel's pick")
-    rng = random.Random(7)
-    ports = {server.free_port(rng=rng) for _ in range(20)}
-    assert all(20000 <= p < lo - 1000 for p in ports), ports
-    assert len(ports) > 1  # random, so side-by-side launches do not race for one port
-
-
 def test_auto_port_taken_before_start_is_picked_again(tmp_path):
     import socket
 
@@ -231,11 +183,3 @@ def test_auto_port_taken_before_start_is_picked_again(tmp_path):
         with srv:
             assert srv.port != taken
             assert client.health(srv.base_url, timeout=5)
-
-
-def test_gpu_memory_by_pid_sums_gpus_and_keeps_unreadable_pids(monkeypatch):
-    monkeypatch.setattr(server, "nvidia_smi", lambda *a: "101, 3100\n102, 3100\n101, 3210\n103, [N/A]\n")
-    assert server.gpu_memory_by_pid() == {101: 6310, 102: 3100, 103: 0}
-    assert server.gpu_pids() == {101, 102, 103}  # a context with unreadable memory still counts for teardown
-    monkeypatch.setattr(server, "nvidia_smi", lambda *a: None)
-    assert server.gpu_memory_by_pid() is None and server.gpu_pids() is None

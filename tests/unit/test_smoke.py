@@ -216,7 +216,8 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
     import threading
     import time
 
-    from mtpmatrix.tiers.server import SglangServer, _group_members
+    from mtpmatrix.tiers.processes import group_members
+    from mtpmatrix.tiers.server import SglangServer
 
     seen: list[SglangServer] = []
     real_start = SglangServer.start
@@ -242,7 +243,7 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
     assert len(seen) == 3
-    assert all(not _group_members(s.pid) for s in seen)
+    assert all(not group_members(s.pid) for s in seen)
     assert time.monotonic() - t0 < 30  # stopped at the interrupt, not at the 60 s ready timeout
 
 

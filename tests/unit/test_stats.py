@@ -107,5 +107,3 @@ def test_speedups():
     assert stats.speedup(0, 1) is None and stats.speedup(None, 1) is None
     assert stats.latency_speedup(10.0, 4.0) == 2.5
     assert stats.latency_speedup(1.0, 0) is None
-    assert stats.geomean([2.0, 8.0]) == pytest.approx(4.0)
-    assert stats.geomean([]) is None and stats.geomean([1.0, -1.0]) is None

@@ -147,17 +147,3 @@ def test_atomic_write_makes_an_ordinary_file(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert f.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
-
-
-def test_stopped_session_qualifies_no_tier():
-    from mtpmatrix.tiers.pytest_plugin import mark_incomplete, summarize
-
-    recs = [{"tier": "contract", "outcome": "passed", "seconds": 1.0},
-            {"tier": "reference", "outcome": "failed", "seconds": 1.0, "failure": {"kind": "mismatch"}}]
-    assert mark_incomplete(summarize(recs), ["contract", "reference"], 0)["contract"]["verdict"] == "passed"
-    # a collection error runs nothing: the selected tiers are errors, not 'skipped'
-    tiers = mark_incomplete(summarize(recs), ["contract", "reference", "smoke"], 2, "1 collection error(s)")
-    assert tiers["contract"]["verdict"] == "error" and tiers["contract"]["failure_kinds"] == ["harness"]
-    assert "collection error" in tiers["smoke"]["reason"] and tiers["smoke"]["verdict"] == "error"
-    assert tiers["reference"]["verdict"] == "failed" and tiers["reference"]["failure_kinds"] == ["mismatch"]
-    assert tiers["gsm8k"]["verdict"] == "skipped"  # not selected

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from mtpmatrix.runner.store import TIERS, atomic_write_json, is_matrix_run, latest_run_id, read_json
+from mtpmatrix.schema import FAILING, results_root
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
@@ -202,7 +203,7 @@ def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
         if rec.get("verdict") in (None, "pending"):  # unfinished there: look further back
             continue
         tiers = rec.get("tiers") or {}
-        failed = [t for t in CHEAPEST if (tiers.get(t) or {}).get("verdict") in ("failed", "error")]
+        failed = [t for t in CHEAPEST if (tiers.get(t) or {}).get("verdict") in FAILING]
         return (failed[0] if failed else DEFAULT_TIER), run.name
     return DEFAULT_TIER, None
 
@@ -212,7 +213,7 @@ def default_row(results: Path, rows: list) -> str:
     latest = latest_run_id(results)
     if latest:
         for f in sorted((Path(results) / latest).glob("*/row.json")):
-            if read_json(f).get("verdict") in ("failed", "error") and any(r.id == f.parent.name for r in rows):
+            if read_json(f).get("verdict") in FAILING and any(r.id == f.parent.name for r in rows):
                 return f.parent.name
     ci = [r.id for r in rows if "ci" in r.tags]
     return ci[0] if ci else rows[0].id
@@ -272,11 +273,11 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
         return Probe(version, UNTESTABLE, f"does not install: {msg}", install.get("failure"), seconds, path)
     t = (record.get("tiers") or {}).get(tier) or {}
     verdict = t.get("verdict")
-    failing = [c for c in t.get("checks") or [] if c.get("outcome") in ("failed", "error")]
+    failing = [c for c in t.get("checks") or [] if c.get("outcome") in FAILING]
     first = next((c.get("failure") for c in failing if c.get("failure")), None)
     if verdict == "passed":
         return Probe(version, GOOD, "", None, seconds, path)
-    if verdict in ("failed", "error"):
+    if verdict in FAILING:
         kinds = t.get("failure_kinds") or sorted({(c.get("failure") or {}).get("kind") for c in failing} - {None})
         if kinds and set(kinds) == {"harness"}:
             return Probe(version, UNTESTABLE, f"harness error: {(first or {}).get('message') or t.get('reason')}",
@@ -307,7 +308,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", choices=TIERS,
                    help="tier to re-run (default: the cheapest that failed in the row's latest run, else contract)")
     p.add_argument("--run-id", help="results/<RUN_ID>/ for the probes (default: bisect-<UTC timestamp>)")
-    p.add_argument("--results", type=Path, default=Path(os.environ.get("MTPMATRIX_RESULTS_ROOT", "results")))
+    p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--keep-venvs", action="store_true", help="keep each probe's venv under .cache/bisect/")
 
 

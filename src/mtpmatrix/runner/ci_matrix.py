@@ -26,6 +26,7 @@ from mtpmatrix import settings
 from mtpmatrix.runner.matrix import in_shard, preflight_tier_env
 from mtpmatrix.runner.rows import Row, RowError, load_rows
 from mtpmatrix.runner.store import TIERS
+from mtpmatrix.schema import parse_tiers
 
 ROW_SESSIONS = ("gemma4_mtp", "gemma4_mtp_extra")
 DEFAULT_SESSION = "gemma4_mtp"
@@ -35,10 +36,6 @@ RUNNER_PREFIX = "gpu-"
 def shard(ids: list[str], i: int, n: int) -> list[str]:
     """The row ids of shard ``i`` of ``n`` (1-based), exactly as ``nox ... -- --shard I/N`` picks them."""
     return [r for r in ids if in_shard(r, ids, (i, n))]
-
-
-def split_list(text: str | None) -> list[str]:
-    return [t.strip() for t in (text or "").split(",") if t.strip()]
 
 
 def row_sessions(listing: list[dict]) -> list[dict]:
@@ -126,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             listing = nox_listing(nox=shlex.split(a.nox), cwd=a.constraints.resolve().parent)
         rows = {r.id: r for r in load_rows(a.constraints)}
-        result = build_matrix(listing, rows, tags=split_list(a.tags), tiers=split_list(a.tiers),
+        result = build_matrix(listing, rows, tags=parse_tiers(a.tags), tiers=parse_tiers(a.tiers),
                               include_extra=a.include_extra, gpus=a.gpus, max_gpus=a.max_gpus,
                               warn=lambda m: print(f"::warning::{m}", file=sys.stderr))
     except (RowError, json.JSONDecodeError, OSError) as exc:

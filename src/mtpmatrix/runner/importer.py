@@ -183,7 +183,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, metavar="OUT", help="a tools/gpu_box.sh output folder")
     p.add_argument("--row", required=True, help="the row (constraints/<ROW>.txt) the box ran")
     p.add_argument("--run-id", help="results/<RUN_ID>/ to add the row to (default: a new UTC timestamp)")
-    p.add_argument("--results", type=Path, default=Path(os.environ.get("MTPMATRIX_RESULTS_ROOT", "results")),
+    p.add_argument("--results", type=Path, default=schema.results_root(),
                    help="results root (default: results, env MTPMATRIX_RESULTS_ROOT)")
 
 

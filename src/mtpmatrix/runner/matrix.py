@@ -27,6 +27,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.runner.rows import Row, RowError, parse_override
+from mtpmatrix.schema import parse_tiers, results_root
 from mtpmatrix.runner.store import (KNOWN_UPSTREAM, TIERS, TIERS_FILE, RunStore, new_run_id, parse_freeze, read_json,
                              row_verdict)
 from mtpmatrix.tiers.verdict import classify_install
@@ -40,7 +41,7 @@ class Options:
     overrides: list[str] = field(default_factory=list)
     run_id: str | None = None
     resume: bool = False
-    results: Path = Path("results")
+    results: Path = field(default_factory=results_root)
     tiers: str = ",".join(TIERS)
     shard: tuple[int, int] | None = None
     pytest_args: list[str] = field(default_factory=list)
@@ -71,7 +72,7 @@ def parse_options(posargs: list[str]) -> Options:
     p.add_argument("--run-id", help="results/<run-id>/ to write (default: a UTC timestamp; env MTPMATRIX_RUN_ID)")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="RUN_ID",
                    help="continue a run, skipping rows that already have a verdict (default: the latest run)")
-    p.add_argument("--results", type=Path, default=Path(os.environ.get("MTPMATRIX_RESULTS_ROOT", "results")))
+    p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)))
     p.add_argument("--shard", type=_shard, help="run only shard I of N (rows in id order, round robin)")
     p.add_argument("--no-index-check", dest="offline_check", action="store_true",
@@ -81,7 +82,7 @@ def parse_options(posargs: list[str]) -> Options:
     ns, rest = p.parse_known_args(posargs)
     for spec in ns.overrides:
         parse_override(spec)  # raises RowError with one line
-    tiers = [t.strip() for t in ns.tiers.split(",") if t.strip()]  # as the pytest plugin reads them
+    tiers = parse_tiers(ns.tiers)  # as the pytest plugin reads them
     bad = [t for t in tiers if t not in TIERS]
     if bad:
         raise RowError(f"--tiers: unknown tier(s) {', '.join(bad)}; known: {', '.join(TIERS)}")
@@ -125,7 +126,7 @@ def preflight_overrides(overrides: list[str], *, skip_index: bool = False) -> No
 def preflight_tier_env(tiers: str, env: dict | None = None):
     """The selected tiers' environment knobs (MTPMATRIX_SMOKE_*), checked before anything is installed: the smoke
     tier's ``SmokeOptions`` when smoke is selected, else None; a bad value is a RowError (one line)."""
-    if "smoke" not in tiers.split(","):
+    if "smoke" not in parse_tiers(tiers):
         return None
     from mtpmatrix.tiers import smoke
 
@@ -377,7 +378,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         record["gpus"] = data.get("gpus", 0)
     else:  # pytest died before its sessionfinish hook: the harness broke, not sglang
         record["tiers"] = {t: {"verdict": "error", "reason": f"pytest exited {rc_p} without results (see pytest.log)",
-                               "failure_kinds": ["harness"], "checks": []} for t in opts.tiers.split(",")}
+                               "failure_kinds": ["harness"], "checks": []} for t in parse_tiers(opts.tiers)}
     return _finish(store, row, record)
 
 

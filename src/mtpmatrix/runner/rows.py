@@ -24,10 +24,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from mtpmatrix.settings import MIN_TRANSFORMERS
+
 REQUIRED_PINS = ("sglang", "transformers", "torch")
 HEADER_KEYS = {"python", "torch-backend", "tags", "default", "description", "gpus"}
 TORCH_BACKENDS = {"pypi", "auto", "cpu"} | {f"cu{v}" for v in (118, 121, 124, 126, 128, 129, 130, 131, 132)}
-MIN_TRANSFORMERS = Version("5.8.0")  # the first release with gemma4_assistant
 ROW_ID = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
 _HEADER = re.compile(r"^#\s*([a-z\-]+)\s*:\s*(.*?)\s*$")
 
@@ -135,7 +136,7 @@ def parse_row(path: Path) -> Row:
             Version(pins[p])
         except InvalidVersion as exc:
             raise RowError(f"{line_of(p)}: {exc}") from None
-    if Version(pins["transformers"]) < MIN_TRANSFORMERS:
+    if Version(pins["transformers"]) < Version(MIN_TRANSFORMERS):
         raise RowError(f"{line_of('transformers')}: transformers {pins['transformers']} predates gemma4_assistant "
                        f"(needs >= {MIN_TRANSFORMERS})")
     default = meta.get("default", "true").lower()
@@ -166,14 +167,6 @@ def load_rows(directory: Path) -> list[Row]:
     if not files:
         raise RowError(f"{directory}: no row files (*.txt)")
     return [parse_row(f) for f in files]
-
-
-def select_rows(rows: list[Row], names: list[str]) -> list[Row]:
-    by_id = {r.id: r for r in rows}
-    unknown = [n for n in names if n not in by_id]
-    if unknown:
-        raise RowError(f"unknown row(s) {', '.join(unknown)}; known: {', '.join(by_id)}")
-    return [by_id[n] for n in names]
 
 
 def parse_override(spec: str) -> Requirement:

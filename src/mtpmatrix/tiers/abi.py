@@ -45,10 +45,8 @@ CUDA: the CUDA runtime libraries whose soname major is the CUDA major (``libcuda
 needs must have the major of the row's torch build (``torch.version.cuda``, read from ``torch/version.py`` without
 importing torch). A CPU build of torch has no CUDA version: that half is skipped, saying so.
 
-ELF reading: pyelftools (a dependency of this package; symbol lookups go through the libraries' GNU hash tables, so
-libtorch_cpu's ~80k exports are never listed) or, where it is absent (plain ``pytest`` with ``PYTHONPATH=src``),
-binutils' ``readelf``; with neither the check is skipped with one line. Names are demangled with ``c++filt`` when
-it is there.
+ELF reading: ``elf.py`` (pyelftools, else binutils' readelf; with neither the check is skipped with one line).
+Names are demangled with ``c++filt`` when it is there.
 """
 
 from __future__ import annotations
@@ -68,6 +66,8 @@ from typing import Iterable
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+
+from mtpmatrix.tiers.elf import AbiUnavailable, Dynamic, Ref, make_reader
 
 ROOT_DIST = "sglang"
 TORCH_DIST = "torch"
@@ -89,205 +89,6 @@ _GLOBAL_CXX = re.compile(r"^_Z(\d+)")
 CUDA_MAJOR_SONAME = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nvJitLink)(?:[.-][0-9a-f]{8})?\.so\.(\d+)$")
 _DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib",
                  "/usr/local/lib")
-
-
-class AbiUnavailable(RuntimeError):
-    """The check cannot run here (no ELF reader, not an ELF platform, no torch); the message is one line."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# ELF readers
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Dynamic:
-    soname: str | None
-    needed: tuple[str, ...]
-    rpath: tuple[str, ...]
-    runpath: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A strong undefined reference of a library: its name and, for a versioned one, the file the version names."""
-    name: str
-    version_file: str | None = None
-
-
-class PyElfReader:
-    """pyelftools: dynamic section, undefined references, and name lookups through the GNU/SysV hash table."""
-
-    name = "pyelftools"
-
-    def __init__(self):
-        from elftools.elf.elffile import ELFFile  # noqa: F401  (raises ImportError where pyelftools is absent)
-
-        self._open: dict[str, tuple] = {}
-
-    def _elf(self, path: Path):
-        key = str(path)
-        if key not in self._open:
-            from elftools.elf.elffile import ELFFile
-            from elftools.elf.hash import ELFHashSection, GNUHashSection
-
-            fh = open(path, "rb")
-            elf = ELFFile(fh)
-            dynsym = elf.get_section_by_name(".dynsym")
-            table = None
-            for sec in elf.iter_sections():
-                if isinstance(sec, GNUHashSection):
-                    table = sec
-                    break
-                if isinstance(sec, ELFHashSection):
-                    table = sec
-            self._open[key] = (fh, elf, dynsym, table)
-        return self._open[key]
-
-    def close(self) -> None:
-        for fh, *_ in self._open.values():
-            fh.close()
-        self._open.clear()
-
-    def dynamic(self, path: Path) -> Dynamic:
-        _, elf, _, _ = self._elf(path)
-        soname, needed, rpath, runpath = None, [], [], []
-        dyn = elf.get_section_by_name(".dynamic")
-        if dyn is None:
-            dyn = next((s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC"), None)
-        for tag in dyn.iter_tags() if dyn is not None else ():
-            kind = tag.entry.d_tag
-            if kind == "DT_NEEDED":
-                needed.append(tag.needed)
-            elif kind == "DT_SONAME":
-                soname = tag.soname
-            elif kind == "DT_RPATH":
-                rpath += tag.rpath.split(":")
-            elif kind == "DT_RUNPATH":
-                runpath += tag.runpath.split(":")
-        return Dynamic(soname, tuple(needed), tuple(rpath), tuple(runpath))
-
-    def undefined(self, path: Path) -> list[Ref]:
-        _, elf, dynsym, _ = self._elf(path)
-        if dynsym is None:
-            return []
-        versym = elf.get_section_by_name(".gnu.version")
-        verneed = elf.get_section_by_name(".gnu.version_r")
-        file_of: dict[int, str] = {}
-        if verneed is not None:
-            for vn, auxs in verneed.iter_versions():
-                for aux in auxs:
-                    file_of[aux["vna_other"]] = vn.name
-        out = []
-        for i, sym in enumerate(dynsym.iter_symbols()):
-            if i == 0 or sym["st_shndx"] != "SHN_UNDEF" or sym["st_info"]["bind"] != "STB_GLOBAL" or not sym.name:
-                continue
-            ndx = versym.get_symbol(i)["ndx"] if versym is not None else "VER_NDX_GLOBAL"
-            out.append(Ref(sym.name, file_of.get(ndx & 0x7FFF) if isinstance(ndx, int) else None))
-        return out
-
-    def defines(self, path: Path, names: Iterable[str]) -> set[str]:
-        _, _, dynsym, table = self._elf(path)
-        if dynsym is None:
-            return set()
-        found = set()
-        if table is not None:
-            for name in names:
-                sym = table.get_symbol(name)
-                if sym is not None and sym["st_shndx"] != "SHN_UNDEF":
-                    found.add(name)
-            return found
-        wanted = set(names)  # no hash section (unusual): one pass over the table
-        return {s.name for s in dynsym.iter_symbols() if s.name in wanted and s["st_shndx"] != "SHN_UNDEF"}
-
-
-class ReadelfReader:
-    """binutils' readelf, for environments without pyelftools (output parsed once per library and cached)."""
-
-    name = "readelf"
-
-    def __init__(self, exe: str | None = None):
-        self.exe = exe or shutil.which("readelf")
-        if self.exe is None:
-            raise FileNotFoundError("readelf")
-        self._syms: dict[str, tuple[list[Ref], frozenset[str]]] = {}
-
-    def _run(self, *args: str) -> str:
-        out = subprocess.run([self.exe, "-W", *args], capture_output=True, text=True, errors="replace")
-        if out.returncode != 0:
-            raise OSError(f"readelf {' '.join(args)}: {(out.stderr or out.stdout).strip().splitlines()[:1]}")
-        return out.stdout
-
-    def close(self) -> None:
-        self._syms.clear()
-
-    def dynamic(self, path: Path) -> Dynamic:
-        soname, needed, rpath, runpath = None, [], [], []
-        for line in self._run("-d", str(path)).splitlines():
-            m = re.search(r"\((NEEDED|SONAME|RPATH|RUNPATH)\)\s+[^\[]*\[(.*)\]\s*$", line)
-            if not m:
-                continue
-            kind, value = m.groups()
-            if kind == "NEEDED":
-                needed.append(value)
-            elif kind == "SONAME":
-                soname = value
-            elif kind == "RPATH":
-                rpath += value.split(":")
-            else:
-                runpath += value.split(":")
-        return Dynamic(soname, tuple(needed), tuple(rpath), tuple(runpath))
-
-    def _symbols(self, path: Path) -> tuple[list[Ref], frozenset[str]]:
-        key = str(path)
-        if key not in self._syms:
-            file_of: dict[int, str] = {}
-            current = None
-            for line in self._run("-V", str(path)).splitlines():
-                m = re.search(r"File:\s*(\S+)", line)
-                if m:
-                    current = m.group(1)
-                    continue
-                m = re.search(r"Name:\s*\S+\s+Flags:.*Version:\s*(\d+)", line)
-                if m and current:
-                    file_of[int(m.group(1))] = current
-            refs, defined = [], set()
-            for line in self._run("--dyn-syms", str(path)).splitlines():
-                parts = line.split()
-                # Num: Value Size Type Bind Vis Ndx Name [(version index)]
-                if len(parts) < 8 or not parts[0].endswith(":") or not parts[0][:-1].isdigit():
-                    continue
-                bind, ndx, raw = parts[4], parts[6], parts[7]
-                name = raw.split("@", 1)[0]
-                if not name:
-                    continue
-                if ndx != "UND":
-                    defined.add(name)
-                elif bind == "GLOBAL":
-                    vfile = None
-                    if "@" in raw:
-                        m = re.search(r"\((\d+)\)", line)
-                        vfile = file_of.get(int(m.group(1))) if m else raw.split("@", 1)[1]
-                    refs.append(Ref(name, vfile))
-            self._syms[key] = (refs, frozenset(defined))
-        return self._syms[key]
-
-    def undefined(self, path: Path) -> list[Ref]:
-        return list(self._symbols(path)[0])
-
-    def defines(self, path: Path, names: Iterable[str]) -> set[str]:
-        defined = self._symbols(path)[1]
-        return {n for n in names if n in defined}
-
-
-def make_reader(prefer: str | None = None):
-    """pyelftools, else readelf; AbiUnavailable (one line) when neither is here. ``prefer`` forces one (tests)."""
-    for kind in ((prefer,) if prefer else ("pyelftools", "readelf")):
-        try:
-            return PyElfReader() if kind == "pyelftools" else ReadelfReader()
-        except (ImportError, FileNotFoundError):
-            continue
-    raise AbiUnavailable("no ELF reader: neither pyelftools (pip install pyelftools) nor binutils' readelf is "
-                         "available")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import subprocess
 
 from packaging.version import Version
 
+from mtpmatrix.settings import MIN_TRANSFORMERS
+
 WATCHED = ("sglang", "sglang-kernel", "sgl-kernel", "transformers", "torch", "triton", "flashinfer-python",
            "tokenizers", "huggingface-hub", "safetensors")
 
@@ -102,8 +104,8 @@ def transformers_missing() -> str | None:
     tv = version_of("transformers")
     if tv is None:
         return "transformers is not installed in this environment"
-    if Version(tv) < Version("5.8.0") or not has_module("transformers.models.gemma4_assistant"):
-        return f"transformers {tv} has no gemma4_assistant (needs >= 5.8.0)"
+    if Version(tv) < Version(MIN_TRANSFORMERS) or not has_module("transformers.models.gemma4_assistant"):
+        return f"transformers {tv} has no gemma4_assistant (needs >= {MIN_TRANSFORMERS})"
     return None
 
 

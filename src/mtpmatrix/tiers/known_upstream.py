@@ -25,7 +25,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from mtpmatrix.schema import KNOWN_UPSTREAM, TIERS
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS
 
 FILE = Path(__file__).with_name("known_upstream.json")
 _FIELDS = ("id", "package", "affected", "tier", "match", "checks", "summary", "upstream", "fixed_in",
@@ -58,7 +58,7 @@ class KnownIssue:
         f = check.get("failure") or {}
         # where it was raised counts too: a generic message is only this bug when it comes from the broken code
         text = f"{f.get('type') or ''}: {f.get('message') or ''} (raised at {f.get('raised_at') or '?'})"
-        return check.get("outcome") in ("failed", "error") and re.search(self.match, text) is not None
+        return check.get("outcome") in FAILING and re.search(self.match, text) is not None
 
     def as_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -130,9 +130,9 @@ def apply(tiers: dict, versions: dict, issues: list[KnownIssue] | None = None) -
             old = [e for e in tier.get("stale_known_upstream", []) if e["id"] != issue.id]
             tier["stale_known_upstream"] = old + [dict(entry, checks=stale)]
     for tier in tiers.values():
-        bad = [c for c in tier.get("checks") or [] if c.get("outcome") in ("failed", "error")]
+        bad = [c for c in tier.get("checks") or [] if c.get("outcome") in FAILING]
         # a session that stopped early ('incomplete', pytest_plugin.mark_incomplete) proves nothing either way
-        if (tier.get("verdict") in ("failed", "error") and not tier.get("incomplete") and bad
+        if (tier.get("verdict") in FAILING and not tier.get("incomplete") and bad
                 and all(c.get("known_upstream") for c in bad)):
             tier["verdict"] = KNOWN_UPSTREAM
     return tiers

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.schema import SCHEMA, TIERS, worst
+from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers, worst
 from mtpmatrix.tiers import environment, known_upstream, served
 from mtpmatrix.tiers.verdict import classify
 
@@ -56,7 +56,7 @@ def _tier_of(item) -> str | None:
 
 
 def _selected_tiers(config) -> list[str]:
-    tiers = [t.strip() for t in config.getoption("--tiers").split(",") if t.strip()]
+    tiers = parse_tiers(config.getoption("--tiers"))
     unknown = [t for t in tiers if t not in TIERS]
     if unknown:
         raise pytest.UsageError(f"--tiers: unknown tier(s) {', '.join(unknown)}; known: {', '.join(TIERS)}")
@@ -221,7 +221,7 @@ def mark_incomplete(tiers: dict, selected: list[str], exitstatus: int, detail: s
     reason = f"pytest stopped early (exit {int(exitstatus)}){': ' + detail if detail else ''}; see the pytest output"
     for tier in selected:
         entry = tiers.get(tier)
-        if entry is None or entry["verdict"] in ("failed", "error"):
+        if entry is None or entry["verdict"] in FAILING:
             continue
         entry["verdict"] = "error"
         entry["incomplete"] = True

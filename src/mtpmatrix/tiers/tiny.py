@@ -65,6 +65,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtpmatrix.tiers.witness import PHASE_OF_VARIANT, make_witness, zero_residual_writers
+
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
 CODE_VERSION = "tiny-v3"  # v2: MoE experts share weights; v3: two physical layers per type, witness variant
 MARKER = ".mtpmatrix-tiny.json"
@@ -431,8 +433,6 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
         if variant == "constructed":
             _make_plus_one(target, assistant, a_cfg, gen)
         elif variant.startswith("witness"):
-            from mtpmatrix.tiers.witness import PHASE_OF_VARIANT, make_witness
-
             extra = make_witness(target, assistant, t_cfg, a_cfg, gen, phase=PHASE_OF_VARIANT[variant])
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)
     assistant.to(torch.bfloat16).save_pretrained(a_dir, safe_serialization=True)
@@ -456,17 +456,6 @@ def _share_expert_weights(text_model) -> None:
         if experts is not None:
             experts.gate_up_proj.copy_(experts.gate_up_proj[:1].expand_as(experts.gate_up_proj))
             experts.down_proj.copy_(experts.down_proj[:1].expand_as(experts.down_proj))
-
-
-def _zero_residual_writers(text_model) -> None:
-    """Every decoder layer of ``text_model`` adds nothing to the residual stream."""
-    for layer in text_model.layers:
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        if getattr(layer, "per_layer_projection", None) is not None:
-            layer.per_layer_projection.weight.zero_()
-        if getattr(layer, "experts", None) is not None:
-            layer.experts.down_proj.zero_()
 
 
 def _make_plus_one(target, assistant, a_cfg: dict, gen) -> None:
@@ -497,7 +486,7 @@ def _make_plus_one(target, assistant, a_cfg: dict, gen) -> None:
     lm.embed_tokens.weight.copy_(E)
     assert target.lm_head.weight.data_ptr() != lm.embed_tokens.weight.data_ptr(), "constructed target must be untied"
     target.lm_head.weight.copy_(shifted)
-    _zero_residual_writers(lm)
+    zero_residual_writers(lm)
     lm.norm.weight.fill_(1.0)
 
     P = torch.zeros(A, 2 * H)
@@ -505,5 +494,5 @@ def _make_plus_one(target, assistant, a_cfg: dict, gen) -> None:
     assistant.pre_projection.weight.copy_(P)
     assistant.model.embed_tokens.weight.copy_(shifted[:, :A])  # tied lm_head
     assistant.lm_head.weight.copy_(shifted[:, :A])
-    _zero_residual_writers(assistant.model)
+    zero_residual_writers(assistant.model)
     assistant.model.norm.weight.fill_(1.0)

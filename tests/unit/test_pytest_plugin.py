@@ -1,0 +1,348 @@
+"""The pytest plugin (mtpmatrix.tiers.pytest_plugin) end to end: real pytest sessions (pytester, in process) over
+small synthetic test files, loaded the way tests/conftest.py loads it, with the project's markers.
+
+What this machine can run, the installed versions and the known-upstream list are fixed by the ``session``
+fixture (the plugin reads them through ``environment`` and ``known_upstream``), so the verdicts do not depend on
+whether sglang, transformers or a GPU happen to be here.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from mtpmatrix.schema import SCHEMA, TIERS
+from mtpmatrix.tiers import environment, known_upstream
+
+pytest_plugins = ["pytester"]
+
+MARKERS = (*TIERS, "check(kind): what a failure of this test means")  # registered as pyproject.toml does
+NO_GPU = "needs 1 CUDA GPU(s), this machine has 0"
+VERSIONS = {"python": "3.11.9", "transformers": "5.18.0", "torch": "2.11.0"}
+
+# One module per tier behaviour the plugin records; line numbers matter only through ``line_of``.
+CHECKS = '''\
+import time
+
+import pytest
+
+from mtpmatrix.tiers.verdict import CheckFailure
+
+
+@pytest.fixture
+def slow_setup():
+    time.sleep(0.3)
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke")
+
+
+@pytest.mark.contract
+@pytest.mark.check("args")
+def test_resolves(slow_setup, record_property, mtp_results_dir):
+    record_property("speculative_algorithm", "FROZEN_KV_MTP")
+    record_property("vs_nomtp", {"delta": 0.01, "lost": 1})
+    (mtp_results_dir / "server-resolves.log").write_text("kept next to tiers.json")
+
+
+@pytest.mark.contract
+@pytest.mark.check("config")
+def test_config_values(record_property):
+    record_property("layers", 8)
+    assert 1 + 1 == 3, "config resolves to the wrong values"
+
+
+@pytest.mark.contract
+@pytest.mark.check("weights")
+def test_needs_broken_fixture(broken):
+    pass
+
+
+@pytest.mark.contract
+@pytest.mark.check("crash")
+def test_own_bug():
+    raise RuntimeError("a bug in the harness")
+
+
+@pytest.mark.contract
+def test_skips_itself():
+    pytest.skip("not on this row:\\n  reason spans\\n  three lines")
+
+
+@pytest.mark.reference
+@pytest.mark.check("mismatch")
+def test_greedy():
+    raise CheckFailure("mismatch", "outputs differ at token 3")
+
+
+@pytest.mark.reference
+def test_reference_ok():
+    pass
+
+
+@pytest.mark.smoke
+def test_server():
+    pass
+
+
+def test_not_a_tier():
+    pass
+'''
+
+
+def line_of(source: str, text: str) -> int:
+    return next(i for i, ln in enumerate(source.splitlines(), 1) if text in ln)
+
+
+@pytest.fixture
+def session(pytester, monkeypatch, tmp_path):
+    """``run(source, *args, unavailable=..., known=[...]) -> (result, tiers.json or None)``."""
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n"
+                     + "".join(f"    {m}\n" for m in MARKERS))
+    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]\n')
+    monkeypatch.setattr(environment, "versions", lambda: dict(VERSIONS))
+    monkeypatch.setattr(environment, "gpu_count", lambda: 0)
+    real_load = known_upstream.load
+
+    def run(source: str, *args: str, unavailable: dict | None = None, known: list[dict] | str = ()):
+        why = {"contract": None, "reference": None, "smoke": NO_GPU, "gsm8k": NO_GPU, **(unavailable or {})}
+        monkeypatch.setattr(environment, "tier_unavailable", lambda tier: why[tier])
+        listing = tmp_path / "known_upstream.json"
+        listing.write_text(known if isinstance(known, str) else json.dumps({"issues": list(known)}))
+        monkeypatch.setattr(known_upstream, "load", lambda path=None: real_load(listing))
+        pytester.makepyfile(test_tiers=source)
+        out = pytester.path / "row" / "tiers.json"
+        # no_reraise_ctrlc: a session stopped by Ctrl-C in a synthetic test ends that session, not this one
+        result = pytester.runpytest("-rs", "--mtp-results", str(out), *args, no_reraise_ctrlc=True)
+        return result, (json.loads(out.read_text()) if out.exists() else None)
+
+    return run
+
+
+def _checks(tiers: dict, tier: str) -> dict[str, dict]:
+    return {c["id"].split("::", 1)[1]: c for c in tiers["tiers"][tier]["checks"]}
+
+
+def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
+    result, data = session(CHECKS)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert data["schema"] == SCHEMA and data["versions"] == VERSIONS and data["gpus"] == 0
+    assert data["exitstatus"] == 1 and data["seconds"] > 0
+    tiers = data["tiers"]
+    assert set(tiers) == set(TIERS)
+
+    contract = tiers["contract"]
+    assert contract["verdict"] == "failed"
+    assert contract["failure_kinds"] == ["config", "harness"]
+    checks = _checks(data, "contract")
+    assert list(checks) == ["test_resolves", "test_config_values", "test_needs_broken_fixture", "test_own_bug",
+                            "test_skips_itself"]
+    assert all(c["tier"] == "contract" and c["id"] == f"test_tiers.py::{name}" for name, c in checks.items())
+    assert contract["seconds"] == pytest.approx(sum(c["seconds"] for c in checks.values()), abs=0.01)
+
+    ok = checks["test_resolves"]
+    assert ok["outcome"] == "passed" and "failure" not in ok
+    # record_property values, as recorded (JSON values stay JSON values)
+    assert ok["metrics"] == {"speculative_algorithm": "FROZEN_KV_MTP", "vs_nomtp": {"delta": 0.01, "lost": 1}}
+    assert ok["seconds"] >= 0.3  # a fixture's setup counts into the check's time
+    # mtp_results_dir is the folder of --mtp-results: what a tier keeps lands next to tiers.json
+    assert (pytester.path / "row" / "server-resolves.log").read_text() == "kept next to tiers.json"
+
+    bad = checks["test_config_values"]
+    assert bad["outcome"] == "failed" and bad["metrics"] == {"layers": 8}
+    # an assertion takes the kind the check declares (@pytest.mark.check)
+    assert bad["failure"] == {
+        "kind": "config", "type": "AssertionError", "message": "config resolves to the wrong values", "frame": None,
+        "raised_at": f"{pytester.path / 'test_tiers.py'}:{line_of(CHECKS, 'assert 1 + 1 == 3')} in test_config_values"}
+
+    setup = checks["test_needs_broken_fixture"]
+    assert setup["outcome"] == "error" and setup["metrics"] == {}
+    assert setup["failure"]["type"] == "RuntimeError" and setup["failure"]["message"] == "fixture broke"
+    assert setup["failure"]["raised_at"].endswith(f":{line_of(CHECKS, 'fixture broke')} in broken")
+
+    # an exception that never went through a library under test is this project's bug, whatever the check declares
+    own = checks["test_own_bug"]
+    assert own["outcome"] == "failed" and own["failure"]["kind"] == "harness"
+
+    skipped = checks["test_skips_itself"]
+    assert skipped["outcome"] == "skipped" and skipped["reason"] == "not on this row: reason spans three lines"
+
+    reference = tiers["reference"]
+    assert reference["verdict"] == "failed" and reference["failure_kinds"] == ["mismatch"]
+    greedy = _checks(data, "reference")["test_greedy"]
+    assert greedy["failure"]["kind"] == "mismatch" and greedy["failure"]["type"] == "CheckFailure"
+    assert greedy["failure"]["message"] == "outputs differ at token 3"
+
+    # an unavailable tier: each check skipped with the one-line reason, and the tier with it
+    assert tiers["smoke"]["verdict"] == "skipped" and tiers["smoke"]["reason"] == f"smoke tier: {NO_GPU}"
+    assert tiers["gsm8k"] == {"verdict": "skipped", "reason": "no tests collected for this tier", "checks": []}
+    # a test without a tier marker is no check of any tier
+    assert "test_not_a_tier" not in json.dumps(tiers)
+    assert all("incomplete" not in t for t in tiers.values())
+
+
+def test_tiers_option_selects_and_skips_with_one_line(session):
+    result, data = session(CHECKS, "--tiers", " reference, contract ", unavailable={"contract": "no sglang here"})
+    tiers = data["tiers"]
+    assert tiers["reference"]["verdict"] == "failed"
+    assert tiers["contract"]["verdict"] == "skipped" and tiers["contract"]["reason"] == "contract tier: no sglang here"
+    not_selected = "smoke tier not selected (--tiers reference,contract)"
+    assert tiers["smoke"]["verdict"] == "skipped" and tiers["smoke"]["reason"] == not_selected
+    assert _checks(data, "smoke")["test_server"] == {"id": "test_tiers.py::test_server", "tier": "smoke",
+                                                     "outcome": "skipped", "seconds": 0.0, "metrics": {},
+                                                     "reason": not_selected}
+    # the terminal says the same, one line each
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_tiers.py:*: contract tier: no sglang here",
+                                 f"SKIPPED [[]1[]] test_tiers.py:*: {not_selected}"])
+    result.stdout.fnmatch_lines(["mtpmatrix tier reference: available",
+                                 "mtpmatrix tier contract: skip (no sglang here)"])
+    result.assert_outcomes(passed=2, failed=1, skipped=6)
+
+
+def test_tiers_from_the_environment(session, monkeypatch):
+    monkeypatch.setenv("MTPMATRIX_TIERS", "smoke")
+    _result, data = session(CHECKS, unavailable={"smoke": None})
+    assert data["tiers"]["smoke"]["verdict"] == "passed"
+    assert data["tiers"]["contract"]["reason"] == "contract tier not selected (--tiers smoke)"
+
+
+@pytest.mark.parametrize("tiers", ["contract,bogus", "Contract"])
+def test_unknown_tier_is_a_usage_error(session, tiers):
+    result, data = session(CHECKS, "--tiers", tiers)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and data is None
+    bad = tiers.split(",")[-1]
+    result.stderr.fnmatch_lines([f"ERROR: --tiers: unknown tier(s) {bad}; known: contract, reference, smoke, gsm8k"])
+
+
+KNOWN = {"id": "greedy-bug", "package": "transformers", "affected": ">=5.18.0,<5.20.0", "tier": "reference",
+         "match": r"CheckFailure: outputs differ at token \d", "checks": ["test_greedy"], "summary": "one line",
+         "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0"}
+REFERENCE_ONLY = '''\
+import pytest
+
+from mtpmatrix.tiers.verdict import CheckFailure
+
+
+@pytest.mark.reference
+@pytest.mark.check("mismatch")
+def test_greedy():
+    raise CheckFailure("mismatch", "outputs differ at token 3")
+
+
+@pytest.mark.reference
+def test_witness():
+    pass
+'''
+
+
+def test_known_upstream_failure_is_tagged_and_does_not_fail_the_tier(session):
+    stale = dict(KNOWN, id="witness-bug", match="never raised", checks=["test_witness"])
+    other_release = dict(KNOWN, id="old-bug", affected="<5.9")
+    _result, data = session(REFERENCE_ONLY, "--tiers", "reference", known=[KNOWN, stale, other_release])
+    reference = data["tiers"]["reference"]
+    assert reference["verdict"] == "known-upstream"
+    assert _checks(data, "reference")["test_greedy"]["known_upstream"] == "greedy-bug"
+    assert reference["known_upstream"] == [{
+        "id": "greedy-bug", "package": "transformers", "version": "5.18.0", "summary": "one line",
+        "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0", "serving_path": False,
+        "checks": ["test_tiers.py::test_greedy"]}]
+    # a listed check that passes inside the affected range: the entry no longer describes this environment
+    assert [(e["id"], e["checks"]) for e in reference["stale_known_upstream"]] == [
+        ("witness-bug", ["test_tiers.py::test_witness"])]
+
+
+def test_known_upstream_needs_the_affected_release(session, monkeypatch):
+    monkeypatch.setitem(VERSIONS, "transformers", "5.20.0")
+    _result, data = session(REFERENCE_ONLY, "--tiers", "reference", known=[KNOWN])
+    reference = data["tiers"]["reference"]
+    assert reference["verdict"] == "failed" and "known_upstream" not in reference
+    assert "known_upstream" not in _checks(data, "reference")["test_greedy"]
+
+
+def test_malformed_known_upstream_list_is_a_usage_error(session):
+    result, data = session(REFERENCE_ONLY, known=[dict(KNOWN, tier="nightly")])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and data is None
+    result.stderr.fnmatch_lines(["ERROR: known upstream issues: *issue 0 (greedy-bug): unknown tier 'nightly'*"])
+
+
+def test_collection_error_marks_every_selected_tier_incomplete(session, pytester):
+    pytester.makepyfile(test_broken="import no_such_module_here\n")
+    result, data = session(REFERENCE_ONLY, "--tiers", "contract,reference")
+    assert result.ret == pytest.ExitCode.INTERRUPTED and data["exitstatus"] == int(pytest.ExitCode.INTERRUPTED)
+    reason = ("pytest stopped early (exit 2): 1 collection error(s), first in test_broken.py; "
+              "see the pytest output")
+    for tier in ("contract", "reference"):  # nothing ran: an error, never 'skipped' or 'passed'
+        entry = data["tiers"][tier]
+        assert (entry["verdict"], entry["incomplete"], entry["reason"], entry["failure_kinds"]) == (
+            "error", True, reason, ["harness"])
+    assert data["tiers"]["smoke"]["verdict"] == "skipped" and "incomplete" not in data["tiers"]["smoke"]
+
+
+INTERRUPTED = '''\
+import pytest
+
+from mtpmatrix.tiers.verdict import CheckFailure
+
+
+@pytest.mark.reference
+@pytest.mark.check("mismatch")
+def test_greedy():
+    raise CheckFailure("mismatch", "outputs differ at token 3")
+
+
+@pytest.mark.contract
+def test_first():
+    pass
+
+
+@pytest.mark.contract
+def test_ctrl_c():
+    raise KeyboardInterrupt
+
+
+@pytest.mark.contract
+def test_never_reached():
+    pass
+'''
+
+
+def test_interrupted_session_keeps_failures_and_marks_the_rest(session):
+    result, data = session(INTERRUPTED, "--tiers", "contract,reference,smoke")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    tiers = data["tiers"]
+    assert tiers["reference"]["verdict"] == "failed" and "incomplete" not in tiers["reference"]
+    assert tiers["reference"]["failure_kinds"] == ["mismatch"]
+    contract = tiers["contract"]  # one check passed before Ctrl-C: that qualifies nothing
+    assert contract["verdict"] == "error" and contract["incomplete"] and contract["failure_kinds"] == ["harness"]
+    assert contract["reason"] == "pytest stopped early (exit 2); see the pytest output"
+    assert [c["id"] for c in contract["checks"]] == ["test_tiers.py::test_first"]
+    assert tiers["smoke"]["verdict"] == "error" and tiers["smoke"]["incomplete"]
+    assert tiers["gsm8k"]["verdict"] == "skipped"  # not selected
+
+
+def test_interrupted_session_is_an_error_even_with_only_known_failures(session):
+    source = REFERENCE_ONLY + "\n\n@pytest.mark.reference\ndef test_ctrl_c():\n    raise KeyboardInterrupt\n"
+    _result, data = session(source, "--tiers", "reference", known=[KNOWN])
+    reference = data["tiers"]["reference"]
+    assert _checks(data, "reference")["test_greedy"]["known_upstream"] == "greedy-bug"
+    assert reference["verdict"] == "error" and reference["incomplete"]
+
+
+def test_no_results_file_without_the_option(pytester, monkeypatch):
+    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]\n')
+    monkeypatch.setattr(environment, "tier_unavailable", lambda tier: None)
+    monkeypatch.delenv("MTPMATRIX_RESULTS", raising=False)
+    pytester.makepyfile(test_one=textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.contract
+        def test_x(mtp_results_dir):
+            assert mtp_results_dir.is_dir()
+        '''))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(passed=1)
+    assert not list(pytester.path.rglob("tiers.json"))
