@@ -22,6 +22,7 @@ from mtpmatrix.tiers import abi, gsm8k
 
 from mtpmatrix import settings
 from mtpmatrix.tiers import sglang_compat as compat
+from mtpmatrix.tiers import sglang_loading
 from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.contract
@@ -188,9 +189,9 @@ def test_weights(tiny_pair, sglang_chain, record_property):
         pytest.skip(f"prerequisite failed: ServerArgs resolution ({type(exc).__name__}: {first}); "
                     "see test_server_args")
     try:
-        loaded = compat.load_models(res)
+        loaded = sglang_loading.load_models(res)
     except Exception as exc:
-        blocker = compat.cpu_blocker(exc)  # only "needs CUDA" signatures on a machine without one
+        blocker = sglang_loading.cpu_blocker(exc)  # only "needs CUDA" signatures on a machine without one
         if blocker:
             pytest.skip(blocker)
         raise
@@ -199,7 +200,7 @@ def test_weights(tiny_pair, sglang_chain, record_property):
     record_property("target_params", loaded.target_params)
     record_property("assistant_params", loaded.assistant_params)
     record_property("seconds", loaded.seconds)
-    problems = compat.spot_check(loaded.target, tiny_pair.target) + compat.spot_check(loaded.assistant,
+    problems = sglang_loading.spot_check(loaded.target, tiny_pair.target) + sglang_loading.spot_check(loaded.assistant,
                                                                                       tiny_pair.assistant)
     if problems:
         raise CheckFailure("weights", "; ".join(problems))

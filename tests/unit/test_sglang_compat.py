@@ -13,6 +13,7 @@ import pytest
 
 from mtpmatrix import settings
 from mtpmatrix.tiers import sglang_compat as compat
+from mtpmatrix.tiers import sglang_loading
 from mtpmatrix.tiers.verdict import CheckFailure, classify
 
 
@@ -230,15 +231,15 @@ def test_unknown_api_is_a_harness_failure(monkeypatch):
 
 
 def test_cpu_blocker_only_for_cuda_signatures(monkeypatch):
-    monkeypatch.setattr(compat, "no_accelerator", lambda: True)
+    monkeypatch.setattr(sglang_loading, "no_accelerator", lambda: True)
     try:
         try:
             raise ModuleNotFoundError("No module named 'vllm'")
         except ModuleNotFoundError as inner:
             raise RuntimeError("build failed") from inner
     except RuntimeError as exc:
-        reason = compat.cpu_blocker(exc)
+        reason = sglang_loading.cpu_blocker(exc)
     assert reason and "requires CUDA" in reason and "vllm" in reason and reason.startswith("sglang ")
-    assert compat.cpu_blocker(ValueError("shape mismatch in qkv_proj")) is None
-    monkeypatch.setattr(compat, "no_accelerator", lambda: False)
-    assert compat.cpu_blocker(RuntimeError("Torch not compiled with CUDA enabled")) is None
+    assert sglang_loading.cpu_blocker(ValueError("shape mismatch in qkv_proj")) is None
+    monkeypatch.setattr(sglang_loading, "no_accelerator", lambda: False)
+    assert sglang_loading.cpu_blocker(RuntimeError("Torch not compiled with CUDA enabled")) is None

@@ -94,62 +94,33 @@ SGLANG_DRAFT_PHASE = -1  # sglang 0.5.13-0.5.23, Gemma4ForConditionalGeneration 
 PHASE_OF_VARIANT = {"witness": REFERENCE_DRAFT_PHASE, "witness-sglang-phase": SGLANG_DRAFT_PHASE}
 
 
+def _consecutive(parts: list[tuple[str, int]], start: int = 1) -> dict[str, slice]:
+    """Slices of consecutive dims, in order, after ``start`` leading dims (dim 0 holds the constant)."""
+    out = {}
+    for name, size in parts:
+        out[name] = slice(start, start + size)
+        start += size
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
-    """Which dims of the target hidden (backbone) and of the assistant hidden hold what."""
+    """Which dims of the target hidden (backbone) and of the assistant hidden hold what. Dim 0 of each holds the
+    constant (``b_const`` / ``a_const``); the named parts follow in this order."""
     backbone: int
     assistant: int
     centroids: int  # 0 without a centroid head
 
-    # backbone (target hidden / embedding / recurrent state)
-    @property
-    def b_const(self) -> int:
-        return 0
+    b_const = a_const = 0
 
-    @property
-    def b_own(self) -> slice:
-        return slice(1, 1 + D_CODE)
-
-    @property
-    def b_next(self) -> slice:
-        return slice(self.b_own.stop, self.b_own.stop + D_CODE)
-
-    @property
-    def b_anchor_s(self) -> slice:
-        return slice(self.b_next.stop, self.b_next.stop + D_ANCHOR)
-
-    @property
-    def b_anchor_f(self) -> slice:
-        return slice(self.b_anchor_s.stop, self.b_anchor_s.stop + D_ANCHOR)
-
-    @property
-    def b_cluster(self) -> slice:
-        return slice(self.b_anchor_f.stop, self.b_anchor_f.stop + self.centroids)
-
-    # assistant residual stream
-    @property
-    def a_const(self) -> int:
-        return 0
-
-    @property
-    def a_code(self) -> slice:
-        return slice(1, 1 + D_CODE)
-
-    @property
-    def a_nuisance(self) -> slice:
-        return slice(self.a_code.stop, self.a_code.stop + D_NUISANCE)
-
-    @property
-    def a_keep_s(self) -> slice:
-        return slice(self.a_nuisance.stop, self.a_nuisance.stop + D_ANCHOR)
-
-    @property
-    def a_keep_f(self) -> slice:
-        return slice(self.a_keep_s.stop, self.a_keep_s.stop + D_ANCHOR)
-
-    @property
-    def a_cluster(self) -> slice:
-        return slice(self.a_keep_f.stop, self.a_keep_f.stop + self.centroids)
+    def __post_init__(self):
+        backbone = _consecutive([("own", D_CODE), ("next", D_CODE), ("anchor_s", D_ANCHOR), ("anchor_f", D_ANCHOR),
+                                 ("cluster", self.centroids)])
+        assistant = _consecutive([("code", D_CODE), ("nuisance", D_NUISANCE), ("keep_s", D_ANCHOR),
+                                  ("keep_f", D_ANCHOR), ("cluster", self.centroids)])
+        for prefix, parts in (("b_", backbone), ("a_", assistant)):
+            for name, sl in parts.items():
+                object.__setattr__(self, prefix + name, sl)  # frozen: set once, here
 
     def check(self) -> None:
         if self.b_cluster.stop > self.backbone or self.a_cluster.stop > self.assistant:
