@@ -57,10 +57,15 @@ def results_root(env: dict | None = None) -> "Path":
     return Path((os.environ if env is None else env).get(RESULTS_ROOT_ENV) or "results")
 
 
-def parse_tiers(text: str | None) -> list[str]:
-    """A comma-separated tier list (``--tiers``, ``MTPMATRIX_TIERS``, a row's ``# tiers:``) as names, in order,
-    blanks dropped. Validating the names is the caller's business (each knows what it may accept)."""
+def comma_list(text: str | None) -> list[str]:
+    """A comma-separated knob or flag (tiers, server names, tags, mutant ids, pair names) as names, in order, blanks
+    dropped. Validating the names is the caller's business (each knows what it may accept)."""
     return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def parse_tiers(text: str | None) -> list[str]:
+    """``--tiers`` / ``MTPMATRIX_TIERS`` / a row's ``# tiers:`` as tier names (validated by each caller)."""
+    return comma_list(text)
 
 
 def server_log(name: str) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix.tiers.smoke import WITNESS_SERVERS  # the one definition of the witness servers
+from mtpmatrix.schema import comma_list
 
 HOOK_DIR = Path(__file__).resolve().parent / "mutant_hook"
 ENV_MUTANT = "MTPMATRIX_MUTANT"  # read by mutant_hook/sitecustomize.py
@@ -198,7 +199,7 @@ def select(ids: str | None, catalogue: tuple[Mutant, ...] = CATALOGUE) -> list[M
     """The mutants named in ``ids`` ("a,b"), in catalogue order; all when empty. MutantsError on unknown ids."""
     if not ids or not ids.strip():
         return list(catalogue)
-    wanted = [t.strip() for t in ids.split(",") if t.strip()]
+    wanted = comma_list(ids)
     known = [m.id for m in catalogue]
     unknown = [t for t in wanted if t not in known]
     if unknown:

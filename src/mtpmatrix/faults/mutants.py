@@ -26,7 +26,7 @@ from mtpmatrix.faults.catalogue import (CATALOGUE, Application, Mutant, MutantsE
 from mtpmatrix.faults.suites import (CORES_PER_SERVER, DEFAULT_TIMEOUT, Scheduler, Suite, hook_evidence, judge_suite,
                                      killed_by, mutant_status, overall, pytest_command, render_table, server_cap,
                                      suite_env)
-from mtpmatrix.schema import results_root
+from mtpmatrix.schema import comma_list, results_root
 
 # --------------------------------------------------------------------------------------------- the command
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _servers(ns, mutant: Mutant) -> tuple[str, ...]:
     if ns.servers:
-        return tuple(s.strip() for s in ns.servers.split(",") if s.strip())
+        return tuple(comma_list(ns.servers))
     return mutant.servers
 
 

@@ -25,6 +25,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from mtpmatrix.settings import MIN_TRANSFORMERS
+from mtpmatrix.schema import comma_list
 
 REQUIRED_PINS = ("sglang", "transformers", "torch")
 HEADER_KEYS = {"python", "torch-backend", "tags", "default", "description", "gpus"}
@@ -142,7 +143,7 @@ def parse_row(path: Path) -> Row:
     default = meta.get("default", "true").lower()
     if default not in ("true", "false"):
         raise RowError(f"{line_of('default')}: default must be true or false, got {default!r}")
-    tags = tuple(t.strip() for t in meta.get("tags", "").split(",") if t.strip())
+    tags = tuple(comma_list(meta.get("tags")))
     gpus = meta.get("gpus", "1")
     if not gpus.isdigit():
         raise RowError(f"{line_of('gpus')}: gpus must be an integer, got {gpus!r}")

@@ -29,6 +29,7 @@ from typing import Callable
 from mtpmatrix import schema, settings
 from mtpmatrix.tiers import client, gsm8k
 from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.schema import comma_list
 
 TINY_PREFIX = "tiny-e2e-proof"
 # Char-level tiny tokenizer: a 5-shot prompt is up to ~2.9k tokens, so the tiny pair gets its full 4096 context.
@@ -88,7 +89,7 @@ def cases(servers=()) -> list[Case]:
         return [Case(f"{TINY_PREFIX}-{'nomtp' if k is None else f'topk{k}'}", "tiny", target, assistant, tp=1,
                      topk=k, threshold=None, tiny=True, target_env="MTPMATRIX_GSM8K_PAIR",
                      assistant_env="MTPMATRIX_GSM8K_PAIR") for k in topks]
-    names = [n.strip() for n in os.environ.get("MTPMATRIX_GSM8K_PAIRS", "").split(",") if n.strip()]
+    names = comma_list(os.environ.get("MTPMATRIX_GSM8K_PAIRS"))
     out = []
     for name in names or settings.DEFAULT_PAIRS:
         pair = settings.resolve_pair(name)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from mtpmatrix import settings
 from mtpmatrix.tiers.tiny import PAIR_NAMES
+from mtpmatrix.schema import comma_list
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -120,7 +121,7 @@ def smoke_options(env: dict | None = None) -> SmokeOptions:
     if pair not in PAIR_NAMES:
         raise ValueError(f"MTPMATRIX_SMOKE_PAIR={pair!r} is not a tiny pair; known: {', '.join(PAIR_NAMES)}")
     tp = _positive_int(env, "MTPMATRIX_SMOKE_TP") or 1
-    names = [n.strip() for n in (env.get("MTPMATRIX_SMOKE_SERVERS") or "").split(",") if n.strip()]
+    names = comma_list(env.get("MTPMATRIX_SMOKE_SERVERS"))
     known = [s.name for s in SMOKE_SERVERS]
     unknown = [n for n in names if n not in known]
     if unknown:
