@@ -377,7 +377,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     from mtpmatrix.tiers.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
 
     torch = _torch()
-    phase = witness.PHASE_OF_VARIANT[variant]
+    phase = witness.phase_of_variant(variant)
     target, assistant, _tok = load_pair(name, variant)
     text = json.loads((build_tiny_pair(name, variant).target / "config.json").read_text())["text_config"]
     prompts = torch.tensor(id_prompts(text["vocab_size"])[:WITNESS_PROMPTS])

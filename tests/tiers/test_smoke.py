@@ -153,7 +153,7 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
             if r.spec.pair == "witness-sglang-phase" and r.spec.topk == run.spec.topk]
     gate_ok = bool(gate) and gate[0] is not None and gate[0] >= floor
     why = (f"; the witness built for sglang's phase accepts {gate[0]:.2f}: sglang's draft query reads the last "
-           f"accepted key at phase {witness.SGLANG_DRAFT_PHASE:+d}, transformers' at "
+           f"accepted key at phase {witness.sglang_draft_phase():+d}, transformers' at "
            f"{witness.REFERENCE_DRAFT_PHASE:+d}" if gate_ok else "")
     raise CheckFailure("acceptance", f"draft query is not at transformers' RoPE phase: the transformers-phase "
                                      f"witness accepts {got:.2f} per verify (floor {floor}){why}")

@@ -78,3 +78,11 @@ def test_variant_names():
     assert tiny.variant_name("witness") == "witness"
     with pytest.raises(ValueError, match="unknown tiny pair variant 'nope'"):
         tiny.variant_name("nope")
+
+
+def test_sglang_draft_phase_follows_the_release():
+    from mtpmatrix.tiers import witness
+
+    assert witness.sglang_draft_phase("0.5.13") == witness.sglang_draft_phase("0.5.23") == -1  # measured / same code
+    assert witness.sglang_draft_phase("0.5.24") == witness.REFERENCE_DRAFT_PHASE  # unmeasured: expected fixed
+    assert witness.phase_of_variant("witness") == witness.REFERENCE_DRAFT_PHASE == 1

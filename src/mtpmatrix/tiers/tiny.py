@@ -65,7 +65,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpmatrix.tiers.witness import PHASE_OF_VARIANT, make_witness, zero_residual_writers
+from mtpmatrix.tiers.witness import make_witness, phase_of_variant, zero_residual_writers
 
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
 CODE_VERSION = "tiny-v3"  # v2: MoE experts share weights; v3: two physical layers per type, witness variant
@@ -261,7 +261,9 @@ def pair_hash(name: str, variant: str | bool, seed: int) -> str:
     variant = variant_name(variant)
     # a witness pair is also rebuilt whenever its construction changes
     witness_src = Path(__file__).with_name("witness.py").read_bytes() if variant.startswith("witness") else b""
+    phase = phase_of_variant(variant) if variant.startswith("witness") else None  # follows the installed sglang
     blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(),
+                       "phase": phase,
                        "target": target_template(name, variant),
                        "assistant": assistant_template(name, variant), "seed": seed,
                        "tokenizer": SPECIAL_TOKENS, "generation": generation_config()}, sort_keys=True)
@@ -433,7 +435,7 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
         if variant == "constructed":
             _make_plus_one(target, assistant, a_cfg, gen)
         elif variant.startswith("witness"):
-            extra = make_witness(target, assistant, t_cfg, a_cfg, gen, phase=PHASE_OF_VARIANT[variant])
+            extra = make_witness(target, assistant, t_cfg, a_cfg, gen, phase=phase_of_variant(variant))
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)
     assistant.to(torch.bfloat16).save_pretrained(a_dir, safe_serialization=True)
     for d in (t_dir, a_dir):  # the templates are the config; drop transformers' own generation_config guess

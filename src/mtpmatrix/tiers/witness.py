@@ -68,7 +68,7 @@ was built for:
   * sglang 0.5.13-0.5.23 with a ``Gemma4ForConditionalGeneration`` target (every Gemma 4 checkpoint): the target
     writes its keys at position + 1 (``gemma4_mm.py``: ``positions += 1``) and the draft query sits at
     ``seq_lens - 1`` (``frozen_kv_mtp_utils.set_frozen_kv_positions``), so the last accepted key is one position
-    *after* the query: phase -1 (``SGLANG_DRAFT_PHASE``). Measured on an H200 (sglang 0.5.17) by dumping the draft
+    *after* the query: phase -1 (``SGLANG_DRAFT_PHASES``, by release). Measured on an H200 (sglang 0.5.17) by dumping the draft
     forward's q and the target's frozen K: slot j's key carries RoPE position j + 1, the query seq_lens - 1.
 Pair variants: ``witness`` is built for the reference phase, ``witness-sglang-phase`` for sglang's. The smoke tier
 gates hand-offs with the sglang-phase witness and reports the phase difference itself with the reference witness
@@ -89,9 +89,34 @@ LOGIT_PEAK = 20.0  # target and assistant logits at the argmax (below the 30.0 s
 SCORE_GAIN = 112.0  # attention score at the peak offset: margins of ~20 (sliding) / ~15 (full) nats, see position_margin
 # Draft phase = the draft query's RoPE position minus that of the last accepted token's key (module docstring).
 REFERENCE_DRAFT_PHASE = 1  # transformers: query at the bonus token's position, keys at 0-based positions
-SGLANG_DRAFT_PHASE = -1  # sglang 0.5.13-0.5.23, Gemma4ForConditionalGeneration target: keys at position + 1
-# tiny pair variant -> the draft phase its assistant is built for
-PHASE_OF_VARIANT = {"witness": REFERENCE_DRAFT_PHASE, "witness-sglang-phase": SGLANG_DRAFT_PHASE}
+# sglang releases -> the draft phase they draft at (Gemma4ForConditionalGeneration target: keys at position + 1,
+# query at seq_lens - 1). Measured on an H200 for 0.5.13 and 0.5.17; 0.5.23 has the same code. A release outside
+# every range is expected at the reference phase: if it is not, the sglang-phase witness collapses and says so, and
+# the range here (and in known_upstream.json) is what to extend.
+SGLANG_DRAFT_PHASES = ((">=0.5.13,<0.5.24", -1),)
+
+
+def sglang_draft_phase(version: str | None = None) -> int:
+    """The draft phase of sglang ``version`` (default: the installed one; without sglang, the newest measured)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    from mtpmatrix.tiers.environment import version_of
+
+    version = version or version_of("sglang")
+    if not version:
+        return SGLANG_DRAFT_PHASES[-1][1]
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return REFERENCE_DRAFT_PHASE
+    return next((phase for spec, phase in SGLANG_DRAFT_PHASES if v in SpecifierSet(spec)), REFERENCE_DRAFT_PHASE)
+
+
+def phase_of_variant(variant: str) -> int:
+    """The draft phase a witness pair variant's assistant is built for: ``witness`` transformers', the
+    ``witness-sglang-phase`` one the installed sglang's."""
+    return REFERENCE_DRAFT_PHASE if variant == "witness" else sglang_draft_phase()
 
 
 def _consecutive(parts: list[tuple[str, int]], start: int = 1) -> dict[str, slice]:
