@@ -221,7 +221,8 @@ def test_unknown_tier_is_a_usage_error(session, tiers):
 KNOWN = {"id": "greedy-bug", "package": "transformers", "affected": ">=5.18.0,<5.20.0", "tier": "reference",
          "match": r"CheckFailure: outputs differ at token \d", "checks": ["test_greedy"], "summary": "one line",
          "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0"}
-REFERENCE_ONLY = '''\
+# A reference check that fails the way KNOWN describes; the modules below add their own checks to it.
+GREEDY_FAILS = '''\
 import pytest
 
 from mtpmatrix.tiers.verdict import CheckFailure
@@ -231,7 +232,8 @@ from mtpmatrix.tiers.verdict import CheckFailure
 @pytest.mark.check("mismatch")
 def test_greedy():
     raise CheckFailure("mismatch", "outputs differ at token 3")
-
+'''
+REFERENCE_ONLY = GREEDY_FAILS + '''
 
 @pytest.mark.reference
 def test_witness():
@@ -282,17 +284,7 @@ def test_collection_error_marks_every_selected_tier_incomplete(session, pytester
     assert data["tiers"]["smoke"]["verdict"] == "skipped" and "incomplete" not in data["tiers"]["smoke"]
 
 
-INTERRUPTED = '''\
-import pytest
-
-from mtpmatrix.tiers.verdict import CheckFailure
-
-
-@pytest.mark.reference
-@pytest.mark.check("mismatch")
-def test_greedy():
-    raise CheckFailure("mismatch", "outputs differ at token 3")
-
+INTERRUPTED = GREEDY_FAILS + '''
 
 @pytest.mark.contract
 def test_first():
