@@ -23,7 +23,7 @@ import pytest
 
 from mtpmatrix import settings
 
-from mtpmatrix.tiers import sglang_compat, smoke
+from mtpmatrix.tiers import client, sglang_compat, smoke
 from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.verdict import CheckFailure
@@ -109,7 +109,7 @@ def test_spec_metrics(smoke_runs, name, record_property):
     from mtpmatrix.tiers.client import spec_stats
 
     run = _run(smoke_runs, name, record_property)
-    per_request = smoke.accept_length_from_meta(run.id_meta)
+    per_request = client.accept_length_from_meta(run.id_meta)
     server_side = spec_stats(run.server_info_after or {})
     avg = server_side.get("avg_spec_accept_length") if server_side else None
     record_property("accept_length_requests", per_request)
@@ -141,7 +141,7 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     from mtpmatrix.tiers import witness
 
     run = _run(smoke_runs, name, record_property)
-    got = smoke.accept_length_from_meta(run.id_meta)
+    got = client.accept_length_from_meta(run.id_meta)
     floor = smoke.EXACT_PAIR_MIN_ACCEPT[run.spec.topk]
     record_property("accept_length_requests", got)
     if got is None:
@@ -149,7 +149,7 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     if got >= floor:
         return
     # the sglang-phase witness at the same topk tells a phase difference from a broken hand-off
-    gate = [smoke.accept_length_from_meta(r.id_meta) for r in smoke_runs.values()
+    gate = [client.accept_length_from_meta(r.id_meta) for r in smoke_runs.values()
             if r.spec.pair == "witness-sglang-phase" and r.spec.topk == run.spec.topk]
     gate_ok = bool(gate) and gate[0] is not None and gate[0] >= floor
     why = (f"; the witness built for sglang's phase accepts {gate[0]:.2f}: sglang's draft query reads the last "

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix import settings
-
 from mtpmatrix.tiers import smoke
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
@@ -48,12 +47,6 @@ def test_id_prompts_stay_clear_of_specials_and_wrap():
 
 def test_expected_constructed_is_next_plus_one():
     assert smoke.expected_constructed([20, 30, 40], 4) == [41, 42, 43, 44]
-
-
-def test_accept_length_from_meta():
-    metas = [{"completion_tokens": 32, "spec_verify_ct": 6}, {"completion_tokens": 32, "spec_verify_ct": 6}]
-    assert smoke.accept_length_from_meta(metas) == pytest.approx(5.333, abs=1e-3)
-    assert smoke.accept_length_from_meta([{"completion_tokens": 32}]) is None  # no spec decoding ran
 
 
 def _run(outputs, top=None):

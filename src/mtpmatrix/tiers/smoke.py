@@ -359,14 +359,6 @@ def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] |
     return round(lo, 4), round(hi, 4)
 
 
-def accept_length_from_meta(metas: list[dict]) -> float | None:
-    """client.accept_length_from_meta, the one definition; imported on call because the nox process imports this
-    module (for its options and server lists) and need not have the client's requests."""
-    from mtpmatrix.tiers import client
-
-    return client.accept_length_from_meta(metas)
-
-
 @dataclass
 class Divergence:
     sequence: int
