@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtpmatrix.tiers.sglang_compat import AdapterError, Resolution, _module_exists, sglang_version, cpu_build_patches, no_accelerator
+from mtpmatrix.tiers.processes import free_port
+from mtpmatrix.tiers.sglang_compat import (AdapterError, Resolution, _module_exists, cpu_build_patches, no_accelerator,
+                                           sglang_version)
 
 
 @dataclass
@@ -28,12 +29,6 @@ class LoadedModels:
 
 
 _DIST_READY = False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def publish_server_args(resolution: Resolution) -> None:
@@ -68,7 +63,7 @@ def init_single_rank(resolution: Resolution, model_config=None) -> None:
     if _DIST_READY:
         return
     ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                    distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+                                    distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
     # <= 0.5.17 takes the sizes as arguments; 0.5.23 reads them from the runtime context published above.
     if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
         ps.initialize_model_parallel(tensor_model_parallel_size=1)
