@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mtpmatrix import settings
+from mtpmatrix.tiers import environment
 from mtpmatrix.tiers.verdict import CheckFailure
 
 
@@ -82,7 +83,9 @@ MTP_IMPORT_CHAIN: tuple[ImportStep, ...] = (
 )
 
 
-def _module_exists(name: str) -> bool:
+def module_exists(name: str) -> bool:
+    """Whether this sglang has module ``name``. Unlike environment.has_module, a parent package that fails to import
+    for another reason raises: that is sglang's own error, to be classified with its frame, not a missing module."""
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # a parent package is missing
@@ -95,7 +98,7 @@ def import_step(step: ImportStep) -> list[str]:
     A missing step raises ModuleNotFoundError naming the module(s) (classified ``import``); an alternative that
     exists but fails to import lets sglang's own exception through.
     """
-    present = [m for m in step.alternatives if _module_exists(m)]
+    present = [m for m in step.alternatives if module_exists(m)]
     if not present:
         names = " or ".join(step.alternatives)
         raise ModuleNotFoundError(f"{step.role}: sglang {sglang_version()} has no module {names}",
@@ -126,12 +129,7 @@ def import_chain(chain: tuple[ImportStep, ...] = MTP_IMPORT_CHAIN) -> ImportResu
 
 
 def sglang_version() -> str:
-    try:
-        import importlib.metadata as md
-
-        return md.version("sglang")
-    except Exception:  # noqa: BLE001
-        return "?"
+    return environment.version_of("sglang") or "?"
 
 
 # --------------------------------------------------------------------------------------------- CPU
@@ -139,8 +137,6 @@ def sglang_version() -> str:
 
 def no_accelerator() -> bool:
     """True when torch sees no CUDA device (torch's own availability probe; no CUDA context is created)."""
-    from mtpmatrix.tiers import environment
-
     return environment.gpu_count() == 0
 
 
@@ -163,7 +159,7 @@ def cpu_build_patches():
     patched: list[tuple[Any, str, Any]] = []
     try:
         for mod_name, attr, value in (("sglang.srt.layers.rotary_embedding.base", "_is_cpu", True),):
-            if not _module_exists(mod_name):
+            if not module_exists(mod_name):
                 continue
             mod = importlib.import_module(mod_name)
             if hasattr(mod, attr):
@@ -186,7 +182,7 @@ def load_config(path: str | Path, trust_remote_code: bool = False):
 
 def _get_config_fn():
     for mod in ("sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers"):
-        if _module_exists(mod):
+        if module_exists(mod):
             fn = getattr(importlib.import_module(mod), "get_config", None)
             if fn is not None:
                 return fn

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpmatrix.tiers.processes import free_port
-from mtpmatrix.tiers.sglang_compat import (AdapterError, Resolution, _module_exists, cpu_build_patches, no_accelerator,
+from mtpmatrix.tiers.sglang_compat import (AdapterError, Resolution, module_exists, cpu_build_patches, no_accelerator,
                                            sglang_version)
 
 
@@ -41,7 +41,7 @@ def publish_server_args(resolution: Resolution) -> None:
     import sglang.srt.server_args as sa_mod
 
     rc_name = "sglang.srt.runtime_context"
-    rc = importlib.import_module(rc_name) if _module_exists(rc_name) else None
+    rc = importlib.import_module(rc_name) if module_exists(rc_name) else None
     publish = getattr(rc, "publish", None)
     if publish is not None and hasattr(rc, "SpawnRanks") and "ranks" in inspect.signature(publish).parameters:
         publish(resolution.server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
@@ -73,7 +73,7 @@ def init_single_rank(resolution: Resolution, model_config=None) -> None:
     # bootstrap calls it right after the model-parallel groups. Its signature differs per release.
     dp_mod = "sglang.srt.layers.dp_attention"
     init_dp = getattr(importlib.import_module(dp_mod), "initialize_dp_attention", None) \
-        if _module_exists(dp_mod) else None
+        if module_exists(dp_mod) else None
     if init_dp is not None:
         params = inspect.signature(init_dp).parameters
         kwargs = {"server_args": resolution.server_args}
