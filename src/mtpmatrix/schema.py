@@ -21,6 +21,9 @@ folder can move (GPU box -> results store) without rewriting it.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 SCHEMA = 2  # row.json / tiers.json layout version (2: this module's names, row-relative paths, known-upstream)
 
 # --- files of a row folder ------------------------------------------------------------------------------------------
@@ -49,11 +52,8 @@ FAILING = ("failed", "error")
 RESULTS_ROOT_ENV = "MTPMATRIX_RESULTS_ROOT"
 
 
-def results_root(env: dict | None = None) -> "Path":
+def results_root(env: dict | None = None) -> Path:
     """The default results root: $MTPMATRIX_RESULTS_ROOT, else ./results."""
-    import os
-    from pathlib import Path
-
     return Path((os.environ if env is None else env).get(RESULTS_ROOT_ENV) or "results")
 
 

@@ -12,7 +12,8 @@ import pytest
 from mtpmatrix.tiers import known_upstream
 
 from mtpmatrix.runner import matrix
-from mtpmatrix.runner.store import KNOWN_UPSTREAM, row_verdict
+from mtpmatrix.runner.store import row_verdict
+from mtpmatrix.schema import KNOWN_UPSTREAM
 
 RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                   "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())

@@ -18,7 +18,7 @@ import pytest
 
 from mtpmatrix import report
 from mtpmatrix.__main__ import main
-from mtpmatrix.runner.store import TIERS
+from mtpmatrix.schema import TIERS
 
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
 

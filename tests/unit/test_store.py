@@ -10,7 +10,9 @@ import pytest
 
 from mtpmatrix import atomic
 from mtpmatrix.runner import store
-from mtpmatrix.runner.store import RunStore, atomic_write_json, atomic_write_text, new_run_id, row_verdict, worst
+from mtpmatrix.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.runner.store import RunStore, new_run_id, row_verdict
+from mtpmatrix.schema import worst
 
 
 def test_atomic_write_text_and_json(tmp_path):

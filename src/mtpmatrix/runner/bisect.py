@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mtpmatrix.runner.store import TIERS, atomic_write_json, is_matrix_run, latest_run_id, read_json
+from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.runner.store import is_matrix_run, latest_run_id
+from mtpmatrix.schema import TIERS
 from mtpmatrix.schema import FAILING, results_root
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"

@@ -25,7 +25,7 @@ from pathlib import Path
 from mtpmatrix import settings
 from mtpmatrix.runner.matrix import in_shard, preflight_tier_env
 from mtpmatrix.runner.rows import Row, RowError, load_rows
-from mtpmatrix.runner.store import TIERS
+from mtpmatrix.schema import TIERS
 from mtpmatrix.schema import parse_tiers
 
 ROW_SESSIONS = ("gemma4_mtp", "gemma4_mtp_extra")

@@ -23,7 +23,8 @@ from mtpmatrix.tiers import known_upstream
 
 from mtpmatrix import schema
 from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.runner.store import atomic_write_json, new_run_id, read_json, row_verdict
+from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.runner.store import new_run_id, row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE)
 LOGS_TGZ = "logs.tgz"

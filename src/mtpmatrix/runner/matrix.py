@@ -28,8 +28,9 @@ from packaging.utils import canonicalize_name
 
 from mtpmatrix.runner.rows import Row, RowError, parse_override
 from mtpmatrix.schema import parse_tiers, results_root
-from mtpmatrix.runner.store import (KNOWN_UPSTREAM, TIERS, TIERS_FILE, RunStore, new_run_id, parse_freeze, read_json,
-                             row_verdict)
+from mtpmatrix.atomic import read_json
+from mtpmatrix.runner.store import RunStore, new_run_id, parse_freeze, row_verdict
+from mtpmatrix.schema import KNOWN_UPSTREAM, TIERS, TIERS_FILE
 from mtpmatrix.tiers.verdict import classify_install
 
 REPO = Path(__file__).resolve().parents[3]

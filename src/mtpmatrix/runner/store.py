@@ -15,9 +15,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.atomic import atomic_write_json, atomic_write_text, read_json  # noqa: F401 (the store writes through it)
-from mtpmatrix.schema import (FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, TIERS, TIERS_FILE, VERDICTS,  # noqa: F401
-                              worst)
+from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
 
 # Prefixes of run folders that are not the matrix a user ran: bisect probes and the CI row (`nox -t ci`), so the
 # report's default run and --resume stay on the user's own matrix.

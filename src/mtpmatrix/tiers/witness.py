@@ -189,8 +189,6 @@ def spherical_code(n: int, dim: int, gen, steps: int = 300):
 
 def code_margin(codes) -> float:
     """1 - the largest cosine between two different codes (the decoding margin per unit of signal)."""
-    import torch
-
     cos = codes @ codes.T
     cos.fill_diagonal_(-1.0)
     return float(1.0 - cos.max())
