@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.tiers.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
+from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +29,7 @@ def tiny_root(tmp_path_factory) -> Path:
 def build_tiny_pair(tiny_root):
     """Factory ``(name, variant="random") -> PairPaths`` (variant: random / constructed / witness, or a bool for
     constructed); each pair is built at most once per session."""
-    from mtpmatrix.tiers import tiny
+    from mtpmatrix.tiers.pairs import tiny
 
     built: dict[tuple[str, str], tiny.PairPaths] = {}
 

@@ -30,7 +30,7 @@ import json
 
 import pytest
 
-from mtpmatrix.tiers.tiny import PAIR_NAMES
+from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
 from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.reference
@@ -42,7 +42,7 @@ ACCEPT_RATE_MIN = 0.95
 ACCEPT_LEN_MIN = 3.5  # of DRAFT_TOKENS + 1 = 4
 PAIRS = [pytest.param(n, v, id=n if v == "random" else f"{n}-{v}")
          for v in ("random", "constructed", "witness") for n in PAIR_NAMES]
-# Witness ablations (mtpmatrix.tiers.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
+# Witness ablations (mtpmatrix.tiers.pairs.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
 # right, and each broken input must take the accuracy of the drafts that consume it to at most this share of the
 # intact one.
 WITNESS_INTACT_MIN = 0.95
@@ -71,7 +71,7 @@ def load_pair(build_tiny_pair):
             from transformers import AutoTokenizer, Gemma4AssistantForCausalLM, Gemma4ForConditionalGeneration
         except ImportError as exc:
             raise CheckFailure("import", f"transformers has no Gemma 4 model classes: {exc}") from exc
-        from mtpmatrix.tiers.tiny import read_marker
+        from mtpmatrix.tiers.pairs.tiny import read_marker
 
         marker = read_marker(paths.target.parent) or {}
         if not marker.get("weights"):
@@ -280,7 +280,7 @@ def test_greedy_with_assistant_equals_greedy(generations, record_property, name,
 @pytest.mark.check("acceptance")
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_constructed_rule_and_acceptance(generations, record_property, name):
-    from mtpmatrix.tiers.tiny import VOCAB
+    from mtpmatrix.tiers.pairs.tiny import VOCAB
 
     results, stats = generations(name, True)
     for (prompt, plain, assisted), text in zip(results, PROMPTS):
@@ -302,7 +302,7 @@ def test_constructed_rule_and_acceptance(generations, record_property, name):
 
 @pytest.mark.check("weights")
 def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
-    """The tiny MoE target's experts share weights (mtpmatrix.tiers.tiny), so its output must not change when the router
+    """The tiny MoE target's experts share weights (mtpmatrix.tiers.pairs.tiny), so its output must not change when the router
     picks other experts: the smoke tier's MTP-vs-no-MTP comparison relies on that to tell bf16 near-ties from real
     divergences. Re-randomises every router, compares fp32 logits, restores the router."""
     torch = _torch()
@@ -340,7 +340,7 @@ def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_witness_drafts_at_transformers_phase(generations, record_property, name):
     """transformers' own assisted generation (SinglePositionMultiTokenCandidateGenerator) accepts the reference
-    witness's drafts: the witness is built to transformers' draft phase (mtpmatrix.tiers.witness.REFERENCE_DRAFT_PHASE),
+    witness's drafts: the witness is built to transformers' draft phase (mtpmatrix.tiers.pairs.witness.REFERENCE_DRAFT_PHASE),
     so a witness the smoke tier serves at that phase measures sglang against the reference, not against itself."""
     _results, stats = generations(name, "witness")
     later = _acceptance([s for s in stats if s[2] > 0])
@@ -373,7 +373,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     layer of the same type, positions off by one either way, another request's rows, a tree node fed its parent's
     sibling's state -- takes the accuracy of the drafts that consume the broken input far below that. Both variants:
     the smoke tier serves both. Fails if the drafter stops depending on an input."""
-    from mtpmatrix.tiers import witness, witness_harness
+    from mtpmatrix.tiers.pairs import witness, witness_harness
     from mtpmatrix.tiers.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
 
     torch = _torch()

@@ -7,7 +7,7 @@ MTPMATRIX_SMOKE_EXTRA_ARGS (sglang arguments appended to every smoke server, e.g
 MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the witness/constructed targets with the random pair's
 assistant, a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
 
-The witness pair (mtpmatrix.tiers.witness) drafts right only when sglang hands its assistant the right hidden state, the
+The witness pair (mtpmatrix.tiers.pairs.witness) drafts right only when sglang hands its assistant the right hidden state, the
 right target KV layer per attention type, the right positions, each tree node's own parent and each request's own
 rows; built for sglang's draft phase (witness-mtp-*), its accept length is held to the exact pair's floor. The one
 built for transformers' phase (witness-transformers-phase-topk1) says whether sglang drafts at the reference phase
@@ -138,7 +138,7 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     """sglang drafts at transformers' RoPE phase: the witness built for transformers' draft phase reaches the exact
     pair's accept-length floor. sglang 0.5.13-0.5.23 put the draft query two positions behind transformers' (known
     upstream: sglang-gemma4-mtp-draft-rope-phase), reported apart from the hand-off checks."""
-    from mtpmatrix.tiers import witness
+    from mtpmatrix.tiers.pairs import witness
 
     run = _run(smoke_runs, name, record_property)
     got = client.accept_length_from_meta(run.id_meta)

@@ -264,7 +264,7 @@ def test_known_sglang_draft_phase_entry_matches_the_check_message():
     assert entry.applies_to({"sglang": "0.5.17"}) and not entry.applies_to({"sglang": "0.5.24"})
     assert not entry.matches({"outcome": "failed", "failure": {"message": "accept length 1.04 outside [5.0, 6]"}})
     # the releases known to deviate are the releases the gate witness is built off the reference phase for
-    from mtpmatrix.tiers import witness
+    from mtpmatrix.tiers.pairs import witness
 
     off_reference = [spec for spec, phase in witness.SGLANG_DRAFT_PHASES if phase != witness.REFERENCE_DRAFT_PHASE]
     assert off_reference == [entry.affected]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.tiers import tiny
+from mtpmatrix.tiers.pairs import tiny
 
 
 @pytest.mark.parametrize("name", tiny.PAIR_NAMES)
@@ -62,7 +62,7 @@ def test_build_pair_rejects_unknown_names(tmp_path):
 
 @pytest.mark.parametrize("name", tiny.PAIR_NAMES)
 def test_witness_layout_fits_every_family(name):
-    from mtpmatrix.tiers import witness
+    from mtpmatrix.tiers.pairs import witness
 
     t, a = tiny.target_template(name, "witness"), tiny.assistant_template(name, "witness")
     assert t["text_config"]["tie_word_embeddings"] is False  # the witness target has its own output head
@@ -81,7 +81,7 @@ def test_variant_names():
 
 
 def test_sglang_draft_phase_follows_the_release():
-    from mtpmatrix.tiers import witness
+    from mtpmatrix.tiers.pairs import witness
 
     assert witness.sglang_draft_phase("0.5.13") == witness.sglang_draft_phase("0.5.23") == -1  # measured / same code
     assert witness.sglang_draft_phase("0.5.24") == witness.REFERENCE_DRAFT_PHASE  # unmeasured: expected fixed

@@ -8,7 +8,7 @@ Servers launch side by side when the GPU has room (``launch_parallelism``): a la
 compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200. A server that fails
 while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict.
 
-Two pairs, built on the fly by mtpmatrix.tiers.tiny:
+Two pairs, built on the fly by mtpmatrix.tiers.pairs.tiny:
 - *random*: saved random weights (accept length ~1.0; bf16 near-ties may flip a few greedy tokens);
 - *constructed*: both models compute next = token + 1, so greedy output is known exactly and the accept length
   must be near its maximum (steps + 1). A drop means the acceptance machinery broke.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix import settings
-from mtpmatrix.tiers.tiny import PAIR_NAMES
+from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
 from mtpmatrix.schema import comma_list
 
 PROMPT_LEN = 12
@@ -64,7 +64,7 @@ MIB_PER_EXTRA_SERVER = 25 * 1024
 @dataclass(frozen=True)
 class SmokeServerSpec:
     name: str
-    pair: str  # tiny pair variant (mtpmatrix.tiers.tiny.VARIANTS)
+    pair: str  # tiny pair variant (mtpmatrix.tiers.pairs.tiny.VARIANTS)
     topk: int | None  # None = no MTP
     load_format: str = "auto"
     default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers
@@ -89,7 +89,7 @@ SMOKE_SERVERS = (
     # tell a broken verify path from a broken hand-off).
     SmokeServerSpec("constructed-mtp-topk1", "constructed", 1, default=False),
     SmokeServerSpec("constructed-mtp-topk3", "constructed", 3, default=False),
-    # The witness pair needs every hand-off (mtpmatrix.tiers.witness), built for the draft phase sglang uses: any broken
+    # The witness pair needs every hand-off (mtpmatrix.tiers.pairs.witness), built for the draft phase sglang uses: any broken
     # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
     # 6.00 of 6 intact, all 13 mutants of mtpmatrix.faults.mutants killed).
     SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1),

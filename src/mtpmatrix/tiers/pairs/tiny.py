@@ -65,7 +65,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpmatrix.tiers.witness import make_witness, phase_of_variant, zero_residual_writers
+from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant, zero_residual_writers
 
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
 CODE_VERSION = "tiny-v3"  # v2: MoE experts share weights; v3: two physical layers per type, witness variant
@@ -194,7 +194,7 @@ _COPIED_FROM_TARGET = ("vocab_size", "num_key_value_heads", "head_dim", "global_
                        "max_position_embeddings", "final_logit_softcapping", "hidden_activation", "rms_norm_eps")
 
 
-# witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.tiers.witness, "Draft phase")
+# witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.tiers.pairs.witness, "Draft phase")
 VARIANTS = ("random", "constructed", "witness", "witness-sglang-phase")
 
 
