@@ -137,7 +137,7 @@ def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
 
     contract = tiers["contract"]
     assert contract["verdict"] == "failed"
-    assert contract["failure_kinds"] == ["config", "harness"]
+    assert contract["failure_kinds"] == ["harness"]
     checks = _checks(data, "contract")
     assert list(checks) == ["test_resolves", "test_config_values", "test_needs_broken_fixture", "test_own_bug",
                             "test_skips_itself"]
@@ -154,9 +154,9 @@ def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
 
     bad = checks["test_config_values"]
     assert bad["outcome"] == "failed" and bad["metrics"] == {"layers": 8}
-    # an assertion takes the kind the check declares (@pytest.mark.check)
+    # a bare assertion is the harness's, whatever the check declares (a break found says so with CheckFailure)
     assert bad["failure"] == {
-        "kind": "config", "type": "AssertionError", "message": "config resolves to the wrong values", "frame": None,
+        "kind": "harness", "type": "AssertionError", "message": "config resolves to the wrong values", "frame": None,
         "raised_at": f"{pytester.path / 'test_tiers.py'}:{line_of(CHECKS, 'assert 1 + 1 == 3')} in test_config_values"}
 
     setup = checks["test_needs_broken_fixture"]

@@ -88,14 +88,23 @@ def first_library_frame(tb: TracebackType | None) -> tuple[str | None, str | Non
     return (_fmt(first) if first else None, _fmt(frames[-1]) if frames else None, first is not None)
 
 
+def raised_in_own_code(tb: TracebackType | None) -> bool:
+    """Whether the innermost frame of ``tb`` (where the exception was raised) is this project's code."""
+    frames = traceback.extract_tb(tb) if tb else []
+    return bool(frames) and frames[-1].filename.replace("\\", "/").startswith(_OWN_DIRS)
+
+
 def classify(exc: BaseException, default_kind: str | None = None) -> FailureRecord:
     """Classify an exception raised by a check.
 
-    ``default_kind`` is the check's own declaration (``@pytest.mark.check("args")``); explicit CheckFailure kinds
-    win; import errors are 'import' wherever they come from; anything else that never touched a library under test
-    is 'harness'.
+    Explicit CheckFailure kinds win; import errors are 'import' wherever they come from; an exception raised by a
+    library under test takes ``default_kind``, the check's own declaration (``@pytest.mark.check("args")``), else
+    'crash'; anything else is 'harness': raised in this project's code (a bare ``assert`` included, also when a
+    library called that code back) or never touching a library under test. A check that found a break says which
+    with CheckFailure.
     """
     frame, raised_at, in_library = first_library_frame(exc.__traceback__)
+    own_raise = raised_in_own_code(exc.__traceback__)
     # A check that wraps a library exception (raise CheckFailure(...) from exc) points at the library through
     # its cause: take the frame from there.
     cause, seen = exc.__cause__ or exc.__context__, 0
@@ -108,9 +117,7 @@ def classify(exc: BaseException, default_kind: str | None = None) -> FailureReco
         kind = exc.kind
     elif isinstance(exc, ImportError):
         kind = "import"
-    elif isinstance(exc, AssertionError):
-        kind = default_kind or "harness"
-    elif in_library:
+    elif in_library and not own_raise:
         kind = default_kind or "crash"
     else:
         kind = "harness"
