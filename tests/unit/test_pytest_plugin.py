@@ -338,3 +338,64 @@ def test_no_results_file_without_the_option(pytester, monkeypatch):
     result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning")
     result.assert_outcomes(passed=1)
     assert not list(pytester.path.rglob("tiers.json"))
+
+
+# A package whose __init__ fails half way, after importing a namespace subpackage (sglang/__init__.py imports
+# sglang.srt.environ first; sglang.srt has no __init__.py): importlib drops the package from sys.modules but keeps
+# the subpackage, so every later import under it raises KeyError: '<package>' from _NamespacePath._get_parent_path.
+# Seen on the 0.5.23 row with --with torch==2.15.0 (torchaudio built for another CUDA, raised in sglang/__init__.py).
+HALF_IMPORTED = {
+    "halfpkg/__init__.py": "from halfpkg.sub.environ import x  # noqa: F401\n"
+                           "raise ImportError('halfpkg was built for CUDA 13.0, torch has 13.2')\n",
+    "halfpkg/sub/environ.py": "x = 1\n",
+    "halfpkg/sub/models/__init__.py": "",
+    "halfpkg/sub/models/m1.py": "",
+    "halfpkg/sub/models/m2.py": "",
+    "halfpkg/sub/models/m3.py": "",
+}
+IMPORT_CHAIN = '''\
+import pytest
+
+from mtpmatrix.tiers import sglang_compat as compat
+
+CHAIN = tuple(compat.ImportStep(m, (f"halfpkg.sub.models.{m}",)) for m in ("m1", "m2", "m3"))
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return compat.import_chain(CHAIN)
+
+
+@pytest.mark.contract
+@pytest.mark.check("import")
+@pytest.mark.parametrize("step", CHAIN, ids=lambda s: s.id)
+def test_import(step, chain):
+    if step.id in chain.errors:
+        raise chain.errors[step.id]
+
+
+@pytest.mark.contract
+@pytest.mark.check("config")
+def test_unrelated():
+    return {}["own bug"]
+'''
+
+
+def test_half_imported_package_failures_point_at_the_failure_that_left_it(session, pytester):
+    for path, text in HALF_IMPORTED.items():
+        (pytester.path / path).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / path).write_text(text)
+    _result, data = session(IMPORT_CHAIN, "--tiers", "contract")
+    checks = _checks(data, "contract")
+    first = checks["test_import[m1]"]["failure"]
+    assert (first["kind"], first["type"]) == ("import", "ImportError") and "consequence_of" not in first
+    for later in ("test_import[m2]", "test_import[m3]"):
+        f = checks[later]["failure"]
+        assert f["type"] == "KeyError" and f["kind"] == "import"  # the earlier failure's kind, not 'harness'
+        assert f["consequence_of"] == "test_tiers.py::test_import[m1]"
+        assert f["message"] == ("consequence of test_tiers.py::test_import[m1] (import): it left package "
+                                "'halfpkg' half-imported, so importlib raised KeyError: 'halfpkg'")
+    # a KeyError of this project's own, unrelated to the half-imported package, stays harness
+    own = checks["test_unrelated"]["failure"]
+    assert own["kind"] == "harness" and "consequence_of" not in own
+    assert data["tiers"]["contract"]["failure_kinds"] == ["harness", "import"]

@@ -125,6 +125,51 @@ def classify(exc: BaseException, default_kind: str | None = None) -> FailureReco
     return FailureRecord(kind=kind, type=type(exc).__name__, message=message, frame=frame, raised_at=raised_at)
 
 
+# --- consequences: a failure that follows from an earlier one in the same session -------------------------------
+# A package whose __init__ raised half way leaves the submodules it had imported in sys.modules and itself out of
+# it; an import under a namespace subpackage of it (sglang.srt has no __init__.py) then raises KeyError: 'sglang'
+# from importlib (_NamespacePath._get_parent_path), whatever that later check is about. Such a failure says
+# nothing new: it takes the kind of the failure that left the package half-imported and points at it.
+
+
+def _all_frames(exc: BaseException, depth: int = 5) -> list[traceback.FrameSummary]:
+    frames, seen = [], 0
+    while exc is not None and seen < depth:
+        frames += traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return frames
+
+
+def left_half_imported(exc: BaseException, modules: dict) -> list[str]:
+    """Packages this failure left half-imported: its traceback ran the package's ``__init__.py`` at module level,
+    and ``modules`` (sys.modules) now lacks the package but holds a submodule of it."""
+    inits = {f.filename.replace("\\", "/") for f in _all_frames(exc)
+             if f.name == "<module>" and f.filename.endswith("__init__.py")}
+    if not inits:
+        return []
+    parents = {name.rsplit(".", k)[0] for name in list(modules) for k in range(1, name.count(".") + 1)}
+    return sorted(p for p in parents - set(modules)
+                  if any(f.endswith("/" + p.replace(".", "/") + "/__init__.py") for f in inits))
+
+
+def missing_package(exc: BaseException) -> str | None:
+    """The package named by importlib's KeyError for a parent gone from sys.modules (raised inside importlib's own
+    frozen frames); None for any other failure."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    if (isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str) and frames
+            and frames[-1].filename.startswith("<frozen importlib")):
+        return exc.args[0]
+    return None
+
+
+def as_consequence(failure: dict, package: str, earlier_id: str, earlier_kind: str) -> dict:
+    """``failure`` (a FailureRecord dict) restated as a consequence of the earlier failure that left ``package``
+    half-imported: that failure's kind, ``consequence_of`` its check id, and a message that says so."""
+    return dict(failure, kind=earlier_kind, consequence_of=earlier_id,
+                message=f"consequence of {earlier_id} ({earlier_kind}): it left package '{package}' half-imported, "
+                        f"so importlib raised {failure['type']}: {failure['message']}"[:500])
+
+
 _INSTALL_PATTERNS = (
     (re.compile(r"No solution found|unsatisfiable|conflict", re.I), "resolver conflict"),
     (re.compile(r"Failed to fetch|Could not connect|dns error|timed out|Connection refused|error sending request", re.I),
