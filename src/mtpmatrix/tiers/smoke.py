@@ -16,6 +16,7 @@ Two pairs, built on the fly by mtpmatrix.tiers.pairs.tiny:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -39,10 +40,29 @@ TEXT_PROMPTS = ("The quick brown fox", "Question: 2 + 3 = ?\nAnswer:", "Gemma fo
 # the draft line count as the target's.
 TARGET_GRAPH_RE = re.compile(r"Capture (?!Frozen-KV|draft)[\w\- ]*?(?:cuda|CUDA) graph end")
 DRAFT_GRAPH_RE = re.compile(r"Capture Frozen-KV MTP draft (?:cuda|CUDA) graph end")
-# Accept length per request (completion tokens / verify steps) of the pairs whose drafts are all right when the path
-# works. Constructed pair, H200, sglang 0.5.13: topk 1 -> 5.82 of max 6, topk 3 -> 4.92. The witness pair must reach
-# the same: any broken hand-off (hidden state, KV layer, positions, tree parent, batch rows) drops it to ~1.
-EXACT_PAIR_MIN_ACCEPT = {1: 5.0, 3: 4.0}
+
+
+def all_drafts_accepted_length(completion_tokens: int, steps: int) -> float:
+    """Accept length (completion tokens / verify steps, client.accept_length_from_meta) of a request whose every
+    draft is accepted: its first token comes from prefill and each verify step keeps at most ``steps`` + 1 tokens
+    (its drafts and the bonus token), so the other completion_tokens - 1 take ceil((completion_tokens - 1) /
+    (steps + 1)) verify steps. No drafter, right or wrong, gets above it."""
+    return completion_tokens / math.ceil((completion_tokens - 1) / (steps + 1))
+
+
+# The exact pairs (witness at sglang's draft phase, constructed) draft every token right when the path is intact, so
+# their accept length per request is the maximum, 32 / 6 = 5.3333, at topk 1 and 3 alike (the greedy chain is in
+# the draft tree). Exact, not a margin: the witness's draft logits put the right token >= 9.8 nats above any other
+# (LOGIT_PEAK 20 x code_margin 0.49 on the tiny pairs' codes), the constructed pair's ~2.4, while bf16 moves a
+# logit of 20 by <= 0.08; no draft flips, and one lost draft in the 8 requests already gives 256 / 49 = 5.22.
+# Intact, measured 5.333 at topk 1 and 3: docs/runs/2026-11-30d-h200-sglang-0.5.13-smoke-default.json (witness),
+# 2026-11-30b-h200-sglang-0.5.17-smoke-tp1-side-by-side.json, 2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-moe.json
+# and -tp2-dense31b.json (constructed). Broken, docs/runs/2026-11-30d-h200-sglang-0.5.1{3,7}-mutants.json: 3.507
+# (hand-off from the verify block's first position, topk 1 and 3), 2.977 (tree parent), 2.17-2.39 (topk batch
+# rows), 2.667 (per-request accept count), 2.032 (draft positions), 1.03-1.10 (KV layer, verify rows).
+EXACT_PAIR_ACCEPT_LENGTH = all_drafts_accepted_length(MAX_NEW_TOKENS, settings.NUM_STEPS)
+# Floor = that maximum, cut to the 4 decimals accept_length_from_meta rounds to; the same at every topk.
+EXACT_PAIR_MIN_ACCEPT = {topk: math.floor(EXACT_PAIR_ACCEPT_LENGTH * 1e4) / 1e4 for topk in settings.TOPKS}
 # The witness tier demands that topk 3 ran with several requests in one draft/verify batch (batch expansion at
 # topk > 1 is one of the things the witness checks), read from the server's decode log lines.
 WITNESS_MIN_BATCH = 4
@@ -357,6 +377,37 @@ def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] |
     lo = kept / verify
     hi = min(steps + 1.0, (kept + steps * len(metas)) / verify)
     return round(lo, 4), round(hi, 4)
+
+
+def accept_length_problem(spec: SmokeServerSpec, metas: list[dict], steps: int = settings.NUM_STEPS) -> str | None:
+    """What is wrong with the accept length of an MTP server's token-id responses (``metas``, MAX_NEW_TOKENS each);
+    None when nothing.
+
+    Every server: each response ran a verify step, and the pooled accept length lies in [1, EXACT_PAIR_ACCEPT_LENGTH]
+    (a verify step keeps at least its bonus token and at most ``steps`` + 1 tokens; outside that the counters are
+    wrong, whatever the drafts). That is all the random pair is held to: a presence check, "speculative decoding
+    ran", since its drafts are right by chance only (1.03-1.05 measured, and a broken path gives the same ~1). An
+    exact pair gated on hand-offs (witness at sglang's phase, constructed) must reach EXACT_PAIR_MIN_ACCEPT.
+    """
+    from mtpmatrix.tiers.client import accept_length_from_meta
+
+    got = accept_length_from_meta(metas)
+    if got is None:
+        return "responses carry no spec_verify_ct (speculative decoding did not run)"
+    unverified = [m for m in metas if not m.get("spec_verify_ct")]
+    if unverified:
+        return f"{len(unverified)}/{len(metas)} responses ran no verify step: speculative decoding did not run for them"
+    ceiling = math.floor(all_drafts_accepted_length(MAX_NEW_TOKENS, steps) * 1e4) / 1e4
+    if spec.exact and not spec.phase_reference:
+        floor = EXACT_PAIR_MIN_ACCEPT[spec.topk]
+        if not floor <= got <= ceiling + 1e-4:
+            return (f"accept length {got} outside [{floor}, {ceiling}]: an intact path accepts every draft of this "
+                    f"pair ({MAX_NEW_TOKENS} tokens in {math.ceil((MAX_NEW_TOKENS - 1) / (steps + 1))} verify steps "
+                    f"per request); a broken hand-off loses drafts")
+    elif not settings.NO_DRAFT_ACCEPT_LENGTH <= got <= ceiling + 1e-4:
+        return (f"accept length {got} outside [{settings.NO_DRAFT_ACCEPT_LENGTH}, {ceiling}], the range any drafter "
+                f"gives (a verify step keeps 1 to {steps + 1} tokens): the spec counters are wrong")
+    return None
 
 
 @dataclass
