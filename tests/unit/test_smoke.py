@@ -9,6 +9,7 @@ import pytest
 
 from mtpmatrix import settings
 from mtpmatrix.tiers import client, smoke
+from mtpmatrix.tiers.verdict import CheckFailure
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
 LOG_0513 = """\
@@ -321,3 +322,37 @@ def test_random_pair_is_a_presence_check_that_can_fail():
         "1/8 responses ran no verify step: speculative decoding did not run for them")
     # more than any drafter can accept: the counters are wrong
     assert smoke.accept_length_problem(spec, _metas([4] * 8)).startswith("accept length 8.0 outside [1.0, 5.3333]")
+
+
+# --- relaunching alone (issue: a verdict in one launch) ------------------------------------------------------------
+def test_failure_that_repeats_alone_stands_for_the_others(tmp_path):
+    """A broken release: every server fails side by side; the first, relaunched alone, fails the same way, so the
+    others are not relaunched in turn (five relaunches ran a GPU box into its time limit with no verdict)."""
+    import sys
+
+    said = []
+    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3,
+                             launcher=[sys.executable, FAKE, "--exit-always"], progress=said.append)
+    first, *others = runs.values()
+    assert sorted(p.name for p in tmp_path.glob("*-alone.log")) == [f"server-{first.spec.name}-alone.log"]
+    assert first.log_path.name.endswith("-alone.log") and "exited with code 1" in first.first_attempt_error
+    assert isinstance(first.error, CheckFailure) and first.error.kind == "launch"
+    for run in others:
+        assert run.error.kind == "launch" and run.first_attempt_error is None
+        assert run.confirmed_alone_by == first.spec.name
+        head = str(run.error).splitlines()[0]
+        assert head.endswith(f"[not relaunched alone: {first.spec.name} failed the same way alone, "
+                             f"{first.log_path.name}]")
+    assert sum("not relaunched alone" in ln for ln in said) == 2
+
+
+def test_failure_signature_ignores_server_names_and_numbers():
+    a = CheckFailure("launch", "random-nomtp server exited with code 1 before it was ready (35s after "
+                                     "launch): RuntimeError: capture failed at port 30012\nlog: x")
+    b = CheckFailure("launch", "witness-mtp-topk3 server exited with code 1 before it was ready (41s after "
+                                     "launch): RuntimeError: capture failed at port 30020\nlog: y")
+    assert smoke.failure_signature(a, "random-nomtp") == smoke.failure_signature(b, "witness-mtp-topk3")
+    other = CheckFailure("launch", "witness-mtp-topk3 server exited with code 1 before it was ready (41s "
+                                         "after launch): torch.OutOfMemoryError: CUDA out of memory")
+    assert smoke.failure_signature(other, "witness-mtp-topk3") != smoke.failure_signature(a, "random-nomtp")
+    assert smoke.failure_signature(RuntimeError("port in use"), "random-nomtp") is None  # not a server's failure

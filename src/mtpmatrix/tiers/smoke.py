@@ -6,7 +6,9 @@ the server log, and stops it; the tests then assert on what was collected.
 
 Servers launch side by side when the GPU has room (``launch_parallelism``): a launch is mostly CPU-bound Triton
 compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200. A server that fails
-while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict.
+while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict; a
+failure that repeats alone stands for every server that failed the same way beside it (``failure_signature``), so a
+broken release costs one relaunch, not one per server.
 
 Two pairs, built on the fly by mtpmatrix.tiers.pairs.tiny:
 - *random*: saved random weights (accept length ~1.0; bf16 near-ties may flip a few greedy tokens);
@@ -30,6 +32,7 @@ from pathlib import Path
 from mtpmatrix import settings
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
 from mtpmatrix.schema import comma_list
+from mtpmatrix.tiers.verdict import CheckFailure
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -184,6 +187,8 @@ class SmokeRun:
     request_seconds: float | None = None
     gpu_memory_mib: int | None = None  # what the server's processes held on the GPU once ready (nvidia-smi)
     first_attempt_error: str | None = None  # set when a side-by-side launch failed and this run is the relaunch
+    # failed beside others the way this server (named) failed beside them and again alone: not relaunched
+    confirmed_alone_by: str | None = None
     log_text: str = ""
 
 
@@ -237,7 +242,8 @@ def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | No
 def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: int = 1,
                 python: str = sys.executable, ready_timeout: float = 420.0, extra_args: tuple[str, ...] = (),
                 launcher: list[str] | None = None, progress=None) -> dict[str, SmokeRun]:
-    """Collect every job, ``parallel`` servers at a time; relaunch alone any that failed beside others.
+    """Collect every job, ``parallel`` servers at a time; relaunch alone any that failed beside others, except one
+    that failed like a server whose relaunch alone failed the same way (that failure stands for it).
 
     Ctrl-C (or the SIGINT of tools/gpu_box.sh's timeout) stops every running server's process group before it
     propagates. ``progress(line)`` hears each server's launch and readiness and one line per server collected.
@@ -279,14 +285,23 @@ def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: i
             runs[name] = fut.result()
         pool.shutdown(wait=True)
         if parallel > 1 and len(jobs) > 1:
+            # A failure that repeats alone is no contention: it stands for every server that failed the same way
+            # beside the others, so a broken release costs one relaunch, not one per server.
+            confirmed: dict[tuple, SmokeRun] = {}  # failure signature -> the relaunch that failed so alone too
             for job in jobs:
                 first = runs[job.spec.name]
                 if first.error is None:
+                    continue
+                signature = failure_signature(first.error, job.spec.name)
+                if signature in confirmed:
+                    _stand_for(first, confirmed[signature], progress)
                     continue
                 again = one(job, f"server-{job.spec.name}-alone.log")
                 line = (str(first.error).splitlines() or [""])[0]
                 again.first_attempt_error = f"{type(first.error).__name__}: {line}"[:300]
                 runs[job.spec.name] = again
+                if signature is not None and failure_signature(again.error, job.spec.name) == signature:
+                    confirmed[signature] = again
     except BaseException:
         interrupted.set()
         with lock:
@@ -296,6 +311,26 @@ def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: i
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     return runs
+
+
+def failure_signature(error: BaseException | None, name: str) -> tuple[str, str] | None:
+    """How a server failed, comparable across servers and attempts: the failure kind and the first line of its
+    message with the server's name and every number (seconds, ports, exit codes) masked. None for anything but a
+    server's own classified failure (CheckFailure from SglangServer or the requests)."""
+    if not isinstance(error, CheckFailure):
+        return None
+    first = (str(error).splitlines() or [""])[0]
+    return error.kind, re.sub(r"\d+", "#", first.replace(name, "<server>"))
+
+
+def _stand_for(run: SmokeRun, confirmed: SmokeRun, progress) -> None:
+    """Keep ``run``'s failure beside the others as its verdict, pointing at the relaunch that repeated it alone."""
+    run.confirmed_alone_by = confirmed.spec.name
+    first, _, rest = str(run.error).partition("\n")
+    note = f" [not relaunched alone: {confirmed.spec.name} failed the same way alone, {confirmed.log_path.name}]"
+    run.error.args = (first + note + ("\n" + rest if rest else ""),)  # same exception: kind and traceback kept
+    if progress is not None:
+        progress(f"[smoke] {run.spec.name}: not relaunched alone ({confirmed.spec.name} failed the same way alone)")
 
 
 def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size: int, log_dir: Path,
@@ -332,8 +367,6 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         run.request_seconds = round(time.monotonic() - t1, 2)
         errors = [r.error for r in results if r.error]
         if errors:
-            from mtpmatrix.tiers.verdict import CheckFailure
-
             raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
         n_ids = len(reqs) - len(TEXT_PROMPTS)
         for r in results[:n_ids]:
