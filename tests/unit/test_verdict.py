@@ -227,3 +227,12 @@ def test_own_code_is_never_a_library_even_under_a_library_named_folder(monkeypat
     assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/tests/tiers/test_smoke.py") is None
     assert verdict._package_of("/home/u/sglang/python/sglang/srt/server_args.py") == "sglang"  # a real checkout
     assert verdict._package_of("/x/lib/python3.11/site-packages/torch/nn/module.py") == "torch"
+
+
+def test_readme_kinds_table_is_verdict_kinds():
+    """README's failure-kinds table names every kind of verdict.KINDS, in order, and no other."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("| kind | what failed |", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^\| `([a-z]+)` \|", table, re.M) == list(KINDS)
