@@ -27,7 +27,7 @@ import pytest
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers, worst
 from mtpmatrix.tiers import environment, known_upstream, served
-from mtpmatrix.tiers.verdict import as_consequence, classify, left_half_imported, missing_package
+from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()
@@ -191,7 +191,7 @@ def _classify_in_session(item, exc: BaseException, declared: str | None) -> dict
     package = missing_package(exc)
     if package in half:
         failure = as_consequence(failure, package, *half[package])
-    for pkg in left_half_imported(exc, sys.modules):
+    for pkg in packages_left_half_imported(exc):
         half.setdefault(pkg, (item.nodeid, failure["kind"]))
     return failure
 

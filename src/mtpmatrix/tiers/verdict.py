@@ -136,24 +136,20 @@ def classify(exc: BaseException, default_kind: str | None = None) -> FailureReco
 # nothing new: it takes the kind of the failure that left the package half-imported and points at it.
 
 
-def _all_frames(exc: BaseException, depth: int = 5) -> list[traceback.FrameSummary]:
-    frames, seen = [], 0
+def packages_left_half_imported(exc: BaseException, depth: int = 5) -> list[str]:
+    """Packages whose ``__init__`` this failure interrupted: its traceback (or a cause's) runs a package's
+    ``__init__.py`` at module level, so importlib dropped the package and kept what it had imported. (A later step may
+    import the package again cleanly: sys.modules after the fact does not tell, the traceback does.)"""
+    names, seen = set(), 0
     while exc is not None and seen < depth:
-        frames += traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "<module>" and code.co_filename.endswith("__init__.py"):
+                names.add(tb.tb_frame.f_globals.get("__name__"))
+            tb = tb.tb_next
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return frames
-
-
-def left_half_imported(exc: BaseException, modules: dict) -> list[str]:
-    """Packages this failure left half-imported: its traceback ran the package's ``__init__.py`` at module level,
-    and ``modules`` (sys.modules) now lacks the package but holds a submodule of it."""
-    inits = {f.filename.replace("\\", "/") for f in _all_frames(exc)
-             if f.name == "<module>" and f.filename.endswith("__init__.py")}
-    if not inits:
-        return []
-    parents = {name.rsplit(".", k)[0] for name in list(modules) for k in range(1, name.count(".") + 1)}
-    return sorted(p for p in parents - set(modules)
-                  if any(f.endswith("/" + p.replace(".", "/") + "/__init__.py") for f in inits))
+    return sorted(n for n in names if isinstance(n, str) and n != "__main__")
 
 
 def missing_package(exc: BaseException) -> str | None:
