@@ -1,8 +1,10 @@
 """Failure classification: what broke (install conflict, import, abi, config, args, weights, launch, crash,
 mismatch, accuracy, acceptance) and where (the first frame inside sglang / transformers / torch).
 
-A failure whose exception was raised from this project's own code, without passing through the libraries under
-test, is classified ``harness``: a bug in the matrix must never read as a break in sglang.
+A failure whose exception was raised in this project's own code (also when a library called that code back), or
+that never passed through the libraries under test, is classified ``harness``: a bug in the matrix must never read
+as a break in sglang. A failure that only follows from an earlier one in the same session (a package left
+half-imported) takes that one's kind and points at it (``as_consequence``).
 """
 
 from __future__ import annotations
