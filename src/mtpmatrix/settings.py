@@ -19,7 +19,10 @@ NUM_STEPS = 5
 TOPKS = (1, 3)
 DRAFT_TOKENS = {1: 6, 3: 12}  # --speculative-num-draft-tokens for each --speculative-eagle-topk
 MIN_ACCEPT_LENGTH = 1.5  # gsm8k tier, real weights
-SMOKE_MIN_ACCEPT_LENGTH = 1.0  # smoke tier, random weights (accept length ~1.0 is expected)
+# A verify step keeps at least its bonus token: the accept length of a drafter whose every draft is rejected, the
+# least any run with speculative decoding shows. A floor at it is a presence check ("speculative decoding ran"),
+# never an acceptance gate: what the smoke tier's random pair and the gsm8k tier's tiny proof mode are held to.
+NO_DRAFT_ACCEPT_LENGTH = 1.0
 
 # --- common server arguments (the seed suite's) --------------------------------------------------------------
 COMMON_ARGS = (

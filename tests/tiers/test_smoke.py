@@ -105,7 +105,9 @@ def test_cuda_graphs_captured(smoke_runs, name, record_property):
 @pytest.mark.check("acceptance")
 @pytest.mark.parametrize("name", [s.name for s in MTP_SPECS])
 def test_spec_metrics(smoke_runs, name, record_property):
-    """Spec metrics are present per response and in /server_info; accept length within bounds."""
+    """Spec metrics are present per response and in /server_info; accept length per request at the all-drafts-
+    accepted maximum for an exact pair, within [1, that maximum] for the random pair (a presence check: speculative
+    decoding ran) and the transformers-phase witness (its floor is test_draft_phase_matches_transformers')."""
     from mtpmatrix.tiers.client import spec_stats
 
     run = _run(smoke_runs, name, record_property)
@@ -114,16 +116,11 @@ def test_spec_metrics(smoke_runs, name, record_property):
     avg = server_side.get("avg_spec_accept_length") if server_side else None
     record_property("accept_length_requests", per_request)
     record_property("avg_spec_accept_length", avg)
-    if per_request is None:
-        raise CheckFailure("acceptance", "responses carry no spec_verify_ct (speculative decoding did not run)")
+    problem = smoke.accept_length_problem(run.spec, run.id_meta)
+    if problem:
+        raise CheckFailure("acceptance", problem)
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
-    # the transformers-phase witness's floor is test_draft_phase_matches_transformers' business
-    exact_floor = run.spec.exact and not run.spec.phase_reference
-    floor = smoke.EXACT_PAIR_MIN_ACCEPT[run.spec.topk] if exact_floor else settings.SMOKE_MIN_ACCEPT_LENGTH
-    max_len = settings.NUM_STEPS + 1
-    if not (floor <= per_request <= max_len + 1e-6):
-        raise CheckFailure("acceptance", f"accept length {per_request} outside [{floor}, {max_len}]")
     # The server's own counter must agree with what the requests saw (an accounting bug shows here, not above).
     bounds = smoke.server_accept_bounds(run.id_meta + run.text_meta, settings.NUM_STEPS)
     record_property("avg_spec_accept_length_bounds", list(bounds) if bounds else None)

@@ -203,6 +203,7 @@ def main(argv=None) -> None:
     ap.add_argument("--pidfile", default=None, help="write 'server_pid grandchild_pid' here")
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--exit-once", default=None, help="if this file exists: delete it and exit 1 (one failure)")
+    ap.add_argument("--exit-always", action="store_true", help="exit 1 at every launch (a broken release)")
     args, _unknown = ap.parse_known_args(argv)
     if args.ignore_sigterm:
         import signal
@@ -216,6 +217,9 @@ def main(argv=None) -> None:
         else:
             print("fake sglang: RuntimeError: injected launch failure (--exit-once)", flush=True)
             sys.exit(1)
+    if args.exit_always:
+        print("fake sglang: RuntimeError: draft CUDA graph capture failed (--exit-always)", flush=True)
+        sys.exit(1)
     child_pid = None
     if args.grandchild:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])

@@ -340,3 +340,19 @@ def test_missing_torch_or_root_is_one_line(tmp_path):
     _dist(site, "torch", "2.11.0", {"torch/__init__.py": ""})
     with pytest.raises(abi.AbiUnavailable, match="^sglang is not installed"):
         abi.check_installed(path=[str(site)])
+
+
+def test_no_torch_linked_library_fails_instead_of_passing(elf, reader, tmp_path):
+    """sglang's kernels link torch on every release: finding none means nothing was checked against this torch
+    (kernels not installed, or unreadable), which must fail the check, never skip it."""
+    site = tmp_path / "site"
+    _dist(site, "torch", "2.11.0", {"torch/__init__.py": "", **{f"torch/lib/{p.name}": p
+                                                                   for p in elf["old"].glob("*.so")}})
+    _dist(site, "sglang", "0.5.17", {"sglang/__init__.py": "", "sglang/not_elf.so": "INPUT(-lc)\n"},
+          requires=["torch"])
+    rep = abi.check_installed(reader, path=[str(site)])
+    assert rep.libraries == []
+    message = rep.failure_message()
+    assert message == ("no native library of sglang or its dependencies links torch (1 shared object(s) seen in "
+                       "1 distribution(s), none linking it): sglang's kernels (sgl_kernel) do on every release, so "
+                       "nothing was checked against torch 2.11.0")

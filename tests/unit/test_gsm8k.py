@@ -75,10 +75,26 @@ def test_sampling_params():
 
 
 # --- data ----------------------------------------------------------------------------------------------------------
+def _local_copy(split: str) -> Path | None:
+    """The split where the README's lookup finds it (gsm8k.candidate_dirs: MTPMATRIX_GSM8K_DIR, else
+    ../shared/data/gsm8k beside the checkout, then the download cache); None when no copy is here."""
+    return next((d / f"{split}.jsonl" for d in gsm8k.candidate_dirs() if (d / f"{split}.jsonl").is_file()), None)
+
+
+def test_no_test_hard_codes_a_data_path():
+    """Data is found through the documented lookup, never at one machine's absolute path."""
+    root = Path(__file__).resolve().parents[2]
+    needle = '"/' + "work/shared/"  # an absolute path literal (spelled apart so this line does not hit itself)
+    hits = [f"{f.relative_to(root)}:{i}" for top in ("tests", "src") for f in sorted((root / top).rglob("*.py"))
+            for i, line in enumerate(f.read_text().splitlines(), 1) if needle in line]
+    assert hits == []
+
+
 def test_shared_data_sha256_constants():
-    d = Path("/work/shared/data/gsm8k")
-    if not (d / "test.jsonl").exists():
-        pytest.skip("no /work/shared/data/gsm8k here")
+    test, train = _local_copy("test"), _local_copy("train")
+    if test is None or train is None or test.parent != train.parent:
+        pytest.skip("no local GSM8K copy (set MTPMATRIX_GSM8K_DIR to a folder with test.jsonl and train.jsonl)")
+    d = test.parent
     for split in gsm8k.SPLITS:
         assert gsm8k.sha256_file(d / f"{split}.jsonl") == gsm8k.SHA256[split]
     assert len(gsm8k.load_split("train", d)) == 7473
@@ -109,9 +125,9 @@ def test_offline_missing_is_one_clear_error(tmp_path, monkeypatch, how):
 
 
 def test_download_verifies_and_caches(tmp_path, monkeypatch):
-    src = Path("/work/shared/data/gsm8k/test.jsonl")
-    if not src.exists():
-        pytest.skip("no local copy to serve as the download source")
+    src = _local_copy("test")
+    if src is None:
+        pytest.skip("no local GSM8K copy to serve as the download source (set MTPMATRIX_GSM8K_DIR)")
     monkeypatch.setenv("MTPMATRIX_GSM8K_DIR", str(tmp_path / "nowhere"))
     monkeypatch.delenv("MTPMATRIX_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

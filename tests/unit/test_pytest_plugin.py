@@ -137,7 +137,7 @@ def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
 
     contract = tiers["contract"]
     assert contract["verdict"] == "failed"
-    assert contract["failure_kinds"] == ["config", "harness"]
+    assert contract["failure_kinds"] == ["harness"]
     checks = _checks(data, "contract")
     assert list(checks) == ["test_resolves", "test_config_values", "test_needs_broken_fixture", "test_own_bug",
                             "test_skips_itself"]
@@ -154,9 +154,9 @@ def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
 
     bad = checks["test_config_values"]
     assert bad["outcome"] == "failed" and bad["metrics"] == {"layers": 8}
-    # an assertion takes the kind the check declares (@pytest.mark.check)
+    # a bare assertion is the harness's, whatever the check declares (a break found says so with CheckFailure)
     assert bad["failure"] == {
-        "kind": "config", "type": "AssertionError", "message": "config resolves to the wrong values", "frame": None,
+        "kind": "harness", "type": "AssertionError", "message": "config resolves to the wrong values", "frame": None,
         "raised_at": f"{pytester.path / 'test_tiers.py'}:{line_of(CHECKS, 'assert 1 + 1 == 3')} in test_config_values"}
 
     setup = checks["test_needs_broken_fixture"]
@@ -338,3 +338,71 @@ def test_no_results_file_without_the_option(pytester, monkeypatch):
     result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning")
     result.assert_outcomes(passed=1)
     assert not list(pytester.path.rglob("tiers.json"))
+
+
+# A package whose __init__ fails half way, after importing a namespace subpackage (sglang/__init__.py imports
+# sglang.srt.environ first; sglang.srt has no __init__.py): importlib drops the package from sys.modules but keeps
+# the subpackage, so every later import under it raises KeyError: '<package>' from _NamespacePath._get_parent_path.
+# Seen on the 0.5.23 row with --with torch==2.15.0 (torchaudio built for another CUDA, raised in sglang/__init__.py).
+HALF_IMPORTED = {
+    # fails once, like sglang under that row: a later step (sglang.launch_server) imported the package again cleanly
+    "halfpkg/__init__.py": "import os\nfrom halfpkg.sub.environ import x  # noqa: F401\n"
+                           "flag = os.path.join(os.path.dirname(__file__), 'fail-once')\n"
+                           "if os.path.exists(flag):\n    os.unlink(flag)\n"
+                           "    raise ImportError('halfpkg was built for CUDA 13.0, torch has 13.2')\n",
+    "halfpkg/fail-once": "",
+    "halfpkg/top.py": "",
+    "halfpkg/sub/environ.py": "x = 1\n",
+    "halfpkg/sub/models/__init__.py": "",
+    "halfpkg/sub/models/m1.py": "",
+    "halfpkg/sub/models/m2.py": "",
+    "halfpkg/sub/models/m3.py": "",
+}
+IMPORT_CHAIN = '''\
+import pytest
+
+from mtpmatrix.tiers import sglang_compat as compat
+
+CHAIN = (*(compat.ImportStep(m, (f"halfpkg.sub.models.{m}",)) for m in ("m1", "m2", "m3")),
+         compat.ImportStep("top", ("halfpkg.top",)))
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return compat.import_chain(CHAIN)
+
+
+@pytest.mark.contract
+@pytest.mark.check("import")
+@pytest.mark.parametrize("step", CHAIN, ids=lambda s: s.id)
+def test_import(step, chain):
+    if step.id in chain.errors:
+        raise chain.errors[step.id]
+
+
+@pytest.mark.contract
+@pytest.mark.check("config")
+def test_unrelated():
+    return {}["own bug"]
+'''
+
+
+def test_half_imported_package_failures_point_at_the_failure_that_left_it(session, pytester):
+    for path, text in HALF_IMPORTED.items():
+        (pytester.path / path).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / path).write_text(text)
+    _result, data = session(IMPORT_CHAIN, "--tiers", "contract")
+    checks = _checks(data, "contract")
+    first = checks["test_import[m1]"]["failure"]
+    assert (first["kind"], first["type"]) == ("import", "ImportError") and "consequence_of" not in first
+    for later in ("test_import[m2]", "test_import[m3]"):
+        f = checks[later]["failure"]
+        assert f["type"] == "KeyError" and f["kind"] == "import"  # the earlier failure's kind, not 'harness'
+        assert f["consequence_of"] == "test_tiers.py::test_import[m1]"
+        assert f["message"] == ("consequence of test_tiers.py::test_import[m1] (import): it left package "
+                                "'halfpkg' half-imported, so importlib raised KeyError: 'halfpkg'")
+    # a KeyError of this project's own, unrelated to the half-imported package, stays harness
+    own = checks["test_unrelated"]["failure"]
+    assert own["kind"] == "harness" and "consequence_of" not in own
+    assert checks["test_import[top]"]["outcome"] == "passed"  # the package imported again: no longer half-imported
+    assert data["tiers"]["contract"]["failure_kinds"] == ["harness", "import"]

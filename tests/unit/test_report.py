@@ -289,12 +289,17 @@ def test_servers_relaunched_alone_are_listed_once_per_server(tmp_path):
     (run / "row.json").write_text(json.dumps({"row": {"id": "sglang-0.5.17", "pins": {}}, "verdict": "passed",
                                               "install": {"verdict": "passed"}, "tiers": tiers}))
     s = report.build_summary(run.parent)
-    assert _row(s, "sglang-0.5.17")["relaunched"] == [
-        {"tier": "smoke", "server_log": "server-random-nomtp-alone.log", "error": err}]
-    assert s["relaunched"] == [{"row": "sglang-0.5.17", "tier": "smoke",
-                                "server_log": "server-random-nomtp-alone.log", "error": err}]
-    assert "**Relaunched alone**" in report.render_markdown(s)
-    assert "server-random-nomtp-alone.log" in report.render_html(s)
+    entry = {"tier": "smoke", "server": "random-nomtp", "server_log": "server-random-nomtp-alone.log", "error": err,
+             "checks": ["test_server_serves", "test_spec_metrics"], "alone": "passed"}
+    assert _row(s, "sglang-0.5.17")["relaunched"] == [entry]
+    assert s["relaunched"] == [dict(entry, row="sglang-0.5.17")]
+    md = report.render_markdown(s)
+    assert "**Relaunched alone**" in md
+    # the first error sits next to the server and the checks it stands behind, and how they ended alone
+    assert ("- sglang-0.5.17 · smoke · `random-nomtp`: test_server_serves, test_spec_metrics passed alone "
+            f"(`server-random-nomtp-alone.log`); first error beside other servers: {err}") in md
+    html = report.render_html(s)
+    assert "server-random-nomtp-alone.log" in html and "test_server_serves, test_spec_metrics passed alone" in html
 
 
 # --- what was proven: verdict words, --require, exit statuses ------------------------------------------------------

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix import settings
-from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers import client, smoke
+from mtpmatrix.tiers.verdict import CheckFailure
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
 LOG_0513 = """\
@@ -284,3 +285,74 @@ def test_server_accept_bounds_from_request_counters():
     assert (lo, hi) == (round(62 / 12, 4), 6.0)
     assert smoke.server_accept_bounds([{"completion_tokens": 32, "spec_verify_ct": 31}], steps=5) == (1.0, 1.1613)
     assert smoke.server_accept_bounds([{"completion_tokens": 5}], steps=5) is None  # no speculative decoding ran
+
+
+# --- accept-length floors (issue: floors that can fail) ----------------------------------------------------------
+def _metas(verify_steps, completion=smoke.MAX_NEW_TOKENS):
+    return [{"completion_tokens": completion, "spec_verify_ct": v} for v in verify_steps]
+
+
+def test_exact_pair_floor_is_what_an_intact_path_reaches_exactly():
+    # 32 tokens: 1 from prefill, 31 over verify steps keeping at most NUM_STEPS + 1 = 6 -> 6 steps, 32 / 6
+    assert smoke.all_drafts_accepted_length(32, 5) == 32 / 6
+    assert smoke.EXACT_PAIR_ACCEPT_LENGTH == smoke.all_drafts_accepted_length(smoke.MAX_NEW_TOKENS, settings.NUM_STEPS)
+    intact = client.accept_length_from_meta(_metas([6] * smoke.N_ID_PROMPTS))  # 5.3333: every run in docs/runs
+    one_draft_lost = client.accept_length_from_meta(_metas([6] * (smoke.N_ID_PROMPTS - 1) + [7]))  # 256 / 49
+    for topk in settings.TOPKS:
+        floor = smoke.EXACT_PAIR_MIN_ACCEPT[topk]
+        assert intact >= floor > one_draft_lost  # one draft lost in 8 requests is below it, at topk 1 and 3
+        assert floor > 3.507  # the best-accepting mutant in docs/runs/2026-11-30d-*-mutants.json
+
+
+def test_exact_pair_losing_a_draft_fails_and_says_why():
+    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "witness-mtp-topk3")
+    assert smoke.accept_length_problem(spec, _metas([6] * 8)) is None
+    problem = smoke.accept_length_problem(spec, _metas([6] * 7 + [7]))
+    assert problem.startswith("accept length 5.2245 outside [5.3333, 5.3333]: an intact path accepts every draft")
+
+
+def test_random_pair_is_a_presence_check_that_can_fail():
+    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "random-mtp-topk3")
+    # every draft rejected: 31 verify steps for 31 tokens; speculative decoding ran, which is all it says
+    assert smoke.accept_length_problem(spec, _metas([31] * 8)) is None
+    assert smoke.accept_length_problem(spec, []) == ("responses carry no spec_verify_ct (speculative decoding "
+                                                     "did not run)")
+    # one request served without a verify step: the pooled value (1.03) alone would hide it
+    assert smoke.accept_length_problem(spec, _metas([31] * 7 + [0])) == (
+        "1/8 responses ran no verify step: speculative decoding did not run for them")
+    # more than any drafter can accept: the counters are wrong
+    assert smoke.accept_length_problem(spec, _metas([4] * 8)).startswith("accept length 8.0 outside [1.0, 5.3333]")
+
+
+# --- relaunching alone (issue: a verdict in one launch) ------------------------------------------------------------
+def test_failure_that_repeats_alone_stands_for_the_others(tmp_path):
+    """A broken release: every server fails side by side; the first, relaunched alone, fails the same way, so the
+    others are not relaunched in turn (five relaunches ran a GPU box into its time limit with no verdict)."""
+    import sys
+
+    said = []
+    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3,
+                             launcher=[sys.executable, FAKE, "--exit-always"], progress=said.append)
+    first, *others = runs.values()
+    assert sorted(p.name for p in tmp_path.glob("*-alone.log")) == [f"server-{first.spec.name}-alone.log"]
+    assert first.log_path.name.endswith("-alone.log") and "exited with code 1" in first.first_attempt_error
+    assert isinstance(first.error, CheckFailure) and first.error.kind == "launch"
+    for run in others:
+        assert run.error.kind == "launch" and run.first_attempt_error is None
+        assert run.confirmed_alone_by == first.spec.name
+        head = str(run.error).splitlines()[0]
+        assert head.endswith(f"[not relaunched alone: {first.spec.name} failed the same way alone, "
+                             f"{first.log_path.name}]")
+    assert sum("not relaunched alone" in ln for ln in said) == 2
+
+
+def test_failure_signature_ignores_server_names_and_numbers():
+    a = CheckFailure("launch", "random-nomtp server exited with code 1 before it was ready (35s after "
+                                     "launch): RuntimeError: capture failed at port 30012\nlog: x")
+    b = CheckFailure("launch", "witness-mtp-topk3 server exited with code 1 before it was ready (41s after "
+                                     "launch): RuntimeError: capture failed at port 30020\nlog: y")
+    assert smoke.failure_signature(a, "random-nomtp") == smoke.failure_signature(b, "witness-mtp-topk3")
+    other = CheckFailure("launch", "witness-mtp-topk3 server exited with code 1 before it was ready (41s "
+                                         "after launch): torch.OutOfMemoryError: CUDA out of memory")
+    assert smoke.failure_signature(other, "witness-mtp-topk3") != smoke.failure_signature(a, "random-nomtp")
+    assert smoke.failure_signature(RuntimeError("port in use"), "random-nomtp") is None  # not a server's failure

@@ -74,11 +74,29 @@ def test_assertion_in_our_code_without_declared_kind_is_harness():
     assert rec.kind == "harness" and rec.type == "AssertionError" and rec.frame is None
 
 
-def test_assertion_with_declared_kind_takes_it():
+def test_assertion_in_our_code_is_harness_whatever_the_check_declares():
+    """README: a failure raised in this project's own code is ``harness``; only a CheckFailure states another kind
+    (a check that found a break says so with CheckFailure, never with a bare assert)."""
     def ours():
-        raise AssertionError("args resolved to EAGLE")
+        assert 1 + 1 == 3, "args resolved to EAGLE"
 
-    assert classify(raised(ours), default_kind="args").kind == "args"
+    rec = classify(raised(ours), default_kind="args")
+    assert (rec.kind, rec.type) == ("harness", "AssertionError")
+
+
+def test_our_callback_raising_inside_a_library_call_is_harness(tmp_path):
+    """sglang calling back into this project's code (a stand-in sampler, an adapter hook) that raises: the bug is
+    ours, though the traceback passes through sglang."""
+    mod, _ = fake_library_module(tmp_path, """
+        def run(callback):
+            return callback()
+    """)
+
+    def our_callback():
+        return {}["prompt"]
+
+    rec = classify(raised(mod.run, our_callback), default_kind="weights")
+    assert rec.kind == "harness" and rec.frame == "sglang/srt/fake_mod.py:3 in run"
 
 
 def test_other_exception_in_our_code_is_harness_even_with_declared_kind():
@@ -209,3 +227,12 @@ def test_own_code_is_never_a_library_even_under_a_library_named_folder(monkeypat
     assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/tests/tiers/test_smoke.py") is None
     assert verdict._package_of("/home/u/sglang/python/sglang/srt/server_args.py") == "sglang"  # a real checkout
     assert verdict._package_of("/x/lib/python3.11/site-packages/torch/nn/module.py") == "torch"
+
+
+def test_readme_kinds_table_is_verdict_kinds():
+    """README's failure-kinds table names every kind of verdict.KINDS, in order, and no other."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("| kind | what failed |", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^\| `([a-z]+)` \|", table, re.M) == list(KINDS)

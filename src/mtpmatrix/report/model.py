@@ -101,14 +101,19 @@ def _metric_row(group: dict, qrecords: dict[str, dict]) -> dict:
 
 
 def _relaunched(record: dict) -> list[dict]:
-    """Servers that failed while launched beside others and passed or failed again alone (one entry per log)."""
+    """Servers that failed while launched beside others and passed or failed again alone (one entry per log): the
+    first error next to the server, the checks over it and how they ended alone ('failed' if any did)."""
     seen: dict[str, dict] = {}
     for tier_name, tier in (record.get("tiers") or {}).items():
         for chk in tier.get("checks") or []:
             m = chk.get("metrics") or {}
             if m.get("first_attempt_error"):
                 log = Path(str(m.get(schema.SERVER_LOG) or chk["id"])).name
-                seen.setdefault(log, {"tier": tier_name, "server_log": log, "error": m["first_attempt_error"]})
+                entry = seen.setdefault(log, {"tier": tier_name, "server": case_of(chk["id"]), "server_log": log,
+                                              "error": m["first_attempt_error"], "checks": [], "alone": "passed"})
+                entry["checks"].append(short_check(chk["id"]).split("[", 1)[0])
+                if chk.get("outcome") in FAILING:
+                    entry["alone"] = "failed"
     return list(seen.values())
 
 

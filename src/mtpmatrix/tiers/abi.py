@@ -387,6 +387,8 @@ class AbiReport:
     libraries: list[LibraryResult]
     seconds: float
     distributions: list[str]  # distributions that contributed a library, "name version"
+    shared_objects: int = 0  # shared-object files looked at (this torch's builds), torch-linked or not
+    searched: int = 0  # distributions in sglang's dependency closure, torch excluded
 
     @property
     def broken(self) -> list[LibraryResult]:
@@ -395,6 +397,10 @@ class AbiReport:
     def failure_message(self) -> str | None:
         """None when every library loads. Else a first line naming the missing symbols (short names) and the
         libraries that need them (most missing first), then each library group with the full signatures."""
+        if not self.libraries:  # an empty check is no pass: there is always one to check (sgl_kernel)
+            return (f"no native library of sglang or its dependencies links torch ({self.shared_objects} shared "
+                    f"object(s) seen in {self.searched} distribution(s), none linking it): sglang's kernels "
+                    f"(sgl_kernel) do on every release, so nothing was checked against torch {self.torch_version}")
         broken = sorted(self.broken, key=lambda r: (-len(r.missing_symbols) - len(r.missing_torch_libs), r.label))
         if not broken:
             return None
@@ -438,6 +444,7 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
     reader = reader or make_reader()
     results: list[LibraryResult] = []
     contributing: list[str] = []
+    seen = 0
     try:
         closure = [dists[n] for n in dependency_closure(root, dists, stop_at=(TORCH_DIST,)) if n != TORCH_DIST]
         candidates = [(dist, f, Path(dist.locate_file(f)).resolve()) for dist in closure
@@ -449,6 +456,7 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
             for f in dist.files or []:
                 if not _SHARED_OBJECT.search(f.name) or built_for_other_torch(f.name, torch.version):
                     continue
+                seen += 1
                 file = Path(dist.locate_file(f)).resolve()
                 try:
                     needed = scope.dynamic(file).needed
@@ -462,4 +470,5 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
     finally:
         reader.close()
     return AbiReport(torch_version=torch.version, torch_cuda=torch_cuda_version(torch), reader=reader.name,
-                     libraries=results, seconds=round(time.monotonic() - t0, 2), distributions=contributing)
+                     libraries=results, seconds=round(time.monotonic() - t0, 2), distributions=contributing,
+                     shared_objects=seen, searched=len(closure))

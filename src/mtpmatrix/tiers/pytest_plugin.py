@@ -27,13 +27,14 @@ import pytest
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers, worst
 from mtpmatrix.tiers import environment, known_upstream, served
-from mtpmatrix.tiers.verdict import classify
+from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()
 _START_KEY = pytest.StashKey[float]()
 SERVED_KEY = pytest.StashKey[list]()  # served.Served for every --server-url, read once at startup
 _KNOWN_KEY = pytest.StashKey[list]()  # known_upstream.KnownIssue entries, loaded (and checked) at startup
+_HALF_IMPORTED_KEY = pytest.StashKey[dict]()  # package -> (check id, kind) of the failure that left it half-imported
 
 
 def pytest_addoption(parser):
@@ -176,10 +177,23 @@ def pytest_runtest_makereport(item, call):
         if report.skipped:
             rec["reason"] = _skip_reason(report)
         if report.failed and call.excinfo is not None:
-            rec["failure"] = classify(call.excinfo.value, declared).as_dict()
+            rec["failure"] = _classify_in_session(item, call.excinfo.value, declared)
             if report.when != "call":
                 rec["outcome"] = "error"
         item.config.stash[_RECORDS_KEY].append(rec)
+
+
+def _classify_in_session(item, exc: BaseException, declared: str | None) -> dict:
+    """classify(), plus what an earlier failure of this session explains: a failure that only follows from a
+    package an earlier check's failure left half-imported takes that failure's kind and points at it."""
+    failure = classify(exc, declared).as_dict()
+    half = item.config.stash.setdefault(_HALF_IMPORTED_KEY, {})
+    package = missing_package(exc)
+    if package in half:
+        failure = as_consequence(failure, package, *half[package])
+    for pkg in packages_left_half_imported(exc):
+        half.setdefault(pkg, (item.nodeid, failure["kind"]))
+    return failure
 
 
 def _skip_reason(report) -> str:

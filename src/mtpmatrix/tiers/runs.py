@@ -17,6 +17,8 @@ def replay_run(run, record_property):
         record_property(LAUNCH_SECONDS, run.launch_seconds)
     if getattr(run, "first_attempt_error", None):  # failed beside other servers, then relaunched alone
         record_property("first_attempt_error", run.first_attempt_error)
+    if getattr(run, "confirmed_alone_by", None):  # failed beside others as that server did, and it so alone too
+        record_property("confirmed_alone_by", run.confirmed_alone_by)
     if getattr(run, "error", None) is not None:
         raise run.error
     return run

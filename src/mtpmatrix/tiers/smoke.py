@@ -6,7 +6,9 @@ the server log, and stops it; the tests then assert on what was collected.
 
 Servers launch side by side when the GPU has room (``launch_parallelism``): a launch is mostly CPU-bound Triton
 compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200. A server that fails
-while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict.
+while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict; a
+failure that repeats alone stands for every server that failed the same way beside it (``failure_signature``), so a
+broken release costs one relaunch, not one per server.
 
 Two pairs, built on the fly by mtpmatrix.tiers.pairs.tiny:
 - *random*: saved random weights (accept length ~1.0; bf16 near-ties may flip a few greedy tokens);
@@ -16,6 +18,7 @@ Two pairs, built on the fly by mtpmatrix.tiers.pairs.tiny:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -29,6 +32,7 @@ from pathlib import Path
 from mtpmatrix import settings
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
 from mtpmatrix.schema import comma_list
+from mtpmatrix.tiers.verdict import CheckFailure
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -39,10 +43,29 @@ TEXT_PROMPTS = ("The quick brown fox", "Question: 2 + 3 = ?\nAnswer:", "Gemma fo
 # the draft line count as the target's.
 TARGET_GRAPH_RE = re.compile(r"Capture (?!Frozen-KV|draft)[\w\- ]*?(?:cuda|CUDA) graph end")
 DRAFT_GRAPH_RE = re.compile(r"Capture Frozen-KV MTP draft (?:cuda|CUDA) graph end")
-# Accept length per request (completion tokens / verify steps) of the pairs whose drafts are all right when the path
-# works. Constructed pair, H200, sglang 0.5.13: topk 1 -> 5.82 of max 6, topk 3 -> 4.92. The witness pair must reach
-# the same: any broken hand-off (hidden state, KV layer, positions, tree parent, batch rows) drops it to ~1.
-EXACT_PAIR_MIN_ACCEPT = {1: 5.0, 3: 4.0}
+
+
+def all_drafts_accepted_length(completion_tokens: int, steps: int) -> float:
+    """Accept length (completion tokens / verify steps, client.accept_length_from_meta) of a request whose every
+    draft is accepted: its first token comes from prefill and each verify step keeps at most ``steps`` + 1 tokens
+    (its drafts and the bonus token), so the other completion_tokens - 1 take ceil((completion_tokens - 1) /
+    (steps + 1)) verify steps. No drafter, right or wrong, gets above it."""
+    return completion_tokens / math.ceil((completion_tokens - 1) / (steps + 1))
+
+
+# The exact pairs (witness at sglang's draft phase, constructed) draft every token right when the path is intact, so
+# their accept length per request is the maximum, 32 / 6 = 5.3333, at topk 1 and 3 alike (the greedy chain is in
+# the draft tree). Exact, not a margin: the witness's draft logits put the right token >= 9.8 nats above any other
+# (LOGIT_PEAK 20 x code_margin 0.49 on the tiny pairs' codes), the constructed pair's ~2.4, while bf16 moves a
+# logit of 20 by <= 0.08; no draft flips, and one lost draft in the 8 requests already gives 256 / 49 = 5.22.
+# Intact, measured 5.333 at topk 1 and 3: docs/runs/2026-11-30d-h200-sglang-0.5.13-smoke-default.json (witness),
+# 2026-11-30b-h200-sglang-0.5.17-smoke-tp1-side-by-side.json, 2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-moe.json
+# and -tp2-dense31b.json (constructed). Broken, docs/runs/2026-11-30d-h200-sglang-0.5.1{3,7}-mutants.json: 3.507
+# (hand-off from the verify block's first position, topk 1 and 3), 2.977 (tree parent), 2.17-2.39 (topk batch
+# rows), 2.667 (per-request accept count), 2.032 (draft positions), 1.03-1.10 (KV layer, verify rows).
+EXACT_PAIR_ACCEPT_LENGTH = all_drafts_accepted_length(MAX_NEW_TOKENS, settings.NUM_STEPS)
+# Floor = that maximum, cut to the 4 decimals accept_length_from_meta rounds to; the same at every topk.
+EXACT_PAIR_MIN_ACCEPT = {topk: math.floor(EXACT_PAIR_ACCEPT_LENGTH * 1e4) / 1e4 for topk in settings.TOPKS}
 # The witness tier demands that topk 3 ran with several requests in one draft/verify batch (batch expansion at
 # topk > 1 is one of the things the witness checks), read from the server's decode log lines.
 WITNESS_MIN_BATCH = 4
@@ -164,6 +187,8 @@ class SmokeRun:
     request_seconds: float | None = None
     gpu_memory_mib: int | None = None  # what the server's processes held on the GPU once ready (nvidia-smi)
     first_attempt_error: str | None = None  # set when a side-by-side launch failed and this run is the relaunch
+    # failed beside others the way this server (named) failed beside them and again alone: not relaunched
+    confirmed_alone_by: str | None = None
     log_text: str = ""
 
 
@@ -217,7 +242,8 @@ def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | No
 def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: int = 1,
                 python: str = sys.executable, ready_timeout: float = 420.0, extra_args: tuple[str, ...] = (),
                 launcher: list[str] | None = None, progress=None) -> dict[str, SmokeRun]:
-    """Collect every job, ``parallel`` servers at a time; relaunch alone any that failed beside others.
+    """Collect every job, ``parallel`` servers at a time; relaunch alone any that failed beside others, except one
+    that failed like a server whose relaunch alone failed the same way (that failure stands for it).
 
     Ctrl-C (or the SIGINT of tools/gpu_box.sh's timeout) stops every running server's process group before it
     propagates. ``progress(line)`` hears each server's launch and readiness and one line per server collected.
@@ -259,14 +285,23 @@ def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: i
             runs[name] = fut.result()
         pool.shutdown(wait=True)
         if parallel > 1 and len(jobs) > 1:
+            # A failure that repeats alone is no contention: it stands for every server that failed the same way
+            # beside the others, so a broken release costs one relaunch, not one per server.
+            confirmed: dict[tuple, SmokeRun] = {}  # failure signature -> the relaunch that failed so alone too
             for job in jobs:
                 first = runs[job.spec.name]
                 if first.error is None:
+                    continue
+                signature = failure_signature(first.error, job.spec.name)
+                if signature in confirmed:
+                    _stand_for(first, confirmed[signature], progress)
                     continue
                 again = one(job, f"server-{job.spec.name}-alone.log")
                 line = (str(first.error).splitlines() or [""])[0]
                 again.first_attempt_error = f"{type(first.error).__name__}: {line}"[:300]
                 runs[job.spec.name] = again
+                if signature is not None and failure_signature(again.error, job.spec.name) == signature:
+                    confirmed[signature] = again
     except BaseException:
         interrupted.set()
         with lock:
@@ -276,6 +311,26 @@ def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: i
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     return runs
+
+
+def failure_signature(error: BaseException | None, name: str) -> tuple[str, str] | None:
+    """How a server failed, comparable across servers and attempts: the failure kind and the first line of its
+    message with the server's name and every number (seconds, ports, exit codes) masked. None for anything but a
+    server's own classified failure (CheckFailure from SglangServer or the requests)."""
+    if not isinstance(error, CheckFailure):
+        return None
+    first = (str(error).splitlines() or [""])[0]
+    return error.kind, re.sub(r"\d+", "#", first.replace(name, "<server>"))
+
+
+def _stand_for(run: SmokeRun, confirmed: SmokeRun, progress) -> None:
+    """Keep ``run``'s failure beside the others as its verdict, pointing at the relaunch that repeated it alone."""
+    run.confirmed_alone_by = confirmed.spec.name
+    first, _, rest = str(run.error).partition("\n")
+    note = f" [not relaunched alone: {confirmed.spec.name} failed the same way alone, {confirmed.log_path.name}]"
+    run.error.args = (first + note + ("\n" + rest if rest else ""),)  # same exception: kind and traceback kept
+    if progress is not None:
+        progress(f"[smoke] {run.spec.name}: not relaunched alone ({confirmed.spec.name} failed the same way alone)")
 
 
 def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size: int, log_dir: Path,
@@ -312,8 +367,6 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         run.request_seconds = round(time.monotonic() - t1, 2)
         errors = [r.error for r in results if r.error]
         if errors:
-            from mtpmatrix.tiers.verdict import CheckFailure
-
             raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
         n_ids = len(reqs) - len(TEXT_PROMPTS)
         for r in results[:n_ids]:
@@ -357,6 +410,37 @@ def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] |
     lo = kept / verify
     hi = min(steps + 1.0, (kept + steps * len(metas)) / verify)
     return round(lo, 4), round(hi, 4)
+
+
+def accept_length_problem(spec: SmokeServerSpec, metas: list[dict], steps: int = settings.NUM_STEPS) -> str | None:
+    """What is wrong with the accept length of an MTP server's token-id responses (``metas``, MAX_NEW_TOKENS each);
+    None when nothing.
+
+    Every server: each response ran a verify step, and the pooled accept length lies in [1, EXACT_PAIR_ACCEPT_LENGTH]
+    (a verify step keeps at least its bonus token and at most ``steps`` + 1 tokens; outside that the counters are
+    wrong, whatever the drafts). That is all the random pair is held to: a presence check, "speculative decoding
+    ran", since its drafts are right by chance only (1.03-1.05 measured, and a broken path gives the same ~1). An
+    exact pair gated on hand-offs (witness at sglang's phase, constructed) must reach EXACT_PAIR_MIN_ACCEPT.
+    """
+    from mtpmatrix.tiers.client import accept_length_from_meta
+
+    got = accept_length_from_meta(metas)
+    if got is None:
+        return "responses carry no spec_verify_ct (speculative decoding did not run)"
+    unverified = [m for m in metas if not m.get("spec_verify_ct")]
+    if unverified:
+        return f"{len(unverified)}/{len(metas)} responses ran no verify step: speculative decoding did not run for them"
+    ceiling = math.floor(all_drafts_accepted_length(MAX_NEW_TOKENS, steps) * 1e4) / 1e4
+    if spec.exact and not spec.phase_reference:
+        floor = EXACT_PAIR_MIN_ACCEPT[spec.topk]
+        if not floor <= got <= ceiling + 1e-4:
+            return (f"accept length {got} outside [{floor}, {ceiling}]: an intact path accepts every draft of this "
+                    f"pair ({MAX_NEW_TOKENS} tokens in {math.ceil((MAX_NEW_TOKENS - 1) / (steps + 1))} verify steps "
+                    f"per request); a broken hand-off loses drafts")
+    elif not settings.NO_DRAFT_ACCEPT_LENGTH <= got <= ceiling + 1e-4:
+        return (f"accept length {got} outside [{settings.NO_DRAFT_ACCEPT_LENGTH}, {ceiling}], the range any drafter "
+                f"gives (a verify step keeps 1 to {steps + 1} tokens): the spec counters are wrong")
+    return None
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Failure classification: what broke (install conflict, import, abi, config, args, weights, launch, crash,
 mismatch, accuracy, acceptance) and where (the first frame inside sglang / transformers / torch).
 
-A failure whose exception was raised from this project's own code, without passing through the libraries under
-test, is classified ``harness``: a bug in the matrix must never read as a break in sglang.
+A failure whose exception was raised in this project's own code (also when a library called that code back), or
+that never passed through the libraries under test, is classified ``harness``: a bug in the matrix must never read
+as a break in sglang. A failure that only follows from an earlier one in the same session (a package left
+half-imported) takes that one's kind and points at it (``as_consequence``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ KINDS = (
     "mismatch",  # outputs with MTP differ from outputs without it
     "accuracy",  # GSM8K score under threshold
     "acceptance",  # accept length under threshold or absent
-    "harness",  # a bug in this project
+    # this project: an exception raised in its own code, or a check that could not set up what it must exercise.
+    # Decided for "never batched N requests" (test_topk_batch_served_together): harness, not a kind of its own.
+    # sglang promises no batch shape; the tier's own experiment did not happen, and a run whose only failures are
+    # harness is what bisect and the mutant runner already read as untestable (a new kind would read as a break).
+    "harness",
 )
 LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
 UNDER_TEST = ("sglang", "transformers")  # preferred for "the first frame": torch decorators wrap their entry points
@@ -88,14 +94,23 @@ def first_library_frame(tb: TracebackType | None) -> tuple[str | None, str | Non
     return (_fmt(first) if first else None, _fmt(frames[-1]) if frames else None, first is not None)
 
 
+def raised_in_own_code(tb: TracebackType | None) -> bool:
+    """Whether the innermost frame of ``tb`` (where the exception was raised) is this project's code."""
+    frames = traceback.extract_tb(tb) if tb else []
+    return bool(frames) and frames[-1].filename.replace("\\", "/").startswith(_OWN_DIRS)
+
+
 def classify(exc: BaseException, default_kind: str | None = None) -> FailureRecord:
     """Classify an exception raised by a check.
 
-    ``default_kind`` is the check's own declaration (``@pytest.mark.check("args")``); explicit CheckFailure kinds
-    win; import errors are 'import' wherever they come from; anything else that never touched a library under test
-    is 'harness'.
+    Explicit CheckFailure kinds win; import errors are 'import' wherever they come from; an exception raised by a
+    library under test takes ``default_kind``, the check's own declaration (``@pytest.mark.check("args")``), else
+    'crash'; anything else is 'harness': raised in this project's code (a bare ``assert`` included, also when a
+    library called that code back) or never touching a library under test. A check that found a break says which
+    with CheckFailure.
     """
     frame, raised_at, in_library = first_library_frame(exc.__traceback__)
+    own_raise = raised_in_own_code(exc.__traceback__)
     # A check that wraps a library exception (raise CheckFailure(...) from exc) points at the library through
     # its cause: take the frame from there.
     cause, seen = exc.__cause__ or exc.__context__, 0
@@ -108,14 +123,53 @@ def classify(exc: BaseException, default_kind: str | None = None) -> FailureReco
         kind = exc.kind
     elif isinstance(exc, ImportError):
         kind = "import"
-    elif isinstance(exc, AssertionError):
-        kind = default_kind or "harness"
-    elif in_library:
+    elif in_library and not own_raise:
         kind = default_kind or "crash"
     else:
         kind = "harness"
     message = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
     return FailureRecord(kind=kind, type=type(exc).__name__, message=message, frame=frame, raised_at=raised_at)
+
+
+# --- consequences: a failure that follows from an earlier one in the same session -------------------------------
+# A package whose __init__ raised half way leaves the submodules it had imported in sys.modules and itself out of
+# it; an import under a namespace subpackage of it (sglang.srt has no __init__.py) then raises KeyError: 'sglang'
+# from importlib (_NamespacePath._get_parent_path), whatever that later check is about. Such a failure says
+# nothing new: it takes the kind of the failure that left the package half-imported and points at it.
+
+
+def packages_left_half_imported(exc: BaseException, depth: int = 5) -> list[str]:
+    """Packages whose ``__init__`` this failure interrupted: its traceback (or a cause's) runs a package's
+    ``__init__.py`` at module level, so importlib dropped the package and kept what it had imported. (A later step may
+    import the package again cleanly: sys.modules after the fact does not tell, the traceback does.)"""
+    names, seen = set(), 0
+    while exc is not None and seen < depth:
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "<module>" and code.co_filename.endswith("__init__.py"):
+                names.add(tb.tb_frame.f_globals.get("__name__"))
+            tb = tb.tb_next
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return sorted(n for n in names if isinstance(n, str) and n != "__main__")
+
+
+def missing_package(exc: BaseException) -> str | None:
+    """The package named by importlib's KeyError for a parent gone from sys.modules (raised inside importlib's own
+    frozen frames); None for any other failure."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    if (isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str) and frames
+            and frames[-1].filename.startswith("<frozen importlib")):
+        return exc.args[0]
+    return None
+
+
+def as_consequence(failure: dict, package: str, earlier_id: str, earlier_kind: str) -> dict:
+    """``failure`` (a FailureRecord dict) restated as a consequence of the earlier failure that left ``package``
+    half-imported: that failure's kind, ``consequence_of`` its check id, and a message that says so."""
+    return dict(failure, kind=earlier_kind, consequence_of=earlier_id,
+                message=f"consequence of {earlier_id} ({earlier_kind}): it left package '{package}' half-imported, "
+                        f"so importlib raised {failure['type']}: {failure['message']}"[:500])
 
 
 _INSTALL_PATTERNS = (
