@@ -410,3 +410,39 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     if blind:
         raise CheckFailure("acceptance", f"{name}: {variant} drafter still drafts right with a broken input "
                                          f"(accuracy vs intact {base:.2f}): {', '.join(blind)}")
+
+
+@pytest.mark.check("mismatch")
+@pytest.mark.parametrize("name", PAIR_NAMES)
+def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_property, name):
+    """The sampled pair's closed form (mtpmatrix.tiers.pairs.sampled) is what transformers' own sampling of the
+    target gives: the smoke tier's request plan (temperature 0.7, each group's top-k / top-p) through
+    ``generate(do_sample=True)``, judged by the same check (no offset off the kept set; chi-square at 1e-4)."""
+    from mtpmatrix.tiers.pairs import sampled
+
+    torch = _torch()
+    target, _assistant, _tok = load_pair(name, "sampled")
+    plan = sampled.request_plan()
+    outputs: dict[int, list[int]] = {}
+    torch.manual_seed(sampled.SEED_BASE)
+    for group in sampled.GROUPS:
+        idx = [i for i, r in enumerate(plan) if r.group == group]
+        ids = torch.tensor([list(plan[i].prompt) for i in idx])
+        try:
+            with torch.no_grad():
+                out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                      temperature=group.temperature, top_k=group.top_k, top_p=group.top_p,
+                                      max_new_tokens=sampled.NEW_TOKENS, min_new_tokens=sampled.NEW_TOKENS)
+        except Exception as exc:
+            raise CheckFailure("crash", f"{name}: sampled generate failed: {type(exc).__name__}: {exc} "
+                                        f"(at {_deepest_frame(exc)})") from exc
+        for row, i in enumerate(idx):
+            outputs[i] = out[row, ids.shape[1]:].tolist()
+    check = sampled.check_outputs([r.prompt for r in plan], [outputs[i] for i in range(len(plan))],
+                                  target.config.get_text_config().vocab_size)
+    record_property("sampled_offsets", check.n)
+    record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
+    record_property("sampled_p_value", check.p_value)
+    if not check.passed:
+        raise CheckFailure("mismatch", f"{name}: transformers' sampling differs from the closed form: "
+                                       f"{check.summary()}")
