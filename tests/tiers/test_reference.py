@@ -446,3 +446,28 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_pro
     if not check.passed:
         raise CheckFailure("mismatch", f"{name}: transformers' sampling differs from the closed form: "
                                        f"{check.summary()}")
+
+
+@pytest.mark.check("weights")
+@pytest.mark.parametrize("name", PAIR_NAMES)
+def test_sampled_drafter_proposes_another_order(load_pair, name):
+    """The sampled pair's drafter, fed as sglang feeds it (the bonus token and the target's hidden state and KV),
+    ranks the offsets 7 > 3 > 12 > 1 (DRAFT_LOGITS) after every ring token: a distribution other than the target's,
+    so sampled verify's coins and residual decide most tokens."""
+    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.tiers.pairs.witness import physical_kv_layers
+    from mtpmatrix.tiers.pairs.witness_harness import _assist, target_states
+
+    torch = _torch()
+    target, assistant, _tok = load_pair(name, "sampled")
+    ids = torch.tensor([list(r.prompt) for r in sampled.request_plan(sampled.RING_SIZE)])
+    hidden, kv = target_states(target, ids)
+    use = {t: idx[-1] for t, idx in physical_kv_layers(target.config.get_text_config().to_dict()).items()}
+    with torch.no_grad():
+        logits, _ = _assist(assistant, target.get_input_embeddings(), ids[:, -1:], hidden[:, -1:],
+                            {t: kv[i] for t, i in use.items()}, torch.full((len(ids), 1), ids.shape[1] - 1))
+    top = logits[:, 0].topk(len(sampled.OFFSETS), dim=-1).indices
+    want = tuple(d for _, d in sorted(zip(sampled.DRAFT_LOGITS, sampled.OFFSETS), reverse=True))
+    got = {tuple(((top[b] - ids[b, -1]) % sampled.RING_SIZE).tolist()) for b in range(len(ids))}
+    if got != {want}:
+        raise CheckFailure("weights", f"{name}: sampled drafter ranks offsets {sorted(got)}, built for {want}")
