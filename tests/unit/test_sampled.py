@@ -180,3 +180,39 @@ def test_verify_round_is_lossless_on_one_step():
     firsts = [model.verify_round(p, tree, "none", rng, 0)[0] for _ in range(40_000)]
     for d in sampled.KEPT_OFFSETS:
         assert firsts.count(d) / len(firsts) == pytest.approx(p[d], abs=0.01)
+
+
+def _smoke_check():
+    """The smoke tier's check function itself (tests/tiers/test_smoke.py), called outside pytest's fixtures."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "tiers" / "test_smoke.py"
+    spec = importlib.util.spec_from_file_location("smoke_tier_checks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.test_sampled_distribution_matches_closed_form
+
+
+@pytest.mark.parametrize("bug,topk", [("none", 1), ("temperature_ignored", 1), ("top_p_skipped", 3)])
+def test_smoke_check_on_simulated_servers(tmp_path, bug, topk):
+    """test_sampled_distribution_matches_closed_form on a server run whose sampled outputs come from the CPU verify
+    model: passes when verify is right, fails 'mismatch' naming the deviation when it is broken."""
+    from mtpmatrix.tiers import smoke
+    from mtpmatrix.tiers.verdict import CheckFailure
+
+    spec = next(s for s in smoke.SMOKE_SERVERS if s.pair == "sampled" and s.topk == topk)
+    prompts, outputs = model.ServerModel(topk, bug).outputs(random.Random(99))
+    run = smoke.SmokeRun(spec=spec, log_path=tmp_path / "server.log", vocab_size=VOCAB, server_info_after={},
+                         sampled_requests=sampled.request_plan(), sampled_outputs=outputs)
+    assert [list(r.prompt) for r in run.sampled_requests] == [list(p) for p in prompts]
+    props = {}
+    check = _smoke_check()
+    if bug == "none":
+        check({spec.name: run}, spec.name, props.__setitem__)
+        assert props["sampled_offsets"] == N and props["sampled_off_support"] == 0
+        return
+    with pytest.raises(CheckFailure) as err:
+        check({spec.name: run}, spec.name, props.__setitem__)
+    print(err.value)
+    assert err.value.kind == "mismatch"

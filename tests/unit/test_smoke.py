@@ -284,3 +284,21 @@ def test_server_accept_bounds_from_request_counters():
     assert (lo, hi) == (round(62 / 12, 4), 6.0)
     assert smoke.server_accept_bounds([{"completion_tokens": 32, "spec_verify_ct": 31}], steps=5) == (1.0, 1.1613)
     assert smoke.server_accept_bounds([{"completion_tokens": 5}], steps=5) is None  # no speculative decoding ran
+
+
+def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_path):
+    """A sampled-pair server is sent the greedy requests and the sampled plan, and each answer lands in its own list
+    (lifecycle only: the fake server's outputs say nothing about distributions)."""
+    import sys
+
+    from mtpmatrix.tiers.pairs import sampled
+
+    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
+    assert {s.name for s in smoke.DEFAULT_SMOKE_SERVERS} >= {"sampled-nomtp", "sampled-mtp-topk1", "sampled-mtp-topk3"}
+    run = smoke.collect(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512, log_dir=tmp_path,
+                        launcher=[sys.executable, FAKE])
+    assert run.error is None, run.error
+    assert len(run.id_outputs) == smoke.N_ID_PROMPTS and len(run.text_outputs) == len(smoke.TEXT_PROMPTS)
+    assert run.sampled_requests == sampled.request_plan()
+    assert len(run.sampled_outputs) == len(run.sampled_meta) == sampled.N_REQUESTS
+    assert smoke.sampled_plan(smoke.SMOKE_SERVERS[0]) == []  # other pairs: greedy requests only
