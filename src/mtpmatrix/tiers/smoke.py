@@ -106,6 +106,9 @@ SMOKE_SERVERS = (
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
 # What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.
 WITNESS_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
+# What sees sampled verify (temperature, top-k/top-p renormalisation, accept thresholds, residual): each MTP server's
+# sampled output is held to the closed form on its own (test_sampled_distribution_matches_closed_form).
+SAMPLED_SERVERS = ("sampled-mtp-topk1", "sampled-mtp-topk3")
 
 
 @dataclass(frozen=True)
