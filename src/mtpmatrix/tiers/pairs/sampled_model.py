@@ -42,6 +42,8 @@ BUGS = {
     "prob_acc_not_summed": "sibling k accepted when u <= p(sibling k), not the running sum over siblings",
     "residual_not_renormalised": "residual drawn with u, not u * sum: the leftover mass falls to the last valid id",
     "rejected_not_removed": "residual drawn from p, rejected drafts left in",
+    "row_one_position_early": "after an accepted draft, the residual/bonus token is drawn from the row of the "
+                              "position before (the target's distribution given the wrong previous token)",
 }
 
 
@@ -125,6 +127,8 @@ def verify_round(p: list[float], tree: list[tuple[int, int]], bug: str, rng: ran
     if pick is None:  # the kernel's fallback: the last valid (largest) token id of the residual
         f = (ring_index + sum(out)) % sampled.RING_SIZE
         pick = max((d for d in range(len(res)) if res[d] > 0), key=lambda d: (f + d) % sampled.RING_SIZE)
+    if bug == "row_one_position_early" and out:  # drawn as the successor of the token before the last accepted
+        pick = (pick - out[-1]) % sampled.RING_SIZE
     return out + [pick]
 
 
