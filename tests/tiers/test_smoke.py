@@ -11,7 +11,9 @@ The witness pair (mtpmatrix.tiers.pairs.witness) drafts right only when sglang h
 right target KV layer per attention type, the right positions, each tree node's own parent and each request's own
 rows; built for sglang's draft phase (witness-mtp-*), its accept length is held to the exact pair's floor. The one
 built for transformers' phase (witness-transformers-phase-topk1) says whether sglang drafts at the reference phase
-(test_draft_phase_matches_transformers). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
+(test_draft_phase_matches_transformers). The sampled pair (mtpmatrix.tiers.pairs.sampled) holds sampled requests
+(temperature 0.7, top-k, top-p) to a closed-form token distribution with and without MTP
+(test_sampled_distribution_matches_closed_form). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
 of sglang's MTP code.
 """
 
@@ -122,7 +124,7 @@ def test_spec_metrics(smoke_runs, name, record_property):
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
     # The server's own counter must agree with what the requests saw (an accounting bug shows here, not above).
-    bounds = smoke.server_accept_bounds(run.id_meta + run.text_meta, settings.NUM_STEPS)
+    bounds = smoke.server_accept_bounds(run.id_meta + run.text_meta + run.sampled_meta, settings.NUM_STEPS)
     record_property("avg_spec_accept_length_bounds", list(bounds) if bounds else None)
     if bounds and not (bounds[0] - 0.02 <= avg <= bounds[1] + 0.02):
         raise CheckFailure("acceptance", f"/server_info avg_spec_accept_length {avg:.3f} outside [{bounds[0]}, "
@@ -212,3 +214,41 @@ def test_random_pair_agrees_with_no_mtp(smoke_runs, name, record_property):
                                        f"first: seq {d.sequence} pos {d.position} no-MTP {d.reference_token} vs "
                                        f"MTP {d.mtp_token} (rank {d.mtp_rank or f'>{smoke.TOP_LOGPROBS}'} there), logprob gap "
                                        f"{d.gap_nats} (> {smoke.NEAR_TIE_NATS})")
+
+
+@pytest.mark.check("mismatch")
+@pytest.mark.parametrize("name", [s.name for s in SPECS if s.pair == "sampled"])
+def test_sampled_distribution_matches_closed_form(smoke_runs, name, record_property):
+    """Sampled pair: the offsets of every sampled token (temperature 0.7, top-k, top-p) follow the target's closed
+    form: none off the kept set, and Pearson's chi-square at false-alarm rate 1e-4 (mtpmatrix.tiers.pairs.sampled).
+    Kind "mismatch": the output distribution differs from what sampling the target gives, the sampled counterpart of
+    greedy outputs differing; the no-MTP server is held to the same closed form, so a failure there is sglang's
+    sampler, and on an MTP server alone its verify."""
+    from mtpmatrix.tiers.pairs import sampled
+
+    run = _run(smoke_runs, name, record_property)
+    plan = run.sampled_requests
+    short = [i for i, (r, out) in enumerate(zip(plan, run.sampled_outputs)) if len(out) != r.new_tokens]
+    if not plan or len(run.sampled_outputs) != len(plan) or short:
+        raise CheckFailure("crash", f"{len(run.sampled_outputs)} sampled outputs for {len(plan)} requests, "
+                                    f"{len(short)} not of {sampled.NEW_TOKENS} tokens")
+    check = sampled.check_outputs([r.prompt for r in plan], run.sampled_outputs, run.vocab_size)
+    info = run.server_info_after or {}
+    record_property("sampled_offsets", check.n)
+    record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
+    record_property("sampled_closed_form", {str(d): round(p, 6) for d, p in check.expected.items()})
+    record_property("sampled_off_support", check.off_support)
+    record_property("sampled_chi_square", round(check.statistic, 3))
+    record_property("sampled_p_value", check.p_value)
+    record_property("sampled_detectable_tv", round(check.detectable_tv, 4))
+    # sampling_seed is sent with every request; sglang honours it only under --enable-deterministic-inference
+    record_property("sampled_seed_honoured", bool(info.get("enable_deterministic_inference")))
+    if run.spec.topk:
+        record_property("sampled_accept_length", client.accept_length_from_meta(run.sampled_meta))
+    if check.off_support:
+        r, pos, prev, tok = check.first_off_support
+        raise CheckFailure("mismatch", f"{check.off_support} sampled tokens off the kept offsets "
+                                       f"{list(sampled.KEPT_OFFSETS)} (probability 0 under the closed form); first: "
+                                       f"request {r} position {pos}: {prev} -> {tok}; {check.summary()}")
+    if not check.passed:
+        raise CheckFailure("mismatch", f"sampled token distribution differs from the closed form: {check.summary()}")

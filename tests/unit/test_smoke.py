@@ -356,3 +356,20 @@ def test_failure_signature_ignores_server_names_and_numbers():
                                          "after launch): torch.OutOfMemoryError: CUDA out of memory")
     assert smoke.failure_signature(other, "witness-mtp-topk3") != smoke.failure_signature(a, "random-nomtp")
     assert smoke.failure_signature(RuntimeError("port in use"), "random-nomtp") is None  # not a server's failure
+
+def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_path):
+    """A sampled-pair server is sent the greedy requests and the sampled plan, and each answer lands in its own list
+    (lifecycle only: the fake server's outputs say nothing about distributions)."""
+    import sys
+
+    from mtpmatrix.tiers.pairs import sampled
+
+    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
+    assert {s.name for s in smoke.DEFAULT_SMOKE_SERVERS} >= {"sampled-nomtp", "sampled-mtp-topk1", "sampled-mtp-topk3"}
+    run = smoke.collect(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512, log_dir=tmp_path,
+                        launcher=[sys.executable, FAKE])
+    assert run.error is None, run.error
+    assert len(run.id_outputs) == smoke.N_ID_PROMPTS and len(run.text_outputs) == len(smoke.TEXT_PROMPTS)
+    assert run.sampled_requests == sampled.request_plan()
+    assert len(run.sampled_outputs) == len(run.sampled_meta) == sampled.N_REQUESTS
+    assert smoke.sampled_plan(smoke.SMOKE_SERVERS[0]) == []  # other pairs: greedy requests only

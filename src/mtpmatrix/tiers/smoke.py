@@ -120,10 +120,18 @@ SMOKE_SERVERS = (
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
     # server's acceptance is reported by its own check, apart from the hand-off gate.
     SmokeServerSpec("witness-transformers-phase-topk1", "witness", 1),
+    # The sampled pair (mtpmatrix.tiers.pairs.sampled): a closed-form next-token distribution, a drafter that proposes
+    # another; sampled requests must come out with the target's own distribution, with and without MTP.
+    SmokeServerSpec("sampled-nomtp", "sampled", None),
+    SmokeServerSpec("sampled-mtp-topk1", "sampled", 1),
+    SmokeServerSpec("sampled-mtp-topk3", "sampled", 3),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
 # What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.
 WITNESS_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
+# What sees sampled verify (temperature, top-k/top-p renormalisation, accept thresholds, residual): each MTP server's
+# sampled output is held to the closed form on its own (test_sampled_distribution_matches_closed_form).
+SAMPLED_SERVERS = ("sampled-mtp-topk1", "sampled-mtp-topk3")
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,9 @@ class SmokeRun:
     id_top_logprobs: list[list] = field(default_factory=list)  # no-MTP only: per position [(logprob, id), ...]
     text_outputs: list[str] = field(default_factory=list)
     text_meta: list[dict] = field(default_factory=list)
+    sampled_requests: list = field(default_factory=list)  # sampled pair: the plan sent (pairs.sampled.SampledRequest)
+    sampled_outputs: list[list[int]] = field(default_factory=list)
+    sampled_meta: list[dict] = field(default_factory=list)
     request_seconds: float | None = None
     gpu_memory_mib: int | None = None  # what the server's processes held on the GPU once ready (nvidia-smi)
     first_attempt_error: str | None = None  # set when a side-by-side launch failed and this run is the relaunch
@@ -206,6 +217,15 @@ def expected_constructed(prompt: list[int], n: int = MAX_NEW_TOKENS) -> list[int
 
 def sampling_params() -> dict:
     return {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+
+
+def sampled_plan(spec: SmokeServerSpec) -> list:
+    """The sampled requests a server gets besides the greedy ones: the sampled pair's plan, else none."""
+    if spec.pair != "sampled":
+        return []
+    from mtpmatrix.tiers.pairs import sampled
+
+    return sampled.request_plan()
 
 
 def server_args_for(spec: SmokeServerSpec, target: Path, assistant: Path, tp: int,
@@ -363,12 +383,21 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         reqs = [{"input_ids": p, "sampling_params": sampling_params(), **logprob_args}
                 for p in id_prompts(vocab_size)]
         reqs += [{"text": t, "sampling_params": sampling_params()} for t in TEXT_PROMPTS]
+        plan = sampled_plan(spec)
+        if plan:
+            from mtpmatrix.tiers.pairs.sampled import payload
+
+            reqs += [payload(r) for r in plan]
         results = client.run_batch(server.base_url, reqs, parallel=len(reqs))
         run.request_seconds = round(time.monotonic() - t1, 2)
         errors = [r.error for r in results if r.error]
         if errors:
             raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
-        n_ids = len(reqs) - len(TEXT_PROMPTS)
+        n_ids = len(reqs) - len(TEXT_PROMPTS) - len(plan)
+        n_greedy = n_ids + len(TEXT_PROMPTS)
+        run.sampled_requests = plan
+        run.sampled_outputs = [list(r.response.get("output_ids") or []) for r in results[n_greedy:]]
+        run.sampled_meta = [r.response.get("meta_info", {}) for r in results[n_greedy:]]
         for r in results[:n_ids]:
             run.id_outputs.append(list(r.response.get("output_ids") or []))
             meta = r.response.get("meta_info", {})
@@ -376,8 +405,8 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
             if not spec.topk:
                 run.id_top_logprobs.append([[(e[0], e[1]) for e in pos] for pos in
                                             meta.get("output_top_logprobs") or []])
-        run.text_outputs = [r.response.get("text", "") for r in results[n_ids:]]
-        run.text_meta = [r.response.get("meta_info", {}) for r in results[n_ids:]]
+        run.text_outputs = [r.response.get("text", "") for r in results[n_ids:n_greedy]]
+        run.text_meta = [r.response.get("meta_info", {}) for r in results[n_ids:n_greedy]]
         run.server_info_after = server.server_info()
     except KeyboardInterrupt:  # Ctrl-C stops the tier, not just this server
         raise
