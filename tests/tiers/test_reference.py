@@ -348,6 +348,10 @@ def test_witness_drafts_at_transformers_phase(generations, record_property, name
     for key, value in later.items():
         record_property(key, value)
     record_property("first_round_accept_rate", first["accept_rate"])
+    # what known_upstream.json's first-round entry needs to tell its bug (a recorded first round, none accepted)
+    # from any other first-round shortfall
+    record_property("first_round_drafted", first["drafted"])
+    record_property("first_round_accepted", first["accepted"])
     if not later["steps"] or later["accept_rate"] < ACCEPT_RATE_MIN or later["accept_len"] < ACCEPT_LEN_MIN:
         raise CheckFailure("acceptance", f"{name}: transformers accepts too little from the reference witness: "
                                          f"{later} (rounds after the first; bars: rate >= {ACCEPT_RATE_MIN}, accept "

@@ -132,8 +132,36 @@ def test_gpu_box_script_output_imports_as_it_is(tmp_path):
                                "--server-url", fake.base_url], cwd=repo, env=env, capture_output=True, text=True,
                               timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert {p.name for p in out.iterdir()} == {"tiers.json", "junit.xml", "pytest.log", "env.txt", "logs.tgz"}
+    assert {p.name for p in out.iterdir()} == {"tiers.json", "junit.xml", "pytest.log", "env.txt", "logs.tgz",
+                                               schema.INVOCATION_FILE}
     dest, rec = importer.import_run(out, "sglang-0.5.17", results=tmp_path / "results", run_id="box")
-    assert rec["tiers"]["gsm8k"]["verdict"] == "passed"
+    # what the box was asked to run is on the row: its pytest args and MTPMATRIX_* knobs (and nothing else)
+    assert rec["pytest_args"] == ["--tiers", "gsm8k", "--server-url", fake.base_url]
+    assert rec["knobs"]["MTPMATRIX_GSM8K_NUM_EXAMPLES"] == "30"
+    assert all(k.startswith("MTPMATRIX_") for k in rec["knobs"]) and "PATH" not in rec["knobs"]
+    # one --server-url case of 30 questions is not the seed suite: ran and passed, but partial
+    gsm = rec["tiers"]["gsm8k"]
+    assert gsm["verdict"] == "partial" and rec["verdict"] == "partial"
+    assert any(m["what"] == "E4B-topk1" for m in gsm["missing"])
+    assert any("30 of 200" in m["why"] for m in gsm["missing"] if m["what"] == "E4B-topk3")
     qs = report.question_records(rec, dest)
     assert list(qs) == ["E4B-topk3"] and sum(qs["E4B-topk3"]["questions"].values()) == 29
+
+
+def test_import_strips_the_box_s_stored_tags_and_verdicts(tmp_path):
+    """A GPU box's tiers.json is evidence, not a verdict: a stored known-upstream tag that matches no entry of the
+    current list (or an entry narrowed since) is dropped, and the tier verdict is derived again."""
+    out = gpu_box_out(tmp_path)
+    data = json.loads((out / "tiers.json").read_text())
+    smoke = data["tiers"]["smoke"]
+    chk = smoke["checks"][0]
+    chk.update(outcome="failed", known_upstream="sglang-gemma4-mtp-draft-rope-phase",
+               failure={"kind": "launch", "type": "CheckFailure", "message": "server died", "frame": None,
+                        "raised_at": None})
+    smoke.update(verdict="known-upstream", known_upstream=[{"id": "sglang-gemma4-mtp-draft-rope-phase",
+                                                            "checks": [chk["id"]]}])
+    (out / "tiers.json").write_text(json.dumps(data))
+    _dest, rec = importer.import_run(out, "sglang-0.5.17", results=tmp_path / "results", run_id="r")
+    smoke = rec["tiers"]["smoke"]
+    assert smoke["verdict"] == "failed" and rec["verdict"] == "failed"
+    assert "known_upstream" not in smoke and "known_upstream" not in smoke["checks"][0]
