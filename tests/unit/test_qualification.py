@@ -152,7 +152,8 @@ def test_ungated_tiny_proof_cases_are_no_seed_case(tmp_path, capsys):
     write_row(tmp_path, "r", "sglang-0.5.17", checks,
               selection(checks, knobs={"MTPMATRIX_GSM8K_PAIR": "tiny:/t:/a"}))
     assert main(["report", "r", "--results", str(tmp_path), "--require", "gsm8k"]) == 3
-    assert all(f"{p}-topk{k}" in capsys.readouterr().out for p, k in SEED)
+    out = capsys.readouterr().out
+    assert all(f"{p}-topk{k}" in out for p, k in SEED) and "tiny proof mode" in out
 
 
 def test_a_keyword_selection_makes_the_tier_partial(tmp_path, capsys):
