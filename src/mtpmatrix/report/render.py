@@ -33,6 +33,8 @@ MARKS = {"qualifies": "✅", "partial": "🟡", "not-proven": "❌", "fails": "�
 BANNERS = {"qualifies": ("ok", "✓"), "partial": ("partial", "~"), "not-proven": ("bad", "✗"),
            "fails": ("bad", "✗")}
 VERSION_KEYS = (*MAIN_PACKAGES, "python")  # the versions each row shows
+# known_upstream.json's components as the report words them: whose bug, and whether it is sglang's
+COMPONENT_WORDS = {"library": "library bug, not sglang", "sglang": "sglang deviation on its serving path"}
 # the files each row of the page links to (summary.json lists check.txt too)
 HTML_LOGS = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.JUNIT_FILE)
 
@@ -231,6 +233,9 @@ def view(summary: dict) -> dict:
         "failing": [r for r in rows if r["verdict"] in FAILING],
         "metric_rows": [(r["id"], m) for r in rows for m in r["metrics"] if m.get("known")],
         "other_rows": [(r["id"], m) for r in rows for m in r["metrics"] if not m.get("known")],
+        # tiers where nothing failed but not the whole expected set ran (expected.py), grouped by why
+        "not_complete": [(r["id"], t, tv["missing_groups"]) for r in rows for t, tv in r["tiers"].items()
+                         if tv["verdict"] == PARTIAL],
         "hosts": sorted({(r.get("host") or {}).get("hostname", "") for r in rows} - {""}),
         "gpus": sorted({r.get("gpus") for r in rows if r.get("gpus") is not None}),
         "base": None,
@@ -273,7 +278,8 @@ def environment():
                        plural=plural, idx=idx, md=md_escape, skip_where=skip_where, short_check=short_check,
                        tally=tally, failure_kinds=failure_kinds)
     env.globals.update(SYMBOLS=SYMBOLS, GLYPHS=GLYPHS, MARKS=MARKS, BANNERS=BANNERS, VERSION_KEYS=VERSION_KEYS,
-                       HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, VERDICTS=VERDICTS,
+                       HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, PARTIAL=PARTIAL,
+                       COMPONENT_WORDS=COMPONENT_WORDS, VERDICTS=VERDICTS,
                        ALPHA=ALPHA)
     return env
 
