@@ -351,7 +351,8 @@ def test_the_session_records_its_selection_and_a_deselected_check_makes_the_tier
     them and the -k that left them out."""
     monkeypatch.setenv("MTPMATRIX_SMOKE_PAIR", "e-series")
     monkeypatch.setenv("NOT_A_KNOB_TOKEN", "secret")
-    source = REFERENCE_ONLY.replace("def test_greedy():\n    raise CheckFailure", "def test_greedy():\n    return\n    raise")
+    source = REFERENCE_ONLY.replace("def test_greedy():\n    raise CheckFailure",
+                                    "def test_greedy():\n    return\n    raise")
     _result, data = session(source, "--tiers", "reference", "-k", "witness")
     sel = data["selection"]
     assert sel["keyword"] == "witness" and sel["args"][sel["args"].index("-k") + 1] == "witness"

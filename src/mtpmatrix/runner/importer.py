@@ -6,8 +6,9 @@ pytest args and MTPMATRIX_* knobs) and ``logs.tgz`` (the server logs and GSM8K r
 folder gets the schema.py layout: server logs at its top, per-question records under ``gsm8k/``, metric paths
 relative to it (older boxes recorded absolute box paths and ``gsm8k-<case>.jsonl`` names: rewritten here), tier
 verdicts derived again (expected.judge_tiers: the box's stored known-upstream tags and verdicts are stripped and the
-current list applied), and a row.json built from the row's constraints file and what the box reported. Nothing is written unless all of it works: the folder is assembled
-beside the run and renamed into place, so a killed import leaves no half row.
+current list applied), and a row.json built from the row's constraints file and what the box reported. Nothing is
+written unless all of it works: the folder is assembled beside the run and renamed into place, so a killed import
+leaves no half row.
 """
 
 from __future__ import annotations
