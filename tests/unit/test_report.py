@@ -263,8 +263,10 @@ def test_change_labels():
     assert report._change("passed", "failed") == ("worse", "new failure")
     assert report._change("failed", "passed") == ("better", "fixed")
     assert report._change("failed", "error") == ("same", "still failing")
-    assert report._change("skipped", "passed") == ("better", "now runs and passes")
+    assert report._change("skipped", "passed") == ("better", "now runs whole and passes")
     assert report._change("passed", "skipped") == ("worse", "no longer runs")
+    assert report._change("passed", "partial") == ("worse", "now partial")
+    assert report._change("partial", "passed") == ("better", "now runs whole and passes")
     assert report._change(None, "failed") == ("worse", "new row, failing")
 
 
