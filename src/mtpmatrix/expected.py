@@ -91,7 +91,7 @@ def _not_run(chk: dict | None, selection: dict) -> str:
     return "never ran (pytest stopped before it)"
 
 
-def _gsm8k_case_missing(case: str, pair: settings.ModelPair, checks: list[dict], knob: dict) -> str | None:
+def _gsm8k_case_missing(pair: settings.ModelPair, checks: list[dict], knob: dict) -> str | None:
     """Why a seed case that ran is still not the seed case: ungated, fewer questions, another floor or TP."""
     acc = next((c for c in checks if _short(c["id"]).startswith("test_accuracy[")), None)
     if acc is None or acc.get("outcome") != "passed":
@@ -160,7 +160,7 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
                 out.append((_case(i) or _short(i), _not_run(chk, sel)))
         if tier == "gsm8k":
             for case, pair in seed_cases().items():
-                why = _gsm8k_case_missing(case, pair, [c for c in checks if _case(c["id"]) == case], knob)
+                why = _gsm8k_case_missing(pair, [c for c in checks if _case(c["id"]) == case], knob)
                 if why:
                     out.append((case, why))
     else:

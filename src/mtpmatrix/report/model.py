@@ -328,7 +328,7 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
     out = {}
     for tier in tiers:
         verdict = {rid: (s["tiers"].get(tier) or {}).get("verdict") for rid, s in summaries.items()}
-        ran = [rid for rid, v in verdict.items() if expected.complete(v)]
+        complete = [rid for rid, v in verdict.items() if expected.complete(v)]
         partial = [rid for rid, v in verdict.items() if v == PARTIAL]
         not_run = [rid for rid, v in verdict.items() if v in ("skipped", None)
                    and summaries[rid]["install"]["verdict"] != "failed"]
@@ -340,7 +340,7 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
             why = "not selected"
         else:
             why = reasons[0] if reasons else ""
-        out[tier] = {"ran": ran, "partial": partial, "not_run": not_run, "why": why,
+        out[tier] = {"complete": complete, "partial": partial, "not_run": not_run, "why": why,
                      "missing": {rid: summaries[rid]["tiers"][tier]["missing_groups"] for rid in partial}}
     return out
 

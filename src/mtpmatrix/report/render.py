@@ -139,15 +139,16 @@ def _proven_text(summary: dict) -> str:
     """'CPU checks pass; smoke and gsm8k not run (no GPU)': which tiers ran whole and passed, which ran in part,
     which did not run, why."""
     status, n = summary["tier_status"], len(summary["rows"])
-    full = [t for t in summary["tiers"] if status[t]["ran"] and not status[t]["not_run"] and not status[t]["partial"]]
-    some = [t for t in summary["tiers"] if t not in full and (status[t]["ran"] or status[t]["partial"])]
-    none = [t for t in summary["tiers"] if not status[t]["ran"] and not status[t]["partial"]]
+    full = [t for t in summary["tiers"]
+            if status[t]["complete"] and not status[t]["not_run"] and not status[t]["partial"]]
+    some = [t for t in summary["tiers"] if t not in full and (status[t]["complete"] or status[t]["partial"])]
+    none = [t for t in summary["tiers"] if not status[t]["complete"] and not status[t]["partial"]]
     parts = []
     if full:
         parts.append("CPU checks pass" if full == [t for t in TIERS if t not in GPU_TIERS]
                      else f"{_and(full)} pass{'es' if len(full) == 1 else ''}")
     for t in some:
-        parts.append(f"{t} complete in {len(status[t]['ran'])} of {n} rows" + (
+        parts.append(f"{t} complete in {len(status[t]['complete'])} of {n} rows" + (
             f", partial in {_partial_text(status[t])}" if status[t]["partial"] else ""))
     by_why: dict[str, list[str]] = {}
     for t in none:
