@@ -166,6 +166,19 @@ def test_a_keyword_selection_makes_the_tier_partial(tmp_path, capsys):
     assert "test_config[e-series]" in out and "-k import" in out
 
 
+def test_node_ids_on_the_command_line_make_their_tier_partial(tmp_path, capsys):
+    """`pytest tests/tiers/test_contract.py::test_import` collects only what it names: the contract tier cannot show
+    it ran whole; the other tiers, collected from their files, are not touched."""
+    checks = full_checks()
+    sel = selection(checks)
+    sel["paths"] = ["tests/tiers/test_contract.py::test_import", "tests/tiers/test_reference.py",
+                    "tests/tiers/test_smoke.py", "tests/tiers/test_gsm8k.py"]
+    write_row(tmp_path, "r", "sglang-0.5.17", checks, sel)
+    assert main(["report", "r", "--results", str(tmp_path), "--require", "reference,smoke,gsm8k"]) == 0
+    assert main(["report", "r", "--results", str(tmp_path), "--require", "contract"]) == 3
+    assert "node ids (tests/tiers/test_contract.py::test_import)" in capsys.readouterr().out
+
+
 def test_a_run_that_recorded_no_selection_is_partial(tmp_path, capsys):
     checks = full_checks()
     write_row(tmp_path, "old", "sglang-0.5.17", checks, None)
