@@ -4,8 +4,9 @@
 #   tools/gpu_box.sh OUTDIR [pytest args...]          uses the sglang already installed in this python
 #   BUNDLE=.devbundle17 tools/gpu_box.sh OUTDIR ...    first unpacks a bundle made by shared/device/make_bundle.sh
 #
-# OUTDIR gets tiers.json (verdicts), junit.xml, pytest.log, env.txt and logs.tgz (one log per sglang server, and
-# the GSM8K per-question records under gsm8k/). File it into the results store for the report and --baseline:
+# OUTDIR gets tiers.json (verdicts), junit.xml, pytest.log, env.txt, invocation.json (the pytest args and every
+# MTPMATRIX_* knob this run was given: what the report needs to tell a subset from the whole suite) and logs.tgz (one
+# log per sglang server, and the GSM8K per-question records under gsm8k/). File it into the results store for the report and --baseline:
 #   python -m mtpmatrix import OUTDIR --row sglang-0.5.17 [--run-id RUN]
 # TESTS="tests/tiers/test_smoke.py ..." picks files (default tests/tiers).
 # GPU_BOX_TIMEOUT=SECONDS interrupts pytest (SIGINT) in time for it to stop its servers and write tiers.json.
@@ -24,6 +25,15 @@ export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
   python3 -c 'import sys,torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
   python3 -c 'import importlib.metadata as m; print(*(f"{d}=={m.version(d)}" for d in ("sglang","transformers","tokenizers")))'
 } > "$OUT/env.txt" 2>&1
+# what this run was asked, as the suite sees it (MTPMATRIX_* only: nothing else of the environment is recorded)
+python3 - "$OUT/invocation.json" "${TESTS:-tests/tiers}" "$@" <<'PY'
+import json, os, sys
+path, tests, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+with open(path + ".tmp", "w") as fh:
+    json.dump({"tests": tests.split(), "pytest_args": args, "timeout_s": os.environ.get("GPU_BOX_TIMEOUT") or None,
+               "knobs": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MTPMATRIX_")}}, fh, indent=1)
+os.replace(path + ".tmp", path)
+PY
 cd "$REPO"
 timeout -s INT -k 30 "${GPU_BOX_TIMEOUT:-0}" \
   python3 -m pytest ${TESTS:-tests/tiers} -p no:cacheprovider --junitxml="$OUT/junit.xml" \

@@ -5,11 +5,14 @@ reads exactly these names (no aliases).
 
 Row folder ``results/<run-id>/<row-id>/``::
 
-    row.json                 the row record: row, overrides, versions, install, per-tier verdicts (store.RunStore)
-    tiers.json               what the pytest plugin wrote: per-tier verdicts and one record per check
+    row.json                 the row record: row, overrides, pytest_args, knobs, selection, versions, install,
+                             per-tier verdicts (store.RunStore)
+    tiers.json               what the pytest plugin wrote: per-tier verdicts, one record per check, and the
+                             session's selection (args, MTPMATRIX_* knobs, collected checks: mtpmatrix.expected)
     junit.xml, pytest.log    pytest's own output
     install.log, freeze.txt, check.txt     the row's install (nox rows; absent for imported GPU-box runs)
     env.txt                  the GPU box's description (imported runs only)
+    invocation.json          what tools/gpu_box.sh was asked: its pytest args and MTPMATRIX_* knobs (imported runs)
     server-<name>.log        one log per sglang server a tier launched (smoke and gsm8k)
     gsm8k/<case>.jsonl       one JSON line per GSM8K question of one case (RECORD_FIELDS)
 
@@ -24,7 +27,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SCHEMA = 2  # row.json / tiers.json layout version (2: this module's names, row-relative paths, known-upstream)
+# row.json / tiers.json layout version (2: this module's names, row-relative paths, known-upstream; 3: the session's
+# selection and the 'partial' tier verdict, mtpmatrix.expected)
+SCHEMA = 3
 
 # --- files of a row folder ------------------------------------------------------------------------------------------
 ROW_FILE = "row.json"
@@ -35,6 +40,7 @@ INSTALL_LOG = "install.log"
 FREEZE_FILE = "freeze.txt"
 CHECK_FILE = "check.txt"
 ENV_FILE = "env.txt"
+INVOCATION_FILE = "invocation.json"
 GSM8K_DIR = "gsm8k"
 SERVER_LOG_PREFIX = "server-"
 
@@ -42,9 +48,10 @@ SERVER_LOG_PREFIX = "server-"
 TIERS = ("contract", "reference", "smoke", "gsm8k")
 GPU_TIERS = ("smoke", "gsm8k")  # what a release needs a GPU for; contract and reference are the CPU checks
 KNOWN_UPSTREAM = "known-upstream"  # a tier whose only failures are listed in known_upstream.json
+PARTIAL = "partial"  # a tier where nothing failed but its expected set (mtpmatrix.expected) did not all run
 # Verdict words, worst first: a row or tier takes the worst of its parts ('pending' = unfinished, so it outranks
 # any finished good news; 'skipped' only when nothing ran).
-VERDICTS = ("failed", "error", "pending", KNOWN_UPSTREAM, "passed", "skipped")
+VERDICTS = ("failed", "error", "pending", PARTIAL, KNOWN_UPSTREAM, "passed", "skipped")
 # What counts against a release: a check or tier that failed, or errored before it could say (check outcomes use
 # the same two words).
 FAILING = ("failed", "error")

@@ -84,8 +84,14 @@ PAIRS: dict[str, ModelPair] = {
 DEFAULT_PAIRS = tuple(n for n, p in PAIRS.items() if not p.optional)
 
 
-def _env_key(pair_name: str, what: str) -> str:
+def pair_env_key(pair_name: str, what: str) -> str:
+    """The env knob overriding ``what`` (TARGET, ASSISTANT, TP, THRESHOLD) of a pair: MTPMATRIX_26B_A4B_TP."""
     return "MTPMATRIX_" + pair_name.upper().replace("-", "_") + "_" + what
+
+
+def gsm8k_case_id(pair_name: str, topk: int | None) -> str:
+    """A GSM8K case's id: the pair at one topk (``E4B-topk1``), or without MTP (``E4B-nomtp``)."""
+    return f"{pair_name}-{'nomtp' if topk is None else f'topk{topk}'}"
 
 
 def resolve_pair(name: str, env: dict | None = None) -> ModelPair:
@@ -99,14 +105,14 @@ def resolve_pair(name: str, env: dict | None = None) -> ModelPair:
         raise KeyError(f"unknown model pair {name!r}; known: {', '.join(PAIRS)}")
     pair = PAIRS[name]
     changes: dict = {}
-    if env.get(_env_key(name, "TARGET")):
-        changes["target"] = env[_env_key(name, "TARGET")]
-    if env.get(_env_key(name, "ASSISTANT")):
-        changes["assistant"] = env[_env_key(name, "ASSISTANT")]
-    if env.get(_env_key(name, "TP")):
-        changes["tp"] = int(env[_env_key(name, "TP")])
-    if env.get(_env_key(name, "THRESHOLD")):
-        changes["threshold"] = float(env[_env_key(name, "THRESHOLD")])
+    if env.get(pair_env_key(name, "TARGET")):
+        changes["target"] = env[pair_env_key(name, "TARGET")]
+    if env.get(pair_env_key(name, "ASSISTANT")):
+        changes["assistant"] = env[pair_env_key(name, "ASSISTANT")]
+    if env.get(pair_env_key(name, "TP")):
+        changes["tp"] = int(env[pair_env_key(name, "TP")])
+    if env.get(pair_env_key(name, "THRESHOLD")):
+        changes["threshold"] = float(env[pair_env_key(name, "THRESHOLD")])
     return replace(pair, **changes)
 
 

@@ -348,6 +348,10 @@ def test_witness_drafts_at_transformers_phase(generations, record_property, name
     for key, value in later.items():
         record_property(key, value)
     record_property("first_round_accept_rate", first["accept_rate"])
+    # what known_upstream.json's first-round entry needs to tell its bug (a recorded first round, none accepted)
+    # from any other first-round shortfall
+    record_property("first_round_drafted", first["drafted"])
+    record_property("first_round_accepted", first["accepted"])
     if not later["steps"] or later["accept_rate"] < ACCEPT_RATE_MIN or later["accept_len"] < ACCEPT_LEN_MIN:
         raise CheckFailure("acceptance", f"{name}: transformers accepts too little from the reference witness: "
                                          f"{later} (rounds after the first; bars: rate >= {ACCEPT_RATE_MIN}, accept "
@@ -516,6 +520,10 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
     record_property("sampled_offsets", check.n)
     record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
     record_property("sampled_p_value", check.p_value)
+    # what the known-upstream signature reads: the support kept, and offset 3's share pulled below its closed form
+    # (the bug's residual loses it: 0.206-0.224 measured and predicted, against 0.304)
+    record_property("sampled_off_support", check.off_support)
+    record_property("sampled_share_offset_3", round(check.counts[3] / max(1, check.n), 4))
     if not check.passed:
         raise CheckFailure("mismatch", f"dense-31b: transformers' assisted sampling differs from the closed form: "
                                        f"{check.summary()}")

@@ -152,6 +152,10 @@ def test_classify_record():
     p = bs.classify_record(inst, "reference", "5.9.0", 3.0)
     assert p.status == bs.UNTESTABLE and p.detail == "does not install: resolver conflict: x"
     assert bs.classify_record(_rec(verdict="passed", checks=[]), "reference", "v", 1).status == bs.GOOD
+    # nothing failed but not all of the tier ran (a check skipped on this release): good, and it says so
+    p = bs.classify_record(_rec(verdict="partial", checks=[], missing=[{"what": "t", "why": "skip"}]), "reference",
+                           "v", 1)
+    assert p.status == bs.GOOD and p.detail == "partial: 1 expected check(s) did not run"
     fail = {"kind": "mismatch", "type": "CheckFailure", "message": "tokens differ", "frame": "f", "raised_at": "r"}
     p = bs.classify_record(_rec(verdict="failed", failure_kinds=["mismatch"],
                                 checks=[{"id": "t", "outcome": "failed", "failure": fail}]), "reference", "v", 1)

@@ -53,13 +53,14 @@ def test_gpu_box_out_imports_into_the_results_store_and_reports(tmp_path, capsys
     results = tmp_path / "results"
     assert main(["import", str(out), "--row", "sglang-0.5.17", "--results", str(results), "--run-id", "box1"]) == 0
     row = results / "box1" / "sglang-0.5.17"
-    assert "sglang-0.5.17: PASSED" in capsys.readouterr().out
+    # a run recorded before schema 3 (no selection), of tiny GSM8K cases: every check passed, not the whole suite
+    assert "sglang-0.5.17: PARTIAL" in capsys.readouterr().out
     names = {str(p.relative_to(row)) for p in row.rglob("*") if p.is_file()}
     assert {"row.json", "tiers.json", "junit.xml", "pytest.log", "env.txt", "server-random-nomtp.log",
             "gsm8k/tiny-e2e-proof-topk1.jsonl", "gsm8k/tiny-e2e-proof-topk3.jsonl"} <= names
     assert not (tmp_path / "results" / "box1" / "escape.txt").exists() and not list(results.glob("box1/.import*"))
     rec = json.loads((row / "row.json").read_text())
-    assert rec["verdict"] == "passed" and rec["install"]["verdict"] == importer.IMPORTED
+    assert rec["verdict"] == "partial" and rec["install"]["verdict"] == importer.IMPORTED
     assert rec["versions"]["sglang"] == "0.5.17" and rec["gpus"] == 1 and rec["started"] == "2026-11-30T06:10:25+00:00"
     acc = next(c for c in rec["tiers"]["gsm8k"]["checks"] if c["id"].endswith("test_accuracy[tiny-e2e-proof-topk1]"))
     # box paths (/root/out/r17/work/...) became row-relative schema paths
@@ -70,7 +71,7 @@ def test_gpu_box_out_imports_into_the_results_store_and_reports(tmp_path, capsys
     m = {x["short"]: x for x in report._row_summary(results / "box1", "sglang-0.5.17", rec, tmp_path)["metrics"]
          if x["tier"] == "gsm8k"}
     assert m["tiny-e2e-proof-topk1"]["accept_length"] == 6.0 and m["tiny-e2e-proof-topk1"]["score"] == 0.0
-    assert s["tier_status"]["smoke"]["ran"] == ["sglang-0.5.17"]
+    assert s["tier_status"]["smoke"]["partial"] == ["sglang-0.5.17"]
     assert "contract and reference not run" in report.render_markdown(s)
 
 
@@ -132,8 +133,36 @@ def test_gpu_box_script_output_imports_as_it_is(tmp_path):
                                "--server-url", fake.base_url], cwd=repo, env=env, capture_output=True, text=True,
                               timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert {p.name for p in out.iterdir()} == {"tiers.json", "junit.xml", "pytest.log", "env.txt", "logs.tgz"}
+    assert {p.name for p in out.iterdir()} == {"tiers.json", "junit.xml", "pytest.log", "env.txt", "logs.tgz",
+                                               schema.INVOCATION_FILE}
     dest, rec = importer.import_run(out, "sglang-0.5.17", results=tmp_path / "results", run_id="box")
-    assert rec["tiers"]["gsm8k"]["verdict"] == "passed"
+    # what the box was asked to run is on the row: its pytest args and MTPMATRIX_* knobs (and nothing else)
+    assert rec["pytest_args"] == ["--tiers", "gsm8k", "--server-url", fake.base_url]
+    assert rec["knobs"]["MTPMATRIX_GSM8K_NUM_EXAMPLES"] == "30"
+    assert all(k.startswith("MTPMATRIX_") for k in rec["knobs"]) and "PATH" not in rec["knobs"]
+    # one --server-url case of 30 questions is not the seed suite: ran and passed, but partial
+    gsm = rec["tiers"]["gsm8k"]
+    assert gsm["verdict"] == "partial" and rec["verdict"] == "partial"
+    assert any(m["what"] == "E4B-topk1" for m in gsm["missing"])
+    assert any("30 of 200" in m["why"] for m in gsm["missing"] if m["what"] == "E4B-topk3")
     qs = report.question_records(rec, dest)
     assert list(qs) == ["E4B-topk3"] and sum(qs["E4B-topk3"]["questions"].values()) == 29
+
+
+def test_import_strips_the_box_s_stored_tags_and_verdicts(tmp_path):
+    """A GPU box's tiers.json is evidence, not a verdict: a stored known-upstream tag that matches no entry of the
+    current list (or an entry narrowed since) is dropped, and the tier verdict is derived again."""
+    out = gpu_box_out(tmp_path)
+    data = json.loads((out / "tiers.json").read_text())
+    smoke = data["tiers"]["smoke"]
+    chk = smoke["checks"][0]
+    chk.update(outcome="failed", known_upstream="sglang-gemma4-mtp-draft-rope-phase",
+               failure={"kind": "launch", "type": "CheckFailure", "message": "server died", "frame": None,
+                        "raised_at": None})
+    smoke.update(verdict="known-upstream", known_upstream=[{"id": "sglang-gemma4-mtp-draft-rope-phase",
+                                                            "checks": [chk["id"]]}])
+    (out / "tiers.json").write_text(json.dumps(data))
+    _dest, rec = importer.import_run(out, "sglang-0.5.17", results=tmp_path / "results", run_id="r")
+    smoke = rec["tiers"]["smoke"]
+    assert smoke["verdict"] == "failed" and rec["verdict"] == "failed"
+    assert "known_upstream" not in smoke and "known_upstream" not in smoke["checks"][0]

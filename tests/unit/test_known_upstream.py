@@ -14,6 +14,7 @@ from mtpmatrix.tiers import known_upstream
 from mtpmatrix.runner import matrix
 from mtpmatrix.runner.store import row_verdict
 from mtpmatrix.schema import KNOWN_UPSTREAM
+from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
 
 RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                   "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())
@@ -36,6 +37,12 @@ def test_the_shipped_file_loads_and_names_real_checks():
     for issue in issues.values():
         for check in issue.checks:  # a renamed check would never be seen passing: the entry could not go stale
             assert f"def {check}(" in (tiers / f"test_{issue.tier}.py").read_text(), (issue.id, check)
+        # a check the signature needs passed beside it must exist, or the entry could never match
+        for beside in (issue.signature or {}).get("passed_beside", []):
+            func, _, case = beside.rstrip("]").partition("[")
+            assert f"def {func}(" in (tiers / f"test_{issue.tier}.py").read_text(), (issue.id, beside)
+            if issue.tier == "smoke":
+                assert case in {s.name for s in DEFAULT_SMOKE_SERVERS}, (issue.id, beside)
 
 
 def test_transformers_5_19_crash_is_known_upstream_and_does_not_fail_the_row(record):
@@ -90,11 +97,15 @@ def test_a_session_that_stopped_early_stays_an_error(record):
 
 
 @pytest.mark.parametrize("entry, words", [
-    ({"id": "x"}, "missing package, affected, tier, match, checks, summary, upstream"),
+    ({"id": "x"}, "missing package, affected, tier, component, kind, match, checks, summary, upstream"),
     ({"id": "x", "package": "transformers", "affected": "5.19", "tier": "reference", "match": "m", "checks": ["t"],
-      "summary": "s", "upstream": "u"}, "Invalid specifier"),
+      "summary": "s", "upstream": "u", "component": "library", "kind": "crash"}, "Invalid specifier"),
     ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "gpu", "match": "m", "checks": ["t"],
-      "summary": "s", "upstream": "u"}, "unknown tier 'gpu'"),
+      "summary": "s", "upstream": "u", "component": "library", "kind": "crash"}, "unknown tier 'gpu'"),
+    ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "reference", "match": "m", "checks": ["t"],
+      "summary": "s", "upstream": "u", "component": "hf", "kind": "crash"}, "unknown component 'hf'"),
+    ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "reference", "match": "m", "checks": ["t"],
+      "summary": "s", "upstream": "u", "component": "library", "kind": "boom"}, "unknown kind 'boom'"),
     ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "reference", "match": "(", "checks": ["t"],
       "summary": "s", "upstream": "u", "color": "red"}, "unknown field(s) color"),
 ])
@@ -126,3 +137,122 @@ def test_transformers_5_23_assistant_config_rejection_is_known_upstream():
     fresh["tiers"]["reference"]["verdict"] = "failed"
     known_upstream.apply(fresh["tiers"], fresh["versions"])
     assert "known_upstream" not in chk and fresh["tiers"]["reference"]["verdict"] == "failed"
+
+
+# --- an entry matches its own signature only: its checks, its failure kind, what the bug leaves in the record ------
+
+SMOKE_RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
+                        "2026-11-30d-h200-sglang-0.5.13-smoke-default.json").read_text())
+DRAFT_PHASE = "sglang-gemma4-mtp-draft-rope-phase"
+FIRST_ROUND = "hf-gemma4-assistant-first-token-hidden-after-prefill"
+
+
+def _smoke(mutate=None) -> dict:
+    """The recorded default smoke suite on sglang 0.5.13 (H200), its stored tags stripped, optionally changed."""
+    rec = copy.deepcopy(SMOKE_RUN)
+    for t in rec["tiers"].values():
+        t.pop("known_upstream", None)
+        for c in t.get("checks") or []:
+            c.pop("known_upstream", None)
+    rec["tiers"]["smoke"]["verdict"] = "failed"
+    checks = {c["id"].split("::", 1)[1]: c for c in rec["tiers"]["smoke"]["checks"]}
+    if mutate:
+        mutate(checks, rec["tiers"]["smoke"])
+    return rec
+
+
+def _phase_check(checks):
+    return checks["test_draft_phase_matches_transformers[witness-transformers-phase-topk1]"]
+
+
+def test_the_draft_phase_entry_matches_the_recorded_h200_run():
+    rec = _smoke()
+    known_upstream.apply(rec["tiers"], rec["versions"])
+    assert rec["tiers"]["smoke"]["verdict"] == KNOWN_UPSTREAM
+    assert [k["id"] for k in rec["tiers"]["smoke"]["known_upstream"]] == [DRAFT_PHASE]
+
+
+def _fail_witness_gate(checks, tier):
+    c = checks["test_spec_metrics[witness-mtp-topk1]"]
+    c["outcome"] = "failed"
+    c["failure"] = {"kind": "acceptance", "type": "CheckFailure", "message": "accept length 1.02 outside [5.0, 6]",
+                    "frame": None, "raised_at": "tests/tiers/test_smoke.py:130 in test_spec_metrics"}
+
+
+def _drop_witness(checks, tier):
+    tier["checks"] = [c for c in tier["checks"] if "[witness-mtp-topk1]" not in c["id"]]
+
+
+def _accepts_3(checks, tier):
+    _phase_check(checks)["metrics"]["accept_length_requests"] = 3.2
+
+
+def _another_kind(checks, tier):
+    _phase_check(checks)["failure"]["kind"] = "harness"
+
+
+def _another_check(checks, tier):
+    c = checks["test_spec_metrics[witness-transformers-phase-topk1]"]
+    c["outcome"] = "failed"
+    c["failure"] = dict(_phase_check(checks)["failure"], raised_at="tests/tiers/test_smoke.py:1 in test_spec_metrics")
+
+
+@pytest.mark.parametrize("mutate", [_fail_witness_gate, _drop_witness, _accepts_3, _another_kind, _another_check],
+                         ids=["sglang-phase-witness-failed", "sglang-phase-witness-not-run",
+                              "transformers-phase-accepts-3.2", "kind-harness", "unlisted-check"])
+def test_the_draft_phase_entry_needs_its_signature(mutate):
+    """The message prefix alone is not the bug: the sglang-phase witness beside it must have passed, the
+    transformers-phase witness must have accepted near 1, the failure must be the listed check's 'acceptance'."""
+    rec = _smoke(mutate)
+    known_upstream.apply(rec["tiers"], rec["versions"])
+    smoke = rec["tiers"]["smoke"]
+    assert smoke["verdict"] == "failed"
+    tagged = [c["id"].split("::")[1] for c in smoke["checks"] if c.get("known_upstream")]
+    # the listed check keeps its tag only where its own signature still holds (the unlisted one never gets it)
+    assert tagged == (["test_draft_phase_matches_transformers[witness-transformers-phase-topk1]"]
+                      if mutate is _another_check else [])
+
+
+def _reference_first_round(metrics: dict) -> dict:
+    chk = {"id": "tests/tiers/test_reference.py::test_witness_drafts_at_transformers_phase[e-series]",
+           "tier": "reference", "outcome": "failed", "seconds": 1.0, "metrics": metrics,
+           "failure": {"kind": "acceptance", "type": "CheckFailure",
+                       "message": "e-series: transformers drafts the first round after prefill from the wrong hidden "
+                                  "state: the reference witness accepts 0/0 drafts there, 1.0 of them after",
+                       "frame": None, "raised_at": "tests/tiers/test_reference.py:358 in "
+                                                   "test_witness_drafts_at_transformers_phase"}}
+    return {"reference": {"verdict": "failed", "checks": [chk]}}
+
+
+@pytest.mark.parametrize("metrics, known", [
+    ({"first_round_drafted": 40, "first_round_accepted": 0}, True),  # the bug: a recorded first round, none accepted
+    ({}, False),  # no first round recorded at all
+    ({"first_round_drafted": 0, "first_round_accepted": 0}, False),  # a first round with nothing drafted
+    ({"first_round_drafted": 40, "first_round_accepted": 12}, False),  # some accepted: a shortfall, not this bug
+])
+def test_the_first_round_entry_needs_zero_accepted_in_a_recorded_first_round(metrics, known):
+    tiers = _reference_first_round(metrics)
+    known_upstream.apply(tiers, {"transformers": "5.12.1"})
+    assert (tiers["reference"]["verdict"] == KNOWN_UPSTREAM) is known
+    assert (tiers["reference"]["checks"][0].get("known_upstream") == FIRST_ROUND) is known
+
+
+def test_stored_tags_are_stripped_and_re_derived(record):
+    """A tag an earlier run (or a GPU box) stored is never trusted: one naming no entry, or an entry narrowed since,
+    is dropped and the tier's verdict derived again."""
+    for c in record["tiers"]["reference"]["checks"]:
+        if c["outcome"] == "failed":
+            c["known_upstream"] = "an-entry-removed-since"
+    record["tiers"]["reference"]["verdict"] = KNOWN_UPSTREAM
+    record["tiers"]["reference"]["known_upstream"] = [{"id": "an-entry-removed-since", "checks": []}]
+    known_upstream.apply(record["tiers"], record["versions"], issues=[])
+    ref = record["tiers"]["reference"]
+    assert ref["verdict"] == "failed" and "known_upstream" not in ref
+    assert not any(c.get("known_upstream") for c in ref["checks"])
+
+
+def test_every_entry_says_whose_bug_it_is():
+    for issue in known_upstream.load():
+        assert issue.component == ("sglang" if issue.package == "sglang" else "library"), issue.id
+        assert issue.kind in ("import", "abi", "config", "args", "weights", "launch", "crash", "mismatch",
+                              "accuracy", "acceptance"), issue.id

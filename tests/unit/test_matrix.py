@@ -304,3 +304,14 @@ def test_resolve_companions_follows_the_override(tmp_path, local_index):
         matrix.resolve_companions(row, venv, ["base==9.0"], ["companion"], env=env, log=tmp_path / "c.log")
     assert "\n" not in str(info.value) and str(info.value).startswith("no release of companion fits base==9.0: ")
     assert (tmp_path / "c.log").read_text().startswith("$ ")
+
+
+def test_row_json_records_the_pytest_args_and_every_mtpmatrix_knob_and_nothing_else():
+    """`nox -s gemma4_mtp -- -- -k topk3` with MTPMATRIX_SMOKE_SERVERS set: both are on the row (a subset selection
+    the report must see); no other variable of the environment is."""
+    opts = parse_options(["--tiers", "smoke", "--", "-k", "topk3"])
+    env = {"MTPMATRIX_SMOKE_SERVERS": "random-nomtp", "MTPMATRIX_ROW": "sglang-0.5.17", "HF_TOKEN": "hf_secret",
+           "PATH": "/usr/bin"}
+    got = matrix.suite_invocation(opts, env)
+    assert got == {"pytest_args": ["-k", "topk3"],
+                   "knobs": {"MTPMATRIX_ROW": "sglang-0.5.17", "MTPMATRIX_SMOKE_SERVERS": "random-nomtp"}}

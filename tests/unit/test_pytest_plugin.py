@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from mtpmatrix import expected
 from mtpmatrix.schema import SCHEMA, TIERS
 from mtpmatrix.tiers import environment, known_upstream
 
@@ -206,7 +207,10 @@ def test_tiers_option_selects_and_skips_with_one_line(session):
 def test_tiers_from_the_environment(session, monkeypatch):
     monkeypatch.setenv("MTPMATRIX_TIERS", "smoke")
     _result, data = session(CHECKS, unavailable={"smoke": None})
-    assert data["tiers"]["smoke"]["verdict"] == "passed"
+    # its one check passed, but none of the default smoke servers was collected: not the whole tier
+    smoke = data["tiers"]["smoke"]
+    assert smoke["verdict"] == "partial"
+    assert {m["what"] for m in smoke["missing"]} == set(expected.default_smoke_servers())
     assert data["tiers"]["contract"]["reason"] == "contract tier not selected (--tiers smoke)"
 
 
@@ -220,7 +224,8 @@ def test_unknown_tier_is_a_usage_error(session, tiers):
 
 KNOWN = {"id": "greedy-bug", "package": "transformers", "affected": ">=5.18.0,<5.20.0", "tier": "reference",
          "match": r"CheckFailure: outputs differ at token \d", "checks": ["test_greedy"], "summary": "one line",
-         "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0"}
+         "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0", "component": "library",
+         "kind": "mismatch"}
 # A reference check that fails the way KNOWN describes; the modules below add their own checks to it.
 GREEDY_FAILS = '''\
 import pytest
@@ -251,7 +256,7 @@ def test_known_upstream_failure_is_tagged_and_does_not_fail_the_tier(session):
     assert reference["known_upstream"] == [{
         "id": "greedy-bug", "package": "transformers", "version": "5.18.0", "summary": "one line",
         "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0", "serving_path": False,
-        "checks": ["test_tiers.py::test_greedy"]}]
+        "component": "library", "checks": ["test_tiers.py::test_greedy"]}]
     # a listed check that passes inside the affected range: the entry no longer describes this environment
     assert [(e["id"], e["checks"]) for e in reference["stale_known_upstream"]] == [
         ("witness-bug", ["test_tiers.py::test_witness"])]
@@ -406,3 +411,23 @@ def test_half_imported_package_failures_point_at_the_failure_that_left_it(sessio
     assert own["kind"] == "harness" and "consequence_of" not in own
     assert checks["test_import[top]"]["outcome"] == "passed"  # the package imported again: no longer half-imported
     assert data["tiers"]["contract"]["failure_kinds"] == ["harness", "import"]
+
+def test_the_session_records_its_selection_and_a_deselected_check_makes_the_tier_partial(session, monkeypatch):
+    """tiers.json says what the session was asked (args, -k, MTPMATRIX_* knobs and nothing else of the environment,
+    every check collected before -k took some away), and a tier whose checks were deselected is partial, naming
+    them and the -k that left them out."""
+    monkeypatch.setenv("MTPMATRIX_SMOKE_PAIR", "e-series")
+    monkeypatch.setenv("NOT_A_KNOB_TOKEN", "secret")
+    source = REFERENCE_ONLY.replace("def test_greedy():\n    raise CheckFailure",
+                                    "def test_greedy():\n    return\n    raise")
+    _result, data = session(source, "--tiers", "reference", "-k", "witness")
+    sel = data["selection"]
+    assert sel["keyword"] == "witness" and sel["args"][sel["args"].index("-k") + 1] == "witness"
+    assert sel["knobs"]["MTPMATRIX_SMOKE_PAIR"] == "e-series" and "NOT_A_KNOB_TOKEN" not in json.dumps(sel)
+    assert sel["collected"]["reference"] == ["test_tiers.py::test_greedy", "test_tiers.py::test_witness"]
+    reference = data["tiers"]["reference"]
+    assert reference["verdict"] == "partial"
+    assert reference["missing"] == [{"what": "test_greedy", "why": "deselected (-k witness)"}]
+    # without -k the same module is the whole tier
+    _result, data = session(source, "--tiers", "reference")
+    assert data["tiers"]["reference"]["verdict"] == "passed" and "missing" not in data["tiers"]["reference"]

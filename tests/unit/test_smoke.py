@@ -103,6 +103,16 @@ def test_launch_parallelism_from_free_memory(free_mib, want):
     assert smoke.launch_parallelism(5, free_mib) == want
 
 
+def test_an_idle_h200_launches_the_default_servers_six_at_a_time():
+    """What the README states: an idle H200 (143,771 MiB, docs/runs/env-2-r17.txt; 125-150 GiB free once the driver
+    has its share) takes 1 + 5 servers side by side, and never more than there are."""
+    for free_gib in (125, 139, 149):
+        assert smoke.launch_parallelism(6, free_gib * 1024) == 6
+        assert smoke.launch_parallelism(len(smoke.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == min(
+            6, len(smoke.DEFAULT_SMOKE_SERVERS))
+    assert smoke.launch_parallelism(9, 124 * 1024) == 5
+
+
 def test_launch_parallelism_requested_wins():
     assert smoke.launch_parallelism(5, 140 * 1024, 1) == 1
     assert smoke.launch_parallelism(3, None, 8) == 3
@@ -257,13 +267,20 @@ def test_known_sglang_draft_phase_entry_matches_the_check_message():
     from mtpmatrix.tiers import known_upstream
 
     entry = next(k for k in known_upstream.load() if k.id == "sglang-gemma4-mtp-draft-rope-phase")
-    failure = {"outcome": "failed", "failure": {"type": "CheckFailure", "message":
-               "draft query is not at transformers' RoPE phase: the transformers-phase witness accepts 1.04 per "
-               "verify (floor 5.0)"}}
-    assert entry.tier == "smoke" and entry.serving_path
-    assert entry.matches(failure)
+    failure = {"id": "tests/tiers/test_smoke.py::test_draft_phase_matches_transformers[witness-transformers-phase-"
+                     "topk1]", "outcome": "failed", "metrics": {"accept_length_requests": 1.04},
+               "failure": {"kind": "acceptance", "type": "CheckFailure", "message":
+                           "draft query is not at transformers' RoPE phase: the transformers-phase witness accepts "
+                           "1.04 per verify (floor 5.0)"}}
+    gate = [{"id": f"tests/tiers/test_smoke.py::{name}", "outcome": "passed"}
+            for name in entry.signature["passed_beside"]]
+    assert entry.tier == "smoke" and entry.serving_path and entry.component == "sglang"
+    assert entry.matches(failure, [failure, *gate])
+    # the message alone is not the bug: without the sglang-phase witness passing beside it, it is something else
+    assert not entry.matches(failure, [failure])
     assert entry.applies_to({"sglang": "0.5.17"}) and not entry.applies_to({"sglang": "0.5.24"})
-    assert not entry.matches({"outcome": "failed", "failure": {"message": "accept length 1.04 outside [5.0, 6]"}})
+    assert not entry.matches(dict(failure, failure={"kind": "acceptance", "message": "accept length 1.04 outside "
+                                                                                     "[5.0, 6]"}), [failure, *gate])
     # the releases known to deviate are the releases the gate witness is built off the reference phase for
     from mtpmatrix.tiers.pairs import witness
 

@@ -5,12 +5,14 @@
 writes ``summary.md``, ``report.html`` and ``summary.json`` into ``results/<run-id>/report/`` (or ``--out``) and
 appends summary.md to ``$GITHUB_STEP_SUMMARY`` when that is set.
 
-The verdict says what was proven. A run QUALIFIES only when every tier ran and passed in every row; a run whose
-CPU tiers passed on a machine without a GPU says so ("CPU checks pass; smoke and gsm8k not run (no GPU)"). Failures
-listed in known_upstream.json are shown as "known upstream" next to their row and do not fail it. Exit status
-(EXIT_*): 0 nothing failed and every --require'd tier ran; 1 a row failed, errored or is unfinished; 2 bad input
-(no such run, no rows, unknown tier) or no jinja2, one line; 3 nothing failed but not proven: a --require'd tier
-did not run in every row, or nothing ran at all.
+The verdict says what was proven. Every tier verdict is derived again from the stored checks (mtpmatrix.expected).
+A run QUALIFIES only when every tier is complete -- its whole expected set ran and passed -- in every row; a run
+whose CPU tiers passed on a machine without a GPU says so ("CPU checks pass; smoke and gsm8k not run (no GPU)"), and
+a tier that ran in part is 'partial', with what did not run and why. Failures that match a known_upstream.json
+entry's signature are shown as "known upstream" next to their row and do not fail it. Exit status (EXIT_*): 0
+nothing failed and every --require'd tier is complete; 1 a row failed, errored or is unfinished; 2 bad input (no
+such run, no rows, unknown tier) or no jinja2, one line; 3 nothing failed but not proven: a --require'd tier is not
+complete in every row, or nothing ran at all.
 
 Besides the rows x tiers table the report holds, for every failing row, the closest passing row (fewest packages
 that differ in freeze.txt, ties broken towards the same sglang) with the differing versions; GSM8K per-question

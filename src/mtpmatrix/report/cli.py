@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", metavar="RUN_ID", help="compare with this earlier run")
     p.add_argument("--out", type=Path, help="write here instead of results/<RUN_ID>/report/")
     p.add_argument("--require", metavar="TIERS", default="",
-                   help="release gate: exit 3 unless these tiers ran (and passed) in every row, e.g. smoke,gsm8k")
+                   help="release gate: exit 3 unless these tiers are complete (their whole expected set ran and "
+                        "passed) in every row, e.g. smoke,gsm8k")
 
 
 def run(ns: argparse.Namespace) -> int:

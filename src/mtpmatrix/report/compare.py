@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mtpmatrix import stats
 from mtpmatrix.report.checks import COLUMN_METRICS, first_frame, is_number, question_records
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS
 
 ALPHA = 0.05  # McNemar p below this is a significant change (bold in the report; a drop is a regression)
 
@@ -62,7 +62,7 @@ def _change(before: str | None, after: str | None) -> tuple[str, str]:
         return ("worse", "new row, failing") if after in FAILING else ("same", "new row")
     if after is None:
         return "same", "not in this run"
-    rank = {"passed": 2, KNOWN_UPSTREAM: 2, "skipped": 1, "pending": 1, "failed": 0, "error": 0}
+    rank = {"passed": 2, KNOWN_UPSTREAM: 2, PARTIAL: 1, "skipped": 1, "pending": 1, "failed": 0, "error": 0}
     rb, ra = rank.get(before, 1), rank.get(after, 1)
     if before == after or (rb == ra == 0):
         return "same", "still failing" if ra == 0 else "same"
@@ -71,9 +71,9 @@ def _change(before: str | None, after: str | None) -> tuple[str, str]:
     if rb == 0:
         return "better", "fixed" if ra == 2 else "no longer fails (not run)"
     if ra == 2:
-        return "better", "now runs and passes"
+        return "better", "now runs whole and passes"
     if rb == 2:
-        return "worse", "no longer runs"
+        return "worse", "now partial" if after == PARTIAL else "no longer runs"
     return "same", "same"
 
 

@@ -1,9 +1,12 @@
 """The summary model: one run (``results/<run-id>/``, read through runner.store) as the plain dict that
 summary.json holds and both templates render. Nothing here formats text.
 
-The verdict says what was proven. A run QUALIFIES only when every tier ran and passed in every row; a run whose
-CPU tiers passed on a machine without a GPU is 'partial'. Failures listed in known_upstream.json are shown as
-"known upstream" next to their row and do not fail it.
+The verdict says what was proven. Every tier verdict is derived again from the stored checks (expected.judge_tiers:
+stored known-upstream tags and verdicts are never trusted). A run QUALIFIES only when every tier is complete -- its
+whole expected set (mtpmatrix.expected) ran and passed -- in every row; a run where nothing failed but some tier is
+not complete is 'partial', and 'not-proven' (exit 3) when a --require'd tier is not complete in every row. Failures
+that match a known_upstream.json entry's signature are shown as "known upstream" next to their row and do not fail
+it.
 """
 
 from __future__ import annotations
@@ -15,16 +18,16 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import schema, stats
+from mtpmatrix import expected, schema, stats
 from mtpmatrix.report import compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 from mtpmatrix.runner.rows import RowError, parse_override
 from mtpmatrix.runner.store import read_freeze, read_run, row_verdict
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS, VERDICTS
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, VERDICTS
 
 REPORT_DIR = "report"  # results/<run-id>/report/ unless --out says otherwise
 LOG_FILES = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.CHECK_FILE, schema.JUNIT_FILE)
-RAN = ("passed", KNOWN_UPSTREAM)  # a tier that ran without failing sglang
+RAN = ("passed", KNOWN_UPSTREAM, PARTIAL)  # a tier where something ran and nothing failed sglang
 MAIN_PACKAGES = ("sglang", "transformers", "torch")
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_PROVEN = 0, 1, 2, 3
 
@@ -32,6 +35,33 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_PROVEN = 0, 1, 2, 3
 class ReportError(ValueError):
     """Bad input for the report (a run without rows, an unknown tier, no jinja2); the message is one line. A run
     that cannot be found or read raises store.StoreError, also one line."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading a run: every verdict derived again
+# ---------------------------------------------------------------------------------------------------------------
+
+def rejudge(record: dict, issues=None) -> dict:
+    """A row record with its tier verdicts derived again from its checks, its selection and the current
+    known-upstream list (expected.judge_tiers), and its row verdict from those; an unfinished row stays unfinished.
+    Changes ``record`` in place and returns it."""
+    tiers = record.get("tiers")
+    if isinstance(tiers, dict):
+        expected.judge_tiers(tiers, record.get("selection"), record.get("versions") or {}, issues)
+    if record.get("verdict") not in (None, "pending"):
+        record["verdict"] = row_verdict(record)
+    return record
+
+
+def read_judged_run(run_dir: Path) -> dict[str, dict]:
+    """store.read_run with every row re-judged (``rejudge``): what the report and the baseline comparison read."""
+    from mtpmatrix.tiers import known_upstream
+
+    try:
+        issues = known_upstream.load()
+    except ValueError as exc:
+        raise ReportError(f"known upstream issues: {exc}") from None
+    return {rid: rejudge(rec, issues) for rid, rec in read_run(run_dir).items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,7 +170,17 @@ def _tier_summary(tier: dict) -> dict:
     return {"verdict": tier.get("verdict"), "reason": tier.get("reason"), "seconds": tier.get("seconds"),
             "counts": counts, "failure_kinds": list(kinds), "failures": failures, "failure_groups": groups,
             "skipped_checks": skipped_checks, "known_upstream": tier.get("known_upstream", []),
-            "stale_known_upstream": tier.get("stale_known_upstream", [])}
+            "stale_known_upstream": tier.get("stale_known_upstream", []),
+            "missing": tier.get("missing", []), "missing_groups": group_missing(tier.get("missing", []))}
+
+
+def group_missing(missing: list[dict]) -> list[dict]:
+    """What did not run, one entry per reason: ``{"why", "what": [...]}`` (four TP-2 cases skipped for one reason are
+    one line)."""
+    groups: dict[str, dict] = {}
+    for m in missing:
+        groups.setdefault(m["why"], {"why": m["why"], "what": []})["what"].append(m["what"])
+    return list(groups.values())
 
 
 def group_failures(failures: list[dict]) -> list[dict]:
@@ -237,11 +277,11 @@ def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[
     baseline run too (an upgrade probe re-runs one row, so its nearest good neighbour is usually the baseline's)."""
     freezes = {rid: read_freeze(run_dir / rid) for rid in rows}
     passing = {rid: (freezes[rid] if freezes[rid] else _pins_of(rows[rid]))
-               for rid, s in summaries.items() if s["verdict"] == "passed"}
+               for rid, s in summaries.items() if s["verdict"] in ("passed", PARTIAL)}
     sglang_of = {rid: summaries[rid]["versions"].get("sglang") for rid in summaries}
     if baseline_dir is not None:
-        for rid, rec in read_run(baseline_dir).items():
-            if row_verdict(rec) == "passed":
+        for rid, rec in read_judged_run(baseline_dir).items():
+            if rec.get("verdict") in ("passed", PARTIAL):
                 key = f"{rid} @ {Path(baseline_dir).name}"
                 passing[key] = read_freeze(Path(baseline_dir) / rid) or _pins_of(rec)
                 sglang_of[key] = (rec.get("versions") or {}).get("sglang")
@@ -287,13 +327,16 @@ def _skip_groups(summaries: dict[str, dict]) -> list[dict]:
 
 
 def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]) -> dict[str, dict]:
-    """Per tier over all rows: which rows ran it (passed or known upstream), which did not, and one short reason
-    for the ones that did not ('no GPU' when every skip of the tier says a GPU is missing)."""
+    """Per tier over all rows: which rows ran it whole (complete: passed or known upstream), which ran part of it
+    (partial, with what did not run), which did not run it, and one short reason for those ('no GPU' when every skip
+    of the tier says a GPU is missing)."""
     out = {}
     for tier in tiers:
-        ran = [rid for rid, s in summaries.items() if (s["tiers"].get(tier) or {}).get("verdict") in RAN]
-        not_run = [rid for rid, s in summaries.items() if (s["tiers"].get(tier) or {}).get("verdict") in
-                   ("skipped", None) and s["install"]["verdict"] != "failed"]
+        verdict = {rid: (s["tiers"].get(tier) or {}).get("verdict") for rid, s in summaries.items()}
+        complete = [rid for rid, v in verdict.items() if expected.complete(v)]
+        partial = [rid for rid, v in verdict.items() if v == PARTIAL]
+        not_run = [rid for rid, v in verdict.items() if v in ("skipped", None)
+                   and summaries[rid]["install"]["verdict"] != "failed"]
         reasons = [g["reason"] for g in skips if tier in g["tiers"] and set(g["rows"]) & set(not_run)
                    and not g["checks"]]
         if reasons and all("GPU" in r for r in reasons):
@@ -302,19 +345,21 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
             why = "not selected"
         else:
             why = reasons[0] if reasons else ""
-        out[tier] = {"ran": ran, "not_run": not_run, "why": why}
+        out[tier] = {"complete": complete, "partial": partial, "not_run": not_run, "why": why,
+                     "missing": {rid: summaries[rid]["tiers"][tier]["missing_groups"] for rid in partial}}
     return out
 
 
 def missing_required(summary: dict) -> list[str]:
-    """The --require'd tiers that did not run in every row."""
+    """The --require'd tiers that are not complete (their whole expected set ran and passed) in every row."""
     status = summary["tier_status"]
-    return [t for t in summary["required_tiers"] if status.get(t, {}).get("not_run") or t not in status]
+    return [t for t in summary["required_tiers"]
+            if t not in status or status[t]["not_run"] or status[t]["partial"]]
 
 
 def _verdict(summary: dict) -> tuple[str, int]:
-    """(state, exit status): 'qualifies' (every tier ran and passed everywhere), 'partial' (nothing failed, some
-    tiers did not run), 'not-proven' (a --require'd tier did not run everywhere, or nothing ran), 'fails'."""
+    """(state, exit status): 'qualifies' (every tier complete everywhere), 'partial' (nothing failed, some tier not
+    complete), 'not-proven' (a --require'd tier not complete everywhere, or nothing ran), 'fails'."""
     if summary["failing_rows"] or summary["incomplete_rows"]:
         return "fails", EXIT_FAILED
     if summary["nothing_ran"]:
@@ -322,7 +367,7 @@ def _verdict(summary: dict) -> tuple[str, int]:
     if missing_required(summary):
         return "not-proven", EXIT_NOT_PROVEN
     status = summary["tier_status"]
-    if all(not st["not_run"] for st in status.values()) and set(status) == set(TIERS):
+    if all(not st["not_run"] and not st["partial"] for st in status.values()) and set(status) == set(TIERS):
         return "qualifies", EXIT_OK
     return "partial", EXIT_OK
 
@@ -331,7 +376,7 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
                   require: list[str] | tuple[str, ...] = ()) -> dict:
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / REPORT_DIR
-    rows = read_run(run_dir)
+    rows = read_judged_run(run_dir)
     if not rows:
         raise ReportError(f"run {run_dir.name!r} ({run_dir}) has no rows (no */{schema.ROW_FILE})")
     summaries = {rid: _row_summary(run_dir, rid, rec, out_dir) for rid, rec in rows.items()}
@@ -374,7 +419,7 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     # True only when every tier ran and passed in every row: a CPU-only run never 'qualifies' a release.
     summary["qualifies"] = summary["verdict"] == "qualifies"
     if baseline_dir is not None:
-        base = compare.compare_runs(run_dir, rows, Path(baseline_dir), read_run(baseline_dir))
+        base = compare.compare_runs(run_dir, rows, Path(baseline_dir), read_judged_run(baseline_dir))
         base["run_id"] = Path(baseline_dir).name
         summary["baseline"] = base
         summary["regressions"] = compare.regressions(base)

@@ -17,22 +17,24 @@ from mtpmatrix import schema
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
-from mtpmatrix.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, TIERS, VERDICTS
+from mtpmatrix.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, VERDICTS
 
 TEMPLATES = Path(__file__).parent / "templates"
 MARKDOWN_TEMPLATE, HTML_TEMPLATE = "report.md.j2", "report.html.j2"
 NO_JINJA2 = "the report needs jinja2: pip install jinja2 (nox -s report installs it)"
 
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️", "pending": "⏳",
-           KNOWN_UPSTREAM: "⚠️", None: "—"}
+           KNOWN_UPSTREAM: "⚠️", PARTIAL: "🟡", None: "—"}
 # The HTML page uses plain glyphs that every font has (emoji need a color-emoji font the viewer may lack).
 GLYPHS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "pending": "…", KNOWN_UPSTREAM: "⚠",
-          None: "—"}
+          PARTIAL: "~", None: "—"}
 # Headline marks: proven, nothing failed but not everything proven, not qualified.
 MARKS = {"qualifies": "✅", "partial": "🟡", "not-proven": "❌", "fails": "❌"}
 BANNERS = {"qualifies": ("ok", "✓"), "partial": ("partial", "~"), "not-proven": ("bad", "✗"),
            "fails": ("bad", "✗")}
 VERSION_KEYS = (*MAIN_PACKAGES, "python")  # the versions each row shows
+# known_upstream.json's components as the report words them: whose bug, and whether it is sglang's
+COMPONENT_WORDS = {"library": "library bug, not sglang", "sglang": "sglang deviation on its serving path"}
 # the files each row of the page links to (summary.json lists check.txt too)
 HTML_LOGS = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.JUNIT_FILE)
 
@@ -134,17 +136,20 @@ def _and(items: list[str]) -> str:
 
 
 def _proven_text(summary: dict) -> str:
-    """'CPU checks pass; smoke and gsm8k not run (no GPU)': which tiers ran and passed, which did not run, why."""
+    """'CPU checks pass; smoke and gsm8k not run (no GPU)': which tiers ran whole and passed, which ran in part,
+    which did not run, why."""
     status, n = summary["tier_status"], len(summary["rows"])
-    full = [t for t in summary["tiers"] if status[t]["ran"] and not status[t]["not_run"]]
-    some = [t for t in summary["tiers"] if status[t]["ran"] and status[t]["not_run"]]
-    none = [t for t in summary["tiers"] if not status[t]["ran"]]
+    full = [t for t in summary["tiers"]
+            if status[t]["complete"] and not status[t]["not_run"] and not status[t]["partial"]]
+    some = [t for t in summary["tiers"] if t not in full and (status[t]["complete"] or status[t]["partial"])]
+    none = [t for t in summary["tiers"] if not status[t]["complete"] and not status[t]["partial"]]
     parts = []
     if full:
         parts.append("CPU checks pass" if full == [t for t in TIERS if t not in GPU_TIERS]
                      else f"{_and(full)} pass{'es' if len(full) == 1 else ''}")
     for t in some:
-        parts.append(f"{t} ran in {len(status[t]['ran'])} of {n} rows")
+        parts.append(f"{t} complete in {len(status[t]['complete'])} of {n} rows" + (
+            f", partial in {_partial_text(status[t])}" if status[t]["partial"] else ""))
     by_why: dict[str, list[str]] = {}
     for t in none:
         by_why.setdefault(status[t]["why"], []).append(t)
@@ -153,12 +158,48 @@ def _proven_text(summary: dict) -> str:
     return "; ".join(parts)
 
 
+def _listed(names: list, limit: int) -> str:
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" ... (+{more} more)" if more > 0 else "")
+
+
+def _partial_text(status: dict, limit: int = 16) -> str:
+    """'sglang-0.5.17 (not run: 26B-A4B-topk1, 31B-topk1: 26B-A4B needs TP 2 ...)': each partial row of a tier with
+    what did not run, grouped by why."""
+    out = []
+    for rid in status["partial"]:
+        groups = status["missing"].get(rid) or []
+        text = "; ".join(f"{_listed(g['what'], limit)}: {g['why']}" for g in groups)
+        out.append(f"{rid} (not run or short: {text})")
+    return ", ".join(out)
+
+
 def _known_text(summary: dict) -> str:
+    """The known upstream issues, library bugs (not sglang) apart from sglang deviations on its serving path."""
     k = summary.get("known_upstream") or []
-    if not k:
-        return ""
-    where = sorted({f"{x['row']} {x['tier']}" for x in k})
-    return f"; {len({x['id'] for x in k})} known upstream issue(s), not sglang: {', '.join(where)}"
+    parts = []
+    for component, words in (("library", "library bug(s), not sglang"),
+                             ("sglang", "sglang deviation(s) on its serving path")):
+        ks = [x for x in k if x.get("component", "sglang" if x.get("package") == "sglang" else "library") == component]
+        if ks:
+            where = sorted({f"{x['row']} {x['tier']}" for x in ks})
+            parts.append(f"{len({x['id'] for x in ks})} {words}: {', '.join(where)}")
+    return "".join(f"; {p}" for p in parts)
+
+
+def _not_complete_text(summary: dict) -> str:
+    """The --require'd tiers that are not complete, each with the rows and what did not run there."""
+    status = summary["tier_status"]
+    out = []
+    for t in missing_required(summary):
+        st = status.get(t) or {"not_run": [], "partial": [], "missing": {}, "why": ""}
+        bits = []
+        if st["not_run"]:
+            bits.append(f"not run in {', '.join(st['not_run'])}" + (f" ({st['why']})" if st["why"] else ""))
+        if st["partial"]:
+            bits.append(f"partial in {_partial_text(st)}")
+        out.append(f"{t}: {'; '.join(bits) or 'not run'}")
+    return " | ".join(out)
 
 
 def headline(summary: dict) -> str:
@@ -168,14 +209,14 @@ def headline(summary: dict) -> str:
     counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
     state = summary.get("verdict")
     if state == "qualifies":
-        return f"QUALIFIES — every tier ran and passed in all {n} rows{_known_text(summary)} ({counts})"
+        return f"QUALIFIES — every tier ran whole and passed in all {n} rows{_known_text(summary)} ({counts})"
     if state == "partial":
         return f"{_proven_text(summary)}{_known_text(summary)} ({n} rows: {counts})"
     if state == "not-proven":
         if summary.get("nothing_ran"):
             return f"NOT QUALIFIED — nothing ran: every tier of every row was skipped ({counts})"
-        return (f"NOT QUALIFIED — required tier(s) not run in every row: {', '.join(missing_required(summary))}; "
-                f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
+        return (f"NOT QUALIFIED — required tier(s) not complete in every row: {_not_complete_text(summary)}"
+                f"{_known_text(summary)} ({counts})")
     why = []
     if summary["failing_rows"]:
         why.append(f"{len(summary['failing_rows'])} of {n} rows failing: {', '.join(summary['failing_rows'])}")
@@ -197,6 +238,9 @@ def view(summary: dict) -> dict:
         "failing": [r for r in rows if r["verdict"] in FAILING],
         "metric_rows": [(r["id"], m) for r in rows for m in r["metrics"] if m.get("known")],
         "other_rows": [(r["id"], m) for r in rows for m in r["metrics"] if not m.get("known")],
+        # tiers where nothing failed but not the whole expected set ran (expected.py), grouped by why
+        "not_complete": [(r["id"], t, tv["missing_groups"]) for r in rows for t, tv in r["tiers"].items()
+                         if tv["verdict"] == PARTIAL],
         "hosts": sorted({(r.get("host") or {}).get("hostname", "") for r in rows} - {""}),
         "gpus": sorted({r.get("gpus") for r in rows if r.get("gpus") is not None}),
         "base": None,
@@ -239,7 +283,8 @@ def environment():
                        plural=plural, idx=idx, md=md_escape, skip_where=skip_where, short_check=short_check,
                        tally=tally, failure_kinds=failure_kinds)
     env.globals.update(SYMBOLS=SYMBOLS, GLYPHS=GLYPHS, MARKS=MARKS, BANNERS=BANNERS, VERSION_KEYS=VERSION_KEYS,
-                       HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, VERDICTS=VERDICTS,
+                       HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, PARTIAL=PARTIAL,
+                       COMPONENT_WORDS=COMPONENT_WORDS, VERDICTS=VERDICTS,
                        ALPHA=ALPHA)
     return env
 

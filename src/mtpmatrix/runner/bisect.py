@@ -30,7 +30,7 @@ from typing import Callable
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.store import is_matrix_run, latest_run_id
 from mtpmatrix.schema import TIERS
-from mtpmatrix.schema import FAILING, results_root
+from mtpmatrix.schema import FAILING, PARTIAL, results_root
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
@@ -279,6 +279,9 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
     first = next((c.get("failure") for c in failing if c.get("failure")), None)
     if verdict == "passed":
         return Probe(version, GOOD, "", None, seconds, path)
+    if verdict == PARTIAL:  # nothing failed; a bisect asks whether the tier breaks, not whether it qualifies
+        missing = t.get("missing") or []
+        return Probe(version, GOOD, f"partial: {len(missing)} expected check(s) did not run", None, seconds, path)
     if verdict in FAILING:
         kinds = t.get("failure_kinds") or sorted({(c.get("failure") or {}).get("kind") for c in failing} - {None})
         if kinds and set(kinds) == {"harness"}:

@@ -1,12 +1,14 @@
 """``python -m mtpmatrix import OUT --row ROW``: file a GPU box's run (``tools/gpu_box.sh OUT``) into the results
 store as ``results/<run-id>/<ROW>/``, so boxes without nox feed the same report and ``--baseline``.
 
-OUT is what gpu_box.sh leaves: ``tiers.json``, ``junit.xml``, ``pytest.log``, ``env.txt`` and ``logs.tgz`` (the
-server logs and GSM8K records of its work folder). The row folder gets the schema.py layout: server logs at its top,
-per-question records under ``gsm8k/``, metric paths relative to it (older boxes recorded absolute box paths and
-``gsm8k-<case>.jsonl`` names: rewritten here), known upstream issues applied, and a row.json built from the row's
-constraints file and what the box reported. Nothing is written unless all of it works: the folder is assembled
-beside the run and renamed into place, so a killed import leaves no half row.
+OUT is what gpu_box.sh leaves: ``tiers.json``, ``junit.xml``, ``pytest.log``, ``env.txt``, ``invocation.json`` (its
+pytest args and MTPMATRIX_* knobs) and ``logs.tgz`` (the server logs and GSM8K records of its work folder). The row
+folder gets the schema.py layout: server logs at its top, per-question records under ``gsm8k/``, metric paths
+relative to it (older boxes recorded absolute box paths and ``gsm8k-<case>.jsonl`` names: rewritten here), tier
+verdicts derived again (expected.judge_tiers: the box's stored known-upstream tags and verdicts are stripped and the
+current list applied), and a row.json built from the row's constraints file and what the box reported. Nothing is
+written unless all of it works: the folder is assembled beside the run and renamed into place, so a killed import
+leaves no half row.
 """
 
 from __future__ import annotations
@@ -19,14 +21,12 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from mtpmatrix.tiers import known_upstream
-
-from mtpmatrix import schema
+from mtpmatrix import expected, schema
 from mtpmatrix.runner.rows import RowError, load_rows
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.store import new_run_id, row_verdict
 
-OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE)
+OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE)
 LOGS_TGZ = "logs.tgz"
 IMPORTED = "imported"  # install verdict of an imported row: the box's own environment, not installed by the matrix
 
@@ -107,6 +107,18 @@ def _env(out: Path) -> tuple[list[str], str | None]:
     return lines, when
 
 
+def _invocation(out: Path) -> dict:
+    """gpu_box.sh's invocation.json ({} for older boxes, which did not write one)."""
+    f = out / schema.INVOCATION_FILE
+    if not f.is_file():
+        return {}
+    try:
+        data = read_json(f)
+    except (OSError, ValueError) as exc:
+        raise ImportError_(f"{f}: unreadable ({exc})") from None
+    return data if isinstance(data, dict) else {}
+
+
 def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = None,
                constraints: Path | None = None) -> tuple[Path, dict]:
     """Import gpu_box.sh's ``out`` as row ``row_id``; returns (row folder, row record)."""
@@ -143,7 +155,9 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
                 shutil.copy2(out / name, stage / name)
         kept = set(_extract_logs(out / LOGS_TGZ, stage)) if (out / LOGS_TGZ).is_file() else set()
         versions = {k: v for k, v in (data.get("versions") or {}).items() if v}
-        tiers = known_upstream.apply(rewrite_metrics(data["tiers"], kept), versions)
+        selection = data.get("selection")
+        tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), selection, versions)
+        invocation = _invocation(out)
         atomic_write_json(stage / schema.TIERS_FILE, dict(data, tiers=tiers, schema=schema.SCHEMA))
         env_lines, when = _env(out)
         row = rows[row_id]
@@ -152,6 +166,10 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
             "run_id": run_id,
             "row": row.as_dict(),
             "overrides": [],
+            # what the box was asked (gpu_box.sh's invocation.json; else what its pytest session recorded)
+            "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")),
+            "knobs": expected.knobs(invocation.get("knobs") or (selection or {}).get("knobs") or {}),
+            "selection": selection,
             "tiers_selected": ",".join(t for t, tv in tiers.items()
                                        if "not selected" not in str(tv.get("reason") or "")),
             "started": when,

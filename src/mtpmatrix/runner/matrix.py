@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from mtpmatrix import expected
 from mtpmatrix.tiers import environment
 
 from mtpmatrix.runner import index
@@ -367,6 +368,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
               # tiny pairs are built once per row (their weights come from the row's transformers) and reused
               "MTPMATRIX_TINY_DIR": os.environ.get("MTPMATRIX_TINY_DIR") or str(REPO / ".cache" / "tiny" / row.id)}
     env_py.pop("PYTHONPATH", None)  # the row venv must see only what the row installed
+    record.update(suite_invocation(opts, env_py))
     log(f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}")
     t0 = time.monotonic()
     rc_p, _ = _run_logged(pytest_cmd, out / "pytest.log", env=env_py, echo=True)
@@ -375,12 +377,20 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     if tiers_file.exists():
         data = read_json(tiers_file)
         record["tiers"] = data["tiers"]
+        record["selection"] = data.get("selection")  # what the session collected and was asked (expected.py)
         record["versions"].update({k: v for k, v in data.get("versions", {}).items() if v})
         record["gpus"] = data.get("gpus", 0)
     else:  # pytest died before its sessionfinish hook: the harness broke, not sglang
         record["tiers"] = {t: {"verdict": "error", "reason": f"pytest exited {rc_p} without results (see pytest.log)",
-                               "failure_kinds": ["harness"], "checks": []} for t in parse_tiers(opts.tiers)}
+                               "failure_kinds": ["harness"], "checks": [], "incomplete": True}
+                           for t in parse_tiers(opts.tiers)}
     return _finish(store, row, record)
+
+
+def suite_invocation(opts: Options, env: dict) -> dict:
+    """What the row's suite is asked beyond the row itself, for row.json: the pytest args (after the second --) and
+    every MTPMATRIX_* knob of its environment (expected.knobs: nothing outside MTPMATRIX_*)."""
+    return {"pytest_args": list(opts.pytest_args), "knobs": expected.knobs(env)}
 
 
 def _versions_from_freeze(freeze: str) -> dict[str, str]:
@@ -410,6 +420,8 @@ def summary_line(record: dict) -> str:
                                   for k in t.get("known_upstream", [])) + ")"
         elif t.get("failure_kinds"):
             s += f" [{','.join(t['failure_kinds'])}]"
+        if t.get("missing"):  # a partial tier (expected.py): what did not run, first reason
+            s += f" ({len(t['missing'])} not run or short, e.g. {t['missing'][0]['what']}: {t['missing'][0]['why']})"
         for k in t.get("stale_known_upstream", []):
             s += f" (known-upstream entry {k['id']} can go: {len(k['checks'])} of its checks pass)"
         parts.append(s)

@@ -30,7 +30,8 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
 
 def row_verdict(row_record: dict) -> str:
     """The sglang verdict of a row: the worst of its tiers, where a tier failing only on known upstream issues
-    (known_upstream.json) counts as passed; the report lists those issues next to the row."""
+    (known_upstream.json) counts as passed (the report lists those issues next to the row) and a 'partial' tier
+    (mtpmatrix.expected: nothing failed, not everything ran) makes the row partial."""
     install = row_record.get("install", {})
     if install.get("verdict") == "failed":
         return "failed"

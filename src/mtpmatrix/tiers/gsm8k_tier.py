@@ -86,7 +86,7 @@ def cases(servers=()) -> list[Case]:
         target, _, assistant = rest.partition(":")
         if kind != "tiny" or not target or not assistant:
             raise ValueError(f"MTPMATRIX_GSM8K_PAIR={tiny!r}: expected tiny:<target_dir>:<assistant_dir>")
-        return [Case(f"{TINY_PREFIX}-{'nomtp' if k is None else f'topk{k}'}", "tiny", target, assistant, tp=1,
+        return [Case(settings.gsm8k_case_id(TINY_PREFIX, k), "tiny", target, assistant, tp=1,
                      topk=k, threshold=None, tiny=True, target_env="MTPMATRIX_GSM8K_PAIR",
                      assistant_env="MTPMATRIX_GSM8K_PAIR") for k in topks]
     names = comma_list(os.environ.get("MTPMATRIX_GSM8K_PAIRS"))
@@ -95,7 +95,7 @@ def cases(servers=()) -> list[Case]:
         pair = settings.resolve_pair(name)
         key = "MTPMATRIX_" + name.upper().replace("-", "_")
         for k in topks:
-            out.append(Case(f"{name}-{'nomtp' if k is None else f'topk{k}'}", name, pair.target, pair.assistant,
+            out.append(Case(settings.gsm8k_case_id(name, k), name, pair.target, pair.assistant,
                             pair.tp, k, pair.threshold, tuple(pair.extra_args),
                             target_env=f"{key}_TARGET", assistant_env=f"{key}_ASSISTANT"))
     return out

@@ -5,11 +5,21 @@ apart.
 The entries live in ``known_upstream.json`` next to this module, one object each::
 
     {"id": "...", "package": "transformers", "affected": ">=5.18.0,<5.20.0", "tier": "reference",
-     "match": "regex on 'TYPE: MESSAGE (raised at FILE:LINE in FUNC)'", "checks": ["test_function", ...],
+     "component": "library", "kind": "crash", "checks": ["test_function", ...],
+     "match": "regex on 'TYPE: MESSAGE (raised at FILE:LINE in FUNC)'",
+     "signature": {"metrics": {"name": {"min": 1, "max": 2}}, "passed_beside": ["test_x[case]", ...]},
      "summary": "one line", "upstream": "https://...", "fixed_in": "5.20.0", "serving_path": false}
 
-A failed or errored check of ``tier`` whose failure message matches ``match`` while the installed ``package`` is in
-``affected`` is tagged with the entry's id; a tier whose every failure is so tagged gets the verdict
+A failed or errored check matches an entry only by the entry's signature of the bug: the check is one of ``checks``
+(test functions), its failure has the entry's ``kind``, its failure text matches ``match``, each metric named in
+``signature.metrics`` is recorded on the check and inside its bounds, and each check named in
+``signature.passed_beside`` ran and passed in the same tier (what rules out a broader break that happens to print
+the same words). ``component`` says whose bug it is: ``library`` (transformers: not sglang) or ``sglang`` (a
+deviation on sglang's own serving path); the report's headline keeps the two apart.
+
+Matching is re-derived every time: ``apply`` strips whatever tags and known-upstream verdicts a record carries
+(written by an earlier run, a GPU box, an older list) and tags again from the current list, so an entry removed or
+narrowed later changes old runs' verdicts too. A tier whose every failure is so tagged gets the verdict
 ``known-upstream``, which does not fail the row (store.row_verdict). Strict: a check named in ``checks`` that passes
 while the package is in the affected range means the entry no longer describes this environment; it is listed as
 stale ("can go"), so entries do not outlive their bugs.
@@ -25,11 +35,17 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS, worst
+from mtpmatrix.tiers.verdict import KINDS
 
 FILE = Path(__file__).with_name("known_upstream.json")
-_FIELDS = ("id", "package", "affected", "tier", "match", "checks", "summary", "upstream", "fixed_in",
-           "serving_path")
+_FIELDS = ("id", "package", "affected", "tier", "component", "kind", "match", "checks", "signature", "summary",
+           "upstream", "fixed_in", "serving_path")
+_REQUIRED = ("id", "package", "affected", "tier", "component", "kind", "match", "checks", "summary", "upstream")
+COMPONENTS = ("library", "sglang")  # whose bug: a library's (not sglang), or sglang's own serving path
+_SIGNATURE_FIELDS = ("metrics", "passed_beside")
+# Tier-level keys apply() derives; whatever a record already holds under them is stripped first.
+DERIVED_KEYS = ("known_upstream", "stale_known_upstream")
 
 
 @dataclass(frozen=True)
@@ -38,12 +54,15 @@ class KnownIssue:
     package: str
     affected: str  # a PEP 440 specifier set, e.g. ">=5.18.0,<5.20.0"
     tier: str
-    match: str  # regex searched in the failure message
+    component: str  # COMPONENTS: 'library' (not sglang) or 'sglang' (on its serving path)
+    kind: str  # the failure kind the bug produces (verdict.KINDS)
+    match: str  # regex searched in the failure text
     checks: tuple[str, ...]  # test functions known to hit it (a passing one in range: the entry can go)
     summary: str
     upstream: str
     fixed_in: str | None = None
     serving_path: bool = False  # whether sglang's serving path runs the code in question (the sglang entries: yes)
+    signature: dict | None = None  # {"metrics": {name: {"min"/"max": x}}, "passed_beside": [short check ids]}
 
     def applies_to(self, versions: dict) -> bool:
         v = versions.get(self.package)
@@ -54,18 +73,35 @@ class KnownIssue:
         except InvalidVersion:
             return False
 
-    def matches(self, check: dict) -> bool:
+    def matches(self, check: dict, tier_checks: list[dict] = ()) -> bool:
+        """Whether ``check`` failed with this bug's signature; ``tier_checks`` are the other checks of its tier."""
         f = check.get("failure") or {}
+        if check.get("outcome") not in FAILING or _function(check["id"]) not in self.checks:
+            return False
+        if f.get("kind") != self.kind:
+            return False
         # where it was raised counts too: a generic message is only this bug when it comes from the broken code
         text = f"{f.get('type') or ''}: {f.get('message') or ''} (raised at {f.get('raised_at') or '?'})"
-        return check.get("outcome") in FAILING and re.search(self.match, text) is not None
+        if re.search(self.match, text) is None:
+            return False
+        sig = self.signature or {}
+        metrics = check.get("metrics") or {}
+        for name, bounds in (sig.get("metrics") or {}).items():
+            v = metrics.get(name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                return False  # not recorded: the record cannot show this bug
+            if ("min" in bounds and v < bounds["min"]) or ("max" in bounds and v > bounds["max"]):
+                return False
+        outcome = {_short(c["id"]): c.get("outcome") for c in tier_checks}
+        return all(outcome.get(name) == "passed" for name in sig.get("passed_beside") or ())
 
     def as_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-def load(path: Path = FILE) -> list[KnownIssue]:
-    """The entries of ``path``; ValueError with one line (file and entry) for a malformed one."""
+def load(path: Path | None = None) -> list[KnownIssue]:
+    """The entries of ``path`` (default: FILE); ValueError with one line (file and entry) for a malformed one."""
+    path = FILE if path is None else path
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -76,14 +112,23 @@ def load(path: Path = FILE) -> list[KnownIssue]:
         if not isinstance(e, dict):
             raise ValueError(f"{where}: not an object")
         unknown = sorted(set(e) - set(_FIELDS))
-        missing = [k for k in ("id", "package", "affected", "tier", "match", "checks", "summary", "upstream")
-                   if not e.get(k)]
+        missing = [k for k in _REQUIRED if not e.get(k)]
         if unknown or missing:
             raise ValueError(f"{where}: " + "; ".join(
                 ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
                 + ([f"missing {', '.join(missing)}"] if missing else [])))
         if e["tier"] not in TIERS:
             raise ValueError(f"{where}: unknown tier {e['tier']!r}; known: {', '.join(TIERS)}")
+        if e["component"] not in COMPONENTS:
+            raise ValueError(f"{where}: unknown component {e['component']!r}; known: {', '.join(COMPONENTS)}")
+        if e["kind"] not in KINDS:
+            raise ValueError(f"{where}: unknown kind {e['kind']!r}; known: {', '.join(KINDS)}")
+        sig = e.get("signature") or {}
+        bad_sig = sorted(set(sig) - set(_SIGNATURE_FIELDS)) if isinstance(sig, dict) else ["(not an object)"]
+        if bad_sig or any(not isinstance(b, dict) or set(b) - {"min", "max"}
+                          for b in (sig.get("metrics") or {}).values()):
+            raise ValueError(f"{where}: signature: unknown field(s) {', '.join(bad_sig) or 'in a metric bound'}; "
+                             f"known: {', '.join(_SIGNATURE_FIELDS)} with min/max bounds")
         try:
             SpecifierSet(e["affected"])
             re.compile(e["match"])
@@ -96,39 +141,58 @@ def load(path: Path = FILE) -> list[KnownIssue]:
     return out
 
 
+def _short(check_id: str) -> str:
+    """``tests/tiers/test_smoke.py::test_x[witness-mtp-topk1]`` -> ``test_x[witness-mtp-topk1]``."""
+    return check_id.split("::", 1)[-1]
+
+
 def _function(check_id: str) -> str:
     """``tests/tiers/test_reference.py::test_x[e-series]`` -> ``test_x``."""
-    return check_id.split("::", 1)[-1].split("[", 1)[0]
+    return _short(check_id).split("[", 1)[0]
+
+
+def strip(tiers: dict) -> dict:
+    """Drop every stored known-upstream tag, list and verdict of ``tiers`` (in place): what apply() derives again.
+    A tier whose stored verdict was known-upstream goes back to the worst of its failures."""
+    for tier in tiers.values():
+        for key in DERIVED_KEYS:
+            tier.pop(key, None)
+        for chk in tier.get("checks") or []:
+            chk.pop("known_upstream", None)
+        if tier.get("verdict") == KNOWN_UPSTREAM:
+            tier["verdict"] = worst(c.get("outcome") for c in tier.get("checks") or [] if c.get("outcome") in FAILING)
+    return tiers
 
 
 def apply(tiers: dict, versions: dict, issues: list[KnownIssue] | None = None) -> dict:
     """Tag the failures of ``tiers`` (tiers.json's ``tiers``) that match a known issue; mark stale entries.
 
-    Changes ``tiers`` in place and returns it. Idempotent, so imported results can go through it again.
+    Strips what a record already carries first (``strip``), so the result depends only on the checks and the current
+    list. Changes ``tiers`` in place and returns it; idempotent.
     """
     issues = load() if issues is None else issues
+    strip(tiers)
     for issue in issues:
         if not issue.applies_to(versions):
             continue
         tier = tiers.get(issue.tier)
         if not tier:
             continue
+        checks = tier.get("checks") or []
         hit, stale = [], []
-        for chk in tier.get("checks") or []:
-            if issue.matches(chk):
+        for chk in checks:
+            if issue.matches(chk, checks):
                 chk["known_upstream"] = issue.id
                 hit.append(chk["id"])
             elif chk.get("outcome") == "passed" and _function(chk["id"]) in issue.checks:
                 stale.append(chk["id"])
         entry = {"id": issue.id, "package": issue.package, "version": versions.get(issue.package),
-                 "summary": issue.summary, "upstream": issue.upstream, "fixed_in": issue.fixed_in,
-                 "serving_path": issue.serving_path}
+                 "component": issue.component, "summary": issue.summary, "upstream": issue.upstream,
+                 "fixed_in": issue.fixed_in, "serving_path": issue.serving_path}
         if hit:
-            known = [e for e in tier.get("known_upstream", []) if e["id"] != issue.id]
-            tier["known_upstream"] = known + [dict(entry, checks=hit)]
+            tier["known_upstream"] = tier.get("known_upstream", []) + [dict(entry, checks=hit)]
         if stale:
-            old = [e for e in tier.get("stale_known_upstream", []) if e["id"] != issue.id]
-            tier["stale_known_upstream"] = old + [dict(entry, checks=stale)]
+            tier["stale_known_upstream"] = tier.get("stale_known_upstream", []) + [dict(entry, checks=stale)]
     for tier in tiers.values():
         bad = [c for c in tier.get("checks") or [] if c.get("outcome") in FAILING]
         # a session that stopped early ('incomplete', pytest_plugin.mark_incomplete) proves nothing either way

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers, worst
 from mtpmatrix.tiers import environment, known_upstream, served
@@ -35,6 +36,7 @@ _START_KEY = pytest.StashKey[float]()
 SERVED_KEY = pytest.StashKey[list]()  # served.Served for every --server-url, read once at startup
 _KNOWN_KEY = pytest.StashKey[list]()  # known_upstream.KnownIssue entries, loaded (and checked) at startup
 _HALF_IMPORTED_KEY = pytest.StashKey[dict]()  # package -> (check id, kind) of the failure that left it half-imported
+_COLLECTED_KEY = pytest.StashKey[dict]()  # {tier: [node ids]}: every check collected, before -k/-m/--deselect
 
 
 def pytest_addoption(parser):
@@ -133,13 +135,17 @@ def mtp_progress(request):
     return say
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -k/-m/--deselect take items away: what was collected
 def pytest_collection_modifyitems(config, items):
     selected = _selected_tiers(config)
     reasons: dict[str, str | None] = {}
+    collected: dict[str, list[str]] = {}
+    config.stash[_COLLECTED_KEY] = collected
     for item in items:
         tier = _tier_of(item)
         if tier is None:
             continue
+        collected.setdefault(tier, []).append(item.nodeid)
         if tier not in selected:
             item.add_marker(pytest.mark.skip(reason=f"{tier} tier not selected (--tiers {','.join(selected)})"))
             continue
@@ -252,17 +258,36 @@ def _collection_errors(session) -> str:
     return f"{len(errors)} collection error(s), first in {errors[0].nodeid or 'the session'}"
 
 
+def selection(config) -> dict:
+    """What this session was asked to run (mtpmatrix.expected reads it): its args, the deselecting options, the
+    positional paths (node ids), every MTPMATRIX_* knob, and the checks collected per tier."""
+    return {
+        "args": [str(a) for a in config.invocation_params.args],
+        "paths": [str(a) for a in config.args],
+        "keyword": config.getoption("keyword", default="") or "",
+        "markexpr": config.getoption("markexpr", default="") or "",
+        "deselect": [str(d) for d in config.getoption("deselect", default=None) or []],
+        "maxfail": config.getoption("maxfail", default=0) or 0,
+        "knobs": expected.knobs(os.environ),
+        "collected": config.stash.get(_COLLECTED_KEY, {}),
+    }
+
+
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--mtp-results")
     if not path:
         return
     records = session.config.stash[_RECORDS_KEY]
     versions = environment.versions()
-    # known upstream bugs first: a session that stopped early stays an error whatever its checks hit
-    tiers = known_upstream.apply(summarize(records), versions, session.config.stash.get(_KNOWN_KEY, None))
+    chosen = selection(session.config)
+    # judged against the expected sets with the known upstream list (the derivation import and the report run
+    # again); then a session that stopped early is an error whatever its checks hit, known upstream ones included
+    tiers = expected.judge_tiers(summarize(records), chosen, versions, session.config.stash.get(_KNOWN_KEY, None))
+    tiers = mark_incomplete(tiers, _selected_tiers(session.config), exitstatus, _collection_errors(session))
     atomic_write_json(path, {
         "schema": SCHEMA,
-        "tiers": mark_incomplete(tiers, _selected_tiers(session.config), exitstatus, _collection_errors(session)),
+        "tiers": tiers,
+        "selection": chosen,
         "versions": versions,
         "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
         "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),

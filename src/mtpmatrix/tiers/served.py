@@ -47,7 +47,7 @@ class Served:
 
     @property
     def case_id(self) -> str:
-        return f"{self.pair or UNKNOWN_PAIR}-{'nomtp' if self.topk is None else f'topk{self.topk}'}"
+        return settings.gsm8k_case_id(self.pair or UNKNOWN_PAIR, self.topk)
 
     def as_metric(self) -> dict:
         """What the server turned out to be (schema.SERVED)."""

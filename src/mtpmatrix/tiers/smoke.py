@@ -249,8 +249,8 @@ def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | No
     """How many smoke servers to launch side by side.
 
     ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise 1 + one per MIB_PER_EXTRA_SERVER of the
-    least free memory among the visible GPUs (5 on a free H200, 1 on a 24 GiB card), never more than there are
-    servers, and 1 when free memory is unknown.
+    least free memory among the visible GPUs (6 on an idle H200: 125-150 GiB free; 1 on a 24 GiB card), never more
+    than there are servers, and 1 when free memory is unknown.
     """
     if requested is not None:
         return max(1, min(requested, n_servers))

@@ -1,0 +1,221 @@
+"""What a qualification needs, defined once, and the tier verdicts derived from it.
+
+A tier is ``passed`` only when its whole expected set ran and passed (``known-upstream`` when some of it failed
+matching a known-upstream entry's signature); a tier where nothing failed but part of the set did not run, or ran
+less than the seed suite asks, is ``partial``, with what did not run and why (``missing``). The expected sets:
+
+  contract, reference   every check the session collected for the tier (before -k / -m / --deselect)
+  smoke                 the default smoke servers (smoke.DEFAULT_SMOKE_SERVERS) x the checks the suite collects for
+                        each (its parametrisation); a check of a server outside the defaults is not needed
+  gsm8k                 the seed cases (settings.DEFAULT_PAIRS x settings.TOPKS at each pair's TP) x the checks
+                        collected for them, each case scoring settings.GSM8K_NUM_EXAMPLES questions gated at its
+                        pair's own threshold (an ungated case -- the tiny proof pair, an unknown --server-url model --
+                        is no seed case)
+
+What a session was asked is recorded by the pytest plugin as ``selection`` in tiers.json (and copied to row.json):
+the pytest args, -k / -m / --deselect / --maxfail, the positional paths (node ids narrow collection), every
+``MTPMATRIX_*`` knob, and per tier the ids of every check collected. Any subset selection makes the tier partial; a
+run without a ``selection`` (written before schema 3) cannot show it ran everything and is partial too.
+
+``judge_tiers`` is the one derivation of tier verdicts: the plugin writes its result to tiers.json, ``import`` and the
+report run it again over stored records (stored tags and verdicts are never trusted, see known_upstream.apply).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from mtpmatrix import settings
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, worst
+
+KNOB_PREFIX = "MTPMATRIX_"
+NOT_RECORDED = ("selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
+                "collected checks are unknown, so it cannot show it ran the whole tier")
+SEED_NUM_EXAMPLES = settings.GSM8K_NUM_EXAMPLES
+
+
+def knobs(env) -> dict[str, str]:
+    """The ``MTPMATRIX_*`` variables of ``env``: what a row records of its environment (nothing else: no tokens)."""
+    return {k: v for k, v in sorted(env.items()) if k.startswith(KNOB_PREFIX)}
+
+
+def seed_cases() -> dict[str, settings.ModelPair]:
+    """{case id: pair} of the GSM8K seed suite (the pairs' settings.py values, before any env override)."""
+    return {settings.gsm8k_case_id(name, k): settings.PAIRS[name] for name in settings.DEFAULT_PAIRS
+            for k in settings.TOPKS}
+
+
+def default_smoke_servers() -> tuple[str, ...]:
+    from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS  # plain module: no sglang, no torch
+
+    return tuple(s.name for s in DEFAULT_SMOKE_SERVERS)
+
+
+def _short(check_id: str) -> str:
+    return check_id.split("::", 1)[-1]
+
+
+def _case(check_id: str) -> str | None:
+    """The parameter of a check (a smoke server's name, a GSM8K case), None for an unparametrised check."""
+    short = _short(check_id)
+    return short[short.index("[") + 1:-1] if short.endswith("]") and "[" in short else None
+
+
+def narrowing(selection: dict) -> str:
+    """How the session deselected collected checks ('-k topk3; -m x; --deselect ...'), '' when it did not."""
+    parts = []
+    if selection.get("keyword"):
+        parts.append(f"-k {selection['keyword']}")
+    if selection.get("markexpr"):
+        parts.append(f"-m {selection['markexpr']}")
+    if selection.get("deselect"):
+        parts.append(f"--deselect {' '.join(selection['deselect'])}")
+    return "; ".join(parts)
+
+
+def _node_ids(selection: dict, tier_ids: list[str]) -> list[str]:
+    """The node ids (``file::test``) among the session's paths that point into this tier's files."""
+    files = {PurePosixPath(i.split("::", 1)[0]).name for i in tier_ids}
+    return [p for p in selection.get("paths") or [] if "::" in p and PurePosixPath(p.split("::", 1)[0]).name in files]
+
+
+def _not_run(chk: dict | None, selection: dict) -> str:
+    """Why an expected check did not pass without failing: its skip reason, deselection, or an early stop."""
+    if chk is not None:
+        return chk.get("reason") or f"{chk.get('outcome')}"
+    how = narrowing(selection)
+    if how:
+        return f"deselected ({how})"
+    if selection.get("maxfail"):
+        return f"never ran (pytest stopped after --maxfail {selection['maxfail']})"
+    return "never ran (pytest stopped before it)"
+
+
+def _gsm8k_case_missing(pair: settings.ModelPair, checks: list[dict], knob: dict) -> str | None:
+    """Why a seed case that ran is still not the seed case: ungated, fewer questions, another floor or TP."""
+    acc = next((c for c in checks if _short(c["id"]).startswith("test_accuracy[")), None)
+    if acc is None or acc.get("outcome") != "passed":
+        return None  # a failing check fails the tier; a missing or skipped one is reported as not run
+    m = acc.get("metrics") or {}
+    if m.get("gated") is not True or m.get("threshold") is None:
+        return "ran ungated (threshold None): reported, not gated"
+    if m.get("num_examples") != SEED_NUM_EXAMPLES:
+        return (f"scored {m.get('num_examples')} of {SEED_NUM_EXAMPLES} questions"
+                + (f" (MTPMATRIX_GSM8K_NUM_EXAMPLES={knob['MTPMATRIX_GSM8K_NUM_EXAMPLES']})"
+                   if knob.get("MTPMATRIX_GSM8K_NUM_EXAMPLES") else ""))
+    if m.get("threshold") != pair.threshold:
+        return (f"gated at threshold {m.get('threshold')}, not the seed threshold {pair.threshold} "
+                f"({settings.pair_env_key(pair.name, 'THRESHOLD')})")
+    tp = knob.get(settings.pair_env_key(pair.name, "TP"))
+    if tp and tp != str(pair.tp):
+        return f"ran at TP {tp} ({settings.pair_env_key(pair.name, 'TP')}), the seed case is TP {pair.tp}"
+    return None
+
+
+def _case_not_collected(tier: str, knob: dict, selection: dict) -> str:
+    if tier == "smoke":
+        v = knob.get("MTPMATRIX_SMOKE_SERVERS")
+        return f"not selected (MTPMATRIX_SMOKE_SERVERS={v})" if v else "not collected"
+    if knob.get("MTPMATRIX_GSM8K_PAIR"):
+        return "not run: tiny proof mode (MTPMATRIX_GSM8K_PAIR) replaces the seed pairs, ungated"
+    if any(str(a).startswith("--server-url") for a in selection.get("args") or []):
+        return "not served: --server-url runs only the cases its servers serve"
+    v = knob.get("MTPMATRIX_GSM8K_PAIRS")
+    return f"not selected (MTPMATRIX_GSM8K_PAIRS={v})" if v else "not collected"
+
+
+def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
+    """What of ``tier``'s expected set did not run, or ran less than the seed suite asks: ``[{"what", "why"}]``
+    (a check, a case or server, or the session's selection), in a stable order, without duplicates."""
+    checks = entry.get("checks") or []
+    by_id = {c["id"]: c for c in checks}
+    out: list[tuple[str, str]] = []
+    if selection is None:
+        out.append(("selection", NOT_RECORDED))
+        sel: dict = {}
+        collected = [c["id"] for c in checks]
+    else:
+        sel = selection
+        collected = list((sel.get("collected") or {}).get(tier) or [])
+    knob = sel.get("knobs") or {}
+    nodes = _node_ids(sel, collected)
+    if nodes:
+        out.append(("selection", f"pytest was given node ids ({' '.join(nodes)}), not the whole tier"))
+    if knob.get("MTPMATRIX_MUTANT"):
+        out.append(("MTPMATRIX_MUTANT", "fault injection: sglang ran with a mutant"))
+    if tier == "smoke" and knob.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1":
+        out.append(("MTPMATRIX_SMOKE_SWAP_DRAFTERS", "fault injection: exact pairs served with the wrong drafter"))
+
+    if tier in ("smoke", "gsm8k"):
+        units = default_smoke_servers() if tier == "smoke" else tuple(seed_cases())
+        all_cases = {_case(i) for i in collected}
+        # a check of a server or case outside the expected ones is not needed (it still fails the tier if it fails)
+        needed = [i for i in collected if _case(i) in units or (tier == "smoke" and _case(i) is None)]
+        for unit in units:
+            if unit not in all_cases:
+                out.append((unit, _case_not_collected(tier, knob, sel)))
+        for i in needed:
+            chk = by_id.get(i)
+            if chk is None or chk.get("outcome") == "skipped":
+                out.append((_case(i) or _short(i), _not_run(chk, sel)))
+        if tier == "gsm8k":
+            for case, pair in seed_cases().items():
+                why = _gsm8k_case_missing(pair, [c for c in checks if _case(c["id"]) == case], knob)
+                if why:
+                    out.append((case, why))
+    else:
+        for i in collected:
+            chk = by_id.get(i)
+            if chk is None or chk.get("outcome") == "skipped":
+                out.append((_short(i), _not_run(chk, sel)))
+    seen: dict[tuple[str, str], None] = {}
+    for item in out:
+        seen.setdefault(item, None)
+    return [{"what": what, "why": why} for what, why in seen]
+
+
+def judge_tier(tier: str, entry: dict, selection: dict | None) -> dict:
+    """Set ``entry``'s verdict (and ``missing``) from its checks, already tagged by known_upstream.apply.
+
+    failed/error: a failure no known-upstream entry explains, or a session that stopped early; skipped: nothing ran;
+    partial: nothing failed but the expected set did not all run; known-upstream: all of it ran, every failure
+    matched an entry; passed: all of it ran and passed.
+    """
+    checks = entry.get("checks") or []
+    failing = [c for c in checks if c.get("outcome") in FAILING]
+    untagged = [c for c in failing if not c.get("known_upstream")]
+    entry.pop("missing", None)
+    if entry.get("incomplete") or (entry.get("verdict") in FAILING and not failing):
+        # pytest stopped early, or died before writing records: proves nothing either way (harness)
+        entry["verdict"] = entry["verdict"] if entry.get("verdict") in FAILING else "error"
+        return entry
+    if untagged:
+        entry["verdict"] = worst(c["outcome"] for c in untagged)
+        return entry
+    if not any(c.get("outcome") in ("passed", *FAILING) for c in checks):
+        entry["verdict"] = "skipped"
+        if checks and not entry.get("reason"):
+            entry["reason"] = "; ".join(sorted({c.get("reason", "") for c in checks}))
+        return entry
+    gaps = missing(tier, entry, selection)
+    if gaps:
+        entry["missing"] = gaps
+    entry["verdict"] = PARTIAL if gaps else KNOWN_UPSTREAM if failing else "passed"
+    return entry
+
+
+def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None) -> dict:
+    """Every tier's verdict, derived again from its checks: stored known-upstream tags and verdicts are stripped and
+    the current list (``issues``, default known_upstream.json) applied, then each tier judged against its expected
+    set. Changes ``tiers`` in place and returns it."""
+    from mtpmatrix.tiers import known_upstream
+
+    known_upstream.apply(tiers, versions or {}, issues)
+    for name, entry in tiers.items():
+        judge_tier(name, entry, selection)
+    return tiers
+
+
+def complete(verdict: str | None) -> bool:
+    """Whether a tier with this verdict ran its whole expected set without a failure sglang owns."""
+    return verdict in ("passed", KNOWN_UPSTREAM)
