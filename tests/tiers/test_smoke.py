@@ -118,8 +118,9 @@ def test_spec_metrics(smoke_runs, name, record_property):
         raise CheckFailure("acceptance", "responses carry no spec_verify_ct (speculative decoding did not run)")
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
-    # the transformers-phase witness's floor is test_draft_phase_matches_transformers' business
-    exact_floor = run.spec.exact and not run.spec.phase_reference
+    # the transformers-phase witness's floor is test_draft_phase_matches_transformers' business, the decoy
+    # witness's exact value test_decoy_accept_matches_prediction's
+    exact_floor = run.spec.exact and not run.spec.phase_reference and not run.spec.decoy
     floor = smoke.EXACT_PAIR_MIN_ACCEPT[run.spec.topk] if exact_floor else settings.SMOKE_MIN_ACCEPT_LENGTH
     max_len = settings.NUM_STEPS + 1
     if not (floor <= per_request <= max_len + 1e-6):
@@ -157,6 +158,34 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
            f"{witness.REFERENCE_DRAFT_PHASE:+d}" if gate_ok else "")
     raise CheckFailure("acceptance", f"draft query is not at transformers' RoPE phase: the transformers-phase "
                                      f"witness accepts {got:.2f} per verify (floor {floor}){why}")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.decoy])
+def test_decoy_accept_matches_prediction(smoke_runs, name, record_property):
+    """Decoy witness: every request's accept length (completion tokens / spec_verify_ct) equals the value
+    mtpmatrix.tiers.pairs.decoy predicts for its prompt at the server's topk, and so do its accepted-draft total and
+    per-step histogram where the release reports them. Exact: the predicted tree is derived with margins of > 2 nats
+    in the drafter's probabilities (bf16 moves them by < 0.2), so no tolerance. topk 1 lower (each decoy rejected),
+    topk 3 higher (the right token, second, accepted through a node fed its own parent)."""
+    from mtpmatrix.tiers.pairs import decoy
+
+    run = _run(smoke_runs, name, record_property)
+    prompts = smoke.id_prompts(run.vocab_size)
+    if len(run.id_meta) != len(prompts):
+        raise CheckFailure("crash", f"{len(run.id_meta)} responses for {len(prompts)} prompts")
+    topk = run.spec.topk
+    predicted = [decoy.predicted_counters(p, topk=topk, steps=settings.NUM_STEPS,
+                                          draft_tokens=settings.DRAFT_TOKENS[topk],
+                                          max_new_tokens=smoke.MAX_NEW_TOKENS) for p in prompts]
+    record_property("predicted_accept_lengths", [p["accept_length"] for p in predicted])
+    record_property("accept_lengths", [client.accept_length_from_meta([m]) for m in run.id_meta])
+    misses = [(i, decoy.counter_mismatches(p, m)) for i, (p, m) in enumerate(zip(predicted, run.id_meta))]
+    misses = [(i, what) for i, what in misses if what]
+    if misses:
+        i, what = misses[0]
+        raise CheckFailure("acceptance", f"{len(misses)}/{len(prompts)} requests miss the decoy prediction at topk "
+                                         f"{topk}; first: prompt ends {prompts[i][-1]}: {'; '.join(what)}")
 
 
 @pytest.mark.check("acceptance")

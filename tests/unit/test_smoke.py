@@ -284,3 +284,12 @@ def test_server_accept_bounds_from_request_counters():
     assert (lo, hi) == (round(62 / 12, 4), 6.0)
     assert smoke.server_accept_bounds([{"completion_tokens": 32, "spec_verify_ct": 31}], steps=5) == (1.0, 1.1613)
     assert smoke.server_accept_bounds([{"completion_tokens": 5}], steps=5) is None  # no speculative decoding ran
+
+
+def test_decoy_servers_are_exact_and_predicted():
+    specs = {s.name: s for s in smoke.SMOKE_SERVERS}
+    decoys = [specs[n] for n in smoke.DECOY_SERVERS]
+    assert all(s.pair == "decoy-sglang-phase" and s.exact and s.decoy and not s.phase_reference for s in decoys)
+    assert {s.topk for s in decoys} == {1, 3}
+    assert all(s.default == smoke.DECOY_IN_DEFAULT_SUITE for s in decoys)
+    assert not any(s.decoy for s in specs.values() if s.name not in smoke.DECOY_SERVERS)

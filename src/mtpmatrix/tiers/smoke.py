@@ -71,8 +71,15 @@ class SmokeServerSpec:
 
     @property
     def exact(self) -> bool:
-        """Greedy output known exactly (next = token + 1) and every draft right when the MTP path works."""
-        return self.pair == "constructed" or self.pair.startswith("witness")
+        """Greedy output known exactly (next = token + 1); every draft right (decoy: every decoy rejected, every
+        right token accepted as predicted) when the MTP path works."""
+        return self.pair == "constructed" or self.pair.startswith(("witness", "decoy"))
+
+    @property
+    def decoy(self) -> bool:
+        """The decoy witness: each request's accept length is predicted exactly (test_decoy_accept_matches_prediction),
+        in place of the exact pairs' floor."""
+        return self.pair.startswith("decoy")
 
     @property
     def phase_reference(self) -> bool:
@@ -81,6 +88,7 @@ class SmokeServerSpec:
         return self.pair == "witness"
 
 
+DECOY_IN_DEFAULT_SUITE = True  # the launch budget (1.5 x one cold launch) may move them to on-demand
 SMOKE_SERVERS = (
     SmokeServerSpec("random-nomtp", "random", None),
     SmokeServerSpec("random-mtp-topk1-dummy", "random", 1, "dummy"),
@@ -97,10 +105,16 @@ SMOKE_SERVERS = (
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
     # server's acceptance is reported by its own check, apart from the hand-off gate.
     SmokeServerSpec("witness-transformers-phase-topk1", "witness", 1),
+    # The decoy witness (mtpmatrix.tiers.pairs.decoy): at known inputs the drafter ranks a wrong decoy first, so topk 1
+    # must reject it and topk 3 must follow the second branch, fed its own parent; every request's accept length is
+    # predicted exactly (topk 1: 3.56 or 4.0, topk 3: 5.33 on the e-series prompts).
+    SmokeServerSpec("decoy-mtp-topk1", "decoy-sglang-phase", 1, default=DECOY_IN_DEFAULT_SUITE),
+    SmokeServerSpec("decoy-mtp-topk3", "decoy-sglang-phase", 3, default=DECOY_IN_DEFAULT_SUITE),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
 # What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.
 WITNESS_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
+DECOY_SERVERS = ("decoy-mtp-topk1", "decoy-mtp-topk3")  # the decoy witness: off the top-1 chain
 
 
 @dataclass(frozen=True)

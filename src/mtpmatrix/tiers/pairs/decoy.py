@@ -279,3 +279,50 @@ def make_decoy(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int) -> 
     """The witness construction with ``DecoyExtension`` (module docstring); returns the marker's numbers."""
     return make_witness(target, assistant, t_cfg, a_cfg, gen, phase=phase,
                         extension=DecoyExtension(centroid=bool(a_cfg.get("use_ordered_embeddings"))))
+
+
+# --------------------------------------------------------------------------------------- the smoke gate
+
+
+def predicted_counters(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int,
+                       max_new_tokens: int) -> dict:
+    """What sglang's meta_info must say for the request: completion_tokens, spec_verify_ct, the accept length
+    (their ratio), spec_num_correct_drafts (drafts accepted over all verify steps, the last one's overshoot
+    included: sglang counts accept_lens - 1 per step uncapped) and spec_correct_drafts_histogram (verify steps by
+    drafts accepted)."""
+    rounds = request_rounds(prompt_ids, topk=topk, steps=steps, draft_tokens=draft_tokens,
+                            max_new_tokens=max_new_tokens)
+    accepted = [a for _b, a in rounds]
+    histogram = [accepted.count(n) for n in range(max(accepted) + 1)] if accepted else []
+    return {"completion_tokens": max_new_tokens, "spec_verify_ct": len(rounds),
+            "accept_length": round(max_new_tokens / len(rounds), 4) if rounds else None,
+            "spec_num_correct_drafts": sum(accepted), "spec_correct_drafts_histogram": histogram}
+
+
+# meta_info spellings of the same counter across releases (the first present is read)
+_CORRECT_DRAFTS = ("spec_num_correct_drafts", "spec_accepted_drafts")
+_HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+def counter_mismatches(predicted: dict, meta: dict) -> list[str]:
+    """Where one request's meta_info differs from ``predicted_counters``: the accept length (always) and, where the
+    release reports them, the accepted-draft total and the per-step histogram. Empty when all agree."""
+    from mtpmatrix.tiers.client import accept_length_from_meta
+
+    got = accept_length_from_meta([meta])
+    out = []
+    if got != predicted["accept_length"]:
+        out.append(f"accept length {got} (completion {meta.get('completion_tokens')} / verify "
+                   f"{meta.get('spec_verify_ct')}) != predicted {predicted['accept_length']} "
+                   f"({predicted['completion_tokens']} / {predicted['spec_verify_ct']})")
+    key = next((k for k in _CORRECT_DRAFTS if meta.get(k) is not None), None)
+    if key and meta[key] != predicted["spec_num_correct_drafts"]:
+        out.append(f"{key} {meta[key]} != predicted {predicted['spec_num_correct_drafts']}")
+    key = next((k for k in _HISTOGRAM if meta.get(k)), None)
+    if key:
+        hist = list(meta[key])
+        while hist and hist[-1] == 0:
+            hist.pop()
+        if hist != predicted["spec_correct_drafts_histogram"]:
+            out.append(f"{key} {meta[key]} != predicted {predicted['spec_correct_drafts_histogram']}")
+    return out
