@@ -60,7 +60,8 @@ def sglang_round(bonus: int, topk: int, steps: int, draft_tokens: int, drafter: 
                  parent_bug: bool = False, verify_first: bool = False) -> int:
     """Accepted drafts of one sglang draft + verify round (spec_utils.select_top_k_tokens, eagle_utils.
     organize_draft_results / build_tree_kernel_efficient, greedy tree verify). ``parent_bug``: every beam node is fed
-    the output state of the previous level's first beam node (selected_input_index all 0); ``verify_first``: verify accepts each node's first child unchecked."""
+    the output state of the previous level's first beam node (selected_input_index all 0); ``verify_first``: verify
+    accepts each node's first child unchecked."""
     p, idx = _top(drafter.probs(bonus, True), topk)  # the seed: bonus token + the target's own hidden state
     scores = p
     cand_scores, cand_tokens = list(p), list(idx)

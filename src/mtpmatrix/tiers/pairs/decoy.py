@@ -9,6 +9,9 @@ Construction (on top of the witness; the target is unchanged: next = token + 1)
 ------------------------------------------------------------------------------
 Decoy inputs: ``t`` with ``t mod DECOY_PERIOD`` in ``DECOY_OFFSETS`` (``is_decoy_input``). Consecutive decoy inputs
 are at least ``MIN_GAP`` (5 = the smoke tier's draft steps) apart, so a draft round of 5 inputs meets at most one.
+The drafter cannot see its draft depth (its state carries none), so the set is a function of the input token; the
+depth a decoy lands at follows from where each round starts, and over the smoke prompts it takes every value 0-4
+(0: the seed step, drafted from the bonus token and the target's hidden state).
 Decoy tokens: two ids no request ever needs (vocab - 1 and, for the centroid head, the first of vocab - 2, 15, 14
 in another centroid cluster), so a decoy never coincides with the right token.
 
@@ -28,15 +31,18 @@ The assistant head: decoy row d_i reads only u_i (code part zero) so that its ra
 DECOY_LOGIT; every other row's nuisance readout is projected off span(u) (renormalised), so the decoy vector adds
 nothing to them. Raw logits at a decoy step: decoy DECOY_LOGIT = 22, right LOGIT_PEAK = 20, every other token
 <= LOGIT_PEAK * (1 - code_margin) (~10.2 at the built pairs' margin 0.49). sglang's plain head applies the 30.0
-softcap (decoy 18.75, right 17.49: 1.26 nats), its centroid head and transformers' head do not (2 nats): either way
-  p_decoy in [0.78, 0.88], p_right in [0.12, 0.22], every other token < 6e-4 (softcapped: 7.6+ nats below right).
-At any other intact step the right token has p > 0.99, the second choice < 6e-4.
+softcap (decoy 18.75, right 17.49: 1.26 nats), its centroid head and transformers' head do not (2 nats). From the
+logits table (``drafter_probabilities``, every input of the built pairs): p_decoy 0.78 / 0.88 (softcapped / not),
+p_right 0.219 / 0.119, third choice < 9e-5; at any other intact step p_right >= 0.992, second choice < 6e-4.
 
 A node fed a decoy token (the decoy's child) sees the damper: DAMPER dominates its residual norm, so after the final
-norm every logit is within +-DAMPED_LOGIT_BOUND of 0 (|code| <= 1, |nuisance| <= 2 ALPHA + 2 BETA, whatever state it
-got): its children get probabilities q <= e^(2 * bound) / 128 (the centroid head scores 4 clusters of 32) < 0.03,
-so everything under a decoy scores <= p_decoy * 0.03 < 0.027, below every right node (>= p_right * 0.99^4 > 0.11:
-a margin of > 1.4 nats), and (softcapped or not) above nothing that matters.
+norm every logit is within +-``damped_logit_bound`` of 0 (0.42 e-series, 0.31 the others; |code| <= 1, |nuisance|
+<= 2 ALPHA + 4 BETA whatever state it got): its children get probabilities q <= e^(2 bound) / N (N = the tokens the
+head scores: 128 for the centroid head's 4 clusters of 32, else 512), so everything under a decoy scores at most
+p_decoy * q <= 0.016. Every right-path node scores at least p_right * 0.992^4 >= 0.119 (one decoy per round), every
+third choice at most 6e-4: the right path outranks both by >= 2.0 nats (e-series, no softcap; 2.7 softcapped,
+3.6-4.3 for the other families; ``tree_margins``, written to the pair's marker under "decoy"). bf16 rounds a logit
+near 20 by <= 0.0625, far inside these margins, and inside the 1.26-nat decoy-over-right gap at topk 1.
 
 What sglang does with it (0.5.13, 0.5.17 and 0.5.23: the same ``select_top_k_tokens`` / ``organize_draft_results``
 / greedy tree verify)
@@ -46,7 +52,7 @@ topk 1: a chain; the draft from a decoy input is the decoy, verify rejects it, s
   k = the depth of the first decoy input (``steps`` when none) and the bonus becomes b + k + 1.
 topk 3: every level keeps the ``topk`` best cumulative scores (parent score x child probability) as the next
   level's parents, and the tree is the ``draft_tokens - 1`` best of all levels' candidates. With the probabilities
-  above, the right path (score 1 - before the decoy, ~p_right after) and the decoy node (~p_decoy) outrank every
+  above, the right path (score ~1 before the decoy, ~p_right after) and the decoy node (~p_decoy) outrank every
   garbage or third-choice node, so ranked by score the tree lists the path in order with the decoy just before the
   right node of its level: the right node of level k is in the tree iff (k + 1) + (decoys at levels <= k) <=
   draft_tokens - 1 (11 at topk 3: always, with at most one decoy per round). Verify then accepts every level: the
@@ -66,8 +72,8 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix import settings
-from mtpmatrix.tiers.pairs.witness import (ALPHA, BETA, D_NUISANCE, LOGIT_PEAK, ZETA_CLUSTER, _orthogonal,
-                                           make_witness)
+from mtpmatrix.tiers.pairs.witness import (ALPHA, BETA, D_NUISANCE, LOGIT_PEAK, ZETA_CLUSTER, make_witness,
+                                           orthogonal_columns)
 
 DECOY_PERIOD = 40
 DECOY_OFFSETS = (0, 7, 14, 19, 26, 33)  # gaps 7 7 5 7 7 7: depths 0-4 at topk 1 over the smoke prompts
@@ -241,7 +247,7 @@ class DecoyExtension:
         lay, s, u, R, cluster_of = ctx["lay"], ctx["s_part"], ctx["u"], ctx["R"], ctx["cluster_of"]
         V = assistant.lm_head.weight.shape[0]
         decoys = self.decoys(V, cluster_of)
-        dirs = _orthogonal(D_NUISANCE, N_DECOYS, ctx["gen"])  # u_i, orthonormal columns
+        dirs = orthogonal_columns(D_NUISANCE, N_DECOYS, ctx["gen"])  # u_i, orthonormal columns
         col = lambda k: lay.b_switch.start + k  # noqa: E731 - token half of the pre_projection input
         P = assistant.pre_projection.weight
         P[lay.a_filler.start, col(0)] = self.filler / (u * s)

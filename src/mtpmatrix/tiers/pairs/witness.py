@@ -199,7 +199,7 @@ def code_margin(codes) -> float:
     return float(1.0 - cos.max())
 
 
-def _orthogonal(n: int, m: int, gen):
+def orthogonal_columns(n: int, m: int, gen):
     """An n x m matrix with orthonormal columns (n >= m)."""
     import torch
 
@@ -288,9 +288,10 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
     anchor_s = anchor_s / anchor_s.norm(dim=1, keepdim=True)
     anchor_f = torch.randn(V, D_ANCHOR, generator=gen)
     anchor_f = anchor_f / anchor_f.norm(dim=1, keepdim=True)
-    L = _orthogonal(D_NUISANCE, D_CODE, gen) if D_NUISANCE >= D_CODE else _orthogonal(D_CODE, D_NUISANCE, gen).T
-    M_s = _orthogonal(D_NUISANCE, D_ANCHOR, gen)
-    M_f = _orthogonal(D_NUISANCE, D_ANCHOR, gen)
+    L = (orthogonal_columns(D_NUISANCE, D_CODE, gen) if D_NUISANCE >= D_CODE
+         else orthogonal_columns(D_CODE, D_NUISANCE, gen).T)
+    M_s = orthogonal_columns(D_NUISANCE, D_ANCHOR, gen)
+    M_f = orthogonal_columns(D_NUISANCE, D_ANCHOR, gen)
     readout = torch.randn(V, D_NUISANCE, generator=gen)
     readout = readout / readout.norm(dim=1, keepdim=True)
     nxt = (torch.arange(V) + 1) % V
@@ -389,7 +390,7 @@ def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:
             if i == owners[ltype]:
                 v[vstart:vstart + D_ANCHOR, anchor] = torch.eye(D_ANCHOR)
             else:  # a layer sglang must not bind: its value carries something that never cancels
-                v[vstart:vstart + D_ANCHOR, lay.b_own] = _orthogonal(D_CODE, D_ANCHOR, gen).T
+                v[vstart:vstart + D_ANCHOR, lay.b_own] = orthogonal_columns(D_CODE, D_ANCHOR, gen).T
         if alt:
             attn.k_proj.weight.copy_(k + v)
         else:
