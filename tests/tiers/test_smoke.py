@@ -11,7 +11,9 @@ The witness pair (mtpmatrix.tiers.pairs.witness) drafts right only when sglang h
 right target KV layer per attention type, the right positions, each tree node's own parent and each request's own
 rows; built for sglang's draft phase (witness-mtp-*), its accept length is held to the exact pair's floor. The one
 built for transformers' phase (witness-transformers-phase-topk1) says whether sglang drafts at the reference phase
-(test_draft_phase_matches_transformers). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
+(test_draft_phase_matches_transformers). The decoy witness (mtpmatrix.tiers.pairs.decoy, decoy-mtp-*) ranks a wrong
+draft first at known inputs: each request's accept length is held to its exact prediction at the server's topk
+(test_decoy_accept_matches_prediction). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
 of sglang's MTP code.
 """
 
