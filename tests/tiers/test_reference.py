@@ -41,7 +41,7 @@ PROMPTS = ("Hello world, count: 1 2 3", "def f(x):\n    return x", "The quick br
 ACCEPT_RATE_MIN = 0.95
 ACCEPT_LEN_MIN = 3.5  # of DRAFT_TOKENS + 1 = 4
 PAIRS = [pytest.param(n, v, id=n if v == "random" else f"{n}-{v}")
-         for v in ("random", "constructed", "witness") for n in PAIR_NAMES]
+         for v in ("random", "constructed", "witness", "decoy") for n in PAIR_NAMES]
 # Witness ablations (mtpmatrix.tiers.pairs.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
 # right, and each broken input must take the accuracy of the drafts that consume it to at most this share of the
 # intact one.
@@ -364,8 +364,8 @@ def test_witness_drafts_at_transformers_phase(generations, record_property, name
                                          f"{first['drafted']} drafts there, {later['accept_rate']} of them after")
 
 
-WITNESS_VARIANTS = [pytest.param(n, v, id=f"{n}-{v}") for v in ("witness", "witness-sglang-phase")
-                    for n in PAIR_NAMES]
+WITNESS_VARIANTS = [pytest.param(n, v, id=f"{n}-{v}") for v in ("witness", "witness-sglang-phase", "decoy",
+                                                                "decoy-sglang-phase") for n in PAIR_NAMES]
 
 
 @pytest.mark.check("acceptance")
@@ -376,8 +376,10 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     for) it drafts every token right, and each ablation -- hidden state of the previous position, KV of another
     layer of the same type, positions off by one either way, another request's rows, a tree node fed its parent's
     sibling's state -- takes the accuracy of the drafts that consume the broken input far below that. Both variants:
-    the smoke tier serves both. Fails if the drafter stops depending on an input."""
-    from mtpmatrix.tiers.pairs import witness, witness_harness
+    the smoke tier serves both. Fails if the drafter stops depending on an input. The decoy witness is scored the
+    way verify follows it: fed the target's tokens, right when the target's token is its first choice or, at a decoy
+    input, its second behind the decoy (every decoy input must rank so)."""
+    from mtpmatrix.tiers.pairs import decoy, witness, witness_harness
     from mtpmatrix.tiers.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
 
     torch = _torch()
@@ -393,10 +395,14 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
     steps = 5
     rounds = functools.partial(witness_harness.draft_rounds, target, assistant, seqs, text, steps=steps, start=PROMPT_LEN,
-                               draft_phase=phase)
+                               draft_phase=phase,
+                               ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None)
     intact = rounds()
     record_property("intact", json.dumps(intact))
     base = sum(intact["step_accuracy"]) / steps
+    if variant.startswith("decoy") and intact["decoys_ranked"] != 1.0:
+        raise CheckFailure("acceptance", f"{name}: intact {variant} ranks decoy first / right second at only "
+                                         f"{intact['decoys_ranked']} of its decoy inputs")
     if base < WITNESS_INTACT_MIN:
         raise CheckFailure("acceptance", f"{name}: intact {variant} drafts only {base:.2f} right at draft phase "
                                          f"{phase:+d} (per step {intact['step_accuracy']}); needs >= "
@@ -527,3 +533,42 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
     if not check.passed:
         raise CheckFailure("mismatch", f"dense-31b: transformers' assisted sampling differs from the closed form: "
                                        f"{check.summary()}")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", PAIR_NAMES)
+def test_decoy_chain_meets_prediction_in_transformers(generations, record_property, name):
+    """transformers' own assisted generation (a greedy chain of DRAFT_TOKENS drafts per round, fewer near the end)
+    with the decoy witness built for transformers' draft phase accepts, in every round, exactly what
+    mtpmatrix.tiers.pairs.decoy.chain_accepts predicts from the round's bonus token: up to the first decoy input (the
+    topk-1 prediction the smoke tier gates sglang on). Rounds after the first are checked apart from the first, which
+    transformers < 5.17 seeds from the wrong hidden state (known upstream)."""
+    from mtpmatrix.tiers.pairs import decoy
+
+    results, stats = generations(name, "decoy")
+    starts = [i for i, s in enumerate(stats) if s[2] == 0] + [len(stats)]
+    if len(starts) - 1 != len(results):
+        raise CheckFailure("harness", f"{name}: {len(starts) - 1} generate calls drafted, {len(results)} expected")
+    first, later, rejected = [], [], 0
+    for (prompt, _plain, _assisted), lo, hi in zip(results, starts, starts[1:]):
+        bonus = prompt[-1] + 1  # the prefill's token
+        for drafted, accepted, rnd in stats[lo:hi]:
+            want = decoy.chain_accepts(bonus, drafted)
+            rejected += want < drafted
+            if accepted != want:
+                (first if rnd == 0 else later).append(f"bonus {bonus}: {accepted} of {drafted} (predicted {want})")
+            bonus += accepted + 1
+    record_property("rounds", len(stats))
+    record_property("rounds_ending_at_a_decoy", rejected)
+    # what the first-round known-upstream signature reads: the drafts of the first rounds and how many were accepted
+    record_property("first_round_drafted", sum(d for d, _a, rnd in stats if rnd == 0))
+    record_property("first_round_accepted", sum(a for _d, a, rnd in stats if rnd == 0))
+    if not rejected:
+        raise CheckFailure("harness", f"{name}: no round met a decoy input: the check proved nothing")
+    if later:
+        raise CheckFailure("acceptance", f"{name}: transformers' assisted generation misses the decoy prediction in "
+                                         f"{len(later)}/{len(stats)} rounds after the first; first: {later[0]}")
+    if first:
+        raise CheckFailure("acceptance", f"{name}: transformers drafts the first round after prefill from the wrong "
+                                         f"hidden state: the decoy witness's first rounds miss the prediction "
+                                         f"({len(first)}/{len(results)}; first: {first[0]}), later rounds meet it")

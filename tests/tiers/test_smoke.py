@@ -13,7 +13,9 @@ rows; built for sglang's draft phase (witness-mtp-*), its accept length is held 
 built for transformers' phase (witness-transformers-phase-topk1) says whether sglang drafts at the reference phase
 (test_draft_phase_matches_transformers). The sampled pair (mtpmatrix.tiers.pairs.sampled) holds sampled requests
 (temperature 0.7, top-k, top-p) to a closed-form token distribution with and without MTP
-(test_sampled_distribution_matches_closed_form). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
+(test_sampled_distribution_matches_closed_form). The decoy witness (mtpmatrix.tiers.pairs.decoy, decoy-mtp-*) ranks a wrong
+draft first at known inputs: each request's accept length is held to its exact prediction at the server's topk
+(test_decoy_accept_matches_prediction). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
 of sglang's MTP code.
 """
 
@@ -156,6 +158,34 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
            f"{witness.REFERENCE_DRAFT_PHASE:+d}" if gate_ok else "")
     raise CheckFailure("acceptance", f"draft query is not at transformers' RoPE phase: the transformers-phase "
                                      f"witness accepts {got:.2f} per verify (floor {floor}){why}")
+
+
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.decoy])
+def test_decoy_accept_matches_prediction(smoke_runs, name, record_property):
+    """Decoy witness: every request's accept length (completion tokens / spec_verify_ct) equals the value
+    mtpmatrix.tiers.pairs.decoy predicts for its prompt at the server's topk, and so do its accepted-draft total and
+    per-step histogram where the release reports them. Exact: the predicted tree is derived with margins of > 2 nats
+    in the drafter's probabilities (bf16 moves them by < 0.2), so no tolerance. topk 1 lower (each decoy rejected),
+    topk 3 higher (the right token, second, accepted through a node fed its own parent)."""
+    from mtpmatrix.tiers.pairs import decoy
+
+    run = _run(smoke_runs, name, record_property)
+    prompts = smoke.id_prompts(run.vocab_size)
+    if len(run.id_meta) != len(prompts):
+        raise CheckFailure("crash", f"{len(run.id_meta)} responses for {len(prompts)} prompts")
+    topk = run.spec.topk
+    predicted = [decoy.predicted_counters(p, topk=topk, steps=settings.NUM_STEPS,
+                                          draft_tokens=settings.DRAFT_TOKENS[topk],
+                                          max_new_tokens=smoke.MAX_NEW_TOKENS) for p in prompts]
+    record_property("predicted_accept_lengths", [p["accept_length"] for p in predicted])
+    record_property("accept_lengths", [client.accept_length_from_meta([m]) for m in run.id_meta])
+    misses = [(i, decoy.counter_mismatches(p, m)) for i, (p, m) in enumerate(zip(predicted, run.id_meta))]
+    misses = [(i, what) for i, what in misses if what]
+    if misses:
+        i, what = misses[0]
+        raise CheckFailure("acceptance", f"{len(misses)}/{len(prompts)} requests miss the decoy prediction at topk "
+                                         f"{topk}; first: prompt ends {prompts[i][-1]}: {'; '.join(what)}")
 
 
 @pytest.mark.check("acceptance")

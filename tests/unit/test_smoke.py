@@ -390,3 +390,11 @@ def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_pa
     assert run.sampled_requests == sampled.request_plan()
     assert len(run.sampled_outputs) == len(run.sampled_meta) == sampled.N_REQUESTS
     assert smoke.sampled_plan(smoke.SMOKE_SERVERS[0]) == []  # other pairs: greedy requests only
+
+def test_decoy_servers_are_exact_and_predicted():
+    specs = {s.name: s for s in smoke.SMOKE_SERVERS}
+    decoys = [specs[n] for n in smoke.DECOY_SERVERS]
+    assert all(s.pair == "decoy-sglang-phase" and s.exact and s.decoy and not s.phase_reference for s in decoys)
+    assert {s.topk for s in decoys} == {1, 3}
+    assert all(s.default == smoke.DECOY_IN_DEFAULT_SUITE for s in decoys)
+    assert not any(s.decoy for s in specs.values() if s.name not in smoke.DECOY_SERVERS)

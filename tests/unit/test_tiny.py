@@ -86,3 +86,11 @@ def test_sglang_draft_phase_follows_the_release():
     assert witness.sglang_draft_phase("0.5.13") == witness.sglang_draft_phase("0.5.23") == -1  # measured / same code
     assert witness.sglang_draft_phase("0.5.24") == witness.REFERENCE_DRAFT_PHASE  # unmeasured: expected fixed
     assert witness.phase_of_variant("witness") == witness.REFERENCE_DRAFT_PHASE == 1
+    assert witness.phase_of_variant("decoy") == witness.REFERENCE_DRAFT_PHASE
+    assert witness.phase_of_variant("decoy-sglang-phase") == witness.phase_of_variant("witness-sglang-phase")
+
+
+def test_decoy_variants_hash_their_own_construction():
+    """A decoy pair is rebuilt when decoy.py changes; a plain witness pair only when witness.py does."""
+    assert {"decoy", "decoy-sglang-phase"} <= set(tiny.VARIANTS)
+    assert tiny.pair_hash("dense-31b", "decoy", 0) != tiny.pair_hash("dense-31b", "witness", 0)

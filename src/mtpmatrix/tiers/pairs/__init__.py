@@ -3,5 +3,6 @@
 - ``tiny``: the pair families (e-series, moe-26b-a4b, dense-31b), random and constructed ("+1") weights, the build
   cache and its marker;
 - ``witness``: the witness construction (drafts right only when every Frozen-KV hand-off is right);
-- ``witness_harness``: drafting with a witness on CPU (the reference tier's ablations).
+- ``witness_harness``: drafting with a witness on CPU (the reference tier's ablations);
+- ``decoy``: the decoy witness (a wrong draft ranked first at known inputs) and its exact accept-length prediction.
 """

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpmatrix.tiers.pairs.sampled import make_sampled
+from mtpmatrix.tiers.pairs.decoy import make_decoy
 from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant, zero_residual_writers
 
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
@@ -196,7 +197,9 @@ _COPIED_FROM_TARGET = ("vocab_size", "num_key_value_heads", "head_dim", "global_
 
 
 # witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.tiers.pairs.witness, "Draft phase")
-VARIANTS = ("random", "constructed", "witness", "witness-sglang-phase", "sampled")  # sampled: pairs/sampled.py
+# sampled: pairs/sampled.py; decoy / decoy-sglang-phase: the witness with decoy drafts (mtpmatrix.tiers.pairs.decoy), at
+# the same two phases as the witness
+VARIANTS = ("random", "constructed", "witness", "witness-sglang-phase", "decoy", "decoy-sglang-phase", "sampled")
 
 
 def variant_name(variant: str | bool) -> str:
@@ -261,9 +264,10 @@ class PairPaths:
 def pair_hash(name: str, variant: str | bool, seed: int) -> str:
     variant = variant_name(variant)
     # a witness pair is also rebuilt whenever its construction changes
-    witness_src = Path(__file__).with_name("witness.py").read_bytes() if variant.startswith("witness") else b""
-    witness_src = Path(__file__).with_name("sampled.py").read_bytes() if variant == "sampled" else witness_src
-    phase = phase_of_variant(variant) if variant.startswith("witness") else None  # follows the installed sglang
+    sources = {"witness": ("witness.py",), "decoy": ("witness.py", "decoy.py"),
+               "sampled": ("sampled.py",)}.get(variant.split("-")[0], ())
+    witness_src = b"".join(Path(__file__).with_name(f).read_bytes() for f in sources)
+    phase = phase_of_variant(variant) if sources and variant != "sampled" else None  # follows the installed sglang
     blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(),
                        "phase": phase,
                        "target": target_template(name, variant),
@@ -440,6 +444,8 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
             extra = make_witness(target, assistant, t_cfg, a_cfg, gen, phase=phase_of_variant(variant))
         elif variant == "sampled":
             extra = make_sampled(target, assistant, t_cfg, a_cfg)
+        elif variant.startswith("decoy"):
+            extra = make_decoy(target, assistant, t_cfg, a_cfg, gen, phase=phase_of_variant(variant))
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)
     assistant.to(torch.bfloat16).save_pretrained(a_dir, safe_serialization=True)
     for d in (t_dir, a_dir):  # the templates are the config; drop transformers' own generation_config guess

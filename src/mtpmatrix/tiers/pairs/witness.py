@@ -114,9 +114,9 @@ def sglang_draft_phase(version: str | None = None) -> int:
 
 
 def phase_of_variant(variant: str) -> int:
-    """The draft phase a witness pair variant's assistant is built for: ``witness`` transformers', the
-    ``witness-sglang-phase`` one the installed sglang's."""
-    return REFERENCE_DRAFT_PHASE if variant == "witness" else sglang_draft_phase()
+    """The draft phase a witness pair variant's assistant is built for: ``witness`` / ``decoy`` transformers', the
+    ``*-sglang-phase`` ones the installed sglang's."""
+    return sglang_draft_phase() if variant.endswith("-sglang-phase") else REFERENCE_DRAFT_PHASE
 
 
 def _consecutive(parts: list[tuple[str, int]], start: int = 1) -> dict[str, slice]:
@@ -135,22 +135,27 @@ class Layout:
     backbone: int
     assistant: int
     centroids: int  # 0 without a centroid head
+    extra_backbone: tuple = ()  # (name, size) parts a WitnessExtension adds after the witness's own
+    extra_assistant: tuple = ()
 
     b_const = a_const = 0
 
     def __post_init__(self):
         backbone = _consecutive([("own", D_CODE), ("next", D_CODE), ("anchor_s", D_ANCHOR), ("anchor_f", D_ANCHOR),
-                                 ("cluster", self.centroids)])
+                                 ("cluster", self.centroids), *self.extra_backbone])
         assistant = _consecutive([("code", D_CODE), ("nuisance", D_NUISANCE), ("keep_s", D_ANCHOR),
-                                  ("keep_f", D_ANCHOR), ("cluster", self.centroids)])
+                                  ("keep_f", D_ANCHOR), ("cluster", self.centroids), *self.extra_assistant])
         for prefix, parts in (("b_", backbone), ("a_", assistant)):
             for name, sl in parts.items():
                 object.__setattr__(self, prefix + name, sl)  # frozen: set once, here
+        object.__setattr__(self, "_ends", (max(sl.stop for sl in backbone.values()),
+                                           max(sl.stop for sl in assistant.values())))
 
     def check(self) -> None:
-        if self.b_cluster.stop > self.backbone or self.a_cluster.stop > self.assistant:
-            raise ValueError(f"witness layout does not fit: backbone {self.b_cluster.stop}/{self.backbone}, "
-                             f"assistant {self.a_cluster.stop}/{self.assistant}")
+        b_end, a_end = self._ends
+        if b_end > self.backbone or a_end > self.assistant:
+            raise ValueError(f"witness layout does not fit: backbone {b_end}/{self.backbone}, "
+                             f"assistant {a_end}/{self.assistant}")
 
 
 # Sizes of the assistant residual's parts (their squares add up to the residual's squared norm after the two
@@ -194,7 +199,7 @@ def code_margin(codes) -> float:
     return float(1.0 - cos.max())
 
 
-def _orthogonal(n: int, m: int, gen):
+def orthogonal_columns(n: int, m: int, gen):
     """An n x m matrix with orthonormal columns (n >= m)."""
     import torch
 
@@ -252,9 +257,17 @@ def _position_vector(head_dim: int, inv_freq, amps, scale: float):
     return v
 
 
-def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE) -> dict:
+def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE,
+                 extension=None) -> dict:
     """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction,
     its assistant built for draft ``phase`` (module docstring).
+
+    ``extension`` (e.g. ``mtpmatrix.tiers.pairs.decoy.DecoyExtension``) adds to the construction without changing
+    it: dims after the witness's own (``backbone_parts`` / ``assistant_parts``), ``embed_parts`` more unit parts
+    in every embedding row (written by ``embed(E, ctx)``, the other parts shrink to keep rows at unit norm),
+    ``extra_sq`` more squared norm in the assistant residual at every intact step (the final norm's divisor), and
+    ``apply(target, assistant, ctx)`` once the witness weights are in place. Without it the weights are the plain
+    witness's, bit for bit.
 
     Returns numbers worth keeping in the pair's marker (margins the construction relies on).
     """
@@ -265,7 +278,8 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
     A = a_cfg["text_config"]["hidden_size"]
     centroid = bool(a_cfg.get("use_ordered_embeddings"))
     C = a_cfg["num_centroids"] if centroid else 0
-    lay = Layout(backbone=H, assistant=A, centroids=C)
+    lay = Layout(backbone=H, assistant=A, centroids=C, extra_backbone=tuple(getattr(extension, "backbone_parts", ())),
+                 extra_assistant=tuple(getattr(extension, "assistant_parts", ())))
     lay.check()
     u = H ** 0.5
 
@@ -274,15 +288,16 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
     anchor_s = anchor_s / anchor_s.norm(dim=1, keepdim=True)
     anchor_f = torch.randn(V, D_ANCHOR, generator=gen)
     anchor_f = anchor_f / anchor_f.norm(dim=1, keepdim=True)
-    L = _orthogonal(D_NUISANCE, D_CODE, gen) if D_NUISANCE >= D_CODE else _orthogonal(D_CODE, D_NUISANCE, gen).T
-    M_s = _orthogonal(D_NUISANCE, D_ANCHOR, gen)
-    M_f = _orthogonal(D_NUISANCE, D_ANCHOR, gen)
+    L = (orthogonal_columns(D_NUISANCE, D_CODE, gen) if D_NUISANCE >= D_CODE
+         else orthogonal_columns(D_CODE, D_NUISANCE, gen).T)
+    M_s = orthogonal_columns(D_NUISANCE, D_ANCHOR, gen)
+    M_f = orthogonal_columns(D_NUISANCE, D_ANCHOR, gen)
     readout = torch.randn(V, D_NUISANCE, generator=gen)
     readout = readout / readout.norm(dim=1, keepdim=True)
     nxt = (torch.arange(V) + 1) % V
 
     # --- target embedding: constant, own code, next code, anchors, cluster of t+1 (centroid head) --------------
-    parts = 4 + (1 if centroid else 0)
+    parts = 4 + (1 if centroid else 0) + (extension.embed_parts if extension else 0)
     s_part = ((1.0 - EMBED_CONST ** 2) / parts) ** 0.5
     E = torch.zeros(V, H)
     E[:, lay.b_const] = EMBED_CONST
@@ -297,6 +312,9 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
         cluster_of = torch.empty(V, dtype=torch.long)
         cluster_of[ordering] = torch.arange(V) // vpc
         E[torch.arange(V), lay.b_cluster.start + cluster_of[nxt]] = s_part
+    ctx = {"lay": lay, "s_part": s_part, "u": u, "codes": codes, "cluster_of": cluster_of, "gen": gen}
+    if extension:
+        extension.embed(E, ctx)
     E = E / E.norm(dim=1, keepdim=True)
 
     lm = target.model.language_model
@@ -307,7 +325,9 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
         target.lm_head.weight.copy_(head)
         lm.norm.weight.fill_(1.0)
         _witness_target_layers(lm, text, lay, gen)
-        _witness_assistant(assistant, a_cfg, text, lay, codes, readout, L, M_s, M_f, s_part, u, phase)
+        ctx["R"] = _witness_assistant(assistant, a_cfg, text, lay, codes, readout, L, M_s, M_f, s_part, u, phase,
+                                      extension.extra_sq if extension else 0.0)
+        extra = extension.apply(target, assistant, ctx) if extension else {}
 
     h_dim_s, inv_s = rope_inv_freq(text, "sliding_attention")
     h_dim_f, inv_f = rope_inv_freq(text, "full_attention")
@@ -318,7 +338,7 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
         "position_margin_full_nats": round(position_margin(inv_f, pair_amplitudes(inv_f), SCORE_GAIN, 512), 2),
         "alpha": ALPHA, "beta": BETA, "d_code": D_CODE, "d_nuisance": D_NUISANCE, "d_anchor": D_ANCHOR,
         "draft_phase": phase,
-    }}
+    }, **extra}
 
 
 def physical_kv_layers(text: dict) -> dict[str, list[int]]:
@@ -370,7 +390,7 @@ def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:
             if i == owners[ltype]:
                 v[vstart:vstart + D_ANCHOR, anchor] = torch.eye(D_ANCHOR)
             else:  # a layer sglang must not bind: its value carries something that never cancels
-                v[vstart:vstart + D_ANCHOR, lay.b_own] = _orthogonal(D_CODE, D_ANCHOR, gen).T
+                v[vstart:vstart + D_ANCHOR, lay.b_own] = orthogonal_columns(D_CODE, D_ANCHOR, gen).T
         if alt:
             attn.k_proj.weight.copy_(k + v)
         else:
@@ -392,7 +412,8 @@ def _value_offset(head_dim: int, rotating_pairs: int, shared_with_key: bool) -> 
 
 
 def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M_s, M_f, s_part, u,
-                       phase: int) -> None:
+                       phase: int, extra_sq: float = 0.0) -> float:
+    """Write the assistant's weights; returns R, the RMS of its final residual at an intact step."""
     import torch
 
     A, H = lay.assistant, lay.backbone
@@ -414,7 +435,7 @@ def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M
     assistant.pre_projection.weight.copy_(P)
 
     # after both cancellations the residual is [KAPPA_CONST, c(t+1), KAPPA_KEEP n_s, KAPPA_KEEP n_f, ZETA onehot]
-    sq = KAPPA_CONST ** 2 + 1.0 + 2 * KAPPA_KEEP ** 2 + (ZETA_CLUSTER ** 2 if lay.centroids else 0.0)
+    sq = KAPPA_CONST ** 2 + 1.0 + 2 * KAPPA_KEEP ** 2 + (ZETA_CLUSTER ** 2 if lay.centroids else 0.0) + extra_sq
     R = (sq / A) ** 0.5  # its RMS: the final norm divides by this
 
     a_text = a_cfg["text_config"]
@@ -467,6 +488,7 @@ def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M
     Q[lay.b_anchor_s, lay.a_keep_s] = u * s_part * R / KAPPA_KEEP * torch.eye(D_ANCHOR)
     Q[lay.b_anchor_f, lay.a_keep_f] = u * s_part * R / KAPPA_KEEP * torch.eye(D_ANCHOR)
     assistant.post_projection.weight.copy_(Q)
+    return R
 
 
 def key_position_norm(text: dict, ltype: str, s_part: float) -> float:

@@ -37,13 +37,18 @@ def target_states(target, ids):
 
 
 def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: int, ablation: str | None = None,
-                 draft_phase: int = REFERENCE_DRAFT_PHASE):
+                 draft_phase: int = REFERENCE_DRAFT_PHASE, ranked_second=None):
     """Draft ``steps`` tokens (greedy chain, the Frozen-KV seeding: bonus token + the target's hidden state at the
     last accepted position) from every bonus position ``P`` in ``start .. len - steps - 1`` of the known greedy
     sequences ``ids`` [batch, len], the query at ``draft_phase`` positions after the last accepted token's key (the
     target's keys sit at 0-based positions here), with every input intact or one ``ablation`` applied. Returns
     per-step accuracy (fraction of rounds whose k-th draft equals the target's token) and the mean number of leading
     correct drafts per round (what a verifier would accept).
+
+    ``ranked_second(input token) -> bool`` (the decoy witness's decoy inputs): there the drafter is to rank the
+    target's token second, behind a decoy. Then every step is fed the target's token (the tree branch verify
+    follows, whatever its rank), a draft counts as right when the target's token is its first choice or, at those
+    inputs, its second behind a wrong first; ``decoys_ranked`` is the share of those inputs where it was so.
     """
     import torch
 
@@ -61,6 +66,7 @@ def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: i
     correct = torch.zeros(steps)
     leading = []
     rounds = 0
+    decoys = [0, 0]  # inputs ranked_second flags, of them ranked decoy first / target second
     with torch.no_grad():
         for P in range(start, T - steps):
             h = hidden[:, P - 2 if ablation == "hidden_previous_position" else P - 1][:, None]
@@ -76,20 +82,35 @@ def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: i
             prev = None  # (logits, state) of the forward that drafted ``token``, for the sibling ablation
             for k in range(steps):
                 if ablation == "tree_sibling_parent" and k >= 2:
-                    sibling = prev[0].topk(2, dim=-1).indices[..., 1]  # the parent's second-best alternative
+                    top2 = prev[0].topk(2, dim=-1).indices  # the parent's best alternative to the token it fed
+                    sibling = torch.where(top2[..., 0] == token, top2[..., 1], top2[..., 0])
                     state = _assist(assistant, embed, sibling, prev[1], kv, position_ids)[1]
                 logits, new_state = _assist(assistant, embed, token, state, kv, position_ids)
                 prev = (logits, state)
-                token, state = logits.argmax(-1), new_state
-                hit = token[:, 0] == ids[:, P + 1 + k]
+                truth = ids[:, P + 1 + k]
+                top2 = logits[:, 0].topk(2, dim=-1).indices
+                hit = top2[:, 0] == truth
+                if ranked_second is not None:
+                    flagged = torch.tensor([bool(ranked_second(int(x))) for x in token[:, 0]])
+                    second = (top2[:, 0] != truth) & (top2[:, 1] == truth)
+                    decoys[0] += int(flagged.sum())
+                    decoys[1] += int((flagged & second).sum())
+                    hit = torch.where(flagged, second, hit)
+                    token = truth[:, None]  # verify follows the target's token down the tree
+                else:
+                    token = logits.argmax(-1)
+                state = new_state
                 correct[k] += hit.float().sum()
                 ok_so_far &= hit
                 n_lead += ok_so_far.float()
             leading.append(n_lead)
             rounds += B
     acc = (correct / max(1, rounds)).tolist()
-    return {"rounds": rounds, "step_accuracy": [round(a, 4) for a in acc],
-            "accepted_drafts": round(float(torch.cat(leading).mean()), 4) if leading else None}
+    out = {"rounds": rounds, "step_accuracy": [round(a, 4) for a in acc],
+           "accepted_drafts": round(float(torch.cat(leading).mean()), 4) if leading else None}
+    if ranked_second is not None:
+        out["decoys_ranked"] = round(decoys[1] / decoys[0], 4) if decoys[0] else None
+    return out
 
 
 def _assist(assistant, embed, token, state, kv, position_ids):
