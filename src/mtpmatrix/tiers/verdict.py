@@ -1,5 +1,5 @@
 """Failure classification: what broke (install conflict, import, abi, config, args, weights, launch, crash,
-mismatch, accuracy, acceptance) and where (the first frame inside sglang / transformers / torch).
+mismatch, accuracy, acceptance, accounting) and where (the first frame inside sglang / transformers / torch).
 
 A failure whose exception was raised from this project's own code, without passing through the libraries under
 test, is classified ``harness``: a bug in the matrix must never read as a break in sglang.
@@ -25,6 +25,7 @@ KINDS = (
     "mismatch",  # outputs with MTP differ from outputs without it
     "accuracy",  # GSM8K score under threshold
     "acceptance",  # accept length under threshold or absent
+    "accounting",  # speculative metric fields disagree with each other, the tokens served or /server_info
     "harness",  # a bug in this project
 )
 LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
