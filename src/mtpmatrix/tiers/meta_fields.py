@@ -17,6 +17,8 @@ Cited (installed sources; ``tokenizer_manager.py`` meta_info writes / the counte
           scheduler_components/batch_result_processor.py:570-574; histogram schedule_batch.py:1046-1056;
   0.5.17: tokenizer_manager.py:2765-2816; counters batch_result_processor.py:685-689;
   0.5.23: tokenizer_manager.py:3164-3207; counters batch_result_processor.py:832-836.
+/server_info's ``avg_spec_accept_length`` (accepted tokens / verify steps, lifetime, per DP rank in internal_states):
+  0.5.13 scheduler.py:3531, 0.5.17 scheduler.py:4198, 0.5.23 scheduler_components/internal_state.py:125.
 Not checked: ``spec_cap_length``, ``spec_block_accept_length``, ``spec_cap_lens_histogram`` (0.5.17, 0.5.23), written
 only in ragged-verify mode (``SGLANG_RAGGED_VERIFY_MODE``), which the tier does not run.
 
