@@ -192,12 +192,14 @@ CATALOGUE: tuple[Mutant, ...] = (
         (Site(_EAI, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n"),
          Site(_BRP, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n")),
         servers=TOPK1, expect="test_spec_metrics (per-request accept length under the floor, and off the "
-                              "server's avg_spec_accept_length)"),
+                              "server's avg_spec_accept_length); test_meta_info_fields_agree (histogram counts half "
+                              "the verify steps)"),
     Mutant(
         "accept-count-server", "accounting",
         "the scheduler's forward count behind avg_spec_accept_length counted twice (server-side average halves)",
         (Site(_MRP, "self.spec_num_forward_ct += bs\n", "self.spec_num_forward_ct += 2 * bs\n"),),
-        servers=TOPK1, expect="test_spec_metrics (avg_spec_accept_length inconsistent with per-request numbers)"),
+        servers=TOPK1, expect="test_spec_metrics and test_meta_info_fields_agree (avg_spec_accept_length "
+                              "inconsistent with per-request numbers)"),
     Mutant(
         "draft-cuda-graph-skipped", "cuda-graph",
         "the Frozen-KV draft CUDA graph is never captured (the draft loop silently runs eagerly)",
