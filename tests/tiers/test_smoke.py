@@ -148,9 +148,9 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
                             settings.DRAFT_TOKENS[run.spec.topk])
     metas = run.id_meta + run.text_meta
     record_property("meta_fields", list(fields))
-    bad = [(i, why) for i, m in enumerate(metas)
-           for why in [meta_fields.disagreements(m, fields=fields, draft_tokens=int(draft_tokens),
-                                                 steps=settings.NUM_STEPS)] if why]
+    found = [meta_fields.disagreements(m, fields=fields, draft_tokens=int(draft_tokens), steps=settings.NUM_STEPS)
+             for m in metas]
+    bad = [(i, why) for i, why in enumerate(found) if why]
     record_property("requests_disagreeing", f"{len(bad)}/{len(metas)}")
     if bad:
         i, why = bad[0]
