@@ -270,3 +270,42 @@ def test_gsm8k_scoring_matches_run_eval(sglang_chain, gsm8k_lines, monkeypatch, 
     our_score = sum(gsm8k.is_correct(gsm8k.get_answer_value(responses[q.prompt]), q.gold) for q in ours) / 200
     assert result.score == pytest.approx(our_score, abs=1e-12)
     assert 0.0 < our_score < 1.0
+
+
+# ------------------------------------------------------------------------------------------------ meta_info fields
+@pytest.mark.check("accounting")
+def test_meta_fields_table_matches_tokenizer_manager(sglang_chain, monkeypatch, record_property):
+    """This sglang's own tokenizer manager, fed the per-request counters of a request that drafted and verified,
+    writes exactly the speculative meta_info fields meta_fields.SGLANG_META_FIELDS lists for this release, and they
+    agree (meta_fields.disagreements); the same counters with the bonus token counted as a correct draft (the
+    catalogue's metric-correct-drafts-bonus) do not. A table behind sglang is this project's bug: 'harness'."""
+    from mtpmatrix.tiers import meta_fields
+
+    tm = importlib.import_module("sglang.srt.managers.tokenizer_manager")
+    draft_tokens = settings.DRAFT_TOKENS[1]
+    if hasattr(tm, "get_spec"):  # 0.5.23 reads the draft-token count from the published spec args
+        monkeypatch.setattr(tm, "get_spec", lambda: SimpleNamespace(speculative_num_draft_tokens=draft_tokens))
+    owner = SimpleNamespace(server_args=SimpleNamespace(speculative_num_draft_tokens=draft_tokens))
+    fields = meta_fields.documented_fields()
+    steps = settings.NUM_STEPS
+
+    def meta_for(correct: int) -> dict:
+        # 6 verify steps of 5 drafts + bonus for 32 tokens asked: 1 + 36 accepted, 5 cut (the tail rule's edge)
+        recv = SimpleNamespace(spec_verify_ct=[6], spec_num_correct_drafts=[correct], completion_tokens=[32],
+                               spec_correct_drafts_histogram=[[0] * steps + [6]], spec_num_cap_tokens=None,
+                               spec_num_block_accept_tokens=None, spec_cap_lens_histogram=None)
+        meta = {"completion_tokens": 32}
+        tm.TokenizerManager._calculate_spec_decoding_metrics(owner, meta, recv, 0)
+        return meta
+
+    meta = meta_for(30)
+    written = sorted(k for k in meta if k.startswith("spec_"))
+    record_property("meta_fields_written", written)
+    if set(written) != set(fields):
+        raise CheckFailure("harness", f"sglang {compat.sglang_version()} writes {written}; meta_fields lists "
+                                      f"{sorted(fields)} for it: update meta_fields.SGLANG_META_FIELDS")
+    why = meta_fields.disagreements(meta, fields=fields, draft_tokens=draft_tokens, steps=steps)
+    if why:
+        raise CheckFailure("accounting", f"sglang's own fields for consistent counters disagree: {'; '.join(why)}")
+    if not meta_fields.disagreements(meta_for(30 + 6), fields=fields, draft_tokens=draft_tokens, steps=steps):
+        raise CheckFailure("harness", "a correct-drafts count including the bonus tokens passes meta_fields' check")

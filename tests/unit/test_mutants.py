@@ -234,7 +234,6 @@ def test_catalogue_covers_every_required_category_with_distinct_real_edits():
     for m in C.CATALOGUE:
         assert m.sites and m.models and m.expect and m.servers, m.id
         assert all(s.module.startswith("sglang.") and s.anchor != s.replacement for s in m.sites), m.id
-        assert set(m.servers) <= set(C.DEFAULT_SERVERS), m.id
 
 
 def _sglang_017() -> Path | None:
@@ -569,3 +568,185 @@ def test_leftover_server_groups_are_killed_only_when_they_are_sglang(tmp_path):
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+# --------------------------------------------------------------------------------------------- off-chain mutants
+# The lines the decoy / sampled / metric-field mutants edit, in the shape each release has them (read from the
+# installed 0.5.13, 0.5.17 and 0.5.23: eagle_info(_v2) vs eagle_utils verify, the v1 request counters of 0.5.13,
+# 0.5.23's sampling_softmax), each in a module that compiles.
+_SPU_TEXT = """\
+    def later(flat_cs, topk, batch_offsets, hidden_states):
+        selected_input_index = flat_cs // topk + batch_offsets.repeat_interleave(topk)
+        return hidden_states[selected_input_index]
+    """
+_BRP_TEXT = """\
+    def settle(req, num_correct_drafts):
+        req.spec_verify_ct += 1
+        req.spec_num_correct_drafts += num_correct_drafts
+        req.update_spec_correct_drafts_histogram(num_correct_drafts)
+    """
+_V1_VERIFY = """\
+    class EagleVerifyInput:
+        def verify(self, bs, logits_output, sampling_info, req, num_correct_drafts_this_req):
+            candidates = self.draft_token.reshape(bs, self.draft_token_num)
+            if sampling_info.is_all_greedy:
+                target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
+                target_predict = target_predict.reshape(bs, self.draft_token_num)
+            else:
+                target_probs = F.softmax(
+                    logits_output.next_token_logits / expanded_temperature, dim=-1
+                )
+                target_probs = top_k_renorm_prob(
+                    target_probs, sampling_info.top_ks
+                )
+                if sampling_info.need_top_p_sampling:
+                    target_probs = top_p_renorm_prob(
+                        target_probs, sampling_info.top_ps
+                    )
+                tree_speculative_sampling_target_only(
+                    target_probs=target_probs,
+                    threshold_single=get_global_server_args().speculative_accept_threshold_single,
+                    threshold_acc=get_global_server_args().speculative_accept_threshold_acc,
+                )
+            req.spec_num_correct_drafts += num_correct_drafts_this_req
+    """
+_V2_SAMPLE = """\
+    def eagle_sample(verify_input, bs, next_token_logits, sampling_info, expanded_temperature):
+        candidates = verify_input.draft_token.reshape(bs, verify_input.draft_token_num)
+        if sampling_info.is_all_greedy:
+            target_predict = torch.argmax(next_token_logits, dim=-1)
+            target_predict = target_predict.reshape(bs, verify_input.draft_token_num)
+        else:
+            target_probs = SOFTMAX
+            if sampling_info.need_top_k_sampling:
+                target_probs = top_k_renorm_prob(
+                    target_probs, sampling_info.top_ks
+                )
+            if sampling_info.need_top_p_sampling:
+                target_probs = top_p_renorm_prob(
+                    target_probs, sampling_info.top_ps
+                )
+            sampling_fn(
+                target_probs=target_probs,
+                threshold_single=get_spec().speculative_accept_threshold_single,
+                threshold_acc=get_spec().speculative_accept_threshold_acc,
+            )
+    """
+_SOFTMAX_0517 = "F.softmax(\n            next_token_logits / expanded_temperature, dim=-1\n        )"
+_SOFTMAX_0523 = "sampling_softmax(\n            next_token_logits, temperatures=expanded_temperature\n        )"
+_SPEC = "sglang/srt/speculative/"
+_BRP_FILE = "sglang/srt/managers/scheduler_components/batch_result_processor.py"
+RELEASE_FORMS = {
+    "0.5.13": {_SPEC + "spec_utils.py": _SPU_TEXT, _BRP_FILE: _BRP_TEXT, _SPEC + "eagle_info.py": _V1_VERIFY,
+               _SPEC + "eagle_info_v2.py": _V1_VERIFY.replace(
+                   "            req.spec_num_correct_drafts += num_correct_drafts_this_req\n", "")},
+    "0.5.17": {_SPEC + "spec_utils.py": _SPU_TEXT, _BRP_FILE: _BRP_TEXT,
+               _SPEC + "eagle_utils.py": _V2_SAMPLE.replace("SOFTMAX", _SOFTMAX_0517)},
+    "0.5.23": {_SPEC + "spec_utils.py": _SPU_TEXT, _BRP_FILE: _BRP_TEXT,
+               _SPEC + "eagle_utils.py": _V2_SAMPLE.replace("SOFTMAX", _SOFTMAX_0523)},
+}
+OFF_CHAIN = {  # mutant -> files it must patch in each release form (0.5.13 / 0.5.17 and 0.5.23)
+    "topk-parent-non-first": ({"spec_utils.py"}, {"spec_utils.py"}),
+    "verify-accept-all-greedy": ({"eagle_info.py", "eagle_info_v2.py"}, {"eagle_utils.py"}),
+    "verify-temperature-ignored": ({"eagle_info.py", "eagle_info_v2.py"}, {"eagle_utils.py"}),
+    "verify-renorm-skipped": ({"eagle_info.py", "eagle_info_v2.py"}, {"eagle_utils.py"}),
+    "verify-accept-threshold": ({"eagle_info.py", "eagle_info_v2.py"}, {"eagle_utils.py"}),
+    "metric-correct-drafts-bonus": ({"batch_result_processor.py", "eagle_info.py"}, {"batch_result_processor.py"}),
+}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASE_FORMS))
+@pytest.mark.parametrize("mutant_id", sorted(OFF_CHAIN))
+def test_off_chain_mutants_apply_to_each_release_form(tmp_path, release, mutant_id):
+    pkg = write_tree(tmp_path, RELEASE_FORMS[release]) / "sglang"
+    mutant = C.catalogue_by_id()[mutant_id]
+    app = C.apply(mutant, pkg)
+    assert app.applicable and app.error is None, app.reason()
+    want = OFF_CHAIN[mutant_id][0 if release == "0.5.13" else 1]
+    assert {Path(f).name for f in app.files} == want
+    patched = "".join(m["patched"] for m in app.modules.values())
+    assert all(s.site.replacement in patched for s in app.sites if s.applied)
+    assert not any(s.status.startswith("anchor found") for s in app.sites)  # never ambiguous
+
+
+def test_off_chain_edits_do_what_they_model(tmp_path):
+    """The edits themselves, read off the patched text: what each mutant changes and nothing else."""
+    forms = {r: write_tree(tmp_path / r, files) / "sglang" for r, files in RELEASE_FORMS.items()}
+
+    def patched(mutant_id: str, release: str, file: str) -> str:
+        app = C.apply(C.catalogue_by_id()[mutant_id], forms[release])
+        return next(m["patched"] for m in app.modules.values() if m["rel"].endswith(file))
+
+    for r in RELEASE_FORMS:
+        assert "(flat_cs // topk).clamp(max=0)" in patched("topk-parent-non-first", r, "spec_utils.py")
+        text = patched("verify-temperature-ignored", r, "eagle_info.py" if r == "0.5.13" else "eagle_utils.py")
+        assert "/ expanded_temperature" not in text and "temperatures=expanded_temperature" not in text
+        text = patched("verify-renorm-skipped", r, "eagle_info.py" if r == "0.5.13" else "eagle_utils.py")
+        assert "= top_k_renorm_prob(" not in text and "= top_p_renorm_prob(" not in text
+        text = patched("verify-accept-threshold", r, "eagle_info.py" if r == "0.5.13" else "eagle_utils.py")
+        assert "threshold_acc=0.5 * " in text and "threshold_single=get_" in text  # only the coin threshold moves
+        text = patched("metric-correct-drafts-bonus", r, "batch_result_processor.py")
+        assert "spec_num_correct_drafts += num_correct_drafts + 1\n" in text
+        assert "req.spec_verify_ct += 1\n" in text and "histogram(num_correct_drafts)" in text  # the rest untouched
+
+
+def test_every_mutant_names_servers_that_can_see_it():
+    """Witness servers for hand-off bugs, the decoy / sampled servers (from their own branches until merged) for
+    what the witness cannot see; a run refuses servers this checkout's smoke tier lacks (next test)."""
+    from mtpmatrix.tiers.smoke import SMOKE_SERVERS
+
+    off_branch = set(C.DECOY_TOPK1 + C.DECOY_TOPK3 + C.SAMPLED_MTP)
+    known = {s.name for s in SMOKE_SERVERS} | off_branch
+    by_id = C.catalogue_by_id()
+    for m in C.CATALOGUE:
+        assert set(m.servers) <= known, m.id
+    assert by_id["topk-parent-non-first"].servers == C.DECOY_TOPK3 == ("decoy-mtp-topk3",)
+    assert by_id["verify-accept-all-greedy"].servers == C.DECOY_TOPK1 == ("decoy-mtp-topk1",)
+    for mid in ("verify-temperature-ignored", "verify-renorm-skipped", "verify-accept-threshold"):
+        assert by_id[mid].servers == ("sampled-mtp-topk1", "sampled-mtp-topk3"), mid
+        assert "test_sampled_distribution_matches_closed_form" in by_id[mid].expect
+    assert "test_meta_info_fields_agree" in by_id["metric-correct-drafts-bonus"].expect
+
+
+def test_a_mutant_on_servers_this_checkout_lacks_stops_in_one_line(tmp_path, capsys):
+    pkg = write_tree(tmp_path, RELEASE_FORMS["0.5.17"]) / "sglang"
+    ns = parse(["--mutants", "verify-accept-all-greedy", "--out", str(tmp_path / "out")])
+    rc = M.run(ns, pkg_dir=pkg, known_servers=list(C.WITNESS_SERVERS), gpu_check=False)
+    assert rc == 2 and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "smoke server(s) decoy-mtp-topk1 not in this checkout's smoke tier" in err[0]
+
+
+def test_check_notes_mutants_whose_servers_this_checkout_lacks(tmp_path, capsys, monkeypatch):
+    from mtpmatrix.tiers import smoke
+
+    monkeypatch.setattr(smoke, "SMOKE_SERVERS", tuple(s for s in smoke.SMOKE_SERVERS
+                                                      if s.name in C.WITNESS_SERVERS))
+    pkg = write_tree(tmp_path, RELEASE_FORMS["0.5.23"]) / "sglang"
+    ns = parse(["--check", "--mutants", "verify-accept-all-greedy,metric-correct-drafts-bonus"])
+    assert M.run(ns, pkg_dir=pkg) == 0  # a note, not a failure: the catalogue may run ahead of a branch
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == "2 applicable, 0 n.a.; every patched module compiles"
+    assert out[-1] == ("note: 1 mutant(s) run on smoke servers this checkout lacks (decoy-mtp-topk1): "
+                       "verify-accept-all-greedy; a run of them stops before it starts")
+
+
+def _row_sglang(version: str) -> Path | None:
+    """sglang ``version``'s package in a row venv: $MTPMATRIX_SGLANG_DIRS (os.pathsep-separated package folders),
+    else this checkout's .nox."""
+    dirs = [d for d in os.environ.get("MTPMATRIX_SGLANG_DIRS", "").split(os.pathsep) if d]
+    dirs += [str(p) for p in sorted(REPO.glob(".nox/*sglang-0?5?*/lib/python3*/site-packages/sglang"))]
+    return next((Path(d) for d in dirs if Path(d).is_dir() and C.sglang_version(Path(d)) == version), None)
+
+
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.17", "0.5.23"])
+def test_check_lists_every_mutant_applicable_on_each_row_release(version, capsys):
+    pkg = _row_sglang(version)
+    if pkg is None:
+        pytest.skip(f"no sglang {version} here (MTPMATRIX_SGLANG_DIRS, or the row venv under .nox)")
+    assert main(["mutants", "--check", "--sglang-dir", str(pkg)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(C.CATALOGUE)} applicable, 0 n.a.; every patched module compiles" in out
+    for mutant_id in OFF_CHAIN:
+        assert any(ln.split()[:3] == [mutant_id, C.catalogue_by_id()[mutant_id].category, "applicable"]
+                   for ln in out.splitlines()), mutant_id

@@ -2,10 +2,13 @@
 
 Each mutant is one deliberate bug of the kind the smoke tier exists to catch (the drafter seeded with the wrong
 hidden state, the wrong frozen-KV layer, shifted RoPE positions, the wrong tree parent, rows of different requests
-mixed, lossy verification, a wrong accept-length counter, the draft CUDA graph never captured). A mutant is a list
-of sites, each *module + anchor text + replacement*; every site whose anchor occurs exactly once in the installed
-release is applied (several sites carry one bug across releases, e.g. the non-overlap worker of 0.5.13 and the
-spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this release and never counts as killed.
+mixed, lossy verification, a wrong accept-length counter, the draft CUDA graph never captured; and, seen only by the
+decoy and sampled servers, a tree parent off the first branch, a verify that takes every draft, a sampled verify
+without the request's temperature, top-k/top-p or accept threshold, a miscounted per-request metric field). A
+mutant is a list of sites, each *module + anchor text + replacement*; every site whose anchor occurs exactly once in
+the installed release is applied (several sites carry one bug across releases, e.g. the non-overlap worker of
+0.5.13 and the spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this release and never counts
+as killed.
 
 The installed files are never edited: the patched text goes into ``<out>/<id>/mutant.json`` (``hook_payload``) and
 the hook in ``mutant_hook/sitecustomize.py`` (first on PYTHONPATH for the pytest run and every server process it
@@ -21,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.tiers.smoke import WITNESS_SERVERS  # the one definition of the witness servers
+from mtpmatrix.tiers.smoke import DECOY_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS  # defined once, in smoke
 from mtpmatrix.schema import comma_list
 
 HOOK_DIR = Path(__file__).resolve().parent / "mutant_hook"
@@ -32,6 +35,11 @@ MARK = "mtpmatrix-mutant:"  # the hook's log lines
 # drafter needs the right hidden state, KV layer, positions, tree parent and its own request's rows to draft right.
 DEFAULT_SERVERS = WITNESS_SERVERS
 TOPK1, TOPK3 = (WITNESS_SERVERS[0],), (WITNESS_SERVERS[1],)
+# Smoke servers that see what the witness cannot: the decoy witness (greedy; the drafter ranks a wrong decoy first at
+# known inputs, so verify must reject it and, at topk 3, the accepted path runs through non-first branches) and the
+# sampled pair (temperature, top-k, top-p; a closed-form target distribution). Defined once, in smoke.
+DECOY_TOPK1, DECOY_TOPK3 = (DECOY_SERVERS[0],), (DECOY_SERVERS[1],)
+SAMPLED_MTP = SAMPLED_SERVERS
 
 CATEGORIES = {
     "handoff": "hidden-state handoff to the drafter",
@@ -42,6 +50,8 @@ CATEGORIES = {
     "lossy-verify": "lossy verification",
     "accounting": "accept-length accounting",
     "cuda-graph": "draft CUDA-graph capture",
+    "sampled-verify": "sampled verification (temperature, top-k/top-p, accept thresholds)",
+    "metric-fields": "per-request speculative metric fields",
 }
 
 
@@ -95,6 +105,10 @@ _LOOP_POSITIONS = ("            forward_batch.spec_info.hidden_states = hidden_s
                    "            self._set_positions(forward_batch)\n")
 _SHIFT_TARGET = "; target_predict = torch.cat([target_predict[:, 1:], target_predict[:, -1:]], dim=1)\n"
 _SWAP_TYPE = '{"sliding_attention": "full_attention", "full_attention": "sliding_attention"}.get(t, t)'
+# Greedy verify that takes every draft: the target's prediction at each chain position replaced by the next draft
+# (topk 1 layout: position 0 the last verified token, 1..steps the drafts), the bonus from the target's last row.
+_ACCEPT_ALL = ("; target_predict = torch.cat([candidates[:, 1:].to(target_predict.dtype), target_predict[:, -1:]], "
+               "dim=1)\n")
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
@@ -176,18 +190,77 @@ CATALOGUE: tuple[Mutant, ...] = (
         (Site(_EAI, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n"),
          Site(_BRP, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n")),
         servers=TOPK1, expect="test_spec_metrics (per-request accept length under the floor, and off the "
-                              "server's avg_spec_accept_length)"),
+                              "server's avg_spec_accept_length); test_meta_info_fields_agree (histogram counts half "
+                              "the verify steps)"),
     Mutant(
         "accept-count-server", "accounting",
         "the scheduler's forward count behind avg_spec_accept_length counted twice (server-side average halves)",
         (Site(_MRP, "self.spec_num_forward_ct += bs\n", "self.spec_num_forward_ct += 2 * bs\n"),),
-        servers=TOPK1, expect="test_spec_metrics (avg_spec_accept_length inconsistent with per-request numbers)"),
+        servers=TOPK1, expect="test_spec_metrics and test_meta_info_fields_agree (avg_spec_accept_length "
+                              "inconsistent with per-request numbers)"),
     Mutant(
         "draft-cuda-graph-skipped", "cuda-graph",
         "the Frozen-KV draft CUDA graph is never captured (the draft loop silently runs eagerly)",
         (Site(_W2, 'logger.info("Capture Frozen-KV MTP draft cuda graph begin.")', "return"),
          Site(_W1, 'logger.info("Capture Frozen-KV MTP draft cuda graph begin.")', "return")),
         servers=TOPK1, expect="test_cuda_graphs_captured (no draft capture line)"),
+    Mutant(
+        "topk-parent-non-first", "tree-parent",
+        "at topk > 1 a draft node whose parent is not its step's first-ranked node continues from the first-ranked "
+        "node's hidden state (nodes under the first branch stay right)",
+        (Site(_SPU, "selected_input_index = flat_cs // topk + batch_offsets",
+              "selected_input_index = (flat_cs // topk).clamp(max=0) + batch_offsets"),),
+        servers=DECOY_TOPK3, expect="test_decoy_accept_matches_prediction[decoy-mtp-topk3] (acceptance: the path "
+                                    "through the second-ranked branch drafts wrong; the witness stays on branch 0)"),
+    Mutant(
+        "verify-accept-all-greedy", "lossy-verify",
+        "greedy verify accepts every draft without comparing it with the target's argmax (topk 1 chain)",
+        (Site(_EAU, "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)\n",
+              "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)" + _ACCEPT_ALL),
+         Site(_EAI, "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
+              "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _ACCEPT_ALL),
+         Site(_EAI2, "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
+              "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _ACCEPT_ALL)),
+        servers=DECOY_TOPK1, expect="test_exact_pair_follows_rule[decoy-mtp-topk1] (mismatch: the decoys reach the "
+                                    "output), test_decoy_accept_matches_prediction"),
+    Mutant(
+        "verify-temperature-ignored", "sampled-verify",
+        "sampled verify builds the target distribution at temperature 1 whatever the request asked",
+        (Site(_EAU, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1"),  # 0.5.17
+         Site(_EAU, "next_token_logits, temperatures=expanded_temperature\n",  # 0.5.23: sampling_softmax(...)
+              "next_token_logits, temperatures=torch.ones_like(expanded_temperature)\n"),
+         Site(_EAI, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1"),  # 0.5.13
+         Site(_EAI2, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1")),
+        servers=SAMPLED_MTP, expect="test_sampled_distribution_matches_closed_form (mismatch)"),
+    Mutant(
+        "verify-renorm-skipped", "sampled-verify",
+        "sampled verify skips the top-k and top-p renormalisation of the target distribution",
+        tuple(Site(m, f"target_probs = top_{x}_renorm_prob(", f"target_probs = (lambda probs, _{x}s: probs)(")
+              for m in (_EAU, _EAI, _EAI2) for x in ("k", "p")),
+        servers=SAMPLED_MTP, expect="test_sampled_distribution_matches_closed_form (mismatch: tokens outside "
+                                    "top-k/top-p appear, the kept ones lose mass)"),
+    Mutant(
+        "verify-accept-threshold", "sampled-verify",
+        "sampled verify accepts a draft when the coin is under twice its target probability (threshold_acc "
+        "halved: the kernel accepts when coin <= prob_acc / threshold_acc)",
+        (Site(_EAU, "threshold_acc=get_spec().speculative_accept_threshold_acc,",
+              "threshold_acc=0.5 * get_spec().speculative_accept_threshold_acc,"),
+         Site(_EAI, "threshold_acc=get_global_server_args().speculative_accept_threshold_acc,",
+              "threshold_acc=0.5 * get_global_server_args().speculative_accept_threshold_acc,"),
+         Site(_EAI2, "threshold_acc=get_global_server_args().speculative_accept_threshold_acc,",
+              "threshold_acc=0.5 * get_global_server_args().speculative_accept_threshold_acc,")),
+        servers=SAMPLED_MTP, expect="test_sampled_distribution_matches_closed_form (mismatch: the drafter's "
+                                    "tokens are over-represented)"),
+    Mutant(
+        "metric-correct-drafts-bonus", "metric-fields",
+        "each request's spec_num_correct_drafts also counts the bonus token of every verify step (the response's "
+        "accept rate and draft count off by one per step; verify count, accept length and the server counter right)",
+        (Site(_BRP, "req.spec_num_correct_drafts += num_correct_drafts\n",
+              "req.spec_num_correct_drafts += num_correct_drafts + 1\n"),
+         Site(_EAI, "req.spec_num_correct_drafts += num_correct_drafts_this_req\n",
+              "req.spec_num_correct_drafts += num_correct_drafts_this_req + 1\n")),
+        servers=TOPK1, expect="test_meta_info_fields_agree (accounting: histogram and tail rule disagree with "
+                              "spec_num_correct_drafts; test_spec_metrics does not read it)"),
 )
 
 

@@ -487,6 +487,21 @@ def accept_length_problem(spec: SmokeServerSpec, metas: list[dict], steps: int =
     return None
 
 
+# Slack on those bounds: the server's average also counts sglang's own warm-up request at launch (a few tokens, one
+# or two verify steps), which no response of the tier reports.
+SERVER_BOUNDS_SLACK = 0.02
+
+
+def server_accept_outside(metas: list[dict], avg: float, steps: int) -> str | None:
+    """Why /server_info's avg_spec_accept_length ``avg`` disagrees with the requests' own counters
+    (``server_accept_bounds``), or None when it agrees or the requests ran no verify step."""
+    bounds = server_accept_bounds(metas, steps)
+    if bounds and not (bounds[0] - SERVER_BOUNDS_SLACK <= avg <= bounds[1] + SERVER_BOUNDS_SLACK):
+        return (f"/server_info avg_spec_accept_length {avg:.3f} outside [{bounds[0]}, {bounds[1]}], the range the "
+                f"requests' own counters allow")
+    return None
+
+
 @dataclass
 class Divergence:
     sequence: int

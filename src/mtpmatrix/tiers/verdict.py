@@ -1,5 +1,5 @@
 """Failure classification: what broke (install conflict, import, abi, config, args, weights, launch, crash,
-mismatch, accuracy, acceptance) and where (the first frame inside sglang / transformers / torch).
+mismatch, accuracy, acceptance, accounting) and where (the first frame inside sglang / transformers / torch).
 
 A failure whose exception was raised in this project's own code (also when a library called that code back), or
 that never passed through the libraries under test, is classified ``harness``: a bug in the matrix must never read
@@ -27,6 +27,7 @@ KINDS = (
     "mismatch",  # outputs with MTP differ from outputs without it
     "accuracy",  # GSM8K score under threshold
     "acceptance",  # accept length under threshold or absent
+    "accounting",  # speculative metric fields disagree with each other, the tokens served or /server_info
     # this project: an exception raised in its own code, or a check that could not set up what it must exercise.
     # Decided for "never batched N requests" (test_topk_batch_served_together): harness, not a kind of its own.
     # sglang promises no batch shape; the tier's own experiment did not happen, and a run whose only failures are

@@ -1,0 +1,110 @@
+"""The speculative fields sglang puts in each response's ``meta_info``, by release, and how they must agree.
+
+Every field comes from three per-request counters the scheduler keeps (``Req.spec_verify_ct``,
+``Req.spec_num_correct_drafts``, ``Req.spec_correct_drafts_histogram``), bumped together once per verify step that
+settles a request; the tokenizer manager (``_calculate_spec_decoding_metrics``) derives the rest:
+
+* ``spec_verify_ct`` V: verify steps;
+* ``spec_num_correct_drafts`` C: drafts accepted over those steps (bonus tokens not included);
+* ``spec_correct_drafts_histogram`` H: H[k] = verify steps that accepted k drafts;
+* ``spec_num_proposed_drafts`` = V * (speculative_num_draft_tokens - 1);
+* ``spec_accept_rate`` = C / proposed; ``spec_accept_length`` = completion_tokens / V;
+* 0.5.13-0.5.17 only: the aliases ``spec_accepted_drafts`` (= C), ``spec_proposed_drafts``, ``spec_accept_histogram``
+  (= H), gone by 0.5.23.
+
+Cited (installed sources; ``tokenizer_manager.py`` meta_info writes / the counters' one update site):
+  0.5.13: tokenizer_manager.py:2295-2319; counters eagle_info.py:491-496 (the v1 verify Frozen-KV MTP runs on) and
+          scheduler_components/batch_result_processor.py:570-574; histogram schedule_batch.py:1046-1056;
+  0.5.17: tokenizer_manager.py:2765-2816; counters batch_result_processor.py:685-689;
+  0.5.23: tokenizer_manager.py:3164-3207; counters batch_result_processor.py:832-836.
+/server_info's ``avg_spec_accept_length`` (accepted tokens / verify steps, lifetime, per DP rank in internal_states):
+  0.5.13 scheduler.py:3531, 0.5.17 scheduler.py:4198, 0.5.23 scheduler_components/internal_state.py:125.
+Not checked: ``spec_cap_length``, ``spec_block_accept_length``, ``spec_cap_lens_histogram`` (0.5.17, 0.5.23), written
+only in ragged-verify mode (``SGLANG_RAGGED_VERIFY_MODE``), which the tier does not run.
+
+So, per request (N = completion_tokens, S = draft steps): sum(H) = V, sum(k * H[k]) = C, no step accepts more than S
+drafts, and the *tail rule*: N counts the prefill token plus every token the verify steps accepted (C + V), except
+that the last step may accept up to S tokens past max_new_tokens, which the response drops, so
+N - 1 <= C + V <= N - 1 + S. In aggregate, /server_info's avg_spec_accept_length must lie where the requests'
+counters put it (``smoke.server_accept_outside``).
+"""
+
+from __future__ import annotations
+
+import math
+
+CORE_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
+               "spec_num_proposed_drafts", "spec_correct_drafts_histogram")
+ALIASES = {"spec_accepted_drafts": "spec_num_correct_drafts", "spec_proposed_drafts": "spec_num_proposed_drafts",
+           "spec_accept_histogram": "spec_correct_drafts_histogram"}  # alias -> the field it repeats
+# sglang releases -> the speculative meta_info fields each response carries (after at least one verify step). Read
+# in 0.5.13, 0.5.17 and 0.5.23 (citations above); 0.5.18-0.5.22 are unread, so they get the fields every read release
+# has, which can only miss an alias, never demand one that is gone. A release outside every range: CORE_FIELDS.
+SGLANG_META_FIELDS = (
+    (">=0.5.13,<0.5.18", CORE_FIELDS + tuple(ALIASES)),
+    (">=0.5.18,<0.5.24", CORE_FIELDS),
+)
+REL_TOL = 1e-6  # the ratios are one float division each, of small integers
+
+
+def documented_fields(version: str | None = None) -> tuple[str, ...]:
+    """The speculative meta_info fields sglang ``version`` (default: the installed one) writes per response."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    from mtpmatrix.tiers.environment import version_of
+
+    version = version or version_of("sglang")
+    try:
+        v = Version(version) if version else None
+    except InvalidVersion:
+        v = None
+    if v is None:
+        return CORE_FIELDS
+    return next((fields for spec, fields in SGLANG_META_FIELDS if v in SpecifierSet(spec)), CORE_FIELDS)
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=REL_TOL, abs_tol=REL_TOL)
+
+
+def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, steps: int) -> list[str]:
+    """What is wrong with one response's speculative fields (empty when they all agree); each item one phrase."""
+    n = meta.get("completion_tokens")
+    if not isinstance(n, int) or n < 1:
+        return [f"completion_tokens is {n!r}"]
+    v = meta.get("spec_verify_ct")
+    if not v and n <= 1:  # done at prefill: no verify step, no fields (the tokenizer manager writes none)
+        return []
+    missing = [f for f in fields if f not in meta]
+    if missing:
+        return [f"missing {', '.join(missing)} (completion_tokens {n})"]
+    c, hist = meta["spec_num_correct_drafts"], meta["spec_correct_drafts_histogram"]
+    out = []
+    if not isinstance(v, int) or v < 1:
+        return [f"spec_verify_ct {v!r} for {n} completion tokens"]
+    if not _close(meta["spec_accept_length"], n / v):
+        out.append(f"spec_accept_length {meta['spec_accept_length']} != completion_tokens/spec_verify_ct = {n}/{v}")
+    proposed = v * (draft_tokens - 1)
+    if meta["spec_num_proposed_drafts"] != proposed:
+        out.append(f"spec_num_proposed_drafts {meta['spec_num_proposed_drafts']} != spec_verify_ct * "
+                   f"(draft tokens - 1) = {v} * {draft_tokens - 1}")
+    if proposed and not _close(meta["spec_accept_rate"], c / proposed):
+        out.append(f"spec_accept_rate {meta['spec_accept_rate']} != correct/proposed drafts = {c}/{proposed}")
+    for alias, original in ALIASES.items():
+        if alias in fields and meta[alias] != meta[original]:
+            out.append(f"{alias} {meta[alias]} != {original} {meta[original]}")
+    if not isinstance(hist, list) or not all(isinstance(h, int) and h >= 0 for h in hist):
+        return out + [f"spec_correct_drafts_histogram {hist!r} is not a list of counts"]
+    if sum(hist) != v:
+        out.append(f"histogram counts {sum(hist)} verify steps, spec_verify_ct {v}")
+    weighted = sum(k * h for k, h in enumerate(hist))
+    if weighted != c:
+        out.append(f"histogram accepts {weighted} drafts, spec_num_correct_drafts {c}")
+    if any(hist[steps + 1:]):
+        out.append(f"histogram has a step accepting more than {steps} drafts: {hist}")
+    if not (n - 1 <= c + v <= n - 1 + steps):
+        out.append(f"accepted tokens (correct drafts + verify steps) {c} + {v} = {c + v} outside [{n - 1}, "
+                   f"{n - 1 + steps}], what {n} completion tokens allow (prefill token + accepted, the last step "
+                   f"cut by at most {steps})")
+    return out

@@ -1,0 +1,128 @@
+"""meta_fields: the speculative meta_info table per sglang release and how the fields must agree (no sglang).
+
+Responses are built the way sglang builds them (per-request counters bumped per verify step, the tokenizer manager's
+ratios on top); the contract tier checks the same against the installed release's own tokenizer manager.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mtpmatrix import settings
+from mtpmatrix.tiers import meta_fields as F
+from mtpmatrix.tiers import smoke
+
+STEPS = settings.NUM_STEPS
+DRAFT_TOKENS = settings.DRAFT_TOKENS[1]
+
+
+def response(accepted: list[int], max_new: int = smoke.MAX_NEW_TOKENS, fields=F.SGLANG_META_FIELDS[0][1]) -> dict:
+    """meta_info of a request whose verify steps accepted ``accepted[i]`` drafts each (plus the bonus token), cut at
+    max_new tokens, with the release's aliases when ``fields`` has them."""
+    hist = [0] * (max(accepted) + 1)
+    for a in accepted:
+        hist[a] += 1
+    v, c = len(accepted), sum(accepted)
+    n = min(max_new, 1 + c + v)
+    proposed = v * (DRAFT_TOKENS - 1)
+    meta = {"completion_tokens": n, "spec_verify_ct": v, "spec_num_correct_drafts": c,
+            "spec_num_proposed_drafts": proposed, "spec_accept_rate": c / proposed, "spec_accept_length": n / v,
+            "spec_correct_drafts_histogram": hist}
+    for alias, original in F.ALIASES.items():
+        if alias in fields:
+            meta[alias] = meta[original]
+    return meta
+
+
+def why(meta: dict, fields=F.SGLANG_META_FIELDS[0][1]) -> list[str]:
+    return F.disagreements(meta, fields=fields, draft_tokens=DRAFT_TOKENS, steps=STEPS)
+
+
+WITNESS = [STEPS] * 6  # 1 + 6 * 6 = 37 tokens for 32 asked: the last step's 5 extra are cut (the tail rule's edge)
+RANDOM = [0] * 30 + [1]
+MIXED = [5, 0, 3, 2, 5, 1, 4]
+
+
+@pytest.mark.parametrize("accepted", [WITNESS, RANDOM, MIXED], ids=["witness", "random", "mixed"])
+@pytest.mark.parametrize("fields", [f for _spec, f in F.SGLANG_META_FIELDS], ids=["0.5.13-17", "0.5.18-23"])
+def test_consistent_responses_agree(accepted, fields):
+    assert why(response(accepted, fields=fields), fields) == []
+
+
+def test_prefill_only_response_needs_no_fields():
+    assert why({"completion_tokens": 1}) == []
+
+
+@pytest.mark.parametrize("field, delta, expect", [
+    ("spec_verify_ct", 1, "spec_accept_length 5.333333333333333 != completion_tokens/spec_verify_ct = 32/7"),
+    ("spec_num_correct_drafts", 1, "histogram accepts 30 drafts, spec_num_correct_drafts 31"),
+    ("spec_num_proposed_drafts", -1, "spec_num_proposed_drafts 29 != spec_verify_ct * (draft tokens - 1) = 6 * 5"),
+    ("completion_tokens", -1, "spec_accept_length 5.333333333333333 != completion_tokens/spec_verify_ct = 31/6"),
+    ("spec_accepted_drafts", -1, "spec_accepted_drafts 29 != spec_num_correct_drafts 30"),
+])
+def test_a_field_miscounted_by_one_fails_and_says_which(field, delta, expect):
+    meta = response(WITNESS)
+    meta[field] += delta
+    assert expect in why(meta)
+
+
+def test_histogram_off_by_one_in_any_bin_fails():
+    for k in range(STEPS + 1):
+        meta = response(MIXED)
+        meta["spec_correct_drafts_histogram"] = meta["spec_correct_drafts_histogram"] + [0] * (STEPS + 1 - 6)
+        meta["spec_correct_drafts_histogram"][k] += 1
+        got = why(meta)
+        assert f"histogram counts {len(MIXED) + 1} verify steps, spec_verify_ct {len(MIXED)}" in got, k
+        assert (k == 0) or any(g.startswith("histogram accepts") for g in got), k
+
+
+def test_the_bonus_counted_as_a_draft_breaks_the_tail_rule():
+    """What the catalogue's metric-correct-drafts-bonus mutant does: C + V per request instead of C."""
+    meta = response(WITNESS)
+    meta["spec_num_correct_drafts"] += meta["spec_verify_ct"]
+    got = "; ".join(why(meta))
+    assert "histogram accepts 30 drafts, spec_num_correct_drafts 36" in got
+    assert "accepted tokens (correct drafts + verify steps) 36 + 6 = 42 outside [31, 36]" in got
+
+
+def test_tail_rule_both_ends():
+    meta = response(RANDOM)  # 31 steps accepting 1 draft in all: 1 + 32 = 33 tokens, 32 kept
+    assert why(meta) == []
+    short = dict(meta, completion_tokens=meta["completion_tokens"] + STEPS + 1,
+                 spec_accept_length=(meta["completion_tokens"] + STEPS + 1) / meta["spec_verify_ct"])
+    assert any("outside" in w for w in why(short))  # more tokens served than the steps accepted
+    long_ = response([STEPS] * 7)  # 7 steps of 6 for 31 kept tokens: one step too many
+    assert any("42 outside [31, 36]" in w for w in why(long_))
+
+
+def test_a_step_accepting_more_than_the_steps_is_flagged():
+    meta = response([STEPS + 1, 0, 0, 0, 0, 0])
+    assert any(f"more than {STEPS} drafts" in w for w in why(meta))
+
+
+def test_missing_documented_field_is_named():
+    meta = response(WITNESS)
+    del meta["spec_accept_histogram"]
+    assert why(meta) == ["missing spec_accept_histogram (completion_tokens 32)"]
+    assert why(meta, F.CORE_FIELDS) == []  # 0.5.23 no longer writes the alias
+
+
+def test_no_verify_count_for_many_tokens():
+    assert why({"completion_tokens": 32}) == [f"missing {', '.join(F.SGLANG_META_FIELDS[0][1])} (completion_tokens 32)"]
+
+
+@pytest.mark.parametrize("version, aliases", [("0.5.13", True), ("0.5.17", True), ("0.5.17.post1", True),
+                                              ("0.5.23", False), ("0.5.20", False), ("0.6.0", False),
+                                              ("not-a-version", False)])
+def test_documented_fields_by_release(version, aliases):
+    fields = F.documented_fields(version)
+    assert set(F.CORE_FIELDS) <= set(fields)
+    assert (set(F.ALIASES) <= set(fields)) is aliases
+
+
+def test_server_average_outside_the_requests_bounds():
+    metas = [response(WITNESS) for _ in range(8)]
+    assert smoke.server_accept_outside(metas, 6.0, STEPS) is None  # every verify accepted 6
+    msg = smoke.server_accept_outside(metas, 3.0, STEPS)  # a server counter that doubled its steps
+    assert msg.startswith("/server_info avg_spec_accept_length 3.000 outside [5.1667, 6.0]")
+    assert smoke.server_accept_outside([{"completion_tokens": 1}], 1.0, STEPS) is None  # no verify step: no bound
