@@ -82,6 +82,10 @@ TOP_LOGPROBS = 10
 # With SMOKE_ARGS' 0.12 the margin is 12% of free memory, and a smoke server on a tiny pair holds a few GiB, so one
 # extra concurrent server per MIB_PER_EXTRA_SERVER of free memory keeps every launch inside its margin.
 MIB_PER_EXTRA_SERVER = 25 * 1024
+# Requests in flight per server: twice the servers' --max-running-requests (SMOKE_ARGS: 8), so the scheduler always
+# has a full batch queued (topk 3 must batch >= WITNESS_MIN_BATCH) without 76 connections opened at once for the
+# sampled plan (H200, sglang 0.5.17: 68/76 such requests came back RemoteDisconnected while the server stalled).
+CLIENT_PARALLEL = 16
 
 
 @dataclass(frozen=True)
@@ -402,7 +406,7 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
             from mtpmatrix.tiers.pairs.sampled import payload
 
             reqs += [payload(r) for r in plan]
-        results = client.run_batch(server.base_url, reqs, parallel=len(reqs))
+        results = client.run_batch(server.base_url, reqs, parallel=min(len(reqs), CLIENT_PARALLEL))
         run.request_seconds = round(time.monotonic() - t1, 2)
         errors = [r.error for r in results if r.error]
         if errors:
