@@ -109,6 +109,8 @@ def test_not_ready_before_deadline_is_launch_failure(tmp_path):
         wait_for(lambda: "fake sglang: serving on" in (tmp_path / "server.log").read_text(), "the stub serving")
         with pytest.raises(CheckFailure) as ei:
             srv.wait_ready(timeout=2)
+        with pytest.raises(CheckFailure, match="not ready after 0s \\(last health answer: /health_generate -> 503"):
+            srv.wait_ready(timeout=0)  # a wait that begins at its deadline still asks the server once
     finally:
         srv.stop()
     assert ei.value.kind == "launch" and "not ready after 2s" in str(ei.value)
