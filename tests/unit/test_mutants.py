@@ -537,7 +537,8 @@ def test_scheduler_times_out_a_hanging_suite(tmp_path, runner_sigint):
     hang = tmp_path / "hang.py"
     hang.write_text(HANGING_SUITE)
     suite = S.Suite("m", ("a",), tmp_path / "m", dict(os.environ))
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if runner_sigint == "ignored" else signal.default_int_handler)
+    runner_handler = signal.SIG_IGN if runner_sigint == "ignored" else signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, runner_handler)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         S.Scheduler([suite], cap=1, timeout=2, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
