@@ -9,6 +9,10 @@ As a process (lifecycle tests; argv mimics ``sglang.launch_server``)::
 
     python fake_sglang.py --model-path x --host 127.0.0.1 --port 30000 [--startup-delay 1] [--grandchild]
 
+Tests wait on events here, not on time (tests/unit/events.py): ``before_answer`` runs in each /generate handler
+thread before it answers (a barrier: requests in flight at once; an event: a reply held back), ``--ready-file``
+keeps /health at 503 until a file exists, ``--rendezvous`` holds each stub process until N of them run at once.
+
 Endpoints: GET /health, /health_generate, /model_info, /get_model_info, /server_info, /get_server_info;
 POST /generate, /flush_cache. HTTP/1.1 keep-alive like uvicorn.
 """
@@ -31,7 +35,8 @@ class FakeState:
     def __init__(self, *, delay: float = 0.0, fail: dict | None = None, responder: Callable | None = None,
                  server_info: dict | None = None, legacy_server_info: bool = False, accept_length: float = 2.0,
                  completion_tokens: int = 8, starting_for: float = 0.0, flush_refusals: int = 0,
-                 drop_connection: set | None = None):
+                 drop_connection: set | None = None, before_answer: Callable[[], object] | None = None,
+                 ready_file: str | None = None):
         self.delay = delay
         self.fail = dict(fail or {})  # request number (0-based, arrival order) -> HTTP status
         self.drop_connection = set(drop_connection or ())  # request numbers answered by closing the socket
@@ -41,12 +46,18 @@ class FakeState:
         self.accept_length = accept_length
         self.completion_tokens = completion_tokens
         self.ready_at = time.monotonic() + starting_for  # /health answers 503 until then
+        self.ready_file = ready_file  # ... and until this file exists
+        # called by each /generate before it answers; what it raises is answered as a 500 with its text
+        self.before_answer = before_answer
         self.flush_refusals = flush_refusals
         self.lock = threading.Lock()
         self.count = 0
         self.payloads: list[dict] = []
         self.connections: set = set()
         self.flushes = 0
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at and (self.ready_file is None or os.path.exists(self.ready_file))
 
     def info(self) -> dict:
         if self.server_info is not None:
@@ -81,7 +92,7 @@ def make_handler(state: FakeState):
                 state.connections.add(self.client_address)
             p = self.path.split("?")[0]
             if p in ("/health", "/health_generate"):
-                return self._send(200 if time.monotonic() >= state.ready_at else 503, text="")
+                return self._send(200 if state.ready() else 503, text="")
             if p in ("/model_info", "/get_model_info"):
                 return self._send(200, {"model_path": "fake", "is_generation": True})
             if p == "/server_info" and state.legacy_server_info:
@@ -113,6 +124,11 @@ def make_handler(state: FakeState):
                 state.payloads.append(payload)
             if state.delay:
                 time.sleep(state.delay)
+            if state.before_answer is not None:
+                try:
+                    state.before_answer()
+                except Exception as exc:  # e.g. a broken barrier: the requests were not all in flight at once
+                    return self._send(500, {"error": {"message": f"before_answer: {type(exc).__name__}: {exc}"}})
             if k in state.drop_connection:
                 self.close_connection = True
                 self.connection.shutdown(2)
@@ -193,6 +209,20 @@ class FakeSglang:
         self.httpd.server_close()
 
 
+def rendezvous(folder: str, count: int) -> None:
+    """Hold this stub until ``count`` stubs (this one included) have reached this point: proof that they were
+    launched side by side. Exits 1 with one line when they never are (launched in turn, the first waits alone)."""
+    from events import wait_for
+
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    try:
+        wait_for(lambda: len(os.listdir(folder)) >= count, f"{count} fake sglang servers running at once")
+    except AssertionError as exc:
+        print(f"fake sglang: rendezvous: {exc} ({len(os.listdir(folder))} were)", flush=True)
+        sys.exit(1)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--host", default="127.0.0.1")
@@ -204,6 +234,11 @@ def main(argv=None) -> None:
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--exit-once", default=None, help="if this file exists: delete it and exit 1 (one failure)")
     ap.add_argument("--exit-always", action="store_true", help="exit 1 at every launch (a broken release)")
+
+    ap.add_argument("--ready-file", default=None, help="/health answers 503 until this file exists")
+    ap.add_argument("--rendezvous", default=None, metavar="DIR",
+                    help="before binding: leave a file in DIR, then wait until --rendezvous-count stubs have")
+    ap.add_argument("--rendezvous-count", type=int, default=1)
     args, _unknown = ap.parse_known_args(argv)
     if args.ignore_sigterm:
         import signal
@@ -228,8 +263,10 @@ def main(argv=None) -> None:
         with open(args.pidfile, "w") as fh:
             fh.write(f"{os.getpid()} {child_pid or 0}\n")
     print(f"fake sglang: pid {os.getpid()} starting", flush=True)
+    if args.rendezvous:
+        rendezvous(args.rendezvous, args.rendezvous_count)
     time.sleep(args.startup_delay)
-    fake = FakeSglang(args.host, args.port, starting_for=args.starting_for)
+    fake = FakeSglang(args.host, args.port, starting_for=args.starting_for, ready_file=args.ready_file)
     print(f"fake sglang: serving on {fake.base_url}", flush=True)
     fake.httpd.serve_forever()
 

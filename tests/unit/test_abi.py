@@ -324,7 +324,6 @@ def test_installed_environment_override_fails(elf, reader, tmp_path):
                          "torch 2.13.0 ships no libc10_cuda.so -- needed by fake_kernel/sm90/ops.abi3.so")
     assert abi.cuda_mismatches(rep.libraries, rep.torch_cuda) == [
         "fake_kernel/ops_cuda.so needs libcudart.so.12 (CUDA 12)"]
-    assert rep.seconds < 30
 
 
 def test_cpu_torch_has_no_cuda_version(elf, reader, tmp_path):

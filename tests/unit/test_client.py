@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from events import HANG
 from fake_sglang import FakeSglang
 from mtpmatrix.tiers import client
 
@@ -90,14 +91,12 @@ def test_run_batch_progress_errors_do_not_kill_batch():
 
 
 def test_run_batch_really_parallel():
-    with FakeSglang(delay=0.2) as fake:
-        import time
-
-        t0 = time.perf_counter()
+    # Each request is answered only once all 16 are in flight at the stub at the same time: requests sent in turn
+    # (or fewer at once) break the barrier and are answered 500, however fast or slow the machine is.
+    all_in_flight = threading.Barrier(16, timeout=HANG)
+    with FakeSglang(before_answer=all_in_flight.wait) as fake:
         res = client.run_batch(fake.base_url, [client.generate_payload(text="x")] * 16, parallel=16)
-        wall = time.perf_counter() - t0
-    assert all(r.ok for r in res)
-    assert wall < 1.5, f"16 x 0.2 s requests at parallel 16 took {wall:.2f}s"
+    assert all(r.ok for r in res), [r.error for r in res if not r.ok][:1]
 
 
 def test_server_info_and_legacy_fallback():
@@ -142,11 +141,16 @@ def test_flush_cache_and_health():
 
 
 def test_timeout_applies_to_batches_and_single_calls():
-    with FakeSglang(delay=0.5) as fake:
-        res = client.run_batch(fake.base_url, [client.generate_payload(text="x")] * 2, parallel=2, timeout=0.1)
-        assert not any(r.ok for r in res) and all("timed out" in r.error for r in res)
-        with pytest.raises(OSError):  # requests' Timeout is an OSError: callers' transport handlers catch it
-            client.generate(fake.base_url, text="x", timeout=0.1)
+    # The stub holds every reply until the test has seen the timeouts: no reply can beat them, however loaded.
+    released = threading.Event()
+    with FakeSglang(before_answer=lambda: released.wait(HANG)) as fake:
+        try:
+            res = client.run_batch(fake.base_url, [client.generate_payload(text="x")] * 2, parallel=2, timeout=0.1)
+            assert not any(r.ok for r in res) and all("timed out" in r.error for r in res)
+            with pytest.raises(OSError):  # requests' Timeout is an OSError: callers' transport handlers catch it
+                client.generate(fake.base_url, text="x", timeout=0.1)
+        finally:
+            released.set()
 
 
 def test_single_calls_keep_alive_and_resend_on_a_dropped_idle_connection():

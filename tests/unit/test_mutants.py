@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -398,7 +398,7 @@ def test_split_row_arg():
 STUB = """\
 import json, os, subprocess, sys, time
 folder, name = sys.argv[1], sys.argv[2]
-t0 = time.time()
+t0 = time.monotonic()  # one clock for every process of this machine: the spans compare across them
 with open(os.path.join(folder, "server-w.log"), "w") as log:
     log.write("# mtpmatrix: ready after 0.1s\\n")
     log.flush()
@@ -406,7 +406,7 @@ with open(os.path.join(folder, "server-w.log"), "w") as log:
                          stderr=log, text=True).stdout.strip()
 time.sleep(float(os.environ.get("STUB_SLEEP", "0.3")))
 with open(os.path.join(folder, "..", "spans.txt"), "a") as fh:
-    fh.write(f"{name} {t0} {time.time()}\\n")
+    fh.write(f"{name} {t0} {time.monotonic()}\\n")
 fail = name == os.environ.get("STUB_FAIL") or out != "1"
 rec = {"id": "tests/tiers/test_smoke.py::test_spec_metrics[w]", "tier": "smoke",
        "outcome": "failed" if fail else "passed", "seconds": 0.1, "metrics": {}}
@@ -512,14 +512,40 @@ def test_scheduler_respects_the_server_cap_and_the_warmup(tmp_path, stub_env, mo
     assert all(s.started >= suites[0].started for s in suites[1:])
 
 
-def test_scheduler_times_out_a_hanging_suite(tmp_path):
+HANGING_SUITE = """\
+import signal, time
+try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a SIGINT held since exec is raised here
+    time.sleep(3600)
+except KeyboardInterrupt:
+    raise SystemExit(2)  # as pytest does: stops its servers, writes tiers.json
+"""
+
+
+@pytest.mark.parametrize("runner_sigint", ["handled", "ignored"])
+def test_scheduler_times_out_a_hanging_suite(tmp_path, runner_sigint):
+    """A suite past its deadline is interrupted with SIGINT and stops on it (exit 2), not SIGKILLed after its grace.
+
+    Event, not time: SIGINT is blocked in this thread while the scheduler runs, so the suite starts with it blocked
+    and the scheduler's SIGINT stays pending until the suite unblocks it inside its ``try`` -- however much longer
+    than the 2 s deadline a Python start takes on a loaded machine. The grace is a hang bound only (the suite exits
+    at once). 'ignored': the runner started with SIGINT ignored (a background job of a non-interactive shell), which
+    its children inherit unless the scheduler resets it: they were SIGKILLed (-9), issue #20."""
+    from events import HANG
+
     hang = tmp_path / "hang.py"
-    hang.write_text("import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(2)\n")
+    hang.write_text(HANGING_SUITE)
     suite = S.Suite("m", ("a",), tmp_path / "m", dict(os.environ))
-    t0 = time.monotonic()
-    S.Scheduler([suite], cap=1, timeout=2, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
-                poll=0.05, grace=5).run()
-    assert suite.timed_out and suite.exitstatus == 2 and time.monotonic() - t0 < 20
+    runner_handler = signal.SIG_IGN if runner_sigint == "ignored" else signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, runner_handler)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        S.Scheduler([suite], cap=1, timeout=2, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
+                    poll=0.05, grace=HANG).run()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous)
+    assert suite.timed_out and suite.exitstatus == 2
     assert S.judge_suite(None, suite.exitstatus, suite.timed_out).status == "timeout"
 
 

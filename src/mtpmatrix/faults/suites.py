@@ -234,6 +234,14 @@ def stop_leftover_servers(folder: Path) -> list[int]:
     return killed
 
 
+def _sigint_at_default() -> None:
+    """In a suite's process, before exec: SIGINT at its default, so that pytest raises KeyboardInterrupt on the
+    scheduler's SIGINT (stops its servers, writes tiers.json) even when this runner was started with SIGINT ignored,
+    as a background job of a non-interactive shell is. An ignored SIGINT stays ignored across exec, Python then
+    installs no handler, and every timed-out suite would be SIGKILLed after its grace with nothing recorded."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Scheduler:
     """Runs suites side by side under a cap on concurrently launched servers, the first one (the baseline) alone
     until one of its servers is ready (tiny pairs built once, Triton/inductor caches warm for the rest)."""
@@ -284,7 +292,8 @@ class Scheduler:
             limit = min(limit, self.budget - (suite.started - self.t0))
         suite.deadline = suite.started + max(1.0, limit)
         suite.proc = subprocess.Popen(self.command(suite), cwd=REPO, env=suite.env, stdin=subprocess.DEVNULL,
-                                      stdout=suite.log_fh, stderr=subprocess.STDOUT, start_new_session=True)
+                                      stdout=suite.log_fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=_sigint_at_default)
         self.running.append(suite)
         self.log(f"[mutants] start {suite.name} ({', '.join(suite.servers)}; {self._busy()}/{self.cap} server "
                  f"slots busy; {self._elapsed():.0f} s elapsed)")

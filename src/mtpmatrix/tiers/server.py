@@ -181,6 +181,7 @@ class SglangServer:
         health = list(HEALTH_PATHS)
         last = "no answer yet"
         next_say = time.monotonic() + self.progress_every
+        asked = False
         while True:
             rc = self.proc.poll()
             if rc is not None:
@@ -188,7 +189,9 @@ class SglangServer:
                 raise self._fail("launch", f"{self.name} server exited with code {rc} before it was ready "
                                            f"({time.monotonic() - t0:.0f}s after launch)")
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            # given up only once the server was asked at least once: the failure says what it answered, even
+            # when this wait began late (a loaded machine, a caller that waited on something else first)
+            if remaining <= 0 and asked:
                 self._say(f"not ready after {timeout:.0f}s: giving up")
                 raise self._fail("launch", f"{self.name} server not ready after {timeout:.0f}s "
                                            f"(last health answer: {last})")
@@ -196,6 +199,7 @@ class SglangServer:
                 next_say += self.progress_every
                 self._say(f"starting, {time.monotonic() - t0:.0f}s so far (last health answer: {last})")
             try:
+                asked = True
                 status, _ = client.request(self.base_url, "GET", health[0], timeout=min(30.0, max(remaining, 1.0)))
                 last = f"{health[0]} -> {status}"
                 if status == 404 and len(health) > 1:
