@@ -208,3 +208,32 @@ def test_releases_command_is_wired_into_the_cli(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mtpmatrix", "releases"], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith("error: index http://127.0.0.1:9/simple is unreachable")
+
+
+# --- the report's canary section -----------------------------------------------------------------------------------
+
+def test_report_section_puts_each_canary_next_to_its_pinned_row(rows, tmp_path):
+    from mtpmatrix.report import canaries as rc
+
+    run = tmp_path / "results" / "r1"
+    atomic_write_json(run / "sglang-0.5.17" / "row.json", {"verdict": "passed", "tiers": {}})
+    atomic_write_json(run / "t" / "row.json", {"verdict": "failed", "canary": {
+        "id": "t", "mode": "canary-override", "from": "sglang-0.5.17",
+        "moved": {"transformers": {"from": "5.12.1", "to": "5.24.0"}}}})
+    atomic_write_json(run / "t-and-x" / "row.json", {"verdict": "failed", "canary": {"retry_of": "t"}})
+    atomic_write_json(run / "t" / "canary.json", {"summary": ["CULPRIT: transformers 5.13.0 breaks ..."]})
+    table = [{"package": "torch", "newest_pin": "2.14.1", "newer": [{"version": "2.15.0", "canaries": []}]}]
+    sec = rc.section(run, tmp_path / "results", untested=lambda: table)
+    assert [c["id"] for c in sec["canaries"]] == ["t"]  # a companion retry is part of its canary, not a canary
+    md = rc.markdown(sec)
+    assert "| `t` | canary-override | `sglang-0.5.17` | transformers 5.12.1 -> 5.24.0 | failed | passed |" in md
+    assert "CULPRIT: transformers 5.13.0 breaks ..." in md
+    assert "- torch: newer than the rows' pin 2.14.1: 2.15.0 (no canary has run it)" in md
+
+    def offline():
+        raise releases.ReleaseError("index https://fake/simple is unreachable (refused)")
+
+    assert "not listed: index https://fake/simple is unreachable (refused)" in rc.markdown(
+        rc.section(run, tmp_path / "results", untested=offline))
+    # a run without canary rows gets no section and never asks the index
+    assert rc.section(run.parent / "none", tmp_path, untested=lambda: pytest.fail("index asked")) is None
