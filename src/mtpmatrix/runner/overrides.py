@@ -171,10 +171,22 @@ def moved(baseline: dict[str, str], now: dict[str, str], *, asked: Iterable[str]
         elif name in companions:
             why = "companion: follows the override (its own requirement on the overridden package)"
         else:
-            by = sorted(d.name for d in dists.values() if d.name != name and requirement_on(d, name))
-            why = "re-resolved by uv under the override" + (f"; required by {', '.join(by[:4])}" if by else "")
+            why = "re-resolved by uv under the override" + _because(name, before, dists)
         out.append({"package": name, "from": before, "to": after, "why": why})
     return out
+
+
+def _because(name: str, before: str | None, dists: dict[str, Dist]) -> str:
+    """Which installed package's requirement rules out the version the row alone would have (else who requires
+    the package at all)."""
+    reqs = [(d, r) for d in dists.values() if d.name != name and (r := requirement_on(d, name))]
+    if before:
+        for d, r in sorted(reqs, key=lambda x: x[0].name):
+            spec = Requirement(r).specifier
+            if spec and not spec.contains(before, prereleases=True):
+                return f": {d.name} {d.version} requires {r}, which {before} does not satisfy"
+    by = sorted(d.name for d, _ in reqs)
+    return f"; required by {', '.join(by[:4])}" if by else ""
 
 
 def _names(dist_name: str, dists: dict[str, Dist]) -> set[str]:
