@@ -4,6 +4,7 @@ row's verdicts, the ABI statement, and the search's new stop / known-result opti
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,71 @@ def test_publish_appends_to_the_step_summary(tmp_path):
     culprit.publish(["c"], env={})
     assert f.read_text() == "\n```\na\nb\n```\n"
     assert Path(f).exists()
+
+
+# --- the whole canary, with the installs faked -------------------------------------------------------------------
+
+TORCHAUDIO = {"kind": "import", "type": "RuntimeError", "message": "PyTorch has CUDA version 13.2 whereas TorchAudio "
+              "has CUDA version 13.0", "raised_at": "torchaudio/_extension/utils.py:124 in _check_cuda_version"}
+
+
+@pytest.fixture
+def fake_installs(monkeypatch, tmp_path):
+    """run_row answers like the 0.5.23 row under torch 2.15.0: the ABI check passes, the import fails on
+    torchaudio until torchaudio moves; every call is recorded, and saved like run_row saves (for --resume)."""
+    from mtpmatrix.runner.store import RunStore
+
+    calls = []
+
+    def run_row(row, venv, opts, log=print):
+        calls.append((row.id, tuple(opts.overrides)))
+        moved_audio = any(o.startswith("torchaudio==") for o in opts.overrides)
+        torch = next((o.split("==")[1] for o in opts.overrides if o.startswith("torch==")), row.pins["torch"])
+        fails = torch == "2.15.0" and not moved_audio
+        checks = [{"id": "tests/tiers/test_contract.py::test_torch_abi", "outcome": "passed",
+                   "metrics": {"libraries": 32, "torch_symbols": 2045}},
+                  {"id": "tests/tiers/test_contract.py::test_import[gemma4_mtp]",
+                   "outcome": "failed" if fails else "passed", "failure": TORCHAUDIO if fails else None}]
+        record = {**opts.record_extra, "overrides": list(opts.overrides), "versions": {"torch": torch},
+                  "verdict": "failed" if fails else "passed",
+                  "install": {"verdict": "passed", "held": [{"package": "sglang-kernel", "version": "0.4.10",
+                                                             "why": "kept at sglang's exact pin"}]},
+                  "tiers": {"contract": {"verdict": "failed" if fails else "passed", "checks": checks}},
+                  "blocking_pins": [{"package": "torchaudio", "version": "2.11.0", "pinned_by": "sglang 0.5.23",
+                                     "tier": "contract", "check": checks[1]["id"], "kind": "import",
+                                     "message": TORCHAUDIO["message"]}] if fails else []}
+        RunStore(opts.results, opts.run_id).save_row(row.id, record)
+        return record
+
+    monkeypatch.setattr(culprit.matrix, "run_row", run_row)
+    monkeypatch.setattr(culprit.bisect, "make_venv", lambda row, venv: venv)
+    monkeypatch.setattr(culprit.matrix, "resolve_companions", lambda row, venv, ov, names: ["torchaudio==2.11.1"])
+    monkeypatch.setattr(culprit.bisect, "candidates", lambda p, g, b: ["2.14.1", "2.15.0"])
+    return calls
+
+
+def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_path, fake_installs):
+    f = tmp_path / "sglang-0.5.23.txt"
+    f.write_text("# python: 3.11\n# torch-backend: pypi\nsglang==0.5.23\ntransformers==5.19.0\ntorch==2.14.1\n")
+    row = parse_row(f)
+    c = Canary("sglang-0.5.23-torch", f, row, "canary-override", {"torch": ">=2.14"})
+    res = Resolution(c, {"torch": "2.15.0"}, {"torch": ("2.14.1", "2.15.0")})
+    opts = culprit.matrix.Options(run_id="r1", results=tmp_path / "results", tiers="contract")
+    state = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
+    assert fake_installs == [
+        ("sglang-0.5.23-torch", ("torch==2.15.0",)),  # the canary: torch's single probe too
+        ("sglang-0.5.23-torch-2.14.1", ("torch==2.14.1",)),  # the bisect checks the pinned end
+        ("sglang-0.5.23-torch-and-torchaudio", ("torch==2.15.0", "torchaudio==2.11.1"))]  # the retry
+    text = "\n".join(state["summary"])
+    assert "held: sglang-kernel 0.4.10 (kept at sglang's exact pin)" in text
+    assert "torch 2.15.0 does not break sglang's native extensions: the ABI checks pass" in text
+    assert "CULPRIT: torch 2.15.0 breaks sglang-0.5.23 contract (last good: 2.14.1)" in text
+    assert "BLOCKING PIN: sglang 0.5.23 pins torchaudio==2.11.0, which refuses torch==2.15.0" in text
+    assert "  retry with torchaudio==2.11.1: PASSED — contract=passed" in text
+    on_disk = json.loads((tmp_path / "results" / "r1" / "sglang-0.5.23-torch" / "canary.json").read_text())
+    assert on_disk["summary"] == state["summary"]
+    # --resume: every finished step is read back, nothing is installed again
+    fake_installs.clear()
+    opts.resume = True
+    again = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
+    assert fake_installs == [] and again["summary"][:-1] == state["summary"][:-1]
