@@ -58,8 +58,8 @@ def test_stranded_packages_sglang_pins_are_held_the_others_follow(venv):
 def test_hold_records_say_who_pins_and_what_is_left_unmet(venv):
     record = {"install": {}}
     logged = []
-    movable = ov.hold_sglang_pins(record, venv, ["torch==2.15.0"], ["sglang-kernel", "torchvision"],
-                                  log=logged.append)
+    movable = ov.hold_sglang_pins(record, venv, ["torch==2.15.0", "torchaudio==2.11.1"],
+                                  ["sglang-kernel", "torchvision"], log=logged.append)
     assert movable == ["torchvision"]
     assert record["install"]["held"] == [{
         "package": "sglang-kernel", "version": "0.4.10", "pinned_by": "sglang 0.5.23", "requires": ["torch==2.14.1"],

@@ -119,16 +119,16 @@ def split_stranded(stranded: Iterable[str], pins: dict[str, str], asked: Iterabl
 
 def held_records(held: list[str], dists: dict[str, Dist], overrides: list[str]) -> list[dict]:
     """One record per held package: its version, who pins it, the requirement the override leaves unmet."""
-    targets = [Requirement(o).name for o in overrides]
     pinner = dists.get(PINNER)
     out = []
     for name in held:
         d = dists.get(name)
-        unmet = [r for r in (requirement_on(d, t) for t in targets) if r] if d else []
+        pairs = [(o, r) for o in overrides if d and (r := requirement_on(d, Requirement(o).name))]
+        unmet = [r for _, r in pairs]
         out.append({"package": name, "version": d.version if d else None,
                     "pinned_by": f"{PINNER} {pinner.version}" if pinner else PINNER, "requires": unmet,
                     "why": f"kept at {PINNER}'s exact pin; its own requirement {', '.join(unmet) or '?'} is left "
-                           f"unmet by {', '.join(overrides)}"})
+                           f"unmet by {', '.join(o for o, _ in pairs) or ', '.join(overrides)}"})
     return out
 
 
