@@ -232,7 +232,11 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
     text = "\n".join(state["summary"])
     assert "held: sglang-kernel 0.4.10 (kept at sglang's exact pin)" in text
     assert "torch 2.15.0 does not break sglang's native extensions: the ABI checks pass" in text
-    assert "CULPRIT: torch 2.15.0 breaks sglang-0.5.23 contract (last good: 2.14.1)" in text
+    assert ("CULPRIT: torch 2.15.0 breaks sglang-0.5.23 contract (last good: 2.14.1): [import] PyTorch has CUDA "
+            "version 13.2 whereas TorchAudio has CUDA version 13.0") in text  # the failure of the canary's own run
+    assert state["summary"][-2] == ("ANSWER: torch==2.15.0 works with sglang-0.5.23 once torchaudio==2.11.1 moves "
+                                    "too (contract=passed): the upgrade is blocked only by sglang 0.5.23's pin "
+                                    "torchaudio==2.11.0")
     assert "BLOCKING PIN: sglang 0.5.23 pins torchaudio==2.11.0, which refuses torch==2.15.0" in text
     assert "  retry with torchaudio==2.11.1: PASSED — contract=passed" in text
     on_disk = json.loads((tmp_path / "results" / "r1" / "sglang-0.5.23-torch" / "canary.json").read_text())

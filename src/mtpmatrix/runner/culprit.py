@@ -183,7 +183,9 @@ def culprit_lines(c: dict, res: Resolution) -> list[str]:
                                                                                      if s["detail"] else ""))
     for pkg, b in c["bisect"].items():
         if b.get("outcome") in ("found", "good-fails"):
-            f = (next((p for p in b["probes"] if p["version"] == b["first_bad"]), None) or {}).get("failure") or {}
+            f = ((next((p for p in b["probes"] if p["version"] == b["first_bad"]), None) or {}).get("failure")
+                 or (c["single"].get(pkg, {}) if c["single"].get(pkg, {}).get("version") == b["first_bad"] else {})
+                 .get("failure") or {})
             out.append(f"CULPRIT: {pkg} {b['first_bad']} breaks {row} {tier} (last good: {b['last_good'] or '-'}): "
                        f"[{f.get('kind') or '?'}] {f.get('message') or ''}".rstrip())
         out += [f"  {ln}" for ln in b.get("summary") or []]
@@ -205,7 +207,23 @@ def blocker_lines(record: dict, res: Resolution) -> list[str]:
     torch = ", ".join(res.overrides) or "the canary's releases"
     return [f"BLOCKING PIN: {b['pinned_by']} pins {b['package']}=={b['version']}, which refuses {torch} "
             f"({b['tier']} {b['check'].split('::')[-1] if b.get('check') else ''}: [{b.get('kind')}] "
-            f"{b['message'][:200]})" for b in record.get("blocking_pins") or []]
+            f"{_clip(b['message'])})" for b in record.get("blocking_pins") or []]
+
+
+def _clip(text: str, n: int = 240) -> str:
+    return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
+
+
+def verdict_line(state: dict, res: Resolution) -> str | None:
+    """The one-line answer when a blocking pin, moved too, makes the canary pass: the upgrade itself works and the
+    pin is what blocks it (the upgrade's own failure would otherwise read as a break in sglang)."""
+    cleared = [b for b in state.get("blocking") or [] if (b.get("retry") or {}).get("outcome") == "passed"]
+    if not cleared or state["row"]["verdict"] not in FAILING:
+        return None
+    pins = ", ".join(f"{b['package']}=={b['version']}" for b in cleared)
+    moved = ", ".join(b["retry"]["companion"] for b in cleared)
+    return (f"ANSWER: {', '.join(res.overrides)} works with {res.canary.base.id} once {moved} moves too "
+            f"({cleared[0]['retry']['tiers']}): the upgrade is blocked only by {cleared[0]['pinned_by']}'s pin {pins}")
 
 
 def run_summary(record: dict) -> str:
@@ -338,9 +356,11 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
         else:
             f = r.get("failure") or {}
             out.append(f"  retry with {r['companion']}: {r['outcome'].upper()} — {r['tiers']}"
-                       + (f"; first failure [{f.get('kind')}] {f.get('message', '')[:200]}" if f else ""))
+                       + (f"; first failure [{f.get('kind')}] {_clip(f.get('message', ''))}" if f else ""))
             if r.get("abi"):
                 out.append(f"    {r['abi']}")
+    if (answer := verdict_line(state, res)):
+        out.append(answer)
     out.append(f"{c.id}: {state['seconds']:.0f} s in all")
     return out
 
