@@ -246,3 +246,5 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
     opts.resume = True
     again = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
     assert fake_installs == [] and again["summary"][:-1] == state["summary"][:-1]
+    assert again["row"]["seconds"] == state["row"]["seconds"] and again["seconds"] >= state["seconds"]
+    assert again["blocking"][0]["retry"] == state["blocking"][0]["retry"]

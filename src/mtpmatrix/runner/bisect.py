@@ -293,7 +293,9 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
         store = RunStore(Path(results), run_id)
         if reuse and store.finished(pid):
             log(f"[bisect] {package} {version}: reusing {path}")
-            return classify_record(store.load_row(pid), tier, version, 0.0, path)
+            rec = store.load_row(pid)  # its own install + suite time, not the 0 s of reading it back
+            spent = sum((rec.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite"))
+            return classify_record(rec, tier, version, spent, path)
         venv = make_venv(row, Path(cache) / row.id / version)
         probe_row = dataclasses.replace(row, id=pid)
         opts = matrix.Options(overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results),

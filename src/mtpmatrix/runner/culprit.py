@@ -245,6 +245,7 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     out_dir = store.row_dir(c.id)
     state_file = out_dir / CANARY_FILE
     state = read_json(state_file) if opts.resume and state_file.exists() else {}
+    before = {k: state.get(k) for k in ("row", "blocking", "seconds")}  # a resumed run keeps what it measured
     state.update(canary=res.as_dict(), run_id=opts.run_id, resolution=describe_resolution(res))
     log(state["resolution"])
     t0 = time.monotonic()
@@ -261,8 +262,9 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     else:
         venv = bisect.make_venv(row, repo / ".nox" / f"canary-{c.id}")
         record = matrix.run_row(row, venv, copts, log=log)
-    state["row"] = {"verdict": record["verdict"], "tiers": run_summary(record),
-                    "record": str(out_dir / ROW_FILE), "seconds": round(time.monotonic() - t0, 1)}
+    state["row"] = {"verdict": record["verdict"], "tiers": run_summary(record), "record": str(out_dir / ROW_FILE),
+                    "seconds": (before["row"] or {}).get("seconds") if opts.resume and before["row"] else
+                    round(time.monotonic() - t0, 1)}
     state["abi"] = abi_statement(record)
     state["held"] = (record.get("install") or {}).get("held") or []
     state["moved_unasked"] = [m for m in (record.get("install") or {}).get("moved") or []
@@ -292,9 +294,15 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
         if (why := budget.spent()):
             state["blocking"].append({**b, "retry": {"stopped": why}})
             break
-        state["blocking"].append({**b, "retry": retry_with_companion(res, record, b, copts, repo, log)})
+        done = next((x["retry"] for x in before["blocking"] or () if x.get("package") == b["package"]
+                     and (x.get("retry") or {}).get("record") and Path(x["retry"]["record"]).exists()), None)
+        if opts.resume and done is not None:
+            log(f"[{c.id}] retry with {done.get('companion')}: reusing {done['record']} (--resume)")
+        state["blocking"].append({**b, "retry": done if opts.resume and done is not None else
+                                  retry_with_companion(res, record, b, copts, repo, log)})
         save()
-    state["seconds"] = round(time.monotonic() - t0, 1)
+    # wall time over every session of this canary: a resumed one adds what it spent to what was spent before
+    state["seconds"] = round((before["seconds"] or 0.0) + time.monotonic() - t0, 1)
     state["summary"] = summary_lines(state, res, record)
     save()
     return state
