@@ -200,8 +200,10 @@ def fake_installs(monkeypatch, tmp_path):
                   {"id": "tests/tiers/test_contract.py::test_import[gemma4_mtp]",
                    "outcome": "failed" if fails else "passed", "failure": TORCHAUDIO if fails else None}]
         record = {**opts.record_extra, "overrides": list(opts.overrides), "versions": {"torch": torch},
+                  "suite": {"seconds": 60.0},
                   "verdict": "failed" if fails else "passed",
-                  "install": {"verdict": "passed", "held": [{"package": "sglang-kernel", "version": "0.4.10",
+                  "install": {"verdict": "passed", "seconds": 12.5,
+                              "held": [{"package": "sglang-kernel", "version": "0.4.10",
                                                              "why": "kept at sglang's exact pin"}]},
                   "tiers": {"contract": {"verdict": "failed" if fails else "passed", "checks": checks}},
                   "blocking_pins": [{"package": "torchaudio", "version": "2.11.0", "pinned_by": "sglang 0.5.23",
@@ -246,5 +248,6 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
     opts.resume = True
     again = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
     assert fake_installs == [] and again["summary"][:-1] == state["summary"][:-1]
-    assert again["row"]["seconds"] == state["row"]["seconds"] and again["seconds"] >= state["seconds"]
+    assert again["row"]["seconds"] == state["row"]["seconds"] == 72.5 and again["seconds"] >= state["seconds"]
+    assert again["blocking"][0]["retry"]["seconds"] == 72.5 and again["summary"][-1].endswith("(over resumed sessions)")
     assert again["blocking"][0]["retry"] == state["blocking"][0]["retry"]

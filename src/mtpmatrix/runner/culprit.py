@@ -226,6 +226,11 @@ def verdict_line(state: dict, res: Resolution) -> str | None:
             f"({cleared[0]['retry']['tiers']}): the upgrade is blocked only by {cleared[0]['pinned_by']}'s pin {pins}")
 
 
+def record_seconds(record: dict) -> float:
+    """A row's own install + suite time (what a resumed canary reads back instead of timing the read)."""
+    return round(sum((record.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite")), 1)
+
+
 def run_summary(record: dict) -> str:
     return "; ".join(f"{t}={v['verdict']}" + (f" [{','.join(v.get('failure_kinds') or [])}]"
                                               if v.get("failure_kinds") else "")
@@ -245,8 +250,9 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     out_dir = store.row_dir(c.id)
     state_file = out_dir / CANARY_FILE
     state = read_json(state_file) if opts.resume and state_file.exists() else {}
-    before = {k: state.get(k) for k in ("row", "blocking", "seconds")}  # a resumed run keeps what it measured
-    state.update(canary=res.as_dict(), run_id=opts.run_id, resolution=describe_resolution(res))
+    before = {k: state.get(k) for k in ("blocking", "seconds")}  # a resumed run keeps what it measured
+    state.update(canary=res.as_dict(), run_id=opts.run_id, resolution=describe_resolution(res),
+                 resumed=bool(opts.resume and before["seconds"] is not None))
     log(state["resolution"])
     t0 = time.monotonic()
 
@@ -263,8 +269,7 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
         venv = bisect.make_venv(row, repo / ".nox" / f"canary-{c.id}")
         record = matrix.run_row(row, venv, copts, log=log)
     state["row"] = {"verdict": record["verdict"], "tiers": run_summary(record), "record": str(out_dir / ROW_FILE),
-                    "seconds": (before["row"] or {}).get("seconds") if opts.resume and before["row"] else
-                    round(time.monotonic() - t0, 1)}
+                    "seconds": record_seconds(record)}
     state["abi"] = abi_statement(record)
     state["held"] = (record.get("install") or {}).get("held") or []
     state["moved_unasked"] = [m for m in (record.get("install") or {}).get("moved") or []
@@ -326,7 +331,6 @@ def retry_with_companion(res: Resolution, record: dict, blocker: dict, copts: ma
                               "record_extra": {"canary": {**res.as_dict(), "retry_of": c.id,
                                                           "companion": moved_to[0]}}})
     store = RunStore(copts.results, copts.run_id)
-    t0 = time.monotonic()
     if copts.resume and store.finished(rid):
         rec2 = store.load_row(rid)
     else:
@@ -334,7 +338,7 @@ def retry_with_companion(res: Resolution, record: dict, blocker: dict, copts: ma
     return {"outcome": rec2["verdict"], "companion": moved_to[0], "tiers": run_summary(rec2),
             "abi": abi_statement(rec2), "blocking_pins": rec2.get("blocking_pins") or [],
             "failure": next((f for t in bisect.CHEAPEST if (f := first_failure(rec2.get("tiers") or {}, t))), None),
-            "record": str(Path(copts.results) / copts.run_id / rid / ROW_FILE), "seconds": round(time.monotonic() - t0, 1)}
+            "record": str(Path(copts.results) / copts.run_id / rid / ROW_FILE), "seconds": record_seconds(rec2)}
 
 
 def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
@@ -369,7 +373,7 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
                 out.append(f"    {r['abi']}")
     if (answer := verdict_line(state, res)):
         out.append(answer)
-    out.append(f"{c.id}: {state['seconds']:.0f} s in all")
+    out.append(f"{c.id}: {state['seconds']:.0f} s in all" + (" (over resumed sessions)" if state.get("resumed") else ""))
     return out
 
 
