@@ -189,7 +189,7 @@ def test_untested_lists_releases_newer_than_every_pin_and_the_canaries_that_ran_
                                      "canaries": [{"row": "c1", "run": "r1", "verdict": "failed"}]}]
     text = "\n".join(releases.lines(table))
     assert "sglang: nothing newer than the rows' pin 0.5.23" in text
-    assert "2.15.0 (canary c1 in run r1: failed)" in text and "5.24.0 (no canary has run it)" in text
+    assert "2.15.0 (canaries: c1 failed (run r1))" in text and "5.24.0 (no canary has run it)" in text
 
 
 def test_releases_cli(rows, tmp_path, capsys):

@@ -151,6 +151,7 @@ def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]
             continue
         found = bisect.search(cands, probe_for(pkg, []), log=log, should_stop=budget.spent,
                               known={new: bisect.BAD})
+        found.seconds = max(found.seconds, sum(p.seconds for p in found.probes))  # reused probes keep their time
         out["bisect"][pkg] = {**found.as_dict(), "summary": bisect.describe(found, pkg)}
         if found.outcome == "stopped":
             out["stopped"] = found.stopped

@@ -102,9 +102,9 @@ def lines(table: list[dict]) -> list[str]:
         for n in entry["newer"]:
             runs = n["canaries"]
             if runs:
-                last = runs[-1]
-                parts.append(f"{n['version']} (canary {last['row']} in run {last['run']}: {last['verdict']}"
-                             + (f", +{len(runs) - 1} earlier" if len(runs) > 1 else "") + ")")
+                shown = "; ".join(f"{r['row']} {r['verdict']} (run {r['run']})" for r in runs[-3:])
+                parts.append(f"{n['version']} (canaries: {shown}"
+                             + (f"; +{len(runs) - 3} more" if len(runs) > 3 else "") + ")")
             else:
                 parts.append(f"{n['version']} (no canary has run it)")
         out.append(f"{entry['package']}: newer than the rows' pin {entry['newest_pin']}: " + ", ".join(parts))
