@@ -247,7 +247,10 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
     fake_installs.clear()
     opts.resume = True
     again = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
-    assert fake_installs == [] and again["summary"][:-1] == state["summary"][:-1]
+    def same(lines):  # timings aside: a fake probe takes no time, its record says 72.5 s
+        return [ln for ln in lines[:-1] if "probe(s) over" not in ln]
+
+    assert fake_installs == [] and same(again["summary"]) == same(state["summary"])
     assert again["row"]["seconds"] == state["row"]["seconds"] == 72.5 and again["seconds"] >= state["seconds"]
     assert again["blocking"][0]["retry"]["seconds"] == 72.5 and again["summary"][-1].endswith("(over resumed sessions)")
     assert again["blocking"][0]["retry"] == state["blocking"][0]["retry"]
