@@ -423,4 +423,8 @@ def summary_line(record: dict) -> str:
         for k in t.get("stale_known_upstream", []):
             s += f" (known-upstream entry {k['id']} can go: {len(k['checks'])} of its checks pass)"
         parts.append(s)
-    return f"{rid}: {record['verdict'].upper()} — " + "; ".join(parts)
+    held = [f"{h['package']} {h['version']}" for h in (record.get("install") or {}).get("held") or []]
+    blocking = [f"{b['pinned_by']} pins {b['package']}=={b['version']}" for b in record.get("blocking_pins") or []]
+    return (f"{rid}: {record['verdict'].upper()} — " + "; ".join(parts)
+            + (f"; held at sglang's pins: {', '.join(held)}" if held else "")
+            + (f"; blocking pin(s): {', '.join(blocking)} (move it too: --with)" if blocking else ""))
