@@ -94,7 +94,8 @@ TORCHAUDIO_IMPORT = {  # the failure the 0.5.23 row showed under --with torch==2
     "message": "Detected that PyTorch and TorchAudio were compiled with different CUDA versions. PyTorch has CUDA "
                "version 13.2 whereas TorchAudio has CUDA version 13.0. Please install the TorchAudio version that "
                "matches your PyTorch version.",
-    "frame": "sglang/__init__.py:23 in <module>", "raised_at": "torchaudio/_extension/utils.py:124 in _check_cuda_version"}
+    "frame": "sglang/__init__.py:23 in <module>",
+    "raised_at": "torchaudio/_extension/utils.py:124 in _check_cuda_version"}
 
 
 def tiers(*failures):

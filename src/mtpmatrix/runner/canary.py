@@ -92,7 +92,8 @@ def parse_canary(path: Path, rows: dict[str, Row]) -> Canary:
             m = _HEADER.match(line)
             if m and not floats:
                 if m.group(1) not in HEADER_KEYS:
-                    raise RowError(f"{where}: unknown header key {m.group(1)!r} (known: {', '.join(sorted(HEADER_KEYS))})")
+                    raise RowError(f"{where}: unknown header key {m.group(1)!r} "
+                                   f"(known: {', '.join(sorted(HEADER_KEYS))})")
                 meta[m.group(1)], at[m.group(1)] = m.group(2), lineno
             continue
         body = line.split(" #", 1)[0].strip()

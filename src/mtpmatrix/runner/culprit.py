@@ -292,7 +292,8 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
         known = {}
         if c.override and len(res.moved) == 1 and not opts.overrides:  # the canary run is that package's probe
             (pkg, (_, new)), = res.moved.items()
-            known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"], str(out_dir / ROW_FILE))
+            known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
+                                                str(out_dir / ROW_FILE))
         state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known)
         save()
     state["blocking"] = []
@@ -374,7 +375,8 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
                 out.append(f"    {r['abi']}")
     if (answer := verdict_line(state, res)):
         out.append(answer)
-    out.append(f"{c.id}: {state['seconds']:.0f} s in all" + (" (over resumed sessions)" if state.get("resumed") else ""))
+    out.append(f"{c.id}: {state['seconds']:.0f} s in all"
+               + (" (over resumed sessions)" if state.get("resumed") else ""))
     return out
 
 
