@@ -254,3 +254,14 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
     assert again["row"]["seconds"] == state["row"]["seconds"] == 72.5 and again["seconds"] >= state["seconds"]
     assert again["blocking"][0]["retry"]["seconds"] == 72.5 and again["summary"][-1].endswith("(over resumed sessions)")
     assert again["blocking"][0]["retry"] == state["blocking"][0]["retry"]
+
+
+def test_a_second_broken_tier_is_named_with_the_command_that_searches_it(row, tmp_path):
+    res = resolution(row, {"transformers": "5.24.0"})
+    state = {"resolution": "r", "row": {"verdict": "failed", "tiers": "t"}, "broken_tiers": ["reference", "contract"],
+             "culprit": {"tier": "reference", "single": {}, "bisect": {"transformers": {"outcome": "found",
+                         "first_bad": "5.18.0", "last_good": "5.17.0", "probes": [], "summary": []}}},
+             "seconds": 1.0}
+    lines = culprit.summary_lines(state, res, {})
+    assert ("also breaks contract: searched on reference only: nox -s bisect -- transformers 5.12.1 5.24.0 "
+            "--row sglang-0.5.17 --tier contract") in lines

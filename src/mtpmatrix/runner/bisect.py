@@ -30,7 +30,7 @@ from typing import Callable
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.store import is_matrix_run, latest_run_id
 from mtpmatrix.schema import TIERS
-from mtpmatrix.schema import FAILING, results_root
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, results_root
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
@@ -276,7 +276,7 @@ def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> s
 
 def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
                keep_venvs: bool = False, log: Callable[[str], None] = print, also: list[str] = (),
-               reuse: bool = False) -> Callable[[str], Probe]:
+               reuse: bool = False, known_upstream_good: bool = False) -> Callable[[str], Probe]:
     """A probe that installs ``row`` with ``package==version`` (plus the ``also`` overrides, e.g. a companion a
     canary moved) into a fresh venv and runs ``tier``. With ``reuse``, a probe whose record already has a verdict
     in the run (a resumed canary) is read back instead of run again."""
@@ -295,7 +295,7 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
             log(f"[bisect] {package} {version}: reusing {path}")
             rec = store.load_row(pid)  # its own install + suite time, not the 0 s of reading it back
             spent = sum((rec.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite"))
-            return classify_record(rec, tier, version, spent, path)
+            return classify_record(rec, tier, version, spent, path, known_upstream_good)
         venv = make_venv(row, Path(cache) / row.id / version)
         probe_row = dataclasses.replace(row, id=pid)
         opts = matrix.Options(overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results),
@@ -305,13 +305,16 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
         finally:
             if not keep_venvs:
                 shutil.rmtree(venv, ignore_errors=True)
-        return classify_record(record, tier, version, time.monotonic() - t0, path)
+        return classify_record(record, tier, version, time.monotonic() - t0, path, known_upstream_good)
 
     return probe
 
 
-def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None) -> Probe:
-    """good / bad / untestable from a probe's row record."""
+def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None,
+                    known_upstream_good: bool = False) -> Probe:
+    """good / bad / untestable from a probe's row record. ``known_upstream_good``: a tier failing only on known
+    upstream issues is good (a canary's search for a new break); by default it is not a pass, so ``nox -s bisect``
+    can still find where a listed upstream bug began."""
     install = record.get("install") or {}
     if install.get("verdict") == "failed":
         msg = (install.get("failure") or {}).get("message", "install failed")
@@ -322,6 +325,9 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
     first = next((c.get("failure") for c in failing if c.get("failure")), None)
     if verdict == "passed":
         return Probe(version, GOOD, "", None, seconds, path)
+    if verdict == KNOWN_UPSTREAM and known_upstream_good:  # only listed upstream bugs: not the break searched
+        ids = ", ".join(k.get("id", "?") for k in t.get("known_upstream") or []) or "listed"
+        return Probe(version, GOOD, f"known upstream only ({ids})", None, seconds, path)
     if verdict in FAILING:
         kinds = t.get("failure_kinds") or sorted({(c.get("failure") or {}).get("kind") for c in failing} - {None})
         if kinds and set(kinds) == {"harness"}:

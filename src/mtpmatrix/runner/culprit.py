@@ -286,14 +286,15 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
 
     def probe_for(package: str, also: list[str]):
         return bisect.make_probe(c.base, package, broken[0], run_id=probes_run, results=opts.results,
-                                 cache=repo / ".cache" / "bisect", log=log, also=also, reuse=True)
+                                 cache=repo / ".cache" / "bisect", log=log, also=also, reuse=True,
+                                 known_upstream_good=True)
 
     if broken and res.moved:
         known = {}
         if c.override and len(res.moved) == 1 and not opts.overrides:  # the canary run is that package's probe
             (pkg, (_, new)), = res.moved.items()
             known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
-                                                str(out_dir / ROW_FILE))
+                                                str(out_dir / ROW_FILE), known_upstream_good=True)
         state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known)
         save()
     state["blocking"] = []
@@ -358,6 +359,12 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
                    + (f" (run {pinned['run']})" if pinned.get("run") else " (no result of the pinned row: assumed)"))
         if state.get("culprit"):
             out += culprit_lines(state["culprit"], res)
+        if len(state["broken_tiers"]) > 1:  # one search per canary: the cheapest broken tier's
+            first, rest = state["broken_tiers"][0], state["broken_tiers"][1:]
+            pkg = next(iter((state.get("culprit") or {}).get("bisect") or res.moved), None)
+            hint = (f": nox -s bisect -- {pkg} {res.moved[pkg][0]} {res.moved[pkg][1]} --row {c.base.id} "
+                    f"--tier {rest[0]}") if pkg in res.moved and res.moved[pkg][0] else ""
+            out.append(f"also breaks {', '.join(rest)}: searched on {first} only{hint}")
     elif state["row"]["verdict"] in FAILING:
         out.append(f"fails only where {c.base.id} fails too: nothing to blame on the moved packages")
     out += blocker_lines(record, res)
