@@ -265,3 +265,12 @@ def test_a_second_broken_tier_is_named_with_the_command_that_searches_it(row, tm
     lines = culprit.summary_lines(state, res, {})
     assert ("also breaks contract: searched on reference only: nox -s bisect -- transformers 5.12.1 5.24.0 "
             "--row sglang-0.5.17 --tier contract") in lines
+
+
+def test_a_pinned_row_that_passed_the_tier_is_the_good_end_without_a_probe(row):
+    res = resolution(row, {"transformers": "5.24.0"})
+    probe_for, cands, calls = world({"transformers": "5.13.0"})
+    c = culprit.find_culprit(res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None,
+                             pins_pass=True)
+    assert (c["bisect"]["transformers"]["first_bad"], c["bisect"]["transformers"]["last_good"]) == ("5.13.0", "5.12.1")
+    assert ("transformers", "5.12.1", ()) not in calls

@@ -119,12 +119,14 @@ class Budget:
 
 def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]], Callable[[str], bisect.Probe]],
                  candidates: Callable[[str, str, str], list[str]], budget: Budget,
-                 log: Callable[[str], None] = print, known: dict[str, bisect.Probe] | None = None) -> dict:
+                 log: Callable[[str], None] = print, known: dict[str, bisect.Probe] | None = None,
+                 pins_pass: bool = False) -> dict:
     """Which moved package breaks ``tier``: single-package probes, then a bisect of each failing one, else pairs.
 
     ``probe_for(package, also)`` returns a probe of the pinned row with ``package==version`` (+ ``also``);
     ``candidates(package, good, bad)`` lists the releases between the pin and the canary's release; ``known``:
-    single-package results already measured (a canary-override that moved one package is that probe)."""
+    single-package results already measured (a canary-override that moved one package is that probe);
+    ``pins_pass``: the pinned row itself passed ``tier`` (a finished record), so every pin is a known good end."""
     out: dict = {"tier": tier, "single": {}, "bisect": {}, "together": None, "stopped": None}
     bad_alone = []
     for pkg, (pin, new) in res.moved.items():
@@ -150,7 +152,7 @@ def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]
             out["bisect"][pkg] = {"outcome": "error", "summary": [str(exc)]}
             continue
         found = bisect.search(cands, probe_for(pkg, []), log=log, should_stop=budget.spent,
-                              known={new: bisect.BAD})
+                              known={new: bisect.BAD, **({pin: bisect.GOOD} if pins_pass else {})})
         found.seconds = max(found.seconds, sum(p.seconds for p in found.probes))  # reused probes keep their time
         out["bisect"][pkg] = {**found.as_dict(), "summary": bisect.describe(found, pkg)}
         if found.outcome == "stopped":
@@ -295,7 +297,8 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
             (pkg, (_, new)), = res.moved.items()
             known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
                                                 str(out_dir / ROW_FILE), known_upstream_good=True)
-        state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known)
+        state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known,
+                                        pins_pass=tier_passes(pinned.get(broken[0])) is True)
         save()
     state["blocking"] = []
     for b in (record.get("blocking_pins") or []) if c.override else []:
