@@ -165,8 +165,11 @@ def describe(res: BisectResult, package: str) -> list[str]:
             if p.record:
                 out.append(f"  record: {p.record}")
     elif res.outcome == "stopped":
-        out.append(f"stopped ({res.stopped}): the first bad release lies in "
-                   f"({res.last_good or 'below ' + res.candidates[0]} .. {res.first_bad or res.candidates[-1]}]")
+        c = res.candidates
+        a = c.index(res.last_good) + 1 if res.last_good in c else 0
+        b = c.index(res.first_bad) if res.first_bad in c else len(c) - 1
+        out.append(f"stopped ({res.stopped}): the first bad release{'' if res.first_bad else ', if any,'} is one "
+                   f"of {c[a]} .. {c[b]} ({b - a + 1} release(s))")
     elif res.outcome == "no-bad":
         out.append(f"no bad release: every testable release passes, up to {res.last_good}"
                    + (" (BAD passes here: is the break in another package or tier?)" if res.candidates and
