@@ -11,6 +11,8 @@
     nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
     nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
     nox -s gemma4_mtp -- --tiers gsm8k --server-url URL    GSM8K against a running sglang server
+    nox -t canary [-- --tiers contract --budget S]          canary rows (constraints/canary/): newest releases,
+                                                            and the culprit when one breaks a tier its row passes
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent / "src"))
 from mtpmatrix.runner import matrix  # noqa: E402
+from mtpmatrix.runner import culprit  # noqa: E402
+from mtpmatrix.runner.canary import load_canaries  # noqa: E402
 from mtpmatrix.runner.rows import RowError, load_rows  # noqa: E402
 
 # A row's Python comes from the machine; uv may download a missing one only where it can (online users). On
@@ -34,6 +38,7 @@ nox.options.error_on_missing_interpreters = True
 
 try:
     ROWS = {row.id: row for row in load_rows(Path(__file__).parent / "constraints")}
+    CANARIES = load_canaries(Path(__file__).parent / "constraints", list(ROWS.values()))
 except RowError as exc:  # one clear line, before any session (or venv) exists
     raise SystemExit(f"error: {exc}") from None
 # One run id for every row of this nox invocation (--run-id / --resume / MTPMATRIX_RUN_ID take precedence).
@@ -95,6 +100,20 @@ def ci_row(session: nox.Session, row: str) -> None:
 
     Filed apart so that the report's default run stays the user's own latest matrix run."""
     _run_matrix_row(session, row, [r.id for r in ROWS.values() if CI_TAG in r.tags], run_id=f"ci-{RUN_ID}")
+
+
+CANARY_TAG = "canary"
+
+
+# python=False: the canary resolves its releases on the index before any venv exists (an unreachable index is one
+# line), then makes its own venv (.nox/canary-<id>) with the row's Python, as bisect probes do.
+@nox.session(python=False, tags=[CANARY_TAG], default=False)
+@nox.parametrize("row", [nox.param(cid, id=cid) for cid in CANARIES])
+def canary(session: nox.Session, row: str) -> None:
+    """One canary row: newest releases in its ranges, the suite, and the culprit when it breaks."""
+    rc = culprit.main([row], session.posargs, run_id=RUN_ID, log=session.log)
+    if rc:
+        session.error(f"canary {row}: {'bad input' if rc == 2 else 'breaks (culprit above and in canary.json)'}")
 
 
 @nox.session(venv_backend="uv", tags=["ci"], default=False)

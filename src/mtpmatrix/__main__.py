@@ -4,6 +4,8 @@
     python -m mtpmatrix import OUT --row ROW [--run-id RUN_ID] [--results DIR]
     python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
     python -m mtpmatrix rows [--json]
+    python -m mtpmatrix releases [--json]
+    python -m mtpmatrix canary [CANARY ...] [--tiers T] [--budget S] [--with PKG==VER] [--resume]
     python -m mtpmatrix mutants [--list | --check] [--mutants ID,ID] [--out DIR] [--timeout S] [--budget S]
 """
 
@@ -54,7 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     from mtpmatrix.faults import mutants
 
     mutants.add_arguments(mp)
-    ns = p.parse_args(argv)
+    from mtpmatrix.runner import culprit, releases
+
+    rl = sub.add_parser("releases", help="releases of sglang/transformers/torch newer than every row's pin, and "
+                                         "whether a canary has run them")
+    releases.add_arguments(rl)
+    cp = sub.add_parser("canary", help="run canary rows (constraints/canary/) and, when one breaks, find the culprit; "
+                                       "other options as for nox -s gemma4_mtp --")
+    culprit.add_arguments(cp)
+    ns, rest = p.parse_known_args(argv)
+    if ns.cmd == "canary":
+        return culprit.run(ns, rest)
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    if ns.cmd == "releases":
+        return releases.run(ns)
     if ns.cmd == "mutants":
         return mutants.run(ns)
     if ns.cmd == "report":

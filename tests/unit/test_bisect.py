@@ -156,6 +156,12 @@ def test_classify_record():
     p = bs.classify_record(_rec(verdict="partial", checks=[], missing=[{"what": "t", "why": "skip"}]), "reference",
                            "v", 1)
     assert p.status == bs.GOOD and p.detail == "partial: 1 expected check(s) did not run"
+    # a tier failing only on known upstream issues: good for a canary's search (it passes the row, as in
+    # store.row_verdict), not a pass for a manual bisect (which may be after where that upstream bug began)
+    ku = _rec(verdict="known-upstream", known_upstream=[{"id": "hf-x"}], checks=[{"id": "t", "outcome": "failed"}])
+    p = bs.classify_record(ku, "reference", "v", 1, known_upstream_good=True)
+    assert p.status == bs.GOOD and p.detail == "known upstream only (hf-x)"
+    assert bs.classify_record(ku, "reference", "v", 1).status == bs.UNTESTABLE
     fail = {"kind": "mismatch", "type": "CheckFailure", "message": "tokens differ", "frame": "f", "raised_at": "r"}
     p = bs.classify_record(_rec(verdict="failed", failure_kinds=["mismatch"],
                                 checks=[{"id": "t", "outcome": "failed", "failure": fail}]), "reference", "v", 1)

@@ -211,7 +211,7 @@ def workflow() -> dict:
 
 def test_workflow_job_graph(workflow):
     jobs = workflow["jobs"]
-    assert set(jobs) == {"rows", "row", "report", "cpu"}
+    assert set(jobs) == {"rows", "row", "report", "cpu", "canary-cpu", "canary-rows", "canary-smoke"}
     assert jobs["row"]["needs"] == "rows"
     assert set(jobs["report"]["needs"]) == {"rows", "row"}
     assert "always()" in jobs["report"]["if"]  # report also when some rows failed
@@ -243,6 +243,36 @@ def test_workflow_row_runs_its_session_and_always_uploads(workflow):
     assert report["env"]["RUN_ID"] == "${{ github.run_id }}"  # the run id every row wrote under
     # the tiers the rows were asked to run are required: a GPU row that skipped them must not pass the gate
     assert report["env"]["TIERS"] == "${{ needs.rows.outputs.tiers }}" and '--require "$TIERS"' in report["run"]
+
+
+def test_workflow_runs_the_canaries_nightly_and_publishes_their_answer(workflow):
+    jobs = workflow["jobs"]
+    triggers = workflow[True] if True in workflow else workflow["on"]
+    assert triggers["schedule"] and triggers["workflow_dispatch"]["inputs"]["canary"]["default"] is False
+    for name in ("canary-cpu", "canary-rows"):  # nightly, or on request; never on a pull request
+        assert jobs[name]["if"] == ("github.event_name == 'schedule' || (github.event_name == 'workflow_dispatch' "
+                                    "&& inputs.canary)")
+    cpu = "\n".join(s.get("run", "") for s in jobs["canary-cpu"]["steps"])
+    assert "python -m mtpmatrix releases" in cpu and '"$GITHUB_STEP_SUMMARY"' in cpu
+    assert "nox -t canary -- " in cpu and "--tiers contract,reference" in cpu and "--budget" in cpu
+    assert jobs["canary-cpu"]["runs-on"] == jobs["canary-rows"]["runs-on"] == "ubuntu-latest"
+    matrix = next(s for s in jobs["canary-rows"]["steps"] if "ci_matrix" in s.get("run", ""))["run"]
+    assert "--tags canary" in matrix and "--tiers smoke" in matrix
+    smoke = jobs["canary-smoke"]
+    assert smoke["needs"] == "canary-rows" and smoke["runs-on"] == ["self-hosted", "linux", "${{ matrix.runner }}"]
+    assert any('nox -s "$SESSION"' in s.get("run", "") and "--tiers smoke" in s.get("run", "")
+               for s in smoke["steps"])
+
+
+def test_canary_sessions_are_selected_by_their_tag_only(rows):
+    canary = {"session": "canary(a-torch)", "name": "canary", "description": "...", "python": None,
+              "tags": ["canary"], "call_spec": {"row": "a-torch"}}
+    listing = LISTING + [canary]
+    assert "a-torch" not in [s["call_spec"]["row"] for s in select(listing, include_extra=True)]
+    assert [s["call_spec"]["row"] for s in select(listing, ["canary"])] == ["a-torch"]
+    m = build_matrix(listing, {**rows, "a-torch": rows["c-tp2"]}, tags=["canary"])
+    assert m["include"] == [{"session": "canary(a-torch)", "row": "a-torch", "python": "3.11", "gpus": 2,
+                             "runner": "gpu-2"}]  # its pinned row's runner and python
 
 
 def test_workflow_actions_pinned_by_major_tag(workflow):

@@ -204,6 +204,11 @@ def test_summary_line():
     rec = {"row": {"id": "r"}, "verdict": "failed",
            "install": {"verdict": "failed", "failure": {"message": "resolver conflict: x"}}}
     assert matrix.summary_line(rec) == "r: FAILED at install: resolver conflict: x"
+    rec = {"row": {"id": "r"}, "verdict": "failed", "tiers": {"contract": {"verdict": "failed"}},
+           "install": {"verdict": "passed", "held": [{"package": "sglang-kernel", "version": "0.4.10"}]},
+           "blocking_pins": [{"package": "torchaudio", "version": "2.11.0", "pinned_by": "sglang 0.5.23"}]}
+    assert matrix.summary_line(rec) == ("r: FAILED — contract=failed; held at sglang's pins: sglang-kernel 0.4.10; "
+                                        "blocking pin(s): sglang 0.5.23 pins torchaudio==2.11.0 (move it too: --with)")
 
 
 def test_overridden_pins_leave_the_constraints_and_the_requirements(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mtpmatrix import schema
 from mtpmatrix.atomic import atomic_write_json, atomic_write_text
-from mtpmatrix.report import render
+from mtpmatrix.report import canaries, render
 from mtpmatrix.report.model import EXIT_BAD_INPUT, REPORT_DIR, ReportError, build_summary
 from mtpmatrix.runner.store import StoreError, find_run
 from mtpmatrix.schema import TIERS
@@ -36,6 +36,10 @@ def write_report(results: Path, run_id: str | None = None, *, baseline: str | No
     out_dir = Path(out) if out else run_dir / REPORT_DIR
     summary = build_summary(run_dir, baseline_dir=base_dir, out_dir=out_dir, require=require)
     md = render.render_markdown(summary)
+    canary_section = canaries.section(run_dir, results)  # None unless the run holds canary rows
+    if canary_section is not None:
+        summary["canaries"] = canary_section
+        md += canaries.markdown(canary_section)
     paths = {"md": out_dir / "summary.md", "html": out_dir / "report.html", "json": out_dir / "summary.json"}
     atomic_write_text(paths["md"], md)
     atomic_write_text(paths["html"], render.render_html(summary))

@@ -30,7 +30,7 @@ from typing import Callable
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.store import is_matrix_run, latest_run_id
 from mtpmatrix.schema import TIERS
-from mtpmatrix.schema import FAILING, PARTIAL, results_root
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, results_root
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
@@ -60,8 +60,9 @@ class BisectResult:
     first_bad: str | None = None
     last_good: str | None = None
     ambiguous: list[str] = field(default_factory=list)  # untestable releases between last_good and first_bad
-    outcome: str = "inconclusive"  # found | good-fails | no-bad | inconclusive
+    outcome: str = "inconclusive"  # found | good-fails | no-bad | inconclusive | stopped
     seconds: float = 0.0
+    stopped: str | None = None  # why the search stopped early (--budget spent); first_bad/last_good: where it got
 
     def probe_of(self, version: str | None) -> Probe | None:
         return next((p for p in self.probes if p.version == version), None)
@@ -74,22 +75,36 @@ class BisectResult:
 # the search
 # ---------------------------------------------------------------------------------------------------------------
 
-def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[str], None] = print) -> BisectResult:
+def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[str], None] = print,
+           should_stop: Callable[[], str | None] | None = None, known: dict[str, str] | None = None) -> BisectResult:
     """Binary search for the first bad release in ``candidates`` (sorted oldest first).
 
     Assumes monotonicity (once bad, bad after). Both ends are unknown at the start (virtual good below the list,
     virtual bad above it), so a passing BAD or a failing GOOD is found rather than assumed away; this costs at most
     one probe more than trusting the ends. Untestable releases are set aside and the search continues over the rest.
+
+    ``known``: {release: good|bad} already measured (a canary's single-package probe), taken without probing.
+    ``should_stop``: asked before each probe; a reason (a spent ``--budget``) ends the search cleanly with outcome
+    ``stopped`` and the interval it got to (``last_good`` .. ``first_bad`` so far).
     """
     t0 = time.monotonic()
     res = BisectResult(candidates=list(candidates))
     n = len(candidates)
     lo, hi = -1, n  # candidates[lo] is known good, candidates[hi] known bad (virtual at -1 and n)
+    for v, status in (known or {}).items():
+        if v in candidates and status == BAD:
+            hi = min(hi, candidates.index(v))
+        elif v in candidates and status == GOOD:
+            lo = max(lo, candidates.index(v))
     untestable: set[int] = set()
     step = 0
     while True:
         remaining = [i for i in range(lo + 1, hi) if i not in untestable]
         if not remaining:
+            break
+        reason = should_stop() if should_stop else None
+        if reason:
+            res.stopped = reason
             break
         i = remaining[(len(remaining) - 1) // 2]
         step += 1
@@ -110,7 +125,10 @@ def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[
         else:
             raise ValueError(f"probe returned unknown status {p.status!r}")
     res.last_good = candidates[lo] if lo >= 0 else None
-    if hi < n:
+    if res.stopped:
+        res.first_bad = candidates[hi] if hi < n else None
+        res.outcome = "stopped"
+    elif hi < n:
         res.first_bad = candidates[hi]
         res.ambiguous = [candidates[i] for i in sorted(untestable) if lo < i < hi]
         res.outcome = "good-fails" if hi == 0 else "found"
@@ -146,6 +164,12 @@ def describe(res: BisectResult, package: str) -> list[str]:
                 out.append(f"  first frame: {f.get('frame') or f.get('raised_at')}")
             if p.record:
                 out.append(f"  record: {p.record}")
+    elif res.outcome == "stopped":
+        c = res.candidates
+        a = c.index(res.last_good) + 1 if res.last_good in c else 0
+        b = c.index(res.first_bad) if res.first_bad in c else len(c) - 1
+        out.append(f"stopped ({res.stopped}): the first bad release{'' if res.first_bad else ', if any,'} is one "
+                   f"of {c[a]} .. {c[b]} ({b - a + 1} release(s))")
     elif res.outcome == "no-bad":
         out.append(f"no bad release: every testable release passes, up to {res.last_good}"
                    + (" (BAD passes here: is the break in another package or tier?)" if res.candidates and
@@ -229,46 +253,71 @@ def _canon(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
-               keep_venvs: bool = False, log: Callable[[str], None] = print) -> Callable[[str], Probe]:
-    """A probe that installs ``row`` with ``package==version`` into a fresh venv and runs ``tier``."""
-    from mtpmatrix.runner import matrix
-
+def make_venv(row, venv: Path) -> Path:
+    """A fresh, empty uv venv with the row's Python at ``venv``; BisectError (one line) when uv cannot make it."""
     uv = shutil.which("uv")
     if uv is None:
+        raise BisectError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    venv = Path(venv)
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)  # UV_PYTHON_DOWNLOADS=never (air-gapped machines) is honoured as set
+    env.pop("VIRTUAL_ENV", None)
+    made = subprocess.run([uv, "venv", "--python", row.python, str(venv)], capture_output=True, text=True, env=env)
+    if made.returncode != 0:
+        why = (made.stderr or made.stdout).strip().splitlines()
+        raise BisectError(f"cannot create a Python {row.python} venv for row {row.id}: "
+                          f"{why[-1] if why else 'uv venv failed'}")
+    return venv
+
+
+def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> str:
+    """The results folder of one probe: row, package, release, and any companion overrides it carries."""
+    return "-".join([row_id, _canon(package), version, *(_canon(a.replace("==", "-")) for a in also)])
+
+
+def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
+               keep_venvs: bool = False, log: Callable[[str], None] = print, also: list[str] = (),
+               reuse: bool = False, known_upstream_good: bool = False) -> Callable[[str], Probe]:
+    """A probe that installs ``row`` with ``package==version`` (plus the ``also`` overrides, e.g. a companion a
+    canary moved) into a fresh venv and runs ``tier``. With ``reuse``, a probe whose record already has a verdict
+    in the run (a resumed canary) is read back instead of run again."""
+    from mtpmatrix.runner import matrix
+    from mtpmatrix.runner.store import RunStore
+
+    if shutil.which("uv") is None:
         raise BisectError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
 
     def probe(version: str) -> Probe:
         t0 = time.monotonic()
-        probe_id = f"{row.id}-{_canon(package)}-{version}"
-        base = Path(cache) / row.id
-        venv = base / version
-        if venv.exists():
-            shutil.rmtree(venv)
-        base.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)  # UV_PYTHON_DOWNLOADS=never (air-gapped machines) is honoured as set
-        env.pop("VIRTUAL_ENV", None)
-        made = subprocess.run([uv, "venv", "--python", row.python, str(venv)], capture_output=True, text=True,
-                              env=env)
-        if made.returncode != 0:
-            why = (made.stderr or made.stdout).strip().splitlines()
-            raise BisectError(f"cannot create a Python {row.python} venv for row {row.id}: "
-                              f"{why[-1] if why else 'uv venv failed'}")
-        probe_row = dataclasses.replace(row, id=probe_id)
-        opts = matrix.Options(overrides=[f"{package}=={version}"], run_id=run_id, results=Path(results), tiers=tier)
+        pid = probe_id(row.id, package, version, list(also))
+        path = str(Path(results) / run_id / pid / "row.json")
+        store = RunStore(Path(results), run_id)
+        if reuse and store.finished(pid):
+            log(f"[bisect] {package} {version}: reusing {path}")
+            rec = store.load_row(pid)  # its own install + suite time, not the 0 s of reading it back
+            spent = sum((rec.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite"))
+            return classify_record(rec, tier, version, spent, path, known_upstream_good)
+        venv = make_venv(row, Path(cache) / row.id / version)
+        probe_row = dataclasses.replace(row, id=pid)
+        opts = matrix.Options(overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results),
+                              tiers=tier)
         try:
             record = matrix.run_row(probe_row, venv, opts, log=log)
         finally:
             if not keep_venvs:
                 shutil.rmtree(venv, ignore_errors=True)
-        return classify_record(record, tier, version, time.monotonic() - t0,
-                               str(Path(results) / run_id / probe_id / "row.json"))
+        return classify_record(record, tier, version, time.monotonic() - t0, path, known_upstream_good)
 
     return probe
 
 
-def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None) -> Probe:
-    """good / bad / untestable from a probe's row record."""
+def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None,
+                    known_upstream_good: bool = False) -> Probe:
+    """good / bad / untestable from a probe's row record. ``known_upstream_good``: a tier failing only on known
+    upstream issues is good (a canary's search for a new break); by default it is not a pass, so ``nox -s bisect``
+    can still find where a listed upstream bug began."""
     install = record.get("install") or {}
     if install.get("verdict") == "failed":
         msg = (install.get("failure") or {}).get("message", "install failed")
@@ -282,6 +331,9 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
     if verdict == PARTIAL:  # nothing failed; a bisect asks whether the tier breaks, not whether it qualifies
         missing = t.get("missing") or []
         return Probe(version, GOOD, f"partial: {len(missing)} expected check(s) did not run", None, seconds, path)
+    if verdict == KNOWN_UPSTREAM and known_upstream_good:  # only listed upstream bugs: not the break searched
+        ids = ", ".join(k.get("id", "?") for k in t.get("known_upstream") or []) or "listed"
+        return Probe(version, GOOD, f"known upstream only ({ids})", None, seconds, path)
     if verdict in FAILING:
         kinds = t.get("failure_kinds") or sorted({(c.get("failure") or {}).get("kind") for c in failing} - {None})
         if kinds and set(kinds) == {"harness"}:

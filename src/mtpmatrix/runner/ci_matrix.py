@@ -9,13 +9,15 @@ come from the row files: ``# gpus: N`` (default 1), raised to what ``--tiers`` n
 TP2 pairs of settings.py; smoke with MTPMATRIX_SMOKE_TP=2 serves at TP 2) and to ``--gpus``, capped at
 ``--max-gpus`` (the largest runner there is) with a warning.
 
-Selection: with ``--tags``, every row session carrying one of the tags (default or not, like ``nox -t``);
-without, the default rows (``gemma4_mtp``), plus ``gemma4_mtp_extra`` rows with ``--include-extra``.
+Selection: with ``--tags``, every row session carrying one of the tags (default or not, like ``nox -t``;
+``--tags canary`` gives the canary sessions, each on its pinned row's runner); without, the default rows
+(``gemma4_mtp``), plus ``gemma4_mtp_extra`` rows with ``--include-extra``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -24,12 +26,14 @@ from pathlib import Path
 
 from mtpmatrix import settings
 from mtpmatrix.runner.matrix import in_shard, preflight_tier_env
+from mtpmatrix.runner.canary import load_canaries
 from mtpmatrix.runner.rows import Row, RowError, load_rows
 from mtpmatrix.schema import TIERS
 from mtpmatrix.schema import parse_tiers
 
-ROW_SESSIONS = ("gemma4_mtp", "gemma4_mtp_extra")
+ROW_SESSIONS = ("gemma4_mtp", "gemma4_mtp_extra", "canary")  # canary: constraints/canary/, by tag only
 DEFAULT_SESSION = "gemma4_mtp"
+EXTRA_SESSION = "gemma4_mtp_extra"
 RUNNER_PREFIX = "gpu-"
 
 
@@ -53,7 +57,7 @@ def select(listing: list[dict], tags: list[str] | None = None, include_extra: bo
         row_tags = {rid: set(r.tags) for rid, r in (rows or {}).items()}
         return [s for s in sessions
                 if wanted & (set(s.get("tags") or ()) | row_tags.get(s["call_spec"]["row"], set()))]
-    return [s for s in sessions if s["name"] == DEFAULT_SESSION or include_extra]
+    return [s for s in sessions if s["name"] == DEFAULT_SESSION or (include_extra and s["name"] == EXTRA_SESSION)]
 
 
 def tier_gpus(tiers: list[str], env: dict | None = None) -> int:
@@ -123,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             listing = nox_listing(nox=shlex.split(a.nox), cwd=a.constraints.resolve().parent)
         rows = {r.id: r for r in load_rows(a.constraints)}
+        # a canary runs on its pinned row's runner (gpus, python), selected by its own tags, never its row's
+        rows.update({cid: dataclasses.replace(c.base, id=cid, tags=("canary", *c.tags))
+                     for cid, c in load_canaries(a.constraints, list(rows.values())).items()})
         result = build_matrix(listing, rows, tags=parse_tiers(a.tags), tiers=parse_tiers(a.tiers),
                               include_extra=a.include_extra, gpus=a.gpus, max_gpus=a.max_gpus,
                               warn=lambda m: print(f"::warning::{m}", file=sys.stderr))

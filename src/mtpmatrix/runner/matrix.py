@@ -24,6 +24,7 @@ from mtpmatrix import expected
 from mtpmatrix.tiers import environment
 
 from mtpmatrix.runner import index
+from mtpmatrix.runner import overrides as override_rules
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
@@ -49,6 +50,7 @@ class Options:
     pytest_args: list[str] = field(default_factory=list)
     offline_check: bool = False  # skip the index pre-flight (air-gapped boxes with a local mirror)
     server_urls: list[str] = field(default_factory=list)  # gsm8k tier against running servers (served.py)
+    record_extra: dict = field(default_factory=dict)  # merged into row.json (a canary's resolution, canary.py)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -299,6 +301,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         "started": _now(),
         "host": host_info(),
         "verdict": "pending",
+        **opts.record_extra,
     }
     store.save_row(row.id, record)
 
@@ -323,6 +326,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         _, check = _run_logged([uv, "pip", "check", "--python", str(venv_python(venv))],
                                out / "check-overrides.txt", env=env_uv)
         stranded = stranded_by_overrides(check, opts.overrides, row.pins)
+        stranded = override_rules.hold_sglang_pins(record, venv, opts.overrides, stranded,
+                                                   log=lambda m: log(f"[{row.id}] {m}"))
         if stranded:
             try:
                 companions = resolve_companions(row, venv, opts.overrides, stranded, env=env_uv,
@@ -355,6 +360,9 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     record["install"]["check"] = {"ok": rc_c == 0,
                                   "output": [ln for ln in check.splitlines()[1:] if ln.strip()][:20]}
     record["versions"] = _versions_from_freeze(freeze)
+    if opts.overrides:  # what the overrides moved beyond what was asked, and why (runner/overrides.py)
+        record["install"]["moved"] = override_rules.moved_by_overrides(row, venv, opts.overrides, record, freeze,
+                                                                       constraints_text(row, []), uv, out, env_uv)
 
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE
@@ -384,6 +392,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         record["tiers"] = {t: {"verdict": "error", "reason": f"pytest exited {rc_p} without results (see pytest.log)",
                                "failure_kinds": ["harness"], "checks": [], "incomplete": True}
                            for t in parse_tiers(opts.tiers)}
+    if opts.overrides:
+        record["blocking_pins"] = override_rules.blocking_pins_of(record, venv, opts.overrides)
     return _finish(store, row, record)
 
 
@@ -425,4 +435,8 @@ def summary_line(record: dict) -> str:
         for k in t.get("stale_known_upstream", []):
             s += f" (known-upstream entry {k['id']} can go: {len(k['checks'])} of its checks pass)"
         parts.append(s)
-    return f"{rid}: {record['verdict'].upper()} — " + "; ".join(parts)
+    held = [f"{h['package']} {h['version']}" for h in (record.get("install") or {}).get("held") or []]
+    blocking = [f"{b['pinned_by']} pins {b['package']}=={b['version']}" for b in record.get("blocking_pins") or []]
+    return (f"{rid}: {record['verdict'].upper()} — " + "; ".join(parts)
+            + (f"; held at sglang's pins: {', '.join(held)}" if held else "")
+            + (f"; blocking pin(s): {', '.join(blocking)} (move it too: --with)" if blocking else ""))

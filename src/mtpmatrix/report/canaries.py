@@ -1,0 +1,72 @@
+"""The report's canary section: each canary row of the run next to the pinned row it floats from (what moved,
+both verdicts, the culprit from its ``canary.json``), and the releases no row pins yet (``runner/releases.py``).
+
+Only a run that holds canary rows gets the section (and only then is the index asked, with the answer "index
+unreachable" when it cannot be), so an ordinary matrix report never needs the network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtpmatrix.atomic import read_json
+from mtpmatrix.schema import ROW_FILE
+
+CANARY_FILE = "canary.json"  # written by runner/culprit.py
+
+
+def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
+    """{"canaries": [...], "untested": [...] | None, "untested_error": str | None}; None without canary rows.
+    ``untested``: a callable returning the releases table (tests pass a fake; default asks the index)."""
+    run_dir = Path(run_dir)
+    records = {f.parent.name: read_json(f) for f in sorted(run_dir.glob(f"*/{ROW_FILE}"))}
+    canaries = []
+    for rid, rec in records.items():
+        c = rec.get("canary")
+        if not c or c.get("retry_of"):
+            continue
+        base = records.get(c.get("from")) or {}
+        state_file = run_dir / rid / CANARY_FILE
+        state = read_json(state_file) if state_file.exists() else {}
+        canaries.append({
+            "id": rid, "mode": c.get("mode"), "from": c.get("from"),
+            "moved": {p: f"{m.get('from') or '-'} -> {m.get('to')}" for p, m in (c.get("moved") or {}).items()},
+            "resolved": c.get("resolved") or {}, "verdict": rec.get("verdict"),
+            "from_verdict": base.get("verdict"), "from_run": (state.get("pinned") or {}).get("run"),
+            "answer": state.get("summary") or [],
+        })
+    if not canaries:
+        return None
+    out = {"canaries": canaries, "untested": None, "untested_error": None}
+    try:
+        if untested is None:
+            from mtpmatrix.runner import matrix, releases
+            from mtpmatrix.runner.rows import load_rows
+
+            out["untested"] = releases.untested(load_rows(matrix.REPO / "constraints"), results)
+        else:
+            out["untested"] = untested()
+    except Exception as exc:  # the report never fails for the index: it says why the list is missing
+        out["untested_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return out
+
+
+def markdown(sec: dict) -> str:
+    lines = ["", "## Canaries", "", "| canary | mode | floats from | moved | verdict | pinned row |",
+             "|---|---|---|---|---|---|"]
+    for c in sec["canaries"]:
+        moved = ", ".join(f"{p} {m}" for p, m in c["moved"].items()) or "nothing (today's newest are the pins)"
+        pinned = c["from_verdict"] or ("not in this run" + (f" (compared with run {c['from_run']})"
+                                                             if c["from_run"] else ""))
+        lines.append(f"| `{c['id']}` | {c['mode']} | `{c['from']}` | {moved} | {c['verdict']} | {pinned} |")
+    for c in sec["canaries"]:
+        if c["answer"]:
+            lines += ["", f"**{c['id']}**", "", "```", *c["answer"], "```"]
+    lines += ["", "### Releases no row pins yet", ""]
+    if sec["untested"] is None:
+        lines.append(f"not listed: {sec['untested_error']}")
+    else:
+        from mtpmatrix.runner.releases import lines as release_lines
+
+        lines += [f"- {ln}" for ln in release_lines(sec["untested"])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,278 @@
+"""runner/culprit.py: which moved package breaks a canary (fake probes, nothing installed), the budget, the pinned
+row's verdicts, the ABI statement, and the search's new stop / known-result options in bisect.search."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.runner import bisect as bs
+from mtpmatrix.runner import culprit
+from mtpmatrix.runner.canary import Canary, Resolution
+from mtpmatrix.runner.rows import parse_row
+
+TRANSFORMERS = ["5.12.1", "5.13.0", "5.14.0", "5.15.0", "5.16.0", "5.17.0", "5.18.0", "5.19.0", "5.20.0", "5.24.0"]
+TORCH = ["2.11.0", "2.12.0", "2.13.0", "2.14.1", "2.15.0"]
+
+
+@pytest.fixture
+def row(tmp_path):
+    f = tmp_path / "sglang-0.5.17.txt"
+    f.write_text("# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\ntransformers==5.12.1\ntorch==2.11.0\n")
+    return parse_row(f)
+
+
+def resolution(row, moved: dict[str, str]) -> Resolution:
+    c = Canary("c", row.path, row, "canary-override", {p: "" for p in moved})
+    return Resolution(c, dict(moved), {p: (row.pins.get(p), v) for p, v in moved.items()})
+
+
+def world(first_bad: dict[str, str], together: tuple[str, ...] = ()):
+    """Probes over a fake world: ``package`` is bad from ``first_bad[package]`` on; ``together`` break only when all
+    of them are at their newest release. Records every probe made as (package, version, also)."""
+    order = {"transformers": TRANSFORMERS, "torch": TORCH}
+    calls = []
+
+    def probe_for(package, also):
+        def probe(version):
+            calls.append((package, version, tuple(also)))
+            bad = package in first_bad and order[package].index(version) >= order[package].index(first_bad[package])
+            moved_now = {package} | {a.split("==")[0] for a in also}
+            if together and set(together) <= moved_now:
+                bad = True
+            if bad:
+                return bs.Probe(version, bs.BAD, "1 check(s) failed [import]",
+                                {"kind": "import", "message": f"{package} {version} breaks the import"})
+            return bs.Probe(version, bs.GOOD)
+        return probe
+
+    def candidates(package, good, bad):
+        vs = order[package]
+        return vs[vs.index(good):vs.index(bad) + 1]
+
+    return probe_for, candidates, calls
+
+
+def test_one_moved_package_that_breaks_is_bisected_to_its_first_bad_release(row):
+    res = resolution(row, {"transformers": "5.24.0"})
+    probe_for, cands, calls = world({"transformers": "5.13.0"})
+    c = culprit.find_culprit(res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None)
+    assert c["single"]["transformers"]["status"] == bs.BAD
+    b = c["bisect"]["transformers"]
+    assert (b["outcome"], b["first_bad"], b["last_good"]) == ("found", "5.13.0", "5.12.1")
+    text = "\n".join(culprit.culprit_lines(c, res))
+    assert "CULPRIT: transformers 5.13.0 breaks sglang-0.5.17 contract (last good: 5.12.1): [import] " \
+           "transformers 5.13.0 breaks the import" in text
+    # 5.24.0 was probed once (alone), never again by the bisect (known bad)
+    assert calls.count(("transformers", "5.24.0", ())) == 1
+
+
+def test_a_canary_run_that_is_the_single_probe_is_not_run_again(row):
+    res = resolution(row, {"transformers": "5.24.0"})
+    probe_for, cands, calls = world({"transformers": "5.18.0"})
+    known = {"transformers": bs.Probe("5.24.0", bs.BAD, "failed", {"kind": "crash", "message": "x"})}
+    c = culprit.find_culprit(res, "reference", probe_for, cands, culprit.Budget(None), log=lambda m: None,
+                             known=known)
+    assert c["bisect"]["transformers"]["first_bad"] == "5.18.0"
+    assert ("transformers", "5.24.0", ()) not in calls
+
+
+def test_only_the_package_that_breaks_is_bisected(row):
+    res = resolution(row, {"transformers": "5.24.0", "torch": "2.15.0"})
+    probe_for, cands, calls = world({"torch": "2.12.0"})
+    c = culprit.find_culprit(res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None)
+    assert c["single"]["transformers"]["status"] == bs.GOOD and c["single"]["torch"]["status"] == bs.BAD
+    assert list(c["bisect"]) == ["torch"] and c["bisect"]["torch"]["first_bad"] == "2.12.0"
+    assert {p for p, _, _ in calls[2:]} == {"torch"}
+
+
+@pytest.mark.parametrize("moved", [("transformers", "torch"), ("transformers", "torch", "sglang-kernel")])
+def test_a_break_that_needs_two_packages_is_named_as_such(row, moved):
+    versions = {"transformers": "5.24.0", "torch": "2.15.0", "sglang-kernel": "0.4.10"}
+    res = resolution(row, {p: versions[p] for p in moved})
+    probe_for, cands, calls = world({}, together=("transformers", "torch"))
+    c = culprit.find_culprit(res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None)
+    assert c["bisect"] == {} and c["together"]["packages"] == ["transformers", "torch"]
+    assert "CULPRIT: transformers + torch break sglang-0.5.17 contract only together" in \
+        "\n".join(culprit.culprit_lines(c, res))
+    # with two moved packages the pair is the canary itself: no extra probe
+    assert len(calls) == len(moved) + (0 if len(moved) == 2 else 1)
+
+
+def test_the_budget_stops_the_search_cleanly_and_says_how_far_it_got(row):
+    res = resolution(row, {"transformers": "5.24.0"})
+    probe_for, cands, calls = world({"transformers": "5.13.0"})
+    ticks = itertools.count()
+    budget = culprit.Budget(3, clock=lambda: next(ticks))  # t0 = 0; spent at the 3rd question
+    c = culprit.find_culprit(res, "contract", probe_for, cands, budget, log=lambda m: None)
+    b = c["bisect"]["transformers"]
+    assert c["stopped"] == "--budget 3 s spent" and b["outcome"] == "stopped"
+    assert len(calls) == 2  # the single probe and one bisect probe
+    lines = culprit.culprit_lines(c, res)
+    assert "  stopped (--budget 3 s spent): the first bad release is one of 5.12.1 .. 5.16.0 (5 release(s))" in lines
+    assert lines[-1] == "search stopped: --budget 3 s spent (resume with --resume to go on)"
+
+
+def test_search_known_results_and_stop():
+    calls = []
+
+    def probe(v):
+        calls.append(v)
+        return bs.Probe(v, bs.BAD if TRANSFORMERS.index(v) >= 6 else bs.GOOD)
+
+    res = bs.search(TRANSFORMERS, probe, log=lambda m: None, known={"5.24.0": bs.BAD, "5.12.1": bs.GOOD})
+    assert (res.first_bad, res.last_good) == ("5.18.0", "5.17.0") and "5.24.0" not in calls and "5.12.1" not in calls
+    calls.clear()
+    res = bs.search(TRANSFORMERS, probe, log=lambda m: None, should_stop=lambda: "budget" if calls else None)
+    assert res.outcome == "stopped" and len(calls) == 1 and res.stopped == "budget"
+    assert bs.describe(res, "transformers")[0] == (  # 5.16.0 passed: nothing bad seen yet
+        "stopped (budget): the first bad release, if any, is one of 5.17.0 .. 5.24.0 (5 release(s))")
+
+
+def test_pinned_row_verdicts_and_broken_tiers(tmp_path):
+    results = tmp_path / "results"
+
+    def rec(run, row, tiers, **kw):
+        atomic_write_json(results / run / row / "row.json", {"verdict": "passed", "tiers": tiers, **kw})
+
+    rec("r1", "sglang-0.5.17", {"contract": {"verdict": "failed"}})
+    rec("r2", "sglang-0.5.17", {"contract": {"verdict": "passed"}, "reference": {"verdict": "known-upstream"}})
+    rec("r3", "sglang-0.5.17", {"contract": {"verdict": "failed"}}, overrides=["torch==2.13.0"])  # a probe
+    rec("bisect-x", "sglang-0.5.17", {"contract": {"verdict": "failed"}})  # not a matrix run
+    import os
+    for i, run in enumerate(["r1", "r2", "r3", "bisect-x"]):
+        os.utime(results / run / "sglang-0.5.17" / "row.json", (i, i))
+        os.utime(results / run, (i, i))
+    tiers, run = culprit.pinned_tiers(results, "sglang-0.5.17")
+    assert run == "r2" and tiers["contract"]["verdict"] == "passed"
+    assert culprit.pinned_tiers(results, "nope") == ({}, None)
+    canary = {"contract": {"verdict": "failed"}, "reference": {"verdict": "failed"}, "smoke": {"verdict": "skipped"}}
+    assert culprit.broken_tiers(canary, tiers) == ["reference", "contract"]  # cheapest first
+    assert culprit.broken_tiers(canary, {"reference": {"verdict": "failed"}}) == ["contract"]
+
+
+def test_abi_statement_reads_the_contract_abi_checks():
+    def record(outcome, failure=None):
+        return {"versions": {"torch": "2.15.0"}, "tiers": {"contract": {"checks": [
+            {"id": "tests/tiers/test_contract.py::test_torch_abi", "outcome": outcome, "failure": failure,
+             "metrics": {"libraries": 32, "torch_symbols": 2045}},
+            {"id": "tests/tiers/test_contract.py::test_cuda_major", "outcome": "passed"}]}}}
+
+    assert culprit.abi_statement(record("passed")) == (
+        "torch 2.15.0 does not break sglang's native extensions: the ABI checks pass "
+        "(32 torch-linked libraries, 2045 torch symbols)")
+    assert culprit.abi_statement(record("failed", {"message": "torch 2.15.0 does not define 1 symbol(s)"})) \
+        .startswith("torch 2.15.0 breaks native extensions (contract ABI check): torch 2.15.0 does not define")
+    assert culprit.abi_statement({"tiers": {}}) is None
+
+
+def test_publish_appends_to_the_step_summary(tmp_path):
+    f = tmp_path / "summary.md"
+    culprit.publish(["a", "b"], env={"GITHUB_STEP_SUMMARY": str(f)})
+    culprit.publish(["c"], env={})
+    assert f.read_text() == "\n```\na\nb\n```\n"
+    assert Path(f).exists()
+
+
+# --- the whole canary, with the installs faked -------------------------------------------------------------------
+
+TORCHAUDIO = {"kind": "import", "type": "RuntimeError", "message": "PyTorch has CUDA version 13.2 whereas TorchAudio "
+              "has CUDA version 13.0", "raised_at": "torchaudio/_extension/utils.py:124 in _check_cuda_version"}
+
+
+@pytest.fixture
+def fake_installs(monkeypatch, tmp_path):
+    """run_row answers like the 0.5.23 row under torch 2.15.0: the ABI check passes, the import fails on
+    torchaudio until torchaudio moves; every call is recorded, and saved like run_row saves (for --resume)."""
+    from mtpmatrix.runner.store import RunStore
+
+    calls = []
+
+    def run_row(row, venv, opts, log=print):
+        calls.append((row.id, tuple(opts.overrides)))
+        moved_audio = any(o.startswith("torchaudio==") for o in opts.overrides)
+        torch = next((o.split("==")[1] for o in opts.overrides if o.startswith("torch==")), row.pins["torch"])
+        fails = torch == "2.15.0" and not moved_audio
+        checks = [{"id": "tests/tiers/test_contract.py::test_torch_abi", "outcome": "passed",
+                   "metrics": {"libraries": 32, "torch_symbols": 2045}},
+                  {"id": "tests/tiers/test_contract.py::test_import[gemma4_mtp]",
+                   "outcome": "failed" if fails else "passed", "failure": TORCHAUDIO if fails else None}]
+        record = {**opts.record_extra, "overrides": list(opts.overrides), "versions": {"torch": torch},
+                  "suite": {"seconds": 60.0},
+                  "verdict": "failed" if fails else "passed",
+                  "install": {"verdict": "passed", "seconds": 12.5,
+                              "held": [{"package": "sglang-kernel", "version": "0.4.10",
+                                                             "why": "kept at sglang's exact pin"}]},
+                  "tiers": {"contract": {"verdict": "failed" if fails else "passed", "checks": checks}},
+                  "blocking_pins": [{"package": "torchaudio", "version": "2.11.0", "pinned_by": "sglang 0.5.23",
+                                     "tier": "contract", "check": checks[1]["id"], "kind": "import",
+                                     "message": TORCHAUDIO["message"]}] if fails else []}
+        RunStore(opts.results, opts.run_id).save_row(row.id, record)
+        return record
+
+    monkeypatch.setattr(culprit.matrix, "run_row", run_row)
+    monkeypatch.setattr(culprit.bisect, "make_venv", lambda row, venv: venv)
+    monkeypatch.setattr(culprit.matrix, "resolve_companions", lambda row, venv, ov, names: ["torchaudio==2.11.1"])
+    monkeypatch.setattr(culprit.bisect, "candidates", lambda p, g, b: ["2.14.1", "2.15.0"])
+    return calls
+
+
+def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_path, fake_installs):
+    f = tmp_path / "sglang-0.5.23.txt"
+    f.write_text("# python: 3.11\n# torch-backend: pypi\nsglang==0.5.23\ntransformers==5.19.0\ntorch==2.14.1\n")
+    row = parse_row(f)
+    c = Canary("sglang-0.5.23-torch", f, row, "canary-override", {"torch": ">=2.14"})
+    res = Resolution(c, {"torch": "2.15.0"}, {"torch": ("2.14.1", "2.15.0")})
+    opts = culprit.matrix.Options(run_id="r1", results=tmp_path / "results", tiers="contract")
+    state = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
+    assert fake_installs == [
+        ("sglang-0.5.23-torch", ("torch==2.15.0",)),  # the canary: torch's single probe too
+        ("sglang-0.5.23-torch-2.14.1", ("torch==2.14.1",)),  # the bisect checks the pinned end
+        ("sglang-0.5.23-torch-and-torchaudio", ("torch==2.15.0", "torchaudio==2.11.1"))]  # the retry
+    text = "\n".join(state["summary"])
+    assert "held: sglang-kernel 0.4.10 (kept at sglang's exact pin)" in text
+    assert "torch 2.15.0 does not break sglang's native extensions: the ABI checks pass" in text
+    assert ("CULPRIT: torch 2.15.0 breaks sglang-0.5.23 contract (last good: 2.14.1): [import] PyTorch has CUDA "
+            "version 13.2 whereas TorchAudio has CUDA version 13.0") in text  # the failure of the canary's own run
+    assert state["summary"][-2] == ("ANSWER: torch==2.15.0 works with sglang-0.5.23 once torchaudio==2.11.1 moves "
+                                    "too (contract=passed): the upgrade is blocked only by sglang 0.5.23's pin "
+                                    "torchaudio==2.11.0")
+    assert "BLOCKING PIN: sglang 0.5.23 pins torchaudio==2.11.0, which refuses torch==2.15.0" in text
+    assert "  retry with torchaudio==2.11.1: PASSED — contract=passed" in text
+    on_disk = json.loads((tmp_path / "results" / "r1" / "sglang-0.5.23-torch" / "canary.json").read_text())
+    assert on_disk["summary"] == state["summary"]
+    # --resume: every finished step is read back, nothing is installed again
+    fake_installs.clear()
+    opts.resume = True
+    again = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
+    def same(lines):  # timings aside: a fake probe takes no time, its record says 72.5 s
+        return [ln for ln in lines[:-1] if "probe(s) over" not in ln]
+
+    assert fake_installs == [] and same(again["summary"]) == same(state["summary"])
+    assert again["row"]["seconds"] == state["row"]["seconds"] == 72.5 and again["seconds"] >= state["seconds"]
+    assert again["blocking"][0]["retry"]["seconds"] == 72.5 and again["summary"][-1].endswith("(over resumed sessions)")
+    assert again["blocking"][0]["retry"] == state["blocking"][0]["retry"]
+
+
+def test_a_second_broken_tier_is_named_with_the_command_that_searches_it(row, tmp_path):
+    res = resolution(row, {"transformers": "5.24.0"})
+    state = {"resolution": "r", "row": {"verdict": "failed", "tiers": "t"}, "broken_tiers": ["reference", "contract"],
+             "culprit": {"tier": "reference", "single": {}, "bisect": {"transformers": {"outcome": "found",
+                         "first_bad": "5.18.0", "last_good": "5.17.0", "probes": [], "summary": []}}},
+             "seconds": 1.0}
+    lines = culprit.summary_lines(state, res, {})
+    assert ("also breaks contract: searched on reference only: nox -s bisect -- transformers 5.12.1 5.24.0 "
+            "--row sglang-0.5.17 --tier contract") in lines
+
+
+def test_a_pinned_row_that_passed_the_tier_is_the_good_end_without_a_probe(row):
+    res = resolution(row, {"transformers": "5.24.0"})
+    probe_for, cands, calls = world({"transformers": "5.13.0"})
+    c = culprit.find_culprit(res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None,
+                             pins_pass=True)
+    assert (c["bisect"]["transformers"]["first_bad"], c["bisect"]["transformers"]["last_good"]) == ("5.13.0", "5.12.1")
+    assert ("transformers", "5.12.1", ()) not in calls
