@@ -68,6 +68,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.tiers.elf import AbiUnavailable, Dynamic, Ref, make_reader
+from mtpmatrix.tiers.elf import needed as needed_sonames
 
 ROOT_DIST = "sglang"
 TORCH_DIST = "torch"
@@ -440,20 +441,23 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
     contributing: list[str] = []
     try:
         closure = [dists[n] for n in dependency_closure(root, dists, stop_at=(TORCH_DIST,)) if n != TORCH_DIST]
-        candidates = [(dist, f, Path(dist.locate_file(f)).resolve()) for dist in closure
-                      for f in dist.files or [] if _SHARED_OBJECT.search(f.name)]
-        scope = LoadScope(reader, torch_libraries(torch), shipped={f.name: file for _, f, file in candidates},
+        # each RECORD parsed once (``Distribution.files`` parses it again on every call)
+        shared = [[(f, Path(dist.locate_file(f)).resolve()) for f in dist.files or [] if _SHARED_OBJECT.search(f.name)]
+                  for dist in closure]
+        scope = LoadScope(reader, torch_libraries(torch), shipped={f.name: file for fs in shared for f, file in fs},
                           interpreter=Path(sys.executable).resolve())
-        for dist in closure:
+        for dist, files in zip(closure, shared):
             checked = 0
-            for f in dist.files or []:
-                if not _SHARED_OBJECT.search(f.name) or built_for_other_torch(f.name, torch.version):
+            for f, file in files:
+                if built_for_other_torch(f.name, torch.version):
                     continue
-                file = Path(dist.locate_file(f)).resolve()
-                try:
-                    needed = scope.dynamic(file).needed
-                except Exception:  # not an ELF file (a linker script, a stray name): the loader would refuse it
-                    continue
+                try:  # the quick DT_NEEDED scan first: most of these libraries do not link torch
+                    needed = needed_sonames(file)
+                except (OSError, ValueError):
+                    try:
+                        needed = scope.dynamic(file).needed
+                    except Exception:  # not an ELF file (a linker script, a stray name): the loader would refuse it
+                        continue
                 if any(TORCH_SONAME.match(s) for s in needed):
                     results.append(check_library(file, scope, label=str(f)))
                     checked += 1
