@@ -436,6 +436,7 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
         raise AbiUnavailable("torch is not installed in this environment")
     if canonicalize_name(root) not in dists:
         raise AbiUnavailable(f"{root} is not installed in this environment")
+    torch_version = torch.version  # read once: each access parses torch's METADATA again
     reader = reader or make_reader()
     results: list[LibraryResult] = []
     contributing: list[str] = []
@@ -449,7 +450,7 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
         for dist, files in zip(closure, shared):
             checked = 0
             for f, file in files:
-                if built_for_other_torch(f.name, torch.version):
+                if built_for_other_torch(f.name, torch_version):
                     continue
                 try:  # the quick DT_NEEDED scan first: most of these libraries do not link torch
                     needed = needed_sonames(file)
@@ -465,5 +466,5 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
                 contributing.append(f"{dist.metadata['Name']} {dist.version}")
     finally:
         reader.close()
-    return AbiReport(torch_version=torch.version, torch_cuda=torch_cuda_version(torch), reader=reader.name,
+    return AbiReport(torch_version=torch_version, torch_cuda=torch_cuda_version(torch), reader=reader.name,
                      libraries=results, seconds=round(time.monotonic() - t0, 2), distributions=contributing)
