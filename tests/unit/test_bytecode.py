@@ -1,0 +1,88 @@
+"""bytecode.py + tiers/imported.py on a fake venv (this Python, a site-packages folder of its own): the listed files
+are compiled into the suite's cache folder, the pytest process reads them from there, what it imported becomes the
+next list, and nothing else is left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix.runner import bytecode
+from mtpmatrix.runner.rows import RowError
+from mtpmatrix.tiers import imported
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+@pytest.fixture
+def venv(tmp_path):
+    """A venv-shaped folder whose site-packages holds pkg/{__init__,used,unused}.py."""
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("")
+    (site / "pkg" / "used.py").write_text("VALUE = 41 + 1\n")
+    (site / "pkg" / "unused.py").write_text("VALUE = 0\n")
+    return tmp_path / "venv"
+
+
+def _pyc(prefix: Path, source: Path) -> Path:
+    """Where Python looks for ``source``'s bytecode under PYTHONPYCACHEPREFIX=prefix."""
+    tail = Path(importlib.util.cache_from_source(str(source))).name
+    return prefix / str(source.parent).lstrip("/") / tail
+
+
+def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewritten(venv, tmp_path):
+    site = bytecode.site_packages(venv)
+    manifest = tmp_path / "cache" / "sglang-0.5.17-py3.11.txt"
+    manifest.parent.mkdir()
+    manifest.write_text("pkg/__init__.py\npkg/used.py\npkg/gone_since.py\n")  # the last one: another release's
+    env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{SRC}:{site}"}
+    pre = bytecode.start(venv, Path(sys.executable), manifest, env)
+    assert pre.compiler is not None and pre.compiler.wait() == 0
+    prefix = Path(pre.env["PYTHONPYCACHEPREFIX"])
+    assert "PYTHONDONTWRITEBYTECODE" not in pre.env and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
+    assert _pyc(prefix, site / "pkg" / "used.py").is_file()
+    assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # only what the list names
+
+    # a pytest process with the suite's environment: imports pkg.used from the cache, lists what it imported
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_x.py").write_text("def test_x():\n    import pkg.unused, pkg.used\n    assert pkg.used.VALUE == 42\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
+                           *pre.pytest_args], env=pre.env, capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _pyc(prefix, site / "pkg" / "unused.py").is_file()  # compiled by the pytest process, left for others
+
+    pre.finish()
+    assert not prefix.parent.exists()  # the suite's folder is gone
+    listed = manifest.read_text().splitlines()
+    assert "pkg/unused.py" in listed and "pkg/used.py" in listed and "pkg/gone_since.py" not in listed
+    assert all(not p.startswith("/") for p in listed)
+
+
+def test_without_a_list_nothing_is_compiled_ahead(venv, tmp_path):
+    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "none.txt", {"PATH": "/bin"})
+    assert pre.compiler is None and "PYTHONPYCACHEPREFIX" in pre.env  # the pytest processes still share
+    pre.finish()
+    assert not (tmp_path / "none.txt").exists()  # nothing imported (no pytest ran): no list written
+
+
+def test_turned_off_or_malformed(venv, tmp_path):
+    env = {"MTPMATRIX_PRECOMPILE": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "m.txt", env)
+    assert pre.env is env and pre.pytest_args == [] and pre.folder is None
+    pre.finish()
+    with pytest.raises(RowError, match=r"MTPMATRIX_PRECOMPILE='yes': use 1 .* or 0"):
+        bytecode.enabled({"MTPMATRIX_PRECOMPILE": "yes"})
+
+
+def test_imported_files_are_the_source_files_in_import_order(tmp_path):
+    fake = {"b": type("M", (), {"__file__": "/site/b/x.py"}), "a": type("M", (), {"__file__": "/site/a.py"}),
+            "ext": type("M", (), {"__file__": "/site/ext.so"}), "builtin": type("M", (), {}),
+            "again": type("M", (), {"__file__": "/site/a.py"})}
+    assert imported.imported_files(fake) == ["/site/b/x.py", "/site/a.py"]
