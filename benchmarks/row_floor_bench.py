@@ -11,8 +11,9 @@ uv cache, the row's tiny pairs (.cache/tiny/ROW) and its list of imports to comp
 when they do not, one unmeasured row makes them first.
 
 ``--one-process`` runs the suite as one pytest process without compiling ahead (MTPMATRIX_SIDE_BY_SIDE=0,
-MTPMATRIX_PRECOMPILE=0: the layout before this work) as well, and says whether the two left the same records: per tier the verdict, and per check its id, outcome,
-failure kind and metric names. CPU seconds (user + system of every child) are printed next to wall seconds.
+MTPMATRIX_PRECOMPILE=0: the layout before this work) as well, and says whether the two left the same records:
+per tier the verdict, and per check its id, outcome, failure kind and metric names. CPU seconds (user + system of
+every child) are printed next to wall seconds.
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     # a pytest process with the suite's environment: imports pkg.used from the cache, lists what it imported
     suite = tmp_path / "suite"
     suite.mkdir()
-    (suite / "test_x.py").write_text("def test_x():\n    import pkg.unused, pkg.used\n    assert pkg.used.VALUE == 42\n")
+    (suite / "test_x.py").write_text("def test_x():\n    import pkg.unused, pkg.used\n\n"
+                                     "    assert pkg.used.VALUE == 42\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
                            *pre.pytest_args], env=pre.env, capture_output=True,
                           text=True, cwd=tmp_path)

@@ -165,7 +165,8 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
     assert _without_times(merged) == _without_times(alone)
     # the failures read the same: verdicts, kinds and messages, the setup error included
     ref = merged["tiers"]["reference"]
-    assert (ref["verdict"], ref["failure_kinds"]) == ("failed", ["harness", "mismatch"])  # a missing fixture is the harness
+    # a missing fixture is the harness's fault
+    assert (ref["verdict"], ref["failure_kinds"]) == ("failed", ["harness", "mismatch"])
     assert [c["outcome"] for c in ref["checks"]] == ["failed", "error", "passed"]
     assert merged["tiers"]["contract"]["failure_kinds"] == ["config"]
     assert merged["tiers"]["smoke"]["reason"] == "smoke tier: needs 1 CUDA GPU(s)"
