@@ -87,3 +87,16 @@ def test_imported_files_are_the_source_files_in_import_order(tmp_path):
             "ext": type("M", (), {"__file__": "/site/ext.so"}), "builtin": type("M", (), {}),
             "again": type("M", (), {"__file__": "/site/a.py"})}
     assert imported.imported_files(fake) == ["/site/b/x.py", "/site/a.py"]
+
+
+def test_the_next_list_takes_each_process_in_turn(tmp_path):
+    """Two pytest processes' lists (paths in site-packages kept, others dropped) -> one list, their files in turn."""
+    site, folder = tmp_path / "site", tmp_path / "suite"
+    (folder / "imported").mkdir(parents=True)
+    (folder / "imported" / "imported-1.txt").write_text(f"{site}/torch/a.py\n{site}/sglang/x.py\n{site}/sglang/y.py\n")
+    (folder / "imported" / "imported-2.txt").write_text(f"/usr/lib/python3.11/os.py\n{site}/torch/a.py\n"
+                                                       f"{site}/transformers/g.py\n")
+    manifest = tmp_path / "list.txt"
+    bytecode.Prefetch(env={}, folder=folder, manifest=manifest, site=site).finish()
+    assert manifest.read_text().splitlines() == ["torch/a.py", "sglang/x.py", "transformers/g.py", "sglang/y.py"]
+    assert not folder.exists()

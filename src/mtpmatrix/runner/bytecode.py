@@ -17,6 +17,7 @@ release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -68,9 +69,11 @@ class Prefetch:
             self.compiler.kill()
         if self.compiler is not None:
             self.compiler.wait()
-        imported: dict[str, None] = {}
-        for part in sorted((self.folder / "imported").glob("imported-*.txt")):
-            imported.update(dict.fromkeys(rel for rel in map(self._relative, part.read_text().splitlines()) if rel))
+        lists = [[rel for rel in map(self._relative, part.read_text().splitlines()) if rel]
+                 for part in sorted((self.folder / "imported").glob("imported-*.txt"))]
+        # each process's files in turn (its 1st, the other's 1st, its 2nd, ...): every process imports in this
+        # order, at the same time, so the compiler stays ahead of both rather than of one
+        imported = dict.fromkeys(rel for rank in itertools.zip_longest(*lists) for rel in rank if rel)
         if imported and self.manifest is not None:
             self.manifest.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.manifest.with_name(self.manifest.name + ".tmp")
