@@ -1,6 +1,6 @@
 """One warm CPU row against its floor, measured in the same run: prints both and the ratio (issue #21: <= 1.3).
 
-    python benchmarks/row_floor_bench.py [--row sglang-0.5.17] [--repeat 1] [--one-process] [--limit 1.3]
+    python benchmarks/row_floor_bench.py [--row sglang-0.5.17] [--repeat 1] [--one-process] [--tiers T] [--limit 1.3]
 
 Row: ``nox -s "gemma4_mtp(ROW)"`` as a user runs it (nox, the row's uv venv and install, freeze and check, the
 suite), wall clock from start to exit, results in a temp folder. Floor: what no suite design can remove, the row's
@@ -74,12 +74,12 @@ def venv_of(row: str) -> Path:
     return REPO / ".nox" / re.sub(r"[^\w]+", "-", f"gemma4_mtp({row})").strip("-")
 
 
-def run_row(row: str, results: Path, run_id: str, one_process: bool) -> dict:
+def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str | None = None) -> dict:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "MTPMATRIX_SIDE_BY_SIDE": "0" if one_process else "1",
            "MTPMATRIX_PRECOMPILE": "0" if one_process else "1"}
     env.pop("MTPMATRIX_TIERS", None)
     wall, cpu, rc = _timed([*_nox(), "-s", f"gemma4_mtp({row})", "--", "--results", str(results), "--run-id",
-                            run_id], env)
+                            run_id, *(["--tiers", tiers] if tiers else [])], env)
     folder = results / run_id / row
     record = json.loads((folder / "row.json").read_text())
     tiers = json.loads((folder / "tiers.json").read_text()) if (folder / "tiers.json").exists() else {"tiers": {}}
@@ -119,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="rows (and floors) measured per layout; medians printed")
     ap.add_argument("--one-process", action="store_true", help="also run the suite as one pytest process and "
                                                                "compare the records")
+    ap.add_argument("--tiers", help="run only these tiers, as a bisect probe of one tier does (default: the row's)")
     ap.add_argument("--limit", type=float, default=1.3)
     ap.add_argument("--keep", action="store_true", help="keep the results folder (printed)")
     args = ap.parse_args(argv)
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
           flush=True)
     for i in range(args.repeat):
         for name, one in layouts:  # interleaved, so a change in the machine's load hits both layouts
-            m = run_row(args.row, results, f"{name}-{i}", one)
+            m = run_row(args.row, results, f"{name}-{i}", one, args.tiers)
             runs[name].append(m)
             print(_line(f"{name} #{i + 1}", m, args.limit), flush=True)
     print()
