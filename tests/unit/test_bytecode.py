@@ -37,16 +37,18 @@ def _pyc(prefix: Path, source: Path) -> Path:
 
 def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewritten(venv, tmp_path):
     site = bytecode.site_packages(venv)
-    manifest = tmp_path / "cache" / "sglang-0.5.17-py3.11.txt"
-    manifest.parent.mkdir()
-    manifest.write_text("pkg/__init__.py\npkg/used.py\npkg/gone_since.py\n")  # the last one: another release's
+    lists = tmp_path / "cache" / "sglang-0.5.17-py3.11"
+    lists.mkdir(parents=True)
+    # the last one: another release's
+    (lists / "one-contract.txt").write_text("pkg/__init__.py\npkg/used.py\npkg/gone_since.py\n")
+    (lists / "one-reference.txt").write_text("pkg/unused.py\n")  # another kind of run's: not compiled for this one
     env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{SRC}:{site}"}
-    pre = bytecode.start(venv, Path(sys.executable), manifest, env)
+    pre = bytecode.start(venv, Path(sys.executable), lists, env, bytecode.process_names([], "contract"))
     assert pre.compiler is not None and pre.compiler.wait() == 0
     prefix = Path(pre.env["PYTHONPYCACHEPREFIX"])
     assert "PYTHONDONTWRITEBYTECODE" not in pre.env and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
     assert _pyc(prefix, site / "pkg" / "used.py").is_file()
-    assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # only what the list names
+    assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # only what this run's list names
 
     # a pytest process with the suite's environment: imports pkg.used from the cache, lists what it imported
     suite = tmp_path / "suite"
@@ -54,28 +56,29 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     (suite / "test_x.py").write_text("def test_x():\n    import pkg.unused, pkg.used\n\n"
                                      "    assert pkg.used.VALUE == 42\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
-                           *pre.pytest_args], env=pre.env, capture_output=True,
-                          text=True, cwd=tmp_path)
+                           *pre.pytest_args], env=pre.env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _pyc(prefix, site / "pkg" / "unused.py").is_file()  # compiled by the pytest process, left for others
 
     pre.finish()
     assert not prefix.parent.exists()  # the suite's folder is gone
-    listed = manifest.read_text().splitlines()
+    listed = (lists / "one-contract.txt").read_text().splitlines()
     assert "pkg/unused.py" in listed and "pkg/used.py" in listed and "pkg/gone_since.py" not in listed
     assert all(not p.startswith("/") for p in listed)
+    assert (lists / "one-reference.txt").read_text() == "pkg/unused.py\n"  # untouched
 
 
 def test_without_a_list_nothing_is_compiled_ahead(venv, tmp_path):
-    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "none.txt", {"PATH": "/bin"})
+    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "none", {"PATH": "/bin"}, ["sglang", "reference"])
     assert pre.compiler is None and "PYTHONPYCACHEPREFIX" in pre.env  # the pytest processes still share
+    assert "MTPMATRIX_SUITE_PROCESS" not in pre.env  # side by side, side_by_side.run names each process
     pre.finish()
-    assert not (tmp_path / "none.txt").exists()  # nothing imported (no pytest ran): no list written
+    assert not (tmp_path / "none").exists()  # nothing imported (no pytest ran): no list written
 
 
 def test_turned_off_or_malformed(venv, tmp_path):
     env = {"MTPMATRIX_PRECOMPILE": "0", "PYTHONDONTWRITEBYTECODE": "1"}
-    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "m.txt", env)
+    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "m", env, ["one-contract"])
     assert pre.env is env and pre.pytest_args == [] and pre.folder is None
     pre.finish()
     with pytest.raises(RowError, match=r"MTPMATRIX_PRECOMPILE='yes': use 1 .* or 0"):
@@ -89,14 +92,19 @@ def test_imported_files_are_the_source_files_in_import_order(tmp_path):
     assert imported.imported_files(fake) == ["/site/b/x.py", "/site/a.py"]
 
 
-def test_the_next_list_takes_each_process_in_turn(tmp_path):
-    """Two pytest processes' lists (paths in site-packages kept, others dropped) -> one list, their files in turn."""
-    site, folder = tmp_path / "site", tmp_path / "suite"
-    (folder / "imported").mkdir(parents=True)
-    (folder / "imported" / "imported-1.txt").write_text(f"{site}/torch/a.py\n{site}/sglang/x.py\n{site}/sglang/y.py\n")
-    (folder / "imported" / "imported-2.txt").write_text(f"/usr/lib/python3.11/os.py\n{site}/torch/a.py\n"
-                                                       f"{site}/transformers/g.py\n")
-    manifest = tmp_path / "list.txt"
-    bytecode.Prefetch(env={}, folder=folder, manifest=manifest, site=site).finish()
-    assert manifest.read_text().splitlines() == ["torch/a.py", "sglang/x.py", "transformers/g.py", "sglang/y.py"]
-    assert not folder.exists()
+def test_side_by_side_the_processes_lists_are_compiled_in_turn_and_kept_apart(venv, tmp_path):
+    """Each process's files in turn (its 1st, the other's 1st, ...); each process's imports become its own list,
+    paths outside site-packages dropped."""
+    site = bytecode.site_packages(venv)
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "sglang.txt").write_text("pkg/__init__.py\npkg/used.py\n")
+    (lists / "reference.txt").write_text("pkg/__init__.py\npkg/unused.py\n")
+    pre = bytecode.start(venv, Path(sys.executable), lists, {"PATH": "/bin"}, ["sglang", "reference"])
+    pre.compiler.wait()
+    assert (pre.folder / "compile.txt").read_text().splitlines() == [
+        str(site / "pkg" / n) for n in ("__init__.py", "used.py", "unused.py")]
+    (pre.folder / "imported" / "imported-reference.txt").write_text(f"/usr/lib/python3.11/os.py\n{site}/pkg/x.py\n")
+    pre.finish()
+    assert (lists / "reference.txt").read_text() == "pkg/x.py\n"
+    assert (lists / "sglang.txt").read_text() == "pkg/__init__.py\npkg/used.py\n"  # no new list: kept

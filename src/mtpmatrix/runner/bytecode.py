@@ -9,10 +9,10 @@ themselves and leave there for the other process. The contract tier's one long i
 executing modules, not compiling them (its process: 33 s of CPU without, 19 s with, same machine).
 
 Nothing outlives the suite: the folder is new for every suite and removed after it, and Python checks each cached
-file against its source (mtime and size) before using it. What persists is only the list of files
-(``.cache/bytecode/sglang-<version>-py<python>.txt``, paths relative to site-packages, so every probe of a bisect
-shares it), rewritten from what the suite imported (mtpmatrix.tiers.imported); without it (the first row of a
-release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
+file against its source (mtime and size) before using it. What persists is only one list of files per pytest
+process (``.cache/bytecode/sglang-<version>-py<python>/<process>.txt``, paths relative to site-packages, so every
+probe of a bisect shares them), rewritten from what that process imported (mtpmatrix.tiers.imported); without
+one (the first row of a release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix.runner.rows import Row, RowError
-from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV
+from mtpmatrix.schema import parse_tiers
+from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV, PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_PRECOMPILE"
 CACHE = Path(__file__).resolve().parents[3] / ".cache" / "bytecode"
@@ -41,8 +42,15 @@ def enabled(env: dict | None = None) -> bool:
     return value != "0"
 
 
-def manifest_path(row: Row, cache: Path = CACHE) -> Path:
-    return cache / f"sglang-{row.pins.get('sglang', 'none')}-py{row.python}.txt"
+def lists_folder(row: Row, cache: Path = CACHE) -> Path:
+    """Where the row's lists live: one per pytest process of its suite (``process_names``)."""
+    return cache / f"sglang-{row.pins.get('sglang', 'none')}-py{row.python}"
+
+
+def process_names(groups: list, tiers: str) -> list[str]:
+    """The names of a suite's pytest processes: its side-by-side groups', or ``one-<tiers>`` for one process (a
+    one-tier bisect probe imports less than a whole row, so each kind of run keeps its own list)."""
+    return [g.name for g in groups] or ["one-" + "+".join(parse_tiers(tiers))]
 
 
 def site_packages(venv: Path) -> Path | None:
@@ -57,31 +65,30 @@ class Prefetch:
     env: dict
     pytest_args: list[str] = field(default_factory=list)
     folder: Path | None = None
-    manifest: Path | None = None
+    lists: Path | None = None
+    names: list[str] = field(default_factory=list)
     site: Path | None = None
     compiler: subprocess.Popen | None = None
 
     def finish(self) -> None:
-        """Stop the compiler if it still runs, keep what the suite imported as the next list, remove the folder."""
+        """Stop the compiler if it still runs, keep what each process imported as its next list, remove the
+        folder."""
         if self.folder is None:
             return
         if self.compiler is not None and self.compiler.poll() is None:
             self.compiler.kill()
         if self.compiler is not None:
             self.compiler.wait()
-        lists = [[rel for rel in map(self._relative, part.read_text().splitlines()) if rel]
-                 for part in sorted((self.folder / "imported").glob("imported-*.txt"))]
-        # each process's files in turn (its 1st, the other's 1st, its 2nd, ...): every process imports in this
-        # order, at the same time, so the compiler stays ahead of both rather than of one
-        imported = dict.fromkeys(rel for rank in itertools.zip_longest(*lists) for rel in rank if rel)
-        if imported and self.manifest is not None:
-            self.manifest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.manifest.with_name(self.manifest.name + ".tmp")
-            tmp.write_text("".join(f"{p}\n" for p in imported))
-            os.replace(tmp, self.manifest)
+        for part in sorted((self.folder / "imported").glob("imported-*.txt")):
+            name = part.stem.removeprefix("imported-")
+            kept = [rel for rel in map(self._relative, part.read_text().splitlines()) if rel]
+            if kept and self.lists is not None and name in self.names:
+                self.lists.mkdir(parents=True, exist_ok=True)
+                tmp = self.lists / f"{name}.txt.tmp"
+                tmp.write_text("".join(f"{p}\n" for p in kept))
+                os.replace(tmp, self.lists / f"{name}.txt")
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = None
-
 
     def _relative(self, path: str) -> str | None:
         """``path`` relative to the venv's site-packages; None outside it (the standard library, this project)."""
@@ -91,10 +98,11 @@ class Prefetch:
         return None
 
 
-def start(venv: Path, python: Path, manifest: Path, env: dict) -> Prefetch:
-    """Start compiling ``manifest``'s files (those still in the venv) in ``venv``'s Python; the returned Prefetch
-    carries the pytest processes' environment. A no-op Prefetch (``env`` unchanged) when turned off or the venv
-    has no site-packages."""
+def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str]) -> Prefetch:
+    """Start compiling the files of the lists ``names`` (``process_names``) in ``lists`` that are still in the venv,
+    each process's in turn (its 1st, the other's 1st, its 2nd, ...: the processes import side by side, so the
+    compiler stays ahead of each), in ``venv``'s Python. The returned Prefetch carries the pytest processes'
+    environment. A no-op Prefetch (``env`` unchanged) when turned off or the venv has no site-packages."""
     site = site_packages(venv)
     if not enabled(env) or site is None:
         return Prefetch(env=env)
@@ -102,13 +110,17 @@ def start(venv: Path, python: Path, manifest: Path, env: dict) -> Prefetch:
     (folder / "imported").mkdir()
     run_env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}  # the folder is temporary
     run_env.update(PYTHONPYCACHEPREFIX=str(folder / "pyc"), **{IMPORTED_ENV: str(folder / "imported")})
-    compiler = None
-    files = [site / p for p in manifest.read_text().splitlines() if p] if manifest.is_file() else []
+    if len(names) == 1:  # one process; side by side, each group's process is named by side_by_side.run
+        run_env[PROCESS_ENV] = names[0]
+    per_process = [(lists / f"{n}.txt").read_text().splitlines() if (lists / f"{n}.txt").is_file() else []
+                   for n in names]
+    files = dict.fromkeys(site / p for rank in itertools.zip_longest(*per_process) for p in rank if p)
     files = [str(f) for f in files if f.is_file()]  # a file gone since (another release) is skipped
+    compiler = None
     if files:
         listing = folder / "compile.txt"
         listing.write_text("".join(f"{f}\n" for f in files))
         compiler = subprocess.Popen([str(python), "-m", "compileall", "-qq", "-i", str(listing)], env=run_env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return Prefetch(env=run_env, pytest_args=list(PLUGIN_ARGS), folder=folder, manifest=manifest, site=site,
-                    compiler=compiler)
+    return Prefetch(env=run_env, pytest_args=list(PLUGIN_ARGS), folder=folder, lists=lists, names=list(names),
+                    site=site, compiler=compiler)

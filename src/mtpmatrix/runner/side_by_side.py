@@ -27,6 +27,7 @@ from pathlib import Path
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.rows import RowError
 from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.tiers.imported import PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_SIDE_BY_SIDE"
 
@@ -101,7 +102,7 @@ def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, ec
             log = open(group.part(out, PYTEST_LOG), "w")
             log.write("$ " + " ".join(part_cmd) + "\n")
             proc = subprocess.Popen(part_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env=env, cwd=cwd, bufsize=1)
+                                    env={**env, PROCESS_ENV: group.name}, cwd=cwd, bufsize=1)
             prefix = "" if group is groups[0] else f"[{group.name}] "  # the first group's lines read as before
             pump = threading.Thread(target=_pump, args=(proc, log, prefix, lock, echo), daemon=True)
             pump.start()

@@ -1,7 +1,8 @@
 """pytest plugin (``-p mtpmatrix.tiers.imported``): at the end of the session, the source files this process
-imported, in import order, one absolute path a line, written to ``$MTPMATRIX_IMPORTED_DIR/imported-<pid>.txt``.
-The runner compiles the ones in the row's site-packages ahead of the row's next suite (mtpmatrix.runner.bytecode);
-without the variable the plugin writes nothing."""
+imported, in import order, one absolute path a line, written to ``$MTPMATRIX_IMPORTED_DIR/imported-<name>.txt``
+(``<name>``: ``$MTPMATRIX_SUITE_PROCESS``, which of the row's pytest processes this is). The runner compiles the ones
+in the row's site-packages ahead of the same process of the row's next suite (mtpmatrix.runner.bytecode); without
+the variable the plugin writes nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 ENV = "MTPMATRIX_IMPORTED_DIR"
+PROCESS_ENV = "MTPMATRIX_SUITE_PROCESS"
 
 
 def imported_files(modules=None) -> list[str]:
@@ -26,7 +28,7 @@ def pytest_unconfigure(config):
     folder = os.environ.get(ENV)
     if not folder:
         return
-    target = Path(folder) / f"imported-{os.getpid()}.txt"
+    target = Path(folder) / f"imported-{os.environ.get(PROCESS_ENV) or os.getpid()}.txt"
     tmp = target.with_name(target.name + ".tmp")
     try:
         tmp.write_text("".join(f"{p}\n" for p in imported_files()))
