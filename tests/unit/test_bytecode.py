@@ -1,10 +1,11 @@
 """bytecode.py + tiers/imported.py on a fake venv (this Python, a site-packages folder of its own): the listed files
-are compiled into the suite's cache folder, the pytest process reads them from there, what it imported becomes the
-next list, and nothing else is left behind."""
+are compiled into the suite's cache folder, the pytest process reads them from there (and writes nothing where
+bytecode is not written), what it imported becomes the next list, and nothing else is left behind."""
 
 from __future__ import annotations
 
 import importlib.util
+import marshal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,19 +47,22 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     pre = bytecode.start(venv, Path(sys.executable), lists, env, bytecode.process_names([], "contract"))
     assert pre.compiler is not None and pre.compiler.wait() == 0
     prefix = Path(pre.env["PYTHONPYCACHEPREFIX"])
-    assert "PYTHONDONTWRITEBYTECODE" not in pre.env and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
+    assert pre.env["PYTHONDONTWRITEBYTECODE"] == "1" and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
     assert _pyc(prefix, site / "pkg" / "used.py").is_file()
     assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # only what this run's list names
 
+    # proof that the cache is read: its pkg.used keeps the source's header (mtime, size) but holds other code
+    cached = _pyc(prefix, site / "pkg" / "used.py")
+    cached.write_bytes(cached.read_bytes()[:16] + marshal.dumps(compile("VALUE = 43\n", "used.py", "exec")))
     # a pytest process with the suite's environment: imports pkg.used from the cache, lists what it imported
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_x.py").write_text("def test_x():\n    import pkg.unused, pkg.used\n\n"
-                                     "    assert pkg.used.VALUE == 42\n")
+                                     "    assert pkg.used.VALUE == 43\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
                            *pre.pytest_args], env=pre.env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert _pyc(prefix, site / "pkg" / "unused.py").is_file()  # compiled by the pytest process, left for others
+    assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # compiled by the pytest process, not written
 
     pre.finish()
     assert not prefix.parent.exists()  # the suite's folder is gone
