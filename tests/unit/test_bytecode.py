@@ -1,6 +1,6 @@
 """bytecode.py + tiers/imported.py on a fake venv (this Python, a site-packages folder of its own): the listed files
-are compiled into the suite's cache folder, the pytest process reads them from there (and writes nothing where
-bytecode is not written), what it imported becomes the next list, and nothing else is left behind."""
+are compiled into the suite's cache folder, the pytest process reads them from there (and writes what it compiled
+itself, for the compiler to skip), what it imported becomes the next list, and nothing else is left behind."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     pre = bytecode.start(venv, Path(sys.executable), lists, env, bytecode.process_names([], "contract"))
     assert pre.compiler is not None and pre.compiler.wait() == 0
     prefix = Path(pre.env["PYTHONPYCACHEPREFIX"])
-    assert pre.env["PYTHONDONTWRITEBYTECODE"] == "1" and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
+    assert "PYTHONDONTWRITEBYTECODE" not in pre.env and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
     assert _pyc(prefix, site / "pkg" / "used.py").is_file()
     assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # only what this run's list names
 
@@ -62,7 +62,7 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
                            *pre.pytest_args], env=pre.env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # compiled by the pytest process, not written
+    assert _pyc(prefix, site / "pkg" / "unused.py").is_file()  # compiled by the pytest process: the compiler skips it
 
     pre.finish()
     assert not prefix.parent.exists()  # the suite's folder is gone
@@ -73,8 +73,9 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
 
 
 def test_without_a_list_nothing_is_compiled_ahead(venv, tmp_path):
-    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "none", {"PATH": "/bin"}, ["sglang", "reference"])
-    assert pre.compiler is None and "PYTHONPYCACHEPREFIX" in pre.env  # the pytest processes still share
+    env = {"PATH": "/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    pre = bytecode.start(venv, Path(sys.executable), tmp_path / "none", env, ["sglang", "reference"])
+    assert pre.compiler is None and pre.env["PYTHONDONTWRITEBYTECODE"] == "1"  # nothing to get ahead of: as before
     assert "MTPMATRIX_SUITE_PROCESS" not in pre.env  # side by side, side_by_side.run names each process
     pre.finish()
     assert not (tmp_path / "none").exists()  # nothing imported (no pytest ran): no list written
