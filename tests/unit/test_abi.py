@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.tiers import abi
-from mtpmatrix.tiers.elf import AbiUnavailable, Ref, make_reader
+from mtpmatrix.tiers.elf import AbiUnavailable, Ref, make_reader, needed
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="needs g++ to build the ELF fixtures")
@@ -266,6 +266,25 @@ def test_readers_agree_on_a_real_extension(elf):
     for path in (elf["ext"], elf["ext_versioned"], elf["ext_cuda"]):
         assert py.dynamic(path) == re_.dynamic(path)
         assert sorted(map(repr, py.undefined(path))) == sorted(map(repr, re_.undefined(path)))
+
+
+def test_quick_needed_scan_agrees_with_the_readers(elf, reader, tmp_path):
+    """elf.needed (the discovery's struct scan) == the full reader's DT_NEEDED, on every fixture and on the
+    interpreter; a file that is not ELF (a linker script), a truncated one and a 32-bit one are handled."""
+    files = [p for p in elf["root"].rglob("*.so*")] + [Path(sys.executable).resolve()]
+    for path in files:
+        assert needed(path) == reader.dynamic(path).needed, path
+    assert "libtorch_cpu.so" in needed(elf["ext"]) and "libc10_cuda.so" in needed(elf["ext"])
+    script = tmp_path / "libfoo.so"
+    script.write_text("/* GNU ld script */\nGROUP ( libfoo.so.1 )\n")
+    cut = tmp_path / "cut.so"
+    cut.write_bytes(elf["ext"].read_bytes()[:80])
+    for bad in (script, cut):
+        with pytest.raises(ValueError):
+            needed(bad)
+    if subprocess.run([GXX, "-m32", "-shared", "-x", "c++", "-", "-o", str(tmp_path / "m32.so"), f"-L{elf['old']}"],
+                      input="int f() { return 1; }", capture_output=True, text=True).returncode == 0:
+        assert needed(tmp_path / "m32.so") == reader.dynamic(tmp_path / "m32.so").needed
 
 
 # ------------------------------------------------------------------------------------------------ installed env

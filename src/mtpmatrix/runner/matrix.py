@@ -23,7 +23,7 @@ from typing import Iterable
 from mtpmatrix import expected
 from mtpmatrix.tiers import environment
 
-from mtpmatrix.runner import index
+from mtpmatrix.runner import bytecode, index, side_by_side
 from mtpmatrix.runner import overrides as override_rules
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -293,6 +293,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     overrides_file = out / "overrides.txt" if opts.overrides else None
     # built first: a missing uv raises its one-line RowError before a 'pending' record exists
     cmd = install_command(row, venv, constraints, overrides_file, opts.overrides)
+    groups = side_by_side.plan(opts.tiers, opts.pytest_args)  # a bad MTPMATRIX_SIDE_BY_SIDE: RowError, here
+    bytecode.enabled()  # and a bad MTPMATRIX_PRECOMPILE
     env_uv = {**os.environ, "VIRTUAL_ENV": str(venv), "UV_PYTHON_DOWNLOADS": "never"}
     record = {
         "row": row.as_dict(),
@@ -377,9 +379,19 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
               "MTPMATRIX_TINY_DIR": os.environ.get("MTPMATRIX_TINY_DIR") or str(REPO / ".cache" / "tiny" / row.id)}
     env_py.pop("PYTHONPATH", None)  # the row venv must see only what the row installed
     record.update(suite_invocation(opts, env_py))
-    log(f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}")
+    log(f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}"
+        + (f" (side by side: {', '.join('+'.join(g.tiers) for g in groups)})" if groups else ""))
     t0 = time.monotonic()
-    rc_p, _ = _run_logged(pytest_cmd, out / "pytest.log", env=env_py, echo=True)
+    # the files the row's suite imported last time, compiled on the spare core while pytest starts (bytecode.py)
+    prefetch = bytecode.start(venv, venv_python(venv), bytecode.lists_folder(row), env_py,
+                              bytecode.process_names(groups, opts.tiers))
+    try:
+        if groups:  # one pytest process per group of tiers, on their own cores; one merged tiers.json
+            rc_p = side_by_side.run(pytest_cmd + prefetch.pytest_args, groups, out, prefetch.env, REPO)
+        else:
+            rc_p, _ = _run_logged(pytest_cmd + prefetch.pytest_args, out / "pytest.log", env=prefetch.env, echo=True)
+    finally:
+        prefetch.finish()
     record["suite"] = {"exitstatus": rc_p, "seconds": round(time.monotonic() - t0, 1)}
     log(f"[{row.id}] suite finished in {record['suite']['seconds']}s (pytest exit {rc_p})")
     if tiers_file.exists():

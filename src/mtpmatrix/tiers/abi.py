@@ -68,6 +68,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.tiers.elf import AbiUnavailable, Dynamic, Ref, make_reader
+from mtpmatrix.tiers.elf import needed as needed_sonames
 
 ROOT_DIST = "sglang"
 TORCH_DIST = "torch"
@@ -441,27 +442,31 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
         raise AbiUnavailable("torch is not installed in this environment")
     if canonicalize_name(root) not in dists:
         raise AbiUnavailable(f"{root} is not installed in this environment")
+    torch_version = torch.version  # read once: each access parses torch's METADATA again
     reader = reader or make_reader()
     results: list[LibraryResult] = []
     contributing: list[str] = []
     seen = 0
     try:
         closure = [dists[n] for n in dependency_closure(root, dists, stop_at=(TORCH_DIST,)) if n != TORCH_DIST]
-        candidates = [(dist, f, Path(dist.locate_file(f)).resolve()) for dist in closure
-                      for f in dist.files or [] if _SHARED_OBJECT.search(f.name)]
-        scope = LoadScope(reader, torch_libraries(torch), shipped={f.name: file for _, f, file in candidates},
+        # each RECORD parsed once (``Distribution.files`` parses it again on every call)
+        shared = [[(f, Path(dist.locate_file(f)).resolve()) for f in dist.files or [] if _SHARED_OBJECT.search(f.name)]
+                  for dist in closure]
+        scope = LoadScope(reader, torch_libraries(torch), shipped={f.name: file for fs in shared for f, file in fs},
                           interpreter=Path(sys.executable).resolve())
-        for dist in closure:
+        for dist, files in zip(closure, shared):
             checked = 0
-            for f in dist.files or []:
-                if not _SHARED_OBJECT.search(f.name) or built_for_other_torch(f.name, torch.version):
+            for f, file in files:
+                if built_for_other_torch(f.name, torch_version):
                     continue
                 seen += 1
-                file = Path(dist.locate_file(f)).resolve()
-                try:
-                    needed = scope.dynamic(file).needed
-                except Exception:  # not an ELF file (a linker script, a stray name): the loader would refuse it
-                    continue
+                try:  # the quick DT_NEEDED scan first: most of these libraries do not link torch
+                    needed = needed_sonames(file)
+                except (OSError, ValueError):
+                    try:
+                        needed = scope.dynamic(file).needed
+                    except Exception:  # not an ELF file (a linker script, a stray name): the loader would refuse it
+                        continue
                 if any(TORCH_SONAME.match(s) for s in needed):
                     results.append(check_library(file, scope, label=str(f)))
                     checked += 1
@@ -469,6 +474,6 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
                 contributing.append(f"{dist.metadata['Name']} {dist.version}")
     finally:
         reader.close()
-    return AbiReport(torch_version=torch.version, torch_cuda=torch_cuda_version(torch), reader=reader.name,
+    return AbiReport(torch_version=torch_version, torch_cuda=torch_cuda_version(torch), reader=reader.name,
                      libraries=results, seconds=round(time.monotonic() - t0, 2), distributions=contributing,
                      shared_objects=seen, searched=len(closure))

@@ -1,0 +1,161 @@
+"""One warm CPU row against its floor, measured in the same run: prints both and the ratio (issue #21: <= 1.3).
+
+    python benchmarks/row_floor_bench.py [--row sglang-0.5.17] [--repeat 1] [--one-process] [--tiers T] [--limit 1.3]
+
+Row: ``nox -s "gemma4_mtp(ROW)"`` as a user runs it (nox, the row's uv venv and install, freeze and check, the
+suite), wall clock from start to exit, results in a temp folder. Floor: what no suite design can remove, the row's
+install (its ``install.seconds`` in row.json) plus one ``import sglang.srt.models.gemma4_mtp`` in the row's venv,
+timed right after the row, so a busy machine inflates both alike. That import is a fresh venv's first: compiled
+from source (an empty PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE=1), as the row's own first import is. Warm: the
+uv cache, the row's tiny pairs (.cache/tiny/ROW) and its list of imports to compile ahead (.cache/bytecode/) exist;
+when they do not, one unmeasured row makes them first.
+
+``--one-process`` runs the suite as one pytest process without compiling ahead (MTPMATRIX_SIDE_BY_SIDE=0,
+MTPMATRIX_PRECOMPILE=0: the layout before this work) as well, and says whether the two left the same records:
+per tier the verdict, and per check its id, outcome, failure kind and metric names. CPU seconds (user + system of
+every child) are printed next to wall seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+IMPORT = "import sglang.srt.models.gemma4_mtp"
+
+
+def _nox() -> list[str]:
+    if importlib.util.find_spec("nox"):
+        return [sys.executable, "-m", "nox"]
+    if shutil.which("nox"):
+        return [shutil.which("nox")]
+    raise SystemExit("nox is not installed here (pip install -e '.[dev]')")
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(cmd: list[str], env: dict, quiet: bool = True) -> tuple[float, float, int]:
+    """(wall, CPU of the command and its children, exit status)."""
+    cpu0, t0 = _children_cpu(), time.monotonic()
+    done = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL if quiet else None,
+                          stderr=subprocess.STDOUT if quiet else None)
+    return time.monotonic() - t0, _children_cpu() - cpu0, done.returncode
+
+
+def _bytecode_list(row_id: str) -> Path:
+    """The row's lists of files to compile ahead (mtpmatrix.runner.bytecode), kept by its first suite."""
+    sys.path.insert(0, str(REPO / "src"))
+    from mtpmatrix.runner import bytecode
+    from mtpmatrix.runner.rows import load_rows
+
+    rows = {r.id: r for r in load_rows(REPO / "constraints")}
+    if row_id not in rows:
+        raise SystemExit(f"unknown row {row_id!r}; known: {', '.join(rows)}")
+    return bytecode.lists_folder(rows[row_id])
+
+
+def venv_of(row: str) -> Path:
+    """nox's folder for the row's session: ``gemma4_mtp(sglang-0.5.17)`` -> .nox/gemma4_mtp-sglang-0-5-17."""
+    return REPO / ".nox" / re.sub(r"[^\w]+", "-", f"gemma4_mtp({row})").strip("-")
+
+
+def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str | None = None) -> dict:
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "MTPMATRIX_SIDE_BY_SIDE": "0" if one_process else "1",
+           "MTPMATRIX_PRECOMPILE": "0" if one_process else "1"}
+    env.pop("MTPMATRIX_TIERS", None)
+    wall, cpu, rc = _timed([*_nox(), "-s", f"gemma4_mtp({row})", "--", "--results", str(results), "--run-id",
+                            run_id, *(["--tiers", tiers] if tiers else [])], env)
+    folder = results / run_id / row
+    record = json.loads((folder / "row.json").read_text())
+    tiers = json.loads((folder / "tiers.json").read_text()) if (folder / "tiers.json").exists() else {"tiers": {}}
+    # the floor's import is a fresh venv's first one: compiled from source (an empty bytecode folder, none kept)
+    with tempfile.TemporaryDirectory(prefix="floor-pyc-") as empty:
+        floor_wall, floor_cpu, irc = _timed([str(venv_of(row) / "bin" / "python"), "-c", IMPORT],
+                                            {**env, "PYTHONPYCACHEPREFIX": empty, "PYTHONDONTWRITEBYTECODE": "1"})
+    if irc != 0:
+        raise SystemExit(f"{IMPORT} fails in {venv_of(row)} (exit {irc}): no floor to compare with")
+    return {"wall": wall, "cpu": cpu, "nox_exit": rc, "verdict": record.get("verdict"),
+            "install": record["install"]["seconds"], "suite": record.get("suite", {}).get("seconds"),
+            "tiers": {t: e.get("seconds") for t, e in tiers["tiers"].items()},
+            "import": floor_wall, "import_cpu": floor_cpu, "floor": record["install"]["seconds"] + floor_wall,
+            "records": records_of(tiers)}
+
+
+def records_of(tiers: dict) -> dict:
+    """What must not change with the suite's layout: per tier the verdict, per check id, outcome, kind, metrics."""
+    return {t: {"verdict": e.get("verdict"), "failure_kinds": e.get("failure_kinds"),
+                "checks": [(c["id"], c["outcome"], (c.get("failure") or {}).get("kind"), sorted(c.get("metrics", {})))
+                           for c in e.get("checks", [])]}
+            for t, e in tiers.get("tiers", {}).items()}
+
+
+def _line(label: str, m: dict, limit: float) -> str:
+    ratio = m["wall"] / m["floor"]
+    tiers = ", ".join(f"{t} {s:.1f}" for t, s in m["tiers"].items() if s)
+    return (f"{label:<13} row {m['wall']:6.1f} s (cpu {m['cpu']:6.1f})  install {m['install']:5.1f}  suite "
+            f"{m['suite'] or 0:5.1f}  [{tiers}]  | floor {m['floor']:5.1f} = install + import {m['import']:5.1f} "
+            f"(cpu {m['import_cpu']:4.1f})  | ratio {ratio:4.2f} {'<=' if ratio <= limit else '>'} {limit}  "
+            f"({m['verdict']})")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--row", default="sglang-0.5.17")
+    ap.add_argument("--repeat", type=int, default=1, help="rows (and floors) measured per layout; medians printed")
+    ap.add_argument("--one-process", action="store_true", help="also run the suite as one pytest process and "
+                                                               "compare the records")
+    ap.add_argument("--tiers", help="run only these tiers, as a bisect probe of one tier does (default: the row's)")
+    ap.add_argument("--limit", type=float, default=1.3)
+    ap.add_argument("--keep", action="store_true", help="keep the results folder (printed)")
+    args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
+    results = Path(tempfile.mkdtemp(prefix="row-floor-bench-"))
+    layouts = [("now", False)] + ([("one-process", True)] if args.one_process else [])
+    if not (REPO / ".cache" / "tiny" / args.row).is_dir() or not any(_bytecode_list(args.row).glob("*.txt")):
+        print(f"warming up: {args.row}'s tiny pairs or list of imports are not there yet (one unmeasured row)",
+              flush=True)
+        run_row(args.row, results, "warmup", one_process=False)
+    runs: dict[str, list[dict]] = {name: [] for name, _ in layouts}
+    print(f"{args.row}: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+          flush=True)
+    for i in range(args.repeat):
+        for name, one in layouts:  # interleaved, so a change in the machine's load hits both layouts
+            m = run_row(args.row, results, f"{name}-{i}", one, args.tiers)
+            runs[name].append(m)
+            print(_line(f"{name} #{i + 1}", m, args.limit), flush=True)
+    print()
+    for name, ms in runs.items():
+        med = {k: statistics.median(m[k] for m in ms) for k in ("wall", "cpu", "install", "import", "import_cpu",
+                                                                 "floor")}
+        med["suite"] = statistics.median(m["suite"] or 0 for m in ms)
+        med["tiers"] = {t: statistics.median(m["tiers"].get(t) or 0 for m in ms) for t in ms[0]["tiers"]}
+        med["verdict"] = "/".join(sorted({m["verdict"] for m in ms}))
+        print(_line(f"{name} median", med, args.limit))
+    if args.one_process:
+        same = all(m["records"] == runs["now"][0]["records"] for ms in runs.values() for m in ms)
+        print(f"records (verdicts; check ids, outcomes, kinds, metric names) identical across layouts and repeats: "
+              f"{'yes' if same else 'NO'}")
+    print(f"results: {results}" if args.keep else "")
+    if not args.keep:
+        shutil.rmtree(results, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""A row's suite as two pytest processes side by side, one per group of tiers, merged into one tiers.json.
+
+Why: on a CPU row the contract tier spends most of its time in one ``import sglang`` on one core, while the
+reference tier (transformers only, one torch thread) could use the other core; run one after the other the row
+cost 2.2 x its floor (install + that import). Side by side, the row's suite takes about as long as its contract tier.
+
+The groups split by tier, so every tier runs whole in one process, exactly as it runs alone: its checks, their
+order, the session fixtures they share, its verdict, ``mark_incomplete`` and the known-upstream tagging all come
+from that process's own tiers.json, unchanged. Each process gets the row's full ``--tiers`` (skip reasons read as
+before) and a ``-m`` marker expression that deselects the other group's tests (deselected tests leave no record).
+
+One process, as before, when fewer than two groups have a selected tier, on a one-core machine, when the row passes
+its own pytest arguments (``-m``, ``-x``, ``-k`` ... would mean something else run twice), or with
+``MTPMATRIX_SIDE_BY_SIDE=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.runner.rows import RowError
+from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.tiers.imported import PROCESS_ENV
+
+ENV_KNOB = "MTPMATRIX_SIDE_BY_SIDE"
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    tiers: tuple[str, ...]
+    marker: str  # pytest -m expression selecting exactly this group's tests
+
+    def part(self, out: Path, stem: str) -> Path:
+        """``tiers.json`` -> ``tiers.<group>.json`` next to it: a part stays in the row folder, so the folder of
+        --mtp-results (where tiers write server logs and GSM8K records) is the row folder for every group."""
+        p = Path(stem)
+        return out / f"{p.stem}.{self.name}{p.suffix}"
+
+
+# The reference tier needs transformers only; every other tier needs sglang imported (contract) or launched.
+REFERENCE = Group("reference", ("reference",), "reference")
+SGLANG = Group("sglang", tuple(t for t in TIERS if t != "reference"), "not reference")
+GROUPS = (SGLANG, REFERENCE)
+
+
+def enabled(env: dict | None = None) -> bool | None:
+    """``MTPMATRIX_SIDE_BY_SIDE``: "1" always, "0" never, unset: when the machine has two cores. RowError (one line)
+    for any other value, raised before a row installs."""
+    value = (os.environ if env is None else env).get(ENV_KNOB, "").strip()
+    if value not in ("", "0", "1"):
+        raise RowError(f"{ENV_KNOB}={value!r}: use 1 (tiers side by side), 0 (one pytest process) or leave it unset")
+    return None if value == "" else value == "1"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def plan(tiers: str, pytest_args: list[str], env: dict | None = None, cores: int | None = None) -> list[Group]:
+    """The groups to run side by side; an empty list means one pytest process, as before (see the module
+    docstring for when)."""
+    wanted = enabled(env)
+    if wanted is False or pytest_args:
+        return []
+    if wanted is None and (cores if cores is not None else _cores()) < 2:
+        return []
+    selected = parse_tiers(tiers)
+    groups = [g for g in GROUPS if set(g.tiers) & set(selected)]
+    return groups if len(groups) > 1 else []
+
+
+def _with_paths(cmd: list[str], group: Group, out: Path) -> list[str]:
+    """``cmd`` with its --mtp-results and --junitxml pointed at the group's part files, and the group's -m."""
+    new = []
+    for arg in cmd:
+        for opt, stem in (("--mtp-results=", TIERS_FILE), ("--junitxml=", JUNIT_FILE)):
+            if arg.startswith(opt):
+                arg = opt + str(group.part(out, stem))
+        new.append(arg)
+    return new + ["-m", group.marker]
+
+
+def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, echo: bool = True) -> int:
+    """Run ``cmd`` (the row's one pytest command) once per group, side by side; merge the parts into the row's
+    tiers.json, junit.xml and pytest.log. Returns the merged exit status (``merge_exitstatus``)."""
+    lock = threading.Lock()
+    procs, pumps = [], []
+    try:
+        for group in groups:
+            part_cmd = _with_paths(cmd, group, out)
+            log = open(group.part(out, PYTEST_LOG), "w")
+            log.write("$ " + " ".join(part_cmd) + "\n")
+            proc = subprocess.Popen(part_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env={**env, PROCESS_ENV: group.name}, cwd=cwd, bufsize=1)
+            prefix = "" if group is groups[0] else f"[{group.name}] "  # the first group's lines read as before
+            pump = threading.Thread(target=_pump, args=(proc, log, prefix, lock, echo), daemon=True)
+            pump.start()
+            procs.append(proc)
+            pumps.append(pump)
+        codes = [p.wait() for p in procs]
+    except BaseException:  # Ctrl-C or a failed start: no pytest outlives the row
+        for p in procs:
+            p.kill()
+        raise
+    for pump in pumps:
+        pump.join()
+    merge_logs([g.part(out, PYTEST_LOG) for g in groups], out / PYTEST_LOG)
+    merge_junit([g.part(out, JUNIT_FILE) for g in groups], out / JUNIT_FILE)
+    parts = [g.part(out, TIERS_FILE) for g in groups]
+    if all(p.exists() for p in parts):  # else no tiers.json: run_row records the harness error, as for one process
+        atomic_write_json(out / TIERS_FILE, merge_tiers([(g, read_json(p)) for g, p in zip(groups, parts)]))
+        for p in parts:
+            p.unlink()
+    return merge_exitstatus(codes)
+
+
+def _pump(proc, log, prefix: str, lock: threading.Lock, echo: bool) -> None:
+    with log:
+        for line in proc.stdout:
+            log.write(line)
+            if echo:
+                with lock:
+                    sys.stdout.write(prefix + line)
+                    sys.stdout.flush()
+
+
+# Worst first: a session that did not finish, then failed tests, then nothing collected, then success.
+_EXIT_RANK = {3: 6, 2: 5, 4: 4, 1: 3, 5: 2, 0: 1}
+
+
+def merge_exitstatus(codes: list[int]) -> int:
+    """The exit status of the merged suite: the worst of the parts' (killed or unknown ones worst of all)."""
+    return max(codes, key=lambda c: _EXIT_RANK.get(c, 7))
+
+
+def merge_tiers(parts: list[tuple[Group, dict]]) -> dict:
+    """One tiers.json from the groups' parts: each tier's entry from the group it belongs to, as that process
+    wrote it; versions from every part (the same venv), the most GPUs, the longest session, the worst exit."""
+    owner = {t: data for group, data in parts for t in group.tiers}
+    first = parts[0][1]
+    versions: dict = {}
+    for _, data in parts:
+        versions.update({k: v for k, v in data.get("versions", {}).items() if v and k not in versions})
+    merged = dict(first)
+    merged.update(
+        tiers={t: owner[t]["tiers"][t] for t in TIERS if t in owner and t in owner[t].get("tiers", {})},
+        versions=versions,
+        gpus=max(d.get("gpus", 0) for _, d in parts),
+        seconds=max(d.get("seconds", 0.0) for _, d in parts),
+        exitstatus=merge_exitstatus([d.get("exitstatus", 0) for _, d in parts]),
+    )
+    return merged
+
+
+def merge_junit(parts: list[Path], dest: Path) -> None:
+    """The parts' test cases in one junit.xml (one testsuite, counts summed, the longest time); parts removed."""
+    present = [p for p in parts if p.exists()]
+    if not present:
+        return
+    merged_root = ET.parse(present[0]).getroot()
+    suite = merged_root if merged_root.tag == "testsuite" else merged_root.find("testsuite")
+    for part in present[1:]:
+        root = ET.parse(part).getroot()
+        other = root if root.tag == "testsuite" else root.find("testsuite")
+        if other is None or suite is None:
+            continue
+        for key in ("tests", "errors", "failures", "skipped"):
+            suite.set(key, str(int(suite.get(key, "0")) + int(other.get(key, "0"))))
+        suite.set("time", str(max(float(suite.get("time", "0")), float(other.get("time", "0")))))
+        suite.extend(list(other))
+    tmp = dest.with_name(dest.name + ".tmp")
+    ET.ElementTree(merged_root).write(tmp, encoding="utf-8", xml_declaration=True)
+    os.replace(tmp, dest)
+    for p in present:
+        p.unlink()
+
+
+def merge_logs(parts: list[Path], dest: Path) -> None:
+    """pytest.log: each part's log in turn, whole (not interleaved as on the terminal); parts removed."""
+    with open(dest, "w") as fh:
+        for p in parts:
+            if p.exists():
+                fh.write(p.read_text())
+                p.unlink()

@@ -1,0 +1,233 @@
+"""side_by_side.py: when a row's tiers run side by side, and that two real pytest processes (this machine's pytest, a
+synthetic suite loading the real plugin) leave the same tiers.json records as one process does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from mtpmatrix.runner import side_by_side
+from mtpmatrix.runner.rows import RowError
+from mtpmatrix.runner.side_by_side import REFERENCE, SGLANG, merge_exitstatus, plan
+from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+ALL = ",".join(TIERS)
+
+# contract and reference run here, the GPU tiers skip (as on a CPU row); the plugin reads tier_unavailable through
+# the environment module, so patching it in the suite's conftest reaches every process
+CONFTEST = '''\
+from mtpmatrix.tiers import environment
+
+environment.tier_unavailable = lambda tier: None if tier in ("contract", "reference") else "needs 1 CUDA GPU(s)"
+environment.versions = lambda: {"python": "3.11.9", "torch": "2.11.0"}
+pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]
+
+
+def pytest_configure(config):
+    for m in ("contract", "reference", "smoke", "gsm8k", "check(kind): kind"):
+        config.addinivalue_line("markers", m)
+'''
+
+CHECKS = '''\
+import pytest
+
+from mtpmatrix.tiers.verdict import CheckFailure
+
+
+@pytest.fixture(scope="session")
+def shared():
+    return {"built": 1}
+
+
+@pytest.mark.contract
+@pytest.mark.check("args")
+def test_resolves(shared, record_property):
+    record_property("speculative_algorithm", "FROZEN_KV_MTP")
+
+
+@pytest.mark.contract
+@pytest.mark.check("config")
+def test_config_values(record_property):
+    record_property("layers", 8)
+    raise CheckFailure("config", "config resolves to the wrong values")
+
+
+@pytest.mark.contract
+def test_skips_itself():
+    pytest.skip("not on this row")
+
+
+@pytest.mark.reference
+@pytest.mark.check("mismatch")
+def test_greedy(shared, record_property):
+    record_property("accept_len", 3.83)
+    raise CheckFailure("mismatch", "outputs differ at token 3")
+
+
+@pytest.mark.reference
+@pytest.mark.check("weights")
+def test_reference_setup_error(missing_fixture_on_purpose):
+    pass
+
+
+@pytest.mark.reference
+def test_reference_ok():
+    pass
+
+
+@pytest.mark.smoke
+def test_server():
+    pass
+'''
+
+
+# --- plan ----------------------------------------------------------------------------------------------------
+
+def test_plan_splits_the_sglang_tiers_from_the_reference_tier_on_two_cores():
+    assert plan(ALL, [], env={}, cores=2) == [SGLANG, REFERENCE]
+    assert plan("contract,reference", [], env={}, cores=16) == [SGLANG, REFERENCE]
+    assert set(SGLANG.tiers) | set(REFERENCE.tiers) == set(TIERS) and not set(SGLANG.tiers) & set(REFERENCE.tiers)
+
+
+@pytest.mark.parametrize("tiers,args,env,cores", [
+    ("contract", [], {}, 2),  # a bisect probe of one tier: nothing to run beside it
+    ("contract,smoke,gsm8k", [], {}, 2),  # one group
+    ("reference", [], {}, 2),
+    (ALL, [], {}, 1),  # one core
+    (ALL, ["-x"], {}, 2),  # the row's own pytest arguments would run twice, with another meaning
+    (ALL, [], {"MTPMATRIX_SIDE_BY_SIDE": "0"}, 2),
+])
+def test_plan_keeps_one_process(tiers, args, env, cores):
+    assert plan(tiers, args, env=env, cores=cores) == []
+
+
+def test_plan_env_knob_forces_and_is_validated():
+    assert plan(ALL, [], env={"MTPMATRIX_SIDE_BY_SIDE": "1"}, cores=1) == [SGLANG, REFERENCE]
+    with pytest.raises(RowError, match=r"MTPMATRIX_SIDE_BY_SIDE='yes': use 1 .*, 0 .* or leave it unset"):
+        plan(ALL, [], env={"MTPMATRIX_SIDE_BY_SIDE": "yes"}, cores=2)
+
+
+def test_merge_exitstatus_is_the_worst_part():
+    assert merge_exitstatus([0, 0]) == 0
+    assert merge_exitstatus([0, 1]) == merge_exitstatus([1, 0]) == 1
+    assert merge_exitstatus([1, 2]) == 2  # interrupted (collection error) beats failed tests
+    assert merge_exitstatus([0, -9]) == -9  # killed: worst of all
+    assert merge_exitstatus([5, 0]) == 5
+
+
+# --- real pytest processes -------------------------------------------------------------------------------------
+
+def _suite(tmp_path: Path, checks: str = CHECKS) -> Path:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(CONFTEST)
+    (suite / "test_tiers.py").write_text(checks)
+    return suite
+
+
+def _command(suite: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", str(suite), "-p", "no:cacheprovider", f"--junitxml={out / JUNIT_FILE}",
+            f"--mtp-results={out / TIERS_FILE}", f"--tiers={ALL}"]
+
+
+def _env(monkeypatch) -> dict:
+    monkeypatch.setenv("PYTHONPATH", str(SRC))
+    import os
+
+    return dict(os.environ)
+
+
+def _without_times(data: dict) -> dict:
+    data = json.loads(json.dumps(data))
+    data.pop("seconds")
+    for entry in data["tiers"].values():
+        entry.pop("seconds", None)
+        for check in entry["checks"]:
+            check.pop("seconds")
+    return data
+
+
+def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
+    suite, env = _suite(tmp_path), _env(monkeypatch)
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    rc_one = subprocess.run(_command(suite, one), env=env, cwd=tmp_path, capture_output=True).returncode
+    rc_two = side_by_side.run(_command(suite, two), [SGLANG, REFERENCE], two, env, tmp_path, echo=False)
+
+    assert rc_one == rc_two == 1
+    alone, merged = (json.loads((d / TIERS_FILE).read_text()) for d in (one, two))
+    assert _without_times(merged) == _without_times(alone)
+    # the failures read the same: verdicts, kinds and messages, the setup error included
+    ref = merged["tiers"]["reference"]
+    # a missing fixture is the harness's fault
+    assert (ref["verdict"], ref["failure_kinds"]) == ("failed", ["harness", "mismatch"])
+    assert [c["outcome"] for c in ref["checks"]] == ["failed", "error", "passed"]
+    assert merged["tiers"]["contract"]["failure_kinds"] == ["config"]
+    assert merged["tiers"]["smoke"]["reason"] == "smoke tier: needs 1 CUDA GPU(s)"
+    # one tiers.json, junit.xml and pytest.log in the row folder; the parts are gone
+    assert sorted(p.name for p in two.iterdir()) == sorted([TIERS_FILE, JUNIT_FILE, PYTEST_LOG])
+    cases = ET.parse(two / JUNIT_FILE).getroot().iter("testcase")
+    assert sorted(c.get("name") for c in cases) == sorted(c["id"].split("::")[1] for t in alone["tiers"].values()
+                                                          for c in t["checks"])
+    log = (two / PYTEST_LOG).read_text()
+    assert "-m not reference" in log and "-m reference" in log and log.count("short test summary") == 2
+
+
+# Each group's test waits for the other's: it passes only when the two run at the same time. The timeout is the
+# failure path (one process: the first waits in vain), not a margin a passing run depends on.
+HANDSHAKE = '''\
+import os, time
+from pathlib import Path
+
+import pytest
+
+DIR = Path(os.environ["HANDSHAKE_DIR"])
+
+
+def meet(mine, theirs):
+    (DIR / mine).touch()
+    deadline = time.monotonic() + 60
+    while not (DIR / theirs).exists():
+        assert time.monotonic() < deadline, f"{theirs} never came: the groups did not run side by side"
+        time.sleep(0.05)
+
+
+@pytest.mark.contract
+def test_contract_meets_reference():
+    meet("contract", "reference")
+
+
+@pytest.mark.reference
+def test_reference_meets_contract():
+    meet("reference", "contract")
+'''
+
+
+def test_the_groups_run_at_the_same_time(tmp_path, monkeypatch):
+    suite = _suite(tmp_path, HANDSHAKE)
+    monkeypatch.setenv("HANDSHAKE_DIR", str(tmp_path))
+    out = tmp_path / "row"
+    out.mkdir()
+    rc = side_by_side.run(_command(suite, out), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False)
+    tiers = json.loads((out / TIERS_FILE).read_text())["tiers"]
+    assert rc == 0 and tiers["contract"]["verdict"] == tiers["reference"]["verdict"] == "passed"
+
+
+def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch):
+    """A pytest that dies before writing its part: no merged tiers.json, so run_row records the harness error for
+    every tier, as it does when the one process dies."""
+    suite = _suite(tmp_path)
+    (suite / "conftest.py").write_text(CONFTEST + '\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n'
+                                       'def pytest_sessionfinish(session):  # before the plugin writes its part\n'
+                                       '    if session.config.getoption("-m") == "reference":\n'
+                                       '        import os; os._exit(3)\n')
+    out = tmp_path / "row"
+    out.mkdir()
+    rc = side_by_side.run(_command(suite, out), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False)
+    assert rc == 3 and not (out / TIERS_FILE).exists()
