@@ -79,15 +79,6 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
     if compile_check:
         tail += f"; {'every patched module compiles' if not bad else f'{bad} patched module(s) do not compile'}"
     print(tail)
-    from mtpmatrix.tiers.smoke import SMOKE_SERVERS
-
-    known = {s.name for s in SMOKE_SERVERS}
-    lacking = {a.mutant.id: [s for s in a.mutant.servers if s not in known] for a in apps}
-    lacking = {k: v for k, v in lacking.items() if v}
-    if lacking:  # a catalogue ahead of this checkout's smoke tier (servers from a branch not merged yet)
-        names = sorted({s for v in lacking.values() for s in v})
-        print(f"note: {len(lacking)} mutant(s) run on smoke servers this checkout lacks ({', '.join(names)}): "
-              f"{', '.join(lacking)}; a run of them stops before it starts")
     return 1 if bad else 0
 
 
