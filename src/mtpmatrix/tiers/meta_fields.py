@@ -49,19 +49,9 @@ REL_TOL = 1e-6  # the ratios are one float division each, of small integers
 
 def documented_fields(version: str | None = None) -> tuple[str, ...]:
     """The speculative meta_info fields sglang ``version`` (default: the installed one) writes per response."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
+    from mtpmatrix.tiers.environment import by_release, version_of
 
-    from mtpmatrix.tiers.environment import version_of
-
-    version = version or version_of("sglang")
-    try:
-        v = Version(version) if version else None
-    except InvalidVersion:
-        v = None
-    if v is None:
-        return CORE_FIELDS
-    return next((fields for spec, fields in SGLANG_META_FIELDS if v in SpecifierSet(spec)), CORE_FIELDS)
+    return by_release(SGLANG_META_FIELDS, version or version_of("sglang"), CORE_FIELDS)
 
 
 def _close(a, b) -> bool:

@@ -98,19 +98,12 @@ SGLANG_DRAFT_PHASES = ((">=0.5.13,<0.5.24", -1),)
 
 def sglang_draft_phase(version: str | None = None) -> int:
     """The draft phase of sglang ``version`` (default: the installed one; without sglang, the newest measured)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    from mtpmatrix.tiers.environment import version_of
+    from mtpmatrix.tiers.environment import by_release, version_of
 
     version = version or version_of("sglang")
     if not version:
         return SGLANG_DRAFT_PHASES[-1][1]
-    try:
-        v = Version(version)
-    except InvalidVersion:
-        return REFERENCE_DRAFT_PHASE
-    return next((phase for spec, phase in SGLANG_DRAFT_PHASES if v in SpecifierSet(spec)), REFERENCE_DRAFT_PHASE)
+    return by_release(SGLANG_DRAFT_PHASES, version, REFERENCE_DRAFT_PHASE)
 
 
 def phase_of_variant(variant: str) -> int:
