@@ -21,22 +21,19 @@ Resolution runs before any venv exists: an unreachable index or a range no relea
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.runner import releases
-from mtpmatrix.runner.rows import ROW_ID, Row, RowError, parse_row
+from mtpmatrix.runner.rows import ROW_ID, Row, RowError, constrained_name, parse_row, requirement_lines
 
 MODES = ("canary", "canary-override")
 HEADER_KEYS = {"from", "mode", "description", "tags"}
 CANARY_DIR = "canary"  # under constraints/
-_HEADER = re.compile(r"^#\s*([a-z\-]+)\s*:\s*(.*?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -84,23 +81,8 @@ def parse_canary(path: Path, rows: dict[str, Row]) -> Canary:
     meta: dict[str, str] = {}
     at: dict[str, int] = {}
     floats: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
-        line, where = raw.strip(), f"{path}:{lineno}"
-        if not line:
-            continue
-        if line.startswith("#"):
-            m = _HEADER.match(line)
-            if m and not floats:
-                if m.group(1) not in HEADER_KEYS:
-                    raise RowError(f"{where}: unknown header key {m.group(1)!r} "
-                                   f"(known: {', '.join(sorted(HEADER_KEYS))})")
-                meta[m.group(1)], at[m.group(1)] = m.group(2), lineno
-            continue
-        body = line.split(" #", 1)[0].strip()
-        try:
-            req = Requirement(body)
-        except InvalidRequirement as exc:
-            raise RowError(f"{where}: not a requirement line: {body!r} ({str(exc).splitlines()[0]})") from None
+    for lineno, body, req in requirement_lines(path, path.read_text().splitlines(), HEADER_KEYS, meta, at):
+        where = f"{path}:{lineno}"
         if req.url or req.marker or req.extras:
             raise RowError(f"{where}: a floating package is a name and a range, got {body!r}")
         name = canonicalize_name(req.name)
@@ -180,15 +162,10 @@ def canary_row(res: Resolution, folder: Path) -> Row:
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for line in c.base.path.read_text().splitlines():
-        body = line.split(" #", 1)[0].strip()
-        if body and not body.startswith("#"):
-            try:
-                name = canonicalize_name(Requirement(body).name)
-            except InvalidRequirement:
-                name = None
-            if name in res.versions:
-                out.append(f"{name}=={res.versions[name]}  # floats: {name}{c.floats[name] or ' (any)'}")
-                continue
+        name = constrained_name(line)
+        if name in res.versions:
+            out.append(f"{name}=={res.versions[name]}  # floats: {name}{c.floats[name] or ' (any)'}")
+            continue
         out.append(line)
     out += [f"{p}=={v}  # floats: {p}{c.floats[p] or ' (any)'}" for p, v in res.versions.items()
             if p not in c.base.pins]

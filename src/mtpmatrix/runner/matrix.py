@@ -28,7 +28,7 @@ from mtpmatrix.runner import overrides as override_rules
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.runner.rows import Row, RowError, parse_override
+from mtpmatrix.runner.rows import Row, RowError, constrained_name, parse_override
 from mtpmatrix.schema import parse_tiers, results_root
 from mtpmatrix.atomic import read_json
 from mtpmatrix.runner.store import RunStore, new_run_id, parse_freeze, row_verdict
@@ -169,15 +169,9 @@ def constraints_text(row: Row, overrides: list[str]) -> str:
     dropped = overridden_names(overrides)
     out = []
     for line in row.path.read_text().splitlines():
-        body = line.split(" #", 1)[0].strip()
-        if body and not body.startswith("#"):
-            try:
-                name = canonicalize_name(Requirement(body).name)
-            except InvalidRequirement:
-                name = None
-            if name in dropped:
-                out.append(f"# {line}  (dropped: overridden)")
-                continue
+        if constrained_name(line) in dropped:
+            out.append(f"# {line}  (dropped: overridden)")
+            continue
         out.append(line)
     return "\n".join(out) + "\n"
 
