@@ -29,6 +29,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.runner import releases
+from mtpmatrix.runner.overrides import compiled_versions
 from mtpmatrix.runner.rows import ROW_ID, Row, RowError, constrained_name, parse_row, requirement_lines
 
 MODES = ("canary", "canary-override")
@@ -143,14 +144,7 @@ def compile_within_sglang(canary: Canary) -> dict[str, str]:
         why = " ".join(ln.strip() for ln in done.stderr.splitlines() if ln.strip())[:400] or "uv pip compile failed"
         raise RowError(f"{canary.id}: no set of releases fits {', '.join(reqs[:len(canary.floats)])} within "
                        f"{canary.base.id}'s other pins and sglang's requirements: {why}")
-    got = {}
-    for line in done.stdout.splitlines():
-        body = line.split("#", 1)[0].strip()
-        if "==" in body:
-            name, ver = body.split("==", 1)
-            if canonicalize_name(name) in canary.floats:
-                got[canonicalize_name(name)] = ver.strip()
-    return got
+    return {name: ver for name, ver in compiled_versions(done.stdout).items() if name in canary.floats}
 
 
 def canary_row(res: Resolution, folder: Path) -> Row:
