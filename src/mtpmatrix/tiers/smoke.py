@@ -126,7 +126,7 @@ SMOKE_SERVERS = (
     SmokeServerSpec("constructed-mtp-topk3", "constructed", 3, default=False),
     # The witness pair needs every hand-off (mtpmatrix.tiers.pairs.witness), built for the draft phase sglang uses: any broken
     # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
-    # 6.00 of 6 intact, all 13 mutants of mtpmatrix.faults.mutants killed).
+    # 6.00 of 6 intact, all 13 mutants then in mtpmatrix.faults.catalogue killed).
     SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1),
     SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3),
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this

@@ -79,6 +79,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
+
 D_CODE = 14
 D_NUISANCE = 14
 D_ANCHOR = 8
@@ -300,10 +302,7 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
     E[:, lay.b_anchor_f] = s_part * anchor_f
     cluster_of = None
     if centroid:
-        vpc = V // C
-        ordering = assistant.masked_embedding.token_ordering.long()
-        cluster_of = torch.empty(V, dtype=torch.long)
-        cluster_of[ordering] = torch.arange(V) // vpc
+        cluster_of = centroid_cluster_of(assistant, V, C)
         E[torch.arange(V), lay.b_cluster.start + cluster_of[nxt]] = s_part
     ctx = {"lay": lay, "s_part": s_part, "u": u, "codes": codes, "cluster_of": cluster_of, "gen": gen}
     if extension:
@@ -342,17 +341,6 @@ def physical_kv_layers(text: dict) -> dict[str, list[int]]:
     for i, t in enumerate(text["layer_types"][:first_shared]):
         out.setdefault(t, []).append(i)
     return out
-
-
-def zero_residual_writers(text_model) -> None:
-    """Every decoder layer of ``text_model`` adds nothing to the residual stream."""
-    for layer in text_model.layers:
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        if getattr(layer, "per_layer_projection", None) is not None:
-            layer.per_layer_projection.weight.zero_()
-        if getattr(layer, "experts", None) is not None:
-            layer.experts.down_proj.zero_()
 
 
 def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:
