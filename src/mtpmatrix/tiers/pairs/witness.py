@@ -243,15 +243,6 @@ def position_margin(inv_freq, amps, gain: float, max_offset: int = 600) -> float
     return float(s[0] - s[1:].max())
 
 
-def _position_vector(head_dim: int, inv_freq, amps, scale: float):
-    """A head vector whose rotating pairs (i, i + head_dim/2) carry ``amps`` on their first component."""
-    import torch
-
-    v = torch.zeros(head_dim)
-    v[: len(inv_freq)] = amps * scale
-    return v
-
-
 def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE,
                  extension=None) -> dict:
     """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction,
