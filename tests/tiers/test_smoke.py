@@ -126,7 +126,7 @@ def test_spec_metrics(smoke_runs, name, record_property):
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
     # The server's own counter must agree with what the requests saw (an accounting bug shows here, not above).
-    metas = run.id_meta + run.text_meta + run.sampled_meta
+    metas = run.all_meta
     bounds = meta_fields.server_accept_bounds(metas, settings.NUM_STEPS)
     record_property("avg_spec_accept_length_bounds", list(bounds) if bounds else None)
     outside = meta_fields.server_accept_outside(metas, avg, settings.NUM_STEPS)
@@ -147,7 +147,7 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
     fields = meta_fields.documented_fields()
     draft_tokens = find_arg(run.server_info_before or {}, "speculative_num_draft_tokens",
                             settings.DRAFT_TOKENS[run.spec.topk])
-    metas = run.id_meta + run.text_meta + run.sampled_meta  # every request the server answered counts in /server_info
+    metas = run.all_meta  # every request the server answered counts in /server_info
     record_property("meta_fields", list(fields))
     found = [meta_fields.disagreements(m, fields=fields, draft_tokens=int(draft_tokens), steps=settings.NUM_STEPS)
              for m in metas]

@@ -225,6 +225,12 @@ class SmokeRun:
     confirmed_alone_by: str | None = None
     log_text: str = ""
 
+    @property
+    def all_meta(self) -> list[dict]:
+        """The meta_info of every request the tier sent this server (token ids, text, sampled): what /server_info's
+        lifetime counters count."""
+        return self.id_meta + self.text_meta + self.sampled_meta
+
 
 def id_prompts(vocab_size: int, n: int = N_ID_PROMPTS, length: int = PROMPT_LEN) -> list[list[int]]:
     """Deterministic token-id prompts inside the vocabulary, away from special ids and the top end (so t+1 rules
