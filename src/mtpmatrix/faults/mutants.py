@@ -282,13 +282,9 @@ def _read_tiers(path: Path) -> dict | None:
 # --------------------------------------------------------------------------------------------- nox: a row's venv
 def row_venv_commands(row, venv: Path, constraints: Path) -> list[list[str]]:
     """uv venv (when missing) + the matrix's one install command for ``row`` into ``venv``."""
-    import shutil
-
     from mtpmatrix.runner import matrix
 
-    uv = shutil.which("uv")
-    if uv is None:
-        raise MutantsError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    uv = matrix.find_uv(MutantsError)
     cmds = []
     if not matrix.venv_python(venv).exists():
         cmds.append([uv, "venv", "--python", row.python, str(venv)])

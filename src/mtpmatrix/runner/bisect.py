@@ -253,9 +253,9 @@ def default_row(results: Path, rows: list) -> str:
 
 def make_venv(row, venv: Path) -> Path:
     """A fresh, empty uv venv with the row's Python at ``venv``; BisectError (one line) when uv cannot make it."""
-    uv = shutil.which("uv")
-    if uv is None:
-        raise BisectError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    from mtpmatrix.runner.matrix import find_uv
+
+    uv = find_uv(BisectError)
     venv = Path(venv)
     if venv.exists():
         shutil.rmtree(venv)
@@ -285,8 +285,7 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
     from mtpmatrix.runner import matrix
     from mtpmatrix.runner.store import RunStore
 
-    if shutil.which("uv") is None:
-        raise BisectError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    matrix.find_uv(BisectError)
 
     def probe(version: str) -> Probe:
         t0 = time.monotonic()

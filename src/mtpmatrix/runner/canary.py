@@ -21,7 +21,6 @@ Resolution runs before any venv exists: an unreachable index or a range no relea
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.runner import releases
+from mtpmatrix.runner.matrix import find_uv
 from mtpmatrix.runner.overrides import compiled_versions
 from mtpmatrix.runner.rows import ROW_ID, Row, RowError, constrained_name, parse_row, requirement_lines
 
@@ -130,9 +130,7 @@ def resolve(canary: Canary, *, fetch: releases.Fetch | None = None, compile_=Non
 def compile_within_sglang(canary: Canary) -> dict[str, str]:
     """``uv pip compile`` of the floating ranges plus the row's other pins, for the row's Python: the releases
     ``pip install sglang`` would pick today. RowError with uv's reason when nothing fits."""
-    uv = shutil.which("uv")
-    if uv is None:
-        raise RowError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    uv = find_uv()
     reqs = [f"{p}{s}" for p, s in canary.floats.items()]
     reqs += [f"{p}=={v}" for p, v in canary.base.pins.items() if p not in canary.floats]
     reqs += list(canary.base.extra_lines)
