@@ -27,12 +27,12 @@ export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
 } > "$OUT/env.txt" 2>&1
 # what this run was asked, as the suite sees it (MTPMATRIX_* only: nothing else of the environment is recorded)
 python3 - "$OUT/invocation.json" "${TESTS:-tests/tiers}" "$@" <<'PY'
-import json, os, sys
+import os, sys
+from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.expected import knobs
 path, tests, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-with open(path + ".tmp", "w") as fh:
-    json.dump({"tests": tests.split(), "pytest_args": args, "timeout_s": os.environ.get("GPU_BOX_TIMEOUT") or None,
-               "knobs": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MTPMATRIX_")}}, fh, indent=1)
-os.replace(path + ".tmp", path)
+atomic_write_json(path, {"tests": tests.split(), "pytest_args": args,
+                         "timeout_s": os.environ.get("GPU_BOX_TIMEOUT") or None, "knobs": knobs(os.environ)})
 PY
 cd "$REPO"
 timeout -s INT -k 30 "${GPU_BOX_TIMEOUT:-0}" \

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from mtpmatrix import settings
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, worst
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, check_param, short_check_id, worst
 
 KNOB_PREFIX = "MTPMATRIX_"
 NOT_RECORDED = ("selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
@@ -49,16 +49,6 @@ def default_smoke_servers() -> tuple[str, ...]:
     from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS  # plain module: no sglang, no torch
 
     return tuple(s.name for s in DEFAULT_SMOKE_SERVERS)
-
-
-def _short(check_id: str) -> str:
-    return check_id.split("::", 1)[-1]
-
-
-def _case(check_id: str) -> str | None:
-    """The parameter of a check (a smoke server's name, a GSM8K case), None for an unparametrised check."""
-    short = _short(check_id)
-    return short[short.index("[") + 1:-1] if short.endswith("]") and "[" in short else None
 
 
 def narrowing(selection: dict) -> str:
@@ -93,7 +83,7 @@ def _not_run(chk: dict | None, selection: dict) -> str:
 
 def _gsm8k_case_missing(pair: settings.ModelPair, checks: list[dict], knob: dict) -> str | None:
     """Why a seed case that ran is still not the seed case: ungated, fewer questions, another floor or TP."""
-    acc = next((c for c in checks if _short(c["id"]).startswith("test_accuracy[")), None)
+    acc = next((c for c in checks if short_check_id(c["id"]).startswith("test_accuracy[")), None)
     if acc is None or acc.get("outcome") != "passed":
         return None  # a failing check fails the tier; a missing or skipped one is reported as not run
     m = acc.get("metrics") or {}
@@ -148,26 +138,26 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
 
     if tier in ("smoke", "gsm8k"):
         units = default_smoke_servers() if tier == "smoke" else tuple(seed_cases())
-        all_cases = {_case(i) for i in collected}
+        all_cases = {check_param(i) for i in collected}
         # a check of a server or case outside the expected ones is not needed (it still fails the tier if it fails)
-        needed = [i for i in collected if _case(i) in units or (tier == "smoke" and _case(i) is None)]
+        needed = [i for i in collected if check_param(i) in units or (tier == "smoke" and check_param(i) is None)]
         for unit in units:
             if unit not in all_cases:
                 out.append((unit, _case_not_collected(tier, knob, sel)))
         for i in needed:
             chk = by_id.get(i)
             if chk is None or chk.get("outcome") == "skipped":
-                out.append((_case(i) or _short(i), _not_run(chk, sel)))
+                out.append((check_param(i) or short_check_id(i), _not_run(chk, sel)))
         if tier == "gsm8k":
             for case, pair in seed_cases().items():
-                why = _gsm8k_case_missing(pair, [c for c in checks if _case(c["id"]) == case], knob)
+                why = _gsm8k_case_missing(pair, [c for c in checks if check_param(c["id"]) == case], knob)
                 if why:
                     out.append((case, why))
     else:
         for i in collected:
             chk = by_id.get(i)
             if chk is None or chk.get("outcome") == "skipped":
-                out.append((_short(i), _not_run(chk, sel)))
+                out.append((short_check_id(i), _not_run(chk, sel)))
     seen: dict[tuple[str, str], None] = {}
     for item in out:
         seen.setdefault(item, None)

@@ -75,6 +75,18 @@ def parse_tiers(text: str | None) -> list[str]:
     return comma_list(text)
 
 
+def short_check_id(check_id: str) -> str:
+    """A check record's id without its file: ``tests/tiers/test_gsm8k.py::test_accuracy[E4B-topk1]`` ->
+    ``test_accuracy[E4B-topk1]``."""
+    return check_id.split("::", 1)[-1]
+
+
+def check_param(check_id: str) -> str | None:
+    """What a check ran on: its parameter (``E4B-topk1``, a smoke server's name), None for an unparametrised check."""
+    short = short_check_id(check_id)
+    return short[short.index("[") + 1:-1] if short.endswith("]") and "[" in short else None
+
+
 def server_log(name: str) -> str:
     """File name (in the row folder) of the log of the sglang server called ``name``."""
     return f"{SERVER_LOG_PREFIX}{name}.log"

@@ -129,7 +129,7 @@ def latency_speedup(baseline_s: float, candidate_s: float) -> float | None:
 
 
 # --- chi-square goodness of fit ---------------------------------------------------------------------------------
-# Stdlib only: this module is installed into every row's venv (no scipy there); tests/unit/test_stats.py checks
+# Stdlib only: this module is installed into every row's venv (no scipy there); tests/unit/test_sampled.py checks
 # these against scipy.
 
 

@@ -27,7 +27,7 @@ import pytest
 
 from mtpmatrix import settings
 
-from mtpmatrix.tiers import client, sglang_compat, smoke
+from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
 from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.verdict import CheckFailure
@@ -126,10 +126,10 @@ def test_spec_metrics(smoke_runs, name, record_property):
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
     # The server's own counter must agree with what the requests saw (an accounting bug shows here, not above).
-    metas = run.id_meta + run.text_meta + run.sampled_meta
-    bounds = smoke.server_accept_bounds(metas, settings.NUM_STEPS)
+    metas = run.all_meta
+    bounds = meta_fields.server_accept_bounds(metas, settings.NUM_STEPS)
     record_property("avg_spec_accept_length_bounds", list(bounds) if bounds else None)
-    outside = smoke.server_accept_outside(metas, avg, settings.NUM_STEPS)
+    outside = meta_fields.server_accept_outside(metas, avg, settings.NUM_STEPS)
     if outside:
         raise CheckFailure("acceptance", outside)
 
@@ -141,14 +141,13 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
     response and agrees with the others, with the request's completion tokens (the tail rule) and, in aggregate, with
     /server_info's avg_spec_accept_length. A miscounted field misleads every user who reads it, and the accept-length
     checks never look at most of them."""
-    from mtpmatrix.tiers import meta_fields
     from mtpmatrix.tiers.client import find_arg, spec_stats
 
     run = _run(smoke_runs, name, record_property)
     fields = meta_fields.documented_fields()
     draft_tokens = find_arg(run.server_info_before or {}, "speculative_num_draft_tokens",
                             settings.DRAFT_TOKENS[run.spec.topk])
-    metas = run.id_meta + run.text_meta + run.sampled_meta  # every request the server answered counts in /server_info
+    metas = run.all_meta  # every request the server answered counts in /server_info
     record_property("meta_fields", list(fields))
     found = [meta_fields.disagreements(m, fields=fields, draft_tokens=int(draft_tokens), steps=settings.NUM_STEPS)
              for m in metas]
@@ -161,7 +160,7 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
     server_side = spec_stats(run.server_info_after or {})
     if server_side is None:
         raise CheckFailure("accounting", "/server_info has no avg_spec_accept_length")
-    outside = smoke.server_accept_outside(metas, server_side["avg_spec_accept_length"], settings.NUM_STEPS)
+    outside = meta_fields.server_accept_outside(metas, server_side["avg_spec_accept_length"], settings.NUM_STEPS)
     if outside:
         raise CheckFailure("accounting", outside)
 

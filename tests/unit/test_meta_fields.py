@@ -122,7 +122,7 @@ def test_documented_fields_by_release(version, aliases):
 
 def test_server_average_outside_the_requests_bounds():
     metas = [response(WITNESS) for _ in range(8)]
-    assert smoke.server_accept_outside(metas, 6.0, STEPS) is None  # every verify accepted 6
-    msg = smoke.server_accept_outside(metas, 3.0, STEPS)  # a server counter that doubled its steps
+    assert F.server_accept_outside(metas, 6.0, STEPS) is None  # every verify accepted 6
+    msg = F.server_accept_outside(metas, 3.0, STEPS)  # a server counter that doubled its steps
     assert msg.startswith("/server_info avg_spec_accept_length 3.000 outside [5.1667, 6.0]")
-    assert smoke.server_accept_outside([{"completion_tokens": 1}], 1.0, STEPS) is None  # no verify step: no bound
+    assert F.server_accept_outside([{"completion_tokens": 1}], 1.0, STEPS) is None  # no verify step: no bound

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix import settings
-from mtpmatrix.tiers import client, smoke
+from mtpmatrix.tiers import client, meta_fields, smoke
 from mtpmatrix.tiers.verdict import CheckFailure
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
@@ -298,10 +298,10 @@ def test_max_running_requests_reads_both_log_spellings():
 def test_server_accept_bounds_from_request_counters():
     # 2 requests of 32 tokens, 6 verify steps each: 31 accepted tokens each -> [62/12, (62 + 2*5)/12]
     metas = [{"completion_tokens": 32, "spec_verify_ct": 6}] * 2
-    lo, hi = smoke.server_accept_bounds(metas, steps=5)
+    lo, hi = meta_fields.server_accept_bounds(metas, steps=5)
     assert (lo, hi) == (round(62 / 12, 4), 6.0)
-    assert smoke.server_accept_bounds([{"completion_tokens": 32, "spec_verify_ct": 31}], steps=5) == (1.0, 1.1613)
-    assert smoke.server_accept_bounds([{"completion_tokens": 5}], steps=5) is None  # no speculative decoding ran
+    assert meta_fields.server_accept_bounds([{"completion_tokens": 32, "spec_verify_ct": 31}], steps=5) == (1.0, 1.1613)
+    assert meta_fields.server_accept_bounds([{"completion_tokens": 5}], steps=5) is None  # no speculative decoding ran
 
 
 # --- accept-length floors (issue: floors that can fail) ----------------------------------------------------------

@@ -79,15 +79,6 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
     if compile_check:
         tail += f"; {'every patched module compiles' if not bad else f'{bad} patched module(s) do not compile'}"
     print(tail)
-    from mtpmatrix.tiers.smoke import SMOKE_SERVERS
-
-    known = {s.name for s in SMOKE_SERVERS}
-    lacking = {a.mutant.id: [s for s in a.mutant.servers if s not in known] for a in apps}
-    lacking = {k: v for k, v in lacking.items() if v}
-    if lacking:  # a catalogue ahead of this checkout's smoke tier (servers from a branch not merged yet)
-        names = sorted({s for v in lacking.values() for s in v})
-        print(f"note: {len(lacking)} mutant(s) run on smoke servers this checkout lacks ({', '.join(names)}): "
-              f"{', '.join(lacking)}; a run of them stops before it starts")
     return 1 if bad else 0
 
 
@@ -291,13 +282,9 @@ def _read_tiers(path: Path) -> dict | None:
 # --------------------------------------------------------------------------------------------- nox: a row's venv
 def row_venv_commands(row, venv: Path, constraints: Path) -> list[list[str]]:
     """uv venv (when missing) + the matrix's one install command for ``row`` into ``venv``."""
-    import shutil
-
     from mtpmatrix.runner import matrix
 
-    uv = shutil.which("uv")
-    if uv is None:
-        raise MutantsError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    uv = matrix.find_uv(MutantsError)
     cmds = []
     if not matrix.venv_python(venv).exists():
         cmds.append([uv, "venv", "--python", row.python, str(venv)])

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix.faults.catalogue import ENV_MUTANT, HOOK_DIR, MARK
-from mtpmatrix.schema import FAILING
+from mtpmatrix.schema import FAILING, short_check_id
 from mtpmatrix.tiers.processes import group_members
 
 REPO = Path(__file__).resolve().parents[3]
@@ -109,12 +109,8 @@ def mutant_status(outcome: SuiteOutcome, served: bool, refused: str | None) -> t
     return "survived", f"all {outcome.passed} checks passed"
 
 
-def short_check(check_id: str) -> str:
-    return check_id.rsplit("::", 1)[-1]
-
-
 def killed_by(checks: list[dict], limit: int = 2) -> str:
-    names = [f"{short_check(c['id'])} ({c['kind']})" for c in checks]
+    names = [f"{short_check_id(c['id'])} ({c['kind']})" for c in checks]
     if len(names) > limit:
         names = names[:limit] + [f"+{len(names) - limit} more"]
     return ", ".join(names)

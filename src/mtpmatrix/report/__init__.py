@@ -23,6 +23,7 @@ run-to-run diff (new failures, fixed ones, metric deltas).
     compare.py   per-question comparisons (stats.paired_compare) and the baseline diff
     checks.py    what both read off a check record
     render.py    summary.md and report.html from templates/*.j2 (jinja2, the 'report' extra), one context
+    canaries.py  the canary section (summary.md and summary.json): canaries beside their pinned rows, releases
     cli.py       the command: arguments, files, exit status
 
 Rendering needs jinja2, imported on first use; the rest is the standard library and packaging, because the package

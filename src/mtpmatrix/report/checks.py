@@ -15,15 +15,13 @@ COLUMN_METRICS = (schema.SCORE, schema.WILSON95, schema.NUM_EXAMPLES, schema.ACC
                   schema.RECORDS)
 
 
-def short_check(check_id: str) -> str:
-    """``tests/tiers/test_gsm8k.py::test_accuracy[E4B-topk1]`` -> ``test_accuracy[E4B-topk1]``."""
-    return check_id.split("::", 1)[1] if "::" in check_id else check_id
+short_check = schema.short_check_id
 
 
 def case_of(check_id: str) -> str:
     """What a check ran on: its parameter (``E4B-topk1``, a smoke server's name), else the check's name."""
-    short = short_check(check_id)
-    return short[short.index("[") + 1:-1] if short.endswith("]") and "[" in short else short
+    param = schema.check_param(check_id)
+    return short_check(check_id) if param is None else param
 
 
 def is_number(v) -> bool:

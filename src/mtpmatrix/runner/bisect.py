@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from packaging.utils import canonicalize_name
+
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.store import is_matrix_run, latest_run_id
 from mtpmatrix.schema import TIERS
@@ -249,15 +251,11 @@ def default_row(results: Path, rows: list) -> str:
 # the real probe: a fresh venv, the matrix's install and suite
 # ---------------------------------------------------------------------------------------------------------------
 
-def _canon(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def make_venv(row, venv: Path) -> Path:
     """A fresh, empty uv venv with the row's Python at ``venv``; BisectError (one line) when uv cannot make it."""
-    uv = shutil.which("uv")
-    if uv is None:
-        raise BisectError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    from mtpmatrix.runner.matrix import find_uv
+
+    uv = find_uv(BisectError)
     venv = Path(venv)
     if venv.exists():
         shutil.rmtree(venv)
@@ -274,7 +272,8 @@ def make_venv(row, venv: Path) -> Path:
 
 def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> str:
     """The results folder of one probe: row, package, release, and any companion overrides it carries."""
-    return "-".join([row_id, _canon(package), version, *(_canon(a.replace("==", "-")) for a in also)])
+    return "-".join([row_id, canonicalize_name(package), version,
+                     *(canonicalize_name(a.replace("==", "-")) for a in also)])
 
 
 def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
@@ -286,8 +285,7 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
     from mtpmatrix.runner import matrix
     from mtpmatrix.runner.store import RunStore
 
-    if shutil.which("uv") is None:
-        raise BisectError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    matrix.find_uv(BisectError)
 
     def probe(version: str) -> Probe:
         t0 = time.monotonic()

@@ -21,22 +21,20 @@ Resolution runs before any venv exists: an unreachable index or a range no relea
 from __future__ import annotations
 
 import dataclasses
-import re
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.runner import releases
-from mtpmatrix.runner.rows import ROW_ID, Row, RowError, parse_row
+from mtpmatrix.runner.matrix import find_uv
+from mtpmatrix.runner.overrides import compiled_versions
+from mtpmatrix.runner.rows import ROW_ID, Row, RowError, constrained_name, parse_row, requirement_lines
 
 MODES = ("canary", "canary-override")
 HEADER_KEYS = {"from", "mode", "description", "tags"}
 CANARY_DIR = "canary"  # under constraints/
-_HEADER = re.compile(r"^#\s*([a-z\-]+)\s*:\s*(.*?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -84,23 +82,8 @@ def parse_canary(path: Path, rows: dict[str, Row]) -> Canary:
     meta: dict[str, str] = {}
     at: dict[str, int] = {}
     floats: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
-        line, where = raw.strip(), f"{path}:{lineno}"
-        if not line:
-            continue
-        if line.startswith("#"):
-            m = _HEADER.match(line)
-            if m and not floats:
-                if m.group(1) not in HEADER_KEYS:
-                    raise RowError(f"{where}: unknown header key {m.group(1)!r} "
-                                   f"(known: {', '.join(sorted(HEADER_KEYS))})")
-                meta[m.group(1)], at[m.group(1)] = m.group(2), lineno
-            continue
-        body = line.split(" #", 1)[0].strip()
-        try:
-            req = Requirement(body)
-        except InvalidRequirement as exc:
-            raise RowError(f"{where}: not a requirement line: {body!r} ({str(exc).splitlines()[0]})") from None
+    for lineno, body, req in requirement_lines(path, path.read_text().splitlines(), HEADER_KEYS, meta, at):
+        where = f"{path}:{lineno}"
         if req.url or req.marker or req.extras:
             raise RowError(f"{where}: a floating package is a name and a range, got {body!r}")
         name = canonicalize_name(req.name)
@@ -147,9 +130,7 @@ def resolve(canary: Canary, *, fetch: releases.Fetch | None = None, compile_=Non
 def compile_within_sglang(canary: Canary) -> dict[str, str]:
     """``uv pip compile`` of the floating ranges plus the row's other pins, for the row's Python: the releases
     ``pip install sglang`` would pick today. RowError with uv's reason when nothing fits."""
-    uv = shutil.which("uv")
-    if uv is None:
-        raise RowError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    uv = find_uv()
     reqs = [f"{p}{s}" for p, s in canary.floats.items()]
     reqs += [f"{p}=={v}" for p, v in canary.base.pins.items() if p not in canary.floats]
     reqs += list(canary.base.extra_lines)
@@ -161,14 +142,7 @@ def compile_within_sglang(canary: Canary) -> dict[str, str]:
         why = " ".join(ln.strip() for ln in done.stderr.splitlines() if ln.strip())[:400] or "uv pip compile failed"
         raise RowError(f"{canary.id}: no set of releases fits {', '.join(reqs[:len(canary.floats)])} within "
                        f"{canary.base.id}'s other pins and sglang's requirements: {why}")
-    got = {}
-    for line in done.stdout.splitlines():
-        body = line.split("#", 1)[0].strip()
-        if "==" in body:
-            name, ver = body.split("==", 1)
-            if canonicalize_name(name) in canary.floats:
-                got[canonicalize_name(name)] = ver.strip()
-    return got
+    return {name: ver for name, ver in compiled_versions(done.stdout).items() if name in canary.floats}
 
 
 def canary_row(res: Resolution, folder: Path) -> Row:
@@ -180,15 +154,10 @@ def canary_row(res: Resolution, folder: Path) -> Row:
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for line in c.base.path.read_text().splitlines():
-        body = line.split(" #", 1)[0].strip()
-        if body and not body.startswith("#"):
-            try:
-                name = canonicalize_name(Requirement(body).name)
-            except InvalidRequirement:
-                name = None
-            if name in res.versions:
-                out.append(f"{name}=={res.versions[name]}  # floats: {name}{c.floats[name] or ' (any)'}")
-                continue
+        name = constrained_name(line)
+        if name in res.versions:
+            out.append(f"{name}=={res.versions[name]}  # floats: {name}{c.floats[name] or ' (any)'}")
+            continue
         out.append(line)
     out += [f"{p}=={v}  # floats: {p}{c.floats[p] or ' (any)'}" for p, v in res.versions.items()
             if p not in c.base.pins]

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from packaging.utils import canonicalize_name
+
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner import bisect, matrix
 from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_resolution, load_canaries, resolve
@@ -332,7 +334,7 @@ def retry_with_companion(res: Resolution, record: dict, blocker: dict, copts: ma
     if not moved_to or moved_to[0] == f"{pkg}=={blocker['version']}":
         return {"outcome": "no-release", "detail": f"no other release of {pkg} fits {', '.join(copts.overrides)} "
                                                    f"on the index (uv keeps {pkg} {blocker['version']})"}
-    rid = f"{c.id}-and-{bisect._canon(pkg)}"
+    rid = f"{c.id}-and-{canonicalize_name(pkg)}"
     opts2 = matrix.Options(**{**copts.__dict__, "overrides": [*copts.overrides, *moved_to],
                               "record_extra": {"canary": {**res.as_dict(), "retry_of": c.id,
                                                           "companion": moved_to[0]}}})

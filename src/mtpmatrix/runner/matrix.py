@@ -28,7 +28,7 @@ from mtpmatrix.runner import overrides as override_rules
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.runner.rows import Row, RowError, parse_override
+from mtpmatrix.runner.rows import Row, RowError, constrained_name, parse_override
 from mtpmatrix.schema import parse_tiers, results_root
 from mtpmatrix.atomic import read_json
 from mtpmatrix.runner.store import RunStore, new_run_id, parse_freeze, row_verdict
@@ -169,25 +169,25 @@ def constraints_text(row: Row, overrides: list[str]) -> str:
     dropped = overridden_names(overrides)
     out = []
     for line in row.path.read_text().splitlines():
-        body = line.split(" #", 1)[0].strip()
-        if body and not body.startswith("#"):
-            try:
-                name = canonicalize_name(Requirement(body).name)
-            except InvalidRequirement:
-                name = None
-            if name in dropped:
-                out.append(f"# {line}  (dropped: overridden)")
-                continue
+        if constrained_name(line) in dropped:
+            out.append(f"# {line}  (dropped: overridden)")
+            continue
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def find_uv(error: type[Exception] = RowError) -> str:
+    """uv's path; ``error`` (the caller's one-line error kind) when uv is not on PATH."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise error("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    return uv
 
 
 def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Path | None,
                     overrides: list[str] = ()) -> list[str]:
     """The one install command of a row: sglang + its pins + this package, into ``venv``, with uv."""
-    uv = shutil.which("uv")
-    if uv is None:
-        raise RowError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    uv = find_uv()
     cmd = [uv, "pip", "install", "--python", str(venv_python(venv)), "-c", str(constraints)]
     if overrides_file is not None:
         cmd += ["--override", str(overrides_file)]
@@ -229,9 +229,7 @@ def resolve_companions(row: Row, venv: Path, overrides: list[str], names: list[s
     """``name==version`` of each of ``names`` as uv resolves them next to the overrides taken as plain requirements,
     so that each one's own requirement on the overridden packages holds (torch==2.13.0 -> torchvision==0.28.0).
     Raises RowError with uv's first error line when no release fits."""
-    uv = shutil.which("uv")
-    if uv is None:
-        raise RowError("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
+    uv = find_uv()
     cmd = [uv, "pip", "compile", "-", "--python", str(venv_python(venv)), "--no-header", "--no-annotate"]
     if row.torch_backend != "pypi":  # companions of a CUDA-variant torch come from the same index
         cmd += ["--torch-backend", row.torch_backend]

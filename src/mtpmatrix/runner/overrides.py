@@ -29,9 +29,10 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from mtpmatrix.runner.rows import REQUIRED_PINS
 from mtpmatrix.schema import FAILING
 
-UNDER_TEST = ("sglang", "transformers", "torch")  # the packages a row is about: never a "blocking companion"
+UNDER_TEST = REQUIRED_PINS  # the packages a row is about (each row pins them): never a "blocking companion"
 PINNER = "sglang"
 
 
@@ -77,35 +78,35 @@ def _applies(req: Requirement, env: dict) -> bool:
     return req.marker is None or req.marker.evaluate({**env, "extra": ""})
 
 
-def exact_pins(dists: dict[str, Dist], of: str = PINNER) -> dict[str, str]:
-    """{package: version} that ``of`` (sglang) pins with ``==`` for this platform, extras left out."""
-    dist = dists.get(canonicalize_name(of))
-    if dist is None:
-        return {}
+def _requirements(dist: Dist) -> Iterable[Requirement]:
+    """``dist``'s requirements that apply on this platform, extras left out (unparsable lines skipped)."""
     env = default_environment()
-    pins = {}
     for line in dist.requires:
         try:
             req = Requirement(line)
         except InvalidRequirement:
             continue
+        if _applies(req, env):
+            yield req
+
+
+def exact_pins(dists: dict[str, Dist], of: str = PINNER) -> dict[str, str]:
+    """{package: version} that ``of`` (sglang) pins with ``==`` for this platform, extras left out."""
+    dist = dists.get(canonicalize_name(of))
+    if dist is None:
+        return {}
+    pins = {}
+    for req in _requirements(dist):
         specs = list(req.specifier)
-        if _applies(req, env) and len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version:
+        if len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version:
             pins[canonicalize_name(req.name)] = specs[0].version
     return pins
 
 
 def requirement_on(dist: Dist, target: str) -> str | None:
     """``dist``'s own requirement line on ``target`` (``torch==2.14.1``), if it has one."""
-    env = default_environment()
-    for line in dist.requires:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(req.name) == canonicalize_name(target) and _applies(req, env):
-            return f"{req.name}{req.specifier}"
-    return None
+    return next((f"{req.name}{req.specifier}" for req in _requirements(dist)
+                 if canonicalize_name(req.name) == canonicalize_name(target)), None)
 
 
 def split_stranded(stranded: Iterable[str], pins: dict[str, str], asked: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -146,8 +147,13 @@ def resolve_baseline(uv: str, python: Path, constraints_text: str, requirements:
     (workdir / "baseline.log").write_text("$ " + " ".join(cmd) + "\n" + done.stdout + done.stderr)
     if done.returncode != 0:
         return None
+    return compiled_versions(done.stdout)
+
+
+def compiled_versions(text: str) -> dict[str, str]:
+    """``uv pip compile``'s output as {canonical name: version} (its ``name==version`` lines)."""
     out = {}
-    for line in done.stdout.splitlines():
+    for line in text.splitlines():
         body = line.split("#", 1)[0].strip()
         if "==" in body:
             name, ver = body.split("==", 1)

@@ -24,9 +24,10 @@ from packaging.version import Version
 
 from mtpmatrix.atomic import read_json
 from mtpmatrix.runner import index
+from mtpmatrix.runner.rows import REQUIRED_PINS
 from mtpmatrix.schema import ROW_FILE, results_root
 
-WATCHED = ("sglang", "transformers", "torch")
+WATCHED = REQUIRED_PINS  # every row pins them: their newest pin is the line a release must be past
 Fetch = Callable[[str], list[Version]]
 
 

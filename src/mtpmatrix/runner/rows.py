@@ -17,6 +17,7 @@ Everything is validated up front so a typo fails in one line before any venv is 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,47 @@ class Row:
         }
 
 
+def requirement_lines(path: Path, lines: list[str], header_keys, meta: dict[str, str],
+                      at: dict[str, int]) -> Iterator[tuple[int, str, Requirement]]:
+    """Walk a row-style constraints file (a row, a canary): fill ``meta`` / ``at`` (key -> line number) from its header,
+    the ``# key: value`` comments before the first requirement line, each key one of ``header_keys``; yield every
+    requirement line as (line number, text without its trailing comment, Requirement). A malformed line is one
+    RowError naming file:line, raised when the walk reaches it."""
+    seen_requirement = False
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        where = f"{path}:{lineno}"
+        if not line:
+            continue
+        if line.startswith("#"):
+            m = _HEADER.match(line)
+            if m and not seen_requirement:  # the header is the comment block before the first requirement
+                if m.group(1) not in header_keys:
+                    raise RowError(f"{where}: unknown header key {m.group(1)!r} (known: {', '.join(sorted(header_keys))})")
+                meta[m.group(1)] = m.group(2)
+                at[m.group(1)] = lineno
+            continue
+        line = line.split(" #", 1)[0].strip()
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise RowError(f"{where}: not a requirement line: {line!r} ({str(exc).splitlines()[0]})") from None
+        seen_requirement = True
+        yield lineno, line, req
+
+
+def constrained_name(line: str) -> str | None:
+    """The canonical name of the package a constraints file's line constrains; None for a blank line, a comment or a
+    line that is no requirement."""
+    body = line.split(" #", 1)[0].strip()
+    if not body or body.startswith("#"):
+        return None
+    try:
+        return canonicalize_name(Requirement(body).name)
+    except InvalidRequirement:
+        return None
+
+
 def parse_row(path: Path) -> Row:
     path = Path(path)
     row_id = path.stem
@@ -87,24 +129,8 @@ def parse_row(path: Path) -> Row:
     extra: list[str] = []
     at: dict[str, int] = {}  # header key / pin name -> line number, so every error names file:line
     lines = path.read_text().splitlines()
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip()
+    for lineno, line, req in requirement_lines(path, lines, HEADER_KEYS, meta, at):
         where = f"{path}:{lineno}"
-        if not line:
-            continue
-        if line.startswith("#"):
-            m = _HEADER.match(line)
-            if m and not pins and not extra:  # the header is the comment block before the first pin
-                if m.group(1) not in HEADER_KEYS:
-                    raise RowError(f"{where}: unknown header key {m.group(1)!r} (known: {', '.join(sorted(HEADER_KEYS))})")
-                meta[m.group(1)] = m.group(2)
-                at[m.group(1)] = lineno
-            continue
-        line = line.split(" #", 1)[0].strip()
-        try:
-            req = Requirement(line)
-        except InvalidRequirement as exc:
-            raise RowError(f"{where}: not a requirement line: {line!r} ({str(exc).splitlines()[0]})") from None
         name = canonicalize_name(req.name)
         specs = list(req.specifier)
         if name in REQUIRED_PINS:

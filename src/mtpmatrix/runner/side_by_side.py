@@ -16,6 +16,7 @@ its own pytest arguments (``-m``, ``-x``, ``-k`` ... would mean something else r
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,7 +120,7 @@ def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, ec
     merge_junit([g.part(out, JUNIT_FILE) for g in groups], out / JUNIT_FILE)
     parts = [g.part(out, TIERS_FILE) for g in groups]
     if all(p.exists() for p in parts):  # else no tiers.json: run_row records the harness error, as for one process
-        atomic_write_json(out / TIERS_FILE, merge_tiers([(g, read_json(p)) for g, p in zip(groups, parts)]))
+        atomic_write_json(out / TIERS_FILE, merge_tiers([(g, read_json(p)) for g, p in zip(groups, parts)], cmd))
         for p in parts:
             p.unlink()
     return merge_exitstatus(codes)
@@ -144,9 +145,32 @@ def merge_exitstatus(codes: list[int]) -> int:
     return max(codes, key=lambda c: _EXIT_RANK.get(c, 7))
 
 
-def merge_tiers(parts: list[tuple[Group, dict]]) -> dict:
+def one_process_selection(parts: list[tuple[Group, dict]], cmd: list[str] | None = None) -> dict:
+    """The selection (tiers.json ``selection``, what mtpmatrix.expected judges completeness by) that the row's one
+    pytest command would have recorded: the first part's, without the group's own ``-m`` and process knob, its
+    part-file paths put back to ``cmd``'s, and each tier's collected checks from the process that ran the tier. Left
+    as the first part wrote it, a merged run would read as deselected by ``-m``: a partial tier in the report."""
+    group, first = parts[0]
+    sel = json.loads(json.dumps(first.get("selection") or {}))
+    if not sel:
+        return sel
+    args = list(sel.get("args") or [])
+    if args[-2:] == ["-m", group.marker]:
+        args = args[:-2]
+    row_paths = {a.split("=", 1)[0]: a for a in cmd or [] if a.startswith(("--mtp-results=", "--junitxml="))}
+    sel["args"] = [row_paths.get(a.split("=", 1)[0], a) for a in args]
+    if sel.get("markexpr") == group.marker:
+        sel["markexpr"] = ""
+    sel["knobs"] = {k: v for k, v in (sel.get("knobs") or {}).items() if k != PROCESS_ENV}
+    collected = {t: ((d.get("selection") or {}).get("collected") or {}).get(t) for g, d in parts for t in g.tiers}
+    sel["collected"] = {**(sel.get("collected") or {}), **{t: c for t, c in collected.items() if c is not None}}
+    return sel
+
+
+def merge_tiers(parts: list[tuple[Group, dict]], cmd: list[str] | None = None) -> dict:
     """One tiers.json from the groups' parts: each tier's entry from the group it belongs to, as that process
-    wrote it; versions from every part (the same venv), the most GPUs, the longest session, the worst exit."""
+    wrote it; versions from every part (the same venv), the most GPUs, the longest session, the worst exit; the
+    selection one process would have recorded (``one_process_selection``)."""
     owner = {t: data for group, data in parts for t in group.tiers}
     first = parts[0][1]
     versions: dict = {}
@@ -160,6 +184,8 @@ def merge_tiers(parts: list[tuple[Group, dict]]) -> dict:
         seconds=max(d.get("seconds", 0.0) for _, d in parts),
         exitstatus=merge_exitstatus([d.get("exitstatus", 0) for _, d in parts]),
     )
+    if "selection" in first:
+        merged["selection"] = one_process_selection(parts, cmd)
     return merged
 
 

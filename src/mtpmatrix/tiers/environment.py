@@ -14,7 +14,8 @@ import platform
 import shutil
 import subprocess
 
-from packaging.version import Version
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from mtpmatrix.settings import MIN_TRANSFORMERS
 
@@ -27,6 +28,19 @@ def version_of(dist: str) -> str | None:
         return md.version(dist)
     except md.PackageNotFoundError:
         return None
+
+
+def by_release(table, version: str | None, default):
+    """The value of the first ``(specifier set, value)`` row of ``table`` whose range holds ``version``: a table of
+    what differs between releases (the draft phase, the meta_info fields); ``default`` for a release outside every
+    range, a missing or an unparsable version."""
+    try:
+        v = Version(version) if version else None
+    except InvalidVersion:
+        v = None
+    if v is None:
+        return default
+    return next((value for spec, value in table if v in SpecifierSet(spec)), default)
 
 
 def versions() -> dict[str, str | None]:

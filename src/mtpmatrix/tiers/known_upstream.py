@@ -35,7 +35,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS, worst
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS, short_check_id, worst
 from mtpmatrix.tiers.verdict import KINDS
 
 FILE = Path(__file__).with_name("known_upstream.json")
@@ -92,7 +92,7 @@ class KnownIssue:
                 return False  # not recorded: the record cannot show this bug
             if ("min" in bounds and v < bounds["min"]) or ("max" in bounds and v > bounds["max"]):
                 return False
-        outcome = {_short(c["id"]): c.get("outcome") for c in tier_checks}
+        outcome = {short_check_id(c["id"]): c.get("outcome") for c in tier_checks}
         return all(outcome.get(name) == "passed" for name in sig.get("passed_beside") or ())
 
     def as_dict(self) -> dict:
@@ -141,14 +141,9 @@ def load(path: Path | None = None) -> list[KnownIssue]:
     return out
 
 
-def _short(check_id: str) -> str:
-    """``tests/tiers/test_smoke.py::test_x[witness-mtp-topk1]`` -> ``test_x[witness-mtp-topk1]``."""
-    return check_id.split("::", 1)[-1]
-
-
 def _function(check_id: str) -> str:
     """``tests/tiers/test_reference.py::test_x[e-series]`` -> ``test_x``."""
-    return _short(check_id).split("[", 1)[0]
+    return short_check_id(check_id).split("[", 1)[0]
 
 
 def strip(tiers: dict) -> dict:

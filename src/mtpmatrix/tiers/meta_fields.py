@@ -26,7 +26,7 @@ So, per request (N = completion_tokens, S = draft steps): sum(H) = V, sum(k * H[
 drafts, and the *tail rule*: N counts the prefill token plus every token the verify steps accepted (C + V), except
 that the last step may accept up to S tokens past max_new_tokens, which the response drops, so
 N - 1 <= C + V <= N - 1 + S. In aggregate, /server_info's avg_spec_accept_length must lie where the requests'
-counters put it (``smoke.server_accept_outside``).
+counters put it (``server_accept_outside``).
 """
 
 from __future__ import annotations
@@ -49,19 +49,9 @@ REL_TOL = 1e-6  # the ratios are one float division each, of small integers
 
 def documented_fields(version: str | None = None) -> tuple[str, ...]:
     """The speculative meta_info fields sglang ``version`` (default: the installed one) writes per response."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
+    from mtpmatrix.tiers.environment import by_release, version_of
 
-    from mtpmatrix.tiers.environment import version_of
-
-    version = version or version_of("sglang")
-    try:
-        v = Version(version) if version else None
-    except InvalidVersion:
-        v = None
-    if v is None:
-        return CORE_FIELDS
-    return next((fields for spec, fields in SGLANG_META_FIELDS if v in SpecifierSet(spec)), CORE_FIELDS)
+    return by_release(SGLANG_META_FIELDS, version or version_of("sglang"), CORE_FIELDS)
 
 
 def _close(a, b) -> bool:
@@ -108,3 +98,36 @@ def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, ste
                    f"{n - 1 + steps}], what {n} completion tokens allow (prefill token + accepted, the last step "
                    f"cut by at most {steps})")
     return out
+
+
+def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] | None:
+    """Where /server_info's avg_spec_accept_length must lie given the requests' own counters.
+
+    The server divides all tokens its verify steps accepted (drafts + bonus) by the number of verify steps. Each
+    request's completion tokens are its prefill token plus what its verify steps accepted, except that a request's
+    last step may accept up to ``steps`` tokens past max_new_tokens (counted by the server, cut from the response).
+    So the server's value lies in [sum(completion - 1) / V, (sum(completion - 1) + steps * requests) / V], V the
+    requests' verify steps, and never above steps + 1. None when the requests ran no verify step.
+    """
+    verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
+    if not verify:
+        return None
+    kept = sum(max(0, (m.get("completion_tokens", 0) or 0) - 1) for m in metas)
+    lo = kept / verify
+    hi = min(steps + 1.0, (kept + steps * len(metas)) / verify)
+    return round(lo, 4), round(hi, 4)
+
+
+# Slack on those bounds: the server's average also counts sglang's own warm-up request at launch (a few tokens, one
+# or two verify steps), which no response of the tier reports.
+SERVER_BOUNDS_SLACK = 0.02
+
+
+def server_accept_outside(metas: list[dict], avg: float, steps: int) -> str | None:
+    """Why /server_info's avg_spec_accept_length ``avg`` disagrees with the requests' own counters
+    (``server_accept_bounds``), or None when it agrees or the requests ran no verify step."""
+    bounds = server_accept_bounds(metas, steps)
+    if bounds and not (bounds[0] - SERVER_BOUNDS_SLACK <= avg <= bounds[1] + SERVER_BOUNDS_SLACK):
+        return (f"/server_info avg_spec_accept_length {avg:.3f} outside [{bounds[0]}, {bounds[1]}], the range the "
+                f"requests' own counters allow")
+    return None

@@ -4,5 +4,8 @@
   cache and its marker;
 - ``witness``: the witness construction (drafts right only when every Frozen-KV hand-off is right);
 - ``witness_harness``: drafting with a witness on CPU (the reference tier's ablations);
-- ``decoy``: the decoy witness (a wrong draft ranked first at known inputs) and its exact accept-length prediction.
+- ``decoy``: the decoy witness (a wrong draft ranked first at known inputs) and its exact accept-length prediction;
+- ``sampled``: the sampled pair (a closed-form next-token distribution) and its lossless-in-distribution check;
+- ``sampled_model``: a CPU model of sglang's sampled verify on that pair, intact or broken (the check's power);
+- ``weights``: weight-writing helpers every constructed pair shares.
 """

@@ -13,7 +13,7 @@ The target depends only on the previous token, through offsets on a ring of ``RI
 before Gemma 4's final softcap 30 * tanh(x / 30). Offsets are read back as (next - prev) mod RING_SIZE.
 
 Why the logits are exact in bf16 (sglang runs the lm_head in bf16 on the GPU): every layer writes nothing to the
-residual stream (``witness.zero_residual_writers``), so the target's hidden state at position p is exactly
+residual stream (``weights.zero_residual_writers``), so the target's hidden state at position p is exactly
 sqrt(H) * E[x_p] (as for the witness). E[t] has two nonzero entries, both 1/2: dim 0 and dim 1 + f. Whatever bf16
 does to sqrt(H) and to the product, both entries round alike, so the final RMSNorm (weight 1) maps them to
 sqrt(H / 2) = 8 for H = 128, up to eps = 1e-6 (relative 1e-8, far below bf16's half ulp 2^-9, so the bf16 output is
@@ -313,7 +313,7 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
     what the pair's marker keeps."""
     import torch
 
-    from mtpmatrix.tiers.pairs.witness import zero_residual_writers
+    from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
 
     text = t_cfg["text_config"]
     V, H = text["vocab_size"], text["hidden_size"]
@@ -359,9 +359,7 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
         assistant.model.norm.weight.fill_(1.0)
         if a_cfg.get("use_ordered_embeddings"):  # centroid head: clusters holding the offsets' tokens score > 0
             C = a_cfg["num_centroids"]
-            ordering = assistant.masked_embedding.token_ordering.long()
-            cluster_of = torch.empty(V, dtype=torch.long)
-            cluster_of[ordering] = torch.arange(V) // (V // C)
+            cluster_of = centroid_cluster_of(assistant, V, C)
             cw = torch.zeros(C, A)
             for f in range(RING_SIZE):
                 for d in OFFSETS:

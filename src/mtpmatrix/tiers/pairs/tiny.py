@@ -67,7 +67,8 @@ from pathlib import Path
 
 from mtpmatrix.tiers.pairs.sampled import make_sampled
 from mtpmatrix.tiers.pairs.decoy import make_decoy
-from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant, zero_residual_writers
+from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
+from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant
 
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
 CODE_VERSION = "tiny-v3"  # v2: MoE experts share weights; v3: two physical layers per type, witness variant
@@ -264,8 +265,8 @@ class PairPaths:
 def pair_hash(name: str, variant: str | bool, seed: int) -> str:
     variant = variant_name(variant)
     # a witness pair is also rebuilt whenever its construction changes
-    sources = {"witness": ("witness.py",), "decoy": ("witness.py", "decoy.py"),
-               "sampled": ("sampled.py",)}.get(variant.split("-")[0], ())
+    sources = {"witness": ("witness.py", "weights.py"), "decoy": ("witness.py", "decoy.py", "weights.py"),
+               "sampled": ("sampled.py", "weights.py")}.get(variant.split("-")[0], ())
     witness_src = b"".join(Path(__file__).with_name(f).read_bytes() for f in sources)
     phase = phase_of_variant(variant) if sources and variant != "sampled" else None  # follows the installed sglang
     blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(),
@@ -480,10 +481,7 @@ def _make_plus_one(target, assistant, a_cfg: dict, gen) -> None:
     E = torch.zeros(VOCAB, H)
     if centroid:
         C = a_cfg["num_centroids"]
-        vpc = VOCAB // C
-        ordering = assistant.masked_embedding.token_ordering.long()
-        cluster_of = torch.empty(VOCAB, dtype=torch.long)
-        cluster_of[ordering] = torch.arange(VOCAB) // vpc  # token -> its centroid cluster
+        cluster_of = centroid_cluster_of(assistant, VOCAB, C)
         r = torch.randn(VOCAB, A - C, generator=gen)
         E[:, C:A] = r / r.norm(dim=-1, keepdim=True)
         nxt = (torch.arange(VOCAB) + 1) % VOCAB

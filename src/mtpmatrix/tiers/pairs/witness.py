@@ -79,6 +79,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
+
 D_CODE = 14
 D_NUISANCE = 14
 D_ANCHOR = 8
@@ -98,19 +100,12 @@ SGLANG_DRAFT_PHASES = ((">=0.5.13,<0.5.24", -1),)
 
 def sglang_draft_phase(version: str | None = None) -> int:
     """The draft phase of sglang ``version`` (default: the installed one; without sglang, the newest measured)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    from mtpmatrix.tiers.environment import version_of
+    from mtpmatrix.tiers.environment import by_release, version_of
 
     version = version or version_of("sglang")
     if not version:
         return SGLANG_DRAFT_PHASES[-1][1]
-    try:
-        v = Version(version)
-    except InvalidVersion:
-        return REFERENCE_DRAFT_PHASE
-    return next((phase for spec, phase in SGLANG_DRAFT_PHASES if v in SpecifierSet(spec)), REFERENCE_DRAFT_PHASE)
+    return by_release(SGLANG_DRAFT_PHASES, version, REFERENCE_DRAFT_PHASE)
 
 
 def phase_of_variant(variant: str) -> int:
@@ -248,15 +243,6 @@ def position_margin(inv_freq, amps, gain: float, max_offset: int = 600) -> float
     return float(s[0] - s[1:].max())
 
 
-def _position_vector(head_dim: int, inv_freq, amps, scale: float):
-    """A head vector whose rotating pairs (i, i + head_dim/2) carry ``amps`` on their first component."""
-    import torch
-
-    v = torch.zeros(head_dim)
-    v[: len(inv_freq)] = amps * scale
-    return v
-
-
 def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE,
                  extension=None) -> dict:
     """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction,
@@ -307,10 +293,7 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
     E[:, lay.b_anchor_f] = s_part * anchor_f
     cluster_of = None
     if centroid:
-        vpc = V // C
-        ordering = assistant.masked_embedding.token_ordering.long()
-        cluster_of = torch.empty(V, dtype=torch.long)
-        cluster_of[ordering] = torch.arange(V) // vpc
+        cluster_of = centroid_cluster_of(assistant, V, C)
         E[torch.arange(V), lay.b_cluster.start + cluster_of[nxt]] = s_part
     ctx = {"lay": lay, "s_part": s_part, "u": u, "codes": codes, "cluster_of": cluster_of, "gen": gen}
     if extension:
@@ -349,17 +332,6 @@ def physical_kv_layers(text: dict) -> dict[str, list[int]]:
     for i, t in enumerate(text["layer_types"][:first_shared]):
         out.setdefault(t, []).append(i)
     return out
-
-
-def zero_residual_writers(text_model) -> None:
-    """Every decoder layer of ``text_model`` adds nothing to the residual stream."""
-    for layer in text_model.layers:
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        if getattr(layer, "per_layer_projection", None) is not None:
-            layer.per_layer_projection.weight.zero_()
-        if getattr(layer, "experts", None) is not None:
-            layer.experts.down_proj.zero_()
 
 
 def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:

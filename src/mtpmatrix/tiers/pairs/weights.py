@@ -1,0 +1,26 @@
+"""Weight-writing helpers the constructed pairs share (tiny's constructed pair, the witness and decoy, the sampled
+pair): each pair writes its rule into randomly initialised Gemma 4 weights with these."""
+
+from __future__ import annotations
+
+
+def zero_residual_writers(text_model) -> None:
+    """Every decoder layer of ``text_model`` adds nothing to the residual stream."""
+    for layer in text_model.layers:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        if getattr(layer, "per_layer_projection", None) is not None:
+            layer.per_layer_projection.weight.zero_()
+        if getattr(layer, "experts", None) is not None:
+            layer.experts.down_proj.zero_()
+
+
+def centroid_cluster_of(assistant, vocab: int, num_centroids: int):
+    """token -> the centroid cluster holding it, for an assistant with ordered embeddings (its ``token_ordering``
+    permutation cut into ``num_centroids`` clusters of vocab // num_centroids tokens)."""
+    import torch
+
+    ordering = assistant.masked_embedding.token_ordering.long()
+    cluster_of = torch.empty(vocab, dtype=torch.long)
+    cluster_of[ordering] = torch.arange(vocab) // (vocab // num_centroids)
+    return cluster_of
