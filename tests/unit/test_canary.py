@@ -237,3 +237,26 @@ def test_report_section_puts_each_canary_next_to_its_pinned_row(rows, tmp_path):
         rc.section(run, tmp_path / "results", untested=offline))
     # a run without canary rows gets no section and never asks the index
     assert rc.section(run.parent / "none", tmp_path, untested=lambda: pytest.fail("index asked")) is None
+
+
+def test_html_report_carries_the_canary_section(tmp_path, monkeypatch):
+    """report.html shows what summary.md shows of the canaries: the table, each answer, the releases no row pins."""
+    from mtpmatrix.report import canaries as rc
+    from mtpmatrix.report.cli import write_report
+
+    run = tmp_path / "results" / "r1"
+    atomic_write_json(run / "sglang-0.5.17" / "row.json", {"verdict": "passed", "tiers": {}})
+    atomic_write_json(run / "t" / "row.json", {"verdict": "failed", "tiers": {}, "canary": {
+        "id": "t", "mode": "canary-override", "from": "sglang-0.5.17",
+        "moved": {"transformers": {"from": "5.12.1", "to": "5.24.0"}}}})
+    atomic_write_json(run / "t" / "canary.json", {"summary": ["CULPRIT: transformers 5.13.0 breaks ..."]})
+    table = [{"package": "torch", "newest_pin": "2.14.1", "newer": [{"version": "2.15.0", "canaries": []}]}]
+    real_section = rc.section
+    monkeypatch.setattr(rc, "section", lambda run_dir, results: real_section(run_dir, results, untested=lambda: table))
+    _summary, paths = write_report(tmp_path / "results", "r1")
+    html = paths["html"].read_text()
+    assert "<h2>Canaries</h2>" in html
+    assert ("<tr><td><code>t</code></td><td>canary-override</td><td><code>sglang-0.5.17</code></td>"
+            "<td>transformers 5.12.1 -&gt; 5.24.0</td><td>failed</td><td>passed</td></tr>") in html
+    assert "CULPRIT: transformers 5.13.0 breaks ..." in html
+    assert "<li>torch: newer than the rows&#39; pin 2.14.1: 2.15.0 (no canary has run it)</li>" in html

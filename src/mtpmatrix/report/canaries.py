@@ -37,7 +37,7 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
         })
     if not canaries:
         return None
-    out = {"canaries": canaries, "untested": None, "untested_error": None}
+    out = {"canaries": canaries, "untested": None, "untested_error": None, "untested_lines": []}
     try:
         if untested is None:
             from mtpmatrix.runner import matrix, releases
@@ -48,17 +48,27 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
             out["untested"] = untested()
     except Exception as exc:  # the report never fails for the index: it says why the list is missing
         out["untested_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if out["untested"] is not None:  # the same lines in Markdown and HTML
+        from mtpmatrix.runner.releases import lines as release_lines
+
+        out["untested_lines"] = release_lines(out["untested"])
     return out
+
+
+def moved_text(c: dict) -> str:
+    return ", ".join(f"{p} {m}" for p, m in c["moved"].items()) or "nothing (today's newest are the pins)"
+
+
+def pinned_text(c: dict) -> str:
+    return c["from_verdict"] or ("not in this run" + (f" (compared with run {c['from_run']})" if c["from_run"] else ""))
 
 
 def markdown(sec: dict) -> str:
     lines = ["", "## Canaries", "", "| canary | mode | floats from | moved | verdict | pinned row |",
              "|---|---|---|---|---|---|"]
     for c in sec["canaries"]:
-        moved = ", ".join(f"{p} {m}" for p, m in c["moved"].items()) or "nothing (today's newest are the pins)"
-        pinned = c["from_verdict"] or ("not in this run" + (f" (compared with run {c['from_run']})"
-                                                             if c["from_run"] else ""))
-        lines.append(f"| `{c['id']}` | {c['mode']} | `{c['from']}` | {moved} | {c['verdict']} | {pinned} |")
+        lines.append(f"| `{c['id']}` | {c['mode']} | `{c['from']}` | {moved_text(c)} | {c['verdict']} | "
+                     f"{pinned_text(c)} |")
     for c in sec["canaries"]:
         if c["answer"]:
             lines += ["", f"**{c['id']}**", "", "```", *c["answer"], "```"]
@@ -66,7 +76,5 @@ def markdown(sec: dict) -> str:
     if sec["untested"] is None:
         lines.append(f"not listed: {sec['untested_error']}")
     else:
-        from mtpmatrix.runner.releases import lines as release_lines
-
-        lines += [f"- {ln}" for ln in release_lines(sec["untested"])]
+        lines += [f"- {ln}" for ln in sec["untested_lines"]]
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ import functools
 from pathlib import Path
 
 from mtpmatrix import schema
+from mtpmatrix.report import canaries
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
@@ -285,7 +286,7 @@ def environment():
     env.globals.update(SYMBOLS=SYMBOLS, GLYPHS=GLYPHS, MARKS=MARKS, BANNERS=BANNERS, VERSION_KEYS=VERSION_KEYS,
                        HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, PARTIAL=PARTIAL,
                        COMPONENT_WORDS=COMPONENT_WORDS, VERDICTS=VERDICTS,
-                       ALPHA=ALPHA)
+                       ALPHA=ALPHA, canary_moved=canaries.moved_text, canary_pinned=canaries.pinned_text)
     return env
 
 
