@@ -70,6 +70,16 @@ def test_greedy(shared, record_property):
     raise CheckFailure("mismatch", "outputs differ at token 3")
 
 
+# split across the two processes (side_by_side_rule): the sglang-phase variant runs in the sglang group's process
+@pytest.mark.reference
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("variant", ["a-witness", "a-witness-sglang-phase"])
+def test_variant(shared, record_property, variant):
+    record_property("accept_rate", 0.5)
+    if variant.endswith("sglang-phase"):
+        raise CheckFailure("acceptance", "drafts 0 of 8 right")
+
+
 @pytest.mark.reference
 @pytest.mark.check("weights")
 def test_reference_setup_error(missing_fixture_on_purpose):
@@ -168,8 +178,8 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
     # the failures read the same: verdicts, kinds and messages, the setup error included
     ref = merged["tiers"]["reference"]
     # a missing fixture is the harness's fault
-    assert (ref["verdict"], ref["failure_kinds"]) == ("failed", ["harness", "mismatch"])
-    assert [c["outcome"] for c in ref["checks"]] == ["failed", "error", "passed"]
+    assert (ref["verdict"], ref["failure_kinds"]) == ("failed", ["acceptance", "harness", "mismatch"])
+    assert [c["outcome"] for c in ref["checks"]] == ["failed", "passed", "failed", "error", "passed"]
     assert merged["tiers"]["contract"]["failure_kinds"] == ["config"]
     assert merged["tiers"]["smoke"]["reason"] == "smoke tier: needs 1 CUDA GPU(s)"
     # one tiers.json, junit.xml and pytest.log in the row folder; the parts are gone
@@ -178,7 +188,12 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
     assert sorted(c.get("name") for c in cases) == sorted(c["id"].split("::")[1] for t in alone["tiers"].values()
                                                           for c in t["checks"])
     log = (two / PYTEST_LOG).read_text()
-    assert "-m not reference" in log and "-m reference" in log and log.count("short test summary") == 2
+    assert f"-m {SGLANG.marker}" in log and f"-m {REFERENCE.marker}" in log and log.count("short test summary") == 2
+    # the reference tier came from both processes: its sglang-phase check from the sglang group's, in collection order
+    sglang_log, reference_log = log.split(f"-m {REFERENCE.marker}", 1)
+    assert "FAILED suite/test_tiers.py::test_variant[a-witness-sglang-phase]" in sglang_log
+    assert "test_variant[a-witness-sglang-phase]" not in reference_log
+    assert "FAILED suite/test_tiers.py::test_greedy" in reference_log
 
 
 # Each group's test waits for the other's: it passes only when the two run at the same time. The timeout is the
@@ -227,7 +242,7 @@ def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch):
     suite = _suite(tmp_path)
     (suite / "conftest.py").write_text(CONFTEST + '\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n'
                                        'def pytest_sessionfinish(session):  # before the plugin writes its part\n'
-                                       '    if session.config.getoption("-m") == "reference":\n'
+                                       '    if session.config.getoption("-m").startswith("reference"):\n'
                                        '        import os; os._exit(3)\n')
     out = tmp_path / "row"
     out.mkdir()
