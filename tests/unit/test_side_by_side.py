@@ -14,6 +14,7 @@ import pytest
 from mtpmatrix.runner import side_by_side
 from mtpmatrix.runner.rows import RowError
 from mtpmatrix.runner.side_by_side import REFERENCE, SGLANG, merge_exitstatus, plan
+from mtpmatrix.runner.side_by_side_rule import shared_check
 from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -70,13 +71,13 @@ def test_greedy(shared, record_property):
     raise CheckFailure("mismatch", "outputs differ at token 3")
 
 
-# split across the two processes (side_by_side_rule): the sglang-phase variant runs in the sglang group's process
+# split across the two processes (side_by_side_rule): the dense-31b case runs in the sglang group's process
 @pytest.mark.reference
 @pytest.mark.check("acceptance")
-@pytest.mark.parametrize("variant", ["a-witness", "a-witness-sglang-phase"])
-def test_variant(shared, record_property, variant):
+@pytest.mark.parametrize("name", ["e-series", "dense-31b"])
+def test_sampled_pair(shared, record_property, name):
     record_property("accept_rate", 0.5)
-    if variant.endswith("sglang-phase"):
+    if name == "dense-31b":
         raise CheckFailure("acceptance", "drafts 0 of 8 right")
 
 
@@ -191,8 +192,8 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
     assert f"-m {SGLANG.marker}" in log and f"-m {REFERENCE.marker}" in log and log.count("short test summary") == 2
     # the reference tier came from both processes: its sglang-phase check from the sglang group's, in collection order
     sglang_log, reference_log = log.split(f"-m {REFERENCE.marker}", 1)
-    assert "FAILED suite/test_tiers.py::test_variant[a-witness-sglang-phase]" in sglang_log
-    assert "test_variant[a-witness-sglang-phase]" not in reference_log
+    assert "FAILED suite/test_tiers.py::test_sampled_pair[dense-31b]" in sglang_log
+    assert "test_sampled_pair[dense-31b]" not in reference_log
     assert "FAILED suite/test_tiers.py::test_greedy" in reference_log
 
 
@@ -248,3 +249,12 @@ def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch):
     out.mkdir()
     rc = side_by_side.run(_command(suite, out), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False)
     assert rc == 3 and not (out / TIERS_FILE).exists()
+
+
+def test_the_shared_rule_picks_the_dense_sampled_pair_checks_only():
+    ref = "tests/tiers/test_reference.py::"
+    assert shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[dense-31b]")
+    assert shared_check("reference", ref + "test_sampled_assisted_generation_matches_closed_form")
+    assert not shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[e-series]")
+    assert not shared_check("reference", ref + "test_greedy_with_assistant_equals_greedy[dense-31b]")
+    assert not shared_check("contract", "tests/tiers/test_contract.py::test_sampled_x")

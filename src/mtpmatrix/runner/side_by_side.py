@@ -5,7 +5,7 @@ reference tier (transformers only, one torch thread) could use the other core; r
 cost 2.2 x its floor (install + that import). Side by side, the row's suite takes about as long as its contract tier.
 
 The groups split by tier, except that the sglang group, idle after its contract tier, also runs a share of the
-reference tier (side_by_side_rule: whole pair variants, marked at collection), so the two take about equally long.
+reference tier (side_by_side_rule: one whole pair variant, marked at collection), so the two take about equally long.
 A tier run whole in one process keeps that process's entry, unchanged: its checks, their order, the session
 fixtures they share, its verdict, ``mark_incomplete`` and the known-upstream tagging. A tier whose checks come from
 both is merged at the record level (``merge_tier``): the union of the records in collection order, the verdict
