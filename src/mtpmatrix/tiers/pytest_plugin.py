@@ -26,7 +26,7 @@ import pytest
 
 from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.expected import summarize  # noqa: F401 - per-tier verdicts from records, defined there
+from mtpmatrix.expected import summarize  # per-tier verdicts from records: defined there, the runner merges with it
 from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, shared_check
 from mtpmatrix.tiers import environment, known_upstream, served
