@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from mtpmatrix import settings
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, check_param, short_check_id, worst
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
 
 KNOB_PREFIX = "MTPMATRIX_"
 NOT_RECORDED = ("selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
@@ -209,3 +209,24 @@ def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None
 def complete(verdict: str | None) -> bool:
     """Whether a tier with this verdict ran its whole expected set without a failure sglang owns."""
     return verdict in ("passed", KNOWN_UPSTREAM)
+
+
+def summarize(records: list[dict]) -> dict:
+    """Per-tier verdicts from per-test records."""
+    tiers: dict[str, dict] = {}
+    for tier in TIERS:
+        recs = [r for r in records if r["tier"] == tier]
+        if not recs:
+            tiers[tier] = {"verdict": "skipped", "reason": "no tests collected for this tier", "checks": []}
+            continue
+        outcomes = {"passed": "passed", "failed": "failed", "error": "error", "skipped": "skipped"}
+        verdict = worst(outcomes[r["outcome"]] for r in recs)
+        entry = {"verdict": verdict, "seconds": round(sum(r["seconds"] for r in recs), 3), "checks": recs}
+        if verdict == "skipped":
+            reasons = sorted({r.get("reason", "") for r in recs})
+            entry["reason"] = reasons[0] if len(reasons) == 1 else "; ".join(reasons)
+        failures = [r["failure"] for r in recs if "failure" in r]
+        if failures:
+            entry["failure_kinds"] = sorted({f["kind"] for f in failures})
+        tiers[tier] = entry
+    return tiers

@@ -14,6 +14,7 @@ import pytest
 from mtpmatrix.runner import side_by_side
 from mtpmatrix.runner.rows import RowError
 from mtpmatrix.runner.side_by_side import REFERENCE, SGLANG, merge_exitstatus, plan
+from mtpmatrix.runner.side_by_side_rule import shared_check
 from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -68,6 +69,16 @@ def test_skips_itself():
 def test_greedy(shared, record_property):
     record_property("accept_len", 3.83)
     raise CheckFailure("mismatch", "outputs differ at token 3")
+
+
+# split across the two processes (side_by_side_rule): the dense-31b case runs in the sglang group's process
+@pytest.mark.reference
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", ["e-series", "dense-31b"])
+def test_sampled_pair(shared, record_property, name):
+    record_property("accept_rate", 0.5)
+    if name == "dense-31b":
+        raise CheckFailure("acceptance", "drafts 0 of 8 right")
 
 
 @pytest.mark.reference
@@ -168,8 +179,8 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
     # the failures read the same: verdicts, kinds and messages, the setup error included
     ref = merged["tiers"]["reference"]
     # a missing fixture is the harness's fault
-    assert (ref["verdict"], ref["failure_kinds"]) == ("failed", ["harness", "mismatch"])
-    assert [c["outcome"] for c in ref["checks"]] == ["failed", "error", "passed"]
+    assert (ref["verdict"], ref["failure_kinds"]) == ("failed", ["acceptance", "harness", "mismatch"])
+    assert [c["outcome"] for c in ref["checks"]] == ["failed", "passed", "failed", "error", "passed"]
     assert merged["tiers"]["contract"]["failure_kinds"] == ["config"]
     assert merged["tiers"]["smoke"]["reason"] == "smoke tier: needs 1 CUDA GPU(s)"
     # one tiers.json, junit.xml and pytest.log in the row folder; the parts are gone
@@ -178,7 +189,12 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
     assert sorted(c.get("name") for c in cases) == sorted(c["id"].split("::")[1] for t in alone["tiers"].values()
                                                           for c in t["checks"])
     log = (two / PYTEST_LOG).read_text()
-    assert "-m not reference" in log and "-m reference" in log and log.count("short test summary") == 2
+    assert f"-m {SGLANG.marker}" in log and f"-m {REFERENCE.marker}" in log and log.count("short test summary") == 2
+    # the reference tier came from both processes: its sglang-phase check from the sglang group's, in collection order
+    sglang_log, reference_log = log.split(f"-m {REFERENCE.marker}", 1)
+    assert "FAILED suite/test_tiers.py::test_sampled_pair[dense-31b]" in sglang_log
+    assert "test_sampled_pair[dense-31b]" not in reference_log
+    assert "FAILED suite/test_tiers.py::test_greedy" in reference_log
 
 
 # Each group's test waits for the other's: it passes only when the two run at the same time. The timeout is the
@@ -227,9 +243,18 @@ def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch):
     suite = _suite(tmp_path)
     (suite / "conftest.py").write_text(CONFTEST + '\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n'
                                        'def pytest_sessionfinish(session):  # before the plugin writes its part\n'
-                                       '    if session.config.getoption("-m") == "reference":\n'
+                                       '    if session.config.getoption("-m").startswith("reference"):\n'
                                        '        import os; os._exit(3)\n')
     out = tmp_path / "row"
     out.mkdir()
     rc = side_by_side.run(_command(suite, out), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False)
     assert rc == 3 and not (out / TIERS_FILE).exists()
+
+
+def test_the_shared_rule_picks_the_dense_sampled_pair_checks_only():
+    ref = "tests/tiers/test_reference.py::"
+    assert shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[dense-31b]")
+    assert shared_check("reference", ref + "test_sampled_assisted_generation_matches_closed_form")
+    assert not shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[e-series]")
+    assert not shared_check("reference", ref + "test_greedy_with_assistant_equals_greedy[dense-31b]")
+    assert not shared_check("contract", "tests/tiers/test_contract.py::test_sampled_x")

@@ -4,10 +4,14 @@ Why: on a CPU row the contract tier spends most of its time in one ``import sgla
 reference tier (transformers only, one torch thread) could use the other core; run one after the other the row
 cost 2.2 x its floor (install + that import). Side by side, the row's suite takes about as long as its contract tier.
 
-The groups split by tier, so every tier runs whole in one process, exactly as it runs alone: its checks, their
-order, the session fixtures they share, its verdict, ``mark_incomplete`` and the known-upstream tagging all come
-from that process's own tiers.json, unchanged. Each process gets the row's full ``--tiers`` (skip reasons read as
-before) and a ``-m`` marker expression that deselects the other group's tests (deselected tests leave no record).
+The groups split by tier, except that the sglang group, idle after its contract tier, also runs a share of the
+reference tier (side_by_side_rule: one whole pair variant, marked at collection), so the two take about equally long.
+A tier run whole in one process keeps that process's entry, unchanged: its checks, their order, the session
+fixtures they share, its verdict, ``mark_incomplete`` and the known-upstream tagging. A tier whose checks come from
+both is merged at the record level (``merge_tier``): the union of the records in collection order, the verdict
+derived again by the one derivation (expected.summarize, then expected.judge_tiers with the known-upstream list).
+Each process gets the row's full ``--tiers`` (skip reasons read as before) and a ``-m`` marker expression that
+deselects the other group's tests (deselected tests leave no record).
 
 One process, as before, when fewer than two groups have a selected tier, on a one-core machine, when the row passes
 its own pytest arguments (``-m``, ``-x``, ``-k`` ... would mean something else run twice), or with
@@ -26,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix import expected
 from mtpmatrix.runner.rows import RowError
+from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, SHARED_TIER
 from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
 from mtpmatrix.tiers.imported import PROCESS_ENV
 
@@ -36,8 +42,9 @@ ENV_KNOB = "MTPMATRIX_SIDE_BY_SIDE"
 @dataclass(frozen=True)
 class Group:
     name: str
-    tiers: tuple[str, ...]
+    tiers: tuple[str, ...]  # the tiers this group is planned by (plan)
     marker: str  # pytest -m expression selecting exactly this group's tests
+    shares: tuple[str, ...] = ()  # tiers of the other group this one runs a share of (SHARED_MARK)
 
     def part(self, out: Path, stem: str) -> Path:
         """``tiers.json`` -> ``tiers.<group>.json`` next to it: a part stays in the row folder, so the folder of
@@ -47,8 +54,9 @@ class Group:
 
 
 # The reference tier needs transformers only; every other tier needs sglang imported (contract) or launched.
-REFERENCE = Group("reference", ("reference",), "reference")
-SGLANG = Group("sglang", tuple(t for t in TIERS if t != "reference"), "not reference")
+REFERENCE = Group("reference", ("reference",), f"reference and not {SHARED_MARK}")
+SGLANG = Group("sglang", tuple(t for t in TIERS if t != "reference"), f"not reference or {SHARED_MARK}",
+               shares=(SHARED_TIER,))
 GROUPS = (SGLANG, REFERENCE)
 
 
@@ -167,25 +175,46 @@ def one_process_selection(parts: list[tuple[Group, dict]], cmd: list[str] | None
     return sel
 
 
+def merge_tier(tier: str, entries: list[dict], selection: dict | None, versions: dict) -> dict:
+    """``tier``'s entry from the parts that ran some of its checks: one part's entry as it wrote it; from two, the
+    union of their records in collection order, judged again as one process judges it (expected.summarize, then
+    expected.judge_tiers: known-upstream tags and verdict re-derived). A part that stopped early ('incomplete')
+    proves nothing: its entry stands for the tier."""
+    ran = [e for e in entries if e.get("checks") or e.get("incomplete")]
+    if len(ran) <= 1:
+        return (ran or entries)[0]
+    stopped = [e for e in ran if e.get("incomplete")]
+    if stopped:
+        return stopped[0]
+    order = {nodeid: i for i, nodeid in enumerate(((selection or {}).get("collected") or {}).get(tier) or [])}
+    records = sorted((c for e in ran for c in e["checks"]), key=lambda c: order.get(c["id"], len(order)))
+    entry = expected.summarize(records)[tier]
+    return expected.judge_tiers({tier: entry}, selection, versions)[tier]
+
+
 def merge_tiers(parts: list[tuple[Group, dict]], cmd: list[str] | None = None) -> dict:
-    """One tiers.json from the groups' parts: each tier's entry from the group it belongs to, as that process
-    wrote it; versions from every part (the same venv), the most GPUs, the longest session, the worst exit; the
-    selection one process would have recorded (``one_process_selection``)."""
-    owner = {t: data for group, data in parts for t in group.tiers}
+    """One tiers.json from the groups' parts: each tier's entry from the group(s) that ran it (``merge_tier``);
+    versions from every part (the same venv), the most GPUs, the longest session, the worst exit; the selection one
+    process would have recorded (``one_process_selection``)."""
     first = parts[0][1]
     versions: dict = {}
     for _, data in parts:
         versions.update({k: v for k, v in data.get("versions", {}).items() if v and k not in versions})
     merged = dict(first)
+    if "selection" in first:
+        merged["selection"] = one_process_selection(parts, cmd)
+    tiers = {}
+    for t in TIERS:
+        entries = [d["tiers"][t] for g, d in parts if t in (*g.tiers, *g.shares) and t in d.get("tiers", {})]
+        if entries:
+            tiers[t] = merge_tier(t, entries, merged.get("selection"), versions)
     merged.update(
-        tiers={t: owner[t]["tiers"][t] for t in TIERS if t in owner and t in owner[t].get("tiers", {})},
+        tiers=tiers,
         versions=versions,
         gpus=max(d.get("gpus", 0) for _, d in parts),
         seconds=max(d.get("seconds", 0.0) for _, d in parts),
         exitstatus=merge_exitstatus([d.get("exitstatus", 0) for _, d in parts]),
     )
-    if "selection" in first:
-        merged["selection"] = one_process_selection(parts, cmd)
     return merged
 
 

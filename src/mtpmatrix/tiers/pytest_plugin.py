@@ -26,7 +26,9 @@ import pytest
 
 from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers, worst
+from mtpmatrix.expected import summarize  # per-tier verdicts from records: defined there, the runner merges with it
+from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
+from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, shared_check
 from mtpmatrix.tiers import environment, known_upstream, served
 from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
@@ -68,6 +70,7 @@ def _selected_tiers(config) -> list[str]:
 
 def pytest_configure(config):
     config.stash[_RECORDS_KEY] = []
+    config.addinivalue_line("markers", f"{SHARED_MARK}: a reference check the side-by-side sglang process runs")
     config.stash[_START_KEY] = time.monotonic()
     config.stash[SERVED_KEY] = []
     try:
@@ -146,6 +149,8 @@ def pytest_collection_modifyitems(config, items):
         if tier is None:
             continue
         collected.setdefault(tier, []).append(item.nodeid)
+        if shared_check(tier, item.nodeid):  # marked only: which process runs it is the -m of side_by_side
+            item.add_marker(SHARED_MARK)
         if tier not in selected:
             item.add_marker(pytest.mark.skip(reason=f"{tier} tier not selected (--tiers {','.join(selected)})"))
             continue
@@ -206,27 +211,6 @@ def _skip_reason(report) -> str:
     lr = report.longrepr
     text = str(lr[2]).removeprefix("Skipped: ") if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
     return " ".join(ln.strip() for ln in text.splitlines() if ln.strip())  # one line, whatever pytest.skip got
-
-
-def summarize(records: list[dict]) -> dict:
-    """Per-tier verdicts from per-test records."""
-    tiers: dict[str, dict] = {}
-    for tier in TIERS:
-        recs = [r for r in records if r["tier"] == tier]
-        if not recs:
-            tiers[tier] = {"verdict": "skipped", "reason": "no tests collected for this tier", "checks": []}
-            continue
-        outcomes = {"passed": "passed", "failed": "failed", "error": "error", "skipped": "skipped"}
-        verdict = worst(outcomes[r["outcome"]] for r in recs)
-        entry = {"verdict": verdict, "seconds": round(sum(r["seconds"] for r in recs), 3), "checks": recs}
-        if verdict == "skipped":
-            reasons = sorted({r.get("reason", "") for r in recs})
-            entry["reason"] = reasons[0] if len(reasons) == 1 else "; ".join(reasons)
-        failures = [r["failure"] for r in recs if "failure" in r]
-        if failures:
-            entry["failure_kinds"] = sorted({f["kind"] for f in failures})
-        tiers[tier] = entry
-    return tiers
 
 
 # Exit statuses of a session that did not run to its end (collection error, Ctrl-C, internal error).
