@@ -63,7 +63,7 @@ def test_gpu_box_out_imports_into_the_results_store_and_reports(tmp_path, capsys
     assert rec["verdict"] == "partial" and rec["install"]["verdict"] == importer.IMPORTED
     assert rec["versions"]["sglang"] == "0.5.17" and rec["gpus"] == 1 and rec["started"] == "2026-11-30T06:10:25+00:00"
     acc = next(c for c in rec["tiers"]["gsm8k"]["checks"] if c["id"].endswith("test_accuracy[tiny-e2e-proof-topk1]"))
-    # box paths (/root/out/r17/work/...) became row-relative schema paths
+    # the GPU box's absolute paths (under its own $OUT) became row-relative schema paths
     assert acc["metrics"][schema.RECORDS] == "gsm8k/tiny-e2e-proof-topk1.jsonl"
     assert acc["metrics"][schema.SERVER_LOG] == "server-gsm8k-tiny-e2e-proof-topk1.log"
 

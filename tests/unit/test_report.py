@@ -166,7 +166,7 @@ def test_closest_passing_ties_go_to_the_same_sglang():
 
 def test_parse_freeze():
     text = "Torch==2.11.0\nflash_attn-4==4.0.0b19\n-e file:///x\nsome-pkg @ file:///wheels/s.whl\n" \
-           "gemma4-mtp-matrix @ file:///work/mtp\n# comment\n"
+           "gemma4-mtp-matrix @ file:///src/gemma4-mtp-matrix\n# comment\n"
     assert report.parse_freeze(text) == {"torch": "2.11.0", "flash-attn-4": "4.0.0b19",
                                          "some-pkg": "file:///wheels/s.whl"}
 

@@ -313,7 +313,7 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
     what the pair's marker keeps."""
     import torch
 
-    from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
+    from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 
     text = t_cfg["text_config"]
     V, H = text["vocab_size"], text["hidden_size"]
@@ -340,13 +340,8 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
             W[j, 1 + (g - d) % RING_SIZE] = (lg - OTHER_LOGIT) / h
             Wa[j, 1 + (g - d) % RING_SIZE] = (dl - DRAFT_OTHER_LOGIT) / ha
 
-    lm = target.model.language_model
     with torch.no_grad():
-        lm.embed_tokens.weight.copy_(E)
-        assert target.lm_head.weight.data_ptr() != lm.embed_tokens.weight.data_ptr(), "sampled target must be untied"
-        target.lm_head.weight.copy_(W)
-        zero_residual_writers(lm)
-        lm.norm.weight.fill_(1.0)
+        write_target_head(target, E, W, "sampled")
 
         # assistant: the token half of its input is sqrt(H) * E[t]; dims 0 and 1 + f go to the same assistant dims
         P = torch.zeros(A, 2 * H)

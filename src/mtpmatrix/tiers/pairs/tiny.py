@@ -67,7 +67,7 @@ from pathlib import Path
 
 from mtpmatrix.tiers.pairs.sampled import make_sampled
 from mtpmatrix.tiers.pairs.decoy import make_decoy
-from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
+from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant
 
 PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
@@ -493,11 +493,7 @@ def _make_plus_one(target, assistant, a_cfg: dict, gen) -> None:
         r = torch.randn(VOCAB, A, generator=gen)
         E[:, :A] = r / r.norm(dim=-1, keepdim=True)
     shifted = torch.roll(E, shifts=1, dims=0)  # shifted[j] = E[j-1]
-    lm.embed_tokens.weight.copy_(E)
-    assert target.lm_head.weight.data_ptr() != lm.embed_tokens.weight.data_ptr(), "constructed target must be untied"
-    target.lm_head.weight.copy_(shifted)
-    zero_residual_writers(lm)
-    lm.norm.weight.fill_(1.0)
+    write_target_head(target, E, shifted, "constructed")
 
     P = torch.zeros(A, 2 * H)
     P[torch.arange(A), torch.arange(A)] = 1.0
