@@ -7,6 +7,8 @@ scheduler stalled mid-suite and the tier's time went to a compiler, not to sglan
 prebuilt kernels) never compiles, so warming the cache outside the suite measures what users run.
 
     python tools/warm_sampling_kernels.py      # prints what it built and how long it took; exit 0 without a GPU
+
+tools/gpu_box.sh runs it before the suite (its output goes to env.txt).
 """
 
 from __future__ import annotations
