@@ -15,15 +15,25 @@ OUT=$(realpath -m "${1:?output dir}"); shift
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT/work"
 if [ -n "${BUNDLE:-}" ]; then
-  SITE=${SITE:-/tmp/site}; mkdir -p "$SITE"
+  # A fresh folder per bundle: unpacked over another release's files, a folder holds two sglang (and transformers)
+  # dist-infos and a mix of both releases' modules (seen on 2026-12-01: a "0.5.13" run reporting sglang 0.5.17).
+  SITE=${SITE:-/tmp/site-$(basename "$BUNDLE")}; rm -rf "$SITE"; mkdir -p "$SITE"
   for p in "$BUNDLE"/*.tar.xz; do xz -dc "$p" | tar -xf - -C "$SITE"; done
+  # pip compiles bytecode at install time; an unpacked bundle has none, and every server process of a smoke wave
+  # would compile the same ~6,700 sglang files from source at once
+  t0=$SECONDS; python3 -m compileall -q -j 0 "$SITE" >/dev/null 2>&1; BYTECODE_SECONDS=$((SECONDS - t0))
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
+for d in $(python3 -c 'import sys; print(*[p for p in sys.path if p])'); do
+  n=$(ls -d "$d"/sglang-*.dist-info 2>/dev/null | wc -l)
+  if [ "$n" -gt 1 ]; then echo "gpu_box.sh: $d holds $n sglang releases (a bundle unpacked over another): use a fresh SITE" >&2; exit 2; fi
+done
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
   python3 -c 'import sys,torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
   python3 -c 'import importlib.metadata as m; print(*(f"{d}=={m.version(d)}" for d in ("sglang","transformers","tokenizers")))'
+  [ -n "${BUNDLE:-}" ] && echo "bundle $BUNDLE unpacked into $SITE, bytecode compiled in ${BYTECODE_SECONDS}s"
   # flashinfer without its prebuilt kernels (the device bundles) compiles its sampling module on first use: done
   # here, before the timed suite, not inside a sampled request (a no-op where the kernels exist or there is no GPU)
   python3 "$REPO/tools/warm_sampling_kernels.py"

@@ -22,10 +22,12 @@ of sglang's MTP code.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix import schema, settings
+from mtpmatrix.atomic import atomic_write_json
 
 from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
 from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
@@ -48,6 +50,7 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
     why = gpu_missing(OPTIONS.tp)
     if why:
         pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={OPTIONS.tp})")
+    t0 = time.monotonic()
     pairs = {variant: build_tiny_pair(OPTIONS.pair, variant) for variant in sorted({s.pair for s in SPECS})}
     if OPTIONS.swap_drafters:
         pairs.setdefault("random", build_tiny_pair(OPTIONS.pair))
@@ -58,8 +61,13 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
         assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
     parallel = smoke.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel)
-    return smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=OPTIONS.tp, parallel=parallel,
+    runs = smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=OPTIONS.tp, parallel=parallel,
                              extra_args=OPTIONS.extra_args, progress=mtp_progress)
+    # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs
+    budget = smoke.launch_budget(runs, parallel, time.monotonic() - t0)
+    atomic_write_json(mtp_results_dir / schema.SMOKE_LAUNCH_BUDGET_FILE, budget)
+    mtp_progress(smoke.launch_budget_line(budget))
+    return runs
 
 
 def _vocab_size(target_dir) -> int:
