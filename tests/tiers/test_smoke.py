@@ -2,7 +2,7 @@
 
 Env knobs: MTPMATRIX_SMOKE_PAIR (tiny pair family, default e-series), MTPMATRIX_SMOKE_TP (default 1),
 MTPMATRIX_SMOKE_SERVERS (comma-separated subset of smoke.SMOKE_SERVERS names), MTPMATRIX_SMOKE_PARALLEL
-(servers launched side by side; default from free GPU memory, see smoke.launch_parallelism),
+(servers launched side by side; default from free GPU memory, see launch_plan.launch_parallelism),
 MTPMATRIX_SMOKE_EXTRA_ARGS (sglang arguments appended to every smoke server, e.g. "--enable-deterministic-inference"),
 MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the witness/constructed targets with the random pair's
 assistant, a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
@@ -29,7 +29,7 @@ import pytest
 from mtpmatrix import schema, settings
 from mtpmatrix.atomic import atomic_write_json
 
-from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
+from mtpmatrix.tiers import client, launch_plan, meta_fields, sglang_compat, smoke
 from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.verdict import CheckFailure
@@ -60,13 +60,13 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
         pair = pairs[spec.pair]
         assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
-    parallel = smoke.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel)
+    parallel = launch_plan.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel)
     runs = smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=OPTIONS.tp, parallel=parallel,
                              extra_args=OPTIONS.extra_args, progress=mtp_progress)
     # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs
-    budget = smoke.launch_budget(runs, parallel, time.monotonic() - t0)
+    budget = launch_plan.launch_budget(runs, parallel, time.monotonic() - t0)
     atomic_write_json(mtp_results_dir / schema.SMOKE_LAUNCH_BUDGET_FILE, budget)
-    mtp_progress(smoke.launch_budget_line(budget))
+    mtp_progress(launch_plan.launch_budget_line(budget))
     return runs
 
 

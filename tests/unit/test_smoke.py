@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix import settings
-from mtpmatrix.tiers import client, meta_fields, smoke
+from mtpmatrix.tiers import client, launch_plan, meta_fields, smoke
 from mtpmatrix.tiers.verdict import CheckFailure
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
@@ -100,42 +100,42 @@ def _jobs(tmp_path, n=3):
 @pytest.mark.parametrize("free_mib,want", [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 2), (48 * 1024, 4),
                                            (80 * 1024, 5), (140 * 1024, 5), (10**7, 5)])
 def test_launch_parallelism_from_free_memory(free_mib, want):
-    assert smoke.launch_parallelism(5, free_mib) == want
+    assert launch_plan.launch_parallelism(5, free_mib) == want
 
 
 def test_every_server_of_a_wave_fits_in_the_margin_the_others_leave():
     """sglang fails a launch when, once loaded, less than (1 - mem_fraction_static) of what was free at its start is
     still free: the others' SERVER_MIB each must fit in the fraction."""
     for free_gib in (8, 24, 48, 80, 125, 139, 149):
-        n = smoke.memory_parallelism(free_gib * 1024)
-        assert n * smoke.SERVER_MIB <= smoke.SMOKE_MEM_FRACTION * free_gib * 1024 or n == 1
-        assert (n + 1) * smoke.SERVER_MIB > smoke.SMOKE_MEM_FRACTION * free_gib * 1024
+        n = launch_plan.memory_parallelism(free_gib * 1024)
+        assert n * launch_plan.SERVER_MIB <= launch_plan.SMOKE_MEM_FRACTION * free_gib * 1024 or n == 1
+        assert (n + 1) * launch_plan.SERVER_MIB > launch_plan.SMOKE_MEM_FRACTION * free_gib * 1024
 
 
 def test_an_idle_h200_launches_the_default_servers_in_one_wave():
     """What the README states: an idle H200 (143,771 MiB, docs/runs/env-2-r17.txt; 125-150 GiB free once the driver
     has its share) launches all default servers at once."""
     for free_gib in (125, 139, 149):
-        assert smoke.launch_parallelism(len(smoke.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == len(
+        assert launch_plan.launch_parallelism(len(smoke.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == len(
             smoke.DEFAULT_SMOKE_SERVERS)
-    assert smoke.launch_parallelism(len(smoke.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 2
+    assert launch_plan.launch_parallelism(len(smoke.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 2
 
 
 def test_the_launch_budget_divides_the_suite_by_the_first_wave_s_median_launch(tmp_path):
     spec = smoke.SMOKE_SERVERS[0]
     runs = {f"s{i}": smoke.SmokeRun(spec=spec, log_path=tmp_path / f"s{i}.log", launch_seconds=t)
             for i, t in enumerate((140.0, 138.0, None, 139.0, 55.0))}
-    budget = smoke.launch_budget(runs, first_wave=4, suite_seconds=210.0)
+    budget = launch_plan.launch_budget(runs, first_wave=4, suite_seconds=210.0)
     assert budget["cold_launches"] == [138.0, 139.0, 140.0]  # the failed launch has none; the 5th was warm
     assert budget["cold_launch_seconds"] == 139.0 and budget["ratio"] == 1.51
-    assert "OVER" in smoke.launch_budget_line(budget)
-    assert "within" in smoke.launch_budget_line(smoke.launch_budget(runs, 4, 208.0))
-    assert smoke.launch_budget({}, 1, 5.0)["ratio"] is None
+    assert "OVER" in launch_plan.launch_budget_line(budget)
+    assert "within" in launch_plan.launch_budget_line(launch_plan.launch_budget(runs, 4, 208.0))
+    assert launch_plan.launch_budget({}, 1, 5.0)["ratio"] is None
 
 
 def test_launch_parallelism_requested_wins():
-    assert smoke.launch_parallelism(5, 140 * 1024, 1) == 1
-    assert smoke.launch_parallelism(3, None, 8) == 3
+    assert launch_plan.launch_parallelism(5, 140 * 1024, 1) == 1
+    assert launch_plan.launch_parallelism(3, None, 8) == 3
 
 
 def test_smoke_options_defaults_and_values():

@@ -28,7 +28,7 @@ SUITE = "tests/tiers/test_smoke.py"
 # 5 servers side by side launched in 52-77 s and a suite of 5 took 100-150 s; two suites of four (8 servers) took
 # 200-240 s; 3-4 suites side by side (12-16 servers) went CPU-bound (launches up to 381 s) and timed out. So one
 # concurrently launching server per CORES_PER_SERVER cores (5 on 16 cores), and never more than the GPU-memory
-# rule of the smoke tier allows (smoke.memory_parallelism).
+# rule of the smoke tier allows (launch_plan.memory_parallelism).
 CORES_PER_SERVER = 3
 DEFAULT_TIMEOUT = 480  # seconds per suite; a smoke server gets 420 s to become ready
 MIN_SUITE_SECONDS = 90  # with --budget: a suite is not started with less left (a warm one takes ~90 s)
@@ -156,7 +156,7 @@ def server_cap(cpus: int | None, free_mib: int | None, requested: int | None = N
         return max(1, requested)
     cap = max(1, (cpus or 1) // CORES_PER_SERVER)
     if free_mib is not None:
-        from mtpmatrix.tiers.smoke import memory_parallelism
+        from mtpmatrix.tiers.launch_plan import memory_parallelism
 
         cap = min(cap, memory_parallelism(free_mib))
     return max(1, cap)

@@ -4,7 +4,7 @@ One collection pass launches every server (no-MTP reference, MTP topk 1 and 3, d
 sends the same greedy requests through the GSM8K tier's client (text in/out and token ids), reads /server_info and
 the server log, and stops it; the tests then assert on what was collected.
 
-Servers launch side by side when the GPU has room (``launch_parallelism``): a launch is mostly CPU-bound Triton
+Servers launch side by side when the GPU has room (``launch_plan.launch_parallelism``): a launch is mostly CPU-bound Triton
 compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200. A server that fails
 while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict; a
 failure that repeats alone stands for every server that failed the same way beside it (``failure_signature``), so a
@@ -82,14 +82,6 @@ RUNNING_REQ_RE = re.compile(r"#running-req[:=]\s*(\d+)")
 NEAR_TIE_NATS = 0.05
 # Enough of the no-MTP ranking to place the MTP token at a divergence (its rank and gap) even when it is not 2nd.
 TOP_LOGPROBS = 10
-# sglang sizes its static pool from the GPU memory free *when it starts*: it keeps (1 - mem_fraction_static) of that
-# out of the pool and fails its launch if less than that is still free once it has loaded, so what every server
-# launching beside it takes must fit in mem_fraction_static x free memory. A smoke server holds at most
-# SERVER_MIB per GPU once ready (measured on H200s, sglang 0.5.17: 2,478 MiB at TP 1 with its 1 GiB multimodal IPC
-# reservation, docs/runs/2026-12-01-h200-sglang-0.5.17-smoke-default.json; 6,310 MiB over 2 GPUs at TP 2,
-# docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json), so that many fit side by side.
-SERVER_MIB = 3584
-SMOKE_MEM_FRACTION = float(settings.SMOKE_ARGS[settings.SMOKE_ARGS.index("--mem-fraction-static") + 1])
 # Requests in flight per server: twice the servers' --max-running-requests (SMOKE_ARGS: 8), so the scheduler always
 # has a full batch queued (topk 3 must batch >= WITNESS_MIN_BATCH) without 76 connections opened at once for the
 # sampled plan (H200, sglang 0.5.17: 68/76 such requests came back RemoteDisconnected while the server stalled).
@@ -123,7 +115,9 @@ class SmokeServerSpec:
         return self.pair == "witness"
 
 
-DECOY_IN_DEFAULT_SUITE = True  # the launch budget (1.5 x one cold launch) may move them to on-demand
+# With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
+# docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
+DECOY_IN_DEFAULT_SUITE = True
 SMOKE_SERVERS = (
     SmokeServerSpec("random-nomtp", "random", None),
     SmokeServerSpec("random-mtp-topk1-dummy", "random", 1, "dummy"),
@@ -277,27 +271,6 @@ class SmokeJob:
     vocab_size: int
 
 
-def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | None = None) -> int:
-    """How many smoke servers to launch side by side.
-
-    ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise as many as fit in the launch margin
-    (``memory_parallelism``: 12 on an idle H200 with 125 GiB free, so the 11 default servers launch in one wave;
-    2 on a 24 GiB card), never more than there are servers, and 1 when free memory is unknown.
-    """
-    if requested is not None:
-        return max(1, min(requested, n_servers))
-    return max(1, min(n_servers, memory_parallelism(free_mib)))
-
-
-def memory_parallelism(free_mib: int | None) -> int:
-    """Smoke servers that can launch at once on GPUs with ``free_mib`` free (the least among them): each one's
-    SERVER_MIB must fit in the SMOKE_MEM_FRACTION x free memory that every launch leaves to the others; 1 when
-    free memory is unknown."""
-    if free_mib is None:
-        return 1
-    return max(1, int(SMOKE_MEM_FRACTION * free_mib // SERVER_MIB))
-
-
 def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: int = 1,
                 python: str = sys.executable, ready_timeout: float = 420.0, extra_args: tuple[str, ...] = (),
                 launcher: list[str] | None = None, progress=None) -> dict[str, SmokeRun]:
@@ -370,28 +343,6 @@ def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: i
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     return runs
-
-
-LAUNCH_BUDGET = 1.5  # issue #19: the default suite within 1.5 x one cold sglang launch measured in the same run
-
-
-def launch_budget(runs: dict[str, SmokeRun], first_wave: int, suite_seconds: float) -> dict:
-    """The smoke suite's wall time against one cold sglang launch of the same run: the median launch of the servers
-    that started together first (cold caches, side by side, as every launch of a one-wave suite is). A benchmark
-    figure, printed and kept beside the server logs; no check fails on it."""
-    cold = sorted(r.launch_seconds for r in list(runs.values())[:first_wave] if r.launch_seconds is not None)
-    median = cold[len(cold) // 2] if cold else None
-    return {"suite_seconds": round(suite_seconds, 1), "servers": len(runs), "first_wave": first_wave,
-            "cold_launch_seconds": median, "cold_launches": cold, "limit": LAUNCH_BUDGET,
-            "ratio": round(suite_seconds / median, 2) if median else None}
-
-
-def launch_budget_line(budget: dict) -> str:
-    ratio = budget["ratio"]
-    verdict = "" if ratio is None else (" (within)" if ratio <= budget["limit"] else " (OVER)")
-    return (f"[smoke] suite {budget['suite_seconds']}s for {budget['servers']} server(s), {budget['first_wave']} "
-            f"launched at once; one cold launch {budget['cold_launch_seconds']}s (median of the first wave); "
-            f"ratio {ratio} / limit {budget['limit']}{verdict}")
 
 
 def failure_signature(error: BaseException | None, name: str) -> tuple[str, str] | None:

@@ -1,0 +1,61 @@
+"""How many smoke servers launch at once, and what the smoke suite costs against one cold sglang launch.
+
+The smoke tier (mtpmatrix.tiers.smoke) launches its servers side by side as far as GPU memory allows; the mutants
+harness (mtpmatrix.faults.suites) caps its suites by the same memory rule.
+"""
+
+from __future__ import annotations
+
+from mtpmatrix import settings
+
+# sglang sizes its static pool from the GPU memory free *when it starts*: it keeps (1 - mem_fraction_static) of that
+# out of the pool and fails its launch if less than that is still free once it has loaded, so what every server
+# launching beside it takes must fit in mem_fraction_static x free memory. A smoke server holds at most
+# SERVER_MIB per GPU once ready (measured on H200s, sglang 0.5.17: 2,478 MiB at TP 1 with its 1 GiB multimodal IPC
+# reservation, docs/runs/2026-12-01-h200-sglang-0.5.17-smoke-default.json; 6,310 MiB over 2 GPUs at TP 2,
+# docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json), so that many fit side by side.
+SERVER_MIB = 3584
+SMOKE_MEM_FRACTION = float(settings.SMOKE_ARGS[settings.SMOKE_ARGS.index("--mem-fraction-static") + 1])
+
+
+def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | None = None) -> int:
+    """How many smoke servers to launch side by side.
+
+    ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise as many as fit in the launch margin
+    (``memory_parallelism``: 12 on an idle H200 with 125 GiB free, so the 11 default servers launch in one wave;
+    2 on a 24 GiB card), never more than there are servers, and 1 when free memory is unknown.
+    """
+    if requested is not None:
+        return max(1, min(requested, n_servers))
+    return max(1, min(n_servers, memory_parallelism(free_mib)))
+
+
+def memory_parallelism(free_mib: int | None) -> int:
+    """Smoke servers that can launch at once on GPUs with ``free_mib`` free (the least among them): each one's
+    SERVER_MIB must fit in the SMOKE_MEM_FRACTION x free memory that every launch leaves to the others; 1 when
+    free memory is unknown."""
+    if free_mib is None:
+        return 1
+    return max(1, int(SMOKE_MEM_FRACTION * free_mib // SERVER_MIB))
+
+
+LAUNCH_BUDGET = 1.5  # issue #19: the default suite within 1.5 x one cold sglang launch measured in the same run
+
+
+def launch_budget(runs: dict, first_wave: int, suite_seconds: float) -> dict:
+    """The smoke suite's wall time against one cold sglang launch of the same run: the median launch of the servers
+    that started together first (cold caches, side by side, as every launch of a one-wave suite is). A benchmark
+    figure, printed and kept beside the server logs; no check fails on it."""
+    cold = sorted(r.launch_seconds for r in list(runs.values())[:first_wave] if r.launch_seconds is not None)
+    median = cold[len(cold) // 2] if cold else None
+    return {"suite_seconds": round(suite_seconds, 1), "servers": len(runs), "first_wave": first_wave,
+            "cold_launch_seconds": median, "cold_launches": cold, "limit": LAUNCH_BUDGET,
+            "ratio": round(suite_seconds / median, 2) if median else None}
+
+
+def launch_budget_line(budget: dict) -> str:
+    ratio = budget["ratio"]
+    verdict = "" if ratio is None else (" (within)" if ratio <= budget["limit"] else " (OVER)")
+    return (f"[smoke] suite {budget['suite_seconds']}s for {budget['servers']} server(s), {budget['first_wave']} "
+            f"launched at once; one cold launch {budget['cold_launch_seconds']}s (median of the first wave); "
+            f"ratio {ratio} / limit {budget['limit']}{verdict}")
