@@ -152,10 +152,17 @@ def test_classify_record():
     p = bs.classify_record(inst, "reference", "5.9.0", 3.0)
     assert p.status == bs.UNTESTABLE and p.detail == "does not install: resolver conflict: x"
     assert bs.classify_record(_rec(verdict="passed", checks=[]), "reference", "v", 1).status == bs.GOOD
-    # nothing failed but not all of the tier ran (a check skipped on this release): good, and it says so
-    p = bs.classify_record(_rec(verdict="partial", checks=[], missing=[{"what": "t", "why": "skip"}]), "reference",
-                           "v", 1)
-    assert p.status == bs.GOOD and p.detail == "partial: 1 expected check(s) did not run"
+    # nothing failed but not all of the tier ran (a check skipped on this release): good only when the checks
+    # that break at the bad end ran here and passed; a release that skipped one of them has shown nothing
+    ran = [{"id": "tests/tiers/test_reference.py::test_a", "outcome": "passed"},
+           {"id": "tests/tiers/test_reference.py::test_b", "outcome": "skipped"}]
+    partial = _rec(verdict="partial", checks=ran, missing=[{"what": "test_b", "why": "skip"}])
+    p = bs.classify_record(partial, "reference", "v", 1, breaking=frozenset({"test_a"}))
+    assert p.status == bs.GOOD and p.detail == "partial: 1 expected check(s) did not run, none that breaks"
+    p = bs.classify_record(partial, "reference", "v", 1, breaking=frozenset({"test_a", "test_b"}))
+    assert p.status == bs.UNTESTABLE and p.detail.endswith("the check(s) that break did not run here: test_b")
+    p = bs.classify_record(partial, "reference", "v", 1)
+    assert p.status == bs.UNTESTABLE and p.detail.endswith("which checks break is not known")
     # a tier failing only on known upstream issues: good for a canary's search (it passes the row, as in
     # store.row_verdict), not a pass for a manual bisect (which may be after where that upstream bug began)
     ku = _rec(verdict="known-upstream", known_upstream=[{"id": "hf-x"}], checks=[{"id": "t", "outcome": "failed"}])
@@ -204,6 +211,18 @@ def test_default_tier_is_the_cheapest_that_failed_in_the_latest_finished_run(res
     rec["tiers"]["reference"]["verdict"] = "failed"
     f.write_text(json.dumps(rec))
     assert bs.cheapest_failed_tier(results, "sglang-0.5.23") == ("reference", "20261208-090507")
+
+
+def test_the_checks_that_break_come_from_the_latest_run_where_the_tier_failed(results):
+    f = results / "20261208-090507" / "sglang-0.5.23" / "row.json"
+    rec = json.loads(f.read_text())
+    rec["tiers"]["contract"]["checks"] = [{"id": "tests/tiers/test_contract.py::test_import", "outcome": "failed"},
+                                          {"id": "tests/tiers/test_contract.py::test_abi", "outcome": "passed"}]
+    f.write_text(json.dumps(rec))
+    assert bs.latest_failing_run(results, "sglang-0.5.23", "contract") == "20261208-090507"
+    assert bs.latest_failing_run(results, "sglang-0.5.23", "smoke") is None
+    assert bs.breaking_checks(results, "20261208-090507", "sglang-0.5.23", "contract") == {"test_import"}
+    assert bs.breaking_checks(results, None, "sglang-0.5.23", "contract") is None
 
 
 def test_cheapest_order():

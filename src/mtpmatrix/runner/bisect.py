@@ -32,7 +32,7 @@ from packaging.utils import canonicalize_name
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.store import is_matrix_run, latest_run_id
 from mtpmatrix.schema import TIERS
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, results_root
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, results_root, short_check_id
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
@@ -236,6 +236,18 @@ def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
     return DEFAULT_TIER, None
 
 
+def latest_failing_run(results: Path, row_id: str, tier: str) -> str | None:
+    """The latest matrix run in which the row's ``tier`` failed (None when there is none)."""
+    results = Path(results)
+    runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True) \
+        if results.is_dir() else []
+    for run in runs:
+        f = run / row_id / "row.json"
+        if f.exists() and ((read_json(f).get("tiers") or {}).get(tier) or {}).get("verdict") in FAILING:
+            return run.name
+    return None
+
+
 def default_row(results: Path, rows: list) -> str:
     """The first failing row of the latest matrix run, else the row tagged 'ci', else the first row."""
     latest = latest_run_id(results)
@@ -276,12 +288,26 @@ def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> s
                      *(canonicalize_name(a.replace("==", "-")) for a in also)])
 
 
+def failing_checks(record: dict, tier: str) -> frozenset[str]:
+    """The short ids of the checks that fail ``tier`` in a row record: what a bisect of that break searches for."""
+    checks = ((record.get("tiers") or {}).get(tier) or {}).get("checks") or []
+    return frozenset(short_check_id(c["id"]) for c in checks if c.get("outcome") in FAILING)
+
+
+def breaking_checks(results: Path, run_id: str | None, row_id: str, tier: str) -> frozenset[str] | None:
+    """``failing_checks`` of the row's record in ``run_id`` (None when there is none to read)."""
+    f = Path(results) / run_id / row_id / "row.json" if run_id else None
+    return failing_checks(read_json(f), tier) if f is not None and f.exists() else None
+
+
 def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
                keep_venvs: bool = False, log: Callable[[str], None] = print, also: list[str] = (),
-               reuse: bool = False, known_upstream_good: bool = False) -> Callable[[str], Probe]:
+               reuse: bool = False, known_upstream_good: bool = False,
+               breaking: frozenset[str] | None = None) -> Callable[[str], Probe]:
     """A probe that installs ``row`` with ``package==version`` (plus the ``also`` overrides, e.g. a companion a
     canary moved) into a fresh venv and runs ``tier``. With ``reuse``, a probe whose record already has a verdict
-    in the run (a resumed canary) is read back instead of run again."""
+    in the run (a resumed canary) is read back instead of run again. ``breaking``: the checks that fail at the bad
+    end (``classify_record``)."""
     from mtpmatrix.runner import matrix
     from mtpmatrix.runner.store import RunStore
 
@@ -296,7 +322,7 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
             log(f"[bisect] {package} {version}: reusing {path}")
             rec = store.load_row(pid)  # its own install + suite time, not the 0 s of reading it back
             spent = sum((rec.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite"))
-            return classify_record(rec, tier, version, spent, path, known_upstream_good)
+            return classify_record(rec, tier, version, spent, path, known_upstream_good, breaking)
         venv = make_venv(row, Path(cache) / row.id / version)
         probe_row = dataclasses.replace(row, id=pid)
         opts = matrix.Options(overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results),
@@ -306,16 +332,18 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
         finally:
             if not keep_venvs:
                 shutil.rmtree(venv, ignore_errors=True)
-        return classify_record(record, tier, version, time.monotonic() - t0, path, known_upstream_good)
+        return classify_record(record, tier, version, time.monotonic() - t0, path, known_upstream_good, breaking)
 
     return probe
 
 
 def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None,
-                    known_upstream_good: bool = False) -> Probe:
+                    known_upstream_good: bool = False, breaking: frozenset[str] | None = None) -> Probe:
     """good / bad / untestable from a probe's row record. ``known_upstream_good``: a tier failing only on known
     upstream issues is good (a canary's search for a new break); by default it is not a pass, so ``nox -s bisect``
-    can still find where a listed upstream bug began."""
+    can still find where a listed upstream bug began. A ``partial`` tier (nothing failed, some expected check did
+    not run) is good only when every check in ``breaking`` (those failing at the bad end) ran here and passed: a
+    release that skips the very check that breaks has not shown it works; without ``breaking`` it is untestable."""
     install = record.get("install") or {}
     if install.get("verdict") == "failed":
         msg = (install.get("failure") or {}).get("message", "install failed")
@@ -328,7 +356,15 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
         return Probe(version, GOOD, "", None, seconds, path)
     if verdict == PARTIAL:  # nothing failed; a bisect asks whether the tier breaks, not whether it qualifies
         missing = t.get("missing") or []
-        return Probe(version, GOOD, f"partial: {len(missing)} expected check(s) did not run", None, seconds, path)
+        passed = {short_check_id(c["id"]) for c in t.get("checks") or [] if c.get("outcome") == "passed"}
+        unseen = sorted((breaking or frozenset()) - passed)
+        if breaking and not unseen:
+            return Probe(version, GOOD, f"partial: {len(missing)} expected check(s) did not run, none that breaks",
+                         None, seconds, path)
+        why = (f"the check(s) that break did not run here: {', '.join(unseen[:3])}" if breaking
+               else "which checks break is not known")
+        return Probe(version, UNTESTABLE, f"partial: {len(missing)} expected check(s) did not run; {why}", None,
+                     seconds, path)
     if verdict == KNOWN_UPSTREAM and known_upstream_good:  # only listed upstream bugs: not the break searched
         ids = ", ".join(k.get("id", "?") for k in t.get("known_upstream") or []) or "listed"
         return Probe(version, GOOD, f"known upstream only ({ids})", None, seconds, path)
@@ -384,6 +420,9 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
         else:
             tier, from_run = cheapest_failed_tier(ns.results, row_id)
             source = f"cheapest failing tier in run {from_run}" if from_run else "default"
+        # the checks failing in the row's latest run: a probe whose tier skipped one of them proves nothing
+        breaking = breaking_checks(ns.results, from_run if not ns.tier else latest_failing_run(ns.results, row_id, tier),
+                                   row_id, tier)
         cands = candidates(ns.package, ns.good, ns.bad, releases=releases)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -393,7 +432,7 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
           f"({source}); results in {ns.results / run_id}/")
     factory = probe_factory or (lambda: make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
                                                    cache=matrix.REPO / ".cache" / "bisect",
-                                                   keep_venvs=ns.keep_venvs))
+                                                   keep_venvs=ns.keep_venvs, breaking=breaking))
     try:
         res = search(cands, factory())
     except BisectError as exc:

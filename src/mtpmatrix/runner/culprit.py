@@ -291,14 +291,15 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     def probe_for(package: str, also: list[str]):
         return bisect.make_probe(c.base, package, broken[0], run_id=probes_run, results=opts.results,
                                  cache=repo / ".cache" / "bisect", log=log, also=also, reuse=True,
-                                 known_upstream_good=True)
+                                 known_upstream_good=True, breaking=bisect.failing_checks(record, broken[0]))
 
     if broken and res.moved:
         known = {}
         if c.override and len(res.moved) == 1 and not opts.overrides:  # the canary run is that package's probe
             (pkg, (_, new)), = res.moved.items()
             known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
-                                                str(out_dir / ROW_FILE), known_upstream_good=True)
+                                                str(out_dir / ROW_FILE), known_upstream_good=True,
+                                                breaking=bisect.failing_checks(record, broken[0]))
         state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known,
                                         pins_pass=tier_passes(pinned.get(broken[0])) is True)
         save()
