@@ -17,17 +17,35 @@ mkdir -p "$OUT/work"
 if [ -n "${BUNDLE:-}" ]; then
   # A fresh folder per bundle: unpacked over another release's files, a folder holds two sglang (and transformers)
   # dist-infos and a mix of both releases' modules (seen on 2026-12-01: a "0.5.13" run reporting sglang 0.5.17).
-  SITE=${SITE:-/tmp/site-$(basename "$BUNDLE")}; rm -rf "$SITE"; mkdir -p "$SITE"
-  for p in "$BUNDLE"/*.tar.xz; do xz -dc "$p" | tar -xf - -C "$SITE"; done
+  if [ -z "${SITE:-}" ]; then
+    SITE=/tmp/site-$(basename "$BUNDLE"); rm -rf "$SITE"  # this script's own folder: always rebuilt
+  elif [ -n "$(ls -A "$SITE" 2>/dev/null)" ]; then
+    echo "gpu_box.sh: SITE=$SITE is not empty: give an empty folder (or none: /tmp/site-<bundle> is used)" >&2; exit 2
+  fi
+  mkdir -p "$SITE"
+  for p in "$BUNDLE"/*.tar.xz; do
+    xz -dc "$p" | tar -xf - -C "$SITE" || { echo "gpu_box.sh: could not unpack $p into $SITE" >&2; exit 2; }
+  done
   # pip compiles bytecode at install time; an unpacked bundle has none, and every server process of a smoke wave
   # would compile the same ~6,700 sglang files from source at once
   t0=$SECONDS; python3 -m compileall -q -j 0 "$SITE" >/dev/null 2>&1; BYTECODE_SECONDS=$((SECONDS - t0))
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-for d in $(python3 -c 'import sys; print(*[p for p in sys.path if p])'); do
-  n=$(ls -d "$d"/sglang-*.dist-info 2>/dev/null | wc -l)
-  if [ "$n" -gt 1 ]; then echo "gpu_box.sh: $d holds $n sglang releases (a bundle unpacked over another): use a fresh SITE" >&2; exit 2; fi
-done
+# One release per package and folder: the bundle's folder for every package, every path folder for the two whose
+# mix decides what a run tests (two dist-infos in one folder = files of two releases side by side).
+python3 - "${SITE:-}" <<'PY' || exit 2
+import glob, os, re, sys
+from collections import Counter
+def releases(folder):
+    names = [os.path.basename(p)[:-len(".dist-info")] for p in glob.glob(os.path.join(glob.escape(folder), "*.dist-info"))]
+    return Counter(re.sub(r"[-_.]+", "-", n.rsplit("-", 1)[0]).lower() for n in names)
+site = sys.argv[1]
+for folder in dict.fromkeys(p for p in sys.path if p and os.path.isdir(p)):
+    for name, n in releases(folder).items():
+        if n > 1 and (folder == site or name in ("sglang", "transformers")):
+            sys.exit(f"gpu_box.sh: {folder} holds {n} releases of {name} (one unpacked over another): "
+                     "use an empty folder for it")
+PY
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1

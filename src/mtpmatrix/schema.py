@@ -14,7 +14,7 @@ Row folder ``results/<run-id>/<row-id>/``::
     env.txt                  the GPU box's description (imported runs only)
     invocation.json          what tools/gpu_box.sh was asked: its pytest args and MTPMATRIX_* knobs (imported runs)
     server-<name>.log        one log per sglang server a tier launched (smoke and gsm8k)
-    smoke-launch-budget.json the smoke suite's wall time against one cold launch of the same run (smoke.launch_budget)
+    smoke-launch-budget.json the smoke suite's wall time against one cold launch of the same run (launch_plan.launch_budget)
     gsm8k/<case>.jsonl       one JSON line per GSM8K question of one case (RECORD_FIELDS)
 
 A check record (``tiers.json`` -> tiers.<tier>.checks[]) is ``{"id", "tier", "outcome", "seconds", "metrics",

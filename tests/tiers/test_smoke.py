@@ -60,7 +60,8 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
         pair = pairs[spec.pair]
         assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
-    parallel = launch_plan.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel)
+    parallel = launch_plan.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel,
+                                              launch_plan.mem_fraction(OPTIONS.extra_args))
     runs = smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=OPTIONS.tp, parallel=parallel,
                              extra_args=OPTIONS.extra_args, progress=mtp_progress)
     # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs

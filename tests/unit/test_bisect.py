@@ -163,6 +163,12 @@ def test_classify_record():
     assert p.status == bs.UNTESTABLE and p.detail.endswith("the check(s) that break did not run here: test_b")
     p = bs.classify_record(partial, "reference", "v", 1)
     assert p.status == bs.UNTESTABLE and p.detail.endswith("which checks break is not known")
+    # a tier that passed (or failed only on listed bugs, for a canary) without the check that breaks shows nothing
+    whole = _rec(verdict="passed", checks=ran[:1])
+    assert bs.classify_record(whole, "reference", "v", 1, breaking=frozenset({"test_a"})).status == bs.GOOD
+    p = bs.classify_record(whole, "reference", "v", 1, breaking=frozenset({"test_c"}))
+    assert p.status == bs.UNTESTABLE and p.detail == "reference tier passed without the check(s) that break: test_c"
+    assert bs.classify_record(whole, "reference", "v", 1).status == bs.GOOD
     # a tier failing only on known upstream issues: good for a canary's search (it passes the row, as in
     # store.row_verdict), not a pass for a manual bisect (which may be after where that upstream bug began)
     ku = _rec(verdict="known-upstream", known_upstream=[{"id": "hf-x"}], checks=[{"id": "t", "outcome": "failed"}])
@@ -217,7 +223,9 @@ def test_the_checks_that_break_come_from_the_latest_run_where_the_tier_failed(re
     f = results / "20261208-090507" / "sglang-0.5.23" / "row.json"
     rec = json.loads(f.read_text())
     rec["tiers"]["contract"]["checks"] = [{"id": "tests/tiers/test_contract.py::test_import", "outcome": "failed"},
-                                          {"id": "tests/tiers/test_contract.py::test_abi", "outcome": "passed"}]
+                                          {"id": "tests/tiers/test_contract.py::test_abi", "outcome": "passed"},
+                                          {"id": "tests/tiers/test_contract.py::test_x", "outcome": "failed",
+                                           "known_upstream": "hf-x"}]  # a listed bug: not the break
     f.write_text(json.dumps(rec))
     assert bs.latest_failing_run(results, "sglang-0.5.23", "contract") == "20261208-090507"
     assert bs.latest_failing_run(results, "sglang-0.5.23", "smoke") is None

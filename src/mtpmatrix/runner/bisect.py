@@ -289,9 +289,11 @@ def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> s
 
 
 def failing_checks(record: dict, tier: str) -> frozenset[str]:
-    """The short ids of the checks that fail ``tier`` in a row record: what a bisect of that break searches for."""
+    """The short ids of the checks that fail ``tier`` in a row record, listed upstream bugs aside: what a bisect of
+    that break searches for."""
     checks = ((record.get("tiers") or {}).get(tier) or {}).get("checks") or []
-    return frozenset(short_check_id(c["id"]) for c in checks if c.get("outcome") in FAILING)
+    return frozenset(short_check_id(c["id"]) for c in checks
+                     if c.get("outcome") in FAILING and not c.get("known_upstream"))
 
 
 def breaking_checks(results: Path, run_id: str | None, row_id: str, tier: str) -> frozenset[str] | None:
@@ -352,12 +354,16 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
     verdict = t.get("verdict")
     failing = [c for c in t.get("checks") or [] if c.get("outcome") in FAILING]
     first = next((c.get("failure") for c in failing if c.get("failure")), None)
+    passed = {short_check_id(c["id"]) for c in t.get("checks") or [] if c.get("outcome") == "passed"}
+    unseen = sorted((breaking or frozenset()) - passed)
+    if verdict in ("passed", KNOWN_UPSTREAM) and unseen and (verdict == "passed" or known_upstream_good):
+        # the tier held, but without running a check that breaks at the bad end: nothing shown either way
+        return Probe(version, UNTESTABLE, f"{tier} tier {verdict} without the check(s) that break: "
+                     f"{', '.join(unseen[:3])}", None, seconds, path)
     if verdict == "passed":
         return Probe(version, GOOD, "", None, seconds, path)
     if verdict == PARTIAL:  # nothing failed; a bisect asks whether the tier breaks, not whether it qualifies
         missing = t.get("missing") or []
-        passed = {short_check_id(c["id"]) for c in t.get("checks") or [] if c.get("outcome") == "passed"}
-        unseen = sorted((breaking or frozenset()) - passed)
         if breaking and not unseen:
             return Probe(version, GOOD, f"partial: {len(missing)} expected check(s) did not run, none that breaks",
                          None, seconds, path)
@@ -421,8 +427,8 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
             tier, from_run = cheapest_failed_tier(ns.results, row_id)
             source = f"cheapest failing tier in run {from_run}" if from_run else "default"
         # the checks failing in the row's latest run: a probe whose tier skipped one of them proves nothing
-        breaking = breaking_checks(ns.results, from_run if not ns.tier else latest_failing_run(ns.results, row_id, tier),
-                                   row_id, tier)
+        source_run = latest_failing_run(ns.results, row_id, tier) if ns.tier else from_run
+        breaking = breaking_checks(ns.results, source_run, row_id, tier)
         cands = candidates(ns.package, ns.good, ns.bad, releases=releases)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -430,6 +436,9 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
           f"({source}); results in {ns.results / run_id}/")
+    print(f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
+          f"{source_run})" if breaking else "[bisect] no recorded failing checks: a probe whose tier ran in part is "
+          "untestable")
     factory = probe_factory or (lambda: make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
                                                    cache=matrix.REPO / ".cache" / "bisect",
                                                    keep_venvs=ns.keep_venvs, breaking=breaking))

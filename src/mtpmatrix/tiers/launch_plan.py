@@ -9,34 +9,53 @@ from __future__ import annotations
 from mtpmatrix import settings
 
 # sglang sizes its static pool from the GPU memory free *when it starts*: it keeps (1 - mem_fraction_static) of that
-# out of the pool and fails its launch if less than that is still free once it has loaded, so what every server
-# launching beside it takes must fit in mem_fraction_static x free memory. A smoke server holds at most
-# SERVER_MIB per GPU once ready (measured on H200s, sglang 0.5.17: 2,478 MiB at TP 1 with its 1 GiB multimodal IPC
+# out of the pool and fails its launch if less than that is still free once it has loaded (0.5.13: when the pool
+# comes to 0 tokens, shrinking it quietly just above; 0.5.23 also keeps its ~1.1 GiB multimodal reservation out), so
+# what every server launching beside it takes must fit in mem_fraction_static x free memory; --max-total-tokens
+# caps the pool itself in 0.5.13-0.5.23, so the fraction changes nothing else a smoke server does. A smoke server
+# holds at most SERVER_MIB per GPU once ready (measured on H200s, sglang 0.5.17: 2,478 MiB at TP 1 with its 1 GiB multimodal IPC
 # reservation, docs/runs/2026-12-01-h200-sglang-0.5.17-smoke-default.json; 6,310 MiB over 2 GPUs at TP 2,
-# docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json), so that many fit side by side.
+# docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json; 0.5.13's 11 servers launched in one wave on an
+# H200, docs/runs/2026-12-01b-h200-sglang-0.5.13-smoke-default.json), so that many fit side by side.
 SERVER_MIB = 3584
-SMOKE_MEM_FRACTION = float(settings.SMOKE_ARGS[settings.SMOKE_ARGS.index("--mem-fraction-static") + 1])
 
 
-def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | None = None) -> int:
+def mem_fraction(extra_args: tuple[str, ...] | list[str] = ()) -> float:
+    """The --mem-fraction-static a smoke server runs with: the last one given (sglang's rule), so
+    MTPMATRIX_SMOKE_EXTRA_ARGS can override SMOKE_ARGS' value."""
+    value = None
+    args = [*settings.SMOKE_ARGS, *extra_args]
+    for i, arg in enumerate(args):
+        if arg == "--mem-fraction-static" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--mem-fraction-static="):
+            value = arg.split("=", 1)[1]
+    return float(value)
+
+
+SMOKE_MEM_FRACTION = mem_fraction()
+
+
+def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | None = None,
+                       fraction: float = SMOKE_MEM_FRACTION) -> int:
     """How many smoke servers to launch side by side.
 
     ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise as many as fit in the launch margin
-    (``memory_parallelism``: 12 on an idle H200 with 125 GiB free, so the 11 default servers launch in one wave;
+    (``memory_parallelism``: 12 on an idle H200 with 125 GiB free (140.4 GiB in all), so the 11 default servers launch in one wave;
     2 on a 24 GiB card), never more than there are servers, and 1 when free memory is unknown.
     """
     if requested is not None:
         return max(1, min(requested, n_servers))
-    return max(1, min(n_servers, memory_parallelism(free_mib)))
+    return max(1, min(n_servers, memory_parallelism(free_mib, fraction)))
 
 
-def memory_parallelism(free_mib: int | None) -> int:
+def memory_parallelism(free_mib: int | None, fraction: float = SMOKE_MEM_FRACTION) -> int:
     """Smoke servers that can launch at once on GPUs with ``free_mib`` free (the least among them): each one's
-    SERVER_MIB must fit in the SMOKE_MEM_FRACTION x free memory that every launch leaves to the others; 1 when
-    free memory is unknown."""
+    SERVER_MIB must fit in the ``fraction`` (the servers' --mem-fraction-static) x free memory that every launch
+    leaves to the others; 1 when free memory is unknown."""
     if free_mib is None:
         return 1
-    return max(1, int(SMOKE_MEM_FRACTION * free_mib // SERVER_MIB))
+    return max(1, int(fraction * free_mib // SERVER_MIB))
 
 
 LAUNCH_BUDGET = 1.5  # issue #19: the default suite within 1.5 x one cold sglang launch measured in the same run
@@ -46,7 +65,9 @@ def launch_budget(runs: dict, first_wave: int, suite_seconds: float) -> dict:
     """The smoke suite's wall time against one cold sglang launch of the same run: the median launch of the servers
     that started together first (cold caches, side by side, as every launch of a one-wave suite is). A benchmark
     figure, printed and kept beside the server logs; no check fails on it."""
-    cold = sorted(r.launch_seconds for r in list(runs.values())[:first_wave] if r.launch_seconds is not None)
+    # a first-wave server relaunched alone (first_attempt_error) was timed alone: not a launch of the wave
+    cold = sorted(r.launch_seconds for r in list(runs.values())[:first_wave]
+                  if r.launch_seconds is not None and not getattr(r, "first_attempt_error", None))
     median = cold[len(cold) // 2] if cold else None
     return {"suite_seconds": round(suite_seconds, 1), "servers": len(runs), "first_wave": first_wave,
             "cold_launch_seconds": median, "cold_launches": cold, "limit": LAUNCH_BUDGET,

@@ -4,8 +4,9 @@ One collection pass launches every server (no-MTP reference, MTP topk 1 and 3, d
 sends the same greedy requests through the GSM8K tier's client (text in/out and token ids), reads /server_info and
 the server log, and stops it; the tests then assert on what was collected.
 
-Servers launch side by side when the GPU has room (``launch_plan.launch_parallelism``): a launch is mostly CPU-bound Triton
-compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200. A server that fails
+Servers launch side by side when the GPU has room (``launch_plan.launch_parallelism``): a launch is mostly
+CPU-bound Triton compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200;
+the 11 default servers launch in one wave on an idle H200 (2.2 min). A server that fails
 while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict; a
 failure that repeats alone stands for every server that failed the same way beside it (``failure_signature``), so a
 broken release costs one relaunch, not one per server.
