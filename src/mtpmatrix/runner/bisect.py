@@ -218,8 +218,8 @@ def candidates(package: str, good: str, bad: str, *, releases: Callable | None =
     return [str(v) for v in got]
 
 
-def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
-    """(tier, run id it came from): the cheapest tier that failed in the latest matrix run of the row."""
+def _row_records(results: Path, row_id: str):
+    """(run id, row record) of each matrix run that finished the row, newest first."""
     results = Path(results)
     runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True) \
         if results.is_dir() else []
@@ -230,21 +230,23 @@ def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
         rec = read_json(f)
         if rec.get("verdict") in (None, "pending"):  # unfinished there: look further back
             continue
+        yield run.name, rec
+
+
+def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
+    """(tier, run id it came from): the cheapest tier that failed in the latest matrix run of the row."""
+    for run, rec in _row_records(results, row_id):
         tiers = rec.get("tiers") or {}
         failed = [t for t in CHEAPEST if (tiers.get(t) or {}).get("verdict") in FAILING]
-        return (failed[0] if failed else DEFAULT_TIER), run.name
+        return (failed[0] if failed else DEFAULT_TIER), run
     return DEFAULT_TIER, None
 
 
 def latest_failing_run(results: Path, row_id: str, tier: str) -> str | None:
     """The latest matrix run in which the row's ``tier`` failed (None when there is none)."""
-    results = Path(results)
-    runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True) \
-        if results.is_dir() else []
-    for run in runs:
-        f = run / row_id / "row.json"
-        if f.exists() and ((read_json(f).get("tiers") or {}).get(tier) or {}).get("verdict") in FAILING:
-            return run.name
+    for run, rec in _row_records(results, row_id):
+        if ((rec.get("tiers") or {}).get(tier) or {}).get("verdict") in FAILING:
+            return run
     return None
 
 
