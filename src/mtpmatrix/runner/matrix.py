@@ -362,7 +362,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     record["versions"] = _versions_from_freeze(freeze)
     if opts.overrides:  # what the overrides moved beyond what was asked, and why (runner/overrides.py)
         record["install"]["moved"] = override_rules.moved_by_overrides(row, venv, opts.overrides, record, freeze,
-                                                                       constraints_text(row, []), uv, out, env_uv)
+                                                                       constraints_text(row, []), uv, out, env_uv,
+                                                                       python=venv_python(venv), project=REPO)
 
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE

@@ -249,14 +249,13 @@ def hold_sglang_pins(record: dict, venv: Path, overrides: list[str], stranded: l
 
 
 def moved_by_overrides(row, venv: Path, overrides: list[str], record: dict, freeze: str, row_constraints: str,
-                       uv: str, out: Path, env: dict | None) -> list[dict] | None:
-    """``moved`` against what the row alone resolves to (its constraints, no overrides); None when that
-    resolution fails."""
-    from mtpmatrix.runner.matrix import REPO, venv_python
+                       uv: str, out: Path, env: dict | None, *, python: Path, project: Path) -> list[dict] | None:
+    """``moved`` against what the row alone resolves to (its constraints, no overrides; ``python``: the venv's,
+    ``project``: this checkout, installed editable as in the row); None when that resolution fails."""
     from mtpmatrix.runner.store import parse_freeze
 
-    base = resolve_baseline(uv, venv_python(venv), row_constraints,
-                            [f"{n}=={v}" for n, v in row.pins.items()] + [f"-e {REPO}"],
+    base = resolve_baseline(uv, python, row_constraints,
+                            [f"{n}=={v}" for n, v in row.pins.items()] + [f"-e {project}"],
                             out / "baseline", env=env, torch_backend=row.torch_backend)
     if base is None:
         return None
