@@ -367,7 +367,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE
     tiers_file.unlink(missing_ok=True)
-    pytest_cmd = [str(venv_python(venv)), "-m", "pytest", SUITE, "-p", "no:cacheprovider",
+    # pytest through mtpmatrix.tiers.pytest_process: rarer full GCs, no interpreter teardown (why: its docstring)
+    pytest_cmd = [str(venv_python(venv)), "-m", "mtpmatrix.tiers.pytest_process", SUITE, "-p", "no:cacheprovider",
                   f"--junitxml={out / 'junit.xml'}", f"--mtp-results={tiers_file}", f"--tiers={opts.tiers}",
                   *(f"--server-url={u}" for u in opts.server_urls), *opts.pytest_args]
     env_py = {**os.environ, "VIRTUAL_ENV": str(venv),
