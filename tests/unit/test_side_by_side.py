@@ -251,9 +251,10 @@ def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch):
     assert rc == 3 and not (out / TIERS_FILE).exists()
 
 
-def test_the_shared_rule_picks_the_dense_sampled_pair_checks_only():
+def test_the_shared_rule_picks_the_dense_and_moe_sampled_pair_checks_only():
     ref = "tests/tiers/test_reference.py::"
     assert shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[dense-31b]")
+    assert shared_check("reference", ref + "test_sampled_drafter_proposes_another_order[moe-26b-a4b]")
     assert shared_check("reference", ref + "test_sampled_assisted_generation_matches_closed_form")
     assert not shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[e-series]")
     assert not shared_check("reference", ref + "test_greedy_with_assistant_equals_greedy[dense-31b]")

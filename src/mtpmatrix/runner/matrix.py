@@ -383,7 +383,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     t0 = time.monotonic()
     # the files the row's suite imported last time, compiled on the spare core while pytest starts (bytecode.py)
     prefetch = bytecode.start(venv, venv_python(venv), bytecode.lists_folder(row), env_py,
-                              bytecode.process_names(groups, opts.tiers))
+                              bytecode.process_names(groups, opts.tiers),
+                              forked=bool(groups) and side_by_side.forks(pytest_cmd))
     try:
         if groups:  # one pytest process per group of tiers, on their own cores; one merged tiers.json
             rc_p = side_by_side.run(pytest_cmd + prefetch.pytest_args, groups, out, prefetch.env, REPO)

@@ -44,12 +44,22 @@ def finish(code: int) -> None:
     os._exit(code)
 
 
-def main() -> None:
-    gc.set_threshold(*GC_THRESHOLDS)
+def run_pytest() -> int:
+    """pytest on ``sys.argv[1:]``, as ``python -m pytest`` runs it (pytest.console_main, deprecated in pytest 9.2:
+    pytest.main, then stdout flushed; a closed stdout pipe is not an error)."""
     import pytest
 
-    code = pytest.console_main()
-    finish(int(code))
+    try:
+        code = pytest.main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = 1
+    return int(code)
+
+
+def main() -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
+    finish(run_pytest())
 
 
 if __name__ == "__main__":
