@@ -101,10 +101,11 @@ class Prefetch:
 def compile_order(per_process: list[list[str]], forked: bool = False) -> list[str]:
     """The files of the processes' lists, each once: each process's in turn (its 1st, the other's 1st, its 2nd,
     ...: the processes import side by side, so the compiler stays ahead of each). ``forked`` (the processes are
-    forked from one interpreter that first imports what they share, mtpmatrix.tiers.pytest_fork): only the files
-    one process alone imports. The shared ones that interpreter compiles itself, once, while the compiler gets
-    ahead of the child that imports the most after the fork (sglang's 4,400 files); compiled ahead too, they
-    were written and read back for nothing (0.5.17: the suite 33.1 s, 59.9 s of CPU, against 30.7 / 56.4)."""
+    forked from one interpreter that first imports what they share, mtpmatrix.tiers.pytest_fork): first the files
+    one process alone imports, so the compiler gets ahead of the child that imports the most after the fork
+    (sglang's 4,400 files) while that interpreter compiles the shared ones itself; then the shared ones last
+    imported first, so the compiler, done early, takes the interpreter's tail until the two meet (past that it
+    finds each file compiled and skips it)."""
     ranked = list(dict.fromkeys(p for rank in itertools.zip_longest(*per_process) for p in rank if p))
     if not forked:
         return ranked
@@ -112,7 +113,7 @@ def compile_order(per_process: list[list[str]], forked: bool = False) -> list[st
     for files in per_process:
         for p in set(files):
             counts[p] = counts.get(p, 0) + 1
-    return [p for p in ranked if counts[p] == 1]
+    return [p for p in ranked if counts[p] == 1] + [p for p in reversed(ranked) if counts[p] > 1]
 
 
 def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], forked: bool = False) -> Prefetch:
@@ -139,10 +140,8 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
         listing.write_text("".join(f"{f}\n" for f in files))
         # everyone writes into the (temporary) folder: the compiler skips what a pytest process compiled first, and
         # so gets ahead of it (with the processes not writing, it trailed them: contract probe 23 s, not 14 s);
-        # with no list to compile, the processes write as the machine says (here not: ~4 s of CPU a process).
-        # Forked, nothing a pytest process compiles is on the compiler's list: they write as the machine says.
-        if not forked:
-            run_env.pop("PYTHONDONTWRITEBYTECODE", None)
+        # with no list to compile, the processes write as the machine says (here not: ~4 s of CPU a process)
+        run_env.pop("PYTHONDONTWRITEBYTECODE", None)
         compiler = subprocess.Popen([str(python), "-m", "compileall", "-qq", "-i", str(listing)], env=run_env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return Prefetch(env=run_env, pytest_args=list(PLUGIN_ARGS), folder=folder, lists=lists, names=list(names),
