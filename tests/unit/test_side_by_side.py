@@ -341,6 +341,15 @@ def test_stopping_a_forked_suite_ends_every_pytest_process(tmp_path, monkeypatch
                 break
         stream.close()
     assert _wait() == [-9, -9]  # the launcher itself was killed: no child's status is known
-    for pid in pids:  # gone, or dead and not yet reaped by its new parent
-        status = Path(f"/proc/{pid}/status")
-        assert not status.exists() or "\nState:\tZ" in status.read_text()
+    for pid in pids:  # gone, or dead and not yet reaped by its new parent (a killed process closes its pipes
+        status = Path(f"/proc/{pid}/status")  # on its way out, so it may still be exiting here: wait for that)
+        while status.exists() and "\nState:\tZ" not in _read(status):
+            assert time.monotonic() < deadline, f"pytest process {pid} outlived the stop"
+            time.sleep(0.05)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # gone between the two looks
+        return "\nState:\tZ"
