@@ -1,6 +1,6 @@
 """One warm CPU row against its floor, measured in the same run: prints both and the ratio (issue #21: <= 1.3).
 
-    python benchmarks/row_floor_bench.py [--row sglang-0.5.17] [--repeat 1] [--one-process] [--tiers T] [--limit 1.3]
+    python benchmarks/row_floor_bench.py [--row sglang-0.5.17[,ROW...]] [--repeat 1] [--one-process] [--tiers T]
 
 Row: ``nox -s "gemma4_mtp(ROW)"`` as a user runs it (nox, the row's uv venv and install, freeze and check, the
 suite), wall clock from start to exit, results in a temp folder. Floor: what no suite design can remove, the row's
@@ -12,8 +12,8 @@ when they do not, one unmeasured row makes them first.
 
 ``--one-process`` runs the suite as one pytest process without compiling ahead (MTPMATRIX_SIDE_BY_SIDE=0,
 MTPMATRIX_PRECOMPILE=0: the layout before this work) as well, and says whether the two left the same records:
-per tier the verdict, and per check its id, outcome, failure kind and metric names. CPU seconds (user + system of
-every child) are printed next to wall seconds.
+per tier the verdict, and per check its id, outcome, failure kind and metrics (names; values but timings).
+CPU seconds (user + system of every child) are printed next to wall seconds.
 """
 
 from __future__ import annotations
@@ -96,10 +96,18 @@ def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str 
             "records": records_of(tiers)}
 
 
+def _timing(name: str) -> bool:
+    """A metric that times something (``seconds``, ``chain_seconds``): its value differs from run to run."""
+    return name == "seconds" or name.endswith("_seconds")
+
+
 def records_of(tiers: dict) -> dict:
-    """What must not change with the suite's layout: per tier the verdict, per check id, outcome, kind, metrics."""
+    """What must not change with the suite's layout: per tier the verdict, per check id, outcome, kind, and its
+    metrics (names; values too, except timings)."""
     return {t: {"verdict": e.get("verdict"), "failure_kinds": e.get("failure_kinds"),
-                "checks": [(c["id"], c["outcome"], (c.get("failure") or {}).get("kind"), sorted(c.get("metrics", {})))
+                "checks": [(c["id"], c["outcome"], (c.get("failure") or {}).get("kind"),
+                            json.dumps({k: (None if _timing(k) else v) for k, v in c.get("metrics", {}).items()},
+                                       sort_keys=True))
                            for c in e.get("checks", [])]}
             for t, e in tiers.get("tiers", {}).items()}
 
@@ -113,9 +121,42 @@ def _line(label: str, m: dict, limit: float) -> str:
             f"({m['verdict']})")
 
 
+def bench_row(row: str, args, results: Path) -> bool:
+    """Measure one row (and its floor), ``args.repeat`` times per layout; print each run and the medians. Returns
+    whether the records were identical across layouts and repeats (True without --one-process)."""
+    layouts = [("now", False)] + ([("one-process", True)] if args.one_process else [])
+    if not (REPO / ".cache" / "tiny" / row).is_dir() or not any(_bytecode_list(row).glob("*.txt")):
+        print(f"warming up: {row}'s tiny pairs or list of imports are not there yet (one unmeasured row)",
+              flush=True)
+        run_row(row, results, f"warmup-{row}", one_process=False)
+    runs: dict[str, list[dict]] = {name: [] for name, _ in layouts}
+    print(f"{row}: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+          flush=True)
+    for i in range(args.repeat):
+        for name, one in layouts:  # interleaved, so a change in the machine's load hits both layouts
+            m = run_row(row, results, f"{name}-{i}", one, args.tiers)
+            runs[name].append(m)
+            print(_line(f"{name} #{i + 1}", m, args.limit), flush=True)
+    for name, ms in runs.items():
+        med = {k: statistics.median(m[k] for m in ms) for k in ("wall", "cpu", "install", "import", "import_cpu",
+                                                                 "floor")}
+        med["suite"] = statistics.median(m["suite"] or 0 for m in ms)
+        med["tiers"] = {t: statistics.median(m["tiers"].get(t) or 0 for m in ms) for t in ms[0]["tiers"]}
+        med["verdict"] = "/".join(sorted({m["verdict"] for m in ms}))
+        print(_line(f"{name} median", med, args.limit))
+    print(f"load average after {row}: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n", flush=True)
+    if not args.one_process:
+        return True
+    same = all(m["records"] == runs["now"][0]["records"] for ms in runs.values() for m in ms)
+    print(f"{row}: records (verdicts; check ids, outcomes, kinds, metrics but timings) identical across layouts and "
+          f"repeats: {'yes' if same else 'NO'}")
+    return same
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--row", default="sglang-0.5.17")
+    ap.add_argument("--row", default="sglang-0.5.17", help="a row, or several comma-separated (each measured in "
+                                                           "turn): sglang-0.5.17,sglang-0.5.13,sglang-0.5.23")
     ap.add_argument("--repeat", type=int, default=1, help="rows (and floors) measured per layout; medians printed")
     ap.add_argument("--one-process", action="store_true", help="also run the suite as one pytest process and "
                                                                "compare the records")
@@ -125,36 +166,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
+    rows = [r.strip() for r in args.row.split(",") if r.strip()]
+    for row in rows:
+        _bytecode_list(row)  # an unknown row: one line, before anything runs
     results = Path(tempfile.mkdtemp(prefix="row-floor-bench-"))
-    layouts = [("now", False)] + ([("one-process", True)] if args.one_process else [])
-    if not (REPO / ".cache" / "tiny" / args.row).is_dir() or not any(_bytecode_list(args.row).glob("*.txt")):
-        print(f"warming up: {args.row}'s tiny pairs or list of imports are not there yet (one unmeasured row)",
-              flush=True)
-        run_row(args.row, results, "warmup", one_process=False)
-    runs: dict[str, list[dict]] = {name: [] for name, _ in layouts}
-    print(f"{args.row}: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
-          flush=True)
-    for i in range(args.repeat):
-        for name, one in layouts:  # interleaved, so a change in the machine's load hits both layouts
-            m = run_row(args.row, results, f"{name}-{i}", one, args.tiers)
-            runs[name].append(m)
-            print(_line(f"{name} #{i + 1}", m, args.limit), flush=True)
-    print()
-    for name, ms in runs.items():
-        med = {k: statistics.median(m[k] for m in ms) for k in ("wall", "cpu", "install", "import", "import_cpu",
-                                                                 "floor")}
-        med["suite"] = statistics.median(m["suite"] or 0 for m in ms)
-        med["tiers"] = {t: statistics.median(m["tiers"].get(t) or 0 for m in ms) for t in ms[0]["tiers"]}
-        med["verdict"] = "/".join(sorted({m["verdict"] for m in ms}))
-        print(_line(f"{name} median", med, args.limit))
-    if args.one_process:
-        same = all(m["records"] == runs["now"][0]["records"] for ms in runs.values() for m in ms)
-        print(f"records (verdicts; check ids, outcomes, kinds, metric names) identical across layouts and repeats: "
-              f"{'yes' if same else 'NO'}")
+    same = all([bench_row(row, args, results) for row in rows])
     print(f"results: {results}" if args.keep else "")
     if not args.keep:
         shutil.rmtree(results, ignore_errors=True)
-    return 0
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

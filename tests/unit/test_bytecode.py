@@ -113,3 +113,16 @@ def test_side_by_side_the_processes_lists_are_compiled_in_turn_and_kept_apart(ve
     pre.finish()
     assert (lists / "reference.txt").read_text() == "pkg/x.py\n"
     assert (lists / "sglang.txt").read_text() == "pkg/__init__.py\npkg/used.py\n"  # no new list: kept
+
+
+def test_compile_order_interleaves_the_processes_and_forked_keeps_what_one_alone_imports():
+    sglang = ["torch/a.py", "sglang/x.py", "torch/b.py", "sglang/y.py"]
+    reference = ["torch/a.py", "torch/b.py", "transformers/t.py"]
+    # side by side as separate interpreters: each file once, the processes' lists in turn
+    assert bytecode.compile_order([sglang, reference]) == ["torch/a.py", "sglang/x.py", "torch/b.py",
+                                                           "transformers/t.py", "sglang/y.py"]
+    # forked from one interpreter that imports the shared files itself: the others first, in the same order, then
+    # the shared ones from the last imported back
+    assert bytecode.compile_order([sglang, reference], forked=True) == ["sglang/x.py", "transformers/t.py",
+                                                                        "sglang/y.py", "torch/b.py", "torch/a.py"]
+    assert bytecode.compile_order([sglang], forked=True) == sglang  # one process shares nothing

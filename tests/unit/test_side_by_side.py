@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from mtpmatrix.runner.rows import RowError
 from mtpmatrix.runner.side_by_side import REFERENCE, SGLANG, merge_exitstatus, plan
 from mtpmatrix.runner.side_by_side_rule import shared_check
 from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE
+from mtpmatrix.tiers import pytest_fork, pytest_process
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ALL = ",".join(TIERS)
@@ -142,9 +144,25 @@ def _suite(tmp_path: Path, checks: str = CHECKS) -> Path:
     return suite
 
 
-def _command(suite: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest", str(suite), "-p", "no:cacheprovider", f"--junitxml={out / JUNIT_FILE}",
+def _command(suite: Path, out: Path, module: str = "pytest") -> list[str]:
+    return [sys.executable, "-m", module, str(suite), "-p", "no:cacheprovider", f"--junitxml={out / JUNIT_FILE}",
             f"--mtp-results={out / TIERS_FILE}", f"--tiers={ALL}"]
+
+
+# How the groups' processes start: plain pytest, one process each; through pytest_process, forked from one
+# interpreter that imported what they share (here json: this Python has no torch); or, that import failing, each a
+# fresh interpreter after all. The log's first line from pytest_fork says which.
+LAUNCHES = {"each": ("pytest", None, None), "forked": (pytest_process.__name__, ("json",), "forking 2"),
+            "fresh": (pytest_process.__name__, ("json", "no_such_module_here"), "starting 2")}
+
+
+@pytest.fixture(params=sorted(LAUNCHES))
+def launch(request, monkeypatch):
+    """(pytest module for the row's command, what pytest_fork says in the first group's log, or None)."""
+    module, imports, says = LAUNCHES[request.param]
+    if imports is not None:
+        monkeypatch.setattr(pytest_fork, "SHARED_IMPORTS", imports)
+    return module, says
 
 
 def _env(monkeypatch) -> dict:
@@ -164,12 +182,13 @@ def _without_times(data: dict) -> dict:
     return data
 
 
-def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
+def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch, launch):
     suite, env = _suite(tmp_path), _env(monkeypatch)
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
-    rc_one = subprocess.run(_command(suite, one), env=env, cwd=tmp_path, capture_output=True).returncode
-    rc_two = side_by_side.run(_command(suite, two), [SGLANG, REFERENCE], two, env, tmp_path, echo=False)
+    module, says = launch
+    rc_one = subprocess.run(_command(suite, one, module), env=env, cwd=tmp_path, capture_output=True).returncode
+    rc_two = side_by_side.run(_command(suite, two, module), [SGLANG, REFERENCE], two, env, tmp_path, echo=False)
 
     assert rc_one == rc_two == 1
     alone, merged = (json.loads((d / TIERS_FILE).read_text()) for d in (one, two))
@@ -195,6 +214,8 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch):
     assert "FAILED suite/test_tiers.py::test_sampled_pair[dense-31b]" in sglang_log
     assert "test_sampled_pair[dense-31b]" not in reference_log
     assert "FAILED suite/test_tiers.py::test_greedy" in reference_log
+    if says:
+        assert f"{pytest_fork.MODULE}: " in sglang_log.splitlines()[1] and says in sglang_log.splitlines()[1]
 
 
 # Each group's test waits for the other's: it passes only when the two run at the same time. The timeout is the
@@ -227,17 +248,18 @@ def test_reference_meets_contract():
 '''
 
 
-def test_the_groups_run_at_the_same_time(tmp_path, monkeypatch):
+def test_the_groups_run_at_the_same_time(tmp_path, monkeypatch, launch):
     suite = _suite(tmp_path, HANDSHAKE)
     monkeypatch.setenv("HANDSHAKE_DIR", str(tmp_path))
     out = tmp_path / "row"
     out.mkdir()
-    rc = side_by_side.run(_command(suite, out), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False)
+    rc = side_by_side.run(_command(suite, out, launch[0]), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path,
+                          echo=False)
     tiers = json.loads((out / TIERS_FILE).read_text())["tiers"]
     assert rc == 0 and tiers["contract"]["verdict"] == tiers["reference"]["verdict"] == "passed"
 
 
-def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch):
+def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch, launch):
     """A pytest that dies before writing its part: no merged tiers.json, so run_row records the harness error for
     every tier, as it does when the one process dies."""
     suite = _suite(tmp_path)
@@ -247,14 +269,87 @@ def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch):
                                        '        import os; os._exit(3)\n')
     out = tmp_path / "row"
     out.mkdir()
-    rc = side_by_side.run(_command(suite, out), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False)
+    rc = side_by_side.run(_command(suite, out, launch[0]), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path,
+                          echo=False)
     assert rc == 3 and not (out / TIERS_FILE).exists()
 
 
-def test_the_shared_rule_picks_the_dense_sampled_pair_checks_only():
+def test_the_shared_rule_picks_the_dense_and_moe_sampled_pair_checks_only():
     ref = "tests/tiers/test_reference.py::"
     assert shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[dense-31b]")
+    assert shared_check("reference", ref + "test_sampled_drafter_proposes_another_order[moe-26b-a4b]")
     assert shared_check("reference", ref + "test_sampled_assisted_generation_matches_closed_form")
     assert not shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[e-series]")
     assert not shared_check("reference", ref + "test_greedy_with_assistant_equals_greedy[dense-31b]")
     assert not shared_check("contract", "tests/tiers/test_contract.py::test_sampled_x")
+
+
+# Each test says it runs (its pid in a file), then blocks until killed: stopping the row must end both processes.
+BLOCKING = '''\
+import os
+from pathlib import Path
+
+import pytest
+
+DIR = Path(os.environ["HANDSHAKE_DIR"])
+
+
+def block(name):
+    (DIR / f"{name}.tmp").write_text(str(os.getpid()))
+    os.replace(DIR / f"{name}.tmp", DIR / f"{name}.pid")
+    os.read(os.open(DIR / "never", os.O_RDONLY), 1)  # a fifo nobody writes to
+
+
+@pytest.mark.contract
+def test_contract_blocks():
+    block("contract")
+
+
+@pytest.mark.reference
+def test_reference_blocks():
+    block("reference")
+'''
+
+
+def test_stopping_a_forked_suite_ends_every_pytest_process(tmp_path, monkeypatch):
+    import os
+    import select
+
+    monkeypatch.setattr(pytest_fork, "SHARED_IMPORTS", ("json",))
+    suite = _suite(tmp_path, BLOCKING)
+    monkeypatch.setenv("HANDSHAKE_DIR", str(tmp_path))
+    os.mkfifo(tmp_path / "never")
+    out = tmp_path / "row"
+    out.mkdir()
+    cmd = _command(suite, out, pytest_process.__name__)
+    groups = [SGLANG, REFERENCE]
+    stop, _wait = side_by_side._start_forked(cmd, [side_by_side._with_paths(cmd, g, out) for g in groups], groups,
+                                             _env(monkeypatch), tmp_path)
+    pids = []
+    deadline = time.monotonic() + 60  # the failure path only: both tests start within seconds
+    for name in ("contract", "reference"):
+        while not (tmp_path / f"{name}.pid").exists():  # the event: that test is running
+            assert time.monotonic() < deadline, f"the {name} test never started"
+            time.sleep(0.05)
+        pids.append(int((tmp_path / f"{name}.pid").read_text()))
+    stop()
+    for stream in stop.streams:  # each pipe ends (EOF) only when every process holding it is gone
+        while True:
+            assert select.select([stream], [], [], max(0.0, deadline - time.monotonic()))[0], \
+                "a pytest process outlived the stop: its pipe is still open"
+            if not os.read(stream.fileno(), 65536):
+                break
+        stream.close()
+    assert _wait() == [-9, -9]  # the launcher itself was killed: no child's status is known
+    for pid in pids:  # gone, or dead and not yet reaped by its new parent (a killed process closes its pipes
+        status = Path(f"/proc/{pid}/status")  # on its way out, so it may still be exiting here: wait for that)
+        while status.exists() and "\nState:\tZ" not in _read(status):
+            assert time.monotonic() < deadline, f"pytest process {pid} outlived the stop"
+            time.sleep(0.05)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # gone between the two looks
+        return "\nState:\tZ"

@@ -98,23 +98,42 @@ class Prefetch:
         return None
 
 
-def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str]) -> Prefetch:
+def compile_order(per_process: list[list[str]], forked: bool = False) -> list[str]:
+    """The files of the processes' lists, each once: each process's in turn (its 1st, the other's 1st, its 2nd,
+    ...: the processes import side by side, so the compiler stays ahead of each). ``forked`` (the processes are
+    forked from one interpreter that first imports what they share, mtpmatrix.tiers.pytest_fork): first the files
+    one process alone imports, so the compiler gets ahead of the child that imports the most after the fork
+    (sglang's 4,400 files) while that interpreter compiles the shared ones itself; then the shared ones last
+    imported first, so the compiler, done early, takes the interpreter's tail until the two meet (past that it
+    finds each file compiled and skips it)."""
+    ranked = list(dict.fromkeys(p for rank in itertools.zip_longest(*per_process) for p in rank if p))
+    if not forked:
+        return ranked
+    counts: dict[str, int] = {}
+    for files in per_process:
+        for p in set(files):
+            counts[p] = counts.get(p, 0) + 1
+    return [p for p in ranked if counts[p] == 1] + [p for p in reversed(ranked) if counts[p] > 1]
+
+
+def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], forked: bool = False) -> Prefetch:
     """Start compiling the files of the lists ``names`` (``process_names``) in ``lists`` that are still in the venv,
-    each process's in turn (its 1st, the other's 1st, its 2nd, ...: the processes import side by side, so the
-    compiler stays ahead of each), in ``venv``'s Python. The returned Prefetch carries the pytest processes'
-    environment. A no-op Prefetch (``env`` unchanged) when turned off or the venv has no site-packages."""
+    in ``compile_order``, in ``venv``'s Python. The returned Prefetch carries the pytest processes' environment.
+    A no-op Prefetch (``env`` unchanged) when turned off or the venv has no site-packages."""
     site = site_packages(venv)
     if not enabled(env) or site is None:
         return Prefetch(env=env)
-    folder = Path(tempfile.mkdtemp(prefix="mtpmatrix-bytecode-"))
+    # in memory where the system has a tmpfs: ~200 MB written and read back within the suite, never kept
+    shm = Path("/dev/shm")
+    folder = Path(tempfile.mkdtemp(prefix="mtpmatrix-bytecode-", dir=shm if shm.is_dir() else None))
     (folder / "imported").mkdir()
     run_env = {**env, "PYTHONPYCACHEPREFIX": str(folder / "pyc"), IMPORTED_ENV: str(folder / "imported")}
     if len(names) == 1:  # one process; side by side, each group's process is named by side_by_side.run
         run_env[PROCESS_ENV] = names[0]
     per_process = [(lists / f"{n}.txt").read_text().splitlines() if (lists / f"{n}.txt").is_file() else []
                    for n in names]
-    files = dict.fromkeys(site / p for rank in itertools.zip_longest(*per_process) for p in rank if p)
-    files = [str(f) for f in files if f.is_file()]  # a file gone since (another release) is skipped
+    files = [str(site / p) for p in compile_order(per_process, forked)]
+    files = [f for f in files if os.path.isfile(f)]  # a file gone since (another release) is skipped
     compiler = None
     if files:
         listing = folder / "compile.txt"

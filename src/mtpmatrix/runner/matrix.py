@@ -368,7 +368,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE
     tiers_file.unlink(missing_ok=True)
-    pytest_cmd = [str(venv_python(venv)), "-m", "pytest", SUITE, "-p", "no:cacheprovider",
+    # pytest through mtpmatrix.tiers.pytest_process: rarer full GCs, no interpreter teardown (why: its docstring)
+    pytest_cmd = [str(venv_python(venv)), "-m", "mtpmatrix.tiers.pytest_process", SUITE, "-p", "no:cacheprovider",
                   f"--junitxml={out / 'junit.xml'}", f"--mtp-results={tiers_file}", f"--tiers={opts.tiers}",
                   *(f"--server-url={u}" for u in opts.server_urls), *opts.pytest_args]
     env_py = {**os.environ, "VIRTUAL_ENV": str(venv),
@@ -383,7 +384,8 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     t0 = time.monotonic()
     # the files the row's suite imported last time, compiled on the spare core while pytest starts (bytecode.py)
     prefetch = bytecode.start(venv, venv_python(venv), bytecode.lists_folder(row), env_py,
-                              bytecode.process_names(groups, opts.tiers))
+                              bytecode.process_names(groups, opts.tiers),
+                              forked=bool(groups) and side_by_side.forks(pytest_cmd))
     try:
         if groups:  # one pytest process per group of tiers, on their own cores; one merged tiers.json
             rc_p = side_by_side.run(pytest_cmd + prefetch.pytest_args, groups, out, prefetch.env, REPO)

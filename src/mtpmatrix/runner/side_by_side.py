@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from mtpmatrix import expected
 from mtpmatrix.runner.rows import RowError
 from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, SHARED_TIER
 from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.tiers import pytest_fork, pytest_process
 from mtpmatrix.tiers.imported import PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_SIDE_BY_SIDE"
@@ -100,27 +102,38 @@ def _with_paths(cmd: list[str], group: Group, out: Path) -> list[str]:
     return new + ["-m", group.marker]
 
 
+def forks(cmd: list[str]) -> bool:
+    """Whether the groups' processes are forked from one interpreter (mtpmatrix.tiers.pytest_fork): when ``cmd``
+    runs pytest through mtpmatrix.tiers.pytest_process (a row's suite does) on a system that forks."""
+    return cmd[1:3] == ["-m", pytest_process.__name__] and hasattr(os, "fork")
+
+
 def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, echo: bool = True) -> int:
     """Run ``cmd`` (the row's one pytest command) once per group, side by side; merge the parts into the row's
     tiers.json, junit.xml and pytest.log. Returns the merged exit status (``merge_exitstatus``)."""
     lock = threading.Lock()
-    procs, pumps = [], []
+    part_cmds = [_with_paths(cmd, group, out) for group in groups]
+    logs = []
+    for group, part_cmd in zip(groups, part_cmds):
+        logs.append(open(group.part(out, PYTEST_LOG), "w"))
+        logs[-1].write("$ " + " ".join(part_cmd) + "\n")
+    start = _start_forked if forks(cmd) else _start_each
+    pumps = []
     try:
-        for group in groups:
-            part_cmd = _with_paths(cmd, group, out)
-            log = open(group.part(out, PYTEST_LOG), "w")
-            log.write("$ " + " ".join(part_cmd) + "\n")
-            proc = subprocess.Popen(part_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env={**env, PROCESS_ENV: group.name}, cwd=cwd, bufsize=1)
+        stop, wait = start(cmd, part_cmds, groups, env, cwd)
+    except BaseException:
+        for log in logs:
+            log.close()
+        raise
+    try:
+        for group, (stream, log) in zip(groups, zip(stop.streams, logs)):
             prefix = "" if group is groups[0] else f"[{group.name}] "  # the first group's lines read as before
-            pump = threading.Thread(target=_pump, args=(proc, log, prefix, lock, echo), daemon=True)
+            pump = threading.Thread(target=_pump, args=(stream, log, prefix, lock, echo), daemon=True)
             pump.start()
-            procs.append(proc)
             pumps.append(pump)
-        codes = [p.wait() for p in procs]
+        codes = wait()
     except BaseException:  # Ctrl-C or a failed start: no pytest outlives the row
-        for p in procs:
-            p.kill()
+        stop()
         raise
     for pump in pumps:
         pump.join()
@@ -134,9 +147,71 @@ def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, ec
     return merge_exitstatus(codes)
 
 
-def _pump(proc, log, prefix: str, lock: threading.Lock, echo: bool) -> None:
-    with log:
-        for line in proc.stdout:
+class _Stop:
+    """Kills what ``_start_*`` started; ``streams``: each group's output, in order."""
+
+    def __init__(self, streams, kill):
+        self.streams, self._kill = streams, kill
+
+    def __call__(self) -> None:
+        self._kill()
+
+
+def _start_each(cmd, part_cmds, groups, env, cwd):
+    """One pytest process per group (pytest started some other way than a row's suite starts it)."""
+    procs = []
+    try:
+        for group, part_cmd in zip(groups, part_cmds):
+            procs.append(subprocess.Popen(part_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env={**env, PROCESS_ENV: group.name}, cwd=cwd, bufsize=1))
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    return _Stop([p.stdout for p in procs], lambda: [p.kill() for p in procs]), lambda: [p.wait() for p in procs]
+
+
+def _start_forked(cmd, part_cmds, groups, env, cwd):
+    """The groups' pytest processes forked by mtpmatrix.tiers.pytest_fork from one interpreter (why: its
+    docstring), each writing into a pipe of its own; in a process group of their own, killed as one."""
+    pipes = [os.pipe() for _ in groups]
+    spec = {"imports": list(pytest_fork.SHARED_IMPORTS),
+            "groups": [{"args": part_cmd[3:], "env": {PROCESS_ENV: group.name}, "fd": w}
+                       for group, part_cmd, (_r, w) in zip(groups, part_cmds, pipes)]}
+    try:
+        launcher = subprocess.Popen([cmd[0], "-m", pytest_fork.MODULE, json.dumps(spec)], stdout=subprocess.PIPE,
+                                    text=True, env=env, cwd=cwd, pass_fds=[w for _r, w in pipes], process_group=0)
+    except BaseException:
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        raise
+    for _r, w in pipes:
+        os.close(w)  # the children hold them: each stream ends when its child exits
+    streams = [os.fdopen(r, "r", buffering=1) for r, _w in pipes]
+
+    def kill() -> None:
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait() -> list[int]:
+        said, rc = launcher.communicate()[0], launcher.returncode
+        try:
+            codes = json.loads(said.strip().splitlines()[-1])["codes"]
+        except (ValueError, IndexError, KeyError, TypeError):  # the launcher died: no child's status is known
+            codes = None
+        if not isinstance(codes, list) or len(codes) != len(groups):
+            return [rc if rc else 3] * len(groups)
+        return codes
+
+    return _Stop(streams, kill), wait
+
+
+def _pump(stream, log, prefix: str, lock: threading.Lock, echo: bool) -> None:
+    with log, stream:
+        for line in stream:
             log.write(line)
             if echo:
                 with lock:

@@ -7,6 +7,10 @@ unparametrized sampled check, which loads that pair): about 9.5 s, near half the
 session-cached load (tests/tiers/test_reference.py ``load_pair``) happens in one process. Were a check of another
 pair to match, it would only load that pair twice: which process runs a check never changes its record.
 
+Forked from one interpreter that has imported torch and transformers (mtpmatrix.tiers.pytest_fork), the reference
+process no longer imports them, and the sglang process, its imports compiled ahead, ends ~5 s before it (0.5.17:
+sessions 14.8 / 19.6 s), so it takes a second variant: the moe-26b-a4b sampled pair's checks (~2.4 s).
+
 The pytest plugin marks them ``SHARED_MARK`` at collection; the groups' ``-m`` expressions select by it. Plain
 (no pytest import): the runner reads the names too.
 """
@@ -16,7 +20,8 @@ from __future__ import annotations
 SHARED_MARK = "shared_reference"
 SHARED_TIER = "reference"
 SHARED_FUNCTION_PREFIX = "test_sampled_"
-SHARED_PARAMS = (None, "dense-31b")  # None: test_sampled_assisted_generation_matches_closed_form (dense-31b's pair)
+# None: test_sampled_assisted_generation_matches_closed_form (dense-31b's pair)
+SHARED_PARAMS = (None, "dense-31b", "moe-26b-a4b")
 
 
 def shared_check(tier: str | None, nodeid: str) -> bool:

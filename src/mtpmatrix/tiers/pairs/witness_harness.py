@@ -24,7 +24,7 @@ def target_states(target, ids):
     layer's K (after RoPE) and V, as sglang's KV cache holds them."""
     import torch
 
-    with torch.no_grad():
+    with torch.inference_mode():  # as the reference tier runs its models
         out = target(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, output_hidden_states=True)
     hidden = out.hidden_states[-1]
     cache = out.past_key_values
@@ -67,7 +67,7 @@ def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: i
     leading = []
     rounds = 0
     decoys = [0, 0]  # inputs ranked_second flags, of them ranked decoy first / target second
-    with torch.no_grad():
+    with torch.inference_mode():
         for P in range(start, T - steps):
             h = hidden[:, P - 2 if ablation == "hidden_previous_position" else P - 1][:, None]
             kv = {t: (layer_kv[i][0][:, :, :P], layer_kv[i][1][:, :, :P]) for t, i in use.items()}
