@@ -94,3 +94,30 @@ def test_decoy_variants_hash_their_own_construction():
     """A decoy pair is rebuilt when decoy.py changes; a plain witness pair only when witness.py does."""
     assert {"decoy", "decoy-sglang-phase"} <= set(tiny.VARIANTS)
     assert tiny.pair_hash("dense-31b", "decoy", 0) != tiny.pair_hash("dense-31b", "witness", 0)
+
+
+def test_the_spherical_code_is_computed_once_per_generator_state():
+    """witness.spherical_code keeps its result by generator state (issue #21): the same state gives the same code
+    without the repulsion run again, and the generator always advances exactly as one draw moves it. Needs torch
+    (run it with a row's venv: PYTHONPATH=src .nox/<row>/bin/python -m pytest tests/unit/test_tiny.py -k spherical)."""
+    torch = pytest.importorskip("torch")
+    from mtpmatrix.tiers.pairs import witness
+
+    witness._CODES.clear()
+    runs = []
+    real = witness._repel
+    witness._repel = lambda x, steps: runs.append(steps) or real(x, steps)
+    try:
+        first_gen, again_gen = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+        first = witness.spherical_code(16, 8, first_gen, steps=20)
+        again = witness.spherical_code(16, 8, again_gen, steps=20)
+        other = witness.spherical_code(16, 8, torch.Generator().manual_seed(8), steps=20)
+    finally:
+        witness._repel = real
+    assert runs == [20, 20]  # seed 7 once, seed 8 once
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    again.zero_()  # a caller's copy: the kept code is untouched
+    assert torch.equal(witness.spherical_code(16, 8, torch.Generator().manual_seed(7), steps=20), first)
+    fresh = torch.Generator().manual_seed(7)
+    torch.randn(16, 8, generator=fresh, dtype=torch.float64)
+    assert torch.equal(again_gen.get_state(), fresh.get_state())

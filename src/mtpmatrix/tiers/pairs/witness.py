@@ -165,13 +165,29 @@ EMBED_CONST = 0.3
 K_POS_SCALE_SHARED = 3.0
 
 
+# spherical_code's results by (n, dim, steps, generator state): every witness and decoy variant of every family
+# draws the same code from the same seed, and the repulsion is ~1.2 s of CPU a call (issue #21: 9 calls a row).
+_CODES: dict[tuple, object] = {}
+
+
 def spherical_code(n: int, dim: int, gen, steps: int = 300):
-    """``n`` unit vectors in ``dim`` dims, spread apart by a short repulsion (deterministic for a seeded gen)."""
+    """``n`` unit vectors in ``dim`` dims, spread apart by a short repulsion (deterministic for a seeded gen).
+    Computed once per process for a given generator state; ``gen`` always advances as the draw moves it."""
     import torch
 
-    x = torch.randn(n, dim, generator=gen, dtype=torch.float64)
+    key = (n, dim, steps, gen.get_state().numpy().tobytes())
+    x = torch.randn(n, dim, generator=gen, dtype=torch.float64)  # drawn even when known: gen moves as it always did
+    if key in _CODES:
+        return _CODES[key].clone()
+    _CODES[key] = code = _repel(x, steps)
+    return code.clone()
+
+
+def _repel(x, steps: int):
+    import torch
+
     x = x / x.norm(dim=1, keepdim=True)
-    eye = torch.eye(n, dtype=torch.bool)
+    eye = torch.eye(x.shape[0], dtype=torch.bool)
     with torch.enable_grad():  # callers build weights under no_grad
         x.requires_grad_(True)
         opt = torch.optim.Adam([x], lr=0.02)
