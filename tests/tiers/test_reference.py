@@ -528,9 +528,11 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
     record_property("sampled_offsets", check.n)
     record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
     record_property("sampled_p_value", check.p_value)
-    # what the known-upstream signature reads: the support kept, and offset 3's share pulled below its closed form
-    # (the bug's residual loses it: 0.206-0.224 measured and predicted, against 0.304)
+    # what the known-upstream signature reads: the support kept, offset 3's share pulled below its closed form (the
+    # bug's residual loses it: 0.206-0.224 measured and predicted, against 0.304) and the target's argmax, offset 1,
+    # pushed above it (0.579-0.586 against 0.518; a flatter distribution, e.g. temperature ignored, lowers it)
     record_property("sampled_off_support", check.off_support)
+    record_property("sampled_share_offset_1", round(check.counts[1] / max(1, check.n), 4))
     record_property("sampled_share_offset_3", round(check.counts[3] / max(1, check.n), 4))
     if not check.passed:
         raise CheckFailure("mismatch", f"dense-31b: transformers' assisted sampling differs from the closed form: "

@@ -256,3 +256,34 @@ def test_every_entry_says_whose_bug_it_is():
         assert issue.component == ("sglang" if issue.package == "sglang" else "library"), issue.id
         assert issue.kind in ("import", "abi", "config", "args", "weights", "launch", "crash", "mismatch",
                               "accuracy", "acceptance"), issue.id
+
+
+ASSISTED_SAMPLING = "hf-gemma4-assisted-sampling-not-lossless"
+
+
+def _assisted_sampling(counts: dict) -> dict:
+    """The reference tier's assisted-sampling check as the 0.5.17 row recorded it on 2026-12-01 (transformers
+    5.12.1: 889 / 344 / 303 over offsets 1 / 3 / 7), with ``counts`` in its place."""
+    n = sum(counts.values())
+    chk = {"id": "tests/tiers/test_reference.py::test_sampled_assisted_generation_matches_closed_form",
+           "tier": "reference", "outcome": "failed", "seconds": 6.9,
+           "metrics": {"sampled_offsets": n, "sampled_counts": {str(k): v for k, v in counts.items()},
+                       "sampled_off_support": 0, "sampled_share_offset_1": round(counts[1] / n, 4),
+                       "sampled_share_offset_3": round(counts[3] / n, 4)},
+           "failure": {"kind": "mismatch", "type": "CheckFailure",
+                       "message": "dense-31b: transformers' assisted sampling differs from the closed form: ...",
+                       "frame": None, "raised_at": "tests/tiers/test_reference.py:536 in "
+                                                   "test_sampled_assisted_generation_matches_closed_form"}}
+    return {"reference": {"verdict": "failed", "checks": [chk]}}
+
+
+@pytest.mark.parametrize("counts, known", [
+    ({1: 889, 3: 344, 7: 303}, True),  # the bug, as recorded on transformers 5.8.1 and 5.12.1
+    ({1: 700, 3: 400, 7: 436}, False),  # flatter (temperature ignored): offset 1 under its closed form 0.518
+    ({1: 150, 3: 100, 7: 1286}, False),  # drafts accepted unchecked: the drafter's offset 7 takes over
+    ({1: 820, 3: 460, 7: 256}, False),  # offset 3 near its closed form: not the residual this bug loses
+])
+def test_the_assisted_sampling_entry_needs_the_argmax_pushed_up_and_offset_3_down(counts, known):
+    tiers = _assisted_sampling(counts)
+    known_upstream.apply(tiers, {"transformers": "5.12.1"})
+    assert (tiers["reference"]["checks"][0].get("known_upstream") == ASSISTED_SAMPLING) is known
