@@ -288,10 +288,13 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     budget = Budget(budget_s)
     probes_run = f"bisect-{opts.run_id}-{c.id}"
 
+    # what breaks in the canary: a probe counts as good only if it ran these and they passed
+    breaking = bisect.failing_checks(record, broken[0]) if broken else None
+
     def probe_for(package: str, also: list[str]):
         return bisect.make_probe(c.base, package, broken[0], run_id=probes_run, results=opts.results,
                                  cache=repo / ".cache" / "bisect", log=log, also=also, reuse=True,
-                                 known_upstream_good=True, breaking=bisect.failing_checks(record, broken[0]))
+                                 known_upstream_good=True, breaking=breaking)
 
     if broken and res.moved:
         known = {}
@@ -299,7 +302,7 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
             (pkg, (_, new)), = res.moved.items()
             known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
                                                 str(out_dir / ROW_FILE), known_upstream_good=True,
-                                                breaking=bisect.failing_checks(record, broken[0]))
+                                                breaking=breaking)
         state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known,
                                         pins_pass=tier_passes(pinned.get(broken[0])) is True)
         save()
