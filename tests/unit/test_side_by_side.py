@@ -323,8 +323,8 @@ def test_stopping_a_forked_suite_ends_every_pytest_process(tmp_path, monkeypatch
     out.mkdir()
     cmd = _command(suite, out, pytest_process.__name__)
     groups = [SGLANG, REFERENCE]
-    stop, _wait = side_by_side._start_forked(cmd, [side_by_side._with_paths(cmd, g, out) for g in groups], groups,
-                                             _env(monkeypatch), tmp_path)
+    streams, kill, _wait = side_by_side._start_forked(cmd, [side_by_side._with_paths(cmd, g, out) for g in groups],
+                                                      groups, _env(monkeypatch), tmp_path)
     pids = []
     deadline = time.monotonic() + 60  # the failure path only: both tests start within seconds
     for name in ("contract", "reference"):
@@ -332,8 +332,8 @@ def test_stopping_a_forked_suite_ends_every_pytest_process(tmp_path, monkeypatch
             assert time.monotonic() < deadline, f"the {name} test never started"
             time.sleep(0.05)
         pids.append(int((tmp_path / f"{name}.pid").read_text()))
-    stop()
-    for stream in stop.streams:  # each pipe ends (EOF) only when every process holding it is gone
+    kill()
+    for stream in streams:  # each pipe ends (EOF) only when every process holding it is gone
         while True:
             assert select.select([stream], [], [], max(0.0, deadline - time.monotonic()))[0], \
                 "a pytest process outlived the stop: its pipe is still open"

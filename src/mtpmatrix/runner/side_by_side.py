@@ -120,20 +120,20 @@ def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, ec
     start = _start_forked if forks(cmd) else _start_each
     pumps = []
     try:
-        stop, wait = start(cmd, part_cmds, groups, env, cwd)
+        streams, kill, wait = start(cmd, part_cmds, groups, env, cwd)
     except BaseException:
         for log in logs:
             log.close()
         raise
     try:
-        for group, (stream, log) in zip(groups, zip(stop.streams, logs)):
+        for group, stream, log in zip(groups, streams, logs):
             prefix = "" if group is groups[0] else f"[{group.name}] "  # the first group's lines read as before
             pump = threading.Thread(target=_pump, args=(stream, log, prefix, lock, echo), daemon=True)
             pump.start()
             pumps.append(pump)
         codes = wait()
     except BaseException:  # Ctrl-C or a failed start: no pytest outlives the row
-        stop()
+        kill()
         raise
     for pump in pumps:
         pump.join()
@@ -147,18 +147,9 @@ def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, ec
     return merge_exitstatus(codes)
 
 
-class _Stop:
-    """Kills what ``_start_*`` started; ``streams``: each group's output, in order."""
-
-    def __init__(self, streams, kill):
-        self.streams, self._kill = streams, kill
-
-    def __call__(self) -> None:
-        self._kill()
-
-
 def _start_each(cmd, part_cmds, groups, env, cwd):
-    """One pytest process per group (pytest started some other way than a row's suite starts it)."""
+    """One pytest process per group (pytest started some other way than a row's suite starts it). Like
+    ``_start_forked``: (each group's output stream in order, kill everything started, wait -> exit statuses)."""
     procs = []
     try:
         for group, part_cmd in zip(groups, part_cmds):
@@ -168,7 +159,7 @@ def _start_each(cmd, part_cmds, groups, env, cwd):
         for p in procs:
             p.kill()
         raise
-    return _Stop([p.stdout for p in procs], lambda: [p.kill() for p in procs]), lambda: [p.wait() for p in procs]
+    return [p.stdout for p in procs], lambda: [p.kill() for p in procs], lambda: [p.wait() for p in procs]
 
 
 def _start_forked(cmd, part_cmds, groups, env, cwd):
@@ -206,7 +197,7 @@ def _start_forked(cmd, part_cmds, groups, env, cwd):
             return [rc if rc else 3] * len(groups)
         return codes
 
-    return _Stop(streams, kill), wait
+    return streams, kill, wait
 
 
 def _pump(stream, log, prefix: str, lock: threading.Lock, echo: bool) -> None:
