@@ -4,8 +4,9 @@
 
 Row: ``nox -s "gemma4_mtp(ROW)"`` as a user runs it (nox, the row's uv venv and install, freeze and check, the
 suite), wall clock from start to exit, results in a temp folder. Floor: what no suite design can remove, the row's
-install (its ``install.seconds`` in row.json) plus one ``import sglang.srt.models.gemma4_mtp`` in the row's venv,
-timed right after the row, so a busy machine inflates both alike. That import is a fresh venv's first: compiled
+install (its recorded install command, run again into a new venv with nothing beside it) plus one
+``import sglang.srt.models.gemma4_mtp`` in the row's venv, both timed right after the row, so a busy machine
+inflates row and floor alike. That import is a fresh venv's first: compiled
 from source (an empty PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE=1), as the row's own first import is. Warm: the
 uv cache, the row's tiny pairs (.cache/tiny/ROW) and its list of imports to compile ahead (.cache/bytecode/) exist;
 when they do not, one unmeasured row makes them first.
@@ -83,6 +84,10 @@ def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str 
     folder = results / run_id / row
     record = json.loads((folder / "row.json").read_text())
     tiers = json.loads((folder / "tiers.json").read_text()) if (folder / "tiers.json").exists() else {"tiers": {}}
+    # the floor's install: the row's own install command, into a new venv, with nothing beside it (the row's
+    # install shares the machine with the imports compiled while it runs, mtpmatrix.runner.bytecode_from_cache: its
+    # seconds would carry them into the floor)
+    install = floor_install(record["install"]["command"], env)
     # the floor's import is a fresh venv's first one: compiled from source (an empty bytecode folder, none kept)
     with tempfile.TemporaryDirectory(prefix="floor-pyc-") as empty:
         floor_wall, floor_cpu, irc = _timed([str(venv_of(row) / "bin" / "python"), "-c", IMPORT],
@@ -90,10 +95,31 @@ def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str 
     if irc != 0:
         raise SystemExit(f"{IMPORT} fails in {venv_of(row)} (exit {irc}): no floor to compare with")
     return {"wall": wall, "cpu": cpu, "nox_exit": rc, "verdict": record.get("verdict"),
-            "install": record["install"]["seconds"], "suite": record.get("suite", {}).get("seconds"),
+            "install": install, "row_install": record["install"]["seconds"],
+            "suite": record.get("suite", {}).get("seconds"),
             "tiers": {t: e.get("seconds") for t, e in tiers["tiers"].items()},
-            "import": floor_wall, "import_cpu": floor_cpu, "floor": record["install"]["seconds"] + floor_wall,
+            "import": floor_wall, "import_cpu": floor_cpu, "floor": install + floor_wall,
             "records": records_of(tiers)}
+
+
+def floor_install(command: list[str], env: dict) -> float:
+    """Seconds of the row's install command (row.json ``install.command``: ``pip install --python VENV_PYTHON
+    ...``) run by the same uv into a new venv of the same Python, timed as run_row times it."""
+    uv = shutil.which("uv", path=env.get("PATH"))
+    if uv is None or "--python" not in command:
+        raise SystemExit(f"cannot repeat the row's install ({command[:3]}...): no uv, or no --python in it")
+    at = command.index("--python") + 1
+    with tempfile.TemporaryDirectory(prefix="floor-venv-") as scratch:
+        venv = Path(scratch) / "venv"
+        made = subprocess.run([uv, "venv", "-q", "--python", command[at], str(venv)], env=env, cwd=REPO,
+                              capture_output=True, text=True)
+        if made.returncode != 0:
+            raise SystemExit(f"uv venv for the floor's install failed: {made.stderr.strip()}")
+        wall, _cpu, rc = _timed([uv, *command[:at], str(venv / "bin" / "python"), *command[at + 1:]],
+                                {**env, "VIRTUAL_ENV": str(venv)})
+    if rc != 0:
+        raise SystemExit(f"the floor's install failed (exit {rc}): {' '.join(command)}")
+    return wall
 
 
 def _timing(name: str) -> bool:
@@ -115,8 +141,9 @@ def records_of(tiers: dict) -> dict:
 def _line(label: str, m: dict, limit: float) -> str:
     ratio = m["wall"] / m["floor"]
     tiers = ", ".join(f"{t} {s:.1f}" for t, s in m["tiers"].items() if s)
-    return (f"{label:<13} row {m['wall']:6.1f} s (cpu {m['cpu']:6.1f})  install {m['install']:5.1f}  suite "
-            f"{m['suite'] or 0:5.1f}  [{tiers}]  | floor {m['floor']:5.1f} = install + import {m['import']:5.1f} "
+    return (f"{label:<13} row {m['wall']:6.1f} s (cpu {m['cpu']:6.1f})  install {m['row_install']:5.1f}  suite "
+            f"{m['suite'] or 0:5.1f}  [{tiers}]  | floor {m['floor']:5.1f} = install {m['install']:4.1f} + import "
+            f"{m['import']:5.1f} "
             f"(cpu {m['import_cpu']:4.1f})  | ratio {ratio:4.2f} {'<=' if ratio <= limit else '>'} {limit}  "
             f"({m['verdict']})")
 
@@ -138,8 +165,8 @@ def bench_row(row: str, args, results: Path) -> bool:
             runs[name].append(m)
             print(_line(f"{name} #{i + 1}", m, args.limit), flush=True)
     for name, ms in runs.items():
-        med = {k: statistics.median(m[k] for m in ms) for k in ("wall", "cpu", "install", "import", "import_cpu",
-                                                                 "floor")}
+        med = {k: statistics.median(m[k] for m in ms) for k in ("wall", "cpu", "install", "row_install", "import",
+                                                                 "import_cpu", "floor")}
         med["suite"] = statistics.median(m["suite"] or 0 for m in ms)
         med["tiers"] = {t: statistics.median(m["tiers"].get(t) or 0 for m in ms) for t in ms[0]["tiers"]}
         med["verdict"] = "/".join(sorted({m["verdict"] for m in ms}))

@@ -13,23 +13,35 @@ file against its source (mtime and size) before using it. What persists is only 
 process (``.cache/bytecode/sglang-<version>-py<python>/<process>.txt``, paths relative to site-packages, so every
 probe of a bisect shares them), rewritten from what that process imported (mtpmatrix.tiers.imported); without
 one (the first row of a release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
+
+Most of the compiling can start earlier, while the row installs (``start_while_installing``): the install waits on
+the package index with the cores idle, and uv's cache already holds the bytes it will link into the venv
+(mtpmatrix.runner.bytecode_from_cache says how, and why a copy that is not the venv's file is never run). For that
+the lists folder also keeps ``sources.json``: per folder of listed files, one file's path and inode in the venv.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.runner import bytecode_from_cache
 from mtpmatrix.runner.rows import Row, RowError
 from mtpmatrix.schema import parse_tiers
 from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV, PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_PRECOMPILE"
+SOURCES = "sources.json"
+# processes compiling from uv's cache while the install waits on the index (its own work: under half a core, measured)
+INSTALL_WORKERS = 2
 CACHE = Path(__file__).resolve().parents[3] / ".cache" / "bytecode"
 PLUGIN_ARGS = ["-p", "mtpmatrix.tiers.imported"]
 
@@ -75,10 +87,8 @@ class Prefetch:
         folder."""
         if self.folder is None:
             return
-        if self.compiler is not None and self.compiler.poll() is None:
-            self.compiler.kill()
         if self.compiler is not None:
-            self.compiler.wait()
+            _kill_group(self.compiler)
         for part in sorted((self.folder / "imported").glob("imported-*.txt")):
             name = part.stem.removeprefix("imported-")
             kept = [rel for rel in map(self._relative, part.read_text().splitlines()) if rel]
@@ -87,6 +97,8 @@ class Prefetch:
                 tmp = self.lists / f"{name}.txt.tmp"
                 tmp.write_text("".join(f"{p}\n" for p in kept))
                 os.replace(tmp, self.lists / f"{name}.txt")
+        if self.lists is not None and self.site is not None and self.lists.is_dir():
+            write_sources(self.lists, self.site, self.names)
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = None
 
@@ -96,6 +108,22 @@ class Prefetch:
             if path.startswith(root):
                 return path[len(root):]
         return None
+
+
+def write_sources(lists: Path, site: Path, names: list[str]) -> None:
+    """``sources.json``: per folder of the files in the lists ``names``, the first one's path and its inode in the
+    venv (bytecode_from_cache finds the folder's copy in uv's cache by it)."""
+    folders: dict[str, list] = {}
+    for name in names:
+        listed = lists / f"{name}.txt"
+        for rel in listed.read_text().splitlines() if listed.is_file() else []:
+            folder = bytecode_from_cache.folder_key(rel)
+            if folder not in folders:
+                try:
+                    folders[folder] = [rel, os.stat(site / rel).st_ino]
+                except OSError:
+                    continue
+    atomic_write_json(lists / SOURCES, {"folders": folders})
 
 
 def compile_order(per_process: list[list[str]], forked: bool = False) -> list[str]:
@@ -116,17 +144,91 @@ def compile_order(per_process: list[list[str]], forked: bool = False) -> list[st
     return [p for p in ranked if counts[p] == 1] + [p for p in reversed(ranked) if counts[p] > 1]
 
 
-def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], forked: bool = False) -> Prefetch:
-    """Start compiling the files of the lists ``names`` (``process_names``) in ``lists`` that are still in the venv,
-    in ``compile_order``, in ``venv``'s Python. The returned Prefetch carries the pytest processes' environment.
-    A no-op Prefetch (``env`` unchanged) when turned off or the venv has no site-packages."""
-    site = site_packages(venv)
-    if not enabled(env) or site is None:
-        return Prefetch(env=env)
+def _suite_folder() -> Path:
     # in memory where the system has a tmpfs: ~200 MB written and read back within the suite, never kept
     shm = Path("/dev/shm")
     folder = Path(tempfile.mkdtemp(prefix="mtpmatrix-bytecode-", dir=shm if shm.is_dir() else None))
     (folder / "imported").mkdir()
+    return folder
+
+
+@dataclass
+class Installing:
+    """The compiler started by ``start_while_installing``; ``installed()`` once the install succeeded (it then
+    compiles what it found no copy of from the venv), ``stop()`` when it failed. bytecode.start takes it over."""
+
+    folder: Path
+    compiler: subprocess.Popen
+
+    def installed(self) -> None:
+        if self.compiler.stdin is not None and not self.compiler.stdin.closed:
+            self.compiler.stdin.close()  # its standard input's end is the signal (bytecode_from_cache.installed)
+
+    def stop(self) -> None:
+        _kill_group(self.compiler)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _kill_group(compiler: subprocess.Popen) -> None:
+    """Kill a compiler and every worker it forked (its own process group), then reap it."""
+    if compiler.stdin is not None and not compiler.stdin.closed:
+        compiler.stdin.close()
+    if compiler.poll() is None:
+        try:
+            os.killpg(compiler.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    compiler.wait()
+
+
+def uv_cache_dir(uv: str, env: dict) -> Path | None:
+    """uv's cache folder as ``uv`` sees it with ``env`` (UV_CACHE_DIR, --no-cache ...); None when it says none."""
+    try:
+        done = subprocess.run([uv, "cache", "dir"], env=env, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    path = done.stdout.strip()
+    return Path(path) if done.returncode == 0 and path else None
+
+
+def start_while_installing(venv: Path, python: Path, lists: Path, env: dict, names: list[str],
+                           cache: Path | None) -> Installing | None:
+    """Before the row's install: compile the files of the lists ``names`` from their copies in uv's ``cache``
+    (mtpmatrix.runner.bytecode_from_cache) in the empty venv's Python, into a new suite folder. None (bytecode.start
+    then works as before) when turned off, without a cache, a venv Python or the last suite's ``sources.json``."""
+    site = site_packages(venv)
+    if not enabled(env) or cache is None or site is None or not Path(python).exists() \
+            or not (lists / SOURCES).is_file():
+        return None
+    per_process = [(lists / f"{n}.txt").read_text().splitlines() if (lists / f"{n}.txt").is_file() else []
+                   for n in names]
+    files = compile_order(per_process)
+    if not files:
+        return None
+    folder = _suite_folder()
+    spec = {"prefix": str(folder / "pyc"), "site": str(site), "files": files, "sources": str(lists / SOURCES),
+            "cache": str(cache), "workers": INSTALL_WORKERS}
+    (folder / "from-cache.json").write_text(json.dumps(spec))
+    script = Path(__file__).with_name("bytecode_from_cache.py")
+    # -I: nothing of the row is installed yet, and nothing from this environment's PYTHONPATH may stand in for it
+    compiler = subprocess.Popen([str(python), "-I", str(script), str(folder / "from-cache.json")], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                process_group=0)
+    return Installing(folder=folder, compiler=compiler)
+
+
+def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], forked: bool = False,
+          installing: Installing | None = None) -> Prefetch:
+    """Start compiling the files of the lists ``names`` (``process_names``) in ``lists`` that are still in the venv,
+    in ``compile_order``, in ``venv``'s Python; or, given the compiler ``start_while_installing`` started, let it
+    go on. The returned Prefetch carries the pytest processes' environment. A no-op Prefetch (``env`` unchanged)
+    when turned off or the venv has no site-packages."""
+    site = site_packages(venv)
+    if not enabled(env) or site is None:
+        if installing is not None:
+            installing.stop()
+        return Prefetch(env=env)
+    folder = installing.folder if installing is not None else _suite_folder()
     run_env = {**env, "PYTHONPYCACHEPREFIX": str(folder / "pyc"), IMPORTED_ENV: str(folder / "imported")}
     if len(names) == 1:  # one process; side by side, each group's process is named by side_by_side.run
         run_env[PROCESS_ENV] = names[0]
@@ -135,7 +237,11 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
     files = [str(site / p) for p in compile_order(per_process, forked)]
     files = [f for f in files if os.path.isfile(f)]  # a file gone since (another release) is skipped
     compiler = None
-    if files:
+    if installing is not None and installing.compiler.poll() in (None, 0):
+        installing.installed()
+        compiler = installing.compiler
+        run_env.pop("PYTHONDONTWRITEBYTECODE", None)  # as below: everyone writes into the folder
+    elif files:  # (a compiler started while installing that failed: this one does what it left)
         listing = folder / "compile.txt"
         listing.write_text("".join(f"{f}\n" for f in files))
         # everyone writes into the (temporary) folder: the compiler skips what a pytest process compiled first, and
@@ -143,6 +249,6 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
         # with no list to compile, the processes write as the machine says (here not: ~4 s of CPU a process)
         run_env.pop("PYTHONDONTWRITEBYTECODE", None)
         compiler = subprocess.Popen([str(python), "-m", "compileall", "-qq", "-i", str(listing)], env=run_env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     return Prefetch(env=run_env, pytest_args=list(PLUGIN_ARGS), folder=folder, lists=lists, names=list(names),
                     site=site, compiler=compiler)

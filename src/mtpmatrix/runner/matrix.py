@@ -310,6 +310,28 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     if overrides_file is not None:
         overrides_file.write_text("\n".join(opts.overrides) + "\n")
     t0 = time.monotonic()
+    # the files the row's suite imported last time, compiled from uv's cache while the install waits on the index
+    installing = bytecode.start_while_installing(venv, venv_python(venv), bytecode.lists_folder(row), env_uv,
+                                                 bytecode.process_names(groups, opts.tiers),
+                                                 bytecode.uv_cache_dir(cmd[0], env_uv))
+    try:
+        record = _install(row, venv, opts, store, out, cmd, constraints, overrides_file, env_uv, record, t0, log)
+    except BaseException:
+        if installing is not None:
+            installing.stop()
+        raise
+    if record.get("verdict") != "pending":  # the install failed: recorded and saved
+        if installing is not None:
+            installing.stop()
+        return record
+    if installing is not None:
+        installing.installed()
+    return _suite(row, venv, opts, store, out, record, groups, installing, log)
+
+
+def _install(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, cmd: list[str], constraints: Path,
+             overrides_file: Path | None, env_uv: dict, record: dict, t0: float, log) -> dict:
+    """run_row's install, companions, freeze and check; the record, finished when the install failed."""
     log(f"[{row.id}] installing: {' '.join(cmd[1:])}")
     rc, output = _run_logged(cmd, out / "install.log", env=env_uv)
     record["install"] = {"verdict": "passed" if rc == 0 else "failed", "seconds": round(time.monotonic() - t0, 1),
@@ -365,6 +387,12 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
                                                                        constraints_text(row, []), uv, out, env_uv,
                                                                        python=venv_python(venv), project=REPO)
 
+    return record
+
+
+def _suite(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, record: dict, groups: list,
+           installing: bytecode.Installing | None, log) -> dict:
+    """run_row's suite in the installed venv; the finished record."""
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE
     tiers_file.unlink(missing_ok=True)
@@ -385,7 +413,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     # the files the row's suite imported last time, compiled on the spare core while pytest starts (bytecode.py)
     prefetch = bytecode.start(venv, venv_python(venv), bytecode.lists_folder(row), env_py,
                               bytecode.process_names(groups, opts.tiers),
-                              forked=bool(groups) and side_by_side.forks(pytest_cmd))
+                              forked=bool(groups) and side_by_side.forks(pytest_cmd), installing=installing)
     try:
         if groups:  # one pytest process per group of tiers, on their own cores; one merged tiers.json
             rc_p = side_by_side.run(pytest_cmd + prefetch.pytest_args, groups, out, prefetch.env, REPO)
