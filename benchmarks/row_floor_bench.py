@@ -8,8 +8,8 @@ install (its recorded install command, run again into a new venv with nothing be
 ``import sglang.srt.models.gemma4_mtp`` in the row's venv, both timed right after the row, so a busy machine
 inflates row and floor alike. That import is a fresh venv's first: compiled
 from source (an empty PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE=1), as the row's own first import is. Warm: the
-uv cache, the row's tiny pairs (.cache/tiny/ROW) and its list of imports to compile ahead (.cache/bytecode/) exist;
-when they do not, one unmeasured row makes them first.
+uv cache, the row's tiny pairs (.cache/tiny/ROW) and its lists of imports to compile ahead, with where uv's cache
+holds them (.cache/bytecode/), exist; when they do not, one unmeasured row makes them first.
 
 ``--one-process`` runs the suite as one pytest process without compiling ahead (MTPMATRIX_SIDE_BY_SIDE=0,
 MTPMATRIX_PRECOMPILE=0: the layout before this work) as well, and says whether the two left the same records:
@@ -109,7 +109,8 @@ def floor_install(command: list[str], env: dict) -> float:
     if uv is None or "--python" not in command:
         raise SystemExit(f"cannot repeat the row's install ({command[:3]}...): no uv, or no --python in it")
     at = command.index("--python") + 1
-    with tempfile.TemporaryDirectory(prefix="floor-venv-") as scratch:
+    # beside the row's venv: the same file system, so uv links from its cache as it does for the row
+    with tempfile.TemporaryDirectory(prefix="floor-venv-", dir=venv_of("x").parent) as scratch:
         venv = Path(scratch) / "venv"
         made = subprocess.run([uv, "venv", "-q", "--python", command[at], str(venv)], env=env, cwd=REPO,
                               capture_output=True, text=True)
@@ -152,7 +153,8 @@ def bench_row(row: str, args, results: Path) -> bool:
     """Measure one row (and its floor), ``args.repeat`` times per layout; print each run and the medians. Returns
     whether the records were identical across layouts and repeats (True without --one-process)."""
     layouts = [("now", False)] + ([("one-process", True)] if args.one_process else [])
-    if not (REPO / ".cache" / "tiny" / row).is_dir() or not any(_bytecode_list(row).glob("*.txt")):
+    if not (REPO / ".cache" / "tiny" / row).is_dir() or not any(_bytecode_list(row).glob("*.txt")) \
+            or not (_bytecode_list(row) / "sources.json").is_file():
         print(f"warming up: {row}'s tiny pairs or list of imports are not there yet (one unmeasured row)",
               flush=True)
         run_row(row, results, f"warmup-{row}", one_process=False)

@@ -1,6 +1,6 @@
 """bytecode_from_cache.py + bytecode.start_while_installing on a fake uv cache and venv (this Python): the listed files
-are compiled from the cache's copies while the "install" runs, the venv's own once it is done; a copy that is not
-the venv's file is never run; stopping kills every worker."""
+are compiled from the cache's copies while the "install" runs, and what they left from the venv once it is done; a
+copy that is not the venv's file is never run; no worker outlives the row."""
 
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ def test_a_copy_that_is_not_the_venvs_file_is_never_run(installed, tmp_path):
         assert from_cache.compile_one("pkg/mod.py", str(cache / "archive-v0" / "aaa" / "pkg" / "mod.py"), str(site))
         assert from_cache.compile_one("pkg/__init__.py", str(cache / "archive-v0" / "bbb" / "pkg" / "__init__.py"),
                                       str(site))
-        assert not from_cache.compile_one("pkg/mod.py", None, str(site))  # there already: skipped
+        assert not from_cache.compile_one("pkg/mod.py", str(cache / "archive-v0" / "bbb" / "pkg" / "mod.py"),
+                                      str(site))  # there already: skipped
         assert not from_cache.compile_one("pkg/gone.py", str(cache / "pruned.py"), str(site))  # unreadable: skipped
     finally:
         sys.pycache_prefix = saved
@@ -118,11 +119,24 @@ def _start(venv, tmp_path, cache, names=("sglang",)):
     lists.mkdir(exist_ok=True)
     (lists / "sglang.txt").write_text("".join(f"{p}\n" for p in LISTED))
     bytecode.write_sources(lists, bytecode.site_packages(venv), list(names))
+    uv = tmp_path / "uv"  # what the runner asks: `uv cache dir`
+    uv.write_text(f"#!/bin/sh\necho {cache}\n")
+    uv.chmod(0o755)
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
-    return lists, env, bytecode.start_while_installing(venv, Path(sys.executable), lists, env, list(names), cache)
+    return lists, env, bytecode.start_while_installing(venv, Path(sys.executable), lists, env, list(names), str(uv))
 
 
-def test_a_worker_compiles_the_copies_while_installing_and_the_venvs_own_after(installed, tmp_path, monkeypatch):
+@pytest.fixture
+def started(installed, tmp_path):
+    """(venv, site, lists, env, Installing), stopped after the test whatever happened in it."""
+    venv, site, cache = installed
+    lists, env, installing = _start(venv, tmp_path, cache)
+    assert installing is not None
+    yield venv, site, lists, env, installing
+    installing.stop()
+
+
+def test_a_worker_compiles_the_copies_until_the_install_is_done(installed, tmp_path, monkeypatch):
     """The install's end is the worker's standard input ending (here a pipe the test closes)."""
     venv, site, cache = installed
     lists = tmp_path / "lists"
@@ -136,74 +150,132 @@ def test_a_worker_compiles_the_copies_while_installing_and_the_venvs_own_after(i
     prefix = tmp_path / "pyc"
     monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
     pycs = {p: _pyc(prefix, site / p) for p in LISTED}
-    assert from_cache.work(todo, str(site), keep_on=False) == 3  # installing: the three copies, no venv file
-    assert not any(pycs[p].exists() for p in VENV_OWN)
+    assert from_cache.work(todo[3:], str(site)) == 0  # the venv's own files are not its to compile
+    os.close(write)  # the install is done: nothing more
+    assert from_cache.work(todo, str(site)) == 0 and not any(p.exists() for p in pycs.values())
+    read, write = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(read))
+    assert from_cache.work(todo, str(site)) == 3  # installing: the three copies
     assert all(pycs[p].read_bytes()[4:8] == (3).to_bytes(4, "little") for p in LISTED[:3])  # checked hash
-    os.close(write)  # the install is done
-    assert from_cache.work(todo, str(site), keep_on=False) == 0  # a worker that does not go on stops
-    assert from_cache.work(todo, str(site), keep_on=True) == 2  # the one that does: the venv's own files
-    assert all(pycs[p].read_bytes()[4:8] == bytes(4) for p in VENV_OWN)  # as Python writes them: timestamp
+    assert not any(pycs[p].exists() for p in VENV_OWN)
+    os.close(write)
 
 
-def test_the_runner_hands_the_compiler_to_the_suite(installed, tmp_path):
-    venv, site, cache = installed
-    lists, env, installing = _start(venv, tmp_path, cache)
-    assert installing is not None
-    pre = bytecode.start(venv, Path(sys.executable), lists, env, ["sglang"], installing=installing)
+def test_the_suite_compiles_what_the_workers_left(started, tmp_path):
+    venv, site, lists, env, installing = started
     prefix = installing.folder / "pyc"
-    assert pre.compiler is installing.compiler and pre.env["PYTHONPYCACHEPREFIX"] == str(prefix)
-    assert "PYTHONDONTWRITEBYTECODE" not in pre.env
-    assert installing.compiler.wait() == 0  # start() said the install is done: it compiled all and ended
-    flags = {p: _pyc(prefix, site / p).read_bytes()[4:8] for p in LISTED}
-    assert flags == {**{p: (3).to_bytes(4, "little") for p in LISTED[:3]}, **{p: bytes(4) for p in VENV_OWN}}
+    sources = json.loads((lists / bytecode.SOURCES).read_text())["folders"]
+    with_copies = from_cache.plan(LISTED, from_cache.folder_sources(sources, from_cache.archive_index(
+        str(tmp_path / "uv-cache"))))
+    saved, sys.pycache_prefix = sys.pycache_prefix, str(prefix)
+    try:  # as if the workers had got through their shares (they may be writing the same files: each is skipped)
+        for rel, copy in with_copies[:3]:
+            from_cache.compile_one(rel, copy, str(site))
+    finally:
+        sys.pycache_prefix = saved
+    by_workers = {p for p in LISTED if _pyc(prefix, site / p).exists()}
+    assert by_workers == set(LISTED[:3])  # the copies
+    pre = bytecode.start(venv, Path(sys.executable), lists, env, ["sglang"], installing=installing)
+    assert pre.env["PYTHONPYCACHEPREFIX"] == str(prefix) and "PYTHONDONTWRITEBYTECODE" not in pre.env
+    # the suite's compiler is given only what they left (compileall would redo their hash-based pycs)
+    listing = (installing.folder / "compile.txt").read_text().splitlines()
+    assert listing == [str(site / p) for p in LISTED if p not in by_workers]
+    assert pre.compiler.wait() == 0
+    assert all(_pyc(prefix, site / p).read_bytes()[4:8] == bytes(4) for p in VENV_OWN)  # timestamp, from the venv
     pre.finish()
     assert not installing.folder.exists() and (lists / bytecode.SOURCES).is_file()
 
 
-def test_stopping_kills_every_worker(installed, tmp_path):
-    """A compiler that forked a worker (here a stand-in: a child that sleeps, its pid said on stdout, the event the
-    test waits on) is killed with its worker; killing only the compiler leaves the worker: ProcessLookupError not
-    raised."""
+def test_stopping_ends_every_worker_and_removes_the_folder(started):
+    venv, site, lists, env, installing = started
+    assert len(installing.workers) == bytecode.INSTALL_WORKERS
+    ends = [os.pidfd_open(w.pid) for w in installing.workers]  # readable once each has ended
+    installing.stop()  # the install failed
+    # a hang limit, not a margin: a killed worker ends within milliseconds, or never
+    assert all(select.select([fd], [], [], 60)[0] for fd in ends)
+    assert all(w.returncode is not None for w in installing.workers) and not installing.folder.exists()
+
+
+def test_a_row_whose_install_fails_leaves_no_worker(installed, tmp_path, monkeypatch):
+    """run_row's wiring: the install fails (a uv that exits 1), and the workers it started are gone with their
+    folder. Without run_row's stop, this fails on the workers left running."""
+    from mtpmatrix.runner import matrix
+    from mtpmatrix.runner.rows import load_rows
+
     venv, site, cache = installed
-    _lists, _env, installing = _start(venv, tmp_path, cache)
-    assert os.getpgid(installing.compiler.pid) == installing.compiler.pid  # a process group of its own
-    installing.stop()
-    code = "import os, sys, time\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n    time.sleep(3600)\n" \
-           "time.sleep(3600)\n"
-    stand_in = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, process_group=0)
-    worker = os.pidfd_open(int(stand_in.stdout.readline()))  # readable once the worker has ended
-    folder = tmp_path / "stand-in"
-    folder.mkdir()
-    bytecode.Installing(folder=folder, compiler=stand_in).stop()
-    # a hang limit, not a margin: the worker ends within milliseconds of the kill, or never without it
-    assert select.select([worker], [], [], 60)[0], "the compiler's worker outlived stop()"
-    os.close(worker)
-    assert not folder.exists()
+    lists, env, _installing = _start(venv, tmp_path, cache)
+    _installing.stop()
+    made = []
+    real = bytecode.start_while_installing
+
+    def spy(*args, **kwargs):
+        made.append(real(venv, Path(sys.executable), lists, env, ["sglang"], str(tmp_path / "uv")))
+        return made[-1]
+
+    monkeypatch.setattr(bytecode, "start_while_installing", spy)
+    failing = tmp_path / "failing-uv"
+    failing.write_text("#!/bin/sh\necho 'error: no solution found' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(matrix, "find_uv", lambda: str(failing))
+    row = load_rows(Path(__file__).resolve().parents[2] / "constraints")[0]
+    record = matrix.run_row(row, venv, matrix.Options(results=tmp_path / "results", tiers="contract"),
+                            log=lambda _m: None)
+    assert record["install"]["verdict"] == "failed"
+    assert made and made[0] is not None
+    assert all(w.returncode is not None for w in made[0].workers) and not made[0].folder.exists()
 
 
 def test_nothing_starts_without_what_it_needs(installed, tmp_path):
     venv, site, cache = installed
-    env = {"PATH": "/bin"}
     lists = tmp_path / "lists"
     lists.mkdir()
     (lists / "sglang.txt").write_text("pkg/mod.py\n")
+    uv = tmp_path / "uv"
+    uv.write_text(f"#!/bin/sh\necho {cache}\n")
+    uv.chmod(0o755)
+    env = {"PATH": "/bin"}
     # no sources.json (the first row of a release, or one from before this): bytecode.start compiles as before
-    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"], cache) is None
+    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"], str(uv)) is None
     bytecode.write_sources(lists, site, ["sglang"])
-    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"], None) is None
+    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"],
+                                           str(tmp_path / "no-uv")) is None
     assert bytecode.start_while_installing(venv, Path(sys.executable), lists, {"MTPMATRIX_PRECOMPILE": "0"},
-                                           ["sglang"], cache) is None
-    assert bytecode.start_while_installing(venv, tmp_path / "no-python", lists, env, ["sglang"], cache) is None
+                                           ["sglang"], str(uv)) is None
+    assert bytecode.start_while_installing(venv, tmp_path / "no-python", lists, env, ["sglang"], str(uv)) is None
 
 
-def test_a_compiler_that_failed_while_installing_is_replaced(installed, tmp_path):
+def test_each_kind_of_run_adds_its_folders(installed, tmp_path):
+    """A one-tier probe's lists name fewer folders than a row's: writing its sources must not drop the row's."""
+    venv, site, cache = installed
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "sglang.txt").write_text("".join(f"{p}\n" for p in LISTED))
+    (lists / "one-gsm8k.txt").write_text("single.py\n")
+    bytecode.write_sources(lists, site, ["sglang"])
+    bytecode.write_sources(lists, site, ["one-gsm8k"])
+    assert set(json.loads((lists / bytecode.SOURCES).read_text())["folders"]) == {"pkg", "single.py", "other"}
+
+
+def test_a_worker_whose_runner_died_removes_the_folder(installed, tmp_path):
+    """The runner (here a stand-in that starts one worker, says its pid and exits) dies during the install: the
+    worker's input ends, and with nobody left to remove the suite's folder, worker 0 does. Without that, the folder
+    (up to ~200 MB in /dev/shm) outlives the row."""
     venv, site, cache = installed
     lists, env, installing = _start(venv, tmp_path, cache)
-    installing.stop()  # as if it had died: killed, exit status not 0
-    installing.folder.mkdir(parents=True)
-    (installing.folder / "imported").mkdir()
-    pre = bytecode.start(venv, Path(sys.executable), lists, env, ["sglang"], installing=installing)
-    assert pre.compiler is not installing.compiler and pre.compiler.wait() == 0  # compileall, as before
-    assert _pyc(Path(pre.env["PYTHONPYCACHEPREFIX"]), site / "pkg" / "own.py").is_file()
-    pre.finish()
+    installing.stop()
+    folder = tmp_path / "suite-folder"
+    folder.mkdir()
+    spec = {"prefix": str(folder / "pyc"), "site": str(site), "files": LISTED, "sources": str(lists / "sources.json"),
+            "cache": str(cache)}
+    script = Path(from_cache.__file__)
+    runner = ("import json, os, subprocess, sys\n"
+              f"spec = json.loads({json.dumps(spec)!r})\n"
+              f"open({str(tmp_path / 'spec.json')!r}, 'w').write(json.dumps({{**spec, 'runner': os.getpid()}}))\n"
+              f"w = subprocess.Popen([sys.executable, '-I', {str(script)!r}, {str(tmp_path / 'spec.json')!r}, '0', '1'],"
+              " stdin=subprocess.PIPE)\n"
+              "print(w.pid, flush=True)\n")  # exits at once: its end of the worker's input closes with it
+    said = subprocess.run([sys.executable, "-c", runner], capture_output=True, text=True, check=True)
+    worker = os.pidfd_open(int(said.stdout))
+    assert select.select([worker], [], [], 60)[0], "the worker did not end"  # a hang limit: it ends at once
+    os.close(worker)
+    assert not folder.exists()

@@ -9,7 +9,7 @@ themselves and write there, and the compiler skips it. The contract tier's one l
 executing modules, not compiling them (its process: 33 s of CPU without, 19 s with, same machine).
 
 Nothing outlives the suite: the folder is new for every suite and removed after it, and Python checks each cached
-file against its source (mtime and size) before using it. What persists is only one list of files per pytest
+file against its source before using it (mtime and size; the hash of its bytes for those compiled from uv's cache). What persists is only one list of files per pytest
 process (``.cache/bytecode/sglang-<version>-py<python>/<process>.txt``, paths relative to site-packages, so every
 probe of a bisect shares them), rewritten from what that process imported (mtpmatrix.tiers.imported); without
 one (the first row of a release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
@@ -17,7 +17,8 @@ one (the first row of a release) the suite runs as before. ``MTPMATRIX_PRECOMPIL
 Most of the compiling can start earlier, while the row installs (``start_while_installing``): the install waits on
 the package index with the cores idle, and uv's cache already holds the bytes it will link into the venv
 (mtpmatrix.runner.bytecode_from_cache says how, and why a copy that is not the venv's file is never run). For that
-the lists folder also keeps ``sources.json``: per folder of listed files, one file's path and inode in the venv.
+the lists folder also keeps ``sources.json``: per folder of listed files, one file's path and inode in the venv. Once
+the install is done, those workers stop and the compiler above takes what they left, from the venv.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
-import signal
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner import bytecode_from_cache
 from mtpmatrix.runner.rows import Row, RowError
 from mtpmatrix.schema import parse_tiers
@@ -87,8 +89,10 @@ class Prefetch:
         folder."""
         if self.folder is None:
             return
+        if self.compiler is not None and self.compiler.poll() is None:
+            self.compiler.kill()
         if self.compiler is not None:
-            _kill_group(self.compiler)
+            self.compiler.wait()
         for part in sorted((self.folder / "imported").glob("imported-*.txt")):
             name = part.stem.removeprefix("imported-")
             kept = [rel for rel in map(self._relative, part.read_text().splitlines()) if rel]
@@ -112,17 +116,23 @@ class Prefetch:
 
 def write_sources(lists: Path, site: Path, names: list[str]) -> None:
     """``sources.json``: per folder of the files in the lists ``names``, the first one's path and its inode in the
-    venv (bytecode_from_cache finds the folder's copy in uv's cache by it)."""
-    folders: dict[str, list] = {}
+    venv (bytecode_from_cache finds the folder's copy in uv's cache by it), added to what the file held: each kind of
+    run (a row, a one-tier probe) keeps only its own lists, and none may drop the others' folders."""
+    try:
+        folders: dict[str, list] = read_json(lists / SOURCES)["folders"]
+    except (OSError, ValueError, KeyError, TypeError):
+        folders = {}
+    seen: set[str] = set()
     for name in names:
         listed = lists / f"{name}.txt"
         for rel in listed.read_text().splitlines() if listed.is_file() else []:
             folder = bytecode_from_cache.folder_key(rel)
-            if folder not in folders:
+            if folder not in seen:
                 try:
                     folders[folder] = [rel, os.stat(site / rel).st_ino]
                 except OSError:
                     continue
+                seen.add(folder)
     atomic_write_json(lists / SOURCES, {"folders": folders})
 
 
@@ -154,31 +164,27 @@ def _suite_folder() -> Path:
 
 @dataclass
 class Installing:
-    """The compiler started by ``start_while_installing``; ``installed()`` once the install succeeded (it then
-    compiles what it found no copy of from the venv), ``stop()`` when it failed. bytecode.start takes it over."""
+    """The workers ``start_while_installing`` started; ``done()`` once the install succeeded (they stop, and
+    bytecode.start compiles what they left), ``stop()`` when it failed or the row stops before its suite."""
 
     folder: Path
-    compiler: subprocess.Popen
+    workers: list[subprocess.Popen]
 
-    def installed(self) -> None:
-        if self.compiler.stdin is not None and not self.compiler.stdin.closed:
-            self.compiler.stdin.close()  # its standard input's end is the signal (bytecode_from_cache.installed)
+    def done(self) -> None:
+        """Close each worker's standard input (its signal: bytecode_from_cache.install_done) and wait for it: each
+        ends after the file it is compiling."""
+        for worker in self.workers:
+            if worker.stdin is not None and not worker.stdin.closed:
+                worker.stdin.close()
+        for worker in self.workers:
+            worker.wait()
 
     def stop(self) -> None:
-        _kill_group(self.compiler)
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.kill()
+        self.done()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _kill_group(compiler: subprocess.Popen) -> None:
-    """Kill a compiler and every worker it forked (its own process group), then reap it."""
-    if compiler.stdin is not None and not compiler.stdin.closed:
-        compiler.stdin.close()
-    if compiler.poll() is None:
-        try:
-            os.killpg(compiler.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    compiler.wait()
 
 
 def uv_cache_dir(uv: str, env: dict) -> Path | None:
@@ -192,37 +198,44 @@ def uv_cache_dir(uv: str, env: dict) -> Path | None:
 
 
 def start_while_installing(venv: Path, python: Path, lists: Path, env: dict, names: list[str],
-                           cache: Path | None) -> Installing | None:
-    """Before the row's install: compile the files of the lists ``names`` from their copies in uv's ``cache``
-    (mtpmatrix.runner.bytecode_from_cache) in the empty venv's Python, into a new suite folder. None (bytecode.start
-    then works as before) when turned off, without a cache, a venv Python or the last suite's ``sources.json``."""
+                           uv: str) -> Installing | None:
+    """Before the row's install: compile the files of the lists ``names`` from their copies in ``uv``'s cache
+    (mtpmatrix.runner.bytecode_from_cache: INSTALL_WORKERS processes of the empty venv's Python) into a new suite
+    folder. None (bytecode.start then works as before) when turned off, without a venv Python, the last suite's
+    ``sources.json`` or a uv cache."""
     site = site_packages(venv)
-    if not enabled(env) or cache is None or site is None or not Path(python).exists() \
-            or not (lists / SOURCES).is_file():
+    if not enabled(env) or site is None or not Path(python).exists() or not (lists / SOURCES).is_file():
         return None
     per_process = [(lists / f"{n}.txt").read_text().splitlines() if (lists / f"{n}.txt").is_file() else []
                    for n in names]
     files = compile_order(per_process)
-    if not files:
+    cache = uv_cache_dir(uv, env) if files else None
+    if cache is None:
         return None
     folder = _suite_folder()
     spec = {"prefix": str(folder / "pyc"), "site": str(site), "files": files, "sources": str(lists / SOURCES),
-            "cache": str(cache), "workers": INSTALL_WORKERS}
+            "cache": str(cache), "runner": os.getpid()}
     (folder / "from-cache.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("bytecode_from_cache.py")
-    # -I: nothing of the row is installed yet, and nothing from this environment's PYTHONPATH may stand in for it
-    compiler = subprocess.Popen([str(python), "-I", str(script), str(folder / "from-cache.json")], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                process_group=0)
-    return Installing(folder=folder, compiler=compiler)
+    installing = Installing(folder=folder, workers=[])
+    try:
+        for k in range(INSTALL_WORKERS):
+            # -I: nothing of the row is installed yet, and nothing of this environment's PYTHONPATH may stand in
+            installing.workers.append(subprocess.Popen(
+                [str(python), "-I", str(script), str(folder / "from-cache.json"), str(k), str(INSTALL_WORKERS)],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    except BaseException:
+        installing.stop()
+        raise
+    return installing
 
 
 def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], forked: bool = False,
           installing: Installing | None = None) -> Prefetch:
     """Start compiling the files of the lists ``names`` (``process_names``) in ``lists`` that are still in the venv,
-    in ``compile_order``, in ``venv``'s Python; or, given the compiler ``start_while_installing`` started, let it
-    go on. The returned Prefetch carries the pytest processes' environment. A no-op Prefetch (``env`` unchanged)
-    when turned off or the venv has no site-packages."""
+    in ``compile_order``, in ``venv``'s Python; given the workers ``start_while_installing`` started, stop them and
+    compile only what they left, in their folder. The returned Prefetch carries the pytest processes' environment.
+    A no-op Prefetch (``env`` unchanged) when turned off or the venv has no site-packages."""
     site = site_packages(venv)
     if not enabled(env) or site is None:
         if installing is not None:
@@ -236,12 +249,14 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
                    for n in names]
     files = [str(site / p) for p in compile_order(per_process, forked)]
     files = [f for f in files if os.path.isfile(f)]  # a file gone since (another release) is skipped
+    if installing is not None:
+        installing.done()
+        # what they compiled is skipped here, not left to compileall: it would redo each (it only recognises the
+        # timestamp pycs it writes itself)
+        cached, tag = run_env["PYTHONPYCACHEPREFIX"], _cache_tag(site)
+        files = [f for f in files if not os.path.exists(_cache_path(cached, f, tag))]
     compiler = None
-    if installing is not None and installing.compiler.poll() in (None, 0):
-        installing.installed()
-        compiler = installing.compiler
-        run_env.pop("PYTHONDONTWRITEBYTECODE", None)  # as below: everyone writes into the folder
-    elif files:  # (a compiler started while installing that failed: this one does what it left)
+    if files:
         listing = folder / "compile.txt"
         listing.write_text("".join(f"{f}\n" for f in files))
         # everyone writes into the (temporary) folder: the compiler skips what a pytest process compiled first, and
@@ -249,6 +264,20 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
         # with no list to compile, the processes write as the machine says (here not: ~4 s of CPU a process)
         run_env.pop("PYTHONDONTWRITEBYTECODE", None)
         compiler = subprocess.Popen([str(python), "-m", "compileall", "-qq", "-i", str(listing)], env=run_env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    elif installing is not None:
+        run_env.pop("PYTHONDONTWRITEBYTECODE", None)  # as above: the pytest processes write into the folder too
     return Prefetch(env=run_env, pytest_args=list(PLUGIN_ARGS), folder=folder, lists=lists, names=list(names),
                     site=site, compiler=compiler)
+
+
+def _cache_tag(site: Path) -> str:
+    """The venv's Python's bytecode tag (``cpython-311``), read off its site-packages path (lib/python3.11/...)."""
+    found = re.search(r"python(\d+)\.(\d+)", str(site))
+    return f"cpython-{found[1]}{found[2]}" if found else sys.implementation.cache_tag
+
+
+def _cache_path(prefix: str, source: str, tag: str) -> str:
+    """Where Python looks for ``source``'s bytecode under PYTHONPYCACHEPREFIX=prefix (importlib's rule)."""
+    folder, name = os.path.split(source)
+    return os.path.join(prefix, folder.lstrip(os.sep), f"{os.path.splitext(name)[0]}.{tag}.pyc")

@@ -1,16 +1,15 @@
-"""``python bytecode_from_cache.py SPEC``: a row's imports compiled from uv's cache while the row installs.
+"""``python bytecode_from_cache.py SPEC K N``: a row's imports compiled from uv's cache while the row installs.
 
 Why (issue #21): a row's install spends most of its time waiting on the package index (uv resolves 215 packages:
 5.7 s of 7.3 s on this machine, 42 % of one core used), while the suite that follows spends ~14 s of CPU compiling
 the ~8,000 files its processes import (mtpmatrix.runner.bytecode). Compiling needs only each file's bytes, and uv
 installs a file as a hard link to its unpacked copy in uv's cache: the bytes the venv will hold are there before the
-install ends. So this compiles them then, on the cores the install leaves idle.
+install ends. So this compiles them then, on the cores the install leaves idle, at the lowest priority.
 
-Which copy: ``sources.json`` (next to the lists, written by bytecode.Prefetch.finish at the end of the row's last
-suite) holds, per folder of listed files, one file's path and inode as the venv had it. A folder's copy is the one in
-``<uv cache>/archive-v0/*/`` with that file at that path and that inode. No recorded folder, no match (another
-release, a pruned cache, a copying link mode): that folder's files are compiled from the venv once the install is
-done (its standard input closed), as bytecode.start's compiler does.
+Which copy: ``sources.json`` (next to the lists, kept by bytecode.Prefetch.finish) holds, per folder of listed
+files, one file's path and inode as the venv had it. A folder's copy is the one in ``<uv cache>/archive-v0/*/`` with
+that file at that path and that inode. A folder with none (another release, a pruned cache, a copying link mode) is
+left to bytecode.start's compiler, which compiles what is still missing from the venv once the install is done.
 
 Why it is safe: a file compiled from the cache is written as a *checked hash-based* pyc (PEP 552): Python hashes the
 venv's source at every import and uses the bytecode only when the bytes are the same, so a copy that is not the
@@ -19,9 +18,10 @@ the hashes adds 0.1 s to the 0.5.17 suite's 7.5 s import.
 
 SPEC (JSON): ``prefix`` (the suite's PYTHONPYCACHEPREFIX), ``site`` (the venv's site-packages), ``files`` (paths
 relative to it, in the order to compile), ``sources`` (sources.json's path), ``cache`` (uv's cache folder),
-``workers`` (processes while the install runs; one goes on after it). The install is done when standard input
-ends (the runner closes it; so does its death, and a process group kill ends every worker).
-Standard library only: it runs in the row's venv before anything is installed there.
+``runner`` (the pid of the process that starts the workers). Worker K
+of N takes every N-th file from the K-th, and ends when its standard input ends: the runner closes it when the
+install is done, and the pipe ends as well when the runner dies (worker 0 then removes the folder). Standard library
+only: it runs in the row's venv before anything is installed there.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import json
 import os
 import py_compile
 import select
+import shutil
 import sys
 
-ARCHIVES = "archive-v0"  # uv's unpacked wheels (uv 0.4 - 0.9): one folder per wheel, its files as installed
+ARCHIVES = "archive-v0"  # uv's unpacked wheels (seen up to uv 0.13.9): one folder per wheel, its files as installed
 
 
 def archive_index(cache: str) -> dict[str, list[str]]:
@@ -78,70 +79,57 @@ def plan(files: list[str], archives: dict[str, str]) -> list[tuple[str, str | No
             for rel in files]
 
 
-def compile_one(rel: str, copy: str | None, site: str) -> bool:
-    """Compile ``rel`` unless its bytecode is there (a pytest process or another worker wrote it): from ``copy`` as a
-    checked hash-based pyc, else from the venv's file as Python itself would (timestamp). True when written; False
-    also when the file cannot be read (a copy pruned from the cache since, a file another release lacks)."""
+def compile_one(rel: str, copy: str, site: str) -> bool:
+    """Compile ``copy`` as ``rel``'s checked hash-based pyc unless ``rel`` has bytecode already (a pytest process or
+    another worker wrote it). True when written; False also when the copy cannot be read (pruned from the cache)."""
     path = os.path.join(site, rel)
     target = importlib.util.cache_from_source(path)  # under sys.pycache_prefix
     if os.path.exists(target):
         return False
     try:
-        if copy is None:
-            return py_compile.compile(path, cfile=target, doraise=False, quiet=2) is not None
         return py_compile.compile(copy, cfile=target, dfile=path, doraise=False, quiet=2,
                                   invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH) is not None
     except OSError:
         return False
 
 
-def installed(wait: bool = False) -> bool:
-    """Whether the install is done: standard input at its end (``wait``: block until it is)."""
-    return bool(select.select([sys.stdin], [], [], None if wait else 0)[0])
+def install_done() -> bool:
+    """Whether standard input has ended (the install is done, or the runner is gone)."""
+    return bool(select.select([sys.stdin], [], [], 0)[0])
 
 
-def work(todo: list[tuple[str, str | None]], site: str, keep_on: bool) -> int:
-    """Compile ``todo``'s cached copies in order, then (``keep_on``: the worker that goes on after the install) what
-    is left, each file from the venv once the install is done. A worker that does not go on stops at its end."""
+def work(todo: list[tuple[str, str | None]], site: str) -> int:
+    """Compile ``todo``'s cached copies in order until the install is done; the number written."""
     written = 0
     for rel, copy in todo:
-        if not keep_on and installed():
-            return written
+        if install_done():
+            break
         if copy is not None:
             written += compile_one(rel, copy, site)
-    if not keep_on:
-        return written
-    installed(wait=True)  # uv links files until then: none of the venv's own is read half there
-    for rel, _copy in todo:  # what has no bytecode yet, from the venv's own file now
-        written += compile_one(rel, None, site)
     return written
 
 
+def wait_for_install() -> None:
+    """Block (idle) until standard input ends."""
+    select.select([sys.stdin], [], [])
+
+
 def main(argv: list[str]) -> int:
-    # only the cores nothing else wants: the install's own work (resolving, linking) waits on the CPU otherwise
-    # (at the default priority two workers made the 0.5.17 install 12 s where it takes 8), and after it the
-    # pytest processes compile what they import first themselves
+    # only the cores nothing else wants: the install's own work (resolving, linking) waits on the CPU otherwise (at
+    # the default priority two workers made the 0.5.17 install 12 s where it takes 8)
     os.nice(19)
     spec = json.loads(open(argv[0]).read())
+    worker, workers = int(argv[1]), int(argv[2])
     sys.pycache_prefix = spec["prefix"]
     try:
         sources = json.loads(open(spec["sources"]).read())["folders"]
     except (OSError, ValueError, KeyError):
         sources = {}
     todo = plan(spec["files"], folder_sources(sources, archive_index(spec["cache"])))
-    workers = max(1, int(spec.get("workers", 1)))
-    pids = []
-    for k in range(1, workers):  # the others take every workers-th file while the install runs
-        pid = os.fork()
-        if pid == 0:
-            work(todo[k::workers], spec["site"], keep_on=False)
-            os._exit(0)
-        pids.append(pid)
-    work(todo[0::workers], spec["site"], keep_on=False)
-    # the first worker goes on: every file not written yet, in order, the venv's own once installed
-    work(todo, spec["site"], keep_on=True)
-    for pid in pids:
-        os.waitpid(pid, 0)
+    work(todo[worker::workers], spec["site"])
+    wait_for_install()  # done early or not, its end says whether the runner is still there to clean up
+    if os.getppid() != spec["runner"] and worker == 0:  # the input ended because the runner died: nobody else removes it
+        shutil.rmtree(os.path.dirname(spec["prefix"]), ignore_errors=True)
     return 0
 
 

@@ -309,29 +309,23 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     constraints.write_text(constraints_text(row, opts.overrides))
     if overrides_file is not None:
         overrides_file.write_text("\n".join(opts.overrides) + "\n")
-    t0 = time.monotonic()
     # the files the row's suite imported last time, compiled from uv's cache while the install waits on the index
     installing = bytecode.start_while_installing(venv, venv_python(venv), bytecode.lists_folder(row), env_uv,
-                                                 bytecode.process_names(groups, opts.tiers),
-                                                 bytecode.uv_cache_dir(cmd[0], env_uv))
+                                                 bytecode.process_names(groups, opts.tiers), cmd[0])
     try:
-        record = _install(row, venv, opts, store, out, cmd, constraints, overrides_file, env_uv, record, t0, log)
-    except BaseException:
-        if installing is not None:
+        record = _install(row, venv, opts, store, out, cmd, constraints, overrides_file, env_uv, record, log)
+        if record["install"]["verdict"] != "passed":  # recorded and saved
+            return record
+        return _suite(row, venv, opts, store, out, record, groups, installing, log)
+    finally:
+        if installing is not None:  # a failed install, or a stop before the suite's own compiler took over
             installing.stop()
-        raise
-    if record.get("verdict") != "pending":  # the install failed: recorded and saved
-        if installing is not None:
-            installing.stop()
-        return record
-    if installing is not None:
-        installing.installed()
-    return _suite(row, venv, opts, store, out, record, groups, installing, log)
 
 
 def _install(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, cmd: list[str], constraints: Path,
-             overrides_file: Path | None, env_uv: dict, record: dict, t0: float, log) -> dict:
+             overrides_file: Path | None, env_uv: dict, record: dict, log) -> dict:
     """run_row's install, companions, freeze and check; the record, finished when the install failed."""
+    t0 = time.monotonic()
     log(f"[{row.id}] installing: {' '.join(cmd[1:])}")
     rc, output = _run_logged(cmd, out / "install.log", env=env_uv)
     record["install"] = {"verdict": "passed" if rc == 0 else "failed", "seconds": round(time.monotonic() - t0, 1),
@@ -410,7 +404,8 @@ def _suite(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, reco
     log(f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}"
         + (f" (side by side: {', '.join('+'.join(g.tiers) for g in groups)})" if groups else ""))
     t0 = time.monotonic()
-    # the files the row's suite imported last time, compiled on the spare core while pytest starts (bytecode.py)
+    # what the workers compiling from uv's cache left, or (without them) the files the row's suite imported last
+    # time, compiled on the spare core while pytest starts (bytecode.py)
     prefetch = bytecode.start(venv, venv_python(venv), bytecode.lists_folder(row), env_py,
                               bytecode.process_names(groups, opts.tiers),
                               forked=bool(groups) and side_by_side.forks(pytest_cmd), installing=installing)
