@@ -4,9 +4,9 @@
 
 Row: ``nox -s "gemma4_mtp(ROW)"`` as a user runs it (nox, the row's uv venv and install, freeze and check, the
 suite), wall clock from start to exit, results in a temp folder. Floor: what no suite design can remove, the row's
-install (its recorded install command, run again into a new venv with nothing beside it) plus one
-``import sglang.srt.models.gemma4_mtp`` in the row's venv, both timed right after the row, so a busy machine
-inflates row and floor alike. That import is a fresh venv's first: compiled
+install (its recorded install command, run again into a new venv with nothing beside it, right after the row) plus
+one ``import sglang.srt.models.gemma4_mtp`` in the row's venv, timed right before and right after the row and
+averaged, so a machine whose speed drifts inflates row and floor alike. That import is a fresh venv's first: compiled
 from source (an empty PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE=1), as the row's own first import is. Warm: the
 uv cache, the row's tiny pairs (.cache/tiny/ROW) and its lists of imports to compile ahead, with where uv's cache
 holds them (.cache/bytecode/), exist; when they do not, one unmeasured row makes them first.
@@ -79,6 +79,10 @@ def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str 
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "MTPMATRIX_SIDE_BY_SIDE": "0" if one_process else "1",
            "MTPMATRIX_PRECOMPILE": "0" if one_process else "1"}
     env.pop("MTPMATRIX_TIERS", None)
+    # the floor's import is timed on both sides of the row and averaged: this machine's speed drifts by a third
+    # within minutes (the same import took 22 s and 32 s ten minutes apart), and one side alone carries that drift
+    # into the ratio
+    first_import, _first_cpu = floor_import(row, env) if venv_of(row).is_dir() else (None, None)
     wall, cpu, rc = _timed([*_nox(), "-s", f"gemma4_mtp({row})", "--", "--results", str(results), "--run-id",
                             run_id, *(["--tiers", tiers] if tiers else [])], env)
     folder = results / run_id / row
@@ -88,18 +92,26 @@ def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str 
     # install shares the machine with the imports compiled while it runs, mtpmatrix.runner.bytecode_from_cache: its
     # seconds would carry them into the floor)
     install = floor_install(record["install"]["command"], env)
-    # the floor's import is a fresh venv's first one: compiled from source (an empty bytecode folder, none kept)
-    with tempfile.TemporaryDirectory(prefix="floor-pyc-") as empty:
-        floor_wall, floor_cpu, irc = _timed([str(venv_of(row) / "bin" / "python"), "-c", IMPORT],
-                                            {**env, "PYTHONPYCACHEPREFIX": empty, "PYTHONDONTWRITEBYTECODE": "1"})
-    if irc != 0:
-        raise SystemExit(f"{IMPORT} fails in {venv_of(row)} (exit {irc}): no floor to compare with")
+    floor_wall, floor_cpu = floor_import(row, env)
+    if first_import is not None:
+        floor_wall = (first_import + floor_wall) / 2
     return {"wall": wall, "cpu": cpu, "nox_exit": rc, "verdict": record.get("verdict"),
             "install": install, "row_install": record["install"]["seconds"],
             "suite": record.get("suite", {}).get("seconds"),
             "tiers": {t: e.get("seconds") for t, e in tiers["tiers"].items()},
             "import": floor_wall, "import_cpu": floor_cpu, "floor": install + floor_wall,
             "records": records_of(tiers)}
+
+
+def floor_import(row: str, env: dict) -> tuple[float, float]:
+    """(wall, CPU) of a fresh venv's first MTP import in the row's venv: compiled from source (an empty bytecode
+    folder, none kept)."""
+    with tempfile.TemporaryDirectory(prefix="floor-pyc-") as empty:
+        wall, cpu, rc = _timed([str(venv_of(row) / "bin" / "python"), "-c", IMPORT],
+                               {**env, "PYTHONPYCACHEPREFIX": empty, "PYTHONDONTWRITEBYTECODE": "1"})
+    if rc != 0:
+        raise SystemExit(f"{IMPORT} fails in {venv_of(row)} (exit {rc}): no floor to compare with")
+    return wall, cpu
 
 
 def floor_install(command: list[str], env: dict) -> float:
