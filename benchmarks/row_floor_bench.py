@@ -6,8 +6,9 @@ Row: ``nox -s "gemma4_mtp(ROW)"`` as a user runs it (nox, the row's uv venv and 
 suite), wall clock from start to exit, results in a temp folder. Floor: what no suite design can remove, the row's
 install (its recorded install command, run again into a new venv with nothing beside it, right after the row) plus
 one ``import sglang.srt.models.gemma4_mtp`` in the row's venv, timed right before and right after the row and
-averaged, so a machine whose speed drifts inflates row and floor alike. That import is a fresh venv's first: compiled
-from source (an empty PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE=1), as the row's own first import is. Warm: the
+averaged (its CPU: the import after the row), so a machine whose speed drifts inflates row and floor alike. That
+import is a fresh venv's first: compiled from source (an empty PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE=1), as
+the row's own first import is. Warm: the
 uv cache, the row's tiny pairs (.cache/tiny/ROW) and its lists of imports to compile ahead, with where uv's cache
 holds them (.cache/bytecode/), exist; when they do not, one unmeasured row makes them first.
 
@@ -167,7 +168,8 @@ def bench_row(row: str, args, results: Path) -> bool:
     layouts = [("now", False)] + ([("one-process", True)] if args.one_process else [])
     if not (REPO / ".cache" / "tiny" / row).is_dir() or not any(_bytecode_list(row).glob("*.txt")) \
             or not (_bytecode_list(row) / "sources.json").is_file():
-        print(f"warming up: {row}'s tiny pairs or list of imports are not there yet (one unmeasured row)",
+        print(f"warming up: {row}'s tiny pairs, lists of imports or sources.json are not there yet (one unmeasured "
+              "row)",
               flush=True)
         run_row(row, results, f"warmup-{row}", one_process=False)
     runs: dict[str, list[dict]] = {name: [] for name, _ in layouts}

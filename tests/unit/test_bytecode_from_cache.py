@@ -271,8 +271,8 @@ def test_a_worker_whose_runner_died_removes_the_folder(installed, tmp_path):
     runner = ("import json, os, subprocess, sys\n"
               f"spec = json.loads({json.dumps(spec)!r})\n"
               f"open({str(tmp_path / 'spec.json')!r}, 'w').write(json.dumps({{**spec, 'runner': os.getpid()}}))\n"
-              f"w = subprocess.Popen([sys.executable, '-I', {str(script)!r}, {str(tmp_path / 'spec.json')!r}, '0', '1'],"
-              " stdin=subprocess.PIPE)\n"
+              f"w = subprocess.Popen([sys.executable, '-I', {str(script)!r}, {str(tmp_path / 'spec.json')!r}, '0',"
+              " '1'], stdin=subprocess.PIPE)\n"
               "print(w.pid, flush=True)\n")  # exits at once: its end of the worker's input closes with it
     said = subprocess.run([sys.executable, "-c", runner], capture_output=True, text=True, check=True)
     worker = os.pidfd_open(int(said.stdout))

@@ -9,16 +9,17 @@ themselves and write there, and the compiler skips it. The contract tier's one l
 executing modules, not compiling them (its process: 33 s of CPU without, 19 s with, same machine).
 
 Nothing outlives the suite: the folder is new for every suite and removed after it, and Python checks each cached
-file against its source before using it (mtime and size; the hash of its bytes for those compiled from uv's cache). What persists is only one list of files per pytest
-process (``.cache/bytecode/sglang-<version>-py<python>/<process>.txt``, paths relative to site-packages, so every
-probe of a bisect shares them), rewritten from what that process imported (mtpmatrix.tiers.imported); without
-one (the first row of a release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
+file against its source before using it (mtime and size; the hash of its bytes for those compiled from uv's
+cache). What persists is one list of files per pytest process (``.cache/bytecode/sglang-<version>-py<python>/
+<process>.txt``, paths relative to site-packages, so every probe of a bisect shares them), rewritten from what that
+process imported (mtpmatrix.tiers.imported), and ``sources.json`` (below); without a list (the first row of a
+release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
 
 Most of the compiling can start earlier, while the row installs (``start_while_installing``): the install waits on
 the package index with the cores idle, and uv's cache already holds the bytes it will link into the venv
 (mtpmatrix.runner.bytecode_from_cache says how, and why a copy that is not the venv's file is never run). For that
 the lists folder also keeps ``sources.json``: per folder of listed files, one file's path and inode in the venv. Once
-the install is done, those workers stop and the compiler above takes what they left, from the venv.
+the suite starts, those workers stop and the compiler above takes what they left, from the venv.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def enabled(env: dict | None = None) -> bool:
     """``MTPMATRIX_PRECOMPILE``: unset or "1" on, "0" off; RowError (one line) for anything else."""
     value = (os.environ if env is None else env).get(ENV_KNOB, "").strip()
     if value not in ("", "0", "1"):
-        raise RowError(f"{ENV_KNOB}={value!r}: use 1 (compile the row's imports on the spare core) or 0")
+        raise RowError(f"{ENV_KNOB}={value!r}: use 1 (compile the row's imports ahead: during the install and on the "
+                       "spare core) or 0")
     return value != "0"
 
 
@@ -164,7 +166,7 @@ def _suite_folder() -> Path:
 
 @dataclass
 class Installing:
-    """The workers ``start_while_installing`` started; ``done()`` once the install succeeded (they stop, and
+    """The workers ``start_while_installing`` started; ``done()`` when the suite starts (they stop, and
     bytecode.start compiles what they left), ``stop()`` when it failed or the row stops before its suite."""
 
     folder: Path

@@ -9,7 +9,7 @@ install ends. So this compiles them then, on the cores the install leaves idle, 
 Which copy: ``sources.json`` (next to the lists, kept by bytecode.Prefetch.finish) holds, per folder of listed
 files, one file's path and inode as the venv had it. A folder's copy is the one in ``<uv cache>/archive-v0/*/`` with
 that file at that path and that inode. A folder with none (another release, a pruned cache, a copying link mode) is
-left to bytecode.start's compiler, which compiles what is still missing from the venv once the install is done.
+left to bytecode.start's compiler, which compiles what is still missing from the venv when the suite starts.
 
 Why it is safe: a file compiled from the cache is written as a *checked hash-based* pyc (PEP 552): Python hashes the
 venv's source at every import and uses the bytecode only when the bytes are the same, so a copy that is not the
@@ -18,10 +18,10 @@ the hashes adds 0.1 s to the 0.5.17 suite's 7.5 s import.
 
 SPEC (JSON): ``prefix`` (the suite's PYTHONPYCACHEPREFIX), ``site`` (the venv's site-packages), ``files`` (paths
 relative to it, in the order to compile), ``sources`` (sources.json's path), ``cache`` (uv's cache folder),
-``runner`` (the pid of the process that starts the workers). Worker K
-of N takes every N-th file from the K-th, and ends when its standard input ends: the runner closes it when the
-install is done, and the pipe ends as well when the runner dies (worker 0 then removes the folder). Standard library
-only: it runs in the row's venv before anything is installed there.
+``runner`` (the pid of the process that starts the workers). Worker K of N takes every N-th file from the K-th, and
+ends when its standard input ends: the runner closes it when the suite starts (after the install), and the pipe ends
+as well when the runner dies (worker 0 then removes the folder). Standard library only: it runs in the row's venv
+before anything is installed there.
 """
 
 from __future__ import annotations
@@ -94,12 +94,12 @@ def compile_one(rel: str, copy: str, site: str) -> bool:
 
 
 def install_done() -> bool:
-    """Whether standard input has ended (the install is done, or the runner is gone)."""
+    """Whether standard input has ended (the suite starts, or the runner is gone)."""
     return bool(select.select([sys.stdin], [], [], 0)[0])
 
 
 def work(todo: list[tuple[str, str | None]], site: str) -> int:
-    """Compile ``todo``'s cached copies in order until the install is done; the number written."""
+    """Compile ``todo``'s cached copies in order until standard input ends; the number written."""
     written = 0
     for rel, copy in todo:
         if install_done():
@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
     todo = plan(spec["files"], folder_sources(sources, archive_index(spec["cache"])))
     work(todo[worker::workers], spec["site"])
     wait_for_install()  # done early or not, its end says whether the runner is still there to clean up
-    if os.getppid() != spec["runner"] and worker == 0:  # the input ended because the runner died: nobody else removes it
+    if os.getppid() != spec["runner"] and worker == 0:  # the runner died: nobody else removes the folder
         shutil.rmtree(os.path.dirname(spec["prefix"]), ignore_errors=True)
     return 0
 

@@ -318,7 +318,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
             return record
         return _suite(row, venv, opts, store, out, record, groups, installing, log)
     finally:
-        if installing is not None:  # a failed install, or a stop before the suite's own compiler took over
+        if installing is not None:  # always: kills what a failed install or an early stop left (after a suite: no-op)
             installing.stop()
 
 
