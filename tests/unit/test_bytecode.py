@@ -126,3 +126,29 @@ def test_compile_order_interleaves_the_processes_and_forked_keeps_what_one_alone
     assert bytecode.compile_order([sglang, reference], forked=True) == ["sglang/x.py", "transformers/t.py",
                                                                         "sglang/y.py", "torch/b.py", "torch/a.py"]
     assert bytecode.compile_order([sglang], forked=True) == sglang  # one process shares nothing
+
+
+def test_a_release_without_lists_uses_the_last_written_of_another_release(venv, tmp_path):
+    """A bisect probe's release has no lists yet: its suite still compiles ahead, from the list another release of
+    the same Python wrote last; what it imported becomes its own release's list (the other's stays)."""
+    import os
+
+    site = bytecode.site_packages(venv)
+    cache = tmp_path / "bytecode"
+    older, newer, other_python = (cache / "sglang-0.5.13-py3.11", cache / "sglang-0.5.17-py3.11",
+                                  cache / "sglang-0.5.23-py3.12")
+    for folder, listed in ((older, "pkg/unused.py\n"), (newer, "pkg/__init__.py\npkg/used.py\n"),
+                           (other_python, "pkg/unused.py\n")):
+        folder.mkdir(parents=True)
+        (folder / "one-contract.txt").write_text(listed)
+    os.utime(older / "one-contract.txt", (1, 1))  # written long ago
+    probe = cache / "sglang-0.5.15-py3.11"
+    assert bytecode.read_lists(probe, ["one-contract", "one-reference"]) == [["pkg/__init__.py", "pkg/used.py"], []]
+    pre = bytecode.start(venv, Path(sys.executable), probe, {"PATH": "/bin"}, ["one-contract"])
+    assert pre.compiler.wait() == 0
+    assert (pre.folder / "compile.txt").read_text().splitlines() == [str(site / "pkg" / n)
+                                                                     for n in ("__init__.py", "used.py")]
+    (pre.folder / "imported" / "imported-one-contract.txt").write_text(f"{site}/pkg/used.py\n")
+    pre.finish()
+    assert (probe / "one-contract.txt").read_text() == "pkg/used.py\n"
+    assert (newer / "one-contract.txt").read_text() == "pkg/__init__.py\npkg/used.py\n"  # the other's stays

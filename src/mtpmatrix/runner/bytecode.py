@@ -138,6 +138,27 @@ def write_sources(lists: Path, site: Path, names: list[str]) -> None:
     atomic_write_json(lists / SOURCES, {"folders": folders})
 
 
+def _listed(lists: Path, file: str) -> Path | None:
+    """``lists/file`` (a process's list, or sources.json); without it, the same file of the other release of this
+    Python whose copy was written last. Why: a bisect probe installs a release no row has run here, and without a
+    list its suite compiled as it imported (a contract probe: 1.7 x its floor, against 0.8 x with one). Its torch,
+    transformers and the rest are the same files as the other release's; a file the probe's release lacks is skipped,
+    one it changed is compiled again by the import (and a cached copy of the other release's fails its hash check)."""
+    own = lists / file
+    if own.is_file():
+        return own
+    python = lists.name.rpartition("-py")[2]
+    others = [d / file for d in (lists.parent.iterdir() if lists.parent.is_dir() else [])
+              if d != lists and d.name.endswith(f"-py{python}") and (d / file).is_file()]
+    return max(others, key=lambda p: p.stat().st_mtime) if others else None
+
+
+def read_lists(lists: Path, names: list[str]) -> list[list[str]]:
+    """Each process's list of files (``_listed``: its release's, or the last written of another release)."""
+    found = [_listed(lists, f"{n}.txt") for n in names]
+    return [f.read_text().splitlines() if f is not None else [] for f in found]
+
+
 def compile_order(per_process: list[list[str]], forked: bool = False) -> list[str]:
     """The files of the processes' lists, each once: each process's in turn (its 1st, the other's 1st, its 2nd,
     ...: the processes import side by side, so the compiler stays ahead of each). ``forked`` (the processes are
@@ -206,16 +227,15 @@ def start_while_installing(venv: Path, python: Path, lists: Path, env: dict, nam
     folder. None (bytecode.start then works as before) when turned off, without a venv Python, the last suite's
     ``sources.json`` or a uv cache."""
     site = site_packages(venv)
-    if not enabled(env) or site is None or not Path(python).exists() or not (lists / SOURCES).is_file():
+    sources = _listed(lists, SOURCES)
+    if not enabled(env) or site is None or not Path(python).exists() or sources is None:
         return None
-    per_process = [(lists / f"{n}.txt").read_text().splitlines() if (lists / f"{n}.txt").is_file() else []
-                   for n in names]
-    files = compile_order(per_process)
+    files = compile_order(read_lists(lists, names))
     cache = uv_cache_dir(uv, env) if files else None
     if cache is None:
         return None
     folder = _suite_folder()
-    spec = {"prefix": str(folder / "pyc"), "site": str(site), "files": files, "sources": str(lists / SOURCES),
+    spec = {"prefix": str(folder / "pyc"), "site": str(site), "files": files, "sources": str(sources),
             "cache": str(cache), "runner": os.getpid()}
     (folder / "from-cache.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("bytecode_from_cache.py")
@@ -247,9 +267,7 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
     run_env = {**env, "PYTHONPYCACHEPREFIX": str(folder / "pyc"), IMPORTED_ENV: str(folder / "imported")}
     if len(names) == 1:  # one process; side by side, each group's process is named by side_by_side.run
         run_env[PROCESS_ENV] = names[0]
-    per_process = [(lists / f"{n}.txt").read_text().splitlines() if (lists / f"{n}.txt").is_file() else []
-                   for n in names]
-    files = [str(site / p) for p in compile_order(per_process, forked)]
+    files = [str(site / p) for p in compile_order(read_lists(lists, names), forked)]
     files = [f for f in files if os.path.isfile(f)]  # a file gone since (another release) is skipped
     if installing is not None:
         installing.done()
