@@ -1,7 +1,7 @@
 """``python bytecode_from_cache.py SPEC K N``: a row's imports compiled from uv's cache while the row installs.
 
 Why (issue #21): a row's install spends most of its time waiting on the package index (uv resolves 215 packages:
-5.7 s of 7.3 s on this machine, 42 % of one core used), while the suite that follows spends ~14 s of CPU compiling
+5.7 s of 8.3 s on this machine, under half a core busy), while the suite that follows spends ~14 s of CPU compiling
 the ~8,000 files its processes import (mtpmatrix.runner.bytecode). Compiling needs only each file's bytes, and uv
 installs a file as a hard link to its unpacked copy in uv's cache: the bytes the venv will hold are there before the
 install ends. So this compiles them then, on the cores the install leaves idle, at the lowest priority.
