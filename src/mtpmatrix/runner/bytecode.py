@@ -276,18 +276,17 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
         # timestamp pycs it writes itself)
         cached, tag = run_env["PYTHONPYCACHEPREFIX"], _cache_tag(site)
         files = [f for f in files if not os.path.exists(_cache_path(cached, f, tag))]
+    if files or installing is not None:
+        # everyone writes into the (temporary) folder: the compiler skips what a pytest process compiled first, and
+        # so gets ahead of it (with the processes not writing, it trailed them: contract probe 23 s, not 14 s);
+        # with nothing compiled ahead, the processes write as the machine says (here not: ~4 s of CPU a process)
+        run_env.pop("PYTHONDONTWRITEBYTECODE", None)
     compiler = None
     if files:
         listing = folder / "compile.txt"
         listing.write_text("".join(f"{f}\n" for f in files))
-        # everyone writes into the (temporary) folder: the compiler skips what a pytest process compiled first, and
-        # so gets ahead of it (with the processes not writing, it trailed them: contract probe 23 s, not 14 s);
-        # with no list to compile, the processes write as the machine says (here not: ~4 s of CPU a process)
-        run_env.pop("PYTHONDONTWRITEBYTECODE", None)
         compiler = subprocess.Popen([str(python), "-m", "compileall", "-qq", "-i", str(listing)], env=run_env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    elif installing is not None:
-        run_env.pop("PYTHONDONTWRITEBYTECODE", None)  # as above: the pytest processes write into the folder too
     return Prefetch(env=run_env, pytest_args=list(PLUGIN_ARGS), folder=folder, lists=lists, names=list(names),
                     site=site, compiler=compiler)
 
