@@ -4,13 +4,14 @@ itself, for the compiler to skip), what it imported becomes the next list, and n
 
 from __future__ import annotations
 
-import importlib.util
 import marshal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pyc_paths import pyc
 
 from mtpmatrix.runner import bytecode
 from mtpmatrix.runner.rows import RowError
@@ -30,12 +31,6 @@ def venv(tmp_path):
     return tmp_path / "venv"
 
 
-def _pyc(prefix: Path, source: Path) -> Path:
-    """Where Python looks for ``source``'s bytecode under PYTHONPYCACHEPREFIX=prefix."""
-    tail = Path(importlib.util.cache_from_source(str(source))).name
-    return prefix / str(source.parent).lstrip("/") / tail
-
-
 def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewritten(venv, tmp_path):
     site = bytecode.site_packages(venv)
     lists = tmp_path / "cache" / "sglang-0.5.17-py3.11"
@@ -48,11 +43,11 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     assert pre.compiler is not None and pre.compiler.wait() == 0
     prefix = Path(pre.env["PYTHONPYCACHEPREFIX"])
     assert "PYTHONDONTWRITEBYTECODE" not in pre.env and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
-    assert _pyc(prefix, site / "pkg" / "used.py").is_file()
-    assert not _pyc(prefix, site / "pkg" / "unused.py").exists()  # only what this run's list names
+    assert pyc(prefix, site / "pkg" / "used.py").is_file()
+    assert not pyc(prefix, site / "pkg" / "unused.py").exists()  # only what this run's list names
 
     # proof that the cache is read: its pkg.used keeps the source's header (mtime, size) but holds other code
-    cached = _pyc(prefix, site / "pkg" / "used.py")
+    cached = pyc(prefix, site / "pkg" / "used.py")
     cached.write_bytes(cached.read_bytes()[:16] + marshal.dumps(compile("VALUE = 43\n", "used.py", "exec")))
     # a pytest process with the suite's environment: imports pkg.used from the cache, lists what it imported
     suite = tmp_path / "suite"
@@ -62,7 +57,7 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
                            *pre.pytest_args], env=pre.env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert _pyc(prefix, site / "pkg" / "unused.py").is_file()  # compiled by the pytest process: the compiler skips it
+    assert pyc(prefix, site / "pkg" / "unused.py").is_file()  # compiled by the pytest process: the compiler skips it
 
     pre.finish()
     assert not prefix.parent.exists()  # the suite's folder is gone

@@ -4,7 +4,6 @@ copy that is not the venv's file is never run; no worker outlives the row."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import marshal
 import os
@@ -15,14 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from pyc_paths import pyc
+
 from mtpmatrix.runner import bytecode, bytecode_from_cache as from_cache
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def _pyc(prefix: Path, source: Path) -> Path:
-    """Where Python looks for ``source``'s bytecode under PYTHONPYCACHEPREFIX=prefix."""
-    return prefix / str(source.parent).lstrip("/") / Path(importlib.util.cache_from_source(str(source))).name
 
 
 @pytest.fixture
@@ -52,13 +48,32 @@ LISTED = ["pkg/__init__.py", "pkg/mod.py", "single.py", "pkg/own.py", "other/thi
 VENV_OWN = LISTED[3:]  # no copy of them in the cache: compiled from the venv once it is installed
 
 
+def _recorded(tmp_path, site, names=("sglang",)):
+    """A lists folder as a row leaves it: ``sglang.txt`` naming LISTED and the ``sources.json`` written for
+    ``names``. Returns (lists, sources.json's folders)."""
+    lists = tmp_path / "lists"
+    lists.mkdir(exist_ok=True)
+    (lists / "sglang.txt").write_text("".join(f"{p}\n" for p in LISTED))
+    bytecode.write_sources(lists, site, list(names))
+    return lists, json.loads((lists / bytecode.SOURCES).read_text())["folders"]
+
+
+def _copies(sources, cache):
+    """(relative path, its copy in the cache or None) for LISTED, as a worker plans them."""
+    return from_cache.plan(LISTED, from_cache.folder_sources(sources, from_cache.archive_index(str(cache))))
+
+
+def _fake_uv(tmp_path, cache) -> str:
+    """A uv that answers what the runner asks it, `uv cache dir`, with ``cache``."""
+    uv = tmp_path / "uv"
+    uv.write_text(f"#!/bin/sh\necho {cache}\n")
+    uv.chmod(0o755)
+    return str(uv)
+
+
 def test_each_folder_finds_the_wheel_whose_copy_is_the_venvs_file(installed, tmp_path):
     venv, site, cache = installed
-    lists = tmp_path / "lists"
-    lists.mkdir()
-    (lists / "sglang.txt").write_text("".join(f"{p}\n" for p in LISTED))
-    bytecode.write_sources(lists, site, ["sglang"])
-    sources = json.loads((lists / bytecode.SOURCES).read_text())["folders"]
+    _lists, sources = _recorded(tmp_path, site)
     assert set(sources) == {"pkg", "single.py", "other"}  # a folder, or a top-level module by itself
     index = from_cache.archive_index(str(cache))
     old, new = str(cache / "archive-v0" / "aaa"), str(cache / "archive-v0" / "bbb")
@@ -88,7 +103,7 @@ def test_a_copy_that_is_not_the_venvs_file_is_never_run(installed, tmp_path):
         assert not from_cache.compile_one("pkg/gone.py", str(cache / "pruned.py"), str(site))  # unreadable: skipped
     finally:
         sys.pycache_prefix = saved
-    wrong = _pyc(prefix, site / "pkg" / "mod.py")
+    wrong = pyc(prefix, site / "pkg" / "mod.py")
     assert wrong.read_bytes()[4:8] == (3).to_bytes(4, "little")  # flags: hash-based, checked
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(site)}
     done = subprocess.run([sys.executable, "-c", "import pkg.mod; print(pkg.mod.VALUE)"], env=env,
@@ -105,8 +120,8 @@ def test_the_right_copy_is_what_the_import_runs(installed, tmp_path):
         from_cache.compile_one("pkg/mod.py", str(cache / "archive-v0" / "bbb" / "pkg" / "mod.py"), str(site))
     finally:
         sys.pycache_prefix = saved
-    pyc = _pyc(prefix, site / "pkg" / "mod.py")
-    pyc.write_bytes(pyc.read_bytes()[:16] + marshal.dumps(compile("VALUE = 43\n", str(site / "pkg" / "mod.py"),
+    cached = pyc(prefix, site / "pkg" / "mod.py")
+    cached.write_bytes(cached.read_bytes()[:16] + marshal.dumps(compile("VALUE = 43\n", str(site / "pkg" / "mod.py"),
                                                                   "exec")))
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(site)}
     done = subprocess.run([sys.executable, "-c", "import pkg.mod; print(pkg.mod.VALUE, pkg.mod.__file__)"],
@@ -115,15 +130,10 @@ def test_the_right_copy_is_what_the_import_runs(installed, tmp_path):
 
 
 def _start(venv, tmp_path, cache, names=("sglang",)):
-    lists = tmp_path / "lists"
-    lists.mkdir(exist_ok=True)
-    (lists / "sglang.txt").write_text("".join(f"{p}\n" for p in LISTED))
-    bytecode.write_sources(lists, bytecode.site_packages(venv), list(names))
-    uv = tmp_path / "uv"  # what the runner asks: `uv cache dir`
-    uv.write_text(f"#!/bin/sh\necho {cache}\n")
-    uv.chmod(0o755)
+    lists, _sources = _recorded(tmp_path, bytecode.site_packages(venv), names)
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
-    return lists, env, bytecode.start_while_installing(venv, Path(sys.executable), lists, env, list(names), str(uv))
+    return lists, env, bytecode.start_while_installing(venv, Path(sys.executable), lists, env, list(names),
+                                                       _fake_uv(tmp_path, cache))
 
 
 @pytest.fixture
@@ -139,17 +149,13 @@ def started(installed, tmp_path):
 def test_a_worker_compiles_the_copies_until_the_install_is_done(installed, tmp_path, monkeypatch):
     """The install's end is the worker's standard input ending (here a pipe the test closes)."""
     venv, site, cache = installed
-    lists = tmp_path / "lists"
-    lists.mkdir()
-    (lists / "sglang.txt").write_text("".join(f"{p}\n" for p in LISTED))
-    bytecode.write_sources(lists, site, ["sglang"])
-    sources = json.loads((lists / bytecode.SOURCES).read_text())["folders"]
-    todo = from_cache.plan(LISTED, from_cache.folder_sources(sources, from_cache.archive_index(str(cache))))
+    _lists, sources = _recorded(tmp_path, site)
+    todo = _copies(sources, cache)
     read, write = os.pipe()
     monkeypatch.setattr(sys, "stdin", os.fdopen(read))
     prefix = tmp_path / "pyc"
     monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
-    pycs = {p: _pyc(prefix, site / p) for p in LISTED}
+    pycs = {p: pyc(prefix, site / p) for p in LISTED}
     assert from_cache.work(todo[3:], str(site)) == 0  # the venv's own files are not its to compile
     os.close(write)  # the install is done: nothing more
     assert from_cache.work(todo, str(site)) == 0 and not any(p.exists() for p in pycs.values())
@@ -164,16 +170,14 @@ def test_a_worker_compiles_the_copies_until_the_install_is_done(installed, tmp_p
 def test_the_suite_compiles_what_the_workers_left(started, tmp_path):
     venv, site, lists, env, installing = started
     prefix = installing.folder / "pyc"
-    sources = json.loads((lists / bytecode.SOURCES).read_text())["folders"]
-    with_copies = from_cache.plan(LISTED, from_cache.folder_sources(sources, from_cache.archive_index(
-        str(tmp_path / "uv-cache"))))
+    with_copies = _copies(json.loads((lists / bytecode.SOURCES).read_text())["folders"], tmp_path / "uv-cache")
     saved, sys.pycache_prefix = sys.pycache_prefix, str(prefix)
     try:  # as if the workers had got through their shares (they may be writing the same files: each is skipped)
         for rel, copy in with_copies[:3]:
             from_cache.compile_one(rel, copy, str(site))
     finally:
         sys.pycache_prefix = saved
-    by_workers = {p for p in LISTED if _pyc(prefix, site / p).exists()}
+    by_workers = {p for p in LISTED if pyc(prefix, site / p).exists()}
     assert by_workers == set(LISTED[:3])  # the copies
     pre = bytecode.start(venv, Path(sys.executable), lists, env, ["sglang"], installing=installing)
     assert pre.env["PYTHONPYCACHEPREFIX"] == str(prefix) and "PYTHONDONTWRITEBYTECODE" not in pre.env
@@ -181,7 +185,7 @@ def test_the_suite_compiles_what_the_workers_left(started, tmp_path):
     listing = (installing.folder / "compile.txt").read_text().splitlines()
     assert listing == [str(site / p) for p in LISTED if p not in by_workers]
     assert pre.compiler.wait() == 0
-    assert all(_pyc(prefix, site / p).read_bytes()[4:8] == bytes(4) for p in VENV_OWN)  # timestamp, from the venv
+    assert all(pyc(prefix, site / p).read_bytes()[4:8] == bytes(4) for p in VENV_OWN)  # timestamp, from the venv
     pre.finish()
     assert not installing.folder.exists() and (lists / bytecode.SOURCES).is_file()
 
@@ -230,28 +234,23 @@ def test_nothing_starts_without_what_it_needs(installed, tmp_path):
     lists = tmp_path / "lists"
     lists.mkdir()
     (lists / "sglang.txt").write_text("pkg/mod.py\n")
-    uv = tmp_path / "uv"
-    uv.write_text(f"#!/bin/sh\necho {cache}\n")
-    uv.chmod(0o755)
+    uv = _fake_uv(tmp_path, cache)
     env = {"PATH": "/bin"}
     # no sources.json (the first row of a release, or one from before this): bytecode.start compiles as before
-    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"], str(uv)) is None
+    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"], uv) is None
     bytecode.write_sources(lists, site, ["sglang"])
     assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"],
                                            str(tmp_path / "no-uv")) is None
     assert bytecode.start_while_installing(venv, Path(sys.executable), lists, {"MTPMATRIX_PRECOMPILE": "0"},
-                                           ["sglang"], str(uv)) is None
-    assert bytecode.start_while_installing(venv, tmp_path / "no-python", lists, env, ["sglang"], str(uv)) is None
+                                           ["sglang"], uv) is None
+    assert bytecode.start_while_installing(venv, tmp_path / "no-python", lists, env, ["sglang"], uv) is None
 
 
 def test_each_kind_of_run_adds_its_folders(installed, tmp_path):
     """A one-tier probe's lists name fewer folders than a row's: writing its sources must not drop the row's."""
     venv, site, cache = installed
-    lists = tmp_path / "lists"
-    lists.mkdir()
-    (lists / "sglang.txt").write_text("".join(f"{p}\n" for p in LISTED))
+    lists, _sources = _recorded(tmp_path, site)
     (lists / "one-gsm8k.txt").write_text("single.py\n")
-    bytecode.write_sources(lists, site, ["sglang"])
     bytecode.write_sources(lists, site, ["one-gsm8k"])
     assert set(json.loads((lists / bytecode.SOURCES).read_text())["folders"]) == {"pkg", "single.py", "other"}
 
