@@ -206,6 +206,49 @@ def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None
     return tiers
 
 
+# What a tier, a row or a run proves, for a decision (the report's exit status, a bisect probe, a canary's baseline):
+PROVEN = "passed"  # its whole expected set ran and passed
+KNOWN_ONLY = KNOWN_UPSTREAM  # its whole expected set ran; every failure matched a known-upstream entry
+BROKEN = "failed"  # a failure sglang or its dependencies own (any kind but harness, listed upstream bugs aside)
+NOT_PROVEN = "not-proven"  # nothing that fails sglang, but not the whole set either: partial, skipped, pending,
+#                            interrupted, or failures of the harness alone
+STATES = (BROKEN, NOT_PROVEN, KNOWN_ONLY, PROVEN)  # worst first
+HARNESS = "harness"
+
+
+def unexplained_failures(entry: dict) -> list[dict]:
+    """The failing checks of a judged tier that no known-upstream entry explains."""
+    return [c for c in entry.get("checks") or [] if isinstance(c, dict) and c.get("outcome") in FAILING
+            and not c.get("known_upstream")]
+
+
+def tier_state(entry: dict | None) -> str:
+    """The one reading of a judged tier (judge_tier's verdict and its checks) for every decision: BROKEN when a
+    failure no known-upstream entry explains is of a kind other than ``harness`` (a harness hiccup beside an sglang
+    failure does not hide it); NOT_PROVEN for a session that stopped early, a failure of the harness alone, a
+    partial, skipped or unfinished tier; KNOWN_ONLY and PROVEN as their verdicts say."""
+    if not isinstance(entry, dict):
+        return NOT_PROVEN
+    verdict = entry.get("verdict")
+    if verdict == "passed":
+        return PROVEN
+    if verdict == KNOWN_UPSTREAM:
+        return KNOWN_ONLY
+    if verdict in FAILING:
+        kinds = {((c.get("failure") or {}).get("kind") if isinstance(c.get("failure"), dict) else None)
+                 for c in unexplained_failures(entry)}
+        if kinds - {HARNESS}:  # an unclassified failure (kind None) counts against the release: never green
+            return BROKEN
+        return NOT_PROVEN  # harness only, or a tier-level error without checks (pytest died, stopped early)
+    return NOT_PROVEN
+
+
+def worst_state(states) -> str:
+    """The worst of ``states`` (STATES order); NOT_PROVEN when there are none."""
+    present = set(states)
+    return next((s for s in STATES if s in present), NOT_PROVEN)
+
+
 def complete(verdict: str | None) -> bool:
     """Whether a tier with this verdict ran its whole expected set without a failure sglang owns."""
     return verdict in ("passed", KNOWN_UPSTREAM)
