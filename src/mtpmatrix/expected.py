@@ -2,15 +2,16 @@
 
 A tier is ``passed`` only when its whole expected set ran and passed (``known-upstream`` when some of it failed
 matching a known-upstream entry's signature); a tier where nothing failed but part of the set did not run, or ran
-less than the seed suite asks, is ``partial``, with what did not run and why (``missing``). The expected sets:
+less than the seed suite asks, is ``partial``, with what did not run and why (``missing``). The expected set of
+each tier is defined in the project (evidence/expected_checks.py: ``expected_checks.json``, what ``tests/tiers``
+collects with no knob), never read from what a session collected:
 
-  contract, reference   every check the session collected for the tier (before -k / -m / --deselect)
-  smoke                 the default smoke servers (smoke.DEFAULT_SMOKE_SERVERS) x the checks the suite collects for
-                        each (its parametrisation); a check of a server outside the defaults is not needed
-  gsm8k                 the seed cases (settings.DEFAULT_PAIRS x settings.TOPKS at each pair's TP) x the checks
-                        collected for them, each case scoring settings.GSM8K_NUM_EXAMPLES questions gated at its
-                        pair's own threshold (an ungated case -- the tiny proof pair, an unknown --server-url model --
-                        is no seed case)
+  contract, reference   every check of the tier
+  smoke                 the default smoke servers (smoke.DEFAULT_SMOKE_SERVERS) x their checks; a check of a server
+                        outside the defaults is not needed (it still fails the tier if it fails)
+  gsm8k                 the seed cases (settings.DEFAULT_PAIRS x settings.TOPKS at each pair's TP) x their checks,
+                        each case scoring settings.GSM8K_NUM_EXAMPLES questions gated at its pair's own threshold (an
+                        ungated case -- the tiny proof pair, an unknown --server-url model -- is no seed case)
 
 What a session was asked is recorded by the pytest plugin as ``selection`` in tiers.json (and copied to row.json):
 the pytest args, -k / -m / --deselect / --maxfail, the positional paths (node ids narrow collection), every
@@ -26,6 +27,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from mtpmatrix import settings
+from mtpmatrix.evidence import expected_checks
 from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
 
 KNOB_PREFIX = "MTPMATRIX_"
@@ -115,20 +117,21 @@ def _case_not_collected(tier: str, knob: dict, selection: dict) -> str:
 
 
 def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
-    """What of ``tier``'s expected set did not run, or ran less than the seed suite asks: ``[{"what", "why"}]``
-    (a check, a case or server, or the session's selection), in a stable order, without duplicates."""
-    checks = entry.get("checks") or []
-    by_id = {c["id"]: c for c in checks}
+    """What of ``tier``'s expected set (evidence.expected_checks: defined in the project, not read from what the
+    session collected) did not run, or ran less than the seed suite asks: ``[{"what", "why"}]`` (a check, a case or
+    server, or the session's selection), in a stable order, without duplicates."""
+    checks = [c for c in entry.get("checks") or [] if isinstance(c, dict)]
+    by_id = {c.get("id"): c for c in checks}
     out: list[tuple[str, str]] = []
     if selection is None:
         out.append(("selection", NOT_RECORDED))
         sel: dict = {}
-        collected = [c["id"] for c in checks]
     else:
         sel = selection
-        collected = list((sel.get("collected") or {}).get(tier) or [])
+    collected = set((sel.get("collected") or {}).get(tier) or [])
+    defined = expected_checks.load()[tier]
     knob = sel.get("knobs") or {}
-    nodes = _node_ids(sel, collected)
+    nodes = _node_ids(sel, list(collected | set(defined)))
     if nodes:
         out.append(("selection", f"pytest was given node ids ({' '.join(nodes)}), not the whole tier"))
     if knob.get("MTPMATRIX_MUTANT"):
@@ -138,26 +141,25 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
 
     if tier in ("smoke", "gsm8k"):
         units = default_smoke_servers() if tier == "smoke" else tuple(seed_cases())
-        all_cases = {check_param(i) for i in collected}
-        # a check of a server or case outside the expected ones is not needed (it still fails the tier if it fails)
-        needed = [i for i in collected if check_param(i) in units or (tier == "smoke" and check_param(i) is None)]
+        collected_units = {check_param(i) for i in collected}
         for unit in units:
-            if unit not in all_cases:
+            if unit not in collected_units:
                 out.append((unit, _case_not_collected(tier, knob, sel)))
-        for i in needed:
-            chk = by_id.get(i)
-            if chk is None or chk.get("outcome") == "skipped":
-                out.append((check_param(i) or short_check_id(i), _not_run(chk, sel)))
-        if tier == "gsm8k":
-            for case, pair in seed_cases().items():
-                why = _gsm8k_case_missing(pair, [c for c in checks if check_param(c["id"]) == case], knob)
-                if why:
-                    out.append((case, why))
-    else:
-        for i in collected:
-            chk = by_id.get(i)
-            if chk is None or chk.get("outcome") == "skipped":
-                out.append((short_check_id(i), _not_run(chk, sel)))
+    for i in defined:
+        chk = by_id.get(i)
+        if chk is None and selection is not None and i not in collected:
+            if tier in ("smoke", "gsm8k") and check_param(i) not in {check_param(c) for c in collected}:
+                continue  # the whole server or case is missing: said once, above
+            out.append((check_param(i) if tier in ("smoke", "gsm8k") and check_param(i) else short_check_id(i),
+                        "not in this session's suite: the expected check was never collected"))
+        elif chk is None or chk.get("outcome") == "skipped":
+            what = check_param(i) if tier in ("smoke", "gsm8k") and check_param(i) else short_check_id(i)
+            out.append((what, _not_run(chk, sel)))
+    if tier == "gsm8k":
+        for case, pair in seed_cases().items():
+            why = _gsm8k_case_missing(pair, [c for c in checks if check_param(str(c.get("id"))) == case], knob)
+            if why:
+                out.append((case, why))
     seen: dict[tuple[str, str], None] = {}
     for item in out:
         seen.setdefault(item, None)

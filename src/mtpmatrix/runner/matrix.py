@@ -422,6 +422,7 @@ def _suite(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, reco
         data = read_json(tiers_file)
         record["tiers"] = data["tiers"]
         record["selection"] = data.get("selection")  # what the session collected and was asked (expected.py)
+        record["fingerprint"] = data.get("fingerprint")  # the suite that wrote the records (evidence/fingerprint.py)
         record["versions"].update({k: v for k, v in data.get("versions", {}).items() if v})
         record["gpus"] = data.get("gpus", 0)
     else:  # pytest died before its sessionfinish hook: the harness broke, not sglang

@@ -26,6 +26,7 @@ import pytest
 
 from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.evidence import fingerprint
 from mtpmatrix.expected import summarize  # per-tier verdicts from records: defined there, the runner merges with it
 from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, shared_check
@@ -257,6 +258,14 @@ def selection(config) -> dict:
     }
 
 
+def suite_fingerprint() -> dict:
+    """evidence.fingerprint.describe() of the suite this session ran, or why there is none."""
+    try:
+        return fingerprint.describe()
+    except (fingerprint.FingerprintError, OSError) as exc:
+        return {"suite": None, "error": str(exc)}
+
+
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--mtp-results")
     if not path:
@@ -270,6 +279,7 @@ def pytest_sessionfinish(session, exitstatus):
     tiers = mark_incomplete(tiers, _selected_tiers(session.config), exitstatus, _collection_errors(session))
     atomic_write_json(path, {
         "schema": SCHEMA,
+        "fingerprint": suite_fingerprint(),  # which suite wrote this: the report refuses another suite's records
         "tiers": tiers,
         "selection": chosen,
         "versions": versions,

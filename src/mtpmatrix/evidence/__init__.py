@@ -1,0 +1,11 @@
+"""What a verdict stands on: the suite's fingerprint, the run's manifest, and the judgement of each record against
+them (evidence.judge). A record that cannot show which suite, which versions and which settings ran, in this run,
+whole, is "not proven", never "qualifies".
+
+    fingerprint.py   the suite's identity: the tier tests, the code they run, the expected checks, the data
+    manifest.py      results/<run>/manifest.json: what the run planned, fixed when it starts
+    records.py       a row record's shape checked before anything reads it (no reader crashes on a field edit)
+    judge.py         one row's evidence judged against its manifest, its pins, its name and its own metrics
+
+This package sits in the shared bottom layer: it imports schema, settings, stats, atomic and expected, nothing above.
+"""
