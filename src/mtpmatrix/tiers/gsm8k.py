@@ -22,7 +22,9 @@ What sglang does (``sglang/test/simple_eval_gsm8k.py`` in 0.5.13, ``simple_eval_
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -48,6 +50,7 @@ SHA256 = {
     "test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",  # 1319 lines
     "train": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",  # 7473 lines
 }
+SHIPPED_DIR = Path(__file__).with_name("gsm8k_data")  # {split}.jsonl.gz and the data's LICENSE (MIT, OpenAI)
 _NUMBER = re.compile(r"-?\d+\.?\d*")
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -96,6 +99,26 @@ def is_offline(offline: bool | None = None, env: dict | None = None) -> bool:
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "mtpmatrix" / "gsm8k"
+
+
+def data_sha256() -> str:
+    """SHA-256 of the (decompressed) test.jsonl every GSM8K score here is computed on. No other bytes are ever
+    used, whatever the source, so this one value names the data set in a record."""
+    return SHA256["test"]
+
+
+def shipped_file(split: str = "test") -> Path:
+    return SHIPPED_DIR / f"{split}.jsonl.gz"
+
+
+def pack(data: bytes) -> bytes:
+    """gzip ``data`` reproducibly (tools/pack_gsm8k.py writes the shipped copy with it): mtime 0 and no file name in
+    the header, so packing the same bytes again gives the same file (deflate itself is zlib's: the checksum is taken
+    of the decompressed bytes, which no zlib changes)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buf, mtime=0) as gz:
+        gz.write(data)
+    return buf.getvalue()
 
 
 def candidate_dirs(data_dir: str | Path | None = None) -> list[Path]:
