@@ -7,11 +7,8 @@ pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]
 
 @pytest.fixture(scope="session")
 def gsm8k_lines() -> list[dict]:
-    """The verified GSM8K test split, never downloaded here: the unit tests' fake servers answer its questions, the
-    contract tier scores it through sglang's run_eval."""
+    """The verified GSM8K test split (the copy shipped in the package, never downloaded here): the unit tests' fake
+    servers answer its questions, the contract tier scores it through sglang's run_eval."""
     from mtpmatrix.tiers import gsm8k
 
-    try:
-        return gsm8k.load_split("test", offline=True)
-    except gsm8k.DataError as exc:
-        pytest.skip(f"GSM8K test split unavailable offline: {exc}")
+    return gsm8k.load_split("test", offline=True)

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from mtpmatrix import settings
 from mtpmatrix.tiers import gsm8k, gsm8k_tier, served
 
 INV = gsm8k.INVALID
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mini(n=8):
@@ -75,72 +79,147 @@ def test_sampling_params():
 
 
 # --- data ----------------------------------------------------------------------------------------------------------
-def _local_copy(split: str) -> Path | None:
-    """The split where the README's lookup finds it (gsm8k.candidate_dirs: MTPMATRIX_GSM8K_DIR, else
-    ../shared/data/gsm8k beside the checkout, then the download cache); None when no copy is here."""
-    return next((d / f"{split}.jsonl" for d in gsm8k.candidate_dirs() if (d / f"{split}.jsonl").is_file()), None)
+@pytest.fixture
+def clean(tmp_path, monkeypatch):
+    """No data env, an empty cache and no network: what a fresh clone (or a row venv) has."""
+    for k in ("MTPMATRIX_GSM8K_DIR", "MTPMATRIX_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(gsm8k, "_download", lambda *a, **k: pytest.fail("must not download"))
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def test_bytes() -> bytes:
+    return gzip.decompress(gsm8k.shipped_file("test").read_bytes())
+
+
+def _no_shipped_copy(monkeypatch, tmp_path):
+    monkeypatch.setattr(gsm8k, "SHIPPED_DIR", tmp_path / "not-shipped")
+
+
+def _user_copy(d: Path, data: bytes) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "test.jsonl").write_bytes(data)
+    return d / "test.jsonl"
+
+
+def _one_byte_off(data: bytes) -> bytes:
+    return data[:100] + bytes([data[100] ^ 1]) + data[101:]
 
 
 def test_no_test_hard_codes_a_data_path():
     """Data is found through the documented lookup, never at one machine's absolute path."""
-    root = Path(__file__).resolve().parents[2]
     needle = '"/' + "work/shared/"  # an absolute path literal (spelled apart so this line does not hit itself)
-    hits = [f"{f.relative_to(root)}:{i}" for top in ("tests", "src") for f in sorted((root / top).rglob("*.py"))
+    hits = [f"{f.relative_to(ROOT)}:{i}" for top in ("tests", "src") for f in sorted((ROOT / top).rglob("*.py"))
             for i, line in enumerate(f.read_text().splitlines(), 1) if needle in line]
     assert hits == []
 
 
-def test_shared_data_sha256_constants():
-    test, train = _local_copy("test"), _local_copy("train")
-    if test is None or train is None or test.parent != train.parent:
-        pytest.skip("no local GSM8K copy (set MTPMATRIX_GSM8K_DIR to a folder with test.jsonl and train.jsonl)")
-    d = test.parent
-    for split in gsm8k.SPLITS:
-        assert gsm8k.sha256_file(d / f"{split}.jsonl") == gsm8k.SHA256[split]
-    assert len(gsm8k.load_split("train", d)) == 7473
+def test_shipped_copy_loads_with_no_env_and_no_network(clean, tmp_path):
+    lines = gsm8k.load_split("test")
+    assert len(lines) == 1319 and lines[0]["question"].startswith("Janet\u2019s ducks lay 16 eggs per day.")
+    assert not (tmp_path / "xdg").exists()  # read in memory: loading writes nothing
+    license_ = gsm8k.shipped_file("test").with_name("LICENSE").read_text()
+    assert license_.startswith("MIT License") and "OpenAI" in license_
 
 
-def test_env_dir_and_sha_mismatch(tmp_path, monkeypatch):
-    (tmp_path / "test.jsonl").write_text(json.dumps(_mini(1)[0]) + "\n")
-    monkeypatch.setenv("MTPMATRIX_GSM8K_DIR", str(tmp_path))
-    assert gsm8k.candidate_dirs() == [tmp_path]
-    with pytest.raises(gsm8k.DataError, match="SHA-256"):
-        gsm8k.data_file("test")
-    assert gsm8k.data_file("test", verify=False) == tmp_path / "test.jsonl"
+def test_shipped_copy_matches_the_checksum(test_bytes):
+    assert hashlib.sha256(test_bytes).hexdigest() == gsm8k.data_sha256() == gsm8k.SHA256["test"]
+    assert test_bytes.count(b"\n") == 1319
+
+
+def test_pack_is_reproducible(test_bytes):
+    """tools/pack_gsm8k.py's gzip: no time stamp, no file name, so the same data packs to the same bytes."""
+    packed = gsm8k.pack(test_bytes)
+    assert packed[4:8] == b"\0\0\0\0" and not packed[3] & 0x08  # MTIME 0, no FNAME flag
+    assert gsm8k.pack(test_bytes) == packed and gzip.decompress(packed) == test_bytes
+
+
+def test_pack_tool(tmp_path, test_bytes, capsys):
+    spec = importlib.util.spec_from_file_location("pack_gsm8k", ROOT / "tools" / "pack_gsm8k.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    src = _user_copy(tmp_path / "src", test_bytes)
+    assert tool.main([str(src), "--out", str(tmp_path / "a.gz")]) == 0
+    assert gzip.decompress((tmp_path / "a.gz").read_bytes()) == test_bytes
+    assert capsys.readouterr().out.startswith(f"{gsm8k.data_sha256()}  {tmp_path / 'a.gz'} (")
+    src.write_bytes(_one_byte_off(test_bytes))
+    assert tool.main([str(src), "--out", str(tmp_path / "b.gz")]) == 1
+    assert "update gsm8k.SHA256['test']" in capsys.readouterr().err
+
+
+def test_data_file_decompresses_the_shipped_copy_into_the_cache(clean, tmp_path, test_bytes):
+    cached = tmp_path / "xdg" / "mtpmatrix" / "gsm8k" / "test.jsonl"
+    assert gsm8k.data_file("test") == cached and cached.read_bytes() == test_bytes
+    cached.write_bytes(b"{}\n")  # a damaged cache is ours to replace, never read
+    assert gsm8k.data_file("test") == cached and cached.read_bytes() == test_bytes
+
+
+@pytest.mark.parametrize("how", ["env", "arg"])
+def test_user_copy_comes_first_and_is_verified(clean, tmp_path, test_bytes, how):
+    mine = _user_copy(tmp_path / "mine", test_bytes)
+    if how == "env":
+        clean.setenv("MTPMATRIX_GSM8K_DIR", str(mine.parent))
+    where = mine.parent if how == "arg" else None
+    assert gsm8k.data_file("test", where) == mine and len(gsm8k.load_split("test", where)) == 1319
+    bad = hashlib.sha256(_one_byte_off(test_bytes)).hexdigest()
+    mine.write_bytes(_one_byte_off(test_bytes))
+    for call in (gsm8k.load_split, gsm8k.data_file):
+        with pytest.raises(gsm8k.DataError) as ei:
+            call("test", where)
+        msg = str(ei.value)
+        assert "\n" not in msg and msg.startswith(f"{mine} has SHA-256 {bad}, expected {gsm8k.data_sha256()}")
+
+
+def test_user_dir_without_the_file_falls_through_to_the_shipped_copy(clean, tmp_path):
+    clean.setenv("MTPMATRIX_GSM8K_DIR", str(tmp_path / "empty"))
+    assert len(gsm8k.load_split("test")) == 1319
+
+
+def test_a_changed_shipped_copy_is_an_error_not_a_download(clean):
+    clean.setitem(gsm8k.SHA256, "test", "0" * 64)
+    with pytest.raises(gsm8k.DataError, match=r"test\.jsonl\.gz \(decompressed\) has SHA-256 .*tools/pack_gsm8k\.py"):
+        gsm8k.load_split("test")
+
+
+def test_unknown_split_is_refused(clean):
+    with pytest.raises(ValueError, match="unknown GSM8K split 'train'"):
+        gsm8k.load_split("train")
 
 
 @pytest.mark.parametrize("how", ["arg", "MTPMATRIX_OFFLINE", "HF_HUB_OFFLINE"])
-def test_offline_missing_is_one_clear_error(tmp_path, monkeypatch, how):
-    monkeypatch.setenv("MTPMATRIX_GSM8K_DIR", str(tmp_path / "nowhere"))
-    monkeypatch.delenv("MTPMATRIX_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+def test_offline_missing_is_one_clear_error(clean, tmp_path, how):
+    _no_shipped_copy(clean, tmp_path)
+    clean.setenv("MTPMATRIX_GSM8K_DIR", str(tmp_path / "nowhere"))
     if how != "arg":
-        monkeypatch.setenv(how, "1")
-    monkeypatch.setattr(gsm8k, "_download", lambda *a, **k: pytest.fail("must not download"))
+        clean.setenv(how, "1")
     with pytest.raises(gsm8k.DataError) as ei:
         gsm8k.data_file("test", offline=True if how == "arg" else None, cache_dir=tmp_path / "cache")
     msg = str(ei.value)
     assert "\n" not in msg and "downloading is off" in msg and "MTPMATRIX_GSM8K_DIR" in msg
-    assert str(tmp_path / "nowhere" / "test.jsonl") in msg
+    for looked in (tmp_path / "nowhere" / "test.jsonl", gsm8k.shipped_file("test"), tmp_path / "cache" / "test.jsonl"):
+        assert str(looked) in msg
 
 
-def test_download_verifies_and_caches(tmp_path, monkeypatch):
-    src = _local_copy("test")
-    if src is None:
-        pytest.skip("no local GSM8K copy to serve as the download source (set MTPMATRIX_GSM8K_DIR)")
-    monkeypatch.setenv("MTPMATRIX_GSM8K_DIR", str(tmp_path / "nowhere"))
-    monkeypatch.delenv("MTPMATRIX_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setitem(gsm8k.URLS, "test", src.as_uri())
-    p = gsm8k.data_file("test", cache_dir=tmp_path / "cache")
-    assert p == tmp_path / "cache" / "test.jsonl" and gsm8k.sha256_file(p) == gsm8k.SHA256["test"]
-    # a corrupted download is refused and leaves nothing behind
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text("{}\n")
-    monkeypatch.setitem(gsm8k.URLS, "test", bad.as_uri())
-    with pytest.raises(gsm8k.DataError, match="SHA-256"):
-        gsm8k.data_file("test", cache_dir=tmp_path / "cache2")
-    assert not any((tmp_path / "cache2").iterdir())
+def test_download_is_verified_before_use_or_cache(clean, tmp_path, test_bytes):
+    """Without the shipped copy: a download is used and cached only when it hashes right."""
+    _no_shipped_copy(clean, tmp_path)
+    served = {"data": _one_byte_off(test_bytes)}
+    clean.setattr(gsm8k, "_download", lambda split, timeout=60.0: served["data"])
+    cache = tmp_path / "cache"
+    with pytest.raises(gsm8k.DataError) as ei:
+        gsm8k.load_split("test", cache_dir=cache)
+    msg = str(ei.value)
+    bad = hashlib.sha256(served["data"]).hexdigest()
+    assert "\n" not in msg and gsm8k.URLS["test"] in msg and f"SHA-256 {bad}, expected {gsm8k.data_sha256()}" in msg
+    assert not cache.exists()  # refused: nothing cached
+    served["data"] = test_bytes
+    assert len(gsm8k.load_split("test", cache_dir=cache)) == 1319
+    assert (cache / "test.jsonl").read_bytes() == test_bytes
+    served["data"] = b"never fetched again\n"  # the verified cache answers from now on
+    assert gsm8k.data_file("test", cache_dir=cache) == cache / "test.jsonl"
+    assert len(gsm8k.load_split("test", cache_dir=cache)) == 1319
 
 
 def test_read_jsonl_skips_comments(tmp_path):

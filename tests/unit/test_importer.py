@@ -110,7 +110,7 @@ def test_a_row_is_never_overwritten(tmp_path, capsys):
     assert "already exists: import into another --run-id" in capsys.readouterr().err
 
 
-def test_gpu_box_script_output_imports_as_it_is(tmp_path):
+def test_gpu_box_script_output_imports_as_it_is(tmp_path, gsm8k_lines):
     """tools/gpu_box.sh itself (the gsm8k tier against a stand-in server, so it runs here), then import: its OUT
     folder lands in the results store with the records and logs the report reads."""
     import os
@@ -118,17 +118,12 @@ def test_gpu_box_script_output_imports_as_it_is(tmp_path):
     import sys
 
     from fake_sglang import FakeSglang, gsm8k_responder, server_info
-    from mtpmatrix.tiers import gsm8k
 
-    try:
-        lines = gsm8k.load_split("test", offline=True)
-    except gsm8k.DataError as exc:
-        pytest.skip(f"GSM8K test split unavailable offline: {exc}")
     repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "box"
     env = {**os.environ, "MTPMATRIX_GSM8K_NUM_EXAMPLES": "30",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    with FakeSglang(server_info=server_info(topk=3), responder=gsm8k_responder(lines, lambda i: i != 4)) as fake:
+    with FakeSglang(server_info=server_info(topk=3), responder=gsm8k_responder(gsm8k_lines, lambda i: i != 4)) as fake:
         proc = subprocess.run(["bash", str(repo / "tools" / "gpu_box.sh"), str(out), "--tiers", "gsm8k",
                                "--server-url", fake.base_url], cwd=repo, env=env, capture_output=True, text=True,
                               timeout=300)

@@ -17,12 +17,29 @@ What sglang does (``sglang/test/simple_eval_gsm8k.py`` in 0.5.13, ``simple_eval_
   one) is INVALID = -9999999. Gold is extracted from the reference answer the same way.
 * score: mean of ``extracted == gold`` over all evaluated questions; a failed request counts as the response ""
   (INVALID, so wrong).
+
+Where the test split comes from, first hit wins; every source is held to the one SHA-256 of its decompressed bytes
+(``data_sha256()``), so a score is always on the same 1319 questions and a mismatch is one error, never a quietly
+different data set:
+
+1. a folder the caller names (``data_dir``), else ``$MTPMATRIX_GSM8K_DIR``: a user's own ``test.jsonl`` (a
+   folder without one falls through: which source answers cannot change the bytes);
+2. the copy shipped in the package, ``gsm8k_data/test.jsonl.gz`` beside this module (MIT, its LICENSE beside it),
+   read in memory; ``data_file()``, for code that wants a plain file, decompresses it once into the cache below;
+3. the cache, ``$XDG_CACHE_HOME/mtpmatrix/gsm8k`` (default ``~/.cache/mtpmatrix/gsm8k``), then, unless offline
+   (``offline=True``, ``MTPMATRIX_OFFLINE`` or ``HF_HUB_OFFLINE``), a download from openai/grade-school-math,
+   checked before it is used or cached.
+
+The shipped copy is rebuilt, byte for byte, with ``PYTHONPATH=src python3 tools/pack_gsm8k.py test.jsonl``, which
+prints the checksum.
 """
 
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -31,7 +48,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from mtpmatrix import settings, stats
 from mtpmatrix.atomic import atomic_write_bytes, atomic_write_text
@@ -41,15 +58,13 @@ INVALID = -9999999
 STOP = ["Question", "Assistant:", "<|separator|>"]
 TEMPERATURE = 0.0
 TOP_P = 1.0
-SPLITS = ("test", "train")
+SPLITS = ("test",)  # sglang scores the test split only: the train split is neither shipped nor read
 URLS = {s: f"https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{s}.jsonl"
         for s in SPLITS}
-SHA256 = {
-    "test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",  # 1319 lines
-    "train": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",  # 7473 lines
-}
+# of the decompressed bytes: every source (a user's copy, the shipped one, a download) is held to it
+SHA256 = {"test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}  # 1319 lines
+SHIPPED_DIR = Path(__file__).with_name("gsm8k_data")  # {split}.jsonl.gz and the data's LICENSE (MIT, OpenAI)
 _NUMBER = re.compile(r"-?\d+\.?\d*")
-_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class DataError(RuntimeError):
@@ -98,83 +113,134 @@ def default_cache_dir() -> Path:
     return Path(base) / "mtpmatrix" / "gsm8k"
 
 
-def candidate_dirs(data_dir: str | Path | None = None) -> list[Path]:
-    """Where a split is looked for, in order: the argument, $MTPMATRIX_GSM8K_DIR, ../shared/data/gsm8k next to
-    the repo root (and next to the working directory), then the download cache."""
-    out: list[Path] = []
-    if data_dir:
-        return [Path(data_dir)]
-    if os.environ.get("MTPMATRIX_GSM8K_DIR"):
-        return [Path(os.environ["MTPMATRIX_GSM8K_DIR"])]
-    out.append((_REPO_ROOT / ".." / "shared" / "data" / "gsm8k").resolve())
-    cwd_rel = (Path.cwd() / ".." / "shared" / "data" / "gsm8k").resolve()
-    if cwd_rel not in out:
-        out.append(cwd_rel)
-    out.append(default_cache_dir())
-    return out
+def data_sha256() -> str:
+    """SHA-256 of the (decompressed) test.jsonl every GSM8K score here is computed on. No other bytes are ever
+    used, whatever the source, so this one value names the data set in a record."""
+    return SHA256["test"]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def shipped_file(split: str = "test") -> Path:
+    return SHIPPED_DIR / f"{split}.jsonl.gz"
 
 
-def _download(split: str, dest: Path, timeout: float = 60.0) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def pack(data: bytes) -> bytes:
+    """gzip ``data`` reproducibly (tools/pack_gsm8k.py writes the shipped copy with it): mtime 0 and no file name in
+    the header, so packing the same bytes again gives the same file (deflate itself is zlib's: the checksum is taken
+    of the decompressed bytes, which no zlib changes)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buf, mtime=0) as gz:
+        gz.write(data)
+    return buf.getvalue()
+
+
+def _known(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown GSM8K split {split!r}; known: {', '.join(SPLITS)} (the one sglang scores)")
+
+
+def _checked(data: bytes, split: str, what: str, fix: str) -> bytes:
+    got = hashlib.sha256(data).hexdigest()
+    if got != SHA256[split]:
+        raise DataError(f"{what} has SHA-256 {got}, expected {SHA256[split]} (not the openai/grade-school-math "
+                        f"{split} split; {fix})")
+    return data
+
+
+def _user_file(split: str, data_dir: str | Path | None) -> Path | None:
+    """The argument's folder, else $MTPMATRIX_GSM8K_DIR, when it holds the split. One without it falls through to
+    the shipped copy: every source must hash the same, so which one answers changes nothing."""
+    d = data_dir or os.environ.get("MTPMATRIX_GSM8K_DIR")
+    p = Path(d) / f"{split}.jsonl" if d else None
+    return p if p is not None and p.is_file() else None
+
+
+def _cache_file(split: str, cache_dir: str | Path | None) -> Path:
+    return Path(cache_dir if cache_dir is not None else default_cache_dir()) / f"{split}.jsonl"
+
+
+def _write_cache(path: Path, data: bytes) -> None:
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        raise DataError(f"could not write GSM8K {path.name} to {path}: {exc} (set XDG_CACHE_HOME to a writable "
+                        f"folder, or MTPMATRIX_GSM8K_DIR to one holding the file)") from exc
+
+
+def _download(split: str, timeout: float = 60.0) -> bytes:
+    """The split as upstream serves it, unchecked: data_bytes verifies it before anything uses or caches it."""
     try:
         with urllib.request.urlopen(URLS[split], timeout=timeout) as resp:
-            data = resp.read()  # a few MB at most; verified whole before anything is written
-        got = hashlib.sha256(data).hexdigest()
-        if got != SHA256[split]:
-            raise DataError(f"downloaded GSM8K {split}.jsonl from {URLS[split]} has SHA-256 {got}, "
-                            f"expected {SHA256[split]}")
-        atomic_write_bytes(dest, data)
+            return resp.read()  # a few MB at most
     except OSError as exc:
         raise DataError(f"could not download GSM8K {split}.jsonl from {URLS[split]}: {exc}") from exc
 
 
-def data_file(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
-              cache_dir: str | Path | None = None, verify: bool = True) -> Path:
-    """Path of a verified ``{split}.jsonl``: found locally, or downloaded once into the cache (unless offline)."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown GSM8K split {split!r}; known: {', '.join(SPLITS)}")
-    dirs = candidate_dirs(data_dir)
-    if cache_dir is not None:
-        dirs = [d for d in dirs if d != default_cache_dir()] + [Path(cache_dir)]
-    for d in dirs:
-        p = d / f"{split}.jsonl"
-        if p.is_file():
-            if verify and (got := sha256_file(p)) != SHA256[split]:
-                raise DataError(f"{p} has SHA-256 {got}, expected {SHA256[split]} (not the openai/grade-school-math "
-                                f"{split} split; fix the file or point MTPMATRIX_GSM8K_DIR elsewhere)")
-            return p
-    looked = ", ".join(str(d / f"{split}.jsonl") for d in dirs)
+def data_bytes(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
+               cache_dir: str | Path | None = None) -> bytes:
+    """The split's bytes, verified, from the first source in the module docstring's lookup order."""
+    _known(split)
+    looked = []
+    if (user := _user_file(split, data_dir)) is not None:
+        return _checked(user.read_bytes(), split, str(user), "fix the file or unset MTPMATRIX_GSM8K_DIR")
+    if data_dir or os.environ.get("MTPMATRIX_GSM8K_DIR"):
+        looked.append(str(Path(data_dir or os.environ["MTPMATRIX_GSM8K_DIR"]) / f"{split}.jsonl"))
+    shipped = shipped_file(split)
+    if shipped.is_file():
+        # a mismatch here is a broken package, not a different data set: fail rather than fetch around it
+        return _checked(gzip.decompress(shipped.read_bytes()), split, f"{shipped} (decompressed)",
+                        "regenerate it with tools/pack_gsm8k.py")
+    looked.append(str(shipped))
+    cached = _cache_file(split, cache_dir)
+    if cached.is_file():
+        data = cached.read_bytes()
+        if hashlib.sha256(data).hexdigest() == SHA256[split]:
+            return data
+        looked.append(f"{cached} (SHA-256 mismatch, replaced by the next download)")  # ours, not a user's file
+    else:
+        looked.append(str(cached))
     if is_offline(offline):
-        raise DataError(f"GSM8K {split}.jsonl not found (looked for {looked}) and downloading is off "
+        raise DataError(f"GSM8K {split}.jsonl not found (looked for {', '.join(looked)}) and downloading is off "
                         f"(offline / MTPMATRIX_OFFLINE / HF_HUB_OFFLINE); put the file there or set "
                         f"MTPMATRIX_GSM8K_DIR")
-    dest = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    _download(split, dest / f"{split}.jsonl")
-    return dest / f"{split}.jsonl"
+    data = _checked(_download(split), split, f"GSM8K {split}.jsonl downloaded from {URLS[split]}",
+                    "refused, nothing cached")
+    _write_cache(cached, data)
+    return data
+
+
+def data_file(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
+              cache_dir: str | Path | None = None) -> Path:
+    """Path of a verified plain ``{split}.jsonl``, for code that opens the file itself (sglang's run_eval): the
+    user's file, else the decompressed copy in the cache, (re)written from data_bytes when it is not that."""
+    data = data_bytes(split, data_dir, offline=offline, cache_dir=cache_dir)
+    if (user := _user_file(split, data_dir)) is not None:
+        return user
+    cached = _cache_file(split, cache_dir)
+    if not cached.is_file() or cached.read_bytes() != data:
+        _write_cache(cached, data)
+    return cached
+
+
+def _parse_jsonl(fh: Iterable[str]) -> list[dict]:
+    out = []
+    for line in fh:
+        if line.startswith("#") or not line.strip():
+            continue
+        out.append(json.loads(line))
+    return out
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """sglang.utils.read_jsonl: one JSON object a line, lines starting with '#' skipped (blank ones too)."""
-    out = []
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.startswith("#") or not line.strip():
-                continue
-            out.append(json.loads(line))
-    return out
+        return _parse_jsonl(fh)
 
 
 def load_split(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
                cache_dir: str | Path | None = None) -> list[dict]:
-    return read_jsonl(data_file(split, data_dir, offline=offline, cache_dir=cache_dir))
+    # lines split as a text file splits them (str.splitlines would also break at U+2028 and friends)
+    return _parse_jsonl(io.TextIOWrapper(io.BytesIO(data_bytes(split, data_dir, offline=offline,
+                                                               cache_dir=cache_dir)), encoding="utf-8"))
 
 
 # --- prompts ------------------------------------------------------------------------------------------------------
