@@ -26,6 +26,7 @@ import nox
 sys.path.insert(0, str(Path(__file__).parent / "src"))
 from mtpmatrix.runner import matrix  # noqa: E402
 from mtpmatrix.runner import culprit  # noqa: E402
+from mtpmatrix.runner import plan  # noqa: E402
 from mtpmatrix.runner.canary import load_canaries  # noqa: E402
 from mtpmatrix.runner.rows import RowError, load_rows  # noqa: E402
 
@@ -57,21 +58,24 @@ def _params(default: bool):
 
 def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id: str = RUN_ID) -> None:
     """The one path every row takes: options, pre-flight, install, suite, verdict."""
+    opts = None
     try:
         opts = matrix.parse_options(session.posargs)
         opts.run_id = opts.run_id or run_id
         # shards split the rows of this session (default rows, or the extra ones), so N shards stay balanced
         if not matrix.in_shard(row_id, peers, opts.shard):
             session.skip(f"{row_id} is not in shard {opts.shard[0]}/{opts.shard[1]}")
-        store = matrix.RunStore(opts.results, opts.run_id)
-        if opts.resume and store.finished(row_id):
-            session.skip(f"{row_id} already has a verdict in run {opts.run_id} (--resume)")
+        # the run's manifest (every row nox queued, their pins, the options, the suite) before anything installs
+        keep = plan.start(opts, row_id, plan.planned(ROWS, plan.queued_rows(session, peers)))
+        if keep:
+            session.skip(keep)
         matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
         matrix.preflight_tier_env(opts.tiers)
         for s in matrix.preflight_servers(opts.server_urls):
             session.log(f"gsm8k against {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")
         record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
     except RowError as exc:  # bad input, no uv: one line (run_row raises it before recording anything)
+        plan.not_run(opts, row_id, str(exc))  # the report names the planned row that did not run, and why
         session.error(str(exc))
     session.log(matrix.summary_line(record))
     session.log(f"results: {opts.results / opts.run_id / row_id / 'row.json'}")

@@ -51,9 +51,10 @@ TIERS = ("contract", "reference", "smoke", "gsm8k")
 GPU_TIERS = ("smoke", "gsm8k")  # what a release needs a GPU for; contract and reference are the CPU checks
 KNOWN_UPSTREAM = "known-upstream"  # a tier whose only failures are listed in known_upstream.json
 PARTIAL = "partial"  # a tier where nothing failed but its expected set (mtpmatrix.expected) did not all run
+UNPROVEN = "not-proven"  # a tier or row whose records cannot show what they claim (mtpmatrix.evidence.judge)
 # Verdict words, worst first: a row or tier takes the worst of its parts ('pending' = unfinished, so it outranks
 # any finished good news; 'skipped' only when nothing ran).
-VERDICTS = ("failed", "error", "pending", PARTIAL, KNOWN_UPSTREAM, "passed", "skipped")
+VERDICTS = ("failed", "error", "pending", UNPROVEN, PARTIAL, KNOWN_UPSTREAM, "passed", "skipped")
 # What counts against a release: a check or tier that failed, or errored before it could say (check outcomes use
 # the same two words).
 FAILING = ("failed", "error")

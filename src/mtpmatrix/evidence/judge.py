@@ -322,11 +322,11 @@ def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None, 
         if sorted(asked) != sorted(record.get("overrides") or []):
             out.append(problem(None, f"overrides {record.get('overrides') or []} are not the run's {asked}"))
         fp = (record.get("fingerprint") or {}).get("suite")
-        if ran and not fp:
-            out.append(problem(None, "no suite fingerprint: the record cannot say which suite wrote it"))
-        elif ran and fp != (manifest.get("fingerprint") or {}).get("suite"):
+        if ran and fp and fp != (manifest.get("fingerprint") or {}).get("suite"):
             out.append(problem(None, f"written by suite {str(fp)[:12]}, the run planned suite "
                                      f"{str((manifest.get('fingerprint') or {}).get('suite'))[:12]}"))
+    if ran and not (record.get("fingerprint") or {}).get("suite"):
+        out.append(problem(None, "no suite fingerprint: the record cannot say which suite wrote it"))
     out += _versions(record, ran)
     out += _settings(record)
     out += _checks(record, row_dir)

@@ -109,3 +109,11 @@ def mark_not_run(run_dir: Path, row_id: str, why: str) -> None:
         return
     current.setdefault("not_run", {})[row_id] = why
     atomic_write_json(path(run_dir), current)
+
+
+def clear_not_run(run_dir: Path, row_id: str) -> None:
+    """The row started after all (a resumed run): no reason to keep for its absence."""
+    current = read(run_dir)
+    if current is not None and row_id in (current.get("not_run") or {}):
+        current["not_run"].pop(row_id)
+        atomic_write_json(path(run_dir), current)

@@ -19,15 +19,19 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from mtpmatrix import expected, schema, stats
+from mtpmatrix.evidence import fingerprint as suite_fingerprint
+from mtpmatrix.evidence import judge as evidence
+from mtpmatrix.evidence import manifest as run_manifest
+from mtpmatrix.evidence import records as record_shapes
 from mtpmatrix.report import compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 from mtpmatrix.runner.rows import RowError, parse_override
 from mtpmatrix.runner.store import read_freeze, read_run, row_verdict
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, VERDICTS
+from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 
 REPORT_DIR = "report"  # results/<run-id>/report/ unless --out says otherwise
 LOG_FILES = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.CHECK_FILE, schema.JUNIT_FILE)
-RAN = ("passed", KNOWN_UPSTREAM, PARTIAL)  # a tier where something ran and nothing failed sglang
+RAN = ("passed", KNOWN_UPSTREAM, PARTIAL, UNPROVEN, "error")  # a tier where something ran and nothing failed sglang
 MAIN_PACKAGES = ("sglang", "transformers", "torch")
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_PROVEN = 0, 1, 2, 3
 
@@ -54,14 +58,78 @@ def rejudge(record: dict, issues=None) -> dict:
 
 
 def read_judged_run(run_dir: Path) -> dict[str, dict]:
-    """store.read_run with every row re-judged (``rejudge``): what the report and the baseline comparison read."""
+    """store.read_run with every row re-judged (``rejudge``): what the report and the baseline comparison read. A
+    record whose shape is off (evidence.records) stands as a shell with no tiers and the reason, never a crash."""
     from mtpmatrix.tiers import known_upstream
 
     try:
         issues = known_upstream.load()
     except ValueError as exc:
         raise ReportError(f"known upstream issues: {exc}") from None
-    return {rid: rejudge(rec, issues) for rid, rec in read_run(run_dir).items()}
+    out = {}
+    for rid, rec in read_run(run_dir).items():
+        problems = (rec.get("unreadable") if isinstance(rec, dict) and rec.get("unreadable")
+                    else record_shapes.shape_problems(rec))
+        out[rid] = record_shapes.shell(rid, problems) if problems else rejudge(rec, issues)
+    return out
+
+
+def judge_evidence(run_dir: Path, rows: dict[str, dict]) -> dict:
+    """What the run's records prove (evidence.judge), applied to ``rows`` in place: a tier with a problem becomes
+    'not-proven' (``unproven``: why), a row with a problem of its own too; a planned row with no record is added as a
+    'not-proven' row (not run). Returns ``{"run": [why], "rows": {row id: [problem]}}``."""
+    run_dir = Path(run_dir)
+    run_problems: list[str] = []
+    try:
+        plan = run_manifest.read(run_dir)
+    except run_manifest.ManifestError as exc:
+        plan = None
+        run_problems.append(str(exc))
+    else:
+        if plan is None:
+            run_problems.append("the run has no manifest: it cannot show which rows it planned, with which pins and "
+                                "which suite (written before runs recorded their plan)")
+    try:
+        here = suite_fingerprint.describe()
+    except suite_fingerprint.FingerprintError as exc:
+        here = None
+        run_problems.append(f"this checkout cannot fingerprint its suite ({exc})")
+    planned_fp = ((plan or {}).get("fingerprint") or {})
+    if plan is not None and here is not None and planned_fp.get("suite") != here["suite"]:
+        run_problems.append(f"the run's suite {suite_fingerprint.short(planned_fp)} is not this checkout's "
+                            f"{suite_fingerprint.short(here)}: report it from the commit that ran it")
+    by_row: dict[str, list[dict]] = {}
+    for rid, rec in rows.items():
+        if rec.get("unreadable"):
+            found = [evidence.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
+        else:
+            found = evidence.judge_row(rid, rec, run_id=run_dir.name, manifest=plan, row_dir=run_dir / rid)
+        by_row[rid] = found
+        apply_problems(rec, found)
+    for rid in sorted(set((plan or {}).get("rows") or {}) - set(rows)):
+        why = ((plan or {}).get("not_run") or {}).get(rid) or "no record: the row's session never wrote one"
+        rows[rid] = apply_problems(record_shapes.shell(rid, []), [evidence.problem(None, f"not run: {why}")])
+        rows[rid]["row"].update(pins=((plan["rows"][rid] or {}).get("pins") or {}))
+        by_row[rid] = [evidence.problem(None, f"not run: {why}")]
+    return {"run": run_problems, "rows": {rid: p for rid, p in by_row.items() if p}}
+
+
+def apply_problems(record: dict, problems: list[dict]) -> dict:
+    """Make every tier a problem touches 'not-proven' (why under ``unproven``); a row-level problem touches every tier
+    that ran and the row itself."""
+    row_level = [p["what"] for p in problems if p["tier"] is None]
+    for tier, entry in (record.get("tiers") or {}).items():
+        whys = row_level if entry.get("checks") else []
+        whys = whys + [p["what"] for p in problems if p["tier"] == tier]
+        if whys:
+            entry["unproven"] = whys
+            entry["verdict"] = UNPROVEN
+    if row_level:
+        record["unproven"] = row_level
+        record["verdict"] = UNPROVEN
+    elif problems and record.get("verdict") not in (None, "pending"):
+        record["verdict"] = row_verdict(record)
+    return record
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -167,7 +235,8 @@ def _tier_summary(tier: dict) -> dict:
     groups = group_failures(failures)
     skipped_checks = [{"check": c["id"], "reason": c.get("reason", "")} for c in checks
                       if c.get("outcome") == "skipped"]
-    return {"verdict": tier.get("verdict"), "reason": tier.get("reason"), "seconds": tier.get("seconds"),
+    return {"verdict": tier.get("verdict"), "state": expected.tier_state(tier), "unproven": tier.get("unproven", []),
+            "reason": tier.get("reason"), "seconds": tier.get("seconds"),
             "counts": counts, "failure_kinds": list(kinds), "failures": failures, "failure_groups": groups,
             "skipped_checks": skipped_checks, "known_upstream": tier.get("known_upstream", []),
             "stale_known_upstream": tier.get("stale_known_upstream", []),
@@ -206,6 +275,17 @@ def _versions(record: dict) -> tuple[dict, bool]:
     return v, installed
 
 
+def row_state(record: dict) -> str:
+    """What a judged row proves (expected.STATES): not proven when its record cannot show it, broken when it did not
+    install or a tier broke, else the worst of its tiers."""
+    if record.get("verdict") == UNPROVEN:
+        return expected.NOT_PROVEN
+    if (record.get("install") or {}).get("verdict") == "failed":
+        return expected.BROKEN
+    tiers = record.get("tiers") or {}
+    return expected.worst_state(expected.tier_state(t) for t in tiers.values()) if tiers else expected.NOT_PROVEN
+
+
 def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dict:
     row_dir = run_dir / row_id
     row = record.get("row") or {}
@@ -224,6 +304,8 @@ def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dic
         "id": row_id,
         "relaunched": _relaunched(record),
         "verdict": record.get("verdict") or row_verdict(record),
+        "state": row_state(record),
+        "unproven": list(record.get("unproven") or []),
         "description": row.get("description", ""),
         "tags": row.get("tags", []),
         "torch_backend": row.get("torch_backend"),
@@ -335,8 +417,11 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
         verdict = {rid: (s["tiers"].get(tier) or {}).get("verdict") for rid, s in summaries.items()}
         complete = [rid for rid, v in verdict.items() if expected.complete(v)]
         partial = [rid for rid, v in verdict.items() if v == PARTIAL]
+        # rows whose tier ran but proves nothing: its records cannot show it, or only the harness failed
+        unproven = [rid for rid, s in summaries.items() if tier in s["tiers"] and rid not in partial
+                    and s["tiers"][tier]["state"] == expected.NOT_PROVEN and verdict[rid] not in ("skipped", None)]
         not_run = [rid for rid, v in verdict.items() if v in ("skipped", None)
-                   and summaries[rid]["install"]["verdict"] != "failed"]
+                   and summaries[rid]["install"]["verdict"] != "failed" and summaries[rid]["verdict"] != UNPROVEN]
         reasons = [g["reason"] for g in skips if tier in g["tiers"] and set(g["rows"]) & set(not_run)
                    and not g["checks"]]
         if reasons and all("GPU" in r for r in reasons):
@@ -345,31 +430,37 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
             why = "not selected"
         else:
             why = reasons[0] if reasons else ""
-        out[tier] = {"complete": complete, "partial": partial, "not_run": not_run, "why": why,
+        out[tier] = {"complete": complete, "partial": partial, "not_run": not_run, "why": why, "unproven": unproven,
+                     "unproven_why": {rid: summaries[rid]["tiers"][tier]["unproven"] or
+                                      [summaries[rid]["tiers"][tier].get("reason") or "the harness failed"]
+                                      for rid in unproven},
                      "missing": {rid: summaries[rid]["tiers"][tier]["missing_groups"] for rid in partial}}
     return out
 
 
 def missing_required(summary: dict) -> list[str]:
-    """The --require'd tiers that are not complete (their whole expected set ran and passed) in every row."""
+    """The --require'd tiers (all of them without --require) that are not proven -- their whole expected set ran and
+    passed, on records that show it -- in every row."""
     status = summary["tier_status"]
-    return [t for t in summary["required_tiers"]
-            if t not in status or status[t]["not_run"] or status[t]["partial"]]
+    unproven_rows = [r["id"] for r in summary["rows"] if r["verdict"] == UNPROVEN]
+    return [t for t in summary["required_tiers"] or TIERS
+            if t not in status or status[t]["not_run"] or status[t]["partial"] or status[t]["unproven"]
+            or any(rid not in status[t]["complete"] for rid in unproven_rows)]
 
 
 def _verdict(summary: dict) -> tuple[str, int]:
-    """(state, exit status): 'qualifies' (every tier complete everywhere), 'partial' (nothing failed, some tier not
-    complete), 'not-proven' (a --require'd tier not complete everywhere, or nothing ran), 'fails'."""
-    if summary["failing_rows"] or summary["incomplete_rows"]:
+    """(state, exit status): 'fails' (1) when a row broke on records that show it (a failure of sglang or its
+    dependencies, listed upstream bugs aside); 'not-proven' (3) when the run's evidence does not hold (no manifest,
+    another suite), a planned row did not run, or a required tier is not proven in every row (partial, skipped,
+    interrupted, harness only, a record that cannot show what it claims); else 'qualifies' (0) when the required
+    tiers are every tier, 'required-proven' (0) when --require named fewer."""
+    if summary["failing_rows"]:
         return "fails", EXIT_FAILED
-    if summary["nothing_ran"]:
+    if summary["nothing_ran"] or summary["evidence"]["run"] or missing_required(summary):
         return "not-proven", EXIT_NOT_PROVEN
-    if missing_required(summary):
-        return "not-proven", EXIT_NOT_PROVEN
-    status = summary["tier_status"]
-    if all(not st["not_run"] and not st["partial"] for st in status.values()) and set(status) == set(TIERS):
+    if set(summary["required_tiers"] or TIERS) == set(TIERS):
         return "qualifies", EXIT_OK
-    return "partial", EXIT_OK
+    return "required-proven", EXIT_OK
 
 
 def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: Path | None = None,
@@ -379,12 +470,14 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     rows = read_judged_run(run_dir)
     if not rows:
         raise ReportError(f"run {run_dir.name!r} ({run_dir}) has no rows (no */{schema.ROW_FILE})")
+    found = judge_evidence(run_dir, rows)
+    rows = dict(sorted(rows.items()))
     summaries = {rid: _row_summary(run_dir, rid, rec, out_dir) for rid, rec in rows.items()}
     _closest_passing_rows(run_dir, rows, summaries, baseline_dir)
     counts = {v: 0 for v in VERDICTS}
     for s in summaries.values():
         counts[s["verdict"]] = counts.get(s["verdict"], 0) + 1
-    failing = [rid for rid, s in summaries.items() if s["verdict"] in FAILING]
+    failing = [rid for rid, s in summaries.items() if s["state"] == expected.BROKEN]
     incomplete = [rid for rid, s in summaries.items() if s["verdict"] in (None, "pending")]
     tiers = [t for t in TIERS if any(t in s["tiers"] for s in summaries.values())] or list(TIERS)
     ran_any = any(t["verdict"] in RAN for s in summaries.values() for t in s["tiers"].values())
@@ -398,6 +491,7 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
         "run_id": run_dir.name,
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "required_tiers": list(require),
+        "evidence": found,
         "verdict_counts": {k: v for k, v in counts.items() if v},
         "failing_rows": failing,
         "incomplete_rows": incomplete,
@@ -416,7 +510,8 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
         "regressions": [],
     }
     summary["verdict"], summary["exit_status"] = _verdict(summary)
-    # True only when every tier ran and passed in every row: a CPU-only run never 'qualifies' a release.
+    # True only when every tier ran whole and passed in every planned row, on records that show it: a CPU-only run
+    # never 'qualifies' a release.
     summary["qualifies"] = summary["verdict"] == "qualifies"
     if baseline_dir is not None:
         base = compare.compare_runs(run_dir, rows, Path(baseline_dir), read_judged_run(baseline_dir))

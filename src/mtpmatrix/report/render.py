@@ -18,20 +18,20 @@ from mtpmatrix.report import canaries
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
-from mtpmatrix.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, VERDICTS
+from mtpmatrix.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 
 TEMPLATES = Path(__file__).parent / "templates"
 MARKDOWN_TEMPLATE, HTML_TEMPLATE = "report.md.j2", "report.html.j2"
 NO_JINJA2 = "the report needs jinja2: pip install jinja2 (nox -s report installs it)"
 
 SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️", "pending": "⏳",
-           KNOWN_UPSTREAM: "⚠️", PARTIAL: "🟡", None: "—"}
+           KNOWN_UPSTREAM: "⚠️", PARTIAL: "🟡", UNPROVEN: "❔", None: "—"}
 # The HTML page uses plain glyphs that every font has (emoji need a color-emoji font the viewer may lack).
 GLYPHS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "pending": "…", KNOWN_UPSTREAM: "⚠",
-          PARTIAL: "~", None: "—"}
+          PARTIAL: "~", UNPROVEN: "?", None: "—"}
 # Headline marks: proven, nothing failed but not everything proven, not qualified.
-MARKS = {"qualifies": "✅", "partial": "🟡", "not-proven": "❌", "fails": "❌"}
-BANNERS = {"qualifies": ("ok", "✓"), "partial": ("partial", "~"), "not-proven": ("bad", "✗"),
+MARKS = {"qualifies": "✅", "required-proven": "🟡", "not-proven": "❔", "fails": "❌"}
+BANNERS = {"qualifies": ("ok", "✓"), "required-proven": ("partial", "~"), "not-proven": ("bad", "?"),
            "fails": ("bad", "✗")}
 VERSION_KEYS = (*MAIN_PACKAGES, "python")  # the versions each row shows
 # known_upstream.json's components as the report words them: whose bug, and whether it is sglang's
@@ -189,40 +189,52 @@ def _known_text(summary: dict) -> str:
 
 
 def _not_complete_text(summary: dict) -> str:
-    """The --require'd tiers that are not complete, each with the rows and what did not run there."""
+    """The required tiers that are not proven, each with the rows and what did not run or cannot be shown there."""
     status = summary["tier_status"]
     out = []
     for t in missing_required(summary):
-        st = status.get(t) or {"not_run": [], "partial": [], "missing": {}, "why": ""}
+        st = status.get(t) or {"not_run": [], "partial": [], "missing": {}, "why": "", "unproven": []}
         bits = []
         if st["not_run"]:
             bits.append(f"not run in {', '.join(st['not_run'])}" + (f" ({st['why']})" if st["why"] else ""))
         if st["partial"]:
             bits.append(f"partial in {_partial_text(st)}")
-        out.append(f"{t}: {'; '.join(bits) or 'not run'}")
+        for rid in st.get("unproven") or []:
+            bits.append(f"not proven in {rid} ({(st['unproven_why'].get(rid) or ['?'])[0]})")
+        out.append(f"{t}: {'; '.join(bits)}" if bits else t)
     return " | ".join(out)
 
 
+def _evidence_text(summary: dict, limit: int = 3) -> str:
+    """Why the run's evidence does not hold: the run's own problems, then each row's first ones."""
+    ev = summary.get("evidence") or {"run": [], "rows": {}}
+    parts = list(ev["run"])
+    for rid, problems in ev["rows"].items():
+        whys = list(dict.fromkeys(p["what"] for p in problems))
+        parts.append(f"{rid}: {'; '.join(whys[:limit])}" + (f" (+{len(whys) - limit} more)" if len(whys) > limit
+                                                            else ""))
+    return " | ".join(parts)
+
+
 def headline(summary: dict) -> str:
-    """The verdict in one line: what was proven, what failed, what did not run."""
+    """The verdict in one line: what was proven, what failed, what did not run or cannot be shown."""
     n = len(summary["rows"])
     c = summary["verdict_counts"]
     counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
     state = summary.get("verdict")
     if state == "qualifies":
         return f"QUALIFIES — every tier ran whole and passed in all {n} rows{_known_text(summary)} ({counts})"
-    if state == "partial":
-        return f"{_proven_text(summary)}{_known_text(summary)} ({n} rows: {counts})"
+    if state == "required-proven":
+        return (f"{_and(summary['required_tiers'])} proven in all {n} rows, not a release qualification: "
+                f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
     if state == "not-proven":
         if summary.get("nothing_ran"):
-            return f"NOT QUALIFIED — nothing ran: every tier of every row was skipped ({counts})"
-        return (f"NOT QUALIFIED — required tier(s) not complete in every row: {_not_complete_text(summary)}"
-                f"{_known_text(summary)} ({counts})")
+            return f"NOT PROVEN — nothing ran: every tier of every row was skipped ({counts})"
+        why = [x for x in (_evidence_text(summary), _not_complete_text(summary)) if x]
+        return f"NOT PROVEN — {' | '.join(why)}{_known_text(summary)} ({counts})"
     why = []
     if summary["failing_rows"]:
         why.append(f"{len(summary['failing_rows'])} of {n} rows failing: {', '.join(summary['failing_rows'])}")
-    if summary["incomplete_rows"]:
-        why.append(f"unfinished: {', '.join(summary['incomplete_rows'])}")
     return f"DOES NOT QUALIFY — {'; '.join(why)} ({counts})"
 
 

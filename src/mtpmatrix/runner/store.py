@@ -80,14 +80,16 @@ def find_run(results: Path, run_id: str | None) -> Path:
 
 
 def read_run(run_dir: Path) -> dict[str, dict]:
-    """{row id: row record} of every ``<row>/row.json`` of a run, in row-id order; StoreError for an unreadable
-    one (a run is judged whole or not at all)."""
+    """{row id: row record} of every ``<row>/row.json`` of a run, in row-id order; an unreadable one stands as
+    ``{"unreadable": [why]}`` (the report says it proves nothing, evidence.records), hidden folders are skipped."""
     out = {}
     for f in sorted(Path(run_dir).glob(f"*/{ROW_FILE}")):
+        if f.parent.name.startswith("."):
+            continue  # a staging folder (an import under way, or killed): never a row
         try:
             out[f.parent.name] = read_json(f)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise StoreError(f"{f}: unreadable row record ({exc})") from None
+        except (OSError, ValueError) as exc:  # ValueError: bad JSON, bad UTF-8
+            out[f.parent.name] = {"unreadable": [f"{ROW_FILE} unreadable ({type(exc).__name__}: {exc})"]}
     return out
 
 

@@ -1,0 +1,71 @@
+"""A run's plan, written before its first row installs (evidence/manifest.py): which rows this nox invocation will
+run, with which pins, options, knobs and suite; and what --resume may keep of an earlier row.
+
+The rows planned are every row session nox queued for this invocation (all shards of a sharded run: the report of
+one shard then says the others did not run), read from nox's own queue; where that cannot be read, every row the
+session could run, so a row never silently drops out of the plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+from mtpmatrix import expected
+from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.runner.store import RunStore
+
+
+def queued_rows(session, fallback: list[str]) -> list[str]:
+    """The row ids of every session of ``session``'s kind that nox queued (or ran) in this invocation."""
+    try:
+        runner = session._runner  # nox's queue is not public API: read defensively, fall back to every row
+        queue = itertools.chain(runner.manifest._consumed, runner.manifest._queue)
+        ids = [s.func.call_spec["row"] for s in queue
+               if s.name == runner.name and isinstance(getattr(s.func, "call_spec", None), dict)
+               and "row" in s.func.call_spec]
+    except (AttributeError, KeyError, TypeError):
+        ids = []
+    return ids or list(fallback)
+
+
+def planned(rows: dict, ids: list[str]) -> dict[str, dict]:
+    """{row id: manifest.planned_row} of ``ids`` (rows: {id: runner.rows.Row})."""
+    return {rid: manifest.planned_row(rows[rid].as_dict(), rows[rid].path.read_text()) for rid in ids if rid in rows}
+
+
+def invocation(opts) -> dict:
+    return {"argv": list(sys.argv), "tiers": opts.tiers, "overrides": list(opts.overrides),
+            "server_urls": list(opts.server_urls), "pytest_args": list(opts.pytest_args),
+            "knobs": expected.knobs(os.environ)}
+
+
+def start(opts, row_id: str, plan: dict[str, dict]) -> str | None:
+    """Write or extend the run's manifest for ``plan`` and say whether --resume may keep ``row_id``'s record: the
+    reason to skip it, or None to run it (no record yet, or one whose pins or suite are not the plan's any more)."""
+    run_dir = Path(opts.results) / opts.run_id
+    current = manifest.read(run_dir)
+    changed = manifest.changed_rows(current, {row_id: plan[row_id]})
+    suite = fingerprint.describe()
+    manifest.ensure(run_dir, opts.run_id, plan, invocation(opts), suite)
+    if changed:
+        manifest.replan(run_dir, {row_id: plan[row_id]})
+    manifest.clear_not_run(run_dir, row_id)
+    store = RunStore(opts.results, opts.run_id)
+    if not (opts.resume and store.finished(row_id)):
+        return None
+    if changed:
+        return None  # the constraints changed since: run it again with the new pins, never keep the old record
+    record = store.load_row(row_id) or {}
+    ran = (record.get("fingerprint") or {}).get("suite")
+    if ran and ran != suite["suite"]:
+        return None  # another suite wrote it
+    return f"{row_id} already has a verdict in run {opts.run_id} (--resume)"
+
+
+def not_run(opts, row_id: str, why: str) -> None:
+    """Record why ``row_id`` has no record in the run (bad input, before anything was installed)."""
+    if opts is not None and opts.run_id:
+        manifest.mark_not_run(Path(opts.results) / opts.run_id, row_id, why)
