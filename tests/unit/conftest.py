@@ -15,8 +15,11 @@ RECORDED_RUNS = Path(__file__).parent / "data" / "runs"
 @pytest.fixture
 def results(tmp_path) -> Path:
     """A copy of the hand-made results store in data/runs (the report and bisect write into runs)."""
+    from evidence_records import stamp_all
+
     dest = tmp_path / "results"
     shutil.copytree(RECORDED_RUNS, dest)
+    stamp_all(dest)  # today's evidence on each (the hand-made records predate manifests and fingerprints)
     # "latest run" goes by row.json time: give each run its id's time, whatever order the checkout wrote them in
     for f in dest.glob("*/*/row.json"):
         t = dt.datetime.strptime(f.parent.parent.name, "%Y%m%d-%H%M%S").replace(tzinfo=dt.timezone.utc).timestamp()

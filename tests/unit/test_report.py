@@ -19,7 +19,10 @@ import pytest
 
 from mtpmatrix import report
 from mtpmatrix.__main__ import main
+from mtpmatrix.evidence import expected_checks
 from mtpmatrix.schema import TIERS
+
+from evidence_records import stamp
 
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
 
@@ -49,10 +52,10 @@ def test_failing_run_writes_three_files_and_exits_1(results, capsys):
     assert "DOES NOT QUALIFY" in capsys.readouterr().out
 
 
-def test_a_run_where_nothing_failed_but_the_gpu_tiers_ran_in_part_exits_0_and_does_not_qualify(results):
-    assert main(["report", BASE, "--results", str(results)]) == 0
+def test_a_run_where_nothing_failed_but_the_gpu_tiers_ran_in_part_exits_3_and_does_not_qualify(results):
+    assert main(["report", BASE, "--results", str(results)]) == report.EXIT_NOT_PROVEN
     s = json.loads((results / BASE / "report" / "summary.json").read_text())
-    assert s["qualifies"] is False and s["verdict"] == "partial"
+    assert s["qualifies"] is False and s["verdict"] == "not-proven"
     missing = {m["what"] for m in _row(s, "sglang-0.5.13")["tiers"]["gsm8k"]["missing"]}
     assert {"31B-topk1", "31B-topk3", "26B-A4B-topk1"} <= missing
 
@@ -62,7 +65,8 @@ def test_latest_run_is_the_default_and_bisect_runs_are_not_matrix_runs(results):
     probe.mkdir(parents=True)
     (probe / "row.json").write_text(json.dumps({"verdict": "passed", "row": {"id": "x"}}))
     assert report.latest_run_id(results) == CPU
-    assert main(["report", "--results", str(results)]) == 1  # the CPU run has a pending row
+    # the CPU run has a pending row and a harness error: nothing failed sglang, nothing is proven
+    assert main(["report", "--results", str(results)]) == report.EXIT_NOT_PROVEN
     assert (results / CPU / "report" / "report.html").exists()
 
 
@@ -117,13 +121,15 @@ def test_markdown_table_versions_failures_and_skips(results):
 def test_cpu_run_groups_gpu_skips_and_flags_harness_and_unfinished(results):
     s = _summary(results, CPU)
     assert s["qualifies"] is False
-    assert s["incomplete_rows"] == ["sglang-0.5.23"] and s["failing_rows"] == ["sglang-0.5.13"]
+    # a harness error and an unfinished row prove nothing either way: not proven (exit 3), never "fails" (exit 1)
+    assert s["incomplete_rows"] == ["sglang-0.5.23"] and s["failing_rows"] == []
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report.EXIT_NOT_PROVEN)
     assert s["row_verdicts"]["sglang-0.5.13"] == "error"
     gpu = next(g for g in s["skips"] if g["reason"].startswith("needs 1 CUDA GPU"))
     assert gpu["tiers"] == ["smoke", "gsm8k"] and gpu["rows"] == ["sglang-0.5.13", "sglang-0.5.17"]
     md = report.render_markdown(s)
     assert "- smoke/gsm8k in 2 rows: needs 1 CUDA GPU(s), this machine has 0" in md
-    assert "💥 error · harness" in md and "unfinished: sglang-0.5.23" in md
+    assert "💥 error · harness" in md and "not proven in sglang-0.5.13" in md
     html = report.render_html(s)
     assert "pending" in html and "KeyError" in html
 
@@ -323,10 +329,17 @@ def _tier(verdict, reason=None, checks=None):
     return t
 
 
+def _filed(tier: str, entry: dict) -> dict:
+    """Every made-up check filed under its tier, in a file of its tier (a check id appears once in a row)."""
+    return dict(entry, checks=[dict(c, tier=tier, id=c["id"].replace("test_x.py", f"test_x_{tier}.py"))
+                               for c in entry.get("checks") or []])
+
+
 def _run(root, run_id, rows, versions=None):
     for rid, tiers in rows.items():
         d = root / run_id / rid
         d.mkdir(parents=True)
+        tiers = {t: _filed(t, tv) for t, tv in tiers.items()}
         rec = {"row": {"id": rid, "pins": {}}, "install": {"verdict": "passed"}, "tiers": tiers,
                # a session that collected exactly what it recorded: nothing deselected, no knobs
                "selection": {"args": ["tests/tiers"], "paths": ["tests/tiers"], "knobs": {},
@@ -334,6 +347,7 @@ def _run(root, run_id, rows, versions=None):
                "versions": dict(versions or {})}
         rec["verdict"] = report.row_verdict(rec)
         (d / "row.json").write_text(json.dumps(rec))
+    stamp(root / run_id)  # the manifest, the suite's fingerprint, tiers.json and junit.xml: evidence that holds
     return root
 
 
@@ -345,15 +359,17 @@ def _cpu_tiers(reference=None):
 def test_cpu_only_run_says_what_ran_and_a_release_gate_can_demand_the_gpu_tiers(tmp_path, capsys):
     _run(tmp_path, "20260101-000000", {"a": _cpu_tiers(), "b": _cpu_tiers()})
     args = ["report", "--results", str(tmp_path)]
-    assert main(args) == report.EXIT_OK
+    # without --require the question is the release: not proven (exit 3), saying what did pass
+    assert main(args) == report.EXIT_NOT_PROVEN
     out = capsys.readouterr().out
-    assert "CPU checks pass; smoke and gsm8k not run (no GPU)" in out and "QUALIFIES" not in out
+    assert "NOT PROVEN — CPU checks pass; smoke and gsm8k not run (no GPU)" in out and "QUALIFIES" not in out
     s = json.loads((tmp_path / "20260101-000000" / "report" / "summary.json").read_text())
-    assert (s["verdict"], s["qualifies"], s["exit_status"]) == ("partial", False, 0)
+    assert (s["verdict"], s["qualifies"], s["exit_status"]) == ("not-proven", False, 3)
     assert main(args + ["--require", "smoke,gsm8k"]) == report.EXIT_NOT_PROVEN
-    assert ("NOT QUALIFIED — required tier(s) not complete in every row: smoke: not run in a, b (no GPU) | gsm8k: "
-            "not run in a, b (no GPU)") in capsys.readouterr().out
+    assert "NOT PROVEN — smoke: not run in a, b (no GPU) | gsm8k: not run in a, b (no GPU)" in capsys.readouterr().out
+    # a gate that asks for the CPU tiers only gets exit 0, and the headline says it is no release qualification
     assert main(args + ["--require", "contract,reference"]) == report.EXIT_OK
+    assert "contract and reference proven in all 2 rows, not a release qualification" in capsys.readouterr().out
     assert main(args + ["--require", "smoke,gpu"]) == report.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err == "error: --require: unknown tier(s) gpu; known: contract, reference, smoke, gsm8k\n"
@@ -387,13 +403,18 @@ def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_pat
     rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                       "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())
     known_upstream.apply(rec["tiers"], rec["versions"])
+    for tier in ("contract", "reference"):  # the checks today's suite has that the recorded run did not: passed
+        have = {c["id"] for c in rec["tiers"][tier]["checks"]}
+        rec["tiers"][tier]["checks"] += [{"id": i, "tier": tier, "outcome": "passed", "seconds": 0.1, "metrics": {}}
+                                         for i in expected_checks.load()[tier] if i not in have]
     ok = json.loads(json.dumps(rec["tiers"]))
     ok["reference"] = _tier("passed")
     # the report derives the tags again from the checks and the row's versions (a stored tag is never trusted)
     _run(tmp_path, "20260101-000000", {"sglang-0.5.23": ok}, rec["versions"])
     _run(tmp_path, "20260102-000000", {"sglang-0.5.23": rec["tiers"], "sglang-0.5.17": _cpu_tiers()}, rec["versions"])
     s = report.build_summary(tmp_path / "20260102-000000", baseline_dir=tmp_path / "20260101-000000")
-    assert s["row_verdicts"]["sglang-0.5.23"] == "passed" and s["exit_status"] == report.EXIT_OK
+    # the recorded CPU run's contract tier predates checks the suite has now (partial); reference is known upstream
+    assert s["row_verdicts"]["sglang-0.5.23"] == "passed" and not s["failing_rows"]
     row = _row(s, "sglang-0.5.23")
     assert row["tiers"]["reference"]["failures"] == []  # not listed as a failure ...
     md = report.render_markdown(s)

@@ -151,6 +151,9 @@ def _proven_text(summary: dict) -> str:
     for t in some:
         parts.append(f"{t} complete in {len(status[t]['complete'])} of {n} rows" + (
             f", partial in {_partial_text(status[t])}" if status[t]["partial"] else ""))
+    for t in summary["tiers"]:
+        for rid in status[t].get("unproven") or []:
+            parts.append(f"{t} not proven in {rid} ({(status[t]['unproven_why'].get(rid) or ['?'])[0]})")
     by_why: dict[str, list[str]] = {}
     for t in none:
         by_why.setdefault(status[t]["why"], []).append(t)
@@ -230,7 +233,8 @@ def headline(summary: dict) -> str:
     if state == "not-proven":
         if summary.get("nothing_ran"):
             return f"NOT PROVEN — nothing ran: every tier of every row was skipped ({counts})"
-        why = [x for x in (_evidence_text(summary), _not_complete_text(summary)) if x]
+        gaps = _not_complete_text(summary) if summary["required_tiers"] else _proven_text(summary)
+        why = [x for x in (_evidence_text(summary), gaps) if x]
         return f"NOT PROVEN — {' | '.join(why)}{_known_text(summary)} ({counts})"
     why = []
     if summary["failing_rows"]:

@@ -192,7 +192,12 @@ def pytest_runtest_makereport(item, call):
             rec["failure"] = _classify_in_session(item, call.excinfo.value, declared)
             if report.when != "call":
                 rec["outcome"] = "error"
-        item.config.stash[_RECORDS_KEY].append(rec)
+        records = item.config.stash[_RECORDS_KEY]
+        earlier = next((r for r in records if r["id"] == item.nodeid), None)
+        if earlier is not None:  # a teardown error after the call: one record per check, the error stands
+            earlier.update(outcome="error", failure=rec.get("failure"))
+            return
+        records.append(rec)
 
 
 def _classify_in_session(item, exc: BaseException, declared: str | None) -> dict:
