@@ -84,3 +84,14 @@ def stamp_all(results: Path) -> None:
 
 def load(path: Path):
     return json.loads(Path(path).read_text())
+
+
+def define_expected(monkeypatch, folder: Path, ids: dict[str, list[str]]) -> Path:
+    """Judge a made-up suite against its own definition (MTPMATRIX_EXPECTED_CHECKS): ``ids`` per tier, the rest
+    empty. For tests of mechanics (merging, the plugin), never of the qualification suite."""
+    from mtpmatrix.schema import TIERS
+
+    path = Path(folder) / "expected_checks.json"
+    path.write_text(json.dumps({"tiers": {t: list(ids.get(t, [])) for t in TIERS}}))
+    monkeypatch.setenv(expected_checks.ENV, str(path))
+    return path

@@ -21,22 +21,33 @@ from pathlib import Path
 from mtpmatrix.schema import TIERS
 
 FILE = Path(__file__).resolve().parents[1] / "expected_checks.json"
+# Another definition, for suites that are not this project's (the runner's own unit tests run made-up suites): a file,
+# or AS_COLLECTED (each tier's expected set is what its session collected). A knob the evidence judge does not list:
+# whatever is judged under it is not the qualification suite.
+ENV = "MTPMATRIX_EXPECTED_CHECKS"
+AS_COLLECTED = "collected"
 
 
 class ExpectedChecksError(ValueError):
     """The definition is missing or malformed; one line."""
 
 
+def load(path: Path | None = None) -> dict[str, tuple[str, ...]] | None:
+    """{tier: check ids} of the definition (``path``, else $MTPMATRIX_EXPECTED_CHECKS, else FILE); None when that
+    says AS_COLLECTED."""
+    chosen = path or os.environ.get(ENV) or FILE
+    return None if chosen == AS_COLLECTED else _load(Path(chosen))
+
+
 @functools.lru_cache(maxsize=None)
-def load(path: Path = FILE) -> dict[str, tuple[str, ...]]:
-    """{tier: check ids} of the definition."""
+def _load(path: Path) -> dict[str, tuple[str, ...]]:
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ExpectedChecksError(f"{path}: {exc}") from None
     tiers = raw.get("tiers") if isinstance(raw, dict) else None
     if not isinstance(tiers, dict) or set(tiers) != set(TIERS) or not all(
-            isinstance(v, list) and v and all(isinstance(i, str) for i in v) for v in tiers.values()):
+            isinstance(v, list) and all(isinstance(i, str) for i in v) for v in tiers.values()):
         raise ExpectedChecksError(f"{path}: want {{'tiers': {{tier: [check id, ...]}}}} for {', '.join(TIERS)}")
     return {t: tuple(tiers[t]) for t in TIERS}
 

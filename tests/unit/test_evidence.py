@@ -1,0 +1,227 @@
+"""A verdict bound to its evidence (mtpmatrix.evidence): a real H200 record, filed through ``import`` and judged by the
+report, qualifies its tier as it stands; every way a record can prove less than it claims is "not proven" (exit 3) or
+refused, never QUALIFIES. Each case below printed QUALIFIES (exit 0) before the evidence judge existed.
+
+The record: docs/runs/2026-12-01c-h200-sglang-0.5.17-smoke-default.json, the default smoke suite on one H200 (60
+passed, the draft-phase check known upstream), as tools/gpu_box.sh leaves it, stamped with this checkout's suite.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evidence_records import write_junit
+from mtpmatrix import report
+from mtpmatrix.evidence import fingerprint, judge, manifest, records
+from mtpmatrix.runner import importer
+
+REPO = Path(__file__).resolve().parents[2]
+H200_RECORD = REPO / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json"
+INVOCATION_ID = "0123456789abcdef"
+
+
+def write_box(out: Path, data: dict, pytest_args=("--tiers", "smoke"), knobs=None) -> Path:
+    """A tools/gpu_box.sh output folder holding ``data`` as its tiers.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    knobs = {"MTPMATRIX_TINY_DIR": "/root/out/work/tiny", "MTPMATRIX_INVOCATION_ID": INVOCATION_ID, **(knobs or {})}
+    data = copy.deepcopy(data)
+    data["selection"]["knobs"] = dict(knobs)
+    (out / "tiers.json").write_text(json.dumps(data))
+    write_junit(out / "junit.xml", [c for t in data["tiers"].values() for c in t["checks"]])
+    (out / "pytest.log").write_text("61 passed\n")
+    (out / "env.txt").write_text("2026-12-01T21:00:00Z\nNVIDIA H200, 143771 MiB, 580.159.04\n")
+    (out / "invocation.json").write_text(json.dumps({"invocation_id": INVOCATION_ID, "tests": ["tests/tiers"],
+                                                     "pytest_args": list(pytest_args), "knobs": knobs}))
+    return out
+
+
+@pytest.fixture
+def h200() -> dict:
+    """The H200 record as today's suite writes it (this checkout's fingerprint)."""
+    data = json.loads(H200_RECORD.read_text())
+    data["fingerprint"] = fingerprint.describe()
+    return data
+
+
+def judged(tmp_path, data, row="sglang-0.5.17", require=("smoke",), **box) -> dict:
+    out = write_box(tmp_path / f"out-{len(list(tmp_path.iterdir()))}", data, **box)
+    importer.import_run(out, row, results=tmp_path / "results", run_id="r1")
+    return report.build_summary(tmp_path / "results" / "r1", require=list(require))
+
+
+def test_the_untampered_h200_record_proves_its_smoke_tier(tmp_path, h200):
+    s = judged(tmp_path, h200)
+    assert (s["verdict"], s["exit_status"]) == ("required-proven", report.EXIT_OK), report.render.headline(s)
+    assert s["evidence"] == {"run": [], "rows": {}}
+    assert s["tier_verdicts"]["sglang-0.5.17"]["smoke"] == "known-upstream"
+
+
+def _drop(data: dict, keep) -> dict:
+    data = copy.deepcopy(data)
+    smoke = data["tiers"]["smoke"]
+    smoke["checks"] = [c for c in smoke["checks"] if keep(c["id"])]
+    data["selection"]["collected"]["smoke"] = [c["id"] for c in smoke["checks"]]
+    return data
+
+
+@pytest.mark.parametrize("case", ["cut to 14 checks", "an older suite without the accounting check"])
+def test_a_suite_that_collected_less_does_not_define_its_own_yardstick(tmp_path, h200, case):
+    if case == "cut to 14 checks":
+        ids = [c["id"] for c in h200["tiers"]["smoke"]["checks"]][:14]
+        data = _drop(h200, lambda i: i in ids)
+    else:
+        data = _drop(h200, lambda i: "per_request" not in i and "accounting" not in i)
+        assert len(data["tiers"]["smoke"]["checks"]) < len(h200["tiers"]["smoke"]["checks"])
+        data["fingerprint"] = dict(h200["fingerprint"], suite="0" * 64)  # its own suite
+    s = judged(tmp_path, data)
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report.EXIT_NOT_PROVEN)
+
+
+def test_versions_that_are_not_the_rows_prove_nothing_for_it(tmp_path, h200):
+    s = judged(tmp_path, h200, row="sglang-0.5.23")
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.23"]]
+    assert "sglang 0.5.17 ran, the row pins 0.5.23" in whys
+
+
+def test_a_row_folder_copied_under_another_name_is_not_that_row(tmp_path, h200):
+    judged(tmp_path, h200)
+    run = tmp_path / "results" / "r1"
+    shutil.copytree(run / "sglang-0.5.17", run / "sglang-0.5.13")
+    s = report.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.13"]]
+    assert "row.json names row 'sglang-0.5.17', filed as 'sglang-0.5.13'" in whys
+    assert "the run's manifest does not plan this row" in whys
+
+
+@pytest.mark.parametrize("knob, value", [
+    ("MTPMATRIX_SMOKE_EXTRA_ARGS", "--attention-backend flashinfer"),
+    ("MTPMATRIX_SMOKE_PAIR", "dense-31b"),
+    ("MTPMATRIX_MUTANT", "draft-phase-zero"),
+    ("MTPMATRIX_SOMETHING_NEW", "1"),
+])
+def test_a_knob_that_changes_what_is_tested_is_not_the_qualification_suite(tmp_path, h200, knob, value):
+    s = judged(tmp_path, h200, knobs={knob: value})
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    assert f"smoke ran with {knob}={value}: not the qualification suite" in report.render_markdown(s)
+
+
+def test_knobs_at_their_defaults_or_that_only_place_things_change_nothing():
+    assert judge.knob_effect("MTPMATRIX_SMOKE_TP", "1") == ()
+    assert judge.knob_effect("MTPMATRIX_SMOKE_PAIR", "e-series") == ()
+    assert judge.knob_effect("MTPMATRIX_SMOKE_PARALLEL", "4") == ()
+    assert judge.knob_effect("MTPMATRIX_31B_TARGET", "/models/anything") == ("gsm8k",)
+    assert judge.knob_effect("MTPMATRIX_SMOKE_TP", "2") == ("smoke",)
+
+
+def _gsm8k_check(case="31B-topk1", outcome="passed", **metrics) -> dict:
+    return {"id": f"tests/tiers/test_gsm8k.py::test_accuracy[{case}]", "tier": "gsm8k", "outcome": outcome,
+            "seconds": 1.0, "metrics": metrics}
+
+
+def _record(checks, gpus=2, **extra) -> dict:
+    return {"row": {"id": "sglang-0.5.23", "pins": {"sglang": "0.5.23"}}, "run_id": "r1", "gpus": gpus,
+            "versions": {"sglang": "0.5.23"}, "fingerprint": {"suite": "f"},
+            "tiers": {"gsm8k": {"verdict": "passed", "checks": checks}}, **extra}
+
+
+def _whys(record, row_dir=None):
+    return [p["what"] for p in judge.judge_row("sglang-0.5.23", record, run_id="r1", manifest=None,
+                                               row_dir=row_dir)]
+
+
+def test_a_server_url_on_another_release_or_tp_is_not_the_row():
+    served = {"url": "http://127.0.0.1:30000", "version": "0.5.17", "tp_size": 1}
+    whys = _whys(_record([_gsm8k_check(served=served)]))
+    assert "test_accuracy[31B-topk1]: served by sglang 0.5.17, the row is sglang 0.5.23" in whys
+    assert "test_accuracy[31B-topk1]: served at TP 1, the seed case is TP 2" in whys
+    assert "test_accuracy[31B-topk1] passed at TP 2 on a box with 1 GPU(s)" in _whys(_record([_gsm8k_check()], gpus=1))
+
+
+def _accuracy(**over) -> dict:
+    m = {"score": 0.735, "num_examples": 200, "num_correct": 147, "threshold": 0.65, "wilson95": [0.6698, 0.7913],
+         "records": "gsm8k/E4B-topk1.jsonl"}
+    m.update(over)
+    return _gsm8k_check("E4B-topk1", **m)
+
+
+@pytest.mark.parametrize("over, why", [
+    ({"score": 0.10, "num_correct": 20}, "passed with score 0.1 against threshold 0.65"),
+    ({"score": float("nan")}, "metric score is not finite"),
+    ({"num_correct": -3}, "not a score"),
+    ({"score": 0.9}, "score 0.9 is not 147/200"),
+    ({"wilson95": [0.1, 0.9]}, "is not the Wilson interval of 147/200"),
+    ({"num_examples": 50, "num_correct": 37, "score": 0.74, "wilson95": None},
+     "200 per-question records with 147 correct, the check claims 37 of 50"),
+])
+def test_a_passed_accuracy_whose_metrics_contradict_it_proves_nothing(tmp_path, over, why):
+    row_dir = tmp_path / "row"
+    (row_dir / "gsm8k").mkdir(parents=True)
+    (row_dir / "gsm8k" / "E4B-topk1.jsonl").write_text(
+        "".join(json.dumps({"index": i, "correct": i < 147}) + "\n" for i in range(200)))
+    assert not _whys(_record([_accuracy()]), row_dir=None)  # the untouched check holds
+    found = _whys(_record([_accuracy(**over)]), row_dir=row_dir)
+    assert any(why in w for w in found), found
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda r: r["tiers"]["gsm8k"]["checks"][0].update(outcome="xfailed"), "is not one of passed, failed"),
+    (lambda r: r["tiers"]["gsm8k"]["checks"][0].update(outcome=None), "is not one of passed, failed"),
+    (lambda r: r["tiers"]["gsm8k"]["checks"].append(dict(r["tiers"]["gsm8k"]["checks"][0])), "appears twice"),
+    (lambda r: r["tiers"]["gsm8k"]["checks"][0].pop("id"), "has no id"),
+])
+def test_records_outside_the_closed_set_are_unreadable_not_passed(edit, why):
+    rec = _record([_accuracy()])
+    edit(rec)
+    assert any(why in p for p in records.shape_problems(rec))
+
+
+def test_row_json_edited_to_passed_while_tiers_json_and_junit_say_failed(tmp_path, h200):
+    judged(tmp_path, h200)
+    row = tmp_path / "results" / "r1" / "sglang-0.5.17"
+    rec = json.loads((row / "row.json").read_text())
+    target = next(c for c in rec["tiers"]["smoke"]["checks"] if c.get("known_upstream"))
+    target.update(outcome="passed")
+    target.pop("failure")
+    (row / "row.json").write_text(json.dumps(rec))
+    s = report.build_summary(row.parent, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    assert any("tiers.json says failed" in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"])
+
+
+def test_a_planned_row_without_a_record_is_not_run_with_its_reason(tmp_path, h200):
+    judged(tmp_path, h200)
+    run = tmp_path / "results" / "r1"
+    plan = manifest.read(run)
+    plan["rows"]["sglang-0.5.23"] = {"pins": {"sglang": "0.5.23"}}
+    plan["not_run"]["sglang-0.5.23"] = "--with transformers==9.9: no such release on the index"
+    (run / "manifest.json").write_text(json.dumps(plan))
+    s = report.build_summary(run, require=["smoke"])
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report.EXIT_NOT_PROVEN)
+    assert "sglang-0.5.23: not run: --with transformers==9.9: no such release on the index" in report.render.headline(s)
+
+
+def test_a_run_without_a_manifest_or_of_another_suite_is_not_proven(tmp_path, h200):
+    judged(tmp_path, h200)
+    run = tmp_path / "results" / "r1"
+    plan = manifest.read(run)
+    (run / "manifest.json").write_text(json.dumps(dict(plan, fingerprint={"suite": "1" * 64})))
+    s = report.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN and "is not this checkout's" in s["evidence"]["run"][0]
+    (run / "manifest.json").unlink()
+    s = report.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN and "has no manifest" in s["evidence"]["run"][0]
+
+
+def test_records_from_before_fingerprints_are_said_once_per_row(tmp_path, h200):
+    data = copy.deepcopy(h200)
+    data.pop("fingerprint")
+    s = judged(tmp_path, data)
+    whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"]]
+    assert whys.count("no suite fingerprint: the record cannot say which suite wrote it") == 1
