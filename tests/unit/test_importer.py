@@ -130,6 +130,10 @@ def test_gpu_box_script_output_imports_as_it_is(tmp_path, gsm8k_lines):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert {p.name for p in out.iterdir()} == {"tiers.json", "junit.xml", "pytest.log", "env.txt", "logs.tgz",
                                                schema.INVOCATION_FILE}
+    # the run's evidence carries the id of the invocation that made it
+    invocation_id = json.loads((out / schema.INVOCATION_FILE).read_text())["invocation_id"]
+    knobs = json.loads((out / "tiers.json").read_text())["selection"]["knobs"]
+    assert knobs["MTPMATRIX_INVOCATION_ID"] == invocation_id
     dest, rec = importer.import_run(out, "sglang-0.5.17", results=tmp_path / "results", run_id="box")
     # what the box was asked to run is on the row: its pytest args and MTPMATRIX_* knobs (and nothing else)
     assert rec["pytest_args"] == ["--tiers", "gsm8k", "--server-url", fake.base_url]
