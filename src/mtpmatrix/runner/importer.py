@@ -30,6 +30,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from mtpmatrix import expected, schema
+from mtpmatrix.evidence import records
 from mtpmatrix.runner.rows import RowError, load_rows
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.runner.store import new_run_id, row_verdict
@@ -88,20 +89,9 @@ def shape_error(data) -> str | None:
             return f"'selection.{key}' is not a list of strings"
     if any(_not_strings(ids) for ids in (selection.get("collected") or {}).values()):
         return "'selection.collected' is not an object of check-id lists"
-    for name, entry in data["tiers"].items():
-        if name not in schema.TIERS:
-            return f"unknown tier {name!r} (tiers: {', '.join(schema.TIERS)})"
-        if not isinstance(entry, dict):
-            return f"tier {name!r} is not an object"
-        checks = entry.get("checks")
-        if checks is not None and not isinstance(checks, list):
-            return f"tiers.{name}.checks is not a list"
-        for i, chk in enumerate(checks or []):
-            if not (isinstance(chk, dict) and isinstance(chk.get("id"), str) and isinstance(chk.get("outcome"), str)):
-                return f"tiers.{name}.checks[{i}] is not a check record (an object with an 'id' and an 'outcome')"
-            for key in ("metrics", "failure"):
-                if _not_an_object(chk.get(key)):
-                    return f"tiers.{name}.checks[{i}].{key} is not an object"
+    problems = records.tiers_problems(data["tiers"])  # the shape every reader of a record relies on
+    if problems:
+        return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     return None
 
 
