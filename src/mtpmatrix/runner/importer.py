@@ -75,7 +75,7 @@ def shape_error(data) -> str | None:
         return f"not a tiers.json of the mtpmatrix pytest plugin (a JSON {type(data).__name__}, not an object)"
     if not isinstance(data.get("tiers"), dict):
         return "no 'tiers' (not written by the mtpmatrix pytest plugin)"
-    for key in ("selection", "versions"):
+    for key in ("selection", "versions", "fingerprint"):
         if _not_an_object(data.get(key)):
             return f"'{key}' is not an object"
     if any(v is not None and not isinstance(v, str) for v in (data.get("versions") or {}).values()):
@@ -279,6 +279,7 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
             "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")),
             "knobs": expected.knobs(invocation.get("knobs") or (selection or {}).get("knobs") or {}),
             "selection": selection,
+            "fingerprint": data.get("fingerprint"),  # the suite that wrote the records (evidence/fingerprint.py)
             "tiers_selected": ",".join(t for t, tv in tiers.items()
                                        if "not selected" not in str(tv.get("reason") or "")),
             "started": when,
