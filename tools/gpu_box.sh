@@ -4,15 +4,28 @@
 #   tools/gpu_box.sh OUTDIR [pytest args...]          uses the sglang already installed in this python
 #   BUNDLE=.devbundle17 tools/gpu_box.sh OUTDIR ...    first unpacks a bundle made by shared/device/make_bundle.sh
 #
-# OUTDIR gets tiers.json (verdicts), junit.xml, pytest.log, env.txt, invocation.json (the pytest args and every
-# MTPMATRIX_* knob this run was given: what the report needs to tell a subset from the whole suite) and logs.tgz (one
-# log per sglang server, and the GSM8K per-question records under gsm8k/). File it into the results store for the report and --baseline:
+# OUTDIR gets tiers.json (verdicts), junit.xml, pytest.log, env.txt, invocation.json (this run's id and start time,
+# the pytest args and every MTPMATRIX_* knob it was given: what the report needs to tell a subset from the whole
+# suite) and logs.tgz (one log per sglang server, and the GSM8K per-question records under gsm8k/). File it into the
+# results store for the report and --baseline:
 #   python -m mtpmatrix import OUTDIR --row sglang-0.5.17 [--run-id RUN]
 # TESTS="tests/tiers/test_smoke.py ..." picks files (default tests/tiers).
 # GPU_BOX_TIMEOUT=SECONDS interrupts pytest (SIGINT) in time for it to stop its servers and write tiers.json.
+#
+# Every run starts from a clean OUT and gets a fresh random invocation id: invocation.json carries it, pytest gets it
+# as MTPMATRIX_INVOCATION_ID (the plugin records MTPMATRIX_* knobs in tiers.json's selection), and import refuses a
+# tiers.json that does not carry it. A pytest that writes nothing (a usage error, the kill after GPU_BOX_TIMEOUT, an
+# OOM) thus leaves no tiers.json, never the one of an earlier run in the same OUT.
 set -uo pipefail
 OUT=$(realpath -m "${1:?output dir}"); shift
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+# before anything else: nothing an earlier run wrote may pass for this run's evidence
+rm -rf "$OUT/work"
+rm -f "$OUT/tiers.json" "$OUT/junit.xml" "$OUT/pytest.log" "$OUT/env.txt" "$OUT/invocation.json" "$OUT/logs.tgz"
+STARTED=$(date -u +%FT%TZ)
+MTPMATRIX_INVOCATION_ID=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+[ -n "$MTPMATRIX_INVOCATION_ID" ] || { echo "gpu_box.sh: python3 could not make an invocation id" >&2; exit 2; }
+export MTPMATRIX_INVOCATION_ID
 mkdir -p "$OUT/work"
 if [ -n "${BUNDLE:-}" ]; then
   # A fresh folder per bundle: unpacked over another release's files, a folder holds two sglang (and transformers)
@@ -57,12 +70,13 @@ export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
   python3 "$REPO/tools/warm_sampling_kernels.py"
 } > "$OUT/env.txt" 2>&1
 # what this run was asked, as the suite sees it (MTPMATRIX_* only: nothing else of the environment is recorded)
-python3 - "$OUT/invocation.json" "${TESTS:-tests/tiers}" "$@" <<'PY'
+python3 - "$OUT/invocation.json" "$STARTED" "${TESTS:-tests/tiers}" "$@" <<'PY' || exit 2
 import os, sys
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.expected import knobs
-path, tests, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-atomic_write_json(path, {"tests": tests.split(), "pytest_args": args,
+path, started, tests, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+atomic_write_json(path, {"invocation_id": os.environ["MTPMATRIX_INVOCATION_ID"], "started": started,
+                         "tests": tests.split(), "pytest_args": args,
                          "timeout_s": os.environ.get("GPU_BOX_TIMEOUT") or None, "knobs": knobs(os.environ)})
 PY
 cd "$REPO"
@@ -70,7 +84,8 @@ timeout -s INT -k 30 "${GPU_BOX_TIMEOUT:-0}" \
   python3 -m pytest ${TESTS:-tests/tiers} -p no:cacheprovider --junitxml="$OUT/junit.xml" \
     --mtp-results="$OUT/work/tiers.json" "$@" 2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}
-cp "$OUT/work/tiers.json" "$OUT/tiers.json" 2>/dev/null
+# only what pytest wrote in this run (the work folder started empty); none: import says so
+[ -f "$OUT/work/tiers.json" ] && cp "$OUT/work/tiers.json" "$OUT/tiers.json"
 (cd "$OUT/work" && tar czf "$OUT/logs.tgz" --exclude=tiny $(ls | grep -v '^tiny$') 2>/dev/null)
 rm -rf "$OUT/work"
 exit $rc

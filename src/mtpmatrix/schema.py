@@ -12,7 +12,8 @@ Row folder ``results/<run-id>/<row-id>/``::
     junit.xml, pytest.log    pytest's own output
     install.log, freeze.txt, check.txt     the row's install (nox rows; absent for imported GPU-box runs)
     env.txt                  the GPU box's description (imported runs only)
-    invocation.json          what tools/gpu_box.sh was asked: its pytest args and MTPMATRIX_* knobs (imported runs)
+    invocation.json          what tools/gpu_box.sh was asked: its invocation id (tiers.json carries it as
+                             MTPMATRIX_INVOCATION_ID), start time, pytest args and MTPMATRIX_* knobs (imported runs)
     server-<name>.log        one log per sglang server a tier launched (smoke and gsm8k)
     smoke-launch-budget.json the smoke suite's wall time against one cold launch of the same run (launch_plan.launch_budget)
     gsm8k/<case>.jsonl       one JSON line per GSM8K question of one case (RECORD_FIELDS)

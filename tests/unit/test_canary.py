@@ -161,6 +161,17 @@ def test_unknown_canary_and_bad_budget_are_one_line(rows, tmp_path):
     assert logged == ["error: --budget wants seconds, got 'soon'"]
 
 
+def test_the_budget_is_the_session_s_and_pytest_s_args_go_after_a_second_double_dash(rows):
+    assert culprit.split_budget(["--tiers", "contract", "--budget", "60", "--", "-k", "abi", "--budget", "1"]) == \
+        (60.0, ["--tiers", "contract", "--", "-k", "abi", "--budget", "1"])
+    assert culprit.split_budget(["--", "-x"]) == (None, ["--", "-x"])
+    write(rows, "t", "# from: sglang-0.5.17\ntransformers>=5.12\n")
+    logged = []  # an unknown option is bad input before any release is resolved: one line, no traceback
+    assert culprit.main(["t"], ["--budget", "60", "-k", "abi"], constraints=rows, log=logged.append) == 2
+    assert logged == ["error: nox -s gemma4_mtp -- : unknown option -k (pytest options go after a second --: "
+                      "nox -s gemma4_mtp -- -- -k topk3)"]
+
+
 # --- releases ----------------------------------------------------------------------------------------------------
 
 def test_newest_and_its_errors():

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from mtpmatrix.runner import importer
+from mtpmatrix.runner import importer, store
 
 from mtpmatrix import report, schema
 from mtpmatrix.__main__ import main
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
+SRC = Path(__file__).resolve().parents[2] / "src"
 BOX_RUN = DOCS / "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json"  # tiers.json of a real gpu_box.sh run
 CASES = ("tiny-e2e-proof-topk1", "tiny-e2e-proof-topk3")
 
@@ -28,11 +32,32 @@ def _add(tar: tarfile.TarFile, name: str, text: str) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+INVOCATION_ID = "5f0c1d9a3b7e4c2a8d6f1e0b9a7c5d3e"
+
+
+def bind(out: Path, tiers_id: str | None, invocation_id: str | None = INVOCATION_ID) -> None:
+    """Give OUT's invocation.json ``invocation_id`` and its tiers.json's recorded knobs ``tiers_id`` (None: none), as
+    gpu_box.sh and the pytest plugin write them; the selection is the one the plugin records for its checks."""
+    data = json.loads((out / "tiers.json").read_text())
+    knobs = {} if tiers_id is None else {importer.INVOCATION_KNOB: tiers_id}
+    data["selection"] = {"args": ["tests/tiers", "--tiers", "smoke,gsm8k"], "paths": ["tests/tiers"], "keyword": "",
+                         "markexpr": "", "deselect": [], "maxfail": 0, "knobs": knobs,
+                         "collected": {t: [c["id"] for c in e.get("checks") or []] for t, e in data["tiers"].items()}}
+    (out / "tiers.json").write_text(json.dumps(data))
+    invocation = {"started": "2026-11-30T06:10:20Z", "tests": ["tests/tiers"], "timeout_s": None, "knobs": knobs,
+                  "pytest_args": ["--tiers", "smoke,gsm8k"]}
+    if invocation_id is not None:
+        invocation["invocation_id"] = invocation_id
+    (out / schema.INVOCATION_FILE).write_text(json.dumps(invocation))
+
+
 def gpu_box_out(tmp_path: Path, correct=lambda case, i: i % 3 == 0, name="out") -> Path:
-    """An OUT folder exactly as gpu_box.sh writes it: its work folder's logs and records tarred as './NAME'."""
+    """An OUT folder exactly as gpu_box.sh writes it: its work folder's logs and records tarred as './NAME', its
+    tiers.json and invocation.json bound by one invocation id."""
     out = tmp_path / name
     out.mkdir()
     shutil.copy(BOX_RUN, out / "tiers.json")
+    bind(out, INVOCATION_ID)
     shutil.copy(DOCS / "env-2-r17.txt", out / "env.txt")
     (out / "junit.xml").write_text("<testsuites/>\n")
     (out / "pytest.log").write_text("20 passed\n")
@@ -102,6 +127,112 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, capsys, setup, args,
     assert not list(results.glob("r/*"))  # no row, no staging folder
 
 
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data))
+
+
+def _edit_tiers(out: Path, edit) -> None:
+    data = json.loads((out / "tiers.json").read_text())
+    edit(data)
+    _write_json(out / "tiers.json", data)
+
+
+# What import cannot verify is refused, each in one line: evidence of another run (or of none), a box output that
+# predates the invocation id, a tiers.json that is not the plugin's shape (never a traceback).
+@pytest.mark.parametrize("setup, words", [
+    (lambda out: bind(out, "0" * 32), "tiers.json is not from this invocation"),
+    (lambda out: bind(out, None), "tiers.json is not from this invocation"),
+    (lambda out: bind(out, INVOCATION_ID, invocation_id=None), "predates verified invocations"),
+    (lambda out: (out / schema.INVOCATION_FILE).unlink(), "predates verified invocations"),
+    (lambda out: _write_json(out / schema.INVOCATION_FILE, ["not", "an", "object"]), "invocation.json: not"),
+    (lambda out: (out / "junit.xml").unlink(), "no junit.xml"),
+    (lambda out: (out / "pytest.log").unlink(), "no pytest.log"),
+    (lambda out: _write_json(out / "tiers.json", [{"tiers": {}}]), "tiers.json: not"),
+    (lambda out: (out / "tiers.json").write_bytes(b'{"tiers": {"smoke": "\xff\xfe"}}'), "tiers.json: unreadable"),
+    (lambda out: _edit_tiers(out, lambda d: d.update(tiers=[])), "no 'tiers'"),
+    (lambda out: _edit_tiers(out, lambda d: d["tiers"].update(smoke=[])), "tiers.smoke is not an object"),
+    (lambda out: _edit_tiers(out, lambda d: d["tiers"].update(gpu={"checks": []})), "unknown tier 'gpu'"),
+    (lambda out: _edit_tiers(out, lambda d: d["tiers"]["smoke"].update(checks={})), "tiers.smoke.checks"),
+    (lambda out: _edit_tiers(out, lambda d: d["tiers"]["smoke"]["checks"][0].pop("id")), "tiers.smoke.checks[0] has no id"),
+    (lambda out: _edit_tiers(out, lambda d: d["tiers"]["gsm8k"]["checks"].append("passed")), "] is not an object"),
+    (lambda out: _edit_tiers(out, lambda d: d["tiers"]["smoke"]["checks"][0].update(metrics=[1])),
+     "metrics is not an object"),
+    (lambda out: _edit_tiers(out, lambda d: d["tiers"]["smoke"]["checks"][0].update(failure="died")),
+     "failure is not an object"),
+    (lambda out: _edit_tiers(out, lambda d: d.update(selection="all")), "'selection' is not"),
+    (lambda out: _edit_tiers(out, lambda d: d["selection"].update(knobs=["MTPMATRIX_X"])), "'selection.knobs' is not"),
+    (lambda out: _edit_tiers(out, lambda d: d.update(versions=["sglang"])), "'versions' is not"),
+    (lambda out: _edit_tiers(out, lambda d: d["selection"].update(paths=7)), "'selection.paths' is not"),
+    (lambda out: _edit_tiers(out, lambda d: d.update(fingerprint="abc")), "'fingerprint' is not an object"),
+    (lambda out: _write_json(out / schema.INVOCATION_FILE, {"invocation_id": INVOCATION_ID, "knobs": ["x"]}),
+     "invocation.json: not gpu_box.sh's"),
+], ids=["another-invocation", "no-id-in-tiers", "no-id-in-invocation", "no-invocation", "invocation-a-list",
+        "no-junit", "no-pytest-log", "tiers-a-list", "non-utf8", "tiers-tiers-a-list", "tier-a-list", "unknown-tier",
+        "checks-a-dict", "check-without-id", "check-a-string", "metrics-a-list", "failure-a-string",
+        "selection-a-string", "knobs-a-list", "versions-a-list", "paths-a-number", "fingerprint-a-string",
+        "invocation-knobs-a-list"])
+def test_what_import_cannot_verify_is_one_line_and_leaves_nothing(tmp_path, capsys, setup, words):
+    out = gpu_box_out(tmp_path)
+    setup(out)
+    results = tmp_path / "results"
+    assert main(["import", str(out), "--row", "sglang-0.5.17", "--results", str(results), "--run-id", "r"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not list(results.glob("r/*")) and not list(results.glob("r/.*"))  # no row, no staging folder
+
+
+def test_an_older_box_output_is_told_to_run_the_current_script(tmp_path, capsys):
+    out = gpu_box_out(tmp_path)
+    bind(out, None, invocation_id=None)  # a box from before invocation ids: nothing binds its tiers.json to it
+    assert main(["import", str(out), "--row", "sglang-0.5.17", "--results", str(tmp_path / "results")]) == 2
+    assert "re-run it with the current tools/gpu_box.sh" in capsys.readouterr().err
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (not alive: nothing answers os.kill(pid, 0))."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_a_killed_import_s_staging_folder_is_cleaned_by_the_next_import_of_its_row(tmp_path):
+    results = tmp_path / "results"
+    run = results / "r"
+    dead, alive = _dead_pid(), os.getppid()
+    left = {name: run / name for name in (f".import-sglang-0.5.17-{dead}",  # killed: goes
+                                          f".import-sglang-0.5.17-{alive}",  # another import still at work: stays
+                                          f".import-sglang-0.5.23-{dead}",  # another row's: not this import's
+                                          f".import-sglang-0.5.17-cu128-{dead}")}  # a row whose id extends this one
+    for folder in left.values():
+        folder.mkdir(parents=True)
+        (folder / "row.json").write_text('{"verdict": "passed"}')
+    dest, _ = importer.import_run(gpu_box_out(tmp_path), "sglang-0.5.17", results=results, run_id="r")
+    assert sorted(p.name for p in run.iterdir()) == sorted([dest.name, *list(left)[1:]])
+    assert list(store.read_run(run)) == ["sglang-0.5.17"]
+
+
+def test_a_row_another_import_filed_meanwhile_is_kept_and_ours_is_one_line(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "results"
+    other = gpu_box_out(tmp_path, name="other")
+    real_env = importer._env
+
+    def the_other_import_finishes_first(out):  # while this import assembles its row, in a process of its own
+        done = subprocess.run([sys.executable, "-m", "mtpmatrix", "import", str(other), "--row", "sglang-0.5.17",
+                               "--results", str(results), "--run-id", "r"], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(SRC)})
+        assert done.returncode == 0, done.stderr
+        return real_env(out)
+
+    monkeypatch.setattr(importer, "_env", the_other_import_finishes_first)
+    assert main(["import", str(gpu_box_out(tmp_path)), "--row", "sglang-0.5.17", "--results", str(results),
+                 "--run-id", "r"]) == 2
+    err = capsys.readouterr().err
+    assert "already exists: import into another --run-id" in err and err.count("\n") == 1
+    row = results / "r" / "sglang-0.5.17"
+    assert json.loads((row / "row.json").read_text())["host"]["imported_from"] == str(other.resolve())
+    assert sorted(p.name for p in (results / "r").iterdir()) == ["sglang-0.5.17"]  # no staging folder left
+
+
 def test_a_row_is_never_overwritten(tmp_path, capsys):
     out = gpu_box_out(tmp_path)
     args = ["import", str(out), "--row", "sglang-0.5.17", "--results", str(tmp_path / "results"), "--run-id", "r"]
@@ -113,10 +244,6 @@ def test_a_row_is_never_overwritten(tmp_path, capsys):
 def test_gpu_box_script_output_imports_as_it_is(tmp_path, gsm8k_lines):
     """tools/gpu_box.sh itself (the gsm8k tier against a stand-in server, so it runs here), then import: its OUT
     folder lands in the results store with the records and logs the report reads."""
-    import os
-    import subprocess
-    import sys
-
     from fake_sglang import FakeSglang, gsm8k_responder, server_info
 
     repo = Path(__file__).resolve().parents[2]
@@ -130,7 +257,13 @@ def test_gpu_box_script_output_imports_as_it_is(tmp_path, gsm8k_lines):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert {p.name for p in out.iterdir()} == {"tiers.json", "junit.xml", "pytest.log", "env.txt", "logs.tgz",
                                                schema.INVOCATION_FILE}
+    # the run's evidence carries the id of the invocation that made it
+    invocation_id = json.loads((out / schema.INVOCATION_FILE).read_text())["invocation_id"]
+    written = json.loads((out / "tiers.json").read_text())
+    assert written["selection"]["knobs"]["MTPMATRIX_INVOCATION_ID"] == invocation_id
     dest, rec = importer.import_run(out, "sglang-0.5.17", results=tmp_path / "results", run_id="box")
+    # the suite that wrote the records is on the row, as on a nox row (evidence.judge reads it there)
+    assert rec["fingerprint"] == written["fingerprint"] and rec["fingerprint"]["suite"]
     # what the box was asked to run is on the row: its pytest args and MTPMATRIX_* knobs (and nothing else)
     assert rec["pytest_args"] == ["--tiers", "gsm8k", "--server-url", fake.base_url]
     assert rec["knobs"]["MTPMATRIX_GSM8K_NUM_EXAMPLES"] == "30"

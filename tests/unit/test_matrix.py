@@ -85,7 +85,7 @@ def test_resume_explicit(tmp_path):
 
 
 def test_resume_latest_without_run_is_error_even_with_pytest_args():
-    assert "no earlier run" in one_line_error(["--resume", "-k", "smoke"])
+    assert "no earlier run" in one_line_error(["--resume", "--", "-k", "smoke"])
 
 
 @pytest.mark.parametrize("text,shard", [("1/1", (1, 1)), ("1/4", (1, 4)), ("4/4", (4, 4))])
@@ -106,14 +106,28 @@ def test_shard_validation(text, words):
     assert "--shard" in msg and words in msg
 
 
-def test_unknown_args_pass_through_to_pytest():
-    o = parse_options(["-k", "smoke and not 31B", "--with", "transformers==5.20.0", "-x", "--maxfail=2",
-                       "tests/tiers/test_contract.py::test_resolution", "--no-index-check"])
+def test_what_follows_a_second_double_dash_goes_to_pytest():
+    o = parse_options(["--with", "transformers==5.20.0", "--no-index-check", "--", "-k", "smoke and not 31B", "-x",
+                       "--maxfail=2", "tests/tiers/test_contract.py::test_resolution", "--tiers", "--"])
+    # everything after it, as given: options of the session's own names and further '--' included
     assert o.pytest_args == ["-k", "smoke and not 31B", "-x", "--maxfail=2",
-                             "tests/tiers/test_contract.py::test_resolution"]
-    assert o.overrides == ["transformers==5.20.0"] and o.offline_check is True
-    # a leading '--' separates our options from pytest's
+                             "tests/tiers/test_contract.py::test_resolution", "--tiers", "--"]
+    assert o.overrides == ["transformers==5.20.0"] and o.offline_check is True and o.tiers == ",".join(TIERS)
     assert parse_options(["--", "-k", "x"]).pytest_args == ["-k", "x"]
+    assert parse_options(["--tiers", "contract", "--"]).pytest_args == []
+
+
+@pytest.mark.parametrize("args, unknown", [
+    (["--patch", "fix.diff"], "--patch"),  # an option this session does not have: never pytest's usage error
+    (["-k", "topk3"], "-k"),  # pytest's own, before the second --
+    (["--tiers", "contract", "-x", "--", "-k", "topk3"], "-x"),
+    (["--resume", "--maxfail=2"], "--maxfail=2"),
+    (["tests/tiers/test_contract.py"], "tests/tiers/test_contract.py"),
+])
+def test_an_unknown_option_before_the_second_double_dash_is_one_line(args, unknown):
+    what = "option" if unknown.startswith("-") else "argument"
+    assert one_line_error(args) == (f"nox -s gemma4_mtp -- : unknown {what} {unknown} (pytest options go after a "
+                                    "second --: nox -s gemma4_mtp -- -- -k topk3)")
 
 
 # --- install_command ---------------------------------------------------------------------------------------------

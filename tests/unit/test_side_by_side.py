@@ -277,6 +277,31 @@ def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch, laun
     assert rc == 3 and not (out / TIERS_FILE).exists()
 
 
+def test_an_earlier_suite_s_parts_are_never_merged_into_this_one(tmp_path, monkeypatch):
+    """The reference process dies before writing its part, where an earlier suite left a passing one (and a junit
+    part, and its merged files): nothing of that suite is read, so no tiers.json, and run_row records the harness
+    error for every tier, as it does for a missing part."""
+    suite = _suite(tmp_path)
+    (suite / "conftest.py").write_text(CONFTEST + '\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n'
+                                       'def pytest_sessionfinish(session):  # before the plugin writes its part\n'
+                                       '    if session.config.getoption("-m").startswith("reference"):\n'
+                                       '        import os; os._exit(3)\n')
+    out = tmp_path / "row"
+    out.mkdir()
+    earlier = {"tiers": {"reference": {"verdict": "passed", "checks": [
+        {"id": "suite/test_tiers.py::test_from_an_earlier_suite", "tier": "reference", "outcome": "passed",
+         "seconds": 0.1}]}}, "versions": {}, "gpus": 0, "seconds": 1.0, "exitstatus": 0}
+    REFERENCE.part(out, TIERS_FILE).write_text(json.dumps(earlier))
+    REFERENCE.part(out, JUNIT_FILE).write_text('<testsuite tests="1"><testcase name="test_from_an_earlier_suite"/>'
+                                               '</testsuite>')
+    (out / TIERS_FILE).write_text('{"written by": "an earlier suite"}')
+    rc = side_by_side.run(_command(suite, out, "pytest"), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path,
+                          echo=False)
+    assert rc == 3 and not (out / TIERS_FILE).exists()
+    assert not REFERENCE.part(out, TIERS_FILE).exists() and not REFERENCE.part(out, JUNIT_FILE).exists()
+    assert "test_from_an_earlier_suite" not in (out / JUNIT_FILE).read_text()  # the sglang group's cases only
+
+
 def test_the_shared_rule_picks_the_dense_and_moe_sampled_pair_checks_only():
     ref = "tests/tiers/test_reference.py::"
     assert shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[dense-31b]")

@@ -149,3 +149,20 @@ def test_atomic_write_makes_an_ordinary_file(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert f.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+
+
+def test_a_hidden_folder_of_a_run_is_never_a_row(tmp_path):
+    """A killed import leaves its staging folder (``.import-<row>-<pid>/``, row.json and all) in the run: no reader
+    of the store takes it for a row, and a run that holds nothing else is no run."""
+    run = tmp_path / "r1"
+    atomic_write_json(run / ".import-sglang-0.5.17-4242" / "row.json", {"verdict": "passed"})
+    assert not store.is_matrix_run(run) and store.latest_run_id(tmp_path) is None
+    with pytest.raises(store.StoreError, match="has no rows"):
+        store.find_run(tmp_path, "r1")
+    s = RunStore(tmp_path, "r1")
+    s.save_row("sglang-0.5.23", {"verdict": "failed"})
+    assert store.is_matrix_run(run) and store.latest_run_id(tmp_path) == "r1"
+    assert list(store.read_run(run)) == s.row_ids() == list(s.all_rows()) == ["sglang-0.5.23"]
+    # a hidden run folder is not a run either
+    atomic_write_json(tmp_path / ".r2" / "row-a" / "row.json", {"verdict": "passed"})
+    assert store.latest_run_id(tmp_path) == "r1"

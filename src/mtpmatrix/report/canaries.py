@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mtpmatrix.atomic import read_json
-from mtpmatrix.schema import ROW_FILE
+from mtpmatrix.runner.store import row_files
 
 CANARY_FILE = "canary.json"  # written by runner/culprit.py
 
@@ -19,7 +19,7 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
     """{"canaries": [...], "untested": [...] | None, "untested_error": str | None}; None without canary rows.
     ``untested``: a callable returning the releases table (tests pass a fake; default asks the index)."""
     run_dir = Path(run_dir)
-    records = {f.parent.name: read_json(f) for f in sorted(run_dir.glob(f"*/{ROW_FILE}"))}
+    records = {f.parent.name: read_json(f) for f in row_files(run_dir)}
     canaries = []
     for rid, rec in records.items():
         c = rec.get("canary")

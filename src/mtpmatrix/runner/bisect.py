@@ -30,7 +30,7 @@ from typing import Callable
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.runner.store import is_matrix_run, latest_run_id
+from mtpmatrix.runner.store import is_matrix_run, latest_run_id, row_files
 from mtpmatrix.schema import TIERS
 from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, results_root, short_check_id
 
@@ -254,7 +254,7 @@ def default_row(results: Path, rows: list) -> str:
     """The first failing row of the latest matrix run, else the row tagged 'ci', else the first row."""
     latest = latest_run_id(results)
     if latest:
-        for f in sorted((Path(results) / latest).glob("*/row.json")):
+        for f in row_files(Path(results) / latest):
             if read_json(f).get("verdict") in FAILING and any(r.id == f.parent.name for r in rows):
                 return f.parent.name
     ci = [r.id for r in rows if "ci" in r.tags]

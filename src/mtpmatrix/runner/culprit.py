@@ -409,10 +409,14 @@ def publish(lines: list[str], env: dict | None = None) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def split_budget(posargs: list[str]) -> tuple[float | None, list[str]]:
-    """``--budget S`` out of the session arguments; the rest are the matrix's (``matrix.parse_options``)."""
+    """``--budget S`` out of the session arguments; the rest are the matrix's (``matrix.parse_options``), pytest's
+    after a second ``--`` handed on whole (a ``--budget`` there is pytest's)."""
+    ours, pytest_args = matrix.split_pytest_args(posargs)
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--budget", default=None)
-    ns, rest = p.parse_known_args(posargs)
+    ns, rest = p.parse_known_args(ours)
+    if "--" in posargs:
+        rest = [*rest, "--", *pytest_args]
     if ns.budget is None:
         return None, rest
     try:

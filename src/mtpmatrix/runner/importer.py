@@ -7,14 +7,22 @@ folder gets the schema.py layout: server logs at its top, per-question records u
 relative to it (older boxes recorded absolute box paths and ``gsm8k-<case>.jsonl`` names: rewritten here), tier
 verdicts derived again (expected.judge_tiers: the box's stored known-upstream tags and verdicts are stripped and the
 current list applied), and a row.json built from the row's constraints file and what the box reported. Nothing is
-written unless all of it works: the folder is assembled beside the run and renamed into place, so a killed import
-leaves no half row.
+written unless all of it works: the folder is assembled beside the run (``.import-<row>-<pid>/``, which no reader of
+the store takes for a row) and renamed into place, so a killed import leaves no half row; the next import of the row
+removes what a killed one left.
+
+Only evidence bound to its run is filed: gpu_box.sh gives each run a fresh ``invocation_id`` (invocation.json) and
+hands it to pytest as MTPMATRIX_INVOCATION_ID, which the plugin records in tiers.json's ``selection.knobs``. A
+tiers.json without that id, or with another, is an earlier run's (pytest wrote none this time: a usage error, a kill,
+an OOM) and is refused, as is an output without junit.xml or pytest.log, one from before invocation ids, and a
+tiers.json that is not the plugin's shape: each in one line (ImportError_), nothing written.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import shutil
 import sys
@@ -22,17 +30,69 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from mtpmatrix import expected, schema
+from mtpmatrix.evidence import records
 from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.runner.store import new_run_id, row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE)
+REQUIRED_FILES = (schema.TIERS_FILE, schema.JUNIT_FILE, schema.PYTEST_LOG)  # every gpu_box.sh run whose pytest ran
 LOGS_TGZ = "logs.tgz"
+INVOCATION_KNOB = "MTPMATRIX_INVOCATION_ID"  # gpu_box.sh's invocation id, as the pytest plugin records it
+STAGE_PREFIX = ".import-"  # a row being assembled: .import-<row>-<pid> (hidden: the store never reads it)
 IMPORTED = "imported"  # install verdict of an imported row: the box's own environment, not installed by the matrix
 
 
 class ImportError_(ValueError):
-    """Bad input for the import (no tiers.json, unknown row, row already in the run); one line."""
+    """Bad input for the import (no tiers.json, evidence of another run, unknown row, row already in the run); one
+    line."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _read_json(path: Path):
+    """A JSON file of the box; ImportError_ (one line) when it is not UTF-8 JSON."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ImportError_(f"{path}: unreadable ({_one_line(exc)})") from None
+
+
+def _not_an_object(value) -> bool:
+    return value is not None and not isinstance(value, dict)
+
+
+def _not_strings(value) -> bool:
+    return value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+
+def shape_error(data) -> str | None:
+    """What keeps ``data`` from being a tiers.json as the pytest plugin writes it (None: nothing): every place the
+    import reads, with the type it reads it as."""
+    if not isinstance(data, dict):
+        return f"not a tiers.json of the mtpmatrix pytest plugin (a JSON {type(data).__name__}, not an object)"
+    if not isinstance(data.get("tiers"), dict):
+        return "no 'tiers' (not written by the mtpmatrix pytest plugin)"
+    for key in ("selection", "versions", "fingerprint"):
+        if _not_an_object(data.get(key)):
+            return f"'{key}' is not an object"
+    if any(v is not None and not isinstance(v, str) for v in (data.get("versions") or {}).values()):
+        return "'versions' is not an object of version strings"
+    selection = data.get("selection") or {}
+    for key in ("knobs", "collected"):
+        if _not_an_object(selection.get(key)):
+            return f"'selection.{key}' is not an object"
+    for key in ("args", "paths", "deselect"):
+        if _not_strings(selection.get(key)):
+            return f"'selection.{key}' is not a list of strings"
+    if any(_not_strings(ids) for ids in (selection.get("collected") or {}).values()):
+        return "'selection.collected' is not an object of check-id lists"
+    problems = records.tiers_problems(data["tiers"])  # the shape every reader of a record relies on
+    if problems:
+        return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+    return None
 
 
 def _row_relative(name: str) -> str | None:
@@ -108,15 +168,68 @@ def _env(out: Path) -> tuple[list[str], str | None]:
 
 
 def _invocation(out: Path) -> dict:
-    """gpu_box.sh's invocation.json ({} for older boxes, which did not write one)."""
+    """gpu_box.sh's invocation.json, with the invocation id that binds its tiers.json to it."""
     f = out / schema.INVOCATION_FILE
-    if not f.is_file():
-        return {}
+    data = _read_json(f) if f.is_file() else {}
+    if not isinstance(data, dict):
+        raise ImportError_(f"{f}: not an object (a JSON {type(data).__name__})")
+    invocation_id = data.get("invocation_id")
+    if not isinstance(invocation_id, str) or not invocation_id:
+        raise ImportError_(f"{out}: the box output predates verified invocations (no invocation_id in its "
+                           f"{schema.INVOCATION_FILE}, so nothing shows its {schema.TIERS_FILE} is this run's): re-run "
+                           "it with the current tools/gpu_box.sh")
+    if _not_an_object(data.get("knobs")) or _not_strings(data.get("pytest_args")):
+        raise ImportError_(f"{f}: not gpu_box.sh's (its 'knobs' must be an object, its 'pytest_args' a list of "
+                           "strings)")
+    return data
+
+
+def verified_evidence(out: Path) -> tuple[dict, dict]:
+    """(tiers.json, invocation.json) of gpu_box.sh's ``out``, once they are shown to be one run's: every file a run
+    writes is there, tiers.json has the plugin's shape and carries the invocation's id. ImportError_ (one line)
+    otherwise."""
+    for name in REQUIRED_FILES:
+        if not (out / name).is_file():
+            raise ImportError_(f"{out}: no {name} (expected a tools/gpu_box.sh output folder whose pytest ran "
+                               "to its end)")
+    tiers_file = out / schema.TIERS_FILE
+    data = _read_json(tiers_file)
+    why = shape_error(data)
+    if why:
+        raise ImportError_(f"{tiers_file}: {why}")
+    invocation = _invocation(out)
+    expected_id = invocation["invocation_id"]
+    recorded = ((data.get("selection") or {}).get("knobs") or {}).get(INVOCATION_KNOB)
+    if recorded != expected_id:
+        got = f"its {INVOCATION_KNOB} is {recorded!r}" if recorded is not None else f"it records no {INVOCATION_KNOB}"
+        raise ImportError_(f"{out}: {schema.TIERS_FILE} is not from this invocation ({got}; "
+                           f"{schema.INVOCATION_FILE} says {expected_id!r}): another run's (did this run's pytest write "
+                           "none? see pytest.log)")
+    return data, invocation
+
+
+def _alive(pid: int) -> bool:
     try:
-        data = read_json(f)
-    except (OSError, ValueError) as exc:
-        raise ImportError_(f"{f}: unreadable ({exc})") from None
-    return data if isinstance(data, dict) else {}
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_dead_stages(run_dir: Path, row_id: str) -> list[Path]:
+    """Remove the staging folders of ``row_id`` in ``run_dir`` whose import is no longer alive (killed: the
+    rename never came). Another row's, or a live import's, are left alone. Returns what was removed."""
+    prefix = f"{STAGE_PREFIX}{row_id}-"
+    removed = []
+    for folder in run_dir.iterdir() if run_dir.is_dir() else ():
+        pid = folder.name[len(prefix):]
+        if folder.name.startswith(prefix) and pid.isascii() and pid.isdigit() and int(pid) > 0 \
+                and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = None,
@@ -125,15 +238,7 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
     from mtpmatrix.runner.matrix import REPO
 
     out = Path(out)
-    tiers_file = out / schema.TIERS_FILE
-    if not tiers_file.is_file():
-        raise ImportError_(f"{out}: no {schema.TIERS_FILE} (expected a tools/gpu_box.sh output folder)")
-    try:
-        data = read_json(tiers_file)
-    except (OSError, ValueError) as exc:
-        raise ImportError_(f"{tiers_file}: unreadable ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("tiers"), dict):
-        raise ImportError_(f"{tiers_file}: no 'tiers' (not written by the mtpmatrix pytest plugin)")
+    data, invocation = verified_evidence(out)
     try:
         rows = {r.id: r for r in load_rows(constraints or REPO / "constraints")}
     except RowError as exc:
@@ -146,7 +251,8 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
     if dest.exists():
         raise ImportError_(f"{dest} already exists: import into another --run-id")
     run_dir.mkdir(parents=True, exist_ok=True)
-    stage = run_dir / f".import-{row_id}-{os.getpid()}"
+    remove_dead_stages(run_dir, row_id)
+    stage = run_dir / f"{STAGE_PREFIX}{row_id}-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
@@ -156,8 +262,11 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
         kept = set(_extract_logs(out / LOGS_TGZ, stage)) if (out / LOGS_TGZ).is_file() else set()
         versions = {k: v for k, v in (data.get("versions") or {}).items() if v}
         selection = data.get("selection")
-        tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), selection, versions)
-        invocation = _invocation(out)
+        try:
+            tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), selection, versions)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a shape shape_error does not look at
+            raise ImportError_(f"{out / schema.TIERS_FILE}: not a tiers.json of the mtpmatrix pytest plugin "
+                               f"({type(exc).__name__}: {_one_line(exc)})") from None
         atomic_write_json(stage / schema.TIERS_FILE, dict(data, tiers=tiers, schema=schema.SCHEMA))
         env_lines, when = _env(out)
         row = rows[row_id]
@@ -170,6 +279,7 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
             "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")),
             "knobs": expected.knobs(invocation.get("knobs") or (selection or {}).get("knobs") or {}),
             "selection": selection,
+            "fingerprint": data.get("fingerprint"),  # the suite that wrote the records (evidence/fingerprint.py)
             "tiers_selected": ",".join(t for t, tv in tiers.items()
                                        if "not selected" not in str(tv.get("reason") or "")),
             "started": when,
@@ -183,7 +293,13 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
         }
         record["verdict"] = row_verdict(record)
         atomic_write_json(stage / schema.ROW_FILE, record)
-        os.rename(stage, dest)  # one step: the row appears whole or not at all
+        try:
+            os.rename(stage, dest)  # one step: the row appears whole or not at all
+        except OSError as exc:  # another import of the row finished first
+            raise ImportError_(f"{dest} already exists: import into another --run-id ({_one_line(exc)})") from None
+    except OSError as exc:  # a disk that fills or a file that cannot be read: nothing filed, one line
+        shutil.rmtree(stage, ignore_errors=True)
+        raise ImportError_(f"{dest}: could not assemble the row ({_one_line(exc)})") from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -68,8 +68,23 @@ class _Parser(argparse.ArgumentParser):
         raise RowError(f"{self.prog} {message}")
 
 
+PYTEST_ARGS_HINT = "pytest options go after a second --: nox -s gemma4_mtp -- -- -k topk3"
+
+
+def split_pytest_args(posargs: list[str]) -> tuple[list[str], list[str]]:
+    """(the session's own arguments, pytest's): pytest gets exactly what follows the first ``--`` of the session
+    arguments (nox's own ``--`` is already gone), as given."""
+    if "--" not in posargs:
+        return list(posargs), []
+    i = posargs.index("--")
+    return list(posargs[:i]), list(posargs[i + 1:])
+
+
 def parse_options(posargs: list[str]) -> Options:
-    """Session arguments (after nox's ``--``); anything unknown is passed on to pytest."""
+    """Session arguments (after nox's ``--``); pytest's go after a second ``--`` (``split_pytest_args``). Anything
+    else this session does not know is a RowError (one line): passed on, pytest would stop with a usage error and
+    the row be filed with an ``error`` tier, bad input recorded as evidence."""
+    ours, pytest_args = split_pytest_args(posargs)
     p = _Parser(prog="nox -s gemma4_mtp --", add_help=True)
     p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER",
                    help="override a package in every selected row (uv --override); repeatable")
@@ -83,7 +98,10 @@ def parse_options(posargs: list[str]) -> Options:
                    help="do not ask the index whether --with releases exist before installing")
     p.add_argument("--server-url", dest="server_urls", action="append", default=[], metavar="URL",
                    help="run the gsm8k tier against this running sglang server (repeatable; checked before install)")
-    ns, rest = p.parse_known_args(posargs)
+    ns, unknown = p.parse_known_args(ours)
+    if unknown:
+        what = "option" if unknown[0].startswith("-") else "argument"
+        raise RowError(f"{p.prog} : unknown {what} {unknown[0]} ({PYTEST_ARGS_HINT})")
     for spec in ns.overrides:
         parse_override(spec)  # raises RowError with one line
     tiers = parse_tiers(ns.tiers)  # as the pytest plugin reads them
@@ -101,12 +119,10 @@ def parse_options(posargs: list[str]) -> Options:
         if latest is None:
             raise RowError(f"--resume: no earlier run under {ns.results}/")
         run_id = run_id or latest.run_id
-    if rest and rest[0] == "--":
-        rest = rest[1:]
     if ns.server_urls and "gsm8k" not in tiers:
         raise RowError("--server-url serves the gsm8k tier: add --tiers gsm8k (or a list that has it)")
     return Options(overrides=ns.overrides, run_id=run_id, resume=resume, results=ns.results, tiers=",".join(tiers),
-                   shard=ns.shard, pytest_args=rest, offline_check=ns.offline_check, server_urls=ns.server_urls)
+                   shard=ns.shard, pytest_args=pytest_args, offline_check=ns.offline_check, server_urls=ns.server_urls)
 
 
 def in_shard(row_id: str, all_ids: list[str], shard: tuple[int, int] | None) -> bool:

@@ -25,7 +25,8 @@ from packaging.version import Version
 from mtpmatrix.atomic import read_json
 from mtpmatrix.runner import index
 from mtpmatrix.runner.rows import REQUIRED_PINS
-from mtpmatrix.schema import ROW_FILE, results_root
+from mtpmatrix.runner.store import row_files
+from mtpmatrix.schema import results_root
 
 WATCHED = REQUIRED_PINS  # every row pins them: their newest pin is the line a release must be past
 Fetch = Callable[[str], list[Version]]
@@ -66,7 +67,8 @@ def canary_runs(results: Path) -> dict[str, dict[str, list[dict]]]:
     results = Path(results)
     if not results.is_dir():
         return out
-    for f in sorted(results.glob(f"*/*/{ROW_FILE}")):
+    runs = sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith("."))  # hidden: no run
+    for f in (f for run in runs for f in row_files(run)):
         try:
             rec = read_json(f)
         except (OSError, ValueError):

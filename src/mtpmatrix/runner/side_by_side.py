@@ -108,9 +108,22 @@ def forks(cmd: list[str]) -> bool:
     return cmd[1:3] == ["-m", pytest_process.__name__] and hasattr(os, "fork")
 
 
+def clear_outputs(out: Path) -> None:
+    """Remove what an earlier suite left in the row folder: every group's part files, the merged tiers.json and
+    junit.xml. Left there, a part from a suite whose process died on a re-run would be merged as this run's (a
+    reference tier 'passed' read from the old part)."""
+    for group in GROUPS:
+        for stem in (TIERS_FILE, JUNIT_FILE, PYTEST_LOG):
+            group.part(out, stem).unlink(missing_ok=True)
+    for name in (TIERS_FILE, JUNIT_FILE):
+        (out / name).unlink(missing_ok=True)
+
+
 def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, echo: bool = True) -> int:
     """Run ``cmd`` (the row's one pytest command) once per group, side by side; merge the parts into the row's
-    tiers.json, junit.xml and pytest.log. Returns the merged exit status (``merge_exitstatus``)."""
+    tiers.json, junit.xml and pytest.log. Returns the merged exit status (``merge_exitstatus``). Only parts written
+    by this run are merged (``clear_outputs`` first); a group that wrote none leaves no tiers.json."""
+    clear_outputs(out)
     lock = threading.Lock()
     part_cmds = [_with_paths(cmd, group, out) for group in groups]
     logs = []
@@ -140,7 +153,9 @@ def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, ec
     merge_logs([g.part(out, PYTEST_LOG) for g in groups], out / PYTEST_LOG)
     merge_junit([g.part(out, JUNIT_FILE) for g in groups], out / JUNIT_FILE)
     parts = [g.part(out, TIERS_FILE) for g in groups]
-    if all(p.exists() for p in parts):  # else no tiers.json: run_row records the harness error, as for one process
+    # every part is this run's (clear_outputs); one missing: no tiers.json, and run_row records the harness error
+    # (incomplete) for every tier, as for one process that died
+    if all(p.exists() for p in parts):
         atomic_write_json(out / TIERS_FILE, merge_tiers([(g, read_json(p)) for g, p in zip(groups, parts)], cmd))
         for p in parts:
             p.unlink()

@@ -39,10 +39,17 @@ def row_verdict(row_record: dict) -> str:
     return worst("passed" if t.get("verdict") == KNOWN_UPSTREAM else t.get("verdict") for t in tiers.values())
 
 
+def row_files(run_dir: Path) -> list[Path]:
+    """Every ``<row>/row.json`` of a run, in row-id order. A folder whose name starts with '.' is never a row: an
+    import assembles its row in ``.import-<row>-<pid>/`` before renaming it into place, and a killed one leaves it."""
+    return sorted(f for f in Path(run_dir).glob(f"*/{ROW_FILE}") if not f.parent.name.startswith("."))
+
+
 def is_matrix_run(path: Path) -> bool:
-    """A folder that holds at least one ``<row>/row.json`` and is not a bisect or CI run."""
+    """A folder that holds at least one ``<row>/row.json`` and is not a bisect or CI run (nor hidden)."""
     path = Path(path)
-    return path.is_dir() and not path.name.startswith(SIDE_RUN_PREFIXES) and any(path.glob(f"*/{ROW_FILE}"))
+    return (path.is_dir() and not path.name.startswith((".", *SIDE_RUN_PREFIXES))
+            and bool(row_files(path)))
 
 
 def latest_run_id(results: Path) -> str | None:
@@ -51,7 +58,7 @@ def latest_run_id(results: Path) -> str | None:
     results = Path(results)
     if not results.is_dir():
         return None
-    runs = [(max(f.stat().st_mtime for f in p.glob(f"*/{ROW_FILE}")), p.name)
+    runs = [(max(f.stat().st_mtime for f in row_files(p)), p.name)
             for p in results.iterdir() if is_matrix_run(p)]
     return max(runs)[1] if runs else None
 
@@ -74,7 +81,7 @@ def find_run(results: Path, run_id: str | None) -> Path:
         known = sorted(p.name for p in results.iterdir() if is_matrix_run(p))[-5:] if results.is_dir() else []
         raise StoreError(f"no such run {run_id!r} under {results}/" + (f" (latest: {', '.join(known)})" if known
                                                                           else ""))
-    if not any(run_dir.glob(f"*/{ROW_FILE}")):
+    if not row_files(run_dir):
         raise StoreError(f"run {run_id!r} ({run_dir}) has no rows (no */{ROW_FILE})")
     return run_dir
 
@@ -83,9 +90,7 @@ def read_run(run_dir: Path) -> dict[str, dict]:
     """{row id: row record} of every ``<row>/row.json`` of a run, in row-id order; an unreadable one stands as
     ``{"unreadable": [why]}`` (the report says it proves nothing, evidence.records), hidden folders are skipped."""
     out = {}
-    for f in sorted(Path(run_dir).glob(f"*/{ROW_FILE}")):
-        if f.parent.name.startswith("."):
-            continue  # a staging folder (an import under way, or killed): never a row
+    for f in row_files(run_dir):  # hidden staging folders (an import under way, or killed) are no rows
         try:
             out[f.parent.name] = read_json(f)
         except (OSError, ValueError) as exc:  # ValueError: bad JSON, bad UTF-8
@@ -167,7 +172,7 @@ class RunStore:
         return d
 
     def row_ids(self) -> list[str]:
-        return sorted(p.parent.name for p in self.path.glob(f"*/{ROW_FILE}"))
+        return [f.parent.name for f in row_files(self.path)]
 
     def load_row(self, row_id: str) -> dict | None:
         f = self.path / row_id / ROW_FILE
