@@ -44,12 +44,12 @@ def whole(record: dict) -> dict:
     return record
 
 
-def stamp_row(row_dir: Path, suite: dict | None = None) -> dict:
+def stamp_row(row_dir: Path, suite: dict | None = None, complete_cpu_tiers: bool = False) -> dict:
     """Give one row folder today's evidence: its record names this checkout's suite, tiers.json and junit.xml agree
     with it, its passing CPU tiers are whole (``whole``). Returns the record."""
     suite = suite or fingerprint.describe()
     f = Path(row_dir) / "row.json"
-    record = whole(read_json(f))
+    record = whole(read_json(f)) if complete_cpu_tiers else read_json(f)
     record["fingerprint"] = suite
     record["run_id"] = Path(row_dir).parent.name
     atomic_write_json(f, record)
@@ -63,10 +63,11 @@ def stamp_row(row_dir: Path, suite: dict | None = None) -> dict:
     return record
 
 
-def stamp(run_dir: Path, rows: list[str] | None = None) -> None:
+def stamp(run_dir: Path, rows: list[str] | None = None, complete_cpu_tiers: bool = False) -> None:
     """Stamp every row folder of ``run_dir`` and write the run's manifest planning them (``rows``: plan these)."""
     suite = fingerprint.describe()
-    records = {f.parent.name: stamp_row(f.parent, suite) for f in sorted(Path(run_dir).glob("*/row.json"))}
+    records = {f.parent.name: stamp_row(f.parent, suite, complete_cpu_tiers)
+               for f in sorted(Path(run_dir).glob("*/row.json"))}
     plan = {rid: manifest.planned_row(rec["row"]) for rid, rec in records.items()}
     for rid in rows or []:
         plan.setdefault(rid, {"pins": {}})
@@ -79,7 +80,7 @@ def stamp(run_dir: Path, rows: list[str] | None = None) -> None:
 
 def stamp_all(results: Path) -> None:
     for run_dir in sorted(p for p in Path(results).iterdir() if p.is_dir()):
-        stamp(run_dir)
+        stamp(run_dir, complete_cpu_tiers=True)
 
 
 def load(path: Path):

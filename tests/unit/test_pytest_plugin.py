@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+from mtpmatrix.evidence import expected_checks
+
 from mtpmatrix import expected
 from mtpmatrix.schema import SCHEMA, TIERS
 from mtpmatrix.tiers import environment, known_upstream
@@ -107,6 +109,7 @@ def session(pytester, monkeypatch, tmp_path):
     pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]\n')
     monkeypatch.setattr(environment, "versions", lambda: dict(VERSIONS))
     monkeypatch.setattr(environment, "gpu_count", lambda: 0)
+    monkeypatch.setenv(expected_checks.ENV, expected_checks.AS_COLLECTED)  # a made-up suite: judged as collected
     real_load = known_upstream.load
 
     def run(source: str, *args: str, unavailable: dict | None = None, known: list[dict] | str = ()):

@@ -15,7 +15,10 @@ import pytest
 
 from mtpmatrix import report, schema, settings
 from mtpmatrix.__main__ import main
+from mtpmatrix.evidence import expected_checks
 from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
+
+from evidence_records import stamp
 
 FILES = {t: f"tests/tiers/test_{t}.py" for t in schema.TIERS}
 VERSIONS = {"sglang": "0.5.17", "transformers": "5.12.1", "torch": "2.11.0", "python": "3.11.9"}
@@ -34,24 +37,35 @@ def accuracy_metrics(pair: str, n: int = settings.GSM8K_NUM_EXAMPLES, threshold=
             schema.GATED: thr is not None}
 
 
+def _defined(tier: str, case: str | None = None) -> list[str]:
+    """The project's expected check ids of ``tier`` (of one case or server when given)."""
+    return [i for i in expected_checks.load()[tier] if case is None or schema.check_param(i) == case]
+
+
+def _func(check_id: str) -> str:
+    return schema.short_check_id(check_id).split("[", 1)[0]
+
+
 def gsm8k_case(pair: str, topk: int, skip: str | None = None, **acc) -> list[dict]:
     case = f"{pair}-topk{topk}"
+    ids = _defined("gsm8k", case) or [f"{FILES['gsm8k']}::{f}[{case}]"
+                                      for f in ("test_args", "test_accuracy", "test_acceptance")]
     if skip:
-        return [check("gsm8k", f, case, "skipped", reason=skip)
-                for f in ("test_args", "test_accuracy", "test_acceptance")]
-    return [check("gsm8k", "test_args", case),
-            check("gsm8k", "test_accuracy", case, metrics=accuracy_metrics(pair, **acc)),
-            check("gsm8k", "test_acceptance", case, metrics={schema.ACCEPT_LENGTH: 3.1})]
+        return [check("gsm8k", _func(i), case, "skipped", reason=skip) for i in ids]
+    metrics = {"test_accuracy": accuracy_metrics(pair, **acc),
+               "test_acceptance": {schema.ACCEPT_LENGTH: 3.1, schema.MIN_ACCEPT_LENGTH: settings.MIN_ACCEPT_LENGTH}}
+    return [check("gsm8k", _func(i), case, metrics=dict(metrics.get(_func(i), {}))) for i in ids]
 
 
 def smoke_server(name: str, outcome: str = "passed") -> list[dict]:
-    return [check("smoke", "test_server_serves", name, outcome), check("smoke", "test_spec_metrics", name, outcome)]
+    return [check("smoke", _func(i), name, outcome) for i in _defined("smoke", name)]
 
 
 def full_checks() -> dict[str, list[dict]]:
+    """Every expected check of every tier, passed (the project's definition, evidence/expected_checks.py)."""
     return {
-        "contract": [check("contract", "test_import", "gemma4_mtp"), check("contract", "test_config", "e-series")],
-        "reference": [check("reference", "test_greedy_with_assistant_equals_greedy", "e-series")],
+        "contract": [dict(check("contract", ""), id=i) for i in _defined("contract")],
+        "reference": [dict(check("reference", ""), id=i) for i in _defined("reference")],
         "smoke": [c for s in DEFAULT_SMOKE_SERVERS for c in smoke_server(s.name)],
         "gsm8k": [c for p, k in SEED for c in gsm8k_case(p, k)],
     }
@@ -74,13 +88,22 @@ def write_row(results: Path, run_id: str, row_id: str, checks: dict[str, list[di
         tiers[t] = {"verdict": schema.worst(outcomes) if cs else "skipped", "seconds": 1.0, "checks": cs,
                     **(tier_extra or {}).get(t, {})}
     rec = {"schema": schema.SCHEMA, "row": {"id": row_id, "pins": {}, "python": "3.11"}, "overrides": [],
-           "install": {"verdict": "passed"}, "versions": dict(versions or VERSIONS), "tiers": tiers, "gpus": 1,
+           "install": {"verdict": "passed"}, "versions": dict(versions or VERSIONS), "tiers": tiers, "gpus": 2,
            "verdict": "passed"}
     if sel is not None:
         rec["selection"] = sel
     d = results / run_id / row_id
     d.mkdir(parents=True)
+    for c in tiers["gsm8k"]["checks"]:  # the per-question records a passed score stands on
+        m = c["metrics"]
+        if schema.NUM_CORRECT in m:
+            m[schema.RECORDS] = schema.gsm8k_records(schema.check_param(c["id"]))
+            (d / m[schema.RECORDS]).parent.mkdir(exist_ok=True)
+            (d / m[schema.RECORDS]).write_text("".join(
+                json.dumps({"index": i, "correct": i < m[schema.NUM_CORRECT]}) + "\n"
+                for i in range(m[schema.NUM_EXAMPLES])))
     (d / schema.ROW_FILE).write_text(json.dumps(rec))
+    stamp(results / run_id)  # the manifest, the suite's fingerprint, tiers.json and junit.xml: evidence that holds
     return rec
 
 
@@ -109,7 +132,7 @@ def test_one_gpu_box_under_require_is_not_qualified_and_names_the_tp2_cases(tmp_
     write_row(tmp_path, "box", "sglang-0.5.17", checks, selection(checks, knobs=knobs))
     assert main(["report", "box", "--results", str(tmp_path), "--require", "smoke,gsm8k"]) == 3
     out = capsys.readouterr().out
-    assert "NOT QUALIFIED" in out and "QUALIFIES" not in out
+    assert "NOT PROVEN" in out and "QUALIFIES" not in out
     tp2 = [f"{p}-topk{k}" for p, k in SEED if settings.PAIRS[p].tp == 2]
     assert tp2 and all(case in out for case in tp2) and "needs TP 2" in out
     # smoke: every default server that did not run is named, with the knob that left it out

@@ -438,12 +438,12 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
     return out
 
 
-def missing_required(summary: dict) -> list[str]:
-    """The --require'd tiers (all of them without --require) that are not proven -- their whole expected set ran and
-    passed, on records that show it -- in every row."""
+def missing_required(summary: dict, tiers=None) -> list[str]:
+    """The --require'd tiers (``tiers``; all of them without --require) that are not proven -- their whole expected
+    set ran and passed, on records that show it -- in every row."""
     status = summary["tier_status"]
     unproven_rows = [r["id"] for r in summary["rows"] if r["verdict"] == UNPROVEN]
-    return [t for t in summary["required_tiers"] or TIERS
+    return [t for t in tiers or summary["required_tiers"] or TIERS
             if t not in status or status[t]["not_run"] or status[t]["partial"] or status[t]["unproven"]
             or any(rid not in status[t]["complete"] for rid in unproven_rows)]
 
@@ -458,7 +458,7 @@ def _verdict(summary: dict) -> tuple[str, int]:
         return "fails", EXIT_FAILED
     if summary["nothing_ran"] or summary["evidence"]["run"] or missing_required(summary):
         return "not-proven", EXIT_NOT_PROVEN
-    if set(summary["required_tiers"] or TIERS) == set(TIERS):
+    if not missing_required(summary, TIERS):
         return "qualifies", EXIT_OK
     return "required-proven", EXIT_OK
 

@@ -30,6 +30,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from mtpmatrix import expected, schema
+from mtpmatrix.evidence import fingerprint, manifest
 from mtpmatrix.evidence import records
 from mtpmatrix.runner.rows import RowError, load_rows
 from mtpmatrix.atomic import atomic_write_json
@@ -293,6 +294,12 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
         }
         record["verdict"] = row_verdict(record)
         atomic_write_json(stage / schema.ROW_FILE, record)
+        # the run plans this row as this checkout knows it: its pins, and the suite that will judge it (a box that
+        # ran another suite shows up as a record of another suite, evidence/judge.py)
+        manifest.ensure(run_dir, run_id, {row_id: manifest.planned_row(row.as_dict(), row.path.read_text())},
+                        {"argv": ["import", str(out), "--row", row_id], "source": "tools/gpu_box.sh",
+                         "overrides": [], "pytest_args": record["pytest_args"], "knobs": record["knobs"]},
+                        fingerprint.describe())
         try:
             os.rename(stage, dest)  # one step: the row appears whole or not at all
         except OSError as exc:  # another import of the row finished first
