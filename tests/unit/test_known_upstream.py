@@ -287,3 +287,24 @@ def test_the_assisted_sampling_entry_needs_the_argmax_pushed_up_and_offset_3_dow
     tiers = _assisted_sampling(counts)
     known_upstream.apply(tiers, {"transformers": "5.12.1"})
     assert (tiers["reference"]["checks"][0].get("known_upstream") == ASSISTED_SAMPLING) is known
+
+
+def test_a_record_is_judged_again_by_one_function_the_report_and_bisect_share(record):
+    """expected.rejudge_record: stored tags and verdicts are stripped, tiers judged again with the given list, the
+    row verdict derived from them; report.model.rejudge is that same function."""
+    from mtpmatrix import expected
+    from mtpmatrix.report import model
+
+    record["verdict"] = "passed"
+    for c in record["tiers"]["reference"]["checks"]:
+        if c["outcome"] == "failed":
+            c["known_upstream"] = "an-entry-removed-since"
+    record["tiers"]["reference"]["verdict"] = KNOWN_UPSTREAM
+    again = expected.rejudge_record(copy.deepcopy(record), issues=[])
+    assert again["tiers"]["reference"]["verdict"] == "failed" and again["verdict"] == "failed"
+    assert json.dumps(model.rejudge(copy.deepcopy(record), issues=[]), sort_keys=True) == \
+        json.dumps(again, sort_keys=True)
+    listed = expected.rejudge_record(copy.deepcopy(record))
+    assert listed["tiers"]["reference"]["known_upstream"][0]["id"] == ISSUE
+    unfinished = expected.rejudge_record(dict(copy.deepcopy(record), verdict="pending"), issues=[])
+    assert unfinished["verdict"] == "pending"
