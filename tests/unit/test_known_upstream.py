@@ -4,6 +4,7 @@ generation crash is tagged, the row's sglang verdict passes, anything else still
 from __future__ import annotations
 
 import copy
+import math
 import json
 from pathlib import Path
 
@@ -308,3 +309,31 @@ def test_a_record_is_judged_again_by_one_function_the_report_and_bisect_share(re
     assert listed["tiers"]["reference"]["known_upstream"][0]["id"] == ISSUE
     unfinished = expected.rejudge_record(dict(copy.deepcopy(record), verdict="pending"), issues=[])
     assert unfinished["verdict"] == "pending"
+
+
+def _with_metric(case: str, name: str, value: float) -> tuple[dict, dict]:
+    """(tiers, versions) of a recorded match of ``case``'s entry with one metric replaced."""
+    if case == "draft-phase":
+        rec = _smoke(lambda checks, tier: _phase_check(checks)["metrics"].update({name: value}))
+        return rec["tiers"], rec["versions"]
+    if case == "first-round":
+        return _reference_first_round({"first_round_drafted": 40, "first_round_accepted": 0, name: value}), \
+            {"transformers": "5.12.1"}
+    tiers = _assisted_sampling({1: 889, 3: 344, 7: 303})
+    tiers["reference"]["checks"][0]["metrics"][name] = value
+    return tiers, {"transformers": "5.12.1"}
+
+
+@pytest.mark.parametrize("case, name", [("draft-phase", "accept_length_requests"),
+                                        ("first-round", "first_round_drafted"),
+                                        ("first-round", "first_round_accepted"),
+                                        ("assisted-sampling", "sampled_share_offset_1"),
+                                        ("assisted-sampling", "sampled_share_offset_3"),
+                                        ("assisted-sampling", "sampled_off_support")])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_a_non_finite_metric_never_matches(case, name, value):
+    """NaN compares false with every bound and an infinity passes a one-sided one: a record whose metric is not a
+    finite number cannot show a bug's signature."""
+    tiers, versions = _with_metric(case, name, value)
+    known_upstream.apply(tiers, versions)
+    assert not any(c.get("known_upstream") for t in tiers.values() for c in t["checks"])

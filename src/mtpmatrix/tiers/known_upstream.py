@@ -28,6 +28,7 @@ stale ("can go"), so entries do not outlive their bugs.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,8 +89,10 @@ class KnownIssue:
         metrics = check.get("metrics") or {}
         for name, bounds in (sig.get("metrics") or {}).items():
             v = metrics.get(name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                return False  # not recorded: the record cannot show this bug
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                # not recorded, or NaN / an infinity (NaN compares false with every bound, an infinity passes a
+                # one-sided one): the record cannot show this bug
+                return False
             if ("min" in bounds and v < bounds["min"]) or ("max" in bounds and v > bounds["max"]):
                 return False
         outcome = {short_check_id(c["id"]): c.get("outcome") for c in tier_checks}
