@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from mtpmatrix.tiers import known_upstream
 
@@ -337,3 +338,61 @@ def test_a_non_finite_metric_never_matches(case, name, value):
     tiers, versions = _with_metric(case, name, value)
     known_upstream.apply(tiers, versions)
     assert not any(c.get("known_upstream") for t in tiers.values() for c in t["checks"])
+
+
+# --- every entry is bounded: a release range that ends, or a signature that bounds every metric on both sides -----
+
+def _entry(**kw) -> dict:
+    return {"id": "x", "package": "transformers", "affected": ">=5.8.0", "tier": "reference", "component": "library",
+            "kind": "mismatch", "match": "m", "checks": ["t"], "summary": "s", "upstream": "u", **kw}
+
+
+@pytest.mark.parametrize("entry, ok", [
+    (_entry(), False),  # open range, no signature
+    (_entry(signature={"metrics": {"a": {"min": 0.5}}}), False),  # open range, a one-sided bound
+    (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}, "b": {"max": 1}}}), False),  # one metric open
+    (_entry(signature={"passed_beside": ["test_y"]}), False),  # open range, no metric at all
+    (_entry(affected=">=5.8.0,!=5.9.0"), False),  # != excludes one release, bounds nothing
+    (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}}}), True),
+    (_entry(affected=">=5.8.0,<5.20.0"), True),
+    (_entry(affected=">=5.8.0,<=5.24.0"), True),
+    (_entry(affected="==5.19.0"), True),
+    (_entry(affected="~=5.19.0"), True),
+])
+def test_an_entry_needs_an_upper_bound_or_a_two_sided_signature(tmp_path, entry, ok):
+    f = tmp_path / "k.json"
+    f.write_text(json.dumps({"issues": [entry]}))
+    if ok:
+        assert [i.id for i in known_upstream.load(f)] == ["x"]
+        return
+    with pytest.raises(ValueError) as info:
+        known_upstream.load(f)
+    msg = str(info.value)
+    assert msg.startswith(f"{f}: issue 0 (x): unbounded:") and "\n" not in msg
+
+
+@pytest.mark.parametrize("bound, words", [
+    ({"min": float("nan"), "max": 1}, "min nan is not a finite number"),
+    ({"min": 0, "max": float("inf")}, "max inf is not a finite number"),
+    ({"min": "0.5", "max": 1}, "min '0.5' is not a finite number"),
+    ({"min": 0.7, "max": 0.6}, "min 0.7 above max 0.6"),
+])
+def test_a_metric_bound_must_be_a_finite_number(tmp_path, bound, words):
+    f = tmp_path / "k.json"
+    f.write_text(json.dumps({"issues": [_entry(signature={"metrics": {"a": bound}})]}))
+    with pytest.raises(ValueError) as info:
+        known_upstream.load(f)
+    assert f"{f}: issue 0 (x): signature metric a: {words}" == str(info.value)
+
+
+def test_a_fixed_bug_ends_at_its_fix_and_an_open_one_at_the_newest_release_seen():
+    """An entry no longer matches past the releases it was seen on: a newer release that still fails is unlisted
+    (and fails the row) until someone looks again and widens the range."""
+    for issue in known_upstream.load():
+        upper = [s for s in SpecifierSet(issue.affected) if s.operator in ("<", "<=")]
+        assert len(upper) == 1, issue.id
+        if issue.fixed_in:
+            assert (upper[0].operator, upper[0].version) == ("<", issue.fixed_in), issue.id
+        else:
+            assert upper[0].operator == "<=" and f"newest release it was seen on: {upper[0].version}" in \
+                issue.summary, issue.id
