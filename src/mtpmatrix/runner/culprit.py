@@ -34,30 +34,32 @@ from typing import Callable
 
 from packaging.utils import canonicalize_name
 
+from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner import bisect, matrix
 from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_resolution, load_canaries, resolve
+from mtpmatrix.runner.probe import not_proven_why
 from mtpmatrix.runner.releases import ReleaseError
 from mtpmatrix.runner.rows import RowError, load_rows
 from mtpmatrix.runner.store import RunStore, is_matrix_run
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, ROW_FILE
+from mtpmatrix.schema import FAILING, ROW_FILE
 
 CANARY_FILE = "canary.json"
 ABI_CHECKS = ("test_torch_abi", "test_cuda_major")
 
 
 def tier_passes(t: dict | None) -> bool | None:
-    """True passed (known-upstream counts), False failed/error, None did not run."""
-    v = (t or {}).get("verdict")
-    if v in ("passed", KNOWN_UPSTREAM):
+    """Of a judged tier (expected.tier_state): True proven or known upstream only, False broken, None not proven
+    (partial, skipped, a harness failure, pytest stopped early: nothing either way)."""
+    state = expected.tier_state(t)
+    if state in (expected.PROVEN, expected.KNOWN_ONLY):
         return True
-    if v in FAILING:
-        return False
-    return None
+    return False if state == expected.BROKEN else None
 
 
 def pinned_tiers(results: Path, row_id: str, exclude_run: str | None = None) -> tuple[dict, str | None]:
-    """The tiers of the pinned row's latest finished record without overrides in any matrix run, and that run."""
+    """The tiers (judged again) of the pinned row's latest finished record without overrides in any matrix run, and
+    that run."""
     results = Path(results)
     runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.stat().st_mtime,
                   reverse=True) if results.is_dir() else []
@@ -67,7 +69,7 @@ def pinned_tiers(results: Path, row_id: str, exclude_run: str | None = None) -> 
             continue
         rec = read_json(f)
         if rec.get("verdict") not in (None, "pending") and not rec.get("overrides") and not rec.get("canary"):
-            return rec.get("tiers") or {}, run.name
+            return bisect.judged(rec).get("tiers") or {}, run.name
     return {}, None
 
 
@@ -279,10 +281,17 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     state["held"] = (record.get("install") or {}).get("held") or []
     state["moved_unasked"] = [m for m in (record.get("install") or {}).get("moved") or []
                               if m["why"] != "asked for"]
+    canary_tiers = bisect.judged(record).get("tiers") or {}  # judged as the report judges it
     pinned, pinned_run = pinned_tiers(opts.results, c.base.id)
     state["pinned"] = {"row": c.base.id, "run": pinned_run, "tiers": {t: v.get("verdict") for t, v in pinned.items()}}
-    broken = broken_tiers(record.get("tiers") or {}, pinned)
+    broken = broken_tiers(canary_tiers, pinned)
     state["broken_tiers"] = broken
+    state["broken_in_pinned_too"] = [t for t in bisect.CHEAPEST if t not in broken
+                                     and expected.tier_state(canary_tiers.get(t)) == expected.BROKEN]
+    # failed without proving anything (a harness failure, pytest stopped early): no release to blame
+    state["not_proven"] = {t: not_proven_why(canary_tiers[t], t) for t in bisect.CHEAPEST if t in canary_tiers
+                           and canary_tiers[t].get("verdict") in FAILING
+                           and expected.tier_state(canary_tiers[t]) == expected.NOT_PROVEN}
     save()
 
     budget = Budget(budget_s)
@@ -294,15 +303,14 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     def probe_for(package: str, also: list[str]):
         return bisect.make_probe(c.base, package, broken[0], run_id=probes_run, results=opts.results,
                                  cache=repo / ".cache" / "bisect", log=log, also=also, reuse=True,
-                                 known_upstream_good=True, breaking=breaking)
+                                 breaking=breaking)
 
     if broken and res.moved:
         known = {}
         if c.override and len(res.moved) == 1 and not opts.overrides:  # the canary run is that package's probe
             (pkg, (_, new)), = res.moved.items()
             known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
-                                                str(out_dir / ROW_FILE), known_upstream_good=True,
-                                                breaking=breaking)
+                                                str(out_dir / ROW_FILE), breaking=breaking)
         state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known,
                                         pins_pass=tier_passes(pinned.get(broken[0])) is True)
         save()
@@ -374,8 +382,12 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
             hint = (f": nox -s bisect -- {pkg} {res.moved[pkg][0]} {res.moved[pkg][1]} --row {c.base.id} "
                     f"--tier {rest[0]}") if pkg in res.moved and res.moved[pkg][0] else ""
             out.append(f"also breaks {', '.join(rest)}: searched on {first} only{hint}")
-    elif state["row"]["verdict"] in FAILING:
-        out.append(f"fails only where {c.base.id} fails too: nothing to blame on the moved packages")
+    if state.get("broken_in_pinned_too"):
+        out.append(f"fails {', '.join(state['broken_in_pinned_too'])} where {c.base.id} fails too"
+                   + (f" (run {pinned['run']})" if pinned.get("run") else "") + ": nothing to blame on the moved "
+                   "packages")
+    for tier, why in (state.get("not_proven") or {}).items():
+        out.append(f"{tier} not proven ({why}): nothing to blame on the moved packages")
     out += blocker_lines(record, res)
     for b in state.get("blocking") or []:
         r = b.get("retry") or {}
