@@ -1,12 +1,19 @@
 """Culprit bisection: the first release of a package that breaks a tier of a row.
 
-    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
+    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--known ID] [--run-id RUN_ID]
 
 lists PACKAGE's releases GOOD <= v <= BAD on the index, then binary-searches them. Each probe is a fresh uv venv
 (``.cache/bisect/<row>/<version>``, the row's Python) with the row installed exactly as the matrix installs it
 (``matrix.install_command``) plus ``--with PACKAGE==version``, and the chosen tier run exactly as the matrix runs it
 (``matrix.run_row``); each probe's record lands in ``results/bisect-<timestamp>/<row>-<package>-<version>/``.
 Releases that do not install are reported and skipped; the search goes on over the others.
+
+A probe's record is judged again and read as the report reads it (runner/probe.py): bad where sglang or a dependency
+fails, good where the tier passed (or failed only on listed upstream issues, or ran in part) with every check that
+breaks at the bad end run and passed, untestable where it proved nothing, known-only where it failed only on listed
+upstream issues without showing the break absent. The checks that break come from the row's latest run where the
+tier broke; without one, BAD is probed first and its failures are the break searched (a BAD that fails only on
+listed issues has no new break to search). ``--known ID`` searches instead where known-upstream entry ID began.
 
 The search itself (:func:`search`) takes the probe as a function, so it is tested without installing anything.
 It does not trust the endpoints: if BAD passes the answer is "no bad release", if GOOD already fails it is GOOD.
@@ -52,7 +59,7 @@ class BisectResult:
     last_good: str | None = None
     ambiguous: list[str] = field(default_factory=list)  # releases set aside (untestable, known-only) between
     #                                                     last_good and first_bad
-    outcome: str = "inconclusive"  # found | good-fails | no-bad | inconclusive | stopped
+    outcome: str = "inconclusive"  # found | good-fails | no-bad | known-only | inconclusive | stopped
     seconds: float = 0.0
     stopped: str | None = None  # why the search stopped early (--budget spent); first_bad/last_good: where it got
 
@@ -131,13 +138,13 @@ def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[
     return res
 
 
-def describe(res: BisectResult, package: str) -> list[str]:
+def describe(res: BisectResult, package: str, tier: str | None = None) -> list[str]:
     """The human answer, a few lines."""
     out = []
     for p in res.probes:
         if p.status == UNTESTABLE:
             out.append(f"{package} {p.version}: {p.detail or 'untestable'} (skipped)")
-        elif p.status == KNOWN_ONLY:
+        elif p.status == KNOWN_ONLY and res.outcome != "known-only":  # that outcome's own line says it
             out.append(f"{package} {p.version}: {p.detail} (neither good nor bad)")
     status = {p.version: p.status for p in res.probes}
     listed = sorted({k for p in res.probes if p.status == KNOWN_ONLY for k in p.known_upstream})
@@ -176,6 +183,10 @@ def describe(res: BisectResult, package: str) -> list[str]:
         out.append(f"no bad release: every testable release passes, up to {res.last_good}"
                    + (" (BAD passes here: is the break in another package or tier?)" if res.candidates and
                       res.last_good == res.candidates[-1] else ""))
+    elif res.outcome == "known-only":
+        p = res.probes[0]
+        out.append(f"no new break to search: BAD {package} {p.version} fails {tier + ' ' if tier else ''}only on "
+                   f"listed upstream issues ({', '.join(p.known_upstream)})")
     elif listed:
         out.append("inconclusive: no release in the range showed the break or its absence")
     else:
@@ -365,13 +376,61 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", help="results/<RUN_ID>/ for the probes (default: bisect-<UTC timestamp>)")
     p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--keep-venvs", action="store_true", help="keep each probe's venv under .cache/bisect/")
+    p.add_argument("--known", metavar="ID",
+                   help="search where known-upstream entry ID began (known_upstream.json), on its tier: a probe is "
+                        "bad where a check shows its signature, good where one of its checks ran and passed")
+
+
+def known_issue(issue_id: str, tier: str | None):
+    """The known-upstream entry ``issue_id``; BisectError (one line) when there is none, or ``tier`` is another."""
+    from mtpmatrix.tiers import known_upstream
+
+    try:
+        issues = {i.id: i for i in known_upstream.load()}
+    except ValueError as exc:
+        raise BisectError(f"known upstream issues: {exc}") from None
+    if issue_id not in issues:
+        raise BisectError(f"unknown known-upstream entry {issue_id!r}; known: {', '.join(issues)}")
+    issue = issues[issue_id]
+    if tier and tier != issue.tier:
+        raise BisectError(f"{issue_id} is a {issue.tier} tier entry, not {tier}")
+    return issue
+
+
+def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str], Probe]],
+                        log: Callable[[str], None] = print) -> BisectResult:
+    """``search`` for a new break when no recorded run says which checks break: BAD is probed first and what fails
+    there (listed upstream issues and the harness aside) is the break searched, so a probe that ran part of the
+    tier, or failed only on listed issues, can still be judged by it. A BAD that passes ends the search ('no-bad'),
+    one that fails only on listed issues too ('known-only': no new break to search); an untestable BAD leaves the
+    search to the releases below it. ``factory(breaking=...)`` makes the probe."""
+    t0 = time.monotonic()
+    bad = cands[-1]
+    log(f"[bisect] probe 0: BAD {bad} (what fails there is the break searched)")
+    end = factory(breaking=None)(bad)
+    if end.fatal:
+        raise BisectError(f"{bad}: {end.detail} — no release can be tested here, stopping")
+    log(f"[bisect] {bad}: {end.status.upper()}" + (f" — {end.detail}" if end.detail else "") + f" ({end.seconds:.0f} s)")
+    if end.status == BAD:
+        res = search(cands, factory(breaking=frozenset(end.breaks)), log=log, known={bad: BAD})
+    elif end.status == UNTESTABLE and len(cands) > 1:
+        res = search(cands[:-1], factory(breaking=None), log=log)
+        res.candidates = list(cands)
+    else:
+        res = BisectResult(candidates=list(cands), last_good=bad if end.status == GOOD else None,
+                           outcome={GOOD: "no-bad", KNOWN_ONLY: "known-only"}.get(end.status, "inconclusive"))
+    res.probes.insert(0, end)
+    res.seconds = time.monotonic() - t0
+    return res
 
 
 def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
+    """``python -m mtpmatrix bisect``. ``probe_factory(breaking=..., known_issue=...)`` replaces make_probe (tests)."""
     from mtpmatrix.runner import matrix
     from mtpmatrix.runner.rows import RowError, load_rows
 
     t0 = time.monotonic()
+    issue = None
     try:
         rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")
         row_id = ns.row or default_row(ns.results, rows)
@@ -379,14 +438,18 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
         if row_id not in by_id:
             raise BisectError(f"unknown row {row_id!r}; known: {', '.join(by_id)}")
         row = by_id[row_id]
-        if ns.tier:
+        source_run = None
+        if getattr(ns, "known", None):
+            issue = known_issue(ns.known, ns.tier)
+            tier, source = issue.tier, f"--known {issue.id}"
+        elif ns.tier:
             tier, source = ns.tier, "--tier"
+            source_run = latest_failing_run(ns.results, row_id, tier)
         else:
-            tier, from_run = cheapest_failed_tier(ns.results, row_id)
-            source = f"cheapest failing tier in run {from_run}" if from_run else "default"
-        # the checks failing in the row's latest run: a probe whose tier skipped one of them proves nothing
-        source_run = latest_failing_run(ns.results, row_id, tier) if ns.tier else from_run
-        breaking = breaking_checks(ns.results, source_run, row_id, tier)
+            tier, source_run = cheapest_failed_tier(ns.results, row_id)
+            source = f"cheapest failing tier in run {source_run}" if source_run else "default"
+        # the checks failing in the row's latest run: a probe whose tier did not run and pass them proves nothing
+        breaking = None if issue else breaking_checks(ns.results, source_run, row_id, tier) or None
         cands = candidates(ns.package, ns.good, ns.bad, releases=releases)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -394,21 +457,35 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
           f"({source}); results in {ns.results / run_id}/")
-    print(f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
-          f"{source_run})" if breaking else "[bisect] no recorded failing checks: a probe whose tier ran in part is "
-          "untestable")
-    factory = probe_factory or (lambda: make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
-                                                   cache=matrix.REPO / ".cache" / "bisect",
-                                                   keep_venvs=ns.keep_venvs, breaking=breaking))
+    if issue:
+        print(f"[bisect] where {issue.id} began: a probe is bad where a check shows its signature (its affected "
+              f"range aside), good where one of its checks ran and passed")
+    elif breaking:
+        print(f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
+              f"{source_run})")
+    else:
+        print(f"[bisect] no recorded run where {tier} broke: the BAD end shows which checks break")
+
+    def factory(breaking=None, known_issue=None):
+        return make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
+                          cache=matrix.REPO / ".cache" / "bisect", keep_venvs=ns.keep_venvs, breaking=breaking,
+                          known_issue=known_issue)
+
+    factory = probe_factory or factory
     try:
-        res = search(cands, factory())
+        if issue:
+            res = search(cands, factory(known_issue=issue))
+        elif breaking:
+            res = search(cands, factory(breaking=breaking))
+        else:
+            res = search_from_bad_end(cands, factory)
     except BisectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     res.seconds = time.monotonic() - t0
-    lines = describe(res, ns.package)
+    lines = describe(res, ns.package, tier)
     print("\n".join(lines))
     atomic_write_json(ns.results / run_id / "bisect.json",
                       {"package": ns.package, "good": ns.good, "bad": ns.bad, "row": row_id, "tier": tier,
-                       **res.as_dict(), "summary": lines})
+                       "known": issue.id if issue else None, **res.as_dict(), "summary": lines})
     return 0 if res.outcome in ("found", "good-fails") else 1
