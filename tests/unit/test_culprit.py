@@ -11,7 +11,7 @@ import pytest
 
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.runner import bisect as bs
-from mtpmatrix.runner import culprit
+from mtpmatrix.runner import baseline, culprit
 from mtpmatrix.runner.canary import Canary, Resolution
 from mtpmatrix.runner.rows import parse_row
 
@@ -148,7 +148,7 @@ def row_record(tiers: dict, **kw) -> dict:
     return {"verdict": "passed", "install": {"verdict": "passed"}, "selection": sel, "tiers": tiers, **kw}
 
 
-def test_pinned_row_verdicts_and_broken_tiers(tmp_path):
+def test_pinned_row_baseline_and_broken_tiers(tmp_path):
     results = tmp_path / "results"
 
     def rec(run, row, tiers, **kw):
@@ -162,16 +162,16 @@ def test_pinned_row_verdicts_and_broken_tiers(tmp_path):
     for i, run in enumerate(["r1", "r2", "r3", "bisect-x"]):
         os.utime(results / run / "sglang-0.5.17" / "row.json", (i, i))
         os.utime(results / run, (i, i))
-    tiers, run = culprit.pinned_tiers(results, "sglang-0.5.17")
-    assert run == "r2" and tiers["contract"]["verdict"] == "passed"
-    assert culprit.pinned_tiers(results, "nope") == ({}, None)
+    base = baseline.pinned_baseline(results, "sglang-0.5.17", ["reference", "contract"])
+    assert base.run == "r2" and base.tiers["contract"]["verdict"] == "passed"
+    assert baseline.pinned_baseline(results, "nope", ["contract"]).as_dict() == {
+        "row": "nope", "run": None, "tiers": {}, "why": "no finished run of it"}
     canary = {"contract": judged_tier("failed"), "reference": judged_tier("failed", "reference", "mismatch"),
               "smoke": {"verdict": "skipped", "checks": []}}
-    assert culprit.broken_tiers(canary, tiers) == ["reference", "contract"]  # cheapest first
-    assert culprit.broken_tiers(canary, {"reference": judged_tier("failed", "reference", "crash")}) == ["contract"]
+    assert baseline.broken_tiers(canary) == ["reference", "contract"]  # cheapest first
     # a failure of the harness alone, or a tier stored as failed without a failing check, proves nothing
     harness = {"contract": judged_tier("error", kind="harness"), "reference": {"verdict": "failed", "checks": []}}
-    assert culprit.broken_tiers(harness, {}) == []
+    assert baseline.broken_tiers(harness) == []
 
 
 def test_abi_statement_reads_the_contract_abi_checks():
