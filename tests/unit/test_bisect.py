@@ -313,7 +313,8 @@ def test_cli_bisects_with_injected_probe_and_writes_bisect_json(results, capsys)
     cands = VERSIONS[3:15]
     ns = _ns(results, "transformers", cands[0], cands[-1], "--row", "sglang-0.5.17", "--tier", "reference",
              "--run-id", "bisect-test")
-    rc = bs.run(ns, probe_factory=lambda **kw: fake(6, uninstallable={2})(cands), releases=lambda n: VERSIONS, rows=rows)
+    rc = bs.run(ns, probe_factory=lambda **kw: fake(6, uninstallable={2})(cands), releases=lambda n: VERSIONS,
+                rows=rows)
     out = capsys.readouterr().out
     assert rc == 0
     assert f"first bad release: transformers {cands[6]} (last good: {cands[5]})" in out

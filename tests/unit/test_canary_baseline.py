@@ -22,7 +22,9 @@ QWEN3_ASR = {"kind": "import", "type": "ValueError", "message": "'qwen3_asr' is 
 def contract_record(transformers: str, *, breaks: bool, fingerprint: str | None = None, **kw) -> dict:
     """The 0.5.17 row's contract tier at ``transformers``: the import fails (transformers >= 5.13's break) or
     passes; a session that collected exactly that check."""
-    chk = {"id": IMPORT, "outcome": "failed" if breaks else "passed", **({"failure": dict(QWEN3_ASR)} if breaks else {})}
+    chk = {"id": IMPORT, "outcome": "failed" if breaks else "passed"}
+    if breaks:
+        chk["failure"] = dict(QWEN3_ASR)
     tiers = {"contract": {"verdict": chk["outcome"], "checks": [chk]}}
     return {"verdict": chk["outcome"], "versions": {"sglang": "0.5.17", "transformers": transformers},
             "install": {"verdict": "passed", "seconds": 5.0},

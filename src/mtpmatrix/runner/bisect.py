@@ -410,7 +410,8 @@ def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str],
     end = factory(breaking=None)(bad)
     if end.fatal:
         raise BisectError(f"{bad}: {end.detail} — no release can be tested here, stopping")
-    log(f"[bisect] {bad}: {end.status.upper()}" + (f" — {end.detail}" if end.detail else "") + f" ({end.seconds:.0f} s)")
+    log(f"[bisect] {bad}: {end.status.upper()}" + (f" — {end.detail}" if end.detail else "")
+        + f" ({end.seconds:.0f} s)")
     if end.status == BAD:
         res = search(cands, factory(breaking=frozenset(end.breaks)), log=log, known={bad: BAD})
     elif end.status == UNTESTABLE and len(cands) > 1:
