@@ -143,7 +143,7 @@ def report(session: nox.Session) -> None:
 
 @nox.session(python=False, default=False)
 def bisect(session: nox.Session) -> None:
-    """First bad release: nox -s bisect -- PACKAGE GOOD BAD [--row ROW] [--tier TIER]."""
+    """First bad release: nox -s bisect -- PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--known ID]."""
     session.run(sys.executable, "-m", "mtpmatrix", "bisect", *session.posargs,
                 env={"PYTHONPATH": str(Path(__file__).parent / "src")})
 

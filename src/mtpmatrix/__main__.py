@@ -2,7 +2,7 @@
 
     python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR] [--require TIERS]
     python -m mtpmatrix import OUT --row ROW [--run-id RUN_ID] [--results DIR]
-    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
+    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--known ID] [--run-id RUN_ID]
     python -m mtpmatrix rows [--json]
     python -m mtpmatrix releases [--json]
     python -m mtpmatrix canary [CANARY ...] [--tiers T] [--budget S] [--with PKG==VER] [--resume]

@@ -18,8 +18,9 @@ the pytest args, -k / -m / --deselect / --maxfail, the positional paths (node id
 ``MTPMATRIX_*`` knob, and per tier the ids of every check collected. Any subset selection makes the tier partial; a
 run without a ``selection`` (written before schema 3) cannot show it ran everything and is partial too.
 
-``judge_tiers`` is the one derivation of tier verdicts: the plugin writes its result to tiers.json, ``import`` and the
-report run it again over stored records (stored tags and verdicts are never trusted, see known_upstream.apply).
+``judge_tiers`` is the one derivation of tier verdicts: the plugin writes its result to tiers.json, ``import``, the
+report, bisect probes and a canary's baseline run it again over stored records (``rejudge_record``: stored tags and
+verdicts are never trusted, see known_upstream.apply).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import PurePosixPath
 
 from mtpmatrix import settings
 from mtpmatrix.evidence import expected_checks
+from mtpmatrix.runner.store import row_verdict
 from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
 
 KNOB_PREFIX = "MTPMATRIX_"
@@ -214,6 +216,19 @@ def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None
     for name, entry in tiers.items():
         judge_tier(name, entry, selection)
     return tiers
+
+
+def rejudge_record(record: dict, issues=None) -> dict:
+    """A row record with its tier verdicts derived again from its checks, its selection and the known-upstream list
+    (``judge_tiers``; ``issues`` default known_upstream.json), and its row verdict from those; an unfinished row
+    stays unfinished. What the report, bisect probes and a canary's baseline read. Changes ``record`` in place and
+    returns it."""
+    tiers = record.get("tiers")
+    if isinstance(tiers, dict):
+        judge_tiers(tiers, record.get("selection"), record.get("versions") or {}, issues)
+    if record.get("verdict") not in (None, "pending"):
+        record["verdict"] = row_verdict(record)
+    return record
 
 
 # What a tier, a row or a run proves, for a decision (the report's exit status, a bisect probe, a canary's baseline):

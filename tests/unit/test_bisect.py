@@ -13,6 +13,7 @@ import pytest
 
 from mtpmatrix.runner import bisect as bs
 from mtpmatrix.runner.rows import load_rows
+from mtpmatrix.tiers.known_upstream import KnownIssue
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = [f"5.{m}.{p}" for m in range(8, 14) for p in range(3)]  # 18 releases, 5.8.0 .. 5.13.2
@@ -141,57 +142,113 @@ def test_the_search_reports_the_failure_of_the_first_bad_release():
     assert "probe(s) over 18 release(s)" in lines[-1]
 
 
-# --- probe records -> good / bad / untestable ---------------------------------------------------------------
+# --- probe records -> good / bad / untestable / known-only ------------------------------------------------------
 
-def _rec(**tier):
-    return {"install": {"verdict": "passed"}, "tiers": {"reference": tier}}
+REF = "tests/tiers/test_reference.py::"
+LISTED = KnownIssue(id="hf-x", package="transformers", affected=">=5.8.0,<6", tier="reference", component="library",
+                    kind="mismatch", match="tokens differ", checks=("test_k",), summary="s", upstream="u")
+MISMATCH = {"kind": "mismatch", "type": "CheckFailure", "message": "tokens differ at 3", "frame": "f",
+            "raised_at": "r"}
+
+
+def _chk(name, outcome, failure=None, **kw):
+    return {"id": REF + name, "outcome": outcome, **({"failure": dict(failure)} if failure else {}), **kw}
+
+
+def _rec(*checks, verdict="passed", collected=None, **tier):
+    """A finished probe record of the reference tier at transformers 5.9.0; its session collected ``collected``
+    (default: exactly its checks). The stored verdict is whatever the plugin wrote: judging derives it again."""
+    ids = [c["id"] for c in checks] if collected is None else [REF + n for n in collected]
+    return {"install": {"verdict": "passed"}, "versions": {"transformers": "5.9.0"}, "verdict": "passed",
+            "selection": {"args": [], "knobs": {}, "paths": [], "collected": {"reference": ids}},
+            "tiers": {"reference": {"verdict": verdict, "checks": list(checks), **tier}}}
+
+
+def classify(rec, **kw):
+    return bs.classify_record(rec, "reference", "5.9.0", 1, issues=[LISTED], **kw)
 
 
 def test_classify_record():
     inst = {"install": {"verdict": "failed", "failure": {"kind": "install", "message": "resolver conflict: x"}}}
     p = bs.classify_record(inst, "reference", "5.9.0", 3.0)
     assert p.status == bs.UNTESTABLE and p.detail == "does not install: resolver conflict: x"
-    assert bs.classify_record(_rec(verdict="passed", checks=[]), "reference", "v", 1).status == bs.GOOD
+    assert classify(_rec(_chk("test_a", "passed"))).status == bs.GOOD
     # nothing failed but not all of the tier ran (a check skipped on this release): good only when the checks
     # that break at the bad end ran here and passed; a release that skipped one of them has shown nothing
-    ran = [{"id": "tests/tiers/test_reference.py::test_a", "outcome": "passed"},
-           {"id": "tests/tiers/test_reference.py::test_b", "outcome": "skipped"}]
-    partial = _rec(verdict="partial", checks=ran, missing=[{"what": "test_b", "why": "skip"}])
-    p = bs.classify_record(partial, "reference", "v", 1, breaking=frozenset({"test_a"}))
+    ran = [_chk("test_a", "passed"), _chk("test_b", "skipped", reason="skip")]
+    partial = _rec(*ran)
+    p = classify(partial, breaking=frozenset({"test_a"}))
     assert p.status == bs.GOOD and p.detail == "partial: 1 expected check(s) did not run, none that breaks"
-    p = bs.classify_record(partial, "reference", "v", 1, breaking=frozenset({"test_a", "test_b"}))
+    p = classify(partial, breaking=frozenset({"test_a", "test_b"}))
     assert p.status == bs.UNTESTABLE and p.detail.endswith("the check(s) that break did not run here: test_b")
-    p = bs.classify_record(partial, "reference", "v", 1)
+    p = classify(partial)
     assert p.status == bs.UNTESTABLE and p.detail.endswith("which checks break is not known")
-    # a tier that passed (or failed only on listed bugs, for a canary) without the check that breaks shows nothing
-    whole = _rec(verdict="passed", checks=ran[:1])
-    assert bs.classify_record(whole, "reference", "v", 1, breaking=frozenset({"test_a"})).status == bs.GOOD
-    p = bs.classify_record(whole, "reference", "v", 1, breaking=frozenset({"test_c"}))
+    # a tier that passed without the check that breaks shows nothing
+    whole = _rec(ran[0])
+    assert classify(whole, breaking=frozenset({"test_a"})).status == bs.GOOD
+    p = classify(whole, breaking=frozenset({"test_c"}))
     assert p.status == bs.UNTESTABLE and p.detail == "reference tier passed without the check(s) that break: test_c"
-    assert bs.classify_record(whole, "reference", "v", 1).status == bs.GOOD
-    # a tier failing only on known upstream issues: good for a canary's search (it passes the row, as in
-    # store.row_verdict), not a pass for a manual bisect (which may be after where that upstream bug began)
-    ku = _rec(verdict="known-upstream", known_upstream=[{"id": "hf-x"}], checks=[{"id": "t", "outcome": "failed"}])
-    p = bs.classify_record(ku, "reference", "v", 1, known_upstream_good=True)
-    assert p.status == bs.GOOD and p.detail == "known upstream only (hf-x)"
-    assert bs.classify_record(ku, "reference", "v", 1).status == bs.UNTESTABLE
-    fail = {"kind": "mismatch", "type": "CheckFailure", "message": "tokens differ", "frame": "f", "raised_at": "r"}
-    p = bs.classify_record(_rec(verdict="failed", failure_kinds=["mismatch"],
-                                checks=[{"id": "t", "outcome": "failed", "failure": fail}]), "reference", "v", 1)
-    assert p.status == bs.BAD and p.failure == fail and "tokens differ" in p.detail
+    assert classify(whole).status == bs.GOOD
+    p = classify(_rec(_chk("test_a", "failed", MISMATCH), verdict="failed", failure_kinds=["mismatch"]))
+    assert p.status == bs.BAD and p.failure == MISMATCH and "tokens differ" in p.detail and p.breaks == ["test_a"]
     harness = {"kind": "harness", "message": "KeyError"}
-    p = bs.classify_record(_rec(verdict="error", failure_kinds=["harness"],
-                                checks=[{"id": "t", "outcome": "error", "failure": harness}]), "reference", "v", 1)
-    assert p.status == bs.UNTESTABLE and p.detail.startswith("harness error")
-    p = bs.classify_record(_rec(verdict="error", reason="pytest exited 4 without results", failure_kinds=["crash"],
-                                checks=[]), "reference", "v", 1)
-    assert p.status == bs.BAD and "pytest exited 4" in p.detail
-    p = bs.classify_record(_rec(verdict="skipped", reason="reference tier: transformers 5.7 has no gemma4_assistant",
-                                checks=[]), "reference", "v", 1)
+    p = classify(_rec(_chk("test_a", "error", harness), verdict="error", failure_kinds=["harness"]))
+    assert p.status == bs.UNTESTABLE and p.detail == "harness error: KeyError"
+    # pytest died before any check could say (no records): proves nothing either way, as in the report
+    p = classify(_rec(verdict="error", reason="pytest exited 4 without results", failure_kinds=["crash"]))
+    assert p.status == bs.UNTESTABLE and p.detail == "reference tier error before any check could say: pytest " \
+                                                      "exited 4 without results"
+    p = classify(_rec(verdict="skipped", reason="reference tier: transformers 5.7 has no gemma4_assistant"))
     assert p.status == bs.UNTESTABLE and "no gemma4_assistant" in p.detail and not p.fatal
     p = bs.classify_record({"install": {"verdict": "passed"}, "tiers": {"smoke": {
         "verdict": "skipped", "reason": "smoke tier: needs 1 CUDA GPU(s), this machine has 0"}}}, "smoke", "v", 1)
     assert p.fatal and p.detail == "smoke tier skipped: needs 1 CUDA GPU(s), this machine has 0"
+
+
+def test_a_probe_is_judged_again_not_read_from_its_stored_verdicts_and_tags():
+    """A probe record's stored verdict and tags are what some earlier run wrote: a failure tagged with an entry
+    removed since, or a tier stored as passed around a failing check, is a failure."""
+    removed = _rec(_chk("test_a", "failed", MISMATCH, known_upstream="an-entry-removed-since"),
+                   verdict="known-upstream")
+    assert classify(removed).status == bs.BAD
+    assert classify(removed, breaking=frozenset({"test_b"})).status == bs.BAD
+    assert classify(_rec(_chk("test_a", "failed", MISMATCH), verdict="passed")).status == bs.BAD
+    assert bs.failing_checks(removed, "reference", issues=[LISTED]) == {"test_a"}
+
+
+def test_a_harness_error_beside_a_known_upstream_failure_is_untestable():
+    """The recorded smoke tier of a 0.5.x row fails only on the draft-phase known upstream issue; with a harness
+    error beside it, the probe has shown nothing about the release."""
+    from probe_records import DRAFT_PHASE, smoke_record
+
+    rec = smoke_record({"sglang": "0.5.23", "torch": "2.15.0"}, harness_error=True)
+    p = bs.classify_record(rec, "smoke", "2.15.0", 1.0)
+    assert p.status == bs.UNTESTABLE, p
+    assert p.detail == (f"harness error: the smoke tier never batched 4 requests at topk 3; known upstream "
+                        f"{DRAFT_PHASE} beside it")
+    assert p.known_upstream == [DRAFT_PHASE] and p.breaks == []
+
+
+def test_a_probe_that_fails_only_on_listed_issues_is_its_own_state():
+    """Known upstream only: good for a search of a new break only when the checks that break there ran here and
+    passed; otherwise neither good nor bad (a listed bug may hide the break searched, or be it)."""
+    ku = _rec(_chk("test_k", "failed", MISMATCH), _chk("test_a", "passed"), verdict="failed")
+    p = classify(ku)
+    assert p.status == bs.KNOWN_ONLY and p.known_upstream == ["hf-x"]
+    assert p.detail == "reference tier fails only on listed upstream issues (hf-x); which checks break is not known"
+    p = classify(ku, breaking=frozenset({"test_a"}))
+    assert p.status == bs.GOOD and p.detail == "known upstream only (hf-x); the check(s) that break passed"
+    p = classify(ku, breaking=frozenset({"test_a", "test_k"}))
+    assert p.status == bs.KNOWN_ONLY and p.detail.endswith("the check(s) that break did not pass here: test_k")
+    # the search sets it aside like an untestable release, and says which it was
+    status = {"1.0": bs.GOOD, "1.1": bs.KNOWN_ONLY, "1.2": bs.BAD}
+    res = bs.search(list(status), lambda v: bs.Probe(v, status[v], "fails only on listed upstream issues (hf-x)",
+                                                     known_upstream=["hf-x"] if status[v] == bs.KNOWN_ONLY else []),
+                    log=lambda s: None)
+    assert (res.first_bad, res.last_good, res.ambiguous) == ("1.2", "1.0", ["1.1"])
+    text = bs.describe(res, "transformers")
+    assert "transformers 1.1: fails only on listed upstream issues (hf-x) (neither good nor bad)" in text
+    assert "  or one of the releases just before it that fail only on listed upstream issues: 1.1" in text
 
 
 def test_a_fatal_probe_stops_the_search():
@@ -214,7 +271,10 @@ def test_default_tier_is_the_cheapest_that_failed_in_the_latest_finished_run(res
     assert bs.cheapest_failed_tier(results, "no-such-row") == ("contract", None)
     f = results / "20261208-090507" / "sglang-0.5.23" / "row.json"
     rec = json.loads(f.read_text())
-    rec["tiers"]["reference"]["verdict"] = "failed"
+    rec["tiers"]["reference"]["verdict"] = "failed"  # a stored verdict alone: judged again, nothing failed there
+    f.write_text(json.dumps(rec))
+    assert bs.cheapest_failed_tier(results, "sglang-0.5.23") == ("contract", "20261208-090507")
+    rec["tiers"]["reference"]["checks"][0].update(outcome="failed", failure={"kind": "mismatch", "message": "x"})
     f.write_text(json.dumps(rec))
     assert bs.cheapest_failed_tier(results, "sglang-0.5.23") == ("reference", "20261208-090507")
 
@@ -222,14 +282,17 @@ def test_default_tier_is_the_cheapest_that_failed_in_the_latest_finished_run(res
 def test_the_checks_that_break_come_from_the_latest_run_where_the_tier_failed(results):
     f = results / "20261208-090507" / "sglang-0.5.23" / "row.json"
     rec = json.loads(f.read_text())
-    rec["tiers"]["contract"]["checks"] = [{"id": "tests/tiers/test_contract.py::test_import", "outcome": "failed"},
-                                          {"id": "tests/tiers/test_contract.py::test_abi", "outcome": "passed"},
-                                          {"id": "tests/tiers/test_contract.py::test_x", "outcome": "failed",
-                                           "known_upstream": "hf-x"}]  # a listed bug: not the break
+    c = "tests/tiers/test_contract.py::"
+    rec["tiers"]["contract"]["checks"] = [
+        {"id": c + "test_import", "outcome": "failed", "failure": {"kind": "import", "message": "x"}},
+        {"id": c + "test_abi", "outcome": "passed"},
+        # a stored tag is some earlier run's: no entry explains this failure today, so it is part of the break
+        {"id": c + "test_x", "outcome": "failed", "known_upstream": "hf-x"},
+        {"id": c + "test_h", "outcome": "error", "failure": {"kind": "harness", "message": "KeyError"}}]  # no evidence
     f.write_text(json.dumps(rec))
     assert bs.latest_failing_run(results, "sglang-0.5.23", "contract") == "20261208-090507"
     assert bs.latest_failing_run(results, "sglang-0.5.23", "smoke") is None
-    assert bs.breaking_checks(results, "20261208-090507", "sglang-0.5.23", "contract") == {"test_import"}
+    assert bs.breaking_checks(results, "20261208-090507", "sglang-0.5.23", "contract") == {"test_import", "test_x"}
     assert bs.breaking_checks(results, None, "sglang-0.5.23", "contract") is None
 
 
@@ -250,7 +313,8 @@ def test_cli_bisects_with_injected_probe_and_writes_bisect_json(results, capsys)
     cands = VERSIONS[3:15]
     ns = _ns(results, "transformers", cands[0], cands[-1], "--row", "sglang-0.5.17", "--tier", "reference",
              "--run-id", "bisect-test")
-    rc = bs.run(ns, probe_factory=lambda: fake(6, uninstallable={2})(cands), releases=lambda n: VERSIONS, rows=rows)
+    rc = bs.run(ns, probe_factory=lambda **kw: fake(6, uninstallable={2})(cands), releases=lambda n: VERSIONS,
+                rows=rows)
     out = capsys.readouterr().out
     assert rc == 0
     assert f"first bad release: transformers {cands[6]} (last good: {cands[5]})" in out
@@ -262,7 +326,7 @@ def test_cli_bisects_with_injected_probe_and_writes_bisect_json(results, capsys)
 def test_cli_no_bad_release_exits_1(results, capsys):
     ns = _ns(results, "transformers", "5.8.0", "5.9.0", "--row", "sglang-0.5.17", "--run-id", "bisect-ok")
     cands = ["5.8.0", "5.8.1", "5.8.2", "5.9.0"]
-    assert bs.run(ns, probe_factory=lambda: fake(None)(cands), releases=lambda n: VERSIONS) == 1
+    assert bs.run(ns, probe_factory=lambda **kw: fake(None)(cands), releases=lambda n: VERSIONS) == 1
     assert "no bad release" in capsys.readouterr().out
 
 
@@ -292,3 +356,71 @@ def test_every_probe_status_combination_on_three_releases():
         res = bs.search(cands, lambda v: bs.Probe(v, statuses[cands.index(v)]), log=lambda s: None)
         bad = [i for i, s in enumerate(statuses) if s == bs.BAD]
         assert res.first_bad == (cands[bad[0]] if bad else None)
+
+
+# --- the README's transformers bisect, over records as the known-upstream entries describe each release -----------
+
+README_RANGE = ["5.12.1", "5.13.0", "5.13.1", "5.14.0", "5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.16.1", "5.17.0",
+                "5.18.0", "5.19.0"]
+CANDIDATE = "hf-assisted-generation-gemma4-candidate-generator"
+
+
+def readme_probes(calls: list):
+    """A probe factory as make_probe's, over probe_records.reference_record instead of installs."""
+    from probe_records import reference_record
+
+    def factory(breaking=None, known_issue=None):
+        def probe(v):
+            calls.append(v)
+            rec = reference_record(v)
+            if known_issue is not None:
+                return bs.classify_for_known(rec, "reference", v, 60.0, None, known_issue)
+            return bs.classify_record(rec, "reference", v, 60.0, breaking=breaking)
+        return probe
+    return factory
+
+
+def test_the_readme_transformers_bisect_finds_no_new_break_and_names_the_listed_one(results, capsys):
+    """No run of the row broke the reference tier, so BAD is probed first: transformers 5.19.0 fails there only on
+    a listed upstream issue, so there is no new break to search (every release of the range fails only on listed
+    issues: before, each of the 12 was probed and the answer was 'inconclusive')."""
+    calls = []
+    ns = _ns(results, "transformers", "5.12.1", "5.19.0", "--row", "sglang-0.5.17", "--tier", "reference",
+             "--run-id", "bisect-readme")
+    rc = bs.run(ns, probe_factory=readme_probes(calls), releases=lambda n: README_RANGE)
+    out = capsys.readouterr().out
+    assert (rc, calls) == (1, ["5.19.0"]), out
+    lines = json.loads((results / "bisect-readme" / "bisect.json").read_text())["summary"]
+    assert lines == [
+        f"no new break to search: BAD transformers 5.19.0 fails reference only on listed upstream issues ({CANDIDATE})",
+        f"  a listed upstream issue is not the break searched; where one began: --known {CANDIDATE}",
+        "1 probe(s) over 12 release(s) in 0 s"]
+
+
+def test_the_readme_transformers_bisect_with_known_finds_where_the_listed_crash_began(results, capsys):
+    calls = []
+    ns = _ns(results, "transformers", "5.12.1", "5.19.0", "--row", "sglang-0.5.17", "--known", CANDIDATE,
+             "--run-id", "bisect-readme-known")
+    rc = bs.run(ns, probe_factory=readme_probes(calls), releases=lambda n: README_RANGE)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads((results / "bisect-readme-known" / "bisect.json").read_text())
+    assert (data["tier"], data["known"], data["first_bad"], data["last_good"]) == \
+        ("reference", CANDIDATE, "5.18.0", "5.17.0")
+    assert data["summary"][0] == "first bad release: transformers 5.18.0 (last good: 5.17.0)"
+    assert data["summary"][1].startswith(f"  error: [crash] CheckFailure: e-series: generate failed on 'Hello world")
+    # 5.15.0 and 5.16.1 fail only on other listed issues: each still shows the crash is absent (good)
+    good = {p["version"]: p["detail"] for p in data["probes"] if p["status"] == bs.GOOD}
+    assert good and all(d.startswith(f"{CANDIDATE} absent: test_greedy_with_assistant_equals_greedy") for d in
+                        good.values())
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--known", "no-such-entry"], "unknown known-upstream entry 'no-such-entry'; known: "),
+    (["--known", CANDIDATE, "--tier", "contract"], f"{CANDIDATE} is a reference tier entry, not contract"),
+])
+def test_cli_known_bad_input_exits_2(results, capsys, argv, words):
+    ns = _ns(results, "transformers", "5.12.1", "5.19.0", "--row", "sglang-0.5.17", *argv)
+    assert bs.run(ns, probe_factory=readme_probes([]), releases=lambda n: README_RANGE) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1

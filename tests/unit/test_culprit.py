@@ -11,7 +11,7 @@ import pytest
 
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.runner import bisect as bs
-from mtpmatrix.runner import culprit
+from mtpmatrix.runner import baseline, culprit
 from mtpmatrix.runner.canary import Canary, Resolution
 from mtpmatrix.runner.rows import parse_row
 
@@ -133,26 +133,45 @@ def test_search_known_results_and_stop():
         "stopped (budget): the first bad release, if any, is one of 5.17.0 .. 5.24.0 (5 release(s))")
 
 
-def test_pinned_row_verdicts_and_broken_tiers(tmp_path):
+def judged_tier(outcome: str, tier: str = "contract", kind: str = "import") -> dict:
+    """A judged tier of one check that ran with ``outcome`` (failing as ``kind``)."""
+    chk = {"id": f"tests/tiers/test_{tier}.py::test_a", "outcome": outcome}
+    if outcome in ("failed", "error"):
+        chk["failure"] = {"kind": kind, "message": f"{kind} failure"}
+    return {"verdict": outcome, "checks": [chk]}
+
+
+def row_record(tiers: dict, **kw) -> dict:
+    """A finished row record whose session collected exactly its checks."""
+    sel = {"args": [], "knobs": {}, "paths": [],
+           "collected": {t: [c["id"] for c in v.get("checks") or []] for t, v in tiers.items()}}
+    return {"verdict": "passed", "install": {"verdict": "passed"}, "selection": sel, "tiers": tiers, **kw}
+
+
+def test_pinned_row_baseline_and_broken_tiers(tmp_path):
     results = tmp_path / "results"
 
     def rec(run, row, tiers, **kw):
-        atomic_write_json(results / run / row / "row.json", {"verdict": "passed", "tiers": tiers, **kw})
+        atomic_write_json(results / run / row / "row.json", row_record(tiers, **kw))
 
-    rec("r1", "sglang-0.5.17", {"contract": {"verdict": "failed"}})
-    rec("r2", "sglang-0.5.17", {"contract": {"verdict": "passed"}, "reference": {"verdict": "known-upstream"}})
-    rec("r3", "sglang-0.5.17", {"contract": {"verdict": "failed"}}, overrides=["torch==2.13.0"])  # a probe
-    rec("bisect-x", "sglang-0.5.17", {"contract": {"verdict": "failed"}})  # not a matrix run
+    rec("r1", "sglang-0.5.17", {"contract": judged_tier("failed")})
+    rec("r2", "sglang-0.5.17", {"contract": judged_tier("passed"), "reference": judged_tier("passed", "reference")})
+    rec("r3", "sglang-0.5.17", {"contract": judged_tier("failed")}, overrides=["torch==2.13.0"])  # a probe
+    rec("bisect-x", "sglang-0.5.17", {"contract": judged_tier("failed")})  # not a matrix run
     import os
     for i, run in enumerate(["r1", "r2", "r3", "bisect-x"]):
         os.utime(results / run / "sglang-0.5.17" / "row.json", (i, i))
         os.utime(results / run, (i, i))
-    tiers, run = culprit.pinned_tiers(results, "sglang-0.5.17")
-    assert run == "r2" and tiers["contract"]["verdict"] == "passed"
-    assert culprit.pinned_tiers(results, "nope") == ({}, None)
-    canary = {"contract": {"verdict": "failed"}, "reference": {"verdict": "failed"}, "smoke": {"verdict": "skipped"}}
-    assert culprit.broken_tiers(canary, tiers) == ["reference", "contract"]  # cheapest first
-    assert culprit.broken_tiers(canary, {"reference": {"verdict": "failed"}}) == ["contract"]
+    base = baseline.pinned_baseline(results, "sglang-0.5.17", ["reference", "contract"])
+    assert base.run == "r2" and base.tiers["contract"]["verdict"] == "passed"
+    assert baseline.pinned_baseline(results, "nope", ["contract"]).as_dict() == {
+        "row": "nope", "run": None, "tiers": {}, "why": "no finished run of it"}
+    canary = {"contract": judged_tier("failed"), "reference": judged_tier("failed", "reference", "mismatch"),
+              "smoke": {"verdict": "skipped", "checks": []}}
+    assert baseline.broken_tiers(canary) == ["reference", "contract"]  # cheapest first
+    # a failure of the harness alone, or a tier stored as failed without a failing check, proves nothing
+    harness = {"contract": judged_tier("error", kind="harness"), "reference": {"verdict": "failed", "checks": []}}
+    assert baseline.broken_tiers(harness) == []
 
 
 def test_abi_statement_reads_the_contract_abi_checks():
@@ -276,3 +295,42 @@ def test_a_pinned_row_that_passed_the_tier_is_the_good_end_without_a_probe(row):
                              pins_pass=True)
     assert (c["bisect"]["transformers"]["first_bad"], c["bisect"]["transformers"]["last_good"]) == ("5.13.0", "5.12.1")
     assert ("transformers", "5.12.1", ()) not in calls
+
+
+# --- a probe is judged as the report judges it (expected.tier_state of the re-judged record) ---------------------
+
+def test_a_harness_error_beside_a_known_upstream_failure_blames_nothing(tmp_path, monkeypatch):
+    """Every 0.5.13-0.5.23 smoke run carries the draft-phase known upstream failure. A canary whose smoke tier adds
+    a harness error beside it has shown nothing about torch 2.15.0: no culprit, and the answer says the tier is not
+    proven (it once read "CULPRIT: torch 2.15.0 breaks sglang-0.5.23 smoke ... draft query is not at transformers'
+    RoPE phase")."""
+    from probe_records import smoke_record
+
+    from mtpmatrix.runner.store import RunStore
+
+    results = tmp_path / "results"
+    RunStore(results, "20261201-000000").save_row("sglang-0.5.23", smoke_record({"sglang": "0.5.23",
+                                                                                   "torch": "2.14.1"}))
+    calls = []
+
+    def run_row(row, venv, opts, log=print):
+        calls.append((row.id, tuple(opts.overrides)))
+        record = {**opts.record_extra, "overrides": list(opts.overrides),
+                  **smoke_record({"sglang": "0.5.23", "torch": "2.15.0"}, harness_error=True)}
+        RunStore(opts.results, opts.run_id).save_row(row.id, record)
+        return record
+
+    monkeypatch.setattr(culprit.matrix, "run_row", run_row)
+    monkeypatch.setattr(culprit.bisect, "make_venv", lambda row, venv: venv)
+    monkeypatch.setattr(culprit.bisect, "candidates", lambda p, g, b: ["2.14.1", "2.15.0"])
+    f = tmp_path / "sglang-0.5.23.txt"
+    f.write_text("# python: 3.11\n# torch-backend: pypi\nsglang==0.5.23\ntransformers==5.19.0\ntorch==2.14.1\n")
+    c = Canary("sglang-0.5.23-torch", f, parse_row(f), "canary-override", {"torch": ">=2.14"})
+    res = Resolution(c, {"torch": "2.15.0"}, {"torch": ("2.14.1", "2.15.0")})
+    opts = culprit.matrix.Options(run_id="r1", results=results, tiers="smoke")
+    state = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
+    text = "\n".join(state["summary"])
+    assert "CULPRIT" not in text, text
+    assert state["broken_tiers"] == [] and calls == [("sglang-0.5.23-torch", ("torch==2.15.0",))]
+    assert ("smoke not proven (harness error: the smoke tier never batched 4 requests at topk 3; known upstream "
+            "sglang-gemma4-mtp-draft-rope-phase beside it): nothing to blame on the moved packages") in text

@@ -4,10 +4,12 @@ generation crash is tagged, the row's sglang verdict passes, anything else still
 from __future__ import annotations
 
 import copy
+import math
 import json
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from mtpmatrix.tiers import known_upstream
 
@@ -282,8 +284,172 @@ def _assisted_sampling(counts: dict) -> dict:
     ({1: 700, 3: 400, 7: 436}, False),  # flatter (temperature ignored): offset 1 under its closed form 0.518
     ({1: 150, 3: 100, 7: 1286}, False),  # drafts accepted unchecked: the drafter's offset 7 takes over
     ({1: 820, 3: 460, 7: 256}, False),  # offset 3 near its closed form: not the residual this bug loses
+    ({1: 1536, 3: 0, 7: 0}, False),  # greedy: the argmax every time (offset 1's share 1.0)
+    # temperature applied twice (0.49: 0.594 / 0.277 / 0.129 expected), a draw with offset 3 at 0.268 (a quarter of
+    # such runs fall at or below 0.27)
+    ({1: 925, 3: 412, 7: 199}, False),
 ])
 def test_the_assisted_sampling_entry_needs_the_argmax_pushed_up_and_offset_3_down(counts, known):
     tiers = _assisted_sampling(counts)
     known_upstream.apply(tiers, {"transformers": "5.12.1"})
     assert (tiers["reference"]["checks"][0].get("known_upstream") == ASSISTED_SAMPLING) is known
+
+
+def test_a_record_is_judged_again_by_one_function_the_report_and_bisect_share(record):
+    """expected.rejudge_record: stored tags and verdicts are stripped, tiers judged again with the given list, the
+    row verdict derived from them; report.model.rejudge is that same function."""
+    from mtpmatrix import expected
+    from mtpmatrix.report import model
+
+    record["verdict"] = "passed"
+    for c in record["tiers"]["reference"]["checks"]:
+        if c["outcome"] == "failed":
+            c["known_upstream"] = "an-entry-removed-since"
+    record["tiers"]["reference"]["verdict"] = KNOWN_UPSTREAM
+    again = expected.rejudge_record(copy.deepcopy(record), issues=[])
+    assert again["tiers"]["reference"]["verdict"] == "failed" and again["verdict"] == "failed"
+    assert json.dumps(model.rejudge(copy.deepcopy(record), issues=[]), sort_keys=True) == \
+        json.dumps(again, sort_keys=True)
+    listed = expected.rejudge_record(copy.deepcopy(record))
+    assert listed["tiers"]["reference"]["known_upstream"][0]["id"] == ISSUE
+    unfinished = expected.rejudge_record(dict(copy.deepcopy(record), verdict="pending"), issues=[])
+    assert unfinished["verdict"] == "pending"
+
+
+def _with_metric(case: str, name: str, value: float) -> tuple[dict, dict]:
+    """(tiers, versions) of a recorded match of ``case``'s entry with one metric replaced."""
+    if case == "draft-phase":
+        rec = _smoke(lambda checks, tier: _phase_check(checks)["metrics"].update({name: value}))
+        return rec["tiers"], rec["versions"]
+    if case == "first-round":
+        return _reference_first_round({"first_round_drafted": 40, "first_round_accepted": 0, name: value}), \
+            {"transformers": "5.12.1"}
+    tiers = _assisted_sampling({1: 889, 3: 344, 7: 303})
+    tiers["reference"]["checks"][0]["metrics"][name] = value
+    return tiers, {"transformers": "5.12.1"}
+
+
+@pytest.mark.parametrize("case, name", [("draft-phase", "accept_length_requests"),
+                                        ("first-round", "first_round_drafted"),
+                                        ("first-round", "first_round_accepted"),
+                                        ("assisted-sampling", "sampled_share_offset_1"),
+                                        ("assisted-sampling", "sampled_share_offset_3"),
+                                        ("assisted-sampling", "sampled_off_support")])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_a_non_finite_metric_never_matches(case, name, value):
+    """NaN compares false with every bound and an infinity passes a one-sided one: a record whose metric is not a
+    finite number cannot show a bug's signature."""
+    tiers, versions = _with_metric(case, name, value)
+    known_upstream.apply(tiers, versions)
+    assert not any(c.get("known_upstream") for t in tiers.values() for c in t["checks"])
+
+
+# --- every entry is bounded: a release range that ends, or a signature that bounds every metric on both sides -----
+
+def _entry(**kw) -> dict:
+    return {"id": "x", "package": "transformers", "affected": ">=5.8.0", "tier": "reference", "component": "library",
+            "kind": "mismatch", "match": "m", "checks": ["t"], "summary": "s", "upstream": "u", **kw}
+
+
+@pytest.mark.parametrize("entry, ok", [
+    (_entry(), False),  # open range, no signature
+    (_entry(signature={"metrics": {"a": {"min": 0.5}}}), False),  # open range, a one-sided bound
+    (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}, "b": {"max": 1}}}), False),  # one metric open
+    (_entry(signature={"passed_beside": ["test_y"]}), False),  # open range, no metric at all
+    (_entry(affected=">=5.8.0,!=5.9.0"), False),  # != excludes one release, bounds nothing
+    (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}}}), True),
+    (_entry(affected=">=5.8.0,<5.20.0"), True),
+    (_entry(affected=">=5.8.0,<=5.24.0"), True),
+    (_entry(affected="==5.19.0"), True),
+    (_entry(affected="~=5.19.0"), True),
+])
+def test_an_entry_needs_an_upper_bound_or_a_two_sided_signature(tmp_path, entry, ok):
+    f = tmp_path / "k.json"
+    f.write_text(json.dumps({"issues": [entry]}))
+    if ok:
+        assert [i.id for i in known_upstream.load(f)] == ["x"]
+        return
+    with pytest.raises(ValueError) as info:
+        known_upstream.load(f)
+    msg = str(info.value)
+    assert msg.startswith(f"{f}: issue 0 (x): unbounded:") and "\n" not in msg
+
+
+@pytest.mark.parametrize("bound, words", [
+    ({"min": float("nan"), "max": 1}, "min nan is not a finite number"),
+    ({"min": 0, "max": float("inf")}, "max inf is not a finite number"),
+    ({"min": "0.5", "max": 1}, "min '0.5' is not a finite number"),
+    ({"min": 0.7, "max": 0.6}, "min 0.7 above max 0.6"),
+])
+def test_a_metric_bound_must_be_a_finite_number(tmp_path, bound, words):
+    f = tmp_path / "k.json"
+    f.write_text(json.dumps({"issues": [_entry(signature={"metrics": {"a": bound}})]}))
+    with pytest.raises(ValueError) as info:
+        known_upstream.load(f)
+    assert f"{f}: issue 0 (x): signature metric a: {words}" == str(info.value)
+
+
+def test_a_fixed_bug_ends_at_its_fix_and_an_open_one_at_the_newest_release_seen():
+    """An entry no longer matches past the releases it was seen on: a newer release that still fails is unlisted
+    (and fails the row) until someone looks again and widens the range."""
+    for issue in known_upstream.load():
+        upper = [s for s in SpecifierSet(issue.affected) if s.operator in ("<", "<=")]
+        assert len(upper) == 1, issue.id
+        if issue.fixed_in:
+            assert (upper[0].operator, upper[0].version) == ("<", issue.fixed_in), issue.id
+        else:
+            assert upper[0].operator == "<=" and f"newest release it was seen on: {upper[0].version}" in \
+                issue.summary, issue.id
+
+
+def _recorded_shares_in(bounds: dict, p1: float, p3: float, n: int = 1536) -> float:
+    """The probability that the check's recorded shares of offsets 1 and 3 (round(count / n, 4)) fall inside
+    ``bounds`` when each of its n offsets is 1 with probability p1, 3 with p3, else 7: the multinomial, summed
+    exactly over the counts that round into the bounds."""
+    def log_binom(k, m, p):
+        if p <= 0 or p >= 1:
+            return 0.0 if k == (m if p >= 1 else 0) else -math.inf
+        return math.lgamma(m + 1) - math.lgamma(k + 1) - math.lgamma(m - k + 1) + k * math.log(p) + \
+            (m - k) * math.log(1 - p)
+
+    def counts(name, m):
+        lo, hi = bounds[name]["min"], bounds[name]["max"]
+        return [c for c in range(max(0, math.floor(lo * n) - 1), min(m, math.ceil(hi * n) + 1) + 1)
+                if lo <= round(c / n, 4) <= hi]
+
+    total = 0.0
+    for c1 in counts("sampled_share_offset_1", n):
+        l1 = log_binom(c1, n, p1)
+        q3 = p3 / (1 - p1) if p1 < 1 else 0.0
+        total += sum(math.exp(l1 + log_binom(c3, n - c1, q3)) for c3 in counts("sampled_share_offset_3", n - c1))
+    return total
+
+
+def test_the_assisted_sampling_bounds_follow_from_the_closed_form():
+    """The derivation in docs/upstream/hf-gemma4-assisted-sampling-not-lossless.md, computed again: from the check's
+    closed form and the drafter's q, the bug's shares; each alternative's shares; the chance that each falls
+    inside the entry's bounds at the check's n = 1536."""
+    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.tiers.pairs.sampled_model import VOCAB
+
+    closed = sampled.closed_form(VOCAB)
+    # q: the assistant's own softmax (temperature 1) over the vocabulary, which transformers takes for the draft's
+    # probability although the draft is its argmax (offset 7)
+    w = {d: math.exp(sampled.softcap(x)) for d, x in zip(sampled.OFFSETS, sampled.DRAFT_LOGITS)}
+    z = sum(w.values()) + (VOCAB - len(w)) * math.exp(sampled.softcap(sampled.DRAFT_OTHER_LOGIT))
+    q = {d: v / z for d, v in w.items()}
+    accept = closed[7] / q[7]  # min(1, p/q) for the drafted offset 7
+    residual = {d: max(closed.get(d, 0.0) - q[d], 0.0) for d in sampled.OFFSETS}  # max(p - q, 0)
+    bug = {d: (1 - accept) * residual[d] / sum(residual.values()) for d in (1, 3)}
+    assert (round(bug[1], 3), round(bug[3], 3), round(accept, 3)) == (0.586, 0.206, 0.208)
+    twice = sampled.token_distribution(VOCAB, sampled.GROUPS[0], "top_k_first", temperature=sampled.TEMPERATURE ** 2)
+    ignored = sampled.token_distribution(VOCAB, sampled.GROUPS[0], "top_k_first", temperature=1.0)
+    sig = {i.id: i for i in known_upstream.load()}[ASSISTED_SAMPLING].signature["metrics"]
+    assert sig["sampled_offsets"] == {"min": 1536, "max": 1536} and sig["sampled_off_support"] == {"min": 0, "max": 0}
+    rate = {name: _recorded_shares_in(sig, p1, p3) for name, (p1, p3) in {
+        "bug": (bug[1], bug[3]), "recorded": (889 / 1536, 344 / 1536), "closed form": (closed[1], closed[3]),
+        "temperature twice": (twice[1], twice[3]), "temperature ignored": (ignored[1], ignored[3]),
+        "greedy": (1.0, 0.0)}.items()}
+    assert rate["bug"] > 0.998 and rate["recorded"] > 0.9  # the bug matches; so would the recorded shares, as truth
+    assert rate["temperature twice"] < 5e-4 and rate["closed form"] < 1e-7 and rate["temperature ignored"] < 1e-12
+    assert rate["greedy"] == 0.0

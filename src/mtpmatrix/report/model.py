@@ -46,15 +46,8 @@ class ReportError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------
 
 def rejudge(record: dict, issues=None) -> dict:
-    """A row record with its tier verdicts derived again from its checks, its selection and the current
-    known-upstream list (expected.judge_tiers), and its row verdict from those; an unfinished row stays unfinished.
-    Changes ``record`` in place and returns it."""
-    tiers = record.get("tiers")
-    if isinstance(tiers, dict):
-        expected.judge_tiers(tiers, record.get("selection"), record.get("versions") or {}, issues)
-    if record.get("verdict") not in (None, "pending"):
-        record["verdict"] = row_verdict(record)
-    return record
+    """expected.rejudge_record: the one re-judging of a row record, shared with bisect and the canary."""
+    return expected.rejudge_record(record, issues)
 
 
 def read_judged_run(run_dir: Path) -> dict[str, dict]:

@@ -1,12 +1,19 @@
 """Culprit bisection: the first release of a package that breaks a tier of a row.
 
-    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--run-id RUN_ID]
+    python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--known ID] [--run-id RUN_ID]
 
 lists PACKAGE's releases GOOD <= v <= BAD on the index, then binary-searches them. Each probe is a fresh uv venv
 (``.cache/bisect/<row>/<version>``, the row's Python) with the row installed exactly as the matrix installs it
 (``matrix.install_command``) plus ``--with PACKAGE==version``, and the chosen tier run exactly as the matrix runs it
 (``matrix.run_row``); each probe's record lands in ``results/bisect-<timestamp>/<row>-<package>-<version>/``.
 Releases that do not install are reported and skipped; the search goes on over the others.
+
+A probe's record is judged again and read as the report reads it (runner/probe.py): bad where sglang or a dependency
+fails, good where the tier passed (or failed only on listed upstream issues, or ran in part) with every check that
+breaks at the bad end run and passed, untestable where it proved nothing, known-only where it failed only on listed
+upstream issues without showing the break absent. The checks that break come from the row's latest run where the
+tier broke; without one, BAD is probed first and its failures are the break searched (a BAD that fails only on
+listed issues has no new break to search). ``--known ID`` searches instead where known-upstream entry ID began.
 
 The search itself (:func:`search`) takes the probe as a function, so it is tested without installing anything.
 It does not trust the endpoints: if BAD passes the answer is "no bad release", if GOOD already fails it is GOOD.
@@ -18,7 +25,6 @@ import argparse
 import dataclasses
 import datetime as _dt
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,12 +35,13 @@ from typing import Callable
 
 from packaging.utils import canonicalize_name
 
+from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.runner.probe import (BAD, GOOD, KNOWN_ONLY, UNTESTABLE, Probe, classify_for_known,  # noqa: F401
+                                    classify_record, failing_checks, judged)
 from mtpmatrix.runner.store import is_matrix_run, latest_run_id, row_files
-from mtpmatrix.schema import TIERS
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, results_root, short_check_id
+from mtpmatrix.schema import FAILING, TIERS, results_root
 
-GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
 DEFAULT_TIER = "contract"
 assert sorted(CHEAPEST) == sorted(TIERS)
@@ -45,24 +52,14 @@ class BisectError(RuntimeError):
 
 
 @dataclass
-class Probe:
-    version: str
-    status: str  # good | bad | untestable
-    detail: str = ""  # one line: the failure, or why the release could not be tested
-    failure: dict | None = None  # {kind, type, message, frame, raised_at} of the first failing check
-    seconds: float = 0.0
-    record: str | None = None  # row.json of the probe
-    fatal: bool = False  # no release can be tested here (e.g. the tier needs a GPU this machine lacks): stop
-
-
-@dataclass
 class BisectResult:
     candidates: list[str]
     probes: list[Probe] = field(default_factory=list)
     first_bad: str | None = None
     last_good: str | None = None
-    ambiguous: list[str] = field(default_factory=list)  # untestable releases between last_good and first_bad
-    outcome: str = "inconclusive"  # found | good-fails | no-bad | inconclusive | stopped
+    ambiguous: list[str] = field(default_factory=list)  # releases set aside (untestable, known-only) between
+    #                                                     last_good and first_bad
+    outcome: str = "inconclusive"  # found | good-fails | no-bad | known-only | inconclusive | stopped
     seconds: float = 0.0
     stopped: str | None = None  # why the search stopped early (--budget spent); first_bad/last_good: where it got
 
@@ -83,7 +80,8 @@ def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[
 
     Assumes monotonicity (once bad, bad after). Both ends are unknown at the start (virtual good below the list,
     virtual bad above it), so a passing BAD or a failing GOOD is found rather than assumed away; this costs at most
-    one probe more than trusting the ends. Untestable releases are set aside and the search continues over the rest.
+    one probe more than trusting the ends. Untestable and known-only releases (neither good nor bad) are set aside
+    and the search continues over the rest.
 
     ``known``: {release: good|bad} already measured (a canary's single-package probe), taken without probing.
     ``should_stop``: asked before each probe; a reason (a spent ``--budget``) ends the search cleanly with outcome
@@ -122,7 +120,7 @@ def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[
             lo = i
         elif p.status == BAD:
             hi = i
-        elif p.status == UNTESTABLE:
+        elif p.status in (UNTESTABLE, KNOWN_ONLY):  # neither good nor bad: set aside, the search goes on
             untestable.add(i)
         else:
             raise ValueError(f"probe returned unknown status {p.status!r}")
@@ -140,12 +138,16 @@ def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[
     return res
 
 
-def describe(res: BisectResult, package: str) -> list[str]:
+def describe(res: BisectResult, package: str, tier: str | None = None) -> list[str]:
     """The human answer, a few lines."""
     out = []
-    skipped = [p for p in res.probes if p.status == UNTESTABLE]
-    for p in skipped:
-        out.append(f"{package} {p.version}: {p.detail or 'untestable'} (skipped)")
+    for p in res.probes:
+        if p.status == UNTESTABLE:
+            out.append(f"{package} {p.version}: {p.detail or 'untestable'} (skipped)")
+        elif p.status == KNOWN_ONLY and res.outcome != "known-only":  # that outcome's own line says it
+            out.append(f"{package} {p.version}: {p.detail} (neither good nor bad)")
+    status = {p.version: p.status for p in res.probes}
+    listed = sorted({k for p in res.probes if p.status == KNOWN_ONLY for k in p.known_upstream})
     if res.outcome in ("found", "good-fails"):
         p = res.probe_of(res.first_bad)
         line = f"first bad release: {package} {res.first_bad}"
@@ -156,8 +158,13 @@ def describe(res: BisectResult, package: str) -> list[str]:
         else:
             line += " — no release below it could be tested"
         out.append(line)
-        if res.ambiguous:
-            out.append(f"  or one of the untestable releases just before it: {', '.join(res.ambiguous)}")
+        untestable = [v for v in res.ambiguous if status.get(v) != KNOWN_ONLY]
+        known_only = [v for v in res.ambiguous if status.get(v) == KNOWN_ONLY]
+        if untestable:
+            out.append(f"  or one of the untestable releases just before it: {', '.join(untestable)}")
+        if known_only:
+            out.append("  or one of the releases just before it that fail only on listed upstream issues: "
+                       f"{', '.join(known_only)}")
         if p is not None:
             f = p.failure or {}
             out.append(f"  error: [{f.get('kind') or '?'}] {f.get('type') + ': ' if f.get('type') else ''}"
@@ -176,8 +183,17 @@ def describe(res: BisectResult, package: str) -> list[str]:
         out.append(f"no bad release: every testable release passes, up to {res.last_good}"
                    + (" (BAD passes here: is the break in another package or tier?)" if res.candidates and
                       res.last_good == res.candidates[-1] else ""))
+    elif res.outcome == "known-only":
+        p = res.probes[0]
+        out.append(f"no new break to search: BAD {package} {p.version} fails {tier + ' ' if tier else ''}only on "
+                   f"listed upstream issues ({', '.join(p.known_upstream)})")
+    elif listed:
+        out.append("inconclusive: no release in the range showed the break or its absence")
     else:
         out.append("inconclusive: no release in the range could be tested")
+    if listed and res.outcome not in ("found", "good-fails"):
+        out.append(f"  a listed upstream issue is not the break searched; where one began: --known "
+                   f"{' | '.join(listed)}")
     out.append(f"{len(res.probes)} probe(s) over {len(res.candidates)} release(s) in {_dur(res.seconds)}")
     return out
 
@@ -234,18 +250,19 @@ def _row_records(results: Path, row_id: str):
 
 
 def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
-    """(tier, run id it came from): the cheapest tier that failed in the latest matrix run of the row."""
+    """(tier, run id it came from): the cheapest tier broken (expected.tier_state of the record judged again) in
+    the latest matrix run of the row."""
     for run, rec in _row_records(results, row_id):
-        tiers = rec.get("tiers") or {}
-        failed = [t for t in CHEAPEST if (tiers.get(t) or {}).get("verdict") in FAILING]
+        tiers = judged(rec).get("tiers") or {}
+        failed = [t for t in CHEAPEST if expected.tier_state(tiers.get(t)) == expected.BROKEN]
         return (failed[0] if failed else DEFAULT_TIER), run
     return DEFAULT_TIER, None
 
 
 def latest_failing_run(results: Path, row_id: str, tier: str) -> str | None:
-    """The latest matrix run in which the row's ``tier`` failed (None when there is none)."""
+    """The latest matrix run in which the row's ``tier`` is broken, judged again (None when there is none)."""
     for run, rec in _row_records(results, row_id):
-        if ((rec.get("tiers") or {}).get(tier) or {}).get("verdict") in FAILING:
+        if expected.tier_state((judged(rec).get("tiers") or {}).get(tier)) == expected.BROKEN:
             return run
     return None
 
@@ -290,14 +307,6 @@ def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> s
                      *(canonicalize_name(a.replace("==", "-")) for a in also)])
 
 
-def failing_checks(record: dict, tier: str) -> frozenset[str]:
-    """The short ids of the checks that fail ``tier`` in a row record, listed upstream bugs aside: what a bisect of
-    that break searches for."""
-    checks = ((record.get("tiers") or {}).get(tier) or {}).get("checks") or []
-    return frozenset(short_check_id(c["id"]) for c in checks
-                     if c.get("outcome") in FAILING and not c.get("known_upstream"))
-
-
 def breaking_checks(results: Path, run_id: str | None, row_id: str, tier: str) -> frozenset[str] | None:
     """``failing_checks`` of the row's record in ``run_id`` (None when there is none to read)."""
     f = Path(results) / run_id / row_id / "row.json" if run_id else None
@@ -306,16 +315,27 @@ def breaking_checks(results: Path, run_id: str | None, row_id: str, tier: str) -
 
 def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
                keep_venvs: bool = False, log: Callable[[str], None] = print, also: list[str] = (),
-               reuse: bool = False, known_upstream_good: bool = False,
-               breaking: frozenset[str] | None = None) -> Callable[[str], Probe]:
+               reuse: bool = False, breaking: frozenset[str] | None = None,
+               known_issue=None) -> Callable[[str], Probe]:
     """A probe that installs ``row`` with ``package==version`` (plus the ``also`` overrides, e.g. a companion a
     canary moved) into a fresh venv and runs ``tier``. With ``reuse``, a probe whose record already has a verdict
-    in the run (a resumed canary) is read back instead of run again. ``breaking``: the checks that fail at the bad
-    end (``classify_record``)."""
+    in the run (a resumed canary) is read back instead of run again. Its record is judged again and classified
+    (probe.classify_record; ``breaking``: the checks that fail at the bad end); with ``known_issue``, for the search
+    of where that known-upstream entry began (probe.classify_for_known)."""
     from mtpmatrix.runner import matrix
     from mtpmatrix.runner.store import RunStore
+    from mtpmatrix.tiers import known_upstream
 
     matrix.find_uv(BisectError)
+    try:
+        issues = known_upstream.load()  # once for every probe of the search
+    except ValueError as exc:
+        raise BisectError(f"known upstream issues: {exc}") from None
+
+    def classify(rec: dict, version: str, seconds: float, path: str) -> Probe:
+        if known_issue is not None:
+            return classify_for_known(rec, tier, version, seconds, path, known_issue, issues=issues)
+        return classify_record(rec, tier, version, seconds, path, breaking=breaking, issues=issues)
 
     def probe(version: str) -> Probe:
         t0 = time.monotonic()
@@ -326,7 +346,7 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
             log(f"[bisect] {package} {version}: reusing {path}")
             rec = store.load_row(pid)  # its own install + suite time, not the 0 s of reading it back
             spent = sum((rec.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite"))
-            return classify_record(rec, tier, version, spent, path, known_upstream_good, breaking)
+            return classify(rec, version, spent, path)
         venv = make_venv(row, Path(cache) / row.id / version)
         probe_row = dataclasses.replace(row, id=pid)
         opts = matrix.Options(overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results),
@@ -336,62 +356,9 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
         finally:
             if not keep_venvs:
                 shutil.rmtree(venv, ignore_errors=True)
-        return classify_record(record, tier, version, time.monotonic() - t0, path, known_upstream_good, breaking)
+        return classify(record, version, time.monotonic() - t0, path)
 
     return probe
-
-
-def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None,
-                    known_upstream_good: bool = False, breaking: frozenset[str] | None = None) -> Probe:
-    """good / bad / untestable from a probe's row record. ``known_upstream_good``: a tier failing only on known
-    upstream issues is good (a canary's search for a new break); by default it is not a pass, so ``nox -s bisect``
-    can still find where a listed upstream bug began. A ``partial`` tier (nothing failed, some expected check did
-    not run) is good only when every check in ``breaking`` (those failing at the bad end) ran here and passed: a
-    release that skips the very check that breaks has not shown it works; without ``breaking`` it is untestable."""
-    install = record.get("install") or {}
-    if install.get("verdict") == "failed":
-        msg = (install.get("failure") or {}).get("message", "install failed")
-        return Probe(version, UNTESTABLE, f"does not install: {msg}", install.get("failure"), seconds, path)
-    t = (record.get("tiers") or {}).get(tier) or {}
-    verdict = t.get("verdict")
-    failing = [c for c in t.get("checks") or [] if c.get("outcome") in FAILING]
-    first = next((c.get("failure") for c in failing if c.get("failure")), None)
-    passed = {short_check_id(c["id"]) for c in t.get("checks") or [] if c.get("outcome") == "passed"}
-    unseen = sorted((breaking or frozenset()) - passed)
-    if verdict in ("passed", KNOWN_UPSTREAM) and unseen and (verdict == "passed" or known_upstream_good):
-        # the tier held, but without running a check that breaks at the bad end: nothing shown either way
-        return Probe(version, UNTESTABLE, f"{tier} tier {verdict} without the check(s) that break: "
-                     f"{', '.join(unseen[:3])}", None, seconds, path)
-    if verdict == "passed":
-        return Probe(version, GOOD, "", None, seconds, path)
-    if verdict == PARTIAL:  # nothing failed; a bisect asks whether the tier breaks, not whether it qualifies
-        missing = t.get("missing") or []
-        if breaking and not unseen:
-            return Probe(version, GOOD, f"partial: {len(missing)} expected check(s) did not run, none that breaks",
-                         None, seconds, path)
-        why = (f"the check(s) that break did not run here: {', '.join(unseen[:3])}" if breaking
-               else "which checks break is not known")
-        return Probe(version, UNTESTABLE, f"partial: {len(missing)} expected check(s) did not run; {why}", None,
-                     seconds, path)
-    if verdict == KNOWN_UPSTREAM and known_upstream_good:  # only listed upstream bugs: not the break searched
-        ids = ", ".join(k.get("id", "?") for k in t.get("known_upstream") or []) or "listed"
-        return Probe(version, GOOD, f"known upstream only ({ids})", None, seconds, path)
-    if verdict in FAILING:
-        kinds = t.get("failure_kinds") or sorted({(c.get("failure") or {}).get("kind") for c in failing} - {None})
-        if kinds and set(kinds) == {"harness"}:
-            return Probe(version, UNTESTABLE, f"harness error: {(first or {}).get('message') or t.get('reason')}",
-                         first, seconds, path)
-        detail = f"{len(failing)} check(s) {verdict}" + (f" [{', '.join(kinds)}]" if kinds else "")
-        if first:
-            detail += f": {first.get('message')}"
-        elif t.get("reason"):
-            detail += f": {t['reason']}"
-        return Probe(version, BAD, detail, first or {"kind": (kinds or [None])[0], "message": t.get("reason")},
-                     seconds, path)
-    reason = re.sub(rf"^{tier} tier:\s*", "", t.get("reason") or "did not run")
-    # A tier skipped for want of a GPU skips for every release: the machine, not the release, is the problem.
-    return Probe(version, UNTESTABLE, f"{tier} tier {verdict or 'missing'}: {reason}", None, seconds, path,
-                 fatal="CUDA GPU" in reason)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -409,13 +376,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", help="results/<RUN_ID>/ for the probes (default: bisect-<UTC timestamp>)")
     p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--keep-venvs", action="store_true", help="keep each probe's venv under .cache/bisect/")
+    p.add_argument("--known", metavar="ID",
+                   help="search where known-upstream entry ID began (known_upstream.json), on its tier: a probe is "
+                        "bad where a check shows its signature, good where one of its checks ran and passed")
+
+
+def known_issue(issue_id: str, tier: str | None):
+    """The known-upstream entry ``issue_id``; BisectError (one line) when there is none, or ``tier`` is another."""
+    from mtpmatrix.tiers import known_upstream
+
+    try:
+        issues = {i.id: i for i in known_upstream.load()}
+    except ValueError as exc:
+        raise BisectError(f"known upstream issues: {exc}") from None
+    if issue_id not in issues:
+        raise BisectError(f"unknown known-upstream entry {issue_id!r}; known: {', '.join(issues)}")
+    issue = issues[issue_id]
+    if tier and tier != issue.tier:
+        raise BisectError(f"{issue_id} is a {issue.tier} tier entry, not {tier}")
+    return issue
+
+
+def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str], Probe]],
+                        log: Callable[[str], None] = print) -> BisectResult:
+    """``search`` for a new break when no recorded run says which checks break: BAD is probed first and what fails
+    there (listed upstream issues and the harness aside) is the break searched, so a probe that ran part of the
+    tier, or failed only on listed issues, can still be judged by it. A BAD that passes ends the search ('no-bad'),
+    one that fails only on listed issues too ('known-only': no new break to search); an untestable BAD leaves the
+    search to the releases below it. ``factory(breaking=...)`` makes the probe."""
+    t0 = time.monotonic()
+    bad = cands[-1]
+    log(f"[bisect] probe 0: BAD {bad} (what fails there is the break searched)")
+    end = factory(breaking=None)(bad)
+    if end.fatal:
+        raise BisectError(f"{bad}: {end.detail} — no release can be tested here, stopping")
+    log(f"[bisect] {bad}: {end.status.upper()}" + (f" — {end.detail}" if end.detail else "")
+        + f" ({end.seconds:.0f} s)")
+    if end.status == BAD:
+        res = search(cands, factory(breaking=frozenset(end.breaks)), log=log, known={bad: BAD})
+    elif end.status == UNTESTABLE and len(cands) > 1:
+        res = search(cands[:-1], factory(breaking=None), log=log)
+        res.candidates = list(cands)
+    else:
+        res = BisectResult(candidates=list(cands), last_good=bad if end.status == GOOD else None,
+                           outcome={GOOD: "no-bad", KNOWN_ONLY: "known-only"}.get(end.status, "inconclusive"))
+    res.probes.insert(0, end)
+    res.seconds = time.monotonic() - t0
+    return res
 
 
 def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
+    """``python -m mtpmatrix bisect``. ``probe_factory(breaking=..., known_issue=...)`` replaces make_probe (tests)."""
     from mtpmatrix.runner import matrix
     from mtpmatrix.runner.rows import RowError, load_rows
 
     t0 = time.monotonic()
+    issue = None
     try:
         rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")
         row_id = ns.row or default_row(ns.results, rows)
@@ -423,14 +439,18 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
         if row_id not in by_id:
             raise BisectError(f"unknown row {row_id!r}; known: {', '.join(by_id)}")
         row = by_id[row_id]
-        if ns.tier:
+        source_run = None
+        if getattr(ns, "known", None):
+            issue = known_issue(ns.known, ns.tier)
+            tier, source = issue.tier, f"--known {issue.id}"
+        elif ns.tier:
             tier, source = ns.tier, "--tier"
+            source_run = latest_failing_run(ns.results, row_id, tier)
         else:
-            tier, from_run = cheapest_failed_tier(ns.results, row_id)
-            source = f"cheapest failing tier in run {from_run}" if from_run else "default"
-        # the checks failing in the row's latest run: a probe whose tier skipped one of them proves nothing
-        source_run = latest_failing_run(ns.results, row_id, tier) if ns.tier else from_run
-        breaking = breaking_checks(ns.results, source_run, row_id, tier)
+            tier, source_run = cheapest_failed_tier(ns.results, row_id)
+            source = f"cheapest failing tier in run {source_run}" if source_run else "default"
+        # the checks failing in the row's latest run: a probe whose tier did not run and pass them proves nothing
+        breaking = None if issue else breaking_checks(ns.results, source_run, row_id, tier) or None
         cands = candidates(ns.package, ns.good, ns.bad, releases=releases)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -438,21 +458,35 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
           f"({source}); results in {ns.results / run_id}/")
-    print(f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
-          f"{source_run})" if breaking else "[bisect] no recorded failing checks: a probe whose tier ran in part is "
-          "untestable")
-    factory = probe_factory or (lambda: make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
-                                                   cache=matrix.REPO / ".cache" / "bisect",
-                                                   keep_venvs=ns.keep_venvs, breaking=breaking))
+    if issue:
+        print(f"[bisect] where {issue.id} began: a probe is bad where a check shows its signature (its affected "
+              f"range aside), good where one of its checks ran and passed")
+    elif breaking:
+        print(f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
+              f"{source_run})")
+    else:
+        print(f"[bisect] no recorded run where {tier} broke: the BAD end shows which checks break")
+
+    def factory(breaking=None, known_issue=None):
+        return make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
+                          cache=matrix.REPO / ".cache" / "bisect", keep_venvs=ns.keep_venvs, breaking=breaking,
+                          known_issue=known_issue)
+
+    factory = probe_factory or factory
     try:
-        res = search(cands, factory())
+        if issue:
+            res = search(cands, factory(known_issue=issue))
+        elif breaking:
+            res = search(cands, factory(breaking=breaking))
+        else:
+            res = search_from_bad_end(cands, factory)
     except BisectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     res.seconds = time.monotonic() - t0
-    lines = describe(res, ns.package)
+    lines = describe(res, ns.package, tier)
     print("\n".join(lines))
     atomic_write_json(ns.results / run_id / "bisect.json",
                       {"package": ns.package, "good": ns.good, "bad": ns.bad, "row": row_id, "tier": tier,
-                       **res.as_dict(), "summary": lines})
+                       "known": issue.id if issue else None, **res.as_dict(), "summary": lines})
     return 0 if res.outcome in ("found", "good-fails") else 1

@@ -7,11 +7,15 @@ Steps, each recorded in ``results/<run>/<canary>/canary.json`` (atomic; ``--resu
 
 1. resolve the canary (``canary.resolve``: index first, one line on bad input) and run it as a row
    (``matrix.run_row``, the one install helper) in ``.nox/canary-<id>``;
-2. compare its tiers with the pinned row's latest verdicts (a tier failing only on known upstream issues passes);
-3. for each tier the canary fails and the pinned row does not (cheapest first, the first such tier is searched):
-   probe every moved package alone on the pinned row at the canary's release (``bisect.make_probe``); bisect each
-   package whose probe fails between its pin and the canary's release (``bisect.search``, the same search as
-   ``nox -s bisect``); when no package fails alone, probe the pairs, then name the set that breaks together;
+2. judge its record again and read each tier as the report does (expected.tier_state): a tier it breaks is to
+   be blamed on the moved packages only against a baseline, the pinned row's latest run that passed it
+   (runner/baseline.py; runs that proved nothing are passed over); a tier that failed without proving anything (a
+   harness failure, pytest stopped early) blames nothing and says so;
+3. for the cheapest tier the canary breaks: probe every moved package alone on the pinned row at the canary's
+   release (``bisect.make_probe``); bisect each package whose probe fails between its pin and the canary's release
+   (``bisect.search``, the same search as ``nox -s bisect``; the pin is a known good end only with a baseline,
+   else it is probed, and a pin that fails too blames nothing); when no package fails alone, probe the pairs, then
+   name the set that breaks together;
 4. ``canary-override``: each pin sglang holds that a failing check names (``overrides.blocking_pins``) is its own
    finding; the canary is re-run with that companion moved too (``matrix.resolve_companions``), and that run's
    verdicts are reported.
@@ -34,48 +38,18 @@ from typing import Callable
 
 from packaging.utils import canonicalize_name
 
+from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.runner import bisect, matrix
+from mtpmatrix.runner import baseline, bisect, matrix
 from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_resolution, load_canaries, resolve
+from mtpmatrix.runner.probe import not_proven_why
 from mtpmatrix.runner.releases import ReleaseError
 from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.runner.store import RunStore, is_matrix_run
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, ROW_FILE
+from mtpmatrix.runner.store import RunStore
+from mtpmatrix.schema import FAILING, ROW_FILE
 
 CANARY_FILE = "canary.json"
 ABI_CHECKS = ("test_torch_abi", "test_cuda_major")
-
-
-def tier_passes(t: dict | None) -> bool | None:
-    """True passed (known-upstream counts), False failed/error, None did not run."""
-    v = (t or {}).get("verdict")
-    if v in ("passed", KNOWN_UPSTREAM):
-        return True
-    if v in FAILING:
-        return False
-    return None
-
-
-def pinned_tiers(results: Path, row_id: str, exclude_run: str | None = None) -> tuple[dict, str | None]:
-    """The tiers of the pinned row's latest finished record without overrides in any matrix run, and that run."""
-    results = Path(results)
-    runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.stat().st_mtime,
-                  reverse=True) if results.is_dir() else []
-    for run in runs:
-        f = run / row_id / ROW_FILE
-        if not f.exists():
-            continue
-        rec = read_json(f)
-        if rec.get("verdict") not in (None, "pending") and not rec.get("overrides") and not rec.get("canary"):
-            return rec.get("tiers") or {}, run.name
-    return {}, None
-
-
-def broken_tiers(canary_tiers: dict, pinned: dict) -> list[str]:
-    """Tiers the canary fails that the pinned row does not (a pinned row that never ran a tier counts as passing
-    it: the search's probes test the pinned end again anyway), cheapest first."""
-    return [t for t in bisect.CHEAPEST
-            if tier_passes(canary_tiers.get(t)) is False and tier_passes(pinned.get(t)) is not False]
 
 
 def first_failure(tiers: dict, tier: str) -> dict | None:
@@ -187,7 +161,10 @@ def culprit_lines(c: dict, res: Resolution) -> list[str]:
         out.append(f"{pkg} {s['version']} alone on {row}: {s['status'].upper()}" + (f" — {s['detail']}"
                                                                                      if s["detail"] else ""))
     for pkg, b in c["bisect"].items():
-        if b.get("outcome") in ("found", "good-fails"):
+        pin = (res.moved.get(pkg) or (None, None))[0]
+        if b.get("outcome") == "good-fails" and b.get("first_bad") == pin:  # no baseline: the pins were probed
+            out.append(f"{row} fails {tier} at its own pin too ({pkg} {pin}): nothing to blame on {pkg}")
+        elif b.get("outcome") in ("found", "good-fails"):
             f = ((next((p for p in b["probes"] if p["version"] == b["first_bad"]), None) or {}).get("failure")
                  or (c["single"].get(pkg, {}) if c["single"].get(pkg, {}).get("version") == b["first_bad"] else {})
                  .get("failure") or {})
@@ -279,10 +256,16 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     state["held"] = (record.get("install") or {}).get("held") or []
     state["moved_unasked"] = [m for m in (record.get("install") or {}).get("moved") or []
                               if m["why"] != "asked for"]
-    pinned, pinned_run = pinned_tiers(opts.results, c.base.id)
-    state["pinned"] = {"row": c.base.id, "run": pinned_run, "tiers": {t: v.get("verdict") for t, v in pinned.items()}}
-    broken = broken_tiers(record.get("tiers") or {}, pinned)
+    canary_tiers = bisect.judged(record).get("tiers") or {}  # judged as the report judges it
+    broken = baseline.broken_tiers(canary_tiers)
+    base = baseline.pinned_baseline(opts.results, c.base.id, broken, against=record) if broken \
+        else baseline.Baseline(c.base.id)
+    state["pinned"] = base.as_dict()
     state["broken_tiers"] = broken
+    # failed without proving anything (a harness failure, pytest stopped early): no release to blame
+    state["not_proven"] = {t: not_proven_why(canary_tiers[t], t) for t in bisect.CHEAPEST if t in canary_tiers
+                           and canary_tiers[t].get("verdict") in FAILING
+                           and expected.tier_state(canary_tiers[t]) == expected.NOT_PROVEN}
     save()
 
     budget = Budget(budget_s)
@@ -294,17 +277,17 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     def probe_for(package: str, also: list[str]):
         return bisect.make_probe(c.base, package, broken[0], run_id=probes_run, results=opts.results,
                                  cache=repo / ".cache" / "bisect", log=log, also=also, reuse=True,
-                                 known_upstream_good=True, breaking=breaking)
+                                 breaking=breaking)
 
     if broken and res.moved:
         known = {}
         if c.override and len(res.moved) == 1 and not opts.overrides:  # the canary run is that package's probe
             (pkg, (_, new)), = res.moved.items()
             known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
-                                                str(out_dir / ROW_FILE), known_upstream_good=True,
-                                                breaking=breaking)
+                                                str(out_dir / ROW_FILE), breaking=breaking)
+        # only a baseline that passed the tier makes the pins a known good end; else the search probes them
         state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known,
-                                        pins_pass=tier_passes(pinned.get(broken[0])) is True)
+                                        pins_pass=base.run is not None)
         save()
     state["blocking"] = []
     for b in (record.get("blocking_pins") or []) if c.override else []:
@@ -364,8 +347,10 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
         out.append(state["abi"])
     pinned = state.get("pinned") or {}
     if state["broken_tiers"]:
-        out.append(f"breaks {', '.join(state['broken_tiers'])} that {c.base.id} passes"
-                   + (f" (run {pinned['run']})" if pinned.get("run") else " (no result of the pinned row: assumed)"))
+        tiers = ", ".join(state["broken_tiers"])
+        out.append(f"breaks {tiers} that {c.base.id} passes (run {pinned['run']})" if pinned.get("run") else
+                   f"breaks {tiers}; no complete baseline run of {c.base.id} ({pinned.get('why') or 'none'}): the "
+                   f"search probes its pins itself")
         if state.get("culprit"):
             out += culprit_lines(state["culprit"], res)
         if len(state["broken_tiers"]) > 1:  # one search per canary: the cheapest broken tier's
@@ -374,8 +359,8 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
             hint = (f": nox -s bisect -- {pkg} {res.moved[pkg][0]} {res.moved[pkg][1]} --row {c.base.id} "
                     f"--tier {rest[0]}") if pkg in res.moved and res.moved[pkg][0] else ""
             out.append(f"also breaks {', '.join(rest)}: searched on {first} only{hint}")
-    elif state["row"]["verdict"] in FAILING:
-        out.append(f"fails only where {c.base.id} fails too: nothing to blame on the moved packages")
+    for tier, why in (state.get("not_proven") or {}).items():
+        out.append(f"{tier} not proven ({why}): nothing to blame on the moved packages")
     out += blocker_lines(record, res)
     for b in state.get("blocking") or []:
         r = b.get("retry") or {}

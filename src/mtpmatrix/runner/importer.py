@@ -143,9 +143,9 @@ def rewrite_metrics(tiers: dict, kept: set[str]) -> dict:
     for tier in tiers.values():
         for chk in tier.get("checks") or []:
             m = chk.get("metrics") or {}
-            for key, records in ((schema.SERVER_LOG, False), (schema.RECORDS, True)):
+            for key, to_records in ((schema.SERVER_LOG, False), (schema.RECORDS, True)):
                 if key in m:
-                    rel = _metric_path(m[key], kept, records)
+                    rel = _metric_path(m[key], kept, to_records)
                     if rel is None:
                         m.pop(key)
                     else:

@@ -14,8 +14,15 @@ A failed or errored check matches an entry only by the entry's signature of the 
 (test functions), its failure has the entry's ``kind``, its failure text matches ``match``, each metric named in
 ``signature.metrics`` is recorded on the check and inside its bounds, and each check named in
 ``signature.passed_beside`` ran and passed in the same tier (what rules out a broader break that happens to print
-the same words). ``component`` says whose bug it is: ``library`` (transformers: not sglang) or ``sglang`` (a
-deviation on sglang's own serving path); the report's headline keeps the two apart.
+the same words); a metric that is not a finite number (NaN, an infinity) never matches. ``component`` says whose
+bug it is: ``library`` (transformers: not sglang) or ``sglang`` (a deviation on sglang's own serving path); the
+report's headline keeps the two apart.
+
+Every entry is bounded: its ``affected`` range ends -- at the release that fixed it (``<5.20.0``), or, for an open
+bug, at the newest release it was seen on (``<=5.24.0``, said in its summary) -- or its signature bounds every metric
+below and above. ``load`` refuses an entry with neither (one line naming the file and the entry): an entry must not
+explain failures of releases nobody has looked at, nor every value on one side of a bound (a new regression that
+overshoots the bug's measured effect would match it too). Metric bounds are finite numbers, min <= max.
 
 Matching is re-derived every time: ``apply`` strips whatever tags and known-upstream verdicts a record carries
 (written by an earlier run, a GPU box, an older list) and tags again from the current list, so an entry removed or
@@ -28,6 +35,7 @@ stale ("can go"), so entries do not outlive their bugs.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,8 +96,10 @@ class KnownIssue:
         metrics = check.get("metrics") or {}
         for name, bounds in (sig.get("metrics") or {}).items():
             v = metrics.get(name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                return False  # not recorded: the record cannot show this bug
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                # not recorded, or NaN / an infinity (NaN compares false with every bound, an infinity passes a
+                # one-sided one): the record cannot show this bug
+                return False
             if ("min" in bounds and v < bounds["min"]) or ("max" in bounds and v > bounds["max"]):
                 return False
         outcome = {short_check_id(c["id"]): c.get("outcome") for c in tier_checks}
@@ -129,16 +139,38 @@ def load(path: Path | None = None) -> list[KnownIssue]:
                           for b in (sig.get("metrics") or {}).values()):
             raise ValueError(f"{where}: signature: unknown field(s) {', '.join(bad_sig) or 'in a metric bound'}; "
                              f"known: {', '.join(_SIGNATURE_FIELDS)} with min/max bounds")
+        for name, b in (sig.get("metrics") or {}).items():
+            for side in ("min", "max"):
+                v = b.get(side)
+                if side in b and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                    raise ValueError(f"{where}: signature metric {name}: {side} {v!r} is not a finite number")
+            if "min" in b and "max" in b and b["min"] > b["max"]:
+                raise ValueError(f"{where}: signature metric {name}: min {b['min']} above max {b['max']}")
         try:
-            SpecifierSet(e["affected"])
+            affected = SpecifierSet(e["affected"])
             re.compile(e["match"])
         except (InvalidSpecifier, re.error) as exc:
             raise ValueError(f"{where}: {exc}") from None
+        if not _bounded_above(affected) and not _two_sided(sig):
+            raise ValueError(f"{where}: unbounded: affected {e['affected']!r} has no upper bound and the signature "
+                             f"does not bound every metric on both sides (end the range at the fix, or at the newest "
+                             f"release it was seen on with '<=')")
         out.append(KnownIssue(**{**e, "checks": tuple(e["checks"])}))
     ids = [k.id for k in out]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate ids")
     return out
+
+
+def _bounded_above(spec: SpecifierSet) -> bool:
+    """Whether some release ends the range (``<``, ``<=``, ``==``, ``===``, ``~=``; ``!=`` only drops one)."""
+    return any(s.operator in ("<", "<=", "==", "===", "~=") for s in spec)
+
+
+def _two_sided(signature: dict) -> bool:
+    """Whether the signature names at least one metric and bounds every one of them below and above."""
+    metrics = signature.get("metrics") or {}
+    return bool(metrics) and all("min" in b and "max" in b for b in metrics.values())
 
 
 def _function(check_id: str) -> str:

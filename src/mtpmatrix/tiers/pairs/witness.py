@@ -95,7 +95,7 @@ REFERENCE_DRAFT_PHASE = 1  # transformers: query at the bonus token's position, 
 # query at seq_lens - 1). Measured on an H200 for 0.5.13 and 0.5.17; 0.5.23 has the same code. A release outside
 # every range is expected at the reference phase: if it is not, the sglang-phase witness collapses and says so, and
 # the range here (and in known_upstream.json) is what to extend.
-SGLANG_DRAFT_PHASES = ((">=0.5.13,<0.5.24", -1),)
+SGLANG_DRAFT_PHASES = ((">=0.5.13,<=0.5.23", -1),)
 
 
 def sglang_draft_phase(version: str | None = None) -> int:
