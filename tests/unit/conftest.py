@@ -25,3 +25,12 @@ def results(tmp_path) -> Path:
         t = dt.datetime.strptime(f.parent.parent.name, "%Y%m%d-%H%M%S").replace(tzinfo=dt.timezone.utc).timestamp()
         os.utime(f, (t, t))
     return dest
+
+
+@pytest.fixture
+def judged_as_collected(monkeypatch):
+    """Made-up suites' records judged against what their sessions collected, not the project's expected checks:
+    for tests of mechanics (bisect, canaries, merging), never of what qualifies (evidence/expected_checks.py)."""
+    from mtpmatrix.evidence import expected_checks
+
+    monkeypatch.setenv(expected_checks.ENV, expected_checks.AS_COLLECTED)

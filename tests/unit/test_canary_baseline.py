@@ -13,6 +13,9 @@ from mtpmatrix.runner.canary import Canary, Resolution
 from mtpmatrix.runner.rows import parse_row
 from mtpmatrix.runner.store import RunStore
 
+# made-up suites: records judged against what their sessions collected (conftest.judged_as_collected)
+pytestmark = pytest.mark.usefixtures("judged_as_collected")
+
 ROW = "sglang-0.5.17"
 IMPORT = "tests/tiers/test_contract.py::test_import[gemma4_mtp]"
 QWEN3_ASR = {"kind": "import", "type": "ValueError", "message": "'qwen3_asr' is already used by a Transformers config",

@@ -15,6 +15,9 @@ from mtpmatrix.runner import baseline, culprit
 from mtpmatrix.runner.canary import Canary, Resolution
 from mtpmatrix.runner.rows import parse_row
 
+# made-up suites: records judged against what their sessions collected (conftest.judged_as_collected)
+pytestmark = pytest.mark.usefixtures("judged_as_collected")
+
 TRANSFORMERS = ["5.12.1", "5.13.0", "5.14.0", "5.15.0", "5.16.0", "5.17.0", "5.18.0", "5.19.0", "5.20.0", "5.24.0"]
 TORCH = ["2.11.0", "2.12.0", "2.13.0", "2.14.1", "2.15.0"]
 

@@ -225,3 +225,73 @@ def test_records_from_before_fingerprints_are_said_once_per_row(tmp_path, h200):
     s = judged(tmp_path, data)
     whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"]]
     assert whys.count("no suite fingerprint: the record cannot say which suite wrote it") == 1
+
+
+def _set(path, value):
+    """An edit of row.json: the field at ``path`` (keys and list indexes) set to ``value``."""
+    def edit(rec):
+        node = rec
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        return rec
+    return edit
+
+
+SMOKE0 = ("tiers", "smoke", "checks", 0)
+FIELD_EDITS = {
+    "row.json is a list": lambda rec: [],
+    "row.json is null": lambda rec: None,
+    "row is a string": _set(("row",), "sglang-0.5.17"),
+    "row id a number": _set(("row", "id"), 17),
+    "pins a list": _set(("row", "pins"), ["sglang==0.5.17"]),
+    "tiers a list": _set(("tiers",), []),
+    "a tier a string": _set(("tiers", "smoke"), "passed"),
+    "checks an object": _set(("tiers", "smoke", "checks"), {}),
+    "a check a string": _set(SMOKE0, "passed"),
+    "a check without id": lambda rec: rec["tiers"]["smoke"]["checks"][0].pop("id") and rec,
+    "an outcome 'rerun'": _set((*SMOKE0, "outcome"), "rerun"),
+    "an outcome 'not run'": _set((*SMOKE0, "outcome"), "not run"),
+    "an outcome null": _set((*SMOKE0, "outcome"), None),
+    "metrics a list": _set((*SMOKE0, "metrics"), [1, 2]),
+    "failure a string": _set(("tiers", "smoke", "checks", -1, "failure"), "boom"),
+    "versions a list": _set(("versions",), ["sglang"]),
+    "knobs a list": _set(("knobs",), ["MTPMATRIX_X"]),
+    "selection a string": _set(("selection",), "all"),
+    "collected a list": _set(("selection", "collected"), []),
+    "install a string": _set(("install",), "passed"),
+    "gpus a string": _set(("gpus",), "one"),
+    "fingerprint a string": _set(("fingerprint",), "abc"),
+    "verdict a number": _set(("verdict",), 0),
+    "missing a string": _set(("tiers", "smoke", "missing"), "nothing"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(FIELD_EDITS))
+def test_no_field_edit_of_a_record_crashes_the_report_or_passes(tmp_path, h200, capsys, edit):
+    judged(tmp_path, h200)
+    row = tmp_path / "results" / "r1" / "sglang-0.5.17"
+    rec = FIELD_EDITS[edit](json.loads((row / "row.json").read_text()))
+    (row / "row.json").write_text(json.dumps(rec))
+    from mtpmatrix.__main__ import main
+
+    rc = main(["report", "r1", "--results", str(tmp_path / "results"), "--require", "smoke"])
+    assert rc in (report.EXIT_FAILED, report.EXIT_NOT_PROVEN), capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b"{\"row\": ", b""])
+def test_a_row_json_that_is_not_json_is_unreadable_not_a_crash(tmp_path, h200, content):
+    judged(tmp_path, h200)
+    (tmp_path / "results" / "r1" / "sglang-0.5.17" / "row.json").write_bytes(content)
+    s = report.build_summary(tmp_path / "results" / "r1", require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    assert "unreadable" in s["evidence"]["rows"]["sglang-0.5.17"][0]["what"]
+
+
+def test_an_edited_per_question_file_is_counted_as_missing_not_a_crash(tmp_path):
+    from mtpmatrix.runner.store import read_question_records
+
+    f = tmp_path / "q.jsonl"
+    f.write_bytes(b'{"index": "q1", "correct": true}\n{"index": 2, "correct": "yes"}\n{"index": 3, "correct": true}'
+                  b'\n\xff\n')
+    assert read_question_records(f) == {3: True}

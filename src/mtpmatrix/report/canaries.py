@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mtpmatrix.atomic import read_json
-from mtpmatrix.runner.store import row_files
+from mtpmatrix.runner.store import read_run
 
 CANARY_FILE = "canary.json"  # written by runner/culprit.py
 
@@ -19,15 +19,20 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
     """{"canaries": [...], "untested": [...] | None, "untested_error": str | None}; None without canary rows.
     ``untested``: a callable returning the releases table (tests pass a fake; default asks the index)."""
     run_dir = Path(run_dir)
-    records = {f.parent.name: read_json(f) for f in row_files(run_dir)}
+    # read_run: an unreadable row.json stands as {"unreadable": ...}; the summary says why, this section skips it
+    records = {rid: rec for rid, rec in read_run(run_dir).items() if isinstance(rec, dict)}
     canaries = []
     for rid, rec in records.items():
         c = rec.get("canary")
-        if not c or c.get("retry_of"):
+        if not isinstance(c, dict) or c.get("retry_of"):
             continue
         base = records.get(c.get("from")) or {}
         state_file = run_dir / rid / CANARY_FILE
-        state = read_json(state_file) if state_file.exists() else {}
+        try:
+            state = read_json(state_file) if state_file.exists() else {}
+        except (OSError, ValueError):
+            state = {}
+        state = state if isinstance(state, dict) else {}
         canaries.append({
             "id": rid, "mode": c.get("mode"), "from": c.get("from"),
             "moved": {p: f"{m.get('from') or '-'} -> {m.get('to')}" for p, m in (c.get("moved") or {}).items()},

@@ -108,10 +108,10 @@ def records_file(value, row_dir: Path) -> Path | None:
 
 
 def read_question_records(path: Path) -> dict[int, bool]:
-    """Per-question correctness from a JSONL file whose lines carry ``index`` and ``correct``; other lines (a
-    half-written last line, foreign records) are skipped."""
+    """Per-question correctness from a JSONL file whose lines carry an integer ``index`` and a boolean ``correct``;
+    other lines (a half-written last line, foreign or edited records) are skipped, so they count as missing."""
     out: dict[int, bool] = {}
-    with open(path) as fh:
+    with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             line = line.strip()
             if not line:
@@ -120,8 +120,9 @@ def read_question_records(path: Path) -> dict[int, bool]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(rec, dict) and "index" in rec and "correct" in rec:
-                out[int(rec["index"])] = bool(rec["correct"])
+            if isinstance(rec, dict) and isinstance(rec.get("index"), int) and not isinstance(rec["index"], bool) \
+                    and isinstance(rec.get("correct"), bool):
+                out[rec["index"]] = rec["correct"]
     return out
 
 
