@@ -411,7 +411,7 @@ def test_the_readme_transformers_bisect_with_known_finds_where_the_listed_crash_
     assert (data["tier"], data["known"], data["first_bad"], data["last_good"]) == \
         ("reference", CANDIDATE, "5.18.0", "5.17.0")
     assert data["summary"][0] == "first bad release: transformers 5.18.0 (last good: 5.17.0)"
-    assert data["summary"][1].startswith(f"  error: [crash] CheckFailure: e-series: generate failed on 'Hello world")
+    assert data["summary"][1].startswith("  error: [crash] CheckFailure: e-series: generate failed on 'Hello world")
     # 5.15.0 and 5.16.1 fail only on other listed issues: each still shows the crash is absent (good)
     good = {p["version"]: p["detail"] for p in data["probes"] if p["status"] == bs.GOOD}
     assert good and all(d.startswith(f"{CANDIDATE} absent: test_greedy_with_assistant_equals_greedy") for d in

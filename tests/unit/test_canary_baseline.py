@@ -76,7 +76,7 @@ def canary(tmp_path, monkeypatch):
         monkeypatch.setattr(culprit.bisect, "make_venv", lambda row, venv: venv)
         monkeypatch.setattr(culprit.bisect, "candidates", lambda p, g, b: order)
         f = tmp_path / f"{ROW}.txt"
-        f.write_text(f"# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\ntransformers==5.12.1\ntorch==2.11.0\n")
+        f.write_text("# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\ntransformers==5.12.1\ntorch==2.11.0\n")
         c = Canary("sglang-0.5.17-transformers", f, parse_row(f), "canary-override", {"transformers": ">=5.12"})
         res = Resolution(c, {"transformers": "5.24.0"}, {"transformers": ("5.12.1", "5.24.0")})
         opts = culprit.matrix.Options(run_id="canary-run", results=results, tiers="contract")

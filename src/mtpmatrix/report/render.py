@@ -231,10 +231,11 @@ def headline(summary: dict) -> str:
         return (f"{_and(summary['required_tiers'])} proven in all {n} rows, not a release qualification: "
                 f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
     if state == "not-proven":
-        if summary.get("nothing_ran"):
+        evidence = _evidence_text(summary)
+        if summary.get("nothing_ran") and not evidence:
             return f"NOT PROVEN — nothing ran: every tier of every row was skipped ({counts})"
         gaps = _not_complete_text(summary) if summary["required_tiers"] else _proven_text(summary)
-        why = [x for x in (_evidence_text(summary), gaps) if x]
+        why = [x for x in (evidence, gaps) if x]
         return f"NOT PROVEN — {' | '.join(why)}{_known_text(summary)} ({counts})"
     why = []
     if summary["failing_rows"]:
