@@ -1,7 +1,8 @@
-"""``python -m mtpmatrix``: report, bisect, rows, mutants.
+"""``python -m mtpmatrix``: report, import, plan, bisect, rows, releases, canary, mutants.
 
     python -m mtpmatrix report [RUN_ID] [--results DIR] [--baseline RUN_ID] [--out DIR] [--require TIERS]
     python -m mtpmatrix import OUT --row ROW [--run-id RUN_ID] [--results DIR]
+    python -m mtpmatrix plan RUN_ID --rows ROW,ROW [--results DIR] [--tiers T] [--with PKG==VER]
     python -m mtpmatrix bisect PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--known ID] [--run-id RUN_ID]
     python -m mtpmatrix rows [--json]
     python -m mtpmatrix releases [--json]
@@ -42,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
     sub = p.add_subparsers(dest="cmd", required=True)
-    rp = sub.add_parser("report", help="Markdown/HTML/JSON summary of a run (exit 0 nothing failed, 1 failures, "
-                                       "2 bad input, 3 a --require'd tier did not run)")
+    rp = sub.add_parser("report", help="Markdown/HTML/JSON summary of a run (exit 0 proven, 1 sglang or a dependency "
+                                       "broke, 2 bad input, 3 not proven)")
     report.add_arguments(rp)
     ip = sub.add_parser("import", help="file a tools/gpu_box.sh output folder under results/<run>/<row>/")
     importer.add_arguments(ip)
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     rl = sub.add_parser("releases", help="releases of sglang/transformers/torch newer than every row's pin, and "
                                          "whether a canary has run them")
     releases.add_arguments(rl)
+    from mtpmatrix.runner import plan
+
+    pp = sub.add_parser("plan", help="fix a run's plan before its rows run as separate jobs (a CI pipeline): "
+                                     "results/<RUN_ID>/manifest-pipeline.json")
+    plan.add_arguments(pp)
     cp = sub.add_parser("canary", help="run canary rows (constraints/canary/) and, when one breaks, find the culprit; "
                                        "other options as for nox -s gemma4_mtp --")
     culprit.add_arguments(cp)
@@ -79,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return bisect.run(ns)
     if ns.cmd == "import":
         return importer.run(ns)
+    if ns.cmd == "plan":
+        return plan.run(ns)
     return _rows(ns)
 
 

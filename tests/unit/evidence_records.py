@@ -96,3 +96,31 @@ def define_expected(monkeypatch, folder: Path, ids: dict[str, list[str]]) -> Pat
     path.write_text(json.dumps({"tiers": {t: list(ids.get(t, [])) for t in TIERS}}))
     monkeypatch.setenv(expected_checks.ENV, str(path))
     return path
+
+
+H200_RECORD = Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json"
+INVOCATION_ID = "0123456789abcdef"
+
+
+def h200_record() -> dict:
+    """The real H200 smoke record (60 passed, the draft-phase check known upstream) as today's suite writes it."""
+    data = json.loads(H200_RECORD.read_text())
+    data["fingerprint"] = fingerprint.describe()
+    return data
+
+
+def write_box(out: Path, data: dict, pytest_args=("--tiers", "smoke"), knobs=None) -> Path:
+    """A tools/gpu_box.sh output folder holding ``data`` as its tiers.json, tagged with INVOCATION_ID."""
+    import copy
+
+    out.mkdir(parents=True, exist_ok=True)
+    knobs = {"MTPMATRIX_TINY_DIR": "/root/out/work/tiny", "MTPMATRIX_INVOCATION_ID": INVOCATION_ID, **(knobs or {})}
+    data = copy.deepcopy(data)
+    data["selection"]["knobs"] = dict(knobs)
+    (out / "tiers.json").write_text(json.dumps(data))
+    write_junit(out / "junit.xml", [c for t in data["tiers"].values() for c in t["checks"]])
+    (out / "pytest.log").write_text("61 passed\n")
+    (out / "env.txt").write_text("2026-12-01T21:00:00Z\nNVIDIA H200, 143771 MiB, 580.159.04\n")
+    (out / "invocation.json").write_text(json.dumps({"invocation_id": INVOCATION_ID, "tests": ["tests/tiers"],
+                                                     "pytest_args": list(pytest_args), "knobs": knobs}))
+    return out

@@ -11,41 +11,20 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from evidence_records import write_junit
+from evidence_records import h200_record, write_box
 from mtpmatrix import report
-from mtpmatrix.evidence import fingerprint, judge, manifest, records
+from mtpmatrix.evidence import judge, manifest, records
 from mtpmatrix.runner import importer
 
-REPO = Path(__file__).resolve().parents[2]
-H200_RECORD = REPO / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json"
-INVOCATION_ID = "0123456789abcdef"
-
-
-def write_box(out: Path, data: dict, pytest_args=("--tiers", "smoke"), knobs=None) -> Path:
-    """A tools/gpu_box.sh output folder holding ``data`` as its tiers.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    knobs = {"MTPMATRIX_TINY_DIR": "/root/out/work/tiny", "MTPMATRIX_INVOCATION_ID": INVOCATION_ID, **(knobs or {})}
-    data = copy.deepcopy(data)
-    data["selection"]["knobs"] = dict(knobs)
-    (out / "tiers.json").write_text(json.dumps(data))
-    write_junit(out / "junit.xml", [c for t in data["tiers"].values() for c in t["checks"]])
-    (out / "pytest.log").write_text("61 passed\n")
-    (out / "env.txt").write_text("2026-12-01T21:00:00Z\nNVIDIA H200, 143771 MiB, 580.159.04\n")
-    (out / "invocation.json").write_text(json.dumps({"invocation_id": INVOCATION_ID, "tests": ["tests/tiers"],
-                                                     "pytest_args": list(pytest_args), "knobs": knobs}))
-    return out
 
 
 @pytest.fixture
 def h200() -> dict:
     """The H200 record as today's suite writes it (this checkout's fingerprint)."""
-    data = json.loads(H200_RECORD.read_text())
-    data["fingerprint"] = fingerprint.describe()
-    return data
+    return h200_record()
 
 
 def judged(tmp_path, data, row="sglang-0.5.17", require=("smoke",), **box) -> dict:

@@ -91,3 +91,38 @@ def test_the_queued_rows_come_from_nox_and_else_every_row():
         _consumed=[queued("a")], _queue=[queued("b"), SimpleNamespace(name="unit", func=SimpleNamespace())]))
     assert plan.queued_rows(SimpleNamespace(_runner=runner), ["a", "b", "c"]) == ["a", "b"]
     assert plan.queued_rows(SimpleNamespace(), ["a", "b", "c"]) == ["a", "b", "c"]
+
+
+def test_a_pipeline_plan_names_the_rows_whose_job_never_uploaded(tmp_path, h200_run):
+    """The CI workflow plans the run first (python -m mtpmatrix plan), each row job's manifest is renamed
+    manifest-<row>.json, and the report reads them merged: a row planned by the pipeline with no record is not run."""
+    from mtpmatrix import report
+    from mtpmatrix.__main__ import main
+
+    results, run = h200_run
+    (run / "manifest.json").rename(run / "manifest-sglang-0.5.17.json")
+    assert main(["plan", run.name, "--rows", "sglang-0.5.17,sglang-0.5.23", "--results", str(results)]) == 0
+    s = report.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN and s["evidence"]["run"] == []
+    assert s["evidence"]["rows"]["sglang-0.5.23"][0]["what"] == "not run: no record: the row's session never wrote one"
+    assert "sglang-0.5.17" not in s["evidence"]["rows"]
+
+
+def test_plans_that_disagree_are_not_proven(tmp_path, h200_run):
+    from mtpmatrix import report
+
+    results, run = h200_run
+    other = manifest.read(run)
+    other["fingerprint"] = {"suite": "2" * 64}
+    atomic_write_json(run / "manifest-other.json", other)
+    s = report.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    assert s["evidence"]["run"][0].startswith("the run's plans disagree: manifest-other.json plans suite 222222222222")
+
+
+def test_a_bad_row_list_is_one_line(tmp_path, capsys):
+    from mtpmatrix.__main__ import main
+
+    assert main(["plan", "r", "--rows", "sglang-9", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --rows: unknown row(s) sglang-9; known: ") and err.count("\n") == 1

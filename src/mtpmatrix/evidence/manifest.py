@@ -45,14 +45,12 @@ def path(run_dir: Path) -> Path:
     return Path(run_dir) / FILE
 
 
-def read(run_dir: Path) -> dict | None:
-    """The run's manifest; None when it has none (a run written before manifests); ManifestError when unreadable."""
-    f = path(run_dir)
+def _read_file(f: Path) -> dict | None:
     if not f.is_file():
         return None
     try:
         data = read_json(f)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, bad UTF-8
         raise ManifestError(f"{f}: unreadable ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), dict) or not all(
             isinstance(v, dict) for v in data["rows"].values()):
@@ -60,10 +58,34 @@ def read(run_dir: Path) -> dict | None:
     return data
 
 
+def read(run_dir: Path) -> dict | None:
+    """The run's plan: ``manifest.json`` merged with every ``manifest-<name>.json`` beside it (a pipeline that runs
+    each row as its own job plans the run once, ``python -m mtpmatrix plan``, and each job's own manifest is renamed
+    so the merged folder keeps them all); None when the run has none; ManifestError when one is unreadable. Plans
+    that disagree -- another suite, other pins for a row -- are listed under ``conflicts``."""
+    files = sorted(Path(run_dir).glob("manifest-*.json"))
+    plans = [(f, d) for f in [path(run_dir), *files] if (d := _read_file(f)) is not None]
+    if not plans:
+        return None
+    merged = dict(plans[0][1], rows=dict(plans[0][1]["rows"]), not_run=dict(plans[0][1].get("not_run") or {}),
+                  conflicts=[])
+    suite = (merged.get("fingerprint") or {}).get("suite")
+    for f, d in plans[1:]:
+        if (d.get("fingerprint") or {}).get("suite") != suite:
+            merged["conflicts"].append(f"{f.name} plans suite {str((d.get('fingerprint') or {}).get('suite'))[:12]}, "
+                                       f"{plans[0][0].name} suite {str(suite)[:12]}")
+        for rid, r in d["rows"].items():
+            was = merged["rows"].setdefault(rid, r)
+            if was.get("pins") != r.get("pins"):
+                merged["conflicts"].append(f"{f.name} plans {rid} with other pins than {plans[0][0].name}")
+        merged["not_run"].update(d.get("not_run") or {})
+    return merged
+
+
 def ensure(run_dir: Path, run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: dict) -> dict:
     """The run's manifest, written now if the run has none; an existing one (--resume, the next row of the same nox
     invocation, another import into the run) gains the rows it lacks and keeps the rest as planned."""
-    current = read(run_dir)
+    current = _read_file(path(run_dir))
     if current is None:
         current = {"schema": SCHEMA, "run_id": run_id, "created": now(), "fingerprint": fingerprint,
                    "invocation": invocation, "rows": dict(rows), "not_run": {}, "resumed": []}
@@ -95,7 +117,7 @@ def changed_rows(current: dict | None, rows: dict[str, dict]) -> dict[str, str]:
 
 def replan(run_dir: Path, rows: dict[str, dict]) -> None:
     """Plan ``rows`` again (their constraints changed: they run again with the new ones)."""
-    current = read(run_dir)
+    current = _read_file(path(run_dir))
     if current is None:
         return
     current["rows"].update(rows)
@@ -113,7 +135,16 @@ def mark_not_run(run_dir: Path, row_id: str, why: str) -> None:
 
 def clear_not_run(run_dir: Path, row_id: str) -> None:
     """The row started after all (a resumed run): no reason to keep for its absence."""
-    current = read(run_dir)
+    current = _read_file(path(run_dir))
     if current is not None and row_id in (current.get("not_run") or {}):
         current["not_run"].pop(row_id)
         atomic_write_json(path(run_dir), current)
+
+
+def write_named(run_dir: Path, name: str, run_id: str, rows: dict[str, dict], invocation: dict,
+                fingerprint: dict) -> Path:
+    """A pipeline's plan of the whole run, written before any row starts, as ``manifest-<name>.json``."""
+    f = Path(run_dir) / f"manifest-{name}.json"
+    atomic_write_json(f, {"schema": SCHEMA, "run_id": run_id, "created": now(), "fingerprint": fingerprint,
+                          "invocation": invocation, "rows": dict(rows), "not_run": {}, "resumed": []})
+    return f

@@ -87,6 +87,7 @@ def judge_evidence(run_dir: Path, rows: dict[str, dict]) -> dict:
     except suite_fingerprint.FingerprintError as exc:
         here = None
         run_problems.append(f"this checkout cannot fingerprint its suite ({exc})")
+    run_problems += [f"the run's plans disagree: {c}" for c in (plan or {}).get("conflicts") or []]
     planned_fp = ((plan or {}).get("fingerprint") or {})
     if plan is not None and here is not None and planned_fp.get("suite") != here["suite"]:
         run_problems.append(f"the run's suite {suite_fingerprint.short(planned_fp)} is not this checkout's "

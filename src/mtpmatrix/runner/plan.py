@@ -69,3 +69,44 @@ def not_run(opts, row_id: str, why: str) -> None:
     """Record why ``row_id`` has no record in the run (bad input, before anything was installed)."""
     if opts is not None and opts.run_id:
         manifest.mark_not_run(Path(opts.results) / opts.run_id, row_id, why)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# python -m mtpmatrix plan: a pipeline that runs each row as its own job fixes the run's plan before any job starts
+# ---------------------------------------------------------------------------------------------------------------
+
+PIPELINE_PLAN = "pipeline"
+
+
+def add_arguments(p) -> None:
+    from mtpmatrix import schema
+
+    p.add_argument("run_id", metavar="RUN_ID", help="results/<RUN_ID>/ the row jobs will write")
+    p.add_argument("--rows", required=True, metavar="ROW,ROW", help="every row the pipeline starts a job for")
+    p.add_argument("--results", type=Path, default=schema.results_root())
+    p.add_argument("--tiers", default=",".join(schema.TIERS))
+    p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER")
+
+
+def run(ns) -> int:
+    """Write ``results/<RUN_ID>/manifest-pipeline.json``: the rows, their pins and the suite, before any job runs,
+    so a job that never uploads is a planned row without a record ("not run"), not a row that vanished."""
+    from mtpmatrix import schema
+    from mtpmatrix.runner.rows import RowError, load_rows
+
+    try:
+        table = {r.id: r for r in load_rows(fingerprint.REPO / "constraints")}
+        ids = schema.comma_list(ns.rows)
+        unknown = [r for r in ids if r not in table]
+        if unknown or not ids:
+            raise RowError(f"--rows: unknown row(s) {', '.join(unknown) or '(none given)'}; known: "
+                           f"{', '.join(table)}")
+    except RowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    invocation = {"argv": list(sys.argv), "tiers": ns.tiers, "overrides": list(ns.overrides), "server_urls": [],
+                  "pytest_args": [], "knobs": expected.knobs(os.environ)}
+    f = manifest.write_named(Path(ns.results) / ns.run_id, PIPELINE_PLAN, ns.run_id, planned(table, ids), invocation,
+                             fingerprint.describe())
+    print(f"planned {len(ids)} row(s) of run {ns.run_id}: {f}")
+    return 0
