@@ -318,7 +318,7 @@ def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None, 
             out.append(problem(None, "the run's manifest does not plan this row"))
         elif planned.get("pins") != row.get("pins"):
             out.append(problem(None, "the row's pins are not the ones the run planned"))
-        asked = ((manifest.get("invocation") or {}).get("overrides")) or []
+        asked = (planned or {}).get("overrides", ((manifest.get("invocation") or {}).get("overrides")) or [])
         if sorted(asked) != sorted(record.get("overrides") or []):
             out.append(problem(None, f"overrides {record.get('overrides') or []} are not the run's {asked}"))
         fp = (record.get("fingerprint") or {}).get("suite")

@@ -31,11 +31,13 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def planned_row(row_dict: dict, constraints_text: str | None = None) -> dict:
+def planned_row(row_dict: dict, constraints_text: str | None = None, overrides: list[str] | None = None) -> dict:
     """What the plan fixes of a row (``Row.as_dict()``): its pins, Python, torch build and the constraints file's
-    checksum."""
+    checksum; ``overrides`` where the row has its own (a canary's), else the invocation's apply."""
     out = {"pins": dict(row_dict.get("pins") or {}), "python": row_dict.get("python"),
            "torch_backend": row_dict.get("torch_backend")}
+    if overrides is not None:
+        out["overrides"] = list(overrides)
     if constraints_text is not None:
         out["constraints_sha256"] = hashlib.sha256(constraints_text.encode()).hexdigest()
     return out

@@ -45,6 +45,8 @@ from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_res
 from mtpmatrix.runner.probe import not_proven_why
 from mtpmatrix.runner.releases import ReleaseError
 from mtpmatrix.runner.rows import RowError, load_rows
+from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.runner import plan
 from mtpmatrix.runner.store import RunStore
 from mtpmatrix.schema import FAILING, ROW_FILE
 
@@ -244,6 +246,10 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     row = canary_row(res, out_dir / "resolved")
     copts = matrix.Options(**{**opts.__dict__, "overrides": [*opts.overrides, *(res.overrides if c.override else [])],
                               "record_extra": {"canary": res.as_dict()}})
+    # the run plans the canary as resolved: its pins and its overrides (the report judges its record against them)
+    manifest.ensure(store.path, opts.run_id,
+                    {c.id: manifest.planned_row(row.as_dict(), row.path.read_text(), copts.overrides)},
+                    plan.invocation(copts), fingerprint.describe())
     if opts.resume and store.finished(c.id):
         record = store.load_row(c.id)
         log(f"[{c.id}] reusing its finished row record (--resume)")
