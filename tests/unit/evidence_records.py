@@ -98,7 +98,8 @@ def define_expected(monkeypatch, folder: Path, ids: dict[str, list[str]]) -> Pat
     return path
 
 
-H200_RECORD = Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json"
+H200_RECORD = (Path(__file__).resolve().parents[2] / "docs" / "runs"
+               / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json")
 INVOCATION_ID = "0123456789abcdef"
 
 

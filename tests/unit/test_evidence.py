@@ -274,3 +274,15 @@ def test_an_edited_per_question_file_is_counted_as_missing_not_a_crash(tmp_path)
     f.write_bytes(b'{"index": "q1", "correct": true}\n{"index": 2, "correct": "yes"}\n{"index": 3, "correct": true}'
                   b'\n\xff\n')
     assert read_question_records(f) == {3: True}
+
+
+def test_junit_entries_of_one_test_say_the_most_they_can(tmp_path):
+    """Two entries for one test: a teardown error after a pass, or a side-by-side part that skipped what the other
+    process ran."""
+    from evidence_records import write_junit
+
+    f = tmp_path / "junit.xml"
+    write_junit(f, [{"id": "t.py::a", "outcome": "skipped"}, {"id": "t.py::a", "outcome": "passed"},
+                    {"id": "t.py::b", "outcome": "passed"}, {"id": "t.py::b", "outcome": "error"},
+                    {"id": "t.py::c", "outcome": "passed"}, {"id": "t.py::c", "outcome": "skipped"}])
+    assert judge.junit_outcomes(f) == {"t.py::a": "passed", "t.py::b": "error", "t.py::c": "passed"}

@@ -246,6 +246,9 @@ def _checks(record: dict, row_dir: Path | None) -> list[dict]:
 # the files beside the record
 # ---------------------------------------------------------------------------------------------------------------
 
+_JUNIT_RANK = {"skipped": 0, "passed": 1, "failed": 2, "error": 3}
+
+
 def junit_outcomes(path: Path) -> dict[str, str]:
     """{check id: outcome} of a junit.xml (``file::name``, as pytest's node ids); ValueError when unreadable."""
     try:
@@ -261,8 +264,10 @@ def junit_outcomes(path: Path) -> dict[str, str]:
         outcome = ("error" if "error" in tags else "failed" if "failure" in tags else "skipped" if "skipped" in tags
                    else "passed")
         cid = f"{f}::{name}"
-        # a teardown error is a second entry for the same test: the worse one stands
-        out[cid] = outcome if out.get(cid) in (None, "passed") else out[cid]
+        # a second entry for the same test (a teardown error; the side-by-side processes' parts, where the process
+        # that does not run a check skips it): the one that says most stands
+        if _JUNIT_RANK[outcome] > _JUNIT_RANK.get(out.get(cid), -1):
+            out[cid] = outcome
     return out
 
 
@@ -302,7 +307,8 @@ def _files(record: dict, row_dir: Path) -> list[dict]:
 # one row
 # ---------------------------------------------------------------------------------------------------------------
 
-def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None, row_dir: Path | None = None) -> list[dict]:
+def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None,
+              row_dir: Path | None = None) -> list[dict]:
     """Every problem with ``record`` (filed as ``run_id``/``row_id``) as evidence; [] when it shows what it claims.
     ``record`` must have a sound shape (evidence.records.shape_problems)."""
     out: list[dict] = []

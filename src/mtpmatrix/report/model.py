@@ -19,10 +19,8 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from mtpmatrix import expected, schema, stats
-from mtpmatrix.evidence import fingerprint as suite_fingerprint
-from mtpmatrix.evidence import judge as evidence
-from mtpmatrix.evidence import manifest as run_manifest
 from mtpmatrix.evidence import records as record_shapes
+from mtpmatrix.evidence import run as evidence_of_run
 from mtpmatrix.report import compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 from mtpmatrix.runner.rows import RowError, parse_override
@@ -65,65 +63,6 @@ def read_judged_run(run_dir: Path) -> dict[str, dict]:
                     else record_shapes.shape_problems(rec))
         out[rid] = record_shapes.shell(rid, problems) if problems else rejudge(rec, issues)
     return out
-
-
-def judge_evidence(run_dir: Path, rows: dict[str, dict]) -> dict:
-    """What the run's records prove (evidence.judge), applied to ``rows`` in place: a tier with a problem becomes
-    'not-proven' (``unproven``: why), a row with a problem of its own too; a planned row with no record is added as a
-    'not-proven' row (not run). Returns ``{"run": [why], "rows": {row id: [problem]}}``."""
-    run_dir = Path(run_dir)
-    run_problems: list[str] = []
-    try:
-        plan = run_manifest.read(run_dir)
-    except run_manifest.ManifestError as exc:
-        plan = None
-        run_problems.append(str(exc))
-    else:
-        if plan is None:
-            run_problems.append("the run has no manifest: it cannot show which rows it planned, with which pins and "
-                                "which suite (written before runs recorded their plan)")
-    try:
-        here = suite_fingerprint.describe()
-    except suite_fingerprint.FingerprintError as exc:
-        here = None
-        run_problems.append(f"this checkout cannot fingerprint its suite ({exc})")
-    run_problems += [f"the run's plans disagree: {c}" for c in (plan or {}).get("conflicts") or []]
-    planned_fp = ((plan or {}).get("fingerprint") or {})
-    if plan is not None and here is not None and planned_fp.get("suite") != here["suite"]:
-        run_problems.append(f"the run's suite {suite_fingerprint.short(planned_fp)} is not this checkout's "
-                            f"{suite_fingerprint.short(here)}: report it from the commit that ran it")
-    by_row: dict[str, list[dict]] = {}
-    for rid, rec in rows.items():
-        if rec.get("unreadable"):
-            found = [evidence.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
-        else:
-            found = evidence.judge_row(rid, rec, run_id=run_dir.name, manifest=plan, row_dir=run_dir / rid)
-        by_row[rid] = found
-        apply_problems(rec, found)
-    for rid in sorted(set((plan or {}).get("rows") or {}) - set(rows)):
-        why = ((plan or {}).get("not_run") or {}).get(rid) or "no record: the row's session never wrote one"
-        rows[rid] = apply_problems(record_shapes.shell(rid, []), [evidence.problem(None, f"not run: {why}")])
-        rows[rid]["row"].update(pins=((plan["rows"][rid] or {}).get("pins") or {}))
-        by_row[rid] = [evidence.problem(None, f"not run: {why}")]
-    return {"run": run_problems, "rows": {rid: p for rid, p in by_row.items() if p}}
-
-
-def apply_problems(record: dict, problems: list[dict]) -> dict:
-    """Make every tier a problem touches 'not-proven' (why under ``unproven``); a row-level problem touches every tier
-    that ran and the row itself."""
-    row_level = [p["what"] for p in problems if p["tier"] is None]
-    for tier, entry in (record.get("tiers") or {}).items():
-        whys = row_level if entry.get("checks") else []
-        whys = whys + [p["what"] for p in problems if p["tier"] == tier]
-        if whys:
-            entry["unproven"] = whys
-            entry["verdict"] = UNPROVEN
-    if row_level:
-        record["unproven"] = row_level
-        record["verdict"] = UNPROVEN
-    elif problems and record.get("verdict") not in (None, "pending"):
-        record["verdict"] = row_verdict(record)
-    return record
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -464,7 +403,7 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     rows = read_judged_run(run_dir)
     if not rows:
         raise ReportError(f"run {run_dir.name!r} ({run_dir}) has no rows (no */{schema.ROW_FILE})")
-    found = judge_evidence(run_dir, rows)
+    found = evidence_of_run.judge_run(run_dir, rows)
     rows = dict(sorted(rows.items()))
     summaries = {rid: _row_summary(run_dir, rid, rec, out_dir) for rid, rec in rows.items()}
     _closest_passing_rows(run_dir, rows, summaries, baseline_dir)

@@ -204,8 +204,8 @@ def verified_evidence(out: Path) -> tuple[dict, dict]:
     if recorded != expected_id:
         got = f"its {INVOCATION_KNOB} is {recorded!r}" if recorded is not None else f"it records no {INVOCATION_KNOB}"
         raise ImportError_(f"{out}: {schema.TIERS_FILE} is not from this invocation ({got}; "
-                           f"{schema.INVOCATION_FILE} says {expected_id!r}): another run's (did this run's pytest write "
-                           "none? see pytest.log)")
+                           f"{schema.INVOCATION_FILE} says {expected_id!r}): another run's (did this run's pytest "
+                           "write none? see pytest.log)")
     return data, invocation
 
 

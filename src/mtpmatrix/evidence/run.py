@@ -1,0 +1,70 @@
+"""A run's evidence, judged and applied: the manifest read (merged), this checkout's suite compared with the run's,
+each row judged (judge.judge_row) and every tier a problem touches made 'not-proven'; planned rows without a record
+added as rows that did not run. The report reads a run through here (report/model.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtpmatrix.evidence import fingerprint, judge, manifest, records
+from mtpmatrix.runner.store import row_verdict
+from mtpmatrix.schema import UNPROVEN
+
+
+def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
+    """What the run's records prove (evidence.judge), applied to ``rows`` in place: a tier with a problem becomes
+    'not-proven' (``unproven``: why), a row with a problem of its own too; a planned row with no record is added as a
+    'not-proven' row (not run). Returns ``{"run": [why], "rows": {row id: [problem]}}``."""
+    run_dir = Path(run_dir)
+    run_problems: list[str] = []
+    try:
+        plan = manifest.read(run_dir)
+    except manifest.ManifestError as exc:
+        plan = None
+        run_problems.append(str(exc))
+    else:
+        if plan is None:
+            run_problems.append("the run has no manifest: it cannot show which rows it planned, with which pins and "
+                                "which suite (written before runs recorded their plan)")
+    try:
+        here = fingerprint.describe()
+    except fingerprint.FingerprintError as exc:
+        here = None
+        run_problems.append(f"this checkout cannot fingerprint its suite ({exc})")
+    run_problems += [f"the run's plans disagree: {c}" for c in (plan or {}).get("conflicts") or []]
+    planned_fp = ((plan or {}).get("fingerprint") or {})
+    if plan is not None and here is not None and planned_fp.get("suite") != here["suite"]:
+        run_problems.append(f"the run's suite {fingerprint.short(planned_fp)} is not this checkout's "
+                            f"{fingerprint.short(here)}: report it from the commit that ran it")
+    by_row: dict[str, list[dict]] = {}
+    for rid, rec in rows.items():
+        if rec.get("unreadable"):
+            found = [judge.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
+        else:
+            found = judge.judge_row(rid, rec, run_id=run_dir.name, manifest=plan, row_dir=run_dir / rid)
+        by_row[rid] = found
+        apply_problems(rec, found)
+    for rid in sorted(set((plan or {}).get("rows") or {}) - set(rows)):
+        why = ((plan or {}).get("not_run") or {}).get(rid) or "no record: the row's session never wrote one"
+        rows[rid] = apply_problems(records.shell(rid, []), [judge.problem(None, f"not run: {why}")])
+        rows[rid]["row"].update(pins=((plan["rows"][rid] or {}).get("pins") or {}))
+        by_row[rid] = [judge.problem(None, f"not run: {why}")]
+    return {"run": run_problems, "rows": {rid: p for rid, p in by_row.items() if p}}
+
+
+def apply_problems(record: dict, problems: list[dict]) -> dict:
+    """Make every tier a problem touches 'not-proven' (why under ``unproven``); a row-level problem touches every tier
+    that ran and the row itself."""
+    row_level = [p["what"] for p in problems if p["tier"] is None]
+    for tier, entry in (record.get("tiers") or {}).items():
+        whys = row_level if entry.get("checks") else []
+        whys = whys + [p["what"] for p in problems if p["tier"] == tier]
+        if whys:
+            entry["unproven"] = whys
+            entry["verdict"] = UNPROVEN
+    if row_level:
+        record["unproven"] = row_level
+        record["verdict"] = UNPROVEN
+    elif problems and record.get("verdict") not in (None, "pending"):
+        record["verdict"] = row_verdict(record)
+    return record
