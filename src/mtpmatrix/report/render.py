@@ -232,9 +232,10 @@ def headline(summary: dict) -> str:
                 f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
     if state == "not-proven":
         evidence = _evidence_text(summary)
-        if summary.get("nothing_ran") and not evidence:
-            return f"NOT PROVEN — nothing ran: every tier of every row was skipped ({counts})"
-        gaps = _not_complete_text(summary) if summary["required_tiers"] else _proven_text(summary)
+        if summary.get("nothing_ran"):
+            gaps = "nothing ran: every tier of every row was skipped"
+        else:
+            gaps = _not_complete_text(summary) if summary["required_tiers"] else _proven_text(summary)
         why = [x for x in (evidence, gaps) if x]
         return f"NOT PROVEN — {' | '.join(why)}{_known_text(summary)} ({counts})"
     why = []
