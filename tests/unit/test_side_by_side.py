@@ -262,14 +262,20 @@ def test_the_groups_run_at_the_same_time(tmp_path, monkeypatch, launch):
     assert rc == 0 and tiers["contract"]["verdict"] == tiers["reference"]["verdict"] == "passed"
 
 
-def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch, launch):
-    """A pytest that dies before writing its part: no merged tiers.json, so run_row records the harness error for
-    every tier, as it does when the one process dies."""
+def _suite_whose_reference_process_dies(tmp_path: Path) -> Path:
+    """A suite whose reference process exits before the plugin writes its part."""
     suite = _suite(tmp_path)
     (suite / "conftest.py").write_text(CONFTEST + '\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n'
                                        'def pytest_sessionfinish(session):  # before the plugin writes its part\n'
                                        '    if session.config.getoption("-m").startswith("reference"):\n'
                                        '        import os; os._exit(3)\n')
+    return suite
+
+
+def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch, launch):
+    """A pytest that dies before writing its part: no merged tiers.json, so run_row records the harness error for
+    every tier, as it does when the one process dies."""
+    suite = _suite_whose_reference_process_dies(tmp_path)
     out = tmp_path / "row"
     out.mkdir()
     rc = side_by_side.run(_command(suite, out, launch[0]), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path,
@@ -281,11 +287,7 @@ def test_an_earlier_suite_s_parts_are_never_merged_into_this_one(tmp_path, monke
     """The reference process dies before writing its part, where an earlier suite left a passing one (and a junit
     part, and its merged files): nothing of that suite is read, so no tiers.json, and run_row records the harness
     error for every tier, as it does for a missing part."""
-    suite = _suite(tmp_path)
-    (suite / "conftest.py").write_text(CONFTEST + '\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n'
-                                       'def pytest_sessionfinish(session):  # before the plugin writes its part\n'
-                                       '    if session.config.getoption("-m").startswith("reference"):\n'
-                                       '        import os; os._exit(3)\n')
+    suite = _suite_whose_reference_process_dies(tmp_path)
     out = tmp_path / "row"
     out.mkdir()
     earlier = {"tiers": {"reference": {"verdict": "passed", "checks": [
