@@ -36,7 +36,9 @@ def judged(tmp_path, data, row="sglang-0.5.17", require=("smoke",), **box) -> di
 def test_the_untampered_h200_record_proves_its_smoke_tier(tmp_path, h200):
     s = judged(tmp_path, h200)
     assert (s["verdict"], s["exit_status"]) == ("required-proven", report.EXIT_OK), report.render.headline(s)
-    assert s["evidence"] == {"run": [], "rows": {}}
+    assert (s["evidence"]["run"], s["evidence"]["rows"]) == ([], {})
+    headline = report.render.headline(s)
+    assert "(sglang-0.5.17: sglang 0.5.17, transformers 5.12.1, torch 2.11.0), suite " in headline
     assert s["tier_verdicts"]["sglang-0.5.17"]["smoke"] == "known-upstream"
 
 

@@ -49,7 +49,8 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
         rows[rid] = apply_problems(records.shell(rid, []), [judge.problem(None, f"not run: {why}")])
         rows[rid]["row"].update(pins=((plan["rows"][rid] or {}).get("pins") or {}))
         by_row[rid] = [judge.problem(None, f"not run: {why}")]
-    return {"run": run_problems, "rows": {rid: p for rid, p in by_row.items() if p}}
+    return {"run": run_problems, "rows": {rid: p for rid, p in by_row.items() if p},
+            "suite": fingerprint.short(planned_fp) if planned_fp else None}
 
 
 def apply_problems(record: dict, problems: list[dict]) -> dict:

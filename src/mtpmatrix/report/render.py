@@ -219,6 +219,12 @@ def _evidence_text(summary: dict, limit: int = 3) -> str:
     return " | ".join(parts)
 
 
+def _rows_text(summary: dict) -> str:
+    """'sglang-0.5.17: sglang 0.5.17, transformers 5.12.1, torch 2.11.0': which versions the verdict is about."""
+    return "; ".join(f"{r['id']}: " + ", ".join(f"{p} {r['versions'].get(p) or '?'}" for p in MAIN_PACKAGES)
+                     for r in summary["rows"])
+
+
 def headline(summary: dict) -> str:
     """The verdict in one line: what was proven, what failed, what did not run or cannot be shown."""
     n = len(summary["rows"])
@@ -226,9 +232,11 @@ def headline(summary: dict) -> str:
     counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
     state = summary.get("verdict")
     if state == "qualifies":
-        return f"QUALIFIES — every tier ran whole and passed in all {n} rows{_known_text(summary)} ({counts})"
+        return (f"QUALIFIES — every tier ran whole and passed in all {n} rows ({_rows_text(summary)}), suite "
+                f"{(summary.get('evidence') or {}).get('suite')}{_known_text(summary)} ({counts})")
     if state == "required-proven":
-        return (f"{_and(summary['required_tiers'])} proven in all {n} rows, not a release qualification: "
+        return (f"{_and(summary['required_tiers'])} proven in all {n} rows ({_rows_text(summary)}), suite "
+                f"{(summary.get('evidence') or {}).get('suite')}, not a release qualification: "
                 f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
     if state == "not-proven":
         evidence = _evidence_text(summary)
