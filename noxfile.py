@@ -4,6 +4,8 @@
     nox -s "gemma4_mtp(sglang-0.5.17)"        one row
     nox -t latest                             rows by tag (nox -l --json lists rows and tags)
     nox -s gemma4_mtp -- --with transformers==5.20.0      upgrade probe (uv --override), recorded per row
+    nox -s gemma4_mtp -- --patch FILE         a candidate: the patch on each row's pinned sglang (--sglang WHEEL|DIR:
+                                              a wheel or checkout instead); filed as <row>+patch-<sha7>
     nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows that have a verdict
     nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
     nox -s unit                               the runner's own unit tests
@@ -25,6 +27,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent / "src"))
 from mtpmatrix.runner import matrix  # noqa: E402
+from mtpmatrix.runner import candidate  # noqa: E402
 from mtpmatrix.runner import culprit  # noqa: E402
 from mtpmatrix.runner import plan  # noqa: E402
 from mtpmatrix.runner.canary import load_canaries  # noqa: E402
@@ -58,15 +61,19 @@ def _params(default: bool):
 
 def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id: str = RUN_ID) -> None:
     """The one path every row takes: options, pre-flight, install, suite, verdict."""
-    opts = None
+    opts, filed = None, row_id
     try:
         opts = matrix.parse_options(session.posargs)
         opts.run_id = opts.run_id or run_id
         # shards split the rows of this session (default rows, or the extra ones), so N shards stay balanced
         if not matrix.in_shard(row_id, peers, opts.shard):
             session.skip(f"{row_id} is not in shard {opts.shard[0]}/{opts.shard[1]}")
+        # a candidate (--patch, --sglang) is this session's row filed under its own id: sglang-0.5.17+patch-1a2b3c4
+        filed = candidate.filed_id(row_id, opts.candidate)
+        for warning in opts.candidate.warnings if opts.candidate else ():
+            session.warn(warning)
         # the run's manifest (every row nox queued, their pins, the options, the suite) before anything installs
-        keep = plan.start(opts, row_id, plan.planned(ROWS, plan.queued_rows(session, peers)))
+        keep = plan.start(opts, filed, plan.planned(ROWS, plan.queued_rows(session, peers), opts.candidate))
         if keep:
             session.skip(keep)
         matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
@@ -75,10 +82,10 @@ def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id:
             session.log(f"gsm8k against {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")
         record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
     except RowError as exc:  # bad input, no uv: one line (run_row raises it before recording anything)
-        plan.not_run(opts, row_id, str(exc))  # the report names the planned row that did not run, and why
+        plan.not_run(opts, filed, str(exc))  # the report names the planned row that did not run, and why
         session.error(str(exc))
     session.log(matrix.summary_line(record))
-    session.log(f"results: {opts.results / opts.run_id / row_id / 'row.json'}")
+    session.log(f"results: {opts.results / opts.run_id / filed / 'row.json'}")
     if record["verdict"] in ("failed", "error"):
         session.error(matrix.summary_line(record))
 

@@ -118,7 +118,7 @@ def test_what_follows_a_second_double_dash_goes_to_pytest():
 
 
 @pytest.mark.parametrize("args, unknown", [
-    (["--patch", "fix.diff"], "--patch"),  # an option this session does not have: never pytest's usage error
+    (["--apply", "fix.diff"], "--apply"),  # an option this session does not have: never pytest's usage error
     (["-k", "topk3"], "-k"),  # pytest's own, before the second --
     (["--tiers", "contract", "-x", "--", "-k", "topk3"], "-x"),
     (["--resume", "--maxfail=2"], "--maxfail=2"),

@@ -2,7 +2,7 @@
 
     {"schema": 1, "run_id", "created", "fingerprint": evidence.fingerprint.describe(),
      "invocation": {"argv", "tiers", "overrides", "server_urls", "pytest_args", "knobs"},
-     "rows": {row id: {"pins", "python", "torch_backend", "constraints_sha256"}},
+     "rows": {row id: {"pins", "python", "torch_backend", "constraints_sha256", ["candidate"]}},
      "not_run": {row id: why}, "resumed": [{"at", "argv"}]}
 
 The report judges every record against it (evidence.judge): a planned row without a record is "not run" (with the
@@ -31,13 +31,25 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def planned_row(row_dict: dict, constraints_text: str | None = None, overrides: list[str] | None = None) -> dict:
+def candidate_identity(candidate) -> dict | None:
+    """What names a candidate (row.json's ``candidate``, runner/candidate.py): its kind, the sha256 of its patch,
+    wheel or uncommitted change, a checkout's commit and dirtiness. None for a record without one."""
+    if not isinstance(candidate, dict):
+        return None
+    return {k: candidate.get(k) for k in ("kind", "sha256", "commit", "dirty")}
+
+
+def planned_row(row_dict: dict, constraints_text: str | None = None, overrides: list[str] | None = None,
+                candidate: dict | None = None) -> dict:
     """What the plan fixes of a row (``Row.as_dict()``): its pins, Python, torch build and the constraints file's
-    checksum; ``overrides`` where the row has its own (a canary's), else the invocation's apply."""
+    checksum; ``overrides`` where the row has its own (a canary's), else the invocation's apply; a candidate row's
+    ``candidate`` (``candidate_identity``)."""
     out = {"pins": dict(row_dict.get("pins") or {}), "python": row_dict.get("python"),
            "torch_backend": row_dict.get("torch_backend")}
     if overrides is not None:
         out["overrides"] = list(overrides)
+    if candidate is not None:
+        out["candidate"] = dict(candidate)
     if constraints_text is not None:
         out["constraints_sha256"] = hashlib.sha256(constraints_text.encode()).hexdigest()
     return out
@@ -110,7 +122,7 @@ def changed_rows(current: dict | None, rows: dict[str, dict]) -> dict[str, str]:
         was = ((current or {}).get("rows") or {}).get(rid)
         if was is None:
             continue
-        diffs = [k for k in ("pins", "python", "torch_backend", "constraints_sha256")
+        diffs = [k for k in ("pins", "python", "torch_backend", "constraints_sha256", "candidate")
                  if k in was and k in now_row and was[k] != now_row[k]]
         if diffs:
             out[rid] = ", ".join(diffs)

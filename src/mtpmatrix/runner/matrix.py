@@ -23,7 +23,7 @@ from typing import Iterable
 from mtpmatrix import expected
 from mtpmatrix.tiers import environment
 
-from mtpmatrix.runner import bytecode, index, side_by_side
+from mtpmatrix.runner import bytecode, candidate, index, side_by_side
 from mtpmatrix.runner import overrides as override_rules
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -32,7 +32,7 @@ from mtpmatrix.runner.rows import Row, RowError, constrained_name, parse_overrid
 from mtpmatrix.schema import parse_tiers, results_root
 from mtpmatrix.atomic import read_json
 from mtpmatrix.runner.store import RunStore, new_run_id, parse_freeze, row_verdict
-from mtpmatrix.schema import KNOWN_UPSTREAM, TIERS, TIERS_FILE
+from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE
 from mtpmatrix.tiers.verdict import classify_install
 
 REPO = Path(__file__).resolve().parents[3]
@@ -51,6 +51,7 @@ class Options:
     offline_check: bool = False  # skip the index pre-flight (air-gapped boxes with a local mirror)
     server_urls: list[str] = field(default_factory=list)  # gsm8k tier against running servers (served.py)
     record_extra: dict = field(default_factory=dict)  # merged into row.json (a canary's resolution, canary.py)
+    candidate: candidate.Candidate | None = None  # --patch / --sglang: what replaces the pinned sglang
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -98,6 +99,9 @@ def parse_options(posargs: list[str]) -> Options:
                    help="do not ask the index whether --with releases exist before installing")
     p.add_argument("--server-url", dest="server_urls", action="append", default=[], metavar="URL",
                    help="run the gsm8k tier against this running sglang server (repeatable; checked before install)")
+    p.add_argument("--patch", metavar="FILE", help="a candidate: this unified diff applied to each row's pinned sglang")
+    p.add_argument("--sglang", metavar="PATH", help="a candidate: this sglang wheel or checkout instead of the pin")
+    p.add_argument("--draft-phase", metavar="N", help="the draft phase the candidate drafts at (e.g. +1)")
     ns, unknown = p.parse_known_args(ours)
     if unknown:
         what = "option" if unknown[0].startswith("-") else "argument"
@@ -122,7 +126,8 @@ def parse_options(posargs: list[str]) -> Options:
     if ns.server_urls and "gsm8k" not in tiers:
         raise RowError("--server-url serves the gsm8k tier: add --tiers gsm8k (or a list that has it)")
     return Options(overrides=ns.overrides, run_id=run_id, resume=resume, results=ns.results, tiers=",".join(tiers),
-                   shard=ns.shard, pytest_args=pytest_args, offline_check=ns.offline_check, server_urls=ns.server_urls)
+                   shard=ns.shard, pytest_args=pytest_args, offline_check=ns.offline_check, server_urls=ns.server_urls,
+                   candidate=candidate.from_options(ns.patch, ns.sglang, ns.draft_phase, ns.overrides))
 
 
 def in_shard(row_id: str, all_ids: list[str], shard: tuple[int, int] | None) -> bool:
@@ -176,8 +181,8 @@ def overridden_names(overrides: list[str]) -> set[str]:
     return {canonicalize_name(parse_override(spec).name) for spec in overrides}
 
 
-def constraints_text(row: Row, overrides: list[str]) -> str:
-    """The row's constraints file minus the pins of overridden packages.
+def constraints_text(row: Row, overrides: list[str], cand: candidate.Candidate | None = None) -> str:
+    """The row's constraints file minus the pins of overridden packages (and of the sglang a candidate replaces).
 
     uv applies constraints on top of overrides, so ``-c row.txt`` pinning ``transformers==5.8.1`` together with
     ``--override transformers==5.9.0`` is unsatisfiable: an overridden package's pin must leave the constraints.
@@ -185,7 +190,9 @@ def constraints_text(row: Row, overrides: list[str]) -> str:
     dropped = overridden_names(overrides)
     out = []
     for line in row.path.read_text().splitlines():
-        if constrained_name(line) in dropped:
+        if constrained_name(line) in candidate.dropped_pins(cand):
+            out.append(f"# {line}  (dropped: the candidate replaces it)")
+        elif constrained_name(line) in dropped:
             out.append(f"# {line}  (dropped: overridden)")
             continue
         out.append(line)
@@ -201,8 +208,9 @@ def find_uv(error: type[Exception] = RowError) -> str:
 
 
 def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Path | None,
-                    overrides: list[str] = ()) -> list[str]:
-    """The one install command of a row: sglang + its pins + this package, into ``venv``, with uv."""
+                    overrides: list[str] = (), cand: candidate.Candidate | None = None) -> list[str]:
+    """The one install command of a row: sglang (or the candidate's wheel or checkout) + its pins + this package,
+    into ``venv``, with uv."""
     uv = find_uv()
     cmd = [uv, "pip", "install", "--python", str(venv_python(venv)), "-c", str(constraints)]
     if overrides_file is not None:
@@ -210,8 +218,10 @@ def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Pat
     if row.torch_backend != "pypi":
         cmd += ["--torch-backend", row.torch_backend]
     replaced = overridden_names(list(overrides))
-    cmd += [name if name in replaced else f"{name}=={version}" for name, version in row.pins.items()]
-    cmd += ["-e", str(REPO)]
+    source = candidate.install_source(cand)
+    cmd += [source if name == "sglang" and source else name if name in replaced else f"{name}=={version}"
+            for name, version in row.pins.items()]
+    cmd += [*candidate.install_flags(cand), "-e", str(REPO)]
     return cmd
 
 
@@ -301,12 +311,14 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
 
     Raises nothing for a failing row: the verdict is in the record (the caller decides the exit code).
     """
+    base_id, cand = row.id, opts.candidate
+    row = candidate.for_row(cand, row)  # filed as the candidate; a wheel for another Python: RowError, here
     store = RunStore(opts.results, opts.run_id or new_run_id())
     out = store.row_dir(row.id)
     constraints = out / "constraints.txt"
     overrides_file = out / "overrides.txt" if opts.overrides else None
     # built first: a missing uv raises its one-line RowError before a 'pending' record exists
-    cmd = install_command(row, venv, constraints, overrides_file, opts.overrides)
+    cmd = install_command(row, venv, constraints, overrides_file, opts.overrides, cand)
     groups = side_by_side.plan(opts.tiers, opts.pytest_args)  # a bad MTPMATRIX_SIDE_BY_SIDE: RowError, here
     bytecode.enabled()  # and a bad MTPMATRIX_PRECOMPILE
     env_uv = {**os.environ, "VIRTUAL_ENV": str(venv), "UV_PYTHON_DOWNLOADS": "never"}
@@ -317,12 +329,13 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         "started": _now(),
         "host": host_info(),
         "verdict": "pending",
+        **({"candidate": cand.record(base_id)} if cand is not None else {}),
         **opts.record_extra,
     }
     store.save_row(row.id, record)
 
     # 1. install (the row's constraints, then overrides on top)
-    constraints.write_text(constraints_text(row, opts.overrides))
+    constraints.write_text(constraints_text(row, opts.overrides, cand))
     if overrides_file is not None:
         overrides_file.write_text("\n".join(opts.overrides) + "\n")
     # the files the row's suite imported last time, compiled from uv's cache while the install waits on the index
@@ -332,7 +345,11 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         record = _install(row, venv, opts, store, out, cmd, constraints, overrides_file, env_uv, record, log)
         if record["install"]["verdict"] != "passed":  # recorded and saved
             return record
+        candidate.after_install(cand, venv, record, log=lambda m: log(f"[{row.id}] {m}"))
         return _suite(row, venv, opts, store, out, record, groups, installing, log)
+    except RowError:  # a patch whose hunks do not apply here: bad input, no record (the session says why)
+        (out / ROW_FILE).unlink(missing_ok=True)
+        raise
     finally:
         if installing is not None:  # always: kills what a failed install or an early stop left (after a suite: no-op)
             installing.stop()
@@ -369,9 +386,9 @@ def _install(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, cm
                 log(f"[{row.id}] {exc}")
             else:
                 both = [*opts.overrides, *companions]
-                constraints.write_text(constraints_text(row, both))
+                constraints.write_text(constraints_text(row, both, opts.candidate))
                 overrides_file.write_text("\n".join(both) + "\n")
-                cmd2 = install_command(row, venv, constraints, overrides_file, both)
+                cmd2 = install_command(row, venv, constraints, overrides_file, both, opts.candidate)
                 log(f"[{row.id}] the overrides strand {', '.join(stranded)}: installing {', '.join(companions)} "
                     "with them")
                 rc, output = _run_logged(cmd2, out / "install-companions.log", env=env_uv)
@@ -412,7 +429,7 @@ def _suite(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, reco
                   *(f"--server-url={u}" for u in opts.server_urls), *opts.pytest_args]
     env_py = {**os.environ, "VIRTUAL_ENV": str(venv),
               "PATH": f"{venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-              "MTPMATRIX_ROW": row.id, "PYTHONUNBUFFERED": "1",
+              "MTPMATRIX_ROW": row.id, "PYTHONUNBUFFERED": "1", **candidate.suite_env(opts.candidate),
               # tiny pairs are built once per row (their weights come from the row's transformers) and reused
               "MTPMATRIX_TINY_DIR": os.environ.get("MTPMATRIX_TINY_DIR") or str(REPO / ".cache" / "tiny" / row.id)}
     env_py.pop("PYTHONPATH", None)  # the row venv must see only what the row installed

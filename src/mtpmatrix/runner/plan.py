@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mtpmatrix import expected
 from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.runner import candidate
 from mtpmatrix.runner.store import RunStore
 
 
@@ -31,9 +32,12 @@ def queued_rows(session, fallback: list[str]) -> list[str]:
     return ids or list(fallback)
 
 
-def planned(rows: dict, ids: list[str]) -> dict[str, dict]:
-    """{row id: manifest.planned_row} of ``ids`` (rows: {id: runner.rows.Row})."""
-    return {rid: manifest.planned_row(rows[rid].as_dict(), rows[rid].path.read_text()) for rid in ids if rid in rows}
+def planned(rows: dict, ids: list[str], cand=None) -> dict[str, dict]:
+    """{row id: manifest.planned_row} of ``ids`` (rows: {id: runner.rows.Row}); with a candidate
+    (runner/candidate.py), each row planned under its candidate's id, with the candidate's identity."""
+    return {candidate.filed_id(rid, cand): manifest.planned_row(rows[rid].as_dict(), rows[rid].path.read_text(),
+                                                                candidate=candidate.identity(cand))
+            for rid in ids if rid in rows}
 
 
 def invocation(opts) -> dict:
