@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mtpmatrix import schema, settings, stats
 from mtpmatrix.atomic import read_json
+from mtpmatrix.evidence import manifest as run_manifest
 from mtpmatrix.schema import TIERS, check_param, short_check_id
 
 # Knobs that say where things go, how fast they run or which tiers run (a tier that does not run is 'partial' by
@@ -85,15 +86,38 @@ def knob_effect(name: str, value: str) -> tuple[str, ...]:
     return TIERS  # fault injection, or a knob this judge does not know: it may change anything
 
 
+def candidate_knobs(record: dict, knobs: dict) -> set[str]:
+    """The knobs of ``knobs`` that are the record's candidate (runner/candidate.py), not settings: the patch the
+    fault-injection hook served at import (tools/gpu_box.sh PATCH=) when its sha256 is the candidate's, and the
+    draft phase the candidate declares. On any other record they are knobs this judge does not know."""
+    cand = record.get("candidate") if isinstance(record.get("candidate"), dict) else None
+    if cand is None:
+        return set()
+    out = set()
+    if cand.get("kind") == "patch" and cand.get("sha256") and knobs.get(schema.PATCH_SHA256_ENV) == cand["sha256"]:
+        out |= {schema.PATCH_ENV, schema.PATCH_SHA256_ENV}
+    try:
+        declared = int(knobs.get(schema.DRAFT_PHASE_ENV) or "")
+    except ValueError:
+        declared = None
+    if declared is not None and declared == cand.get("draft_phase"):
+        out.add(schema.DRAFT_PHASE_ENV)
+    return out
+
+
 def _settings(record: dict) -> list[dict]:
     out = []
     sel = record.get("selection") or {}
     asked = record.get("knobs") or {}
     ran = sel.get("knobs") or {}
+    identity = candidate_knobs(record, asked) & candidate_knobs(record, ran) if asked else candidate_knobs(record, ran)
     for name, value in sorted({**asked, **ran}.items()):
+        if name in identity:
+            continue
         for tier in knob_effect(name, value or ""):
             out.append(problem(tier, f"{tier} ran with {name}={value}: not the qualification suite"))
-    changing = {k for k in set(asked) | set(ran) if knob_effect(k, (asked.get(k) or ran.get(k) or ""))}
+    changing = {k for k in set(asked) | set(ran) if k not in identity
+                and knob_effect(k, (asked.get(k) or ran.get(k) or ""))}
     differ = sorted(k for k in changing if asked.get(k) != ran.get(k))
     if record.get("selection") is not None and "knobs" in record and differ:
         out.append(problem(None, f"the session ran with other knobs than it was asked ({', '.join(differ)})"))
@@ -110,7 +134,8 @@ def _settings(record: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 
 def expected_versions(record: dict) -> dict[str, str]:
-    """The row's pins with every exact ``--with`` override applied: what the row must have installed."""
+    """The row's pins with every exact ``--with`` override applied: what the row must have installed. A wheel or
+    checkout candidate's sglang is the candidate's version, not the pin (every other pin still holds)."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
@@ -126,6 +151,9 @@ def expected_versions(record: dict) -> dict[str, str]:
             pins[name] = exact[0]
         else:
             pins.pop(name, None)  # a range: any release in it is the row's
+    cand = record.get("candidate") if isinstance(record.get("candidate"), dict) else {}
+    if cand.get("kind") in ("wheel", "checkout"):
+        pins["sglang"] = cand.get("version") or "(none recorded)"
     return pins
 
 
@@ -140,7 +168,9 @@ def _versions(record: dict, ran: bool) -> list[dict]:
     for name, version in sorted(want.items()):
         have = got.get(name)
         if have and _base(have) != _base(version):
-            out.append(problem(None, f"{name} {have} ran, the row pins {version}"))
+            cand = (record.get("candidate") or {}) if name == "sglang" else {}
+            out.append(problem(None, f"{name} {have} ran, the candidate is {version}" if cand.get("kind") in
+                               ("wheel", "checkout") else f"{name} {have} ran, the row pins {version}"))
     return out
 
 
@@ -324,6 +354,8 @@ def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None,
             out.append(problem(None, "the run's manifest does not plan this row"))
         elif planned.get("pins") != row.get("pins"):
             out.append(problem(None, "the row's pins are not the ones the run planned"))
+        elif planned.get("candidate") != run_manifest.candidate_identity(record.get("candidate")):
+            out.append(problem(None, "the record's candidate is not the one the run planned"))
         asked = (planned or {}).get("overrides", ((manifest.get("invocation") or {}).get("overrides")) or [])
         if sorted(asked) != sorted(record.get("overrides") or []):
             out.append(problem(None, f"overrides {record.get('overrides') or []} are not the run's {asked}"))
