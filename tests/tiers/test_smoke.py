@@ -131,7 +131,8 @@ def test_spec_metrics(smoke_runs, name, record_property):
     record_property("avg_spec_accept_length", avg)
     problem = smoke.accept_length_problem(run.spec, run.id_meta)
     if problem:
-        raise CheckFailure("acceptance", problem)
+        moved = smoke.phase_moved(run.spec, smoke_runs)
+        raise CheckFailure("acceptance", f"{moved}; {problem}" if moved else problem)
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
     # The server's own counter must agree with what the requests saw (an accounting bug shows here, not above).
@@ -225,8 +226,10 @@ def test_decoy_accept_matches_prediction(smoke_runs, name, record_property):
     misses = [(i, what) for i, what in misses if what]
     if misses:
         i, what = misses[0]
-        raise CheckFailure("acceptance", f"{len(misses)}/{len(prompts)} requests miss the decoy prediction at topk "
-                                         f"{topk}; first: prompt ends {prompts[i][-1]}: {'; '.join(what)}")
+        moved = smoke.phase_moved(run.spec, smoke_runs)
+        raise CheckFailure("acceptance", (f"{moved}; " if moved else "") + f"{len(misses)}/{len(prompts)} requests "
+                                         f"miss the decoy prediction at topk {topk}; first: prompt ends "
+                                         f"{prompts[i][-1]}: {'; '.join(what)}")
 
 
 @pytest.mark.check("acceptance")

@@ -468,6 +468,27 @@ def accept_length_problem(spec: SmokeServerSpec, metas: list[dict], steps: int =
     return None
 
 
+def phase_moved(spec: SmokeServerSpec, runs) -> str | None:
+    """Why a server built for sglang's draft phase (``*-sglang-phase``) lost its drafts, when the witness built for
+    transformers' phase beside it drafted right: the sglang under test drafts at transformers' phase, not at the one
+    these servers were built for (a fixed release still inside SGLANG_DRAFT_PHASES, or a candidate that moves the
+    phase without declaring it). None when that is not the story (``runs``: the smoke runs, by server name)."""
+    from mtpmatrix.tiers.client import accept_length_from_meta
+    from mtpmatrix.tiers.pairs import witness
+
+    if not spec.pair.endswith("-sglang-phase"):
+        return None
+    reference = [r for r in runs.values() if r.spec.phase_reference]
+    got = accept_length_from_meta(reference[0].id_meta) if reference else None
+    if got is None or got < EXACT_PAIR_MIN_ACCEPT[reference[0].spec.topk]:
+        return None
+    built, ref = witness.sglang_draft_phase(), witness.REFERENCE_DRAFT_PHASE
+    return (f"draft phase moved: this server's pair is built for sglang's draft phase {built:+d}, while the witness "
+            f"built for transformers' phase {ref:+d} accepts {got:.2f} per verify: this sglang drafts at {ref:+d} "
+            f"(a candidate that moves the phase declares it: 'Draft-Phase: {ref:+d}' in its patch, or "
+            f"--draft-phase {ref:+d})")
+
+
 @dataclass
 class Divergence:
     sequence: int

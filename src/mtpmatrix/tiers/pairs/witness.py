@@ -77,8 +77,10 @@ gates hand-offs with the sglang-phase witness and reports the phase difference i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from mtpmatrix import schema
 from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
 
 D_CODE = 14
@@ -96,12 +98,22 @@ REFERENCE_DRAFT_PHASE = 1  # transformers: query at the bonus token's position, 
 # every range is expected at the reference phase: if it is not, the sglang-phase witness collapses and says so, and
 # the range here (and in known_upstream.json) is what to extend.
 SGLANG_DRAFT_PHASES = ((">=0.5.13,<=0.5.23", -1),)
+DRAFT_PHASE_ENV = schema.DRAFT_PHASE_ENV
 
 
 def sglang_draft_phase(version: str | None = None) -> int:
-    """The draft phase of sglang ``version`` (default: the installed one; without sglang, the newest measured)."""
+    """The draft phase of sglang ``version`` (default: the installed one; without sglang, the newest measured). A
+    candidate that moves the phase declares it (MTPMATRIX_DRAFT_PHASE, runner/candidate.py): the installed sglang is
+    then no release this table knows, and the evidence judge accepts the knob only beside the same declaration in the
+    candidate's record."""
     from mtpmatrix.tiers.environment import by_release, version_of
 
+    declared = os.environ.get(DRAFT_PHASE_ENV, "").strip()
+    if declared and version is None:
+        try:
+            return int(declared)
+        except ValueError:
+            raise ValueError(f"{DRAFT_PHASE_ENV}={declared!r}: not a whole number (e.g. +1)") from None
     version = version or version_of("sglang")
     if not version:
         return SGLANG_DRAFT_PHASES[-1][1]
