@@ -3,12 +3,17 @@
 #
 #   tools/gpu_box.sh OUTDIR [pytest args...]          uses the sglang already installed in this python
 #   BUNDLE=.devbundle17 tools/gpu_box.sh OUTDIR ...    first unpacks a bundle made by shared/device/make_bundle.sh
+#   PATCH=FILE tools/gpu_box.sh OUTDIR ...             a candidate: FILE (a unified diff of sglang) served at import
+#                                                      by the fault-injection hook; the installed files stay as they are
 #
 # OUTDIR gets tiers.json (verdicts), junit.xml, pytest.log, env.txt, invocation.json (this run's id and start time,
 # the pytest args and every MTPMATRIX_* knob it was given: what the report needs to tell a subset from the whole
 # suite) and logs.tgz (one log per sglang server, and the GSM8K per-question records under gsm8k/). File it into the
 # results store for the report and --baseline:
 #   python -m mtpmatrix import OUTDIR --row sglang-0.5.17 [--run-id RUN]
+# With PATCH, import files the row as ROW+patch-<sha7> (its record's candidate: the patch's sha256 and files). The patch
+# must apply to this python's sglang (checked first: one line, exit 2) and change existing .py files only; its header's
+# 'Draft-Phase: +1' (or DRAFT_PHASE=+1) tells the suite the draft phase the candidate drafts at.
 # TESTS="tests/tiers/test_smoke.py ..." picks files (default tests/tiers).
 # GPU_BOX_TIMEOUT=SECONDS interrupts pytest (SIGINT) in time for it to stop its servers and write tiers.json.
 #
@@ -60,24 +65,34 @@ for folder in dict.fromkeys(p for p in sys.path if p and os.path.isdir(p)):
                      "use an empty folder for it")
 PY
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+if [ -n "${PATCH:-}" ]; then
+  # checked against the sglang this python imports, as the hook will serve it; exports MTPMATRIX_PATCH, its sha256
+  # (the hook serves nothing if the file changes) and a declared MTPMATRIX_DRAFT_PHASE
+  PATCH_ENV=$(python3 -m mtpmatrix.runner.candidate "$PATCH" "$OUT/work/patch.json" "${DRAFT_PHASE:-}") || exit 2
+  eval "$PATCH_ENV"
+  export PYTHONPATH="$REPO/src/mtpmatrix/faults/mutant_hook:$PYTHONPATH"
+fi
 export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
   python3 -c 'import sys,torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
   python3 -c 'import importlib.metadata as m; print(*(f"{d}=={m.version(d)}" for d in ("sglang","transformers","tokenizers")))'
   [ -n "${BUNDLE:-}" ] && echo "bundle $BUNDLE unpacked into $SITE, bytecode compiled in ${BYTECODE_SECONDS}s"
+  [ -n "${PATCH:-}" ] && echo "candidate: $MTPMATRIX_PATCH (sha256 $MTPMATRIX_PATCH_SHA256) served at import"
   # flashinfer without its prebuilt kernels (the device bundles) compiles its sampling module on first use: done
   # here, before the timed suite, not inside a sampled request (a no-op where the kernels exist or there is no GPU)
   python3 "$REPO/tools/warm_sampling_kernels.py"
 } > "$OUT/env.txt" 2>&1
 # what this run was asked, as the suite sees it (MTPMATRIX_* only: nothing else of the environment is recorded)
 python3 - "$OUT/invocation.json" "$STARTED" "${TESTS:-tests/tiers}" "$@" <<'PY' || exit 2
-import os, sys
+import json, os, sys
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.expected import knobs
 path, started, tests, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+patch = os.path.join(os.path.dirname(path), "work", "patch.json")
 atomic_write_json(path, {"invocation_id": os.environ["MTPMATRIX_INVOCATION_ID"], "started": started,
                          "tests": tests.split(), "pytest_args": args,
-                         "timeout_s": os.environ.get("GPU_BOX_TIMEOUT") or None, "knobs": knobs(os.environ)})
+                         "timeout_s": os.environ.get("GPU_BOX_TIMEOUT") or None, "knobs": knobs(os.environ),
+                         **({"patch": json.load(open(patch))} if os.environ.get("PATCH") else {})})
 PY
 cd "$REPO"
 timeout -s INT -k 30 "${GPU_BOX_TIMEOUT:-0}" \

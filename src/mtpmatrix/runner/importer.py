@@ -21,6 +21,7 @@ tiers.json that is not the plugin's shape: each in one line (ImportError_), noth
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -40,6 +41,7 @@ OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOC
 REQUIRED_FILES = (schema.TIERS_FILE, schema.JUNIT_FILE, schema.PYTEST_LOG)  # every gpu_box.sh run whose pytest ran
 LOGS_TGZ = "logs.tgz"
 INVOCATION_KNOB = "MTPMATRIX_INVOCATION_ID"  # gpu_box.sh's invocation id, as the pytest plugin records it
+PATCH_MARK = "mtpmatrix-mutant:"  # the fault-injection hook's log lines (faults/catalogue.MARK)
 STAGE_PREFIX = ".import-"  # a row being assembled: .import-<row>-<pid> (hidden: the store never reads it)
 IMPORTED = "imported"  # install verdict of an imported row: the box's own environment, not installed by the matrix
 
@@ -182,7 +184,33 @@ def _invocation(out: Path) -> dict:
     if _not_an_object(data.get("knobs")) or _not_strings(data.get("pytest_args")):
         raise ImportError_(f"{f}: not gpu_box.sh's (its 'knobs' must be an object, its 'pytest_args' a list of "
                            "strings)")
+    patch = data.get("patch")
+    if patch is not None and not (isinstance(patch, dict) and isinstance(patch.get("sha256"), str)
+                                  and len(patch["sha256"]) == 64 and not _not_strings(patch.get("files"))
+                                  and isinstance(patch.get("draft_phase"), (int, type(None)))):
+        raise ImportError_(f"{f}: its 'patch' is not gpu_box.sh's (sha256, files, draft_phase)")
     return data
+
+
+def candidate_of(out: Path, invocation: dict, data: dict, row_id: str, logs: list[Path]) -> dict | None:
+    """row.json's ``candidate`` of a box run with ``PATCH=FILE`` (invocation.json's ``patch``), once its suite is
+    shown to have run with that patch served: tiers.json records the same sha256 (the hook checks the file against
+    it) and no log of the run (``logs``) says the hook did NOT apply it. None without a patch; ImportError_ otherwise."""
+    patch = invocation.get("patch")
+    if patch is None:
+        return None
+    ran = ((data.get("selection") or {}).get("knobs") or {}).get(schema.PATCH_SHA256_ENV)
+    if ran != patch["sha256"]:
+        raise ImportError_(f"{out}: {schema.INVOCATION_FILE} names patch {patch['sha256'][:12]}, its suite ran with "
+                           f"{schema.PATCH_SHA256_ENV}={str(ran)[:12]}")
+    for f in logs:  # pytest.log and each server's: every process that imported sglang
+        text = f.read_text(errors="replace") if f.is_file() else ""
+        bad = next((ln for ln in text.splitlines() if PATCH_MARK in ln and "NOT applied" in ln), None)
+        if bad:
+            raise ImportError_(f"{out}: the patch was not served ({f.name}: {bad.strip()[:160]})")
+    return {"kind": "patch", "path": patch.get("path"), "sha256": patch["sha256"], "files": list(patch["files"]),
+            "base_row": row_id, **({"draft_phase": patch["draft_phase"]} if patch.get("draft_phase") is not None
+                                   else {})}
 
 
 def verified_evidence(out: Path) -> tuple[dict, dict]:
@@ -246,6 +274,9 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
         raise ImportError_(str(exc)) from None
     if row_id not in rows:
         raise ImportError_(f"--row {row_id!r} is not a row; known: {', '.join(rows)}")
+    base_id = row_id
+    if invocation.get("patch"):  # a candidate: filed under its own id (runner/candidate.py)
+        row_id = f"{base_id}+patch-{invocation['patch']['sha256'][:7]}"
     run_id = run_id or new_run_id()
     run_dir = Path(results) / run_id
     dest = run_dir / row_id
@@ -261,6 +292,8 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
             if (out / name).is_file():
                 shutil.copy2(out / name, stage / name)
         kept = set(_extract_logs(out / LOGS_TGZ, stage)) if (out / LOGS_TGZ).is_file() else set()
+        cand = candidate_of(out, invocation, data, base_id,
+                            [out / schema.PYTEST_LOG, *(stage / k for k in sorted(kept) if k.endswith(".log"))])
         versions = {k: v for k, v in (data.get("versions") or {}).items() if v}
         selection = data.get("selection")
         try:
@@ -270,11 +303,12 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
                                f"({type(exc).__name__}: {_one_line(exc)})") from None
         atomic_write_json(stage / schema.TIERS_FILE, dict(data, tiers=tiers, schema=schema.SCHEMA))
         env_lines, when = _env(out)
-        row = rows[row_id]
+        row = dataclasses.replace(rows[base_id], id=row_id)
         record = {
             "schema": schema.SCHEMA,
             "run_id": run_id,
             "row": row.as_dict(),
+            **({"candidate": cand} if cand else {}),
             "overrides": [],
             # what the box was asked (gpu_box.sh's invocation.json; else what its pytest session recorded)
             "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")),
@@ -296,8 +330,9 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
         atomic_write_json(stage / schema.ROW_FILE, record)
         # the run plans this row as this checkout knows it: its pins, and the suite that will judge it (a box that
         # ran another suite shows up as a record of another suite, evidence/judge.py)
-        manifest.ensure(run_dir, run_id, {row_id: manifest.planned_row(row.as_dict(), row.path.read_text())},
-                        {"argv": ["import", str(out), "--row", row_id], "source": "tools/gpu_box.sh",
+        manifest.ensure(run_dir, run_id, {row_id: manifest.planned_row(row.as_dict(), row.path.read_text(),
+                                                                        candidate=manifest.candidate_identity(cand))},
+                        {"argv": ["import", str(out), "--row", base_id], "source": "tools/gpu_box.sh",
                          "overrides": [], "pytest_args": record["pytest_args"], "knobs": record["knobs"]},
                         fingerprint.describe())
         try:

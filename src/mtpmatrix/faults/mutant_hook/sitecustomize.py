@@ -12,7 +12,13 @@ only when the import system would have loaded it from ``origin`` and that file s
 otherwise it imports normally and a ``NOT applied`` line says why. Each process that loads a patched module prints
 one ``mtpmatrix-mutant:`` line to stderr, which lands in the server log: the runner's proof that the mutant ran.
 
-Without ``MTPMATRIX_MUTANT`` nothing is installed. Either way a ``sitecustomize`` further along sys.path (a
+``MTPMATRIX_PATCH`` names a unified diff instead (tools/gpu_box.sh ``PATCH=FILE``: a candidate served at import,
+runner/candidate.py): at start-up the hook reads it with mtpmatrix/unidiff.py (loaded by its path, beside this
+folder), applies each file's hunks to the source the interpreter would import, and serves the results the same way,
+as ``patch-<sha7>``. It serves nothing, and says ``NOT applied`` with the file and hunk, when the file's sha256 is not
+``MTPMATRIX_PATCH_SHA256`` or a hunk does not apply; ``python -m mtpmatrix import`` refuses a run whose logs say so.
+
+Without ``MTPMATRIX_MUTANT`` or ``MTPMATRIX_PATCH`` nothing is installed. Either way a ``sitecustomize`` further along sys.path (a
 distribution's or a virtualenv's) still runs. Standard library only; never raises into interpreter start-up.
 """
 
@@ -26,8 +32,11 @@ import os
 import sys
 
 ENV = "MTPMATRIX_MUTANT"
+PATCH_ENV = "MTPMATRIX_PATCH"
+PATCH_SHA256_ENV = "MTPMATRIX_PATCH_SHA256"
 MARK = "mtpmatrix-mutant:"
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_UNIDIFF = os.path.join(_HERE, os.pardir, os.pardir, "unidiff.py")
 
 
 def _say(text):
@@ -98,7 +107,54 @@ class MutantFinder(importlib.abc.MetaPathFinder):
             fullname, origin, loader=loader, submodule_search_locations=normal.submodule_search_locations)
 
 
+def _load_unidiff():
+    name = "_mtpmatrix_unidiff"  # not mtpmatrix.unidiff: the package itself need not be importable here
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _UNIDIFF)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before it runs: its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def patch_payload(path, sha256=None):
+    """The hook payload (as ``MTPMATRIX_MUTANT`` holds it) of the unified diff at ``path`` against the sglang this
+    interpreter imports; ValueError (one line) when the file is not ``sha256``'s or a hunk does not apply."""
+    unidiff = _load_unidiff()
+    with open(path, "rb") as fh:
+        data = fh.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 and digest != sha256:
+        raise ValueError(f"{path} has sha256 {digest[:12]}, {PATCH_SHA256_ENV} says {sha256[:12]}")
+    spec = importlib.machinery.PathFinder.find_spec(unidiff.PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"no {unidiff.PACKAGE} package on this interpreter's path")
+    site = os.path.dirname(list(spec.submodule_search_locations)[0])
+    modules = {}
+    for fp in unidiff.parse(data.decode("utf-8")):
+        if fp.kind != "modify" or fp.module is None:
+            raise ValueError(f"{fp.path}: served at import, a patch may only change existing .py files")
+        origin = os.path.join(site, *fp.path.split("/"))
+        try:
+            with open(origin, "rb") as fh:
+                original = fh.read()
+        except OSError as exc:
+            raise ValueError(f"{fp.path}: {exc}") from None
+        modules[fp.module] = {"origin": origin, "sha256": hashlib.sha256(original).hexdigest(),
+                              "source": unidiff.apply(fp, original.decode("utf-8"))}
+    return {"mutant": f"patch-{digest[:7]}", "modules": modules}
+
+
 def _install():
+    patch = os.environ.get(PATCH_ENV)
+    if patch:
+        try:
+            payload = patch_payload(patch, os.environ.get(PATCH_SHA256_ENV))
+        except Exception as exc:  # serve nothing rather than a part of it; the line names what failed
+            _say(f"NOT applied: {PATCH_ENV}={patch}: {' '.join(str(exc).split())}")
+            return
+        sys.meta_path.insert(0, MutantFinder(payload["mutant"], payload["modules"]))
+        return
     path = os.environ.get(ENV)
     if not path:
         return
