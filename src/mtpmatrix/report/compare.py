@@ -77,53 +77,84 @@ def _change(before: str | None, after: str | None) -> tuple[str, str]:
     return "same", "same"
 
 
+def compare_row(rid: str, cur: dict | None, base: dict | None, cur_dir: Path, base_dir: Path) -> dict:
+    """One row against its baseline record (``cur_dir``/``base_dir``: their row folders): the row's and each tier's
+    change, the checks that now fail (``new_failures``) or now pass (``fixed``), metric deltas and per-question
+    comparisons. ``rid`` names the row in what it returns (a candidate compared with its base release keeps its own
+    id)."""
+    new_failures, fixed, deltas, paired = [], [], [], []
+    vb = base.get("verdict") if base else None
+    va = cur.get("verdict") if cur else None
+    direction, label = _change(vb, va)
+    entry = {"row": rid, "before": vb, "after": va, "change": direction, "label": label, "tiers": {}}
+    ctiers, btiers = (cur or {}).get("tiers") or {}, (base or {}).get("tiers") or {}
+    if cur and (cur.get("install") or {}).get("verdict") == "failed":
+        ib = ((base or {}).get("install") or {}).get("verdict")
+        d, lab = _change(ib, "failed")
+        entry["tiers"]["install"] = {"before": ib, "after": "failed", "change": d,
+                                     "label": "install fails" if d == "worse" else lab}
+    for tier in [t for t in TIERS if t in ctiers or t in btiers]:
+        tb, ta = (btiers.get(tier) or {}).get("verdict"), (ctiers.get(tier) or {}).get("verdict")
+        d, lab = _change(tb, ta)
+        entry["tiers"][tier] = {"before": tb, "after": ta, "change": d, "label": lab}
+        bchecks = {c["id"]: c for c in (btiers.get(tier) or {}).get("checks") or []}
+        for c in (ctiers.get(tier) or {}).get("checks") or []:
+            old = bchecks.get(c["id"])
+            ob, oa = (old or {}).get("outcome"), c.get("outcome")
+            f = c.get("failure") or {}
+            item = {"row": rid, "tier": tier, "check": c["id"], "before": ob, "after": oa,
+                    "before_known_upstream": (old or {}).get("known_upstream"),
+                    "kind": f.get("kind"), "message": f.get("message"), "frame": first_frame(f)}
+            if oa in FAILING and ob not in FAILING and not c.get("known_upstream"):
+                new_failures.append(item)
+            elif ob in FAILING and oa == "passed":
+                fixed.append(item)
+            if old:
+                deltas += _metric_deltas(rid, tier, c["id"], old.get("metrics") or {}, c.get("metrics") or {})
+    if cur and (cur.get("install") or {}).get("verdict") == "failed" and (
+            (base or {}).get("install") or {}).get("verdict") != "failed":
+        f = cur["install"].get("failure") or {}
+        new_failures.append({"row": rid, "tier": "install", "check": None, "before": "passed" if base else None,
+                             "after": "failed", "kind": "install", "message": f.get("message"), "frame": None})
+    if cur and base:
+        qa = question_records(base, base_dir)
+        qb = question_records(cur, cur_dir)
+        for key in sorted(set(qa) & set(qb)):
+            cmp = paired_comparison(qa[key]["questions"], qb[key]["questions"])
+            paired.append({"row": rid, "key": key, **cmp})
+    return {"entry": entry, "new_failures": new_failures, "fixed": fixed, "metric_deltas": deltas, "paired": paired}
+
+
+def base_row_of(rid: str, record: dict | None, base_rows: dict[str, dict]) -> str | None:
+    """The baseline row ``rid`` is compared with: its own id, or for a candidate without one, its base release's
+    (row.json's ``candidate.base_row``)."""
+    if rid in base_rows:
+        return rid
+    base = ((record or {}).get("candidate") or {}).get("base_row") if isinstance(record, dict) else None
+    return base if isinstance(base, str) and base in base_rows else None
+
+
 def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_rows: dict[str, dict]) -> dict:
-    """Row-, tier- and check-level changes between a baseline run and this run, plus metric deltas."""
+    """Row-, tier- and check-level changes between a baseline run and this run, plus metric deltas. A candidate
+    row the baseline lacks is compared with its base release's row there."""
     rows_out, new_failures, fixed, deltas, paired = [], [], [], [], []
-    for rid in sorted(set(cur_rows) | set(base_rows)):
-        cur, base = cur_rows.get(rid), base_rows.get(rid)
-        vb = base.get("verdict") if base else None
-        va = cur.get("verdict") if cur else None
-        direction, label = _change(vb, va)
-        entry = {"row": rid, "before": vb, "after": va, "change": direction, "label": label, "tiers": {}}
-        ctiers, btiers = (cur or {}).get("tiers") or {}, (base or {}).get("tiers") or {}
-        if cur and (cur.get("install") or {}).get("verdict") == "failed":
-            ib = ((base or {}).get("install") or {}).get("verdict")
-            d, lab = _change(ib, "failed")
-            entry["tiers"]["install"] = {"before": ib, "after": "failed", "change": d,
-                                         "label": "install fails" if d == "worse" else lab}
-        for tier in [t for t in TIERS if t in ctiers or t in btiers]:
-            tb, ta = (btiers.get(tier) or {}).get("verdict"), (ctiers.get(tier) or {}).get("verdict")
-            d, lab = _change(tb, ta)
-            entry["tiers"][tier] = {"before": tb, "after": ta, "change": d, "label": lab}
-            bchecks = {c["id"]: c for c in (btiers.get(tier) or {}).get("checks") or []}
-            for c in (ctiers.get(tier) or {}).get("checks") or []:
-                old = bchecks.get(c["id"])
-                ob, oa = (old or {}).get("outcome"), c.get("outcome")
-                f = c.get("failure") or {}
-                item = {"row": rid, "tier": tier, "check": c["id"], "before": ob, "after": oa,
-                        "kind": f.get("kind"), "message": f.get("message"), "frame": first_frame(f)}
-                if oa in FAILING and ob not in FAILING and not c.get("known_upstream"):
-                    new_failures.append(item)
-                elif ob in FAILING and oa == "passed":
-                    fixed.append(item)
-                if old:
-                    deltas += _metric_deltas(rid, tier, c["id"], old.get("metrics") or {}, c.get("metrics") or {})
-        if cur and (cur.get("install") or {}).get("verdict") == "failed" and (
-                (base or {}).get("install") or {}).get("verdict") != "failed":
-            f = cur["install"].get("failure") or {}
-            new_failures.append({"row": rid, "tier": "install", "check": None, "before": "passed" if base else None,
-                                 "after": "failed", "kind": "install", "message": f.get("message"), "frame": None})
-        if cur and base:
-            qa = question_records(base, base_dir / rid)
-            qb = question_records(cur, cur_dir / rid)
-            for key in sorted(set(qa) & set(qb)):
-                cmp = paired_comparison(qa[key]["questions"], qb[key]["questions"])
-                paired.append({"row": rid, "key": key, **cmp})
-        rows_out.append(entry)
+    matched = {rid: base_row_of(rid, rec, base_rows) for rid, rec in cur_rows.items()}
+    used = set(matched.values())
+    for rid in sorted(set(cur_rows) | (set(base_rows) - used)):
+        bid = matched.get(rid, rid)
+        one = compare_row(rid, cur_rows.get(rid), base_rows.get(bid) if bid else None, Path(cur_dir) / rid,
+                          Path(base_dir) / (bid or rid))
+        if bid not in (None, rid):
+            one["entry"]["base_row"] = bid
+        rows_out.append(one["entry"])
+        new_failures += one["new_failures"]
+        fixed += one["fixed"]
+        deltas += one["metric_deltas"]
+        paired += one["paired"]
     return {"rows": rows_out, "new_failures": new_failures, "fixed": fixed, "metric_deltas": deltas,
             "paired": paired,
-            "new_rows": sorted(set(cur_rows) - set(base_rows)), "missing_rows": sorted(set(base_rows) - set(cur_rows))}
+            "new_rows": sorted(rid for rid, bid in matched.items() if bid is None),
+            "missing_rows": sorted(set(base_rows) - used - set(cur_rows))}
 
 
 def _metric_deltas(rid: str, tier: str, check: str, before: dict, after: dict) -> list[dict]:

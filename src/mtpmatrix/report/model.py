@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 from mtpmatrix import expected, schema, stats
 from mtpmatrix.evidence import records as record_shapes
 from mtpmatrix.evidence import run as evidence_of_run
-from mtpmatrix.report import compare
+from mtpmatrix.report import candidates, compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 from mtpmatrix.runner.rows import RowError, parse_override
 from mtpmatrix.runner.store import read_freeze, read_run, row_verdict
@@ -257,6 +257,7 @@ def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dic
         "finished": record.get("finished"),
         "host": record.get("host"),
         "gpus": record.get("gpus"),
+        "candidate": candidates.candidate_of(record),
     }
 
 
@@ -417,8 +418,9 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     skips = _skip_groups(summaries)
     known = [dict(k, row=rid, tier=t) for rid, s in summaries.items() for t, tv in s["tiers"].items()
              for k in tv["known_upstream"]]
-    stale = [dict(k, row=rid, tier=t) for rid, s in summaries.items() for t, tv in s["tiers"].items()
-             for k in tv["stale_known_upstream"]]
+    # a candidate that passes a known-upstream entry's checks fixes it; the release still has it (candidates.py)
+    stale = [dict(k, row=rid, tier=t) for rid, s in summaries.items() if not s["candidate"]
+             for t, tv in s["tiers"].items() for k in tv["stale_known_upstream"]]
     summary = {
         "schema": schema.SCHEMA,
         "run_id": run_dir.name,
@@ -441,14 +443,17 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
         "paired": compare.paired_across_rows(run_dir, rows),
         "baseline": None,
         "regressions": [],
+        "candidate_text": candidates.headline_text(rows),
     }
     summary["verdict"], summary["exit_status"] = _verdict(summary)
     # True only when every tier ran whole and passed in every planned row, on records that show it: a CPU-only run
     # never 'qualifies' a release.
     summary["qualifies"] = summary["verdict"] == "qualifies"
+    base_rows = read_judged_run(baseline_dir) if baseline_dir is not None else None
     if baseline_dir is not None:
-        base = compare.compare_runs(run_dir, rows, Path(baseline_dir), read_judged_run(baseline_dir))
+        base = compare.compare_runs(run_dir, rows, Path(baseline_dir), base_rows)
         base["run_id"] = Path(baseline_dir).name
         summary["baseline"] = base
         summary["regressions"] = compare.regressions(base)
+    summary["candidates"] = candidates.section(run_dir, rows, baseline_dir, base_rows)
     return summary

@@ -14,7 +14,7 @@ import functools
 from pathlib import Path
 
 from mtpmatrix import schema
-from mtpmatrix.report import canaries
+from mtpmatrix.report import candidates, canaries
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
@@ -226,7 +226,13 @@ def _rows_text(summary: dict) -> str:
 
 
 def headline(summary: dict) -> str:
-    """The verdict in one line: what was proven, what failed, what did not run or cannot be shown."""
+    """The verdict in one line: what was proven, what failed, what did not run or cannot be shown; a run of
+    candidates names them first (report/candidates.py)."""
+    text = _headline(summary)
+    return f"{summary['candidate_text']}: {text}" if summary.get("candidate_text") else text
+
+
+def _headline(summary: dict) -> str:
     n = len(summary["rows"])
     c = summary["verdict_counts"]
     counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
@@ -312,7 +318,8 @@ def environment():
     env.globals.update(SYMBOLS=SYMBOLS, GLYPHS=GLYPHS, MARKS=MARKS, BANNERS=BANNERS, VERSION_KEYS=VERSION_KEYS,
                        HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, PARTIAL=PARTIAL,
                        COMPONENT_WORDS=COMPONENT_WORDS, VERDICTS=VERDICTS,
-                       ALPHA=ALPHA, canary_moved=canaries.moved_text, canary_pinned=canaries.pinned_text)
+                       ALPHA=ALPHA, canary_moved=canaries.moved_text, canary_pinned=canaries.pinned_text,
+                       candidates_markdown=candidates.markdown)
     return env
 
 

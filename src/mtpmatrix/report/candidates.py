@@ -1,0 +1,133 @@
+"""Candidates beside their base release (runner/candidate.py): for each candidate row of a run, its base release's
+record -- the row of the same run, else the baseline run's (``--baseline``) -- and, check by check, what the
+candidate fixed (failed there, or known upstream, and passes now), broke (passed there, fails now) or left unchanged,
+and which known-upstream entries no longer apply to it. The comparison is compare.compare_row's, the one every
+baseline comparison makes.
+
+A known-upstream entry that a candidate's checks pass inside its range says the candidate fixes it, not that the
+entry can go: the release it names still has the bug. The run's "entry can go" list leaves candidate rows out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtpmatrix.report import compare
+from mtpmatrix.schema import FAILING
+
+FIXED, BROKEN, UNCHANGED = "fixed", "broken", "unchanged"
+SHOWN_DELTAS = 12  # metric changes listed per candidate (summary.json keeps them all)
+
+
+def candidate_of(record: dict | None) -> dict | None:
+    cand = (record or {}).get("candidate")
+    return cand if isinstance(cand, dict) and isinstance(cand.get("base_row"), str) else None
+
+
+def describe(cand: dict) -> str:
+    """'patch 1a2b3c4 on sglang-0.5.17', 'wheel 1a2b3c4 (sglang 0.5.18.dev0)', 'checkout 1a2b3c4-dirty ...'."""
+    kind = cand.get("kind") or "candidate"
+    ident = (cand.get("commit") or "")[:7] + ("-dirty" if cand.get("dirty") else "") if kind == "checkout" \
+        else (cand.get("sha256") or "")[:7]
+    version = f" (sglang {cand['version']})" if cand.get("version") else ""
+    phase = cand.get("draft_phase")
+    declared = f", draft phase {phase:+d} declared" if isinstance(phase, int) else ""
+    return f"{kind} {ident}{version} on {cand['base_row']}{declared}"
+
+
+def headline_text(rows: dict[str, dict]) -> str:
+    """The candidates a verdict is about, for its headline: 'candidate X (patch 1a2b3c4 on sglang-0.5.17)'."""
+    names = [f"{rid} ({describe(c)})" for rid, rec in sorted(rows.items()) if (c := candidate_of(rec))]
+    return f"candidate{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
+
+
+def section(run_dir: Path, rows: dict[str, dict], baseline_dir: Path | None = None,
+            baseline_rows: dict[str, dict] | None = None) -> list[dict]:
+    """One entry per candidate row of the run (``rows``: judged records), set beside its base release."""
+    out = []
+    for rid, rec in sorted(rows.items()):
+        cand = candidate_of(rec)
+        if cand is None:
+            continue
+        base_id = cand["base_row"]
+        here = rows.get(base_id)
+        if here is not None and here.get("tiers") and not here.get("unreadable"):
+            base, base_dir, where = here, Path(run_dir), "this run"
+        elif baseline_rows and base_id in baseline_rows:
+            base, base_dir, where = baseline_rows[base_id], Path(baseline_dir), f"baseline {Path(baseline_dir).name}"
+        else:
+            base, base_dir, where = None, None, None
+        out.append(beside(rid, rec, cand, base, where, Path(run_dir), base_dir))
+    return out
+
+
+def beside(rid: str, rec: dict, cand: dict, base: dict | None, where: str | None, run_dir: Path,
+           base_dir: Path | None) -> dict:
+    """A candidate against its base release's record, check by check."""
+    entry = {"row": rid, "candidate": cand, "describe": describe(cand), "base_row": cand["base_row"],
+             "base_from": where, "verdict": rec.get("verdict"),
+             "no_longer_applies": [dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items()
+                                   for k in e.get("stale_known_upstream") or []]}
+    if base is None:
+        entry["missing_base"] = (f"no record of {cand['base_row']} in this run or a baseline: run the base release "
+                                 "beside the candidate (same --run-id), or give --baseline RUN_ID")
+        entry.update(counts={FIXED: 0, BROKEN: 0, UNCHANGED: 0}, fixed=[], broken=[], new_failures=[], tiers={},
+                     metric_deltas=[])
+        return entry
+    cmp = compare.compare_row(rid, rec, base, run_dir / rid, Path(base_dir) / cand["base_row"])
+    fixed = cmp["fixed"]
+    broken = [i for i in cmp["new_failures"] if i["before"] == "passed"]
+    # failing now where the base did not run the check (skipped there, or no such check): not a comparison
+    unmatched = [i for i in cmp["new_failures"] if i["before"] != "passed"]
+    before = {c["id"]: c.get("outcome") for e in (base.get("tiers") or {}).values() for c in e.get("checks") or []}
+    moved = {i["check"] for i in fixed + broken}
+    # checks both ran (a check skipped on either side compares nothing) that pass or fail on both sides
+    unchanged = [c["id"] for e in (rec.get("tiers") or {}).values() for c in e.get("checks") or []
+                 if before.get(c["id"], "skipped") != "skipped" and c.get("outcome") != "skipped"
+                 and c["id"] not in moved and (c.get("outcome") in FAILING) == (before[c["id"]] in FAILING)]
+    deltas = sorted(cmp["metric_deltas"], key=lambda d: d["check"] not in moved)  # the moved checks' first
+    entry.update(counts={FIXED: len(fixed), BROKEN: len(broken), UNCHANGED: len(unchanged)}, fixed=fixed,
+                 broken=broken, new_failures=unmatched, tiers=cmp["entry"]["tiers"], base_verdict=base.get("verdict"),
+                 metric_deltas=deltas)
+    return entry
+
+
+def markdown(items: list[dict]) -> str:
+    """The candidates' section of summary.md."""
+    from mtpmatrix.report.checks import short_check
+
+    lines = ["## Candidates", ""]
+    for c in items:
+        base = f"**{c['base_row']}**" + (f" ({c['base_from']})" if c.get("base_from") else "")
+        files = c["candidate"].get("files") or []
+        lines.append(f"**{c['row']}**: {c['describe']}" + (f"; files {', '.join(files)}" if files else "")
+                     + f" — against {base}")
+        lines.append("")
+        if c.get("missing_base"):
+            lines += [f"- ❔ {c['missing_base']}", ""]
+        else:
+            n = c["counts"]
+            lines += [f"{n[FIXED]} fixed, {n[BROKEN]} broken, {n[UNCHANGED]} unchanged (check by check, against "
+                      f"{c['base_row']})", ""]
+            changed = [(t, v) for t, v in c["tiers"].items() if v.get("change") != "same"]
+            if changed:
+                lines += ["| tier | base | candidate | change |", "|---|---|---|---|"]
+                lines += [f"| {t} | {v['before'] or '—'} | {v['after'] or '—'} | {v['change']} ({v['label']}) |"
+                          for t, v in changed] + [""]
+        for i in c["fixed"]:
+            was = "known upstream" if i.get("before_known_upstream") else i["before"]
+            lines.append(f"- 🔺 fixed **{i['tier']}** {short_check(i['check'])} ({was} in {c['base_row']}, passes now)")
+        for i in c["broken"]:
+            lines.append(f"- 🔻 broken **{i['tier']}** {short_check(i['check'])}: `{i.get('kind') or '?'}` "
+                         + " ".join(str(i.get("message") or "").split())[:240])
+        for i in c["new_failures"]:
+            lines.append(f"- ❌ fails, not run in {c['base_row']}: **{i['tier']}** {short_check(i['check'] or '')}: "
+                         f"`{i.get('kind') or '?'}` " + " ".join(str(i.get("message") or "").split())[:240])
+        for k in c["no_longer_applies"]:
+            lines.append(f"- 🧹 known upstream `{k['id']}` no longer applies to the candidate: {len(k['checks'])} of "
+                         f"its checks pass ({k['tier']}); {c['base_row']} still has it")
+        for d in c["metric_deltas"][:SHOWN_DELTAS]:
+            lines.append(f"- {d['tier']} {short_check(d['check'])} {d['metric']}: {d['before']} → {d['after']}")
+        if len(c["metric_deltas"]) > SHOWN_DELTAS:
+            lines.append(f"- … {len(c['metric_deltas']) - SHOWN_DELTAS} more metric changes in summary.json")
+        lines.append("")
+    return "\n".join(lines) + "\n"
