@@ -84,7 +84,9 @@ def beside(rid: str, rec: dict, cand: dict, base: dict | None, where: str | None
     unchanged = [c["id"] for e in (rec.get("tiers") or {}).values() for c in e.get("checks") or []
                  if before.get(c["id"], "skipped") != "skipped" and c.get("outcome") != "skipped"
                  and c["id"] not in moved and (c.get("outcome") in FAILING) == (before[c["id"]] in FAILING)]
-    deltas = sorted(cmp["metric_deltas"], key=lambda d: d["check"] not in moved)  # the moved checks' first
+    # what a candidate changes, not how long a check took: timings stay in the baseline comparison's table
+    deltas = sorted((d for d in cmp["metric_deltas"] if "seconds" not in d["metric"]),
+                    key=lambda d: d["check"] not in moved)  # the moved checks' first
     entry.update(counts={FIXED: len(fixed), BROKEN: len(broken), UNCHANGED: len(unchanged)}, fixed=fixed,
                  broken=broken, new_failures=unmatched, tiers=cmp["entry"]["tiers"], base_verdict=base.get("verdict"),
                  metric_deltas=deltas)
