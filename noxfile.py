@@ -80,7 +80,10 @@ def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id:
         matrix.preflight_tier_env(opts.tiers)
         for s in matrix.preflight_servers(opts.server_urls):
             session.log(f"gsm8k against {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")
-        record = matrix.run_row(ROWS[row_id], Path(session.virtualenv.location), opts, log=session.log)
+        # a candidate installs into a fresh venv of its own: the row's keeps the pinned release
+        venv = candidate.own_venv(opts.candidate, ROWS[row_id], Path(session.virtualenv.location),
+                                  Path(__file__).parent / ".nox")
+        record = matrix.run_row(ROWS[row_id], venv, opts, log=session.log)
     except RowError as exc:  # bad input, no uv: one line (run_row raises it before recording anything)
         plan.not_run(opts, filed, str(exc))  # the report names the planned row that did not run, and why
         session.error(str(exc))

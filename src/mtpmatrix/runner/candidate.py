@@ -236,6 +236,21 @@ def for_row(cand: Candidate | None, row: Row) -> Row:
     return dataclasses.replace(row, id=cand.row_id(row.id))
 
 
+def own_venv(cand: Candidate | None, row: Row, default: Path, nox_dir: Path) -> Path:
+    """Where the row installs: ``default`` (its nox venv) for a release; for a candidate a fresh venv of its own,
+    ``<nox_dir>/candidate-<row>+<suffix>``, so the row's venv never holds a patched or foreign sglang afterwards
+    (a later look at the row's release, e.g. ``nox -s mutants`` or the mutants' unit tests, would read the
+    candidate's files). RowError (one line) when uv cannot make it."""
+    if cand is None:
+        return Path(default)
+    from mtpmatrix.runner.bisect import BisectError, make_venv
+
+    try:
+        return make_venv(row, Path(nox_dir) / f"candidate-{cand.row_id(row.id)}")
+    except BisectError as exc:
+        raise RowError(str(exc)) from None
+
+
 def dropped_pins(cand: Candidate | None) -> set[str]:
     """Pins a candidate replaces (they leave the row's constraints): sglang, for a wheel or checkout."""
     return {"sglang"} if cand is not None and cand.kind in (WHEEL, CHECKOUT) else set()
