@@ -299,3 +299,25 @@ def test_a_candidate_installs_into_a_venv_of_its_own(tmp_path, patch_file, row, 
 
     monkeypatch.setattr(bisect, "make_venv", refuse)
     assert "no interpreter" in one_line(candidate.own_venv, cand, row, nox_venv, tmp_path / ".nox")
+
+
+def test_resume_runs_a_dirty_checkout_again_once_its_change_changed(tmp_path, checkout):
+    """A dirty checkout keeps its id (commit + -dirty) while its change moves: --resume must not keep the record of
+    another change (the plan's candidate identity holds the change's sha256)."""
+    from mtpmatrix.atomic import atomic_write_json
+    from mtpmatrix.evidence import fingerprint
+
+    rows = {r.id: r for r in load_rows(REPO / "constraints")}
+    (checkout / "python" / "sglang" / "__init__.py").write_text("x = 1\n")
+    first = candidate.from_options(None, str(checkout), None)
+    rid = first.row_id("sglang-0.5.17")
+    opts = matrix.Options(run_id="r", results=tmp_path / "results", candidate=first)
+    assert plan.start(opts, rid, plan.planned(rows, ["sglang-0.5.17"], first)) is None
+    atomic_write_json(tmp_path / "results" / "r" / rid / "row.json",
+                      {"row": {"id": rid}, "verdict": "passed", "fingerprint": fingerprint.describe()})
+    resumed = matrix.Options(run_id="r", results=tmp_path / "results", resume=True, candidate=first)
+    assert "already has a verdict" in plan.start(resumed, rid, plan.planned(rows, ["sglang-0.5.17"], first))
+    (checkout / "python" / "sglang" / "__init__.py").write_text("x = 2\n")
+    second = candidate.from_options(None, str(checkout), None)
+    assert second.row_id("sglang-0.5.17") == rid and second.sha256 != first.sha256
+    assert plan.start(resumed, rid, plan.planned(rows, ["sglang-0.5.17"], second)) is None

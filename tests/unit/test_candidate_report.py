@@ -125,3 +125,24 @@ def test_unchanged_counts_the_checks_both_ran_the_same_way():
                           Path("/nowhere"), Path("/nowhere"))
     assert c["counts"] == {"fixed": 1, "broken": 1, "unchanged": 1}  # a; d and e compare nothing
     assert [i["check"] for i in c["fixed"]] == ["b"] and [i["check"] for i in c["broken"]] == ["c"]
+
+
+def test_a_planned_candidate_whose_patch_did_not_apply_is_not_run_with_its_line(tmp_path, results):
+    """The session plans the candidate's id before it installs; a patch that does not apply leaves no record, and the
+    report names the planned candidate as not run, with the line its session gave."""
+    from mtpmatrix.runner import candidate, matrix, plan
+    from mtpmatrix.runner.rows import load_rows
+
+    import_base(tmp_path, results, "r")
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    cand = candidate.from_options(str(patch), None, None)
+    rid = cand.row_id("sglang-0.5.17")
+    rows = {r.id: r for r in load_rows(Path(__file__).resolve().parents[2] / "constraints")}
+    opts = matrix.Options(results=results, run_id="r", candidate=cand)
+    assert plan.start(opts, rid, plan.planned(rows, ["sglang-0.5.17"], cand)) is None
+    why = "--patch fix.patch: sglang/srt/x.py: hunk 1 (@@ -1 +1 @@) does not apply: line 1 is 'A = 1'"
+    plan.not_run(opts, rid, why)
+    s = report.build_summary(results / "r")
+    assert s["evidence"]["rows"][rid] == [{"tier": None, "what": f"not run: {why}"}]
+    assert s["exit_status"] == 3 and rid in report.render.headline(s)
