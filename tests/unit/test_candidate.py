@@ -321,3 +321,32 @@ def test_resume_runs_a_dirty_checkout_again_once_its_change_changed(tmp_path, ch
     second = candidate.from_options(None, str(checkout), None)
     assert second.row_id("sglang-0.5.17") == rid and second.sha256 != first.sha256
     assert plan.start(resumed, rid, plan.planned(rows, ["sglang-0.5.17"], second)) is None
+
+
+def test_bytecode_compiled_from_the_unpatched_copy_is_never_run(tmp_path, site):
+    """The install-time workers (runner/bytecode_from_cache.py) compile uv's cached copy -- the unpatched release --
+    into the suite's bytecode folder while the row installs. They write checked hash-based pycs, so once the patch
+    replaces the venv's file, Python's hash check refuses that bytecode and compiles the patched source."""
+    import sys
+
+    from mtpmatrix.runner import bytecode_from_cache
+
+    for part in ("sglang/__init__.py", "sglang/srt/__init__.py"):
+        (site / part).write_text("")
+    cached = tmp_path / "uv-cache-copy.py"
+    cached.write_text("B = 'unpatched'\n" + ORIGINAL.replace("line", "# line"))
+    os.link(cached, site / "sglang" / "srt" / "x.py")
+    prefix = tmp_path / "pyc"
+    was, sys.pycache_prefix = sys.pycache_prefix, str(prefix)
+    try:
+        assert bytecode_from_cache.compile_one("sglang/srt/x.py", str(cached), str(site))
+    finally:
+        sys.pycache_prefix = was
+    assert list(prefix.rglob("x.*.pyc"))
+    fix = _write(tmp_path / "b.patch", "--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n@@ -1 +1 @@\n"
+                                       "-B = 'unpatched'\n+B = 'patched'\n")
+    candidate.apply_to(candidate.from_options(str(fix), None, None), site, log=lambda m: None)
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", "import sglang.srt.x as x; print(x.B)"], env=env,
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "patched"
