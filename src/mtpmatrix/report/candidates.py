@@ -117,7 +117,8 @@ def markdown(items: list[dict]) -> str:
                           for t, v in changed] + [""]
         for i in c["fixed"]:
             was = "known upstream" if i.get("before_known_upstream") else i["before"]
-            lines.append(f"- 🔺 fixed **{i['tier']}** {short_check(i['check'])} ({was} in {c['base_row']}, passes now)")
+            lines.append(f"- 🔺 fixed **{i['tier']}** {short_check(i['check'])} ({was} in {c['base_row']}, "
+                         "passes now)")
         for i in c["broken"]:
             lines.append(f"- 🔻 broken **{i['tier']}** {short_check(i['check'])}: `{i.get('kind') or '?'}` "
                          + " ".join(str(i.get("message") or "").split())[:240])

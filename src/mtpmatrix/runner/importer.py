@@ -195,7 +195,8 @@ def _invocation(out: Path) -> dict:
 def candidate_of(out: Path, invocation: dict, data: dict, row_id: str, logs: list[Path]) -> dict | None:
     """row.json's ``candidate`` of a box run with ``PATCH=FILE`` (invocation.json's ``patch``), once its suite is
     shown to have run with that patch served: tiers.json records the same sha256 (the hook checks the file against
-    it) and no log of the run (``logs``) says the hook did NOT apply it. None without a patch; ImportError_ otherwise."""
+    it) and no log of the run (``logs``) says the hook did NOT apply it. None without a patch; ImportError_
+    otherwise."""
     patch = invocation.get("patch")
     if patch is None:
         return None

@@ -18,8 +18,9 @@ folder), applies each file's hunks to the source the interpreter would import, a
 as ``patch-<sha7>``. It serves nothing, and says ``NOT applied`` with the file and hunk, when the file's sha256 is not
 ``MTPMATRIX_PATCH_SHA256`` or a hunk does not apply; ``python -m mtpmatrix import`` refuses a run whose logs say so.
 
-Without ``MTPMATRIX_MUTANT`` or ``MTPMATRIX_PATCH`` nothing is installed. Either way a ``sitecustomize`` further along sys.path (a
-distribution's or a virtualenv's) still runs. Standard library only; never raises into interpreter start-up.
+Without ``MTPMATRIX_MUTANT`` or ``MTPMATRIX_PATCH`` nothing is installed. Either way a ``sitecustomize`` further
+along sys.path (a distribution's or a virtualenv's) still runs. Standard library only; never raises into interpreter
+start-up.
 """
 
 import hashlib
