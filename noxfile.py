@@ -80,7 +80,7 @@ def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id:
         matrix.preflight_tier_env(opts.tiers)
         for s in matrix.preflight_servers(opts.server_urls):
             session.log(f"gsm8k against {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")
-        # a candidate installs into a fresh venv of its own: the row's keeps the pinned release
+        # a candidate installs into a fresh venv of its own (.nox/candidates/<id>): the row's keeps its release
         venv = candidate.own_venv(opts.candidate, ROWS[row_id], Path(session.virtualenv.location),
                                   Path(__file__).parent / ".nox")
         record = matrix.run_row(ROWS[row_id], venv, opts, log=session.log)

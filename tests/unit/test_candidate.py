@@ -282,17 +282,23 @@ def test_the_plan_names_each_row_as_its_candidate(patch_file, tmp_path):
 
 
 def test_a_candidate_installs_into_a_venv_of_its_own(tmp_path, patch_file, row, monkeypatch):
-    """The row's nox venv keeps its pinned release: a patched sglang left there would be read as the release later
-    (nox -s mutants, the mutants' unit tests look for a row's sglang under .nox)."""
+    """The row's nox venv keeps its pinned release, and the candidate's is one folder down: a patched sglang where a
+    row's release is looked for (the mutants' unit tests glob .nox/*sglang-0?5?*) would be read as the release."""
     from mtpmatrix.runner import bisect
 
     made = []
-    monkeypatch.setattr(bisect, "make_venv", lambda r, venv: made.append((r.id, venv)) or venv)
+    def make_venv(r, venv):
+        venv.mkdir(parents=True)
+        made.append((r.id, venv))
+        return venv
+
+    monkeypatch.setattr(bisect, "make_venv", make_venv)
     nox_venv = tmp_path / ".nox" / "gemma4_mtp-sglang-0-5-17"
     assert candidate.own_venv(None, row, nox_venv, tmp_path / ".nox") == nox_venv and not made
     cand = candidate.from_options(str(patch_file), None, None)
     venv = candidate.own_venv(cand, row, nox_venv, tmp_path / ".nox")
-    assert venv == tmp_path / ".nox" / f"candidate-sglang-0.5.17+{cand.suffix}" and made == [(row.id, venv)]
+    assert venv == tmp_path / ".nox" / "candidates" / f"sglang-0.5.17+{cand.suffix}" and made == [(row.id, venv)]
+    assert not list((tmp_path / ".nox").glob("*sglang-0?5?*"))  # where a row's release is looked for
 
     def refuse(r, venv):
         raise bisect.BisectError("cannot create a Python 3.11 venv for row sglang-0.5.17: no interpreter")

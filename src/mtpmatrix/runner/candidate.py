@@ -238,15 +238,15 @@ def for_row(cand: Candidate | None, row: Row) -> Row:
 
 def own_venv(cand: Candidate | None, row: Row, default: Path, nox_dir: Path) -> Path:
     """Where the row installs: ``default`` (its nox venv) for a release; for a candidate a fresh venv of its own,
-    ``<nox_dir>/candidate-<row>+<suffix>``, so the row's venv never holds a patched or foreign sglang afterwards
-    (a later look at the row's release, e.g. ``nox -s mutants`` or the mutants' unit tests, would read the
-    candidate's files). RowError (one line) when uv cannot make it."""
+    ``<nox_dir>/candidates/<row>+<suffix>``, so the row's venv never holds a patched or foreign sglang afterwards.
+    One folder down: what looks for a row's release among the venvs (the mutants' unit tests glob
+    ``.nox/*sglang-0?5?*``) must not find a candidate's files there. RowError (one line) when uv cannot make it."""
     if cand is None:
         return Path(default)
     from mtpmatrix.runner.bisect import BisectError, make_venv
 
     try:
-        return make_venv(row, Path(nox_dir) / f"candidate-{cand.row_id(row.id)}")
+        return make_venv(row, Path(nox_dir) / "candidates" / cand.row_id(row.id))
     except BisectError as exc:
         raise RowError(str(exc)) from None
 
