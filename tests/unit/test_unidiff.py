@@ -113,4 +113,6 @@ def test_malformed_patches_are_one_line(text, words):
 
 def test_trailers_come_from_the_header_only():
     assert unidiff.trailers(PATCH) == {"Draft-Phase": "+1"}
+    # a later commit's header (a format-patch series) is no declaration of this patch's
+    assert unidiff.trailers(PATCH + "\nDraft-Phase: -1\n") == {"Draft-Phase": "+1"}
     assert unidiff.trailers(PATCH.replace("Draft-Phase: +1\n", "")) == {}
