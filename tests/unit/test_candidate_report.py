@@ -99,7 +99,7 @@ def test_a_candidate_that_breaks_a_check_fails_and_says_which(tmp_path, results)
     assert (s["verdict"], s["exit_status"], s["failing_rows"]) == ("fails", 1, [CAND])
     assert report.render.headline(s).startswith(f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 "
                                                 f"declared): DOES NOT QUALIFY — 1 of 2 rows failing: {CAND}")
-    assert (f"- 🔻 broken **smoke** test_spec_metrics[witness-mtp-topk3]: `acceptance` accept length 1.07 outside"
+    assert ("- 🔻 broken **smoke** test_spec_metrics[witness-mtp-topk3]: `acceptance` accept length 1.07 outside"
             in report.render_markdown(s))
 
 
