@@ -383,3 +383,18 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:  # gone between the two looks
         return "\nState:\tZ"
+
+
+def test_the_parts_name_one_suite_by_its_hash_not_its_commit(monkeypatch):
+    """Both processes fingerprint the suite on their own: a commit made between their starts changes the commit
+    beside the hash, not the suite (seen on a CPU row, 2026-12-02); two hashes are two suites."""
+    monkeypatch.setenv(expected_checks.ENV, expected_checks.AS_COLLECTED)
+
+    def part(fp):
+        return {"tiers": {}, "versions": {}, "gpus": 0, "seconds": 1.0, "exitstatus": 0, "fingerprint": fp}
+
+    one = {"suite": "a" * 64, "commit": "c1", "dirty": False}
+    merged = side_by_side.merge_tiers([(SGLANG, part(one)), (REFERENCE, part(dict(one, commit="c2", dirty=True)))])
+    assert merged["fingerprint"]["suite"] == "a" * 64
+    merged = side_by_side.merge_tiers([(SGLANG, part(one)), (REFERENCE, part(dict(one, suite="b" * 64)))])
+    assert merged["fingerprint"] == {"suite": None, "error": "the row's processes ran different suites"}

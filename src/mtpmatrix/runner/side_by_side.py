@@ -282,7 +282,9 @@ def merge_tiers(parts: list[tuple[Group, dict]], cmd: list[str] | None = None) -
     for _, data in parts:
         versions.update({k: v for k, v in data.get("versions", {}).items() if v and k not in versions})
     merged = dict(first)
-    suites = {json.dumps(d.get("fingerprint"), sort_keys=True) for _, d in parts}
+    # the suite's hash, not the commit beside it: a commit made while the row runs changes no file of the suite
+    suites = {(d.get("fingerprint") or {}).get("suite") if isinstance(d.get("fingerprint"), dict) else None
+              for _, d in parts}
     if len(suites) > 1:  # one venv, one checkout: parts of two suites mean the row's record cannot name its suite
         merged["fingerprint"] = {"suite": None, "error": "the row's processes ran different suites"}
     if "selection" in first:
