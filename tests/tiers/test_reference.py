@@ -396,10 +396,11 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     if not torch.equal(seqs[:, PROMPT_LEN:], expected % text["vocab_size"]):
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
     steps = 5
-    rounds = functools.partial(witness_harness.draft_rounds, target, assistant, seqs, text, steps=steps, start=PROMPT_LEN,
-                               draft_phase=phase,
-                               ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None)
-    intact = rounds()
+    # intact and every ablation drafted together (one target forward, one stacked assistant batch per step)
+    drafted = witness_harness.draft_rounds_each(
+        target, assistant, seqs, text, (None, *witness_harness.ABLATIONS), steps=steps, start=PROMPT_LEN,
+        draft_phase=phase, ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None)
+    intact = drafted[None]
     record_property("intact", json.dumps(intact))
     base = sum(intact["step_accuracy"]) / steps
     if variant.startswith("decoy") and intact["decoys_ranked"] != 1.0:
@@ -411,7 +412,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
                                          f"{WITNESS_INTACT_MIN}")
     blind = []
     for ablation in witness_harness.ABLATIONS:
-        got = rounds(ablation=ablation)
+        got = drafted[ablation]
         # the sibling-parent fault first reaches the third draft (the first node whose parent has siblings)
         first = 2 if ablation == "tree_sibling_parent" else 0
         hit = sum(got["step_accuracy"][first:]) / (steps - first)
