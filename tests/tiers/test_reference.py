@@ -63,7 +63,9 @@ def _torch():
 
 @pytest.fixture(scope="session")
 def load_pair(build_tiny_pair):
-    """``(name, constructed) -> (target, assistant, tokenizer)`` in fp32, loaded once per session."""
+    """``(name, variant) -> (target, assistant, tokenizer)`` in fp32, loaded once per session and pair (a bool
+    variant, the older spelling of constructed, is the same pair as its name)."""
+    from mtpmatrix.tiers.pairs.tiny import variant_name
 
     @_memo
     def _load(name: str, constructed):
@@ -94,7 +96,7 @@ def load_pair(build_tiny_pair):
         tokenizer = AutoTokenizer.from_pretrained(paths.target)
         return models[0], models[1], tokenizer
 
-    return _load
+    return lambda name, variant: _load(name, variant_name(variant))
 
 
 @contextlib.contextmanager
@@ -128,7 +130,9 @@ def _count_acceptance(stats: list):
 
 @pytest.fixture(scope="session")
 def generations(load_pair):
-    """``(name, constructed) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats."""
+    """``(name, variant) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats, generated once per
+    session and pair: the checks that read the same pair's greedy chains share them."""
+    from mtpmatrix.tiers.pairs.tiny import variant_name
 
     @_memo
     def _run(name: str, constructed):
@@ -137,26 +141,36 @@ def generations(load_pair):
         assistant.generation_config.num_assistant_tokens = DRAFT_TOKENS
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         window = _field(target.config.get_text_config(), "sliding_window")
+        # min_new_tokens: a random pair may otherwise stop at EOS; the same processor runs with and without MTP
+        kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+        # Without the assistant every prompt goes in one call (left-padded, the padding masked out): the per-token
+        # Python overhead of a tiny model is paid once for all prompts. Assisted generation runs one sequence at a time.
+        batch = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
+        try:
+            with torch.inference_mode():
+                plain = target.generate(batch.input_ids, attention_mask=batch.attention_mask, **kw)
+        except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
+            frame = _deepest_frame(exc)  # own traceback starts in this file
+            raise CheckFailure("crash", f"{name}: generate failed on the prompts {PROMPTS!r}: {type(exc).__name__}: "
+                                        f"{exc} (at {frame})") from exc
         out, stats = [], []
-        for prompt in PROMPTS:
+        for row, prompt in enumerate(PROMPTS):
             ids = tokenizer(prompt, return_tensors="pt").input_ids
             assert ids.shape[1] + NEW_TOKENS < window, f"prompt {prompt!r} would run past the sliding window"
-            # min_new_tokens: a random pair may otherwise stop at EOS; the same processor runs with and without MTP
-            kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                      attention_mask=torch.ones_like(ids))
+            assert batch.input_ids[row][batch.attention_mask[row].bool()].tolist() == ids[0].tolist()
             try:
-                with torch.inference_mode():
-                    plain = target.generate(ids, **kw)
-                    with _count_acceptance(stats):
-                        assisted = target.generate(ids, assistant_model=assistant, **kw)
-            except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
-                frame = _deepest_frame(exc)  # own traceback starts in this file
+                with torch.inference_mode(), _count_acceptance(stats):
+                    assisted = target.generate(ids, assistant_model=assistant, attention_mask=torch.ones_like(ids),
+                                               **kw)
+            except Exception as exc:
+                frame = _deepest_frame(exc)
                 raise CheckFailure("crash", f"{name}: generate failed on {prompt!r}: {type(exc).__name__}: "
                                             f"{exc} (at {frame})") from exc
-            out.append((ids[0].tolist(), plain[0, ids.shape[1]:].tolist(), assisted[0, ids.shape[1]:].tolist()))
+            out.append((ids[0].tolist(), plain[row, batch.input_ids.shape[1]:].tolist(),
+                        assisted[0, ids.shape[1]:].tolist()))
         return out, stats
 
-    return _run
+    return lambda name, variant: _run(name, variant_name(variant))
 
 
 def _deepest_frame(exc: BaseException) -> str:
