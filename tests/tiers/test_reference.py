@@ -143,21 +143,10 @@ def generations(load_pair):
         window = _field(target.config.get_text_config(), "sliding_window")
         # min_new_tokens: a random pair may otherwise stop at EOS; the same processor runs with and without MTP
         kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-        # Without the assistant every prompt goes in one call (left-padded, the padding masked out): the per-token
-        # Python overhead of a tiny model is paid once for all prompts. Assisted generation runs one sequence at a time.
-        batch = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
-        try:
-            with torch.inference_mode():
-                plain = target.generate(batch.input_ids, attention_mask=batch.attention_mask, **kw)
-        except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
-            frame = _deepest_frame(exc)  # own traceback starts in this file
-            raise CheckFailure("crash", f"{name}: generate failed on the prompts {PROMPTS!r}: {type(exc).__name__}: "
-                                        f"{exc} (at {frame})") from exc
         out, stats = [], []
-        for row, prompt in enumerate(PROMPTS):
+        for prompt in PROMPTS:
             ids = tokenizer(prompt, return_tensors="pt").input_ids
             assert ids.shape[1] + NEW_TOKENS < window, f"prompt {prompt!r} would run past the sliding window"
-            assert batch.input_ids[row][batch.attention_mask[row].bool()].tolist() == ids[0].tolist()
             try:
                 with torch.inference_mode(), _count_acceptance(stats):
                     assisted = target.generate(ids, assistant_model=assistant, attention_mask=torch.ones_like(ids),
@@ -166,9 +155,22 @@ def generations(load_pair):
                 frame = _deepest_frame(exc)
                 raise CheckFailure("crash", f"{name}: generate failed on {prompt!r}: {type(exc).__name__}: "
                                             f"{exc} (at {frame})") from exc
-            out.append((ids[0].tolist(), plain[row, batch.input_ids.shape[1]:].tolist(),
-                        assisted[0, ids.shape[1]:].tolist()))
-        return out, stats
+            out.append((ids[0].tolist(), assisted[0, ids.shape[1]:].tolist()))
+        # Without the assistant every prompt goes in one call (left-padded, the padding masked out): the per-token
+        # Python overhead of a tiny model is paid once for all prompts. Assisted generation runs one sequence at a time,
+        # first, so a transformers that cannot run it at all fails before the plain chains are spent.
+        batch = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
+        try:
+            with torch.inference_mode():
+                plain = target.generate(batch.input_ids, attention_mask=batch.attention_mask, **kw)
+        except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
+            frame = _deepest_frame(exc)  # own traceback starts in this file
+            raise CheckFailure("crash", f"{name}: generate failed on the prompts {PROMPTS!r}: {type(exc).__name__}: "
+                                        f"{exc} (at {frame})") from exc
+        width = batch.input_ids.shape[1]
+        for row, (prompt_ids, _assisted) in enumerate(out):
+            assert batch.input_ids[row][batch.attention_mask[row].bool()].tolist() == prompt_ids
+        return [(p, plain[row, width:].tolist(), a) for row, (p, a) in enumerate(out)], stats
 
     return lambda name, variant: _run(name, variant_name(variant))
 
