@@ -182,6 +182,7 @@ def _without_times(data: dict) -> dict:
         entry.pop("seconds", None)
         for check in entry["checks"]:
             check.pop("seconds")
+            check.pop("cpu_seconds", None)
     return data
 
 
