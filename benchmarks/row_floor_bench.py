@@ -158,9 +158,10 @@ def records_of(tiers: dict) -> dict:
     """What must not change with the suite's layout: per tier the verdict, per check id, outcome, kind, and its
     metrics (names; values too, except timings)."""
     return {t: {"verdict": e.get("verdict"), "failure_kinds": e.get("failure_kinds"),
-                "checks": [(c["id"], c["outcome"], (c.get("failure") or {}).get("kind"),
+                # lists, not tuples: records read back from a --records-out file compare equal
+                "checks": [[c["id"], c["outcome"], (c.get("failure") or {}).get("kind"),
                             json.dumps({k: (None if _timing(k) else v) for k, v in c.get("metrics", {}).items()},
-                                       sort_keys=True))
+                                       sort_keys=True)]
                            for c in e.get("checks", [])]}
             for t, e in tiers.get("tiers", {}).items()}
 
