@@ -1,6 +1,7 @@
 """One warm CPU row against its floor, measured in the same run: prints both and the ratio (issue #21: <= 1.3).
 
     python benchmarks/row_floor_bench.py [--row sglang-0.5.17[,ROW...]] [--repeat 1] [--one-process] [--tiers T]
+                                         [--taskset CPUS] [--records-out FILE] [--records-from FILE]
 
 Row: ``nox -s "gemma4_mtp(ROW)"`` as a user runs it (nox, the row's uv venv and install, freeze and check, the
 suite), wall clock from start to exit, results in a temp folder. Floor: what no suite design can remove, the row's
@@ -15,7 +16,15 @@ holds them (.cache/bytecode/), exist; when they do not, one unmeasured row makes
 ``--one-process`` runs the suite as one pytest process without compiling ahead (MTPMATRIX_SIDE_BY_SIDE=0,
 MTPMATRIX_PRECOMPILE=0: the layout before this work) as well, and says whether the two left the same records:
 per tier the verdict, and per check its id, outcome, failure kind and metrics (names; values but timings).
-CPU seconds (user + system of every child) are printed next to wall seconds.
+CPU seconds (user + system of every child) are printed next to wall seconds, and per check (the CPU time its pytest
+process spent in its setup and call, ``cpu_seconds`` of its record), summed by test function; the reference tier's
+checks are the row's model work (transformers on the tiny pairs), printed as a share of the row's seconds.
+
+``--taskset CPUS`` runs the row and its floor on those CPUs only (``taskset -c``; ``--taskset 0``: one core), a
+machine with less arithmetic to give: the ratio must hold there too (issue #31: another 2-core box ran the reference
+tier's model work three times slower). ``--records-out FILE`` writes the records of the first run per row;
+``--records-from FILE`` compares each run with such a file, written by another revision of the suite: a change
+that is to leave the records alone (a faster suite) shows it did.
 """
 
 from __future__ import annotations
@@ -51,8 +60,12 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+PINNED: list[str] = []  # ["taskset", "-c", CPUS] with --taskset: every measured command runs on those CPUs
+
+
 def _timed(cmd: list[str], env: dict, quiet: bool = True) -> tuple[float, float, int]:
     """(wall, CPU of the command and its children, exit status)."""
+    cmd = [*PINNED, *cmd]
     cpu0, t0 = _children_cpu(), time.monotonic()
     done = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL if quiet else None,
                           stderr=subprocess.STDOUT if quiet else None)
@@ -101,7 +114,7 @@ def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str 
             "suite": record.get("suite", {}).get("seconds"),
             "tiers": {t: e.get("seconds") for t, e in tiers["tiers"].items()},
             "import": floor_wall, "import_cpu": floor_cpu, "floor": install + floor_wall,
-            "records": records_of(tiers)}
+            "records": records_of(tiers), "checks": check_seconds(tiers)}
 
 
 def floor_import(row: str, env: dict) -> tuple[float, float]:
@@ -145,11 +158,39 @@ def records_of(tiers: dict) -> dict:
     """What must not change with the suite's layout: per tier the verdict, per check id, outcome, kind, and its
     metrics (names; values too, except timings)."""
     return {t: {"verdict": e.get("verdict"), "failure_kinds": e.get("failure_kinds"),
-                "checks": [(c["id"], c["outcome"], (c.get("failure") or {}).get("kind"),
+                # lists, not tuples: records read back from a --records-out file compare equal
+                "checks": [[c["id"], c["outcome"], (c.get("failure") or {}).get("kind"),
                             json.dumps({k: (None if _timing(k) else v) for k, v in c.get("metrics", {}).items()},
-                                       sort_keys=True))
+                                       sort_keys=True)]
                            for c in e.get("checks", [])]}
             for t, e in tiers.get("tiers", {}).items()}
+
+
+def check_seconds(tiers: dict) -> list[tuple[str, str, float, float | None]]:
+    """(tier, check id, wall seconds, CPU seconds or None for a record without them) of every check."""
+    return [(t, c["id"], c.get("seconds") or 0.0, c.get("cpu_seconds"))
+            for t, e in tiers.get("tiers", {}).items() for c in e.get("checks", [])]
+
+
+MODEL_WORK_TIER = "reference"  # transformers' generate on the tiny pairs: the row's arithmetic
+
+
+def print_checks(row: str, m: dict) -> None:
+    """Per test function (parameters summed): wall and CPU seconds, and the model work's share of the row."""
+    by_function: dict[tuple[str, str], list[float]] = {}
+    for tier, cid, wall, cpu in m["checks"]:
+        key = (tier, cid.rsplit("::", 1)[-1].split("[", 1)[0])
+        acc = by_function.setdefault(key, [0.0, 0.0, 0])
+        acc[0] += wall
+        acc[1] += cpu or 0.0
+        acc[2] += 1
+    print(f"{row}: per check function (checks, wall s, CPU s)")
+    for (tier, fn), (wall, cpu, n) in sorted(by_function.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {tier:<10} {fn:<58} {n:3d} {wall:7.2f} {cpu:7.2f}")
+    wall = sum(w for t, _i, w, _c in m["checks"] if t == MODEL_WORK_TIER)
+    cpu = sum(c or 0.0 for t, _i, _w, c in m["checks"] if t == MODEL_WORK_TIER)
+    print(f"{row}: model work ({MODEL_WORK_TIER} tier) {wall:.1f} check-seconds, CPU {cpu:.1f} s: "
+          f"{cpu / m['cpu']:.0%} of the row's CPU {m['cpu']:.1f} s; the row's wall {m['wall']:.1f} s", flush=True)
 
 
 def _line(label: str, m: dict, limit: float) -> str:
@@ -180,6 +221,10 @@ def bench_row(row: str, args, results: Path) -> bool:
             m = run_row(row, results, f"{name}-{i}", one, args.tiers)
             runs[name].append(m)
             print(_line(f"{name} #{i + 1}", m, args.limit), flush=True)
+            print_checks(f"{name} #{i + 1}", m)
+            if args.records_out and i == 0 and name == "now":
+                saved = json.loads(args.records_out.read_text()) if args.records_out.is_file() else {}
+                args.records_out.write_text(json.dumps({**saved, row: m["records"]}, indent=1, sort_keys=True))
     for name, ms in runs.items():
         med = {k: statistics.median(m[k] for m in ms) for k in ("wall", "cpu", "install", "row_install", "import",
                                                                  "import_cpu", "floor")}
@@ -188,12 +233,34 @@ def bench_row(row: str, args, results: Path) -> bool:
         med["verdict"] = "/".join(sorted({m["verdict"] for m in ms}))
         print(_line(f"{name} median", med, args.limit))
     print(f"load average after {row}: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n", flush=True)
+    same = True
+    if args.records_from:
+        other = json.loads(args.records_from.read_text()).get(row)
+        same = other is not None and all(m["records"] == other for ms in runs.values() for m in ms)
+        print(f"{row}: records identical to {args.records_from}'s (verdicts; check ids, outcomes, kinds, metrics but "
+              f"timings): {'yes' if same else 'NO'}")
+        if other is not None and not same:
+            print(_records_diff(other, runs["now"][0]["records"]))
     if not args.one_process:
-        return True
-    same = all(m["records"] == runs["now"][0]["records"] for ms in runs.values() for m in ms)
+        return same
+    identical = all(m["records"] == runs["now"][0]["records"] for ms in runs.values() for m in ms)
     print(f"{row}: records (verdicts; check ids, outcomes, kinds, metrics but timings) identical across layouts and "
-          f"repeats: {'yes' if same else 'NO'}")
-    return same
+          f"repeats: {'yes' if identical else 'NO'}")
+    return same and identical
+
+
+def _records_diff(before: dict, after: dict) -> str:
+    """The checks whose records differ (first 10), as 'tier id: before -> after'."""
+    lines = []
+    for tier in sorted(set(before) | set(after)):
+        b, a = before.get(tier, {}), after.get(tier, {})
+        if b.get("verdict") != a.get("verdict"):
+            lines.append(f"  {tier} verdict: {b.get('verdict')} -> {a.get('verdict')}")
+        old = {c[0]: c for c in b.get("checks", [])}
+        new = {c[0]: c for c in a.get("checks", [])}
+        lines += [f"  {tier} {cid}: {old.get(cid)} -> {new.get(cid)}" for cid in sorted(set(old) | set(new))
+                  if old.get(cid) != new.get(cid)]
+    return "\n".join(lines[:10])
 
 
 def main(argv=None) -> int:
@@ -206,7 +273,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tiers", help="run only these tiers, as a bisect probe of one tier does (default: the row's)")
     ap.add_argument("--limit", type=float, default=1.3)
     ap.add_argument("--keep", action="store_true", help="keep the results folder (printed)")
+    ap.add_argument("--taskset", metavar="CPUS", help="run the row and its floor on these CPUs only (taskset -c "
+                                                       "CPUS): less arithmetic, as on a slower machine")
+    ap.add_argument("--records-out", type=Path, help="write each row's records (first run) to this JSON file")
+    ap.add_argument("--records-from", type=Path, help="compare every run's records with this file's (--records-out "
+                                                      "of another revision)")
     args = ap.parse_args(argv)
+    if args.taskset:
+        if shutil.which("taskset") is None:
+            ap.error("--taskset needs taskset (util-linux)")
+        PINNED[:] = ["taskset", "-c", args.taskset]
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
     rows = [r.strip() for r in args.row.split(",") if r.strip()]

@@ -63,7 +63,9 @@ def _torch():
 
 @pytest.fixture(scope="session")
 def load_pair(build_tiny_pair):
-    """``(name, constructed) -> (target, assistant, tokenizer)`` in fp32, loaded once per session."""
+    """``(name, variant) -> (target, assistant, tokenizer)`` in fp32, loaded once per session and pair (a bool
+    variant, the older spelling of constructed, is the same pair as its name)."""
+    from mtpmatrix.tiers.pairs.tiny import variant_name
 
     @_memo
     def _load(name: str, constructed):
@@ -94,7 +96,7 @@ def load_pair(build_tiny_pair):
         tokenizer = AutoTokenizer.from_pretrained(paths.target)
         return models[0], models[1], tokenizer
 
-    return _load
+    return lambda name, variant: _load(name, variant_name(variant))
 
 
 @contextlib.contextmanager
@@ -128,7 +130,9 @@ def _count_acceptance(stats: list):
 
 @pytest.fixture(scope="session")
 def generations(load_pair):
-    """``(name, constructed) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats."""
+    """``(name, variant) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats, generated once per
+    session and pair: the checks that read the same pair's greedy chains share them."""
+    from mtpmatrix.tiers.pairs.tiny import variant_name
 
     @_memo
     def _run(name: str, constructed):
@@ -137,26 +141,38 @@ def generations(load_pair):
         assistant.generation_config.num_assistant_tokens = DRAFT_TOKENS
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         window = _field(target.config.get_text_config(), "sliding_window")
+        # min_new_tokens: a random pair may otherwise stop at EOS; the same processor runs with and without MTP
+        kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
         out, stats = [], []
         for prompt in PROMPTS:
             ids = tokenizer(prompt, return_tensors="pt").input_ids
             assert ids.shape[1] + NEW_TOKENS < window, f"prompt {prompt!r} would run past the sliding window"
-            # min_new_tokens: a random pair may otherwise stop at EOS; the same processor runs with and without MTP
-            kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                      attention_mask=torch.ones_like(ids))
             try:
-                with torch.inference_mode():
-                    plain = target.generate(ids, **kw)
-                    with _count_acceptance(stats):
-                        assisted = target.generate(ids, assistant_model=assistant, **kw)
-            except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
-                frame = _deepest_frame(exc)  # own traceback starts in this file
+                with torch.inference_mode(), _count_acceptance(stats):
+                    assisted = target.generate(ids, assistant_model=assistant, attention_mask=torch.ones_like(ids),
+                                               **kw)
+            except Exception as exc:
+                frame = _deepest_frame(exc)
                 raise CheckFailure("crash", f"{name}: generate failed on {prompt!r}: {type(exc).__name__}: "
                                             f"{exc} (at {frame})") from exc
-            out.append((ids[0].tolist(), plain[0, ids.shape[1]:].tolist(), assisted[0, ids.shape[1]:].tolist()))
-        return out, stats
+            out.append((ids[0].tolist(), assisted[0, ids.shape[1]:].tolist()))
+        # Without the assistant every prompt goes in one call (left-padded, the padding masked out): the per-token
+        # Python overhead of a tiny model is paid once for all prompts. Assisted generation runs one sequence at a time,
+        # first, so a transformers that cannot run it at all fails before the plain chains are spent.
+        batch = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
+        try:
+            with torch.inference_mode():
+                plain = target.generate(batch.input_ids, attention_mask=batch.attention_mask, **kw)
+        except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
+            frame = _deepest_frame(exc)  # own traceback starts in this file
+            raise CheckFailure("crash", f"{name}: generate failed on the prompts {PROMPTS!r}: {type(exc).__name__}: "
+                                        f"{exc} (at {frame})") from exc
+        width = batch.input_ids.shape[1]
+        for row, (prompt_ids, _assisted) in enumerate(out):
+            assert batch.input_ids[row][batch.attention_mask[row].bool()].tolist() == prompt_ids
+        return [(p, plain[row, width:].tolist(), a) for row, (p, a) in enumerate(out)], stats
 
-    return _run
+    return lambda name, variant: _run(name, variant_name(variant))
 
 
 def _deepest_frame(exc: BaseException) -> str:
@@ -396,10 +412,11 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     if not torch.equal(seqs[:, PROMPT_LEN:], expected % text["vocab_size"]):
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
     steps = 5
-    rounds = functools.partial(witness_harness.draft_rounds, target, assistant, seqs, text, steps=steps, start=PROMPT_LEN,
-                               draft_phase=phase,
-                               ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None)
-    intact = rounds()
+    # intact and every ablation drafted together (one target forward, one stacked assistant batch per step)
+    drafted = witness_harness.draft_rounds_each(
+        target, assistant, seqs, text, (None, *witness_harness.ABLATIONS), steps=steps, start=PROMPT_LEN,
+        draft_phase=phase, ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None)
+    intact = drafted[None]
     record_property("intact", json.dumps(intact))
     base = sum(intact["step_accuracy"]) / steps
     if variant.startswith("decoy") and intact["decoys_ranked"] != 1.0:
@@ -411,7 +428,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
                                          f"{WITNESS_INTACT_MIN}")
     blind = []
     for ablation in witness_harness.ABLATIONS:
-        got = rounds(ablation=ablation)
+        got = drafted[ablation]
         # the sibling-parent fault first reaches the third draft (the first node whose parent has siblings)
         first = 2 if ablation == "tree_sibling_parent" else 0
         hit = sum(got["step_accuracy"][first:]) / (steps - first)

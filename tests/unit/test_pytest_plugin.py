@@ -153,6 +153,7 @@ def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
     # record_property values, as recorded (JSON values stay JSON values)
     assert ok["metrics"] == {"speculative_algorithm": "FROZEN_KV_MTP", "vs_nomtp": {"delta": 0.01, "lost": 1}}
     assert ok["seconds"] >= 0.3  # a fixture's setup counts into the check's time
+    assert 0 <= ok["cpu_seconds"] < 0.25  # its CPU time too, and a sleeping fixture spends none
     # mtp_results_dir is the folder of --mtp-results: what a tier keeps lands next to tiers.json
     assert (pytester.path / "row" / "server-resolves.log").read_text() == "kept next to tiers.json"
 
@@ -197,7 +198,8 @@ def test_tiers_option_selects_and_skips_with_one_line(session):
     not_selected = "smoke tier not selected (--tiers reference,contract)"
     assert tiers["smoke"]["verdict"] == "skipped" and tiers["smoke"]["reason"] == not_selected
     assert _checks(data, "smoke")["test_server"] == {"id": "test_tiers.py::test_server", "tier": "smoke",
-                                                     "outcome": "skipped", "seconds": 0.0, "metrics": {},
+                                                     "outcome": "skipped", "seconds": 0.0, "cpu_seconds": 0.0,
+                                                     "metrics": {},
                                                      "reason": not_selected}
     # the terminal says the same, one line each
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_tiers.py:*: contract tier: no sglang here",

@@ -36,6 +36,7 @@ from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, p
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()
 _START_KEY = pytest.StashKey[float]()
+_CPU_KEY = pytest.StashKey[float]()  # this process's CPU seconds in the test's setup and call so far
 SERVED_KEY = pytest.StashKey[list]()  # served.Served for every --server-url, read once at startup
 _KNOWN_KEY = pytest.StashKey[list]()  # known_upstream.KnownIssue entries, loaded (and checked) at startup
 _HALF_IMPORTED_KEY = pytest.StashKey[dict]()  # package -> (check id, kind) of the failure that left it half-imported
@@ -162,6 +163,26 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _count_cpu(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _count_cpu(item)
+
+
+def _count_cpu(item):
+    """Add this process's CPU seconds in the wrapped phase to the test's: on a busy machine wall seconds carry the
+    other processes' load, CPU seconds only the check's own work (benchmarks/row_floor_bench.py reports them)."""
+    start = time.process_time()
+    try:
+        yield
+    finally:
+        item.stash[_CPU_KEY] = item.stash.get(_CPU_KEY, 0.0) + time.process_time() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
@@ -184,6 +205,7 @@ def pytest_runtest_makereport(item, call):
             "outcome": report.outcome if report.when == "call" or report.skipped else "error",
             "seconds": round(report.duration + (item.stash.get(_SETUP_SECONDS_KEY, 0.0)
                                                 if report.when == "call" else 0.0), 3),
+            "cpu_seconds": round(item.stash.get(_CPU_KEY, 0.0), 3),
             "metrics": {k: v for k, v in item.user_properties},
         }
         if report.skipped:
