@@ -235,7 +235,7 @@ FIELD_EDITS = {
     "an outcome 'not run'": _set((*SMOKE0, "outcome"), "not run"),
     "an outcome null": _set((*SMOKE0, "outcome"), None),
     "metrics a list": _set((*SMOKE0, "metrics"), [1, 2]),
-    "failure a string": _set(("tiers", "smoke", "checks", -1, "failure"), "boom"),
+    "failure a string": _set((*SMOKE0, "failure"), "boom"),
     "versions a list": _set(("versions",), ["sglang"]),
     "knobs a list": _set(("knobs",), ["MTPMATRIX_X"]),
     "selection a string": _set(("selection",), "all"),
@@ -245,6 +245,10 @@ FIELD_EDITS = {
     "fingerprint a string": _set(("fingerprint",), "abc"),
     "verdict a number": _set(("verdict",), 0),
     "missing a string": _set(("tiers", "smoke", "missing"), "nothing"),
+    "a failure kind a list": lambda rec: next(c for c in rec["tiers"]["smoke"]["checks"] if c.get("failure"))[
+        "failure"].update(kind=["acceptance"]) or rec,
+    "a tier reason a number": _set(("tiers", "contract", "reason"), 5),
+    "a tier's seconds text": _set(("tiers", "smoke", "seconds"), "slow"),
 }
 
 
@@ -288,3 +292,82 @@ def test_junit_entries_of_one_test_say_the_most_they_can(tmp_path):
                     {"id": "t.py::b", "outcome": "passed"}, {"id": "t.py::b", "outcome": "error"},
                     {"id": "t.py::c", "outcome": "passed"}, {"id": "t.py::c", "outcome": "skipped"}])
     assert judge.junit_outcomes(f) == {"t.py::a": "passed", "t.py::b": "error", "t.py::c": "passed"}
+
+
+# --- found by an adversarial review (2026-12-02): each of these printed exit 0 or a traceback before its fix ------
+
+def _edit_row(run, f):
+    row = run / "sglang-0.5.17" / "row.json"
+    rec = json.loads(row.read_text())
+    f(rec)
+    row.write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize("box_edit, row_edit, why", [
+    (lambda d: d["versions"].update(sglang="0.5.18"), lambda r: r["versions"].update(sglang="0.5.17"),
+     "versions of sglang are not the ones tiers.json recorded"),
+    (lambda d: d.update(fingerprint=dict(d["fingerprint"], suite="0" * 64)),
+     lambda r: r["fingerprint"].update(suite=h200_record()["fingerprint"]["suite"]), "row.json names suite"),
+    (lambda d: None, lambda r: r["selection"]["knobs"].update(MTPMATRIX_X="1") or r["selection"]["knobs"].pop(
+        "MTPMATRIX_X"), None),
+])
+def test_row_json_cannot_hide_what_tiers_json_says(tmp_path, h200, box_edit, row_edit, why):
+    data = copy.deepcopy(h200)
+    box_edit(data)
+    s = judged(tmp_path, data)
+    if why is None:  # an edit that changes nothing changes no verdict
+        return
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    run = tmp_path / "results" / "r1"
+    _edit_row(run, row_edit)
+    s = report.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    assert any(why in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"]), s["evidence"]
+
+
+def test_knobs_edited_out_of_row_json_are_still_in_tiers_json(tmp_path, h200):
+    judged(tmp_path, h200, knobs={"MTPMATRIX_SMOKE_EXTRA_ARGS": "--disable-cuda-graph"})
+    run = tmp_path / "results" / "r1"
+    _edit_row(run, lambda r: (r["knobs"].pop("MTPMATRIX_SMOKE_EXTRA_ARGS"),
+                              r["selection"]["knobs"].pop("MTPMATRIX_SMOKE_EXTRA_ARGS")))
+    s = report.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    assert any("selection" in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"])
+
+
+def test_a_record_without_its_run_id_or_linked_from_another_run_is_not_this_runs(tmp_path, h200):
+    judged(tmp_path, h200)
+    r1, r2, r3 = (tmp_path / "results" / r for r in ("r1", "r2", "r3"))
+    shutil.copytree(r1, r2)
+    plan = manifest.read(r2)
+    (r2 / "manifest.json").write_text(json.dumps(dict(plan, run_id="r2")))
+    _edit_row(r2, lambda r: r.pop("run_id"))
+    s = report.build_summary(r2, require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    r3.mkdir()
+    (r3 / "manifest.json").write_text(json.dumps(dict(plan, run_id="r3")))
+    (r3 / "sglang-0.5.17").symlink_to(r1 / "sglang-0.5.17")
+    s = report.build_summary(r3, require=["smoke"])
+    assert "the row folder is a link to another folder" in [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"]]
+
+
+def test_the_report_never_judges_under_another_definition(tmp_path, h200, monkeypatch):
+    judged(tmp_path, h200)
+    monkeypatch.setenv("MTPMATRIX_EXPECTED_CHECKS", "collected")
+    s = report.build_summary(tmp_path / "results" / "r1", require=["smoke"])
+    assert s["exit_status"] == report.EXIT_NOT_PROVEN and "not the project's expected checks" in s["evidence"]["run"][0]
+
+
+def test_a_range_override_and_a_name_spelt_otherwise_still_hold_the_versions():
+    rec = _record([_accuracy()], overrides=["transformers>=5.20"])
+    rec["row"]["pins"].update(transformers="5.12.1", tokenizers="0.22.2")
+    rec["versions"].update(transformers="5.12.1", Tokenizers="0.99.0")
+    whys = _whys(rec)
+    assert "transformers 5.12.1 ran, outside the override transformers>=5.20" in whys
+    assert "tokenizers 0.99.0 ran, the row pins 0.22.2" in whys
+
+
+def test_a_non_finite_value_nested_in_a_metric_is_found():
+    chk = _accuracy(vs_nomtp={"speedup": float("nan")}, other=[[float("inf")]])
+    whys = _whys(_record([chk]))
+    assert any("metric vs_nomtp is not finite" in w for w in whys) and any("metric other" in w for w in whys)

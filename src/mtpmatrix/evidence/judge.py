@@ -19,6 +19,7 @@ What is checked, each against something the record did not write itself:
 
 from __future__ import annotations
 
+import json
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -134,8 +135,9 @@ def _settings(record: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 
 def expected_versions(record: dict) -> dict[str, str]:
-    """The row's pins with every exact ``--with`` override applied: what the row must have installed. A wheel or
-    checkout candidate's sglang is the candidate's version, not the pin (every other pin still holds)."""
+    """The row's pins with every exact ``--with`` override applied: what the row must have installed (a package an
+    override gives a range is in ``override_ranges``). A wheel or checkout candidate's sglang is the candidate's
+    version, not the pin (every other pin still holds)."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
@@ -150,16 +152,35 @@ def expected_versions(record: dict) -> dict[str, str]:
         if len(exact) == 1 and len(req.specifier) == 1:
             pins[name] = exact[0]
         else:
-            pins.pop(name, None)  # a range: any release in it is the row's
+            pins.pop(name, None)  # a range: judged by override_ranges
     cand = record.get("candidate") if isinstance(record.get("candidate"), dict) else {}
     if cand.get("kind") in ("wheel", "checkout"):
         pins["sglang"] = cand.get("version") or "(none recorded)"
     return pins
 
 
+def override_ranges(record: dict) -> dict:
+    """{package: SpecifierSet} of the ``--with`` overrides that name a range, not one release."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    out = {}
+    for spec in record.get("overrides") or []:
+        try:
+            req = Requirement(spec)
+        except InvalidRequirement:
+            continue
+        if not (len(req.specifier) == 1 and next(iter(req.specifier)).operator in ("==", "===")):
+            out[canonicalize_name(req.name)] = req.specifier
+    return out
+
+
 def _versions(record: dict, ran: bool) -> list[dict]:
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
     want = expected_versions(record)
-    got = record.get("versions") or {}
+    got = {canonicalize_name(k): v for k, v in (record.get("versions") or {}).items()}
     out = []
     if ran:
         for name in MAIN_PACKAGES:
@@ -171,6 +192,14 @@ def _versions(record: dict, ran: bool) -> list[dict]:
             cand = (record.get("candidate") or {}) if name == "sglang" else {}
             out.append(problem(None, f"{name} {have} ran, the candidate is {version}" if cand.get("kind") in
                                ("wheel", "checkout") else f"{name} {have} ran, the row pins {version}"))
+    for name, spec in sorted(override_ranges(record).items()):
+        have = got.get(name)
+        try:
+            inside = have is not None and spec.contains(Version(_base(have)), prereleases=True)
+        except InvalidVersion:
+            inside = False
+        if have and not inside:
+            out.append(problem(None, f"{name} {have} ran, outside the override {name}{spec}"))
     return out
 
 
@@ -233,11 +262,16 @@ def _acceptance(chk: dict) -> list[str]:
 
 
 def _non_finite(chk: dict) -> list[str]:
-    m = chk.get("metrics") or {}
-    bad = [k for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)]
-    bad += [k for k, v in m.items() if isinstance(v, list) and any(isinstance(x, float) and not math.isfinite(x)
-                                                                 for x in v)]
-    return [f"metric {k} is not finite" for k in sorted(set(bad))]
+    """The metrics of ``chk`` that hold a NaN or an infinity anywhere inside them."""
+    def bad(v) -> bool:
+        if isinstance(v, float):
+            return not math.isfinite(v)
+        if isinstance(v, dict):
+            return any(bad(x) for x in v.values())
+        if isinstance(v, (list, tuple)):
+            return any(bad(x) for x in v)
+        return False
+    return [f"metric {k} is not finite" for k, v in sorted((chk.get("metrics") or {}).items()) if bad(v)]
 
 
 def _checks(record: dict, row_dir: Path | None) -> list[dict]:
@@ -301,6 +335,36 @@ def junit_outcomes(path: Path) -> dict[str, str]:
     return out
 
 
+def _dumps(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _same_story(record: dict, written: dict) -> list[dict]:
+    """What row.json says of the session against what the plugin wrote in tiers.json: the suite, the versions it
+    saw, the selection (args, knobs, collected) and each check's metrics."""
+    out = []
+    here, there = (record.get("fingerprint") or {}), (written.get("fingerprint") or {})
+    if isinstance(there, dict) and here.get("suite") != there.get("suite"):
+        out.append(problem(None, f"row.json names suite {str(here.get('suite'))[:12]}, {schema.TIERS_FILE} "
+                                 f"{str(there.get('suite'))[:12]}"))
+    seen = written.get("versions") if isinstance(written.get("versions"), dict) else {}
+    mine = record.get("versions") or {}
+    differ = sorted(k for k, v in seen.items() if v and mine.get(k) != v)
+    if differ:
+        out.append(problem(None, f"row.json's versions of {', '.join(differ)} are not the ones {schema.TIERS_FILE} "
+                                 "recorded"))
+    if _dumps(record.get("selection")) != _dumps(written.get("selection")):
+        out.append(problem(None, f"row.json's selection (args, knobs, collected checks) is not {schema.TIERS_FILE}'s"))
+    metrics = {c.get("id"): c.get("metrics") for e in (written.get("tiers") or {}).values() if isinstance(e, dict)
+               for c in e.get("checks") or [] if isinstance(c, dict)}
+    for tier, entry in (record.get("tiers") or {}).items():
+        for chk in entry.get("checks") or []:
+            if chk["id"] in metrics and _dumps(chk.get("metrics")) != _dumps(metrics[chk["id"]]):
+                out.append(problem(tier, f"row.json's metrics of {short_check_id(chk['id'])} are not "
+                                         f"{schema.TIERS_FILE}'s"))
+    return out
+
+
 def _files(record: dict, row_dir: Path) -> list[dict]:
     checks = {c["id"]: (t, c.get("outcome")) for t, e in (record.get("tiers") or {}).items()
               for c in e.get("checks") or []}
@@ -320,6 +384,7 @@ def _files(record: dict, row_dir: Path) -> list[dict]:
             if written.get(cid) != outcome:
                 out.append(problem(tier, f"row.json says {short_check_id(cid)} {outcome}, {schema.TIERS_FILE} says "
                                          f"{written.get(cid) or 'nothing'}"))
+        out += _same_story(record, data)
     try:
         junit = junit_outcomes(row_dir / schema.JUNIT_FILE)
     except ValueError as exc:
@@ -345,7 +410,9 @@ def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None,
     row = record.get("row") or {}
     if row.get("id") != row_id:
         out.append(problem(None, f"row.json names row {row.get('id')!r}, filed as {row_id!r}"))
-    if record.get("run_id") not in (None, run_id):
+    fingerprinted = bool((record.get("fingerprint") or {}).get("suite"))
+    if record.get("run_id") != run_id and (fingerprinted or record.get("run_id") is not None):
+        # a record of this suite always names its run (store.save_row, import): one without is not bound to this one
         out.append(problem(None, f"row.json belongs to run {record.get('run_id')!r}, filed in run {run_id!r}"))
     ran = any(e.get("checks") for e in (record.get("tiers") or {}).values())
     if manifest is not None:

@@ -36,6 +36,11 @@ def _check_problems(tier: str, i: int, chk, seen: set) -> list[str]:
         out.append(f"{where} ({cid}): metrics is not an object")
     if "failure" in chk and not isinstance(chk["failure"], dict):
         out.append(f"{where} ({cid}): failure is not an object")
+    elif isinstance(chk.get("failure"), dict):
+        bad = sorted(k for k in ("kind", "type", "message", "frame", "raised_at")
+                     if not isinstance(chk["failure"].get(k), _TEXT_OR_NONE))
+        if bad:
+            out.append(f"{where} ({cid}): failure {', '.join(bad)} not text")
     if "reason" in chk and not isinstance(chk["reason"], str):
         out.append(f"{where} ({cid}): reason is not text")
     if "known_upstream" in chk and not isinstance(chk["known_upstream"], str):
@@ -58,8 +63,11 @@ def tiers_problems(tiers) -> list[str]:
         if not isinstance(entry, dict):
             out.append(f"tiers.{tier} is not an object")
             continue
-        if not isinstance(entry.get("verdict"), _TEXT_OR_NONE):
-            out.append(f"tiers.{tier}.verdict is not text")
+        for key in ("verdict", "reason"):
+            if not isinstance(entry.get(key), _TEXT_OR_NONE):
+                out.append(f"tiers.{tier}.{key} is not text")
+        if not isinstance(entry.get("seconds", 0), (int, float)) or isinstance(entry.get("seconds"), bool):
+            out.append(f"tiers.{tier}.seconds is not a number")
         checks = entry.get("checks", [])
         if not isinstance(checks, list):
             out.append(f"tiers.{tier}.checks is not a list")

@@ -4,9 +4,10 @@ added as rows that did not run. The report reads a run through here (report/mode
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from mtpmatrix.evidence import fingerprint, judge, manifest, records
+from mtpmatrix.evidence import expected_checks, fingerprint, judge, manifest, records
 from mtpmatrix.runner.store import row_verdict
 from mtpmatrix.schema import UNPROVEN
 
@@ -36,12 +37,17 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
     if plan is not None and here is not None and planned_fp.get("suite") != here["suite"]:
         run_problems.append(f"the run's suite {fingerprint.short(planned_fp)} is not this checkout's "
                             f"{fingerprint.short(here)}: report it from the commit that ran it")
+    if os.environ.get(expected_checks.ENV):
+        run_problems.append(f"judged under {expected_checks.ENV}={os.environ[expected_checks.ENV]}: not the project's "
+                            "expected checks")
     by_row: dict[str, list[dict]] = {}
     for rid, rec in rows.items():
         if rec.get("unreadable"):
             found = [judge.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
         else:
             found = judge.judge_row(rid, rec, run_id=run_dir.name, manifest=plan, row_dir=run_dir / rid)
+        if (run_dir / rid).is_symlink():  # another run's folder, linked in: not this run's record
+            found.append(judge.problem(None, "the row folder is a link to another folder"))
         by_row[rid] = found
         apply_problems(rec, found)
     for rid in sorted(set((plan or {}).get("rows") or {}) - set(rows)):
