@@ -134,45 +134,45 @@ def _settings(record: dict) -> list[dict]:
 # versions
 # ---------------------------------------------------------------------------------------------------------------
 
-def expected_versions(record: dict) -> dict[str, str]:
-    """The row's pins with every exact ``--with`` override applied: what the row must have installed (a package an
-    override gives a range is in ``override_ranges``). A wheel or checkout candidate's sglang is the candidate's
-    version, not the pin (every other pin still holds)."""
+def split_overrides(record: dict) -> tuple[dict[str, str], dict]:
+    """A record's ``--with`` overrides as ({package: the one release it names}, {package: SpecifierSet of a range}),
+    canonical names; a spec that does not parse is neither."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
-    pins = {canonicalize_name(k): v for k, v in ((record.get("row") or {}).get("pins") or {}).items()}
+    exact, ranges = {}, {}
     for spec in record.get("overrides") or []:
         try:
             req = Requirement(spec)
         except InvalidRequirement:
             continue
         name = canonicalize_name(req.name)
-        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
-        if len(exact) == 1 and len(req.specifier) == 1:
-            pins[name] = exact[0]
+        named = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(named) == 1 and len(req.specifier) == 1:
+            exact[name] = named[0]
         else:
-            pins.pop(name, None)  # a range: judged by override_ranges
+            ranges[name] = req.specifier
+    return exact, ranges
+
+
+def pins_with_overrides(record: dict) -> dict[str, str]:
+    """The row's pins (canonical names) with every exact ``--with`` override applied."""
+    from packaging.utils import canonicalize_name
+
+    pins = {canonicalize_name(k): v for k, v in ((record.get("row") or {}).get("pins") or {}).items()}
+    return {**pins, **split_overrides(record)[0]}
+
+
+def expected_versions(record: dict) -> dict[str, str]:
+    """What the row must have installed: ``pins_with_overrides`` less the packages a ``--with`` range frees (judged
+    against the range by ``_versions``). A wheel or checkout candidate's sglang is the candidate's version, not the
+    pin (every other pin still holds)."""
+    ranges = split_overrides(record)[1]
+    pins = {k: v for k, v in pins_with_overrides(record).items() if k not in ranges}
     cand = record.get("candidate") if isinstance(record.get("candidate"), dict) else {}
     if cand.get("kind") in ("wheel", "checkout"):
         pins["sglang"] = cand.get("version") or "(none recorded)"
     return pins
-
-
-def override_ranges(record: dict) -> dict:
-    """{package: SpecifierSet} of the ``--with`` overrides that name a range, not one release."""
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
-
-    out = {}
-    for spec in record.get("overrides") or []:
-        try:
-            req = Requirement(spec)
-        except InvalidRequirement:
-            continue
-        if not (len(req.specifier) == 1 and next(iter(req.specifier)).operator in ("==", "===")):
-            out[canonicalize_name(req.name)] = req.specifier
-    return out
 
 
 def _versions(record: dict, ran: bool) -> list[dict]:
@@ -192,7 +192,7 @@ def _versions(record: dict, ran: bool) -> list[dict]:
             cand = (record.get("candidate") or {}) if name == "sglang" else {}
             out.append(problem(None, f"{name} {have} ran, the candidate is {version}" if cand.get("kind") in
                                ("wheel", "checkout") else f"{name} {have} ran, the row pins {version}"))
-    for name, spec in sorted(override_ranges(record).items()):
+    for name, spec in sorted(split_overrides(record)[1].items()):
         have = got.get(name)
         try:
             inside = have is not None and spec.contains(Version(_base(have)), prereleases=True)

@@ -16,14 +16,13 @@ import os
 import re
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
 
 from mtpmatrix import expected, schema, stats
 from mtpmatrix.evidence import records as record_shapes
+from mtpmatrix.evidence.judge import pins_with_overrides
 from mtpmatrix.evidence import run as evidence_of_run
 from mtpmatrix.report import candidates, compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
-from mtpmatrix.runner.rows import RowError, parse_override
 from mtpmatrix.runner.store import read_freeze, read_run, row_verdict
 from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 
@@ -68,20 +67,6 @@ def read_judged_run(run_dir: Path) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------------------------------
 # one row
 # ---------------------------------------------------------------------------------------------------------------
-
-def _pins_of(record: dict) -> dict[str, str]:
-    """What a row asked for (its pins with --with overrides applied): the fallback when no freeze.txt exists."""
-    pins = {canonicalize_name(k): v for k, v in (record.get("row") or {}).get("pins", {}).items()}
-    for spec in record.get("overrides") or []:
-        try:
-            req = parse_override(spec)
-        except RowError:
-            continue
-        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
-        if len(exact) == 1 and len(req.specifier) == 1:  # only an exact override names a version
-            pins[canonicalize_name(req.name)] = exact[0]
-    return pins
-
 
 def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
     """One row per (tier, case) with the metrics of all its checks: a GSM8K case's score and interval (test_accuracy)
@@ -201,7 +186,7 @@ def _versions(record: dict) -> tuple[dict, bool]:
     """(versions, whether they were installed): freeze/tiers versions, else the pins the row asked for."""
     v = dict(record.get("versions") or {})
     installed = bool(v)
-    pins = _pins_of(record)
+    pins = pins_with_overrides(record)
     for p in MAIN_PACKAGES:
         v.setdefault(p, pins.get(p))
     v.setdefault("python", (record.get("row") or {}).get("python"))
@@ -292,14 +277,14 @@ def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[
     """Attach to every failing row the closest passing row: from this run, and, with a baseline, from the
     baseline run too (an upgrade probe re-runs one row, so its nearest good neighbour is usually the baseline's)."""
     freezes = {rid: read_freeze(run_dir / rid) for rid in rows}
-    passing = {rid: (freezes[rid] if freezes[rid] else _pins_of(rows[rid]))
+    passing = {rid: (freezes[rid] if freezes[rid] else pins_with_overrides(rows[rid]))
                for rid, s in summaries.items() if s["verdict"] in ("passed", PARTIAL)}
     sglang_of = {rid: summaries[rid]["versions"].get("sglang") for rid in summaries}
     if baseline_dir is not None:
         for rid, rec in read_judged_run(baseline_dir).items():
             if rec.get("verdict") in ("passed", PARTIAL):
                 key = f"{rid} @ {Path(baseline_dir).name}"
-                passing[key] = read_freeze(Path(baseline_dir) / rid) or _pins_of(rec)
+                passing[key] = read_freeze(Path(baseline_dir) / rid) or pins_with_overrides(rec)
                 sglang_of[key] = (rec.get("versions") or {}).get("sglang")
     for rid, s in summaries.items():
         if s["verdict"] not in FAILING:
@@ -308,7 +293,7 @@ def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[
             s["closest_passing"] = None
             continue
         source = "freeze" if freezes[rid] else "pins"
-        target = freezes[rid] if freezes[rid] else _pins_of(rows[rid])
+        target = freezes[rid] if freezes[rid] else pins_with_overrides(rows[rid])
         best = closest_passing(target, passing, target_sglang=sglang_of.get(rid), sglang_of=sglang_of,
                                keys_only=source == "pins")
         if best:
