@@ -7,11 +7,17 @@ a finished pair folder is recognised by its marker hash); otherwise it lives und
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from mtpmatrix import schema
+from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.tiers import launch_plan, smoke
+from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
 
 
@@ -46,3 +52,37 @@ def build_tiny_pair(tiny_root):
 def tiny_pair(request, build_tiny_pair):
     """Each tiny pair (random weights), as PairPaths."""
     return build_tiny_pair(request.param)
+
+
+@pytest.fixture(scope="session")
+def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
+    """Launch every selected server once (side by side where the GPU has room) and keep what each did."""
+    options = smoke.collection_options()
+    specs = list(options.specs)
+    why = gpu_missing(options.tp)
+    if why:
+        pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={options.tp})")
+    t0 = time.monotonic()
+    pairs = {variant: build_tiny_pair(options.pair, variant) for variant in sorted({s.pair for s in specs})}
+    if options.swap_drafters:
+        pairs.setdefault("random", build_tiny_pair(options.pair))
+    swap = options.swap_drafters
+    jobs = []
+    for spec in specs:
+        pair = pairs[spec.pair]
+        assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
+        jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
+    parallel = launch_plan.launch_parallelism(len(jobs), gpu_free_mib(), options.parallel,
+                                              launch_plan.mem_fraction(options.extra_args))
+    runs = smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=options.tp, parallel=parallel,
+                             extra_args=options.extra_args, progress=mtp_progress)
+    # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs
+    budget = launch_plan.launch_budget(runs, parallel, time.monotonic() - t0)
+    atomic_write_json(mtp_results_dir / schema.SMOKE_LAUNCH_BUDGET_FILE, budget)
+    mtp_progress(launch_plan.launch_budget_line(budget))
+    return runs
+
+
+def _vocab_size(target_dir) -> int:
+    cfg = json.loads((target_dir / "config.json").read_text())
+    return (cfg.get("text_config") or cfg)["vocab_size"]

@@ -21,59 +21,18 @@ of sglang's MTP code.
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 
-from mtpmatrix import schema, settings
-from mtpmatrix.atomic import atomic_write_json
-
-from mtpmatrix.tiers import client, launch_plan, meta_fields, sglang_compat, smoke
-from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
+from mtpmatrix import settings
+from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
-try:
-    OPTIONS = smoke.smoke_options()
-except ValueError:  # with the smoke tier selected the plugin has already stopped pytest with this one line;
-    OPTIONS = smoke.SmokeOptions()  # without it, a bad knob must not break collecting the other tiers
+OPTIONS = smoke.collection_options()
 SPECS = list(OPTIONS.specs)
 MTP_SPECS = [s for s in SPECS if s.topk]
-
-
-@pytest.fixture(scope="module")
-def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
-    """Launch every selected server once (side by side where the GPU has room) and keep what each did."""
-    why = gpu_missing(OPTIONS.tp)
-    if why:
-        pytest.skip(f"smoke tier: {why} (MTPMATRIX_SMOKE_TP={OPTIONS.tp})")
-    t0 = time.monotonic()
-    pairs = {variant: build_tiny_pair(OPTIONS.pair, variant) for variant in sorted({s.pair for s in SPECS})}
-    if OPTIONS.swap_drafters:
-        pairs.setdefault("random", build_tiny_pair(OPTIONS.pair))
-    swap = OPTIONS.swap_drafters
-    jobs = []
-    for spec in SPECS:
-        pair = pairs[spec.pair]
-        assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
-        jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
-    parallel = launch_plan.launch_parallelism(len(jobs), gpu_free_mib(), OPTIONS.parallel,
-                                              launch_plan.mem_fraction(OPTIONS.extra_args))
-    runs = smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=OPTIONS.tp, parallel=parallel,
-                             extra_args=OPTIONS.extra_args, progress=mtp_progress)
-    # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs
-    budget = launch_plan.launch_budget(runs, parallel, time.monotonic() - t0)
-    atomic_write_json(mtp_results_dir / schema.SMOKE_LAUNCH_BUDGET_FILE, budget)
-    mtp_progress(launch_plan.launch_budget_line(budget))
-    return runs
-
-
-def _vocab_size(target_dir) -> int:
-    cfg = json.loads((target_dir / "config.json").read_text())
-    return (cfg.get("text_config") or cfg)["vocab_size"]
 
 
 def _run(smoke_runs, name, record_property) -> smoke.SmokeRun:

@@ -380,7 +380,7 @@ def test_suite_env_puts_the_hook_first_and_names_the_suite(tmp_path):
 
 def test_pytest_command_is_the_smoke_suite_with_its_own_results(tmp_path):
     s = S.Suite("m", ("a",), tmp_path, {})
-    assert S.pytest_command(s, "py") == ["py", "-m", "pytest", "tests/tiers/test_smoke.py", "-p", "no:cacheprovider",
+    assert S.pytest_command(s, "py") == ["py", "-m", "pytest", "tests/tiers", "-p", "no:cacheprovider",
                                          "--tiers", "smoke", "--mtp-results", str(tmp_path / "tiers.json")]
 
 

@@ -97,7 +97,7 @@ def _jobs(tmp_path, n=3):
             for spec in smoke.SMOKE_SERVERS[:n]]
 
 
-@pytest.mark.parametrize("free_mib,want", [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 2), (48 * 1024, 4),
+@pytest.mark.parametrize("free_mib,want", [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 2), (48 * 1024, 5),
                                            (80 * 1024, 5), (140 * 1024, 5), (10**7, 5)])
 def test_launch_parallelism_from_free_memory(free_mib, want):
     assert launch_plan.launch_parallelism(5, free_mib) == want
@@ -125,7 +125,7 @@ def test_the_wave_follows_the_fraction_the_servers_run_with():
     assert launch_plan.mem_fraction() == launch_plan.SMOKE_MEM_FRACTION == 0.35
     assert launch_plan.mem_fraction(("--mem-fraction-static", "0.12")) == 0.12  # the last one given wins
     assert launch_plan.mem_fraction(("--mem-fraction-static=0.7",)) == 0.7
-    assert launch_plan.launch_parallelism(11, 139 * 1024, fraction=0.12) == 4
+    assert launch_plan.launch_parallelism(11, 139 * 1024, fraction=0.12) == 5
     assert launch_plan.launch_parallelism(11, 139 * 1024) == 11
 
 
@@ -427,4 +427,5 @@ def test_decoy_servers_are_exact_and_predicted():
     assert all(s.pair == "decoy-sglang-phase" and s.exact and s.decoy and not s.phase_reference for s in decoys)
     assert {s.topk for s in decoys} == {1, 3}
     assert all(s.default == smoke.DECOY_IN_DEFAULT_SUITE for s in decoys)
-    assert not any(s.decoy for s in specs.values() if s.name not in smoke.DECOY_SERVERS)
+    # besides them, only a server of another scheduler or graph mode serves the decoy
+    assert all(s.mode_args for s in specs.values() if s.decoy and s.name not in smoke.DECOY_SERVERS)

@@ -21,7 +21,7 @@ from mtpmatrix.schema import FAILING, short_check_id
 from mtpmatrix.tiers.processes import group_members
 
 REPO = Path(__file__).resolve().parents[3]
-SUITE = "tests/tiers/test_smoke.py"
+SUITE = "tests/tiers"  # the smoke checks, in every test module of the suite (--tiers smoke selects them)
 
 # Concurrency is bounded by CPU, not GPU memory: a server launch is mostly CPU-bound Triton compilation, processor
 # loading and CUDA-graph capture. Measured on one H200 box with 16 cores (sglang 0.5.17, tiny pairs, warm caches):

@@ -16,8 +16,9 @@ from mtpmatrix import settings
 # holds at most SERVER_MIB per GPU once ready (measured on H200s, sglang 0.5.17: 2,478 MiB at TP 1 with its 1 GiB
 # multimodal IPC reservation, docs/runs/2026-12-01-h200-sglang-0.5.17-smoke-default.json; 6,310 MiB over 2 GPUs at TP 2,
 # docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json; 0.5.13's 11 servers launched in one wave on an
-# H200, docs/runs/2026-12-01b-h200-sglang-0.5.13-smoke-default.json), so that many fit side by side.
-SERVER_MIB = 3584
+# H200, docs/runs/2026-12-01b-h200-sglang-0.5.13-smoke-default.json, 930 MiB the most), so that many fit side by side.
+# 2,944 = the most measured (2,478) + 19 %: the 15 default servers launch in one wave on an idle H200.
+SERVER_MIB = 2944
 
 
 def mem_fraction(extra_args: tuple[str, ...] | list[str] = ()) -> float:
@@ -41,7 +42,7 @@ def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | No
     """How many smoke servers to launch side by side.
 
     ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise as many as fit in the launch margin
-    (``memory_parallelism``: 12 on an idle H200 with 125 GiB free (140.4 GiB in all), so the 11 default servers
+    (``memory_parallelism``: 15 on an idle H200 with 125 GiB free (140.4 GiB in all), so the 15 default servers
     launch in one wave; 2 on a 24 GiB card), never more than there are servers, and 1 when free memory is unknown.
     """
     if requested is not None:

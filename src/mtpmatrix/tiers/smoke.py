@@ -96,6 +96,9 @@ class SmokeServerSpec:
     topk: int | None  # None = no MTP
     load_format: str = "auto"
     default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers
+    # sglang arguments of this server alone (a scheduler or graph mode the others do not run), before
+    # MTPMATRIX_SMOKE_EXTRA_ARGS
+    mode_args: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -116,6 +119,11 @@ class SmokeServerSpec:
         return self.pair == "witness"
 
 
+NO_OVERLAP_ARGS = ("--disable-overlap-schedule",)
+# CUDA graphs for batches of up to 2 requests: the witness's 8 greedy requests plus the request families run in
+# batches of up to 8 (--max-running-requests), so most verify and draft steps take the eager path, the rest a graph.
+EAGER_ABOVE_BATCH = 2
+EAGER_ABOVE_ARGS = ("--cuda-graph-max-bs", str(EAGER_ABOVE_BATCH))
 # With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
 # docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
 DECOY_IN_DEFAULT_SUITE = True
@@ -145,6 +153,14 @@ SMOKE_SERVERS = (
     # predicted exactly (topk 1: 3.56 or 4.0, topk 3: 5.33 on the e-series prompts).
     SmokeServerSpec("decoy-mtp-topk1", "decoy-sglang-phase", 1, default=DECOY_IN_DEFAULT_SUITE),
     SmokeServerSpec("decoy-mtp-topk3", "decoy-sglang-phase", 3, default=DECOY_IN_DEFAULT_SUITE),
+    # The request surface (mtpmatrix.tiers.surface): the witness without MTP answers every request family the MTP
+    # witness servers get (stops, logprobs, sampling features), so each is held to MTP equals no-MTP on one pair.
+    SmokeServerSpec("witness-nomtp", "witness-sglang-phase", None),
+    # Modes no other server runs: the non-overlap scheduler (0.5.17+: the spec-v1 worker and its verify; 0.5.13's
+    # only mode), and the eager draft/verify path (batches above --cuda-graph-max-bs run without CUDA graphs).
+    SmokeServerSpec("decoy-mtp-topk3-no-overlap", "decoy-sglang-phase", 3, mode_args=NO_OVERLAP_ARGS),
+    SmokeServerSpec("sampled-mtp-topk1-no-overlap", "sampled", 1, mode_args=NO_OVERLAP_ARGS),
+    SmokeServerSpec("witness-mtp-topk3-eager", "witness-sglang-phase", 3, mode_args=EAGER_ABOVE_ARGS),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
 # What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.
@@ -190,6 +206,16 @@ def smoke_options(env: dict | None = None) -> SmokeOptions:
                         extra_args=extra, swap_drafters=env.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1")
 
 
+def collection_options() -> SmokeOptions:
+    """The smoke knobs for parametrising the smoke checks at collection: the defaults when a knob is bad (with the
+    smoke tier selected the plugin has already stopped pytest with its one line; without it, a bad knob must not
+    break collecting the other tiers)."""
+    try:
+        return smoke_options()
+    except ValueError:
+        return SmokeOptions()
+
+
 def _positive_int(env: dict, name: str) -> int | None:
     raw = (env.get(name) or "").strip()
     if not raw:
@@ -216,6 +242,8 @@ class SmokeRun:
     sampled_requests: list = field(default_factory=list)  # sampled pair: the plan sent (pairs.sampled.SampledRequest)
     sampled_outputs: list[list[int]] = field(default_factory=list)
     sampled_meta: list[dict] = field(default_factory=list)
+    # the request families (mtpmatrix.tiers.surface) by name: what was sent and what came back
+    surface: dict[str, list] = field(default_factory=dict)
     request_seconds: float | None = None
     gpu_memory_mib: int | None = None  # what the server's processes held on the GPU once ready (nvidia-smi)
     first_attempt_error: str | None = None  # set when a side-by-side launch failed and this run is the relaunch
@@ -227,7 +255,12 @@ class SmokeRun:
     def all_meta(self) -> list[dict]:
         """The meta_info of every request the tier sent this server (token ids, text, sampled): what /server_info's
         lifetime counters count."""
-        return self.id_meta + self.text_meta + self.sampled_meta
+        return self.id_meta + self.text_meta + self.sampled_meta + [
+            x.meta for exchanges in self.surface.values() for x in exchanges]
+
+    def exchanges(self, family: str) -> list:
+        """What the request family ``family`` sent this server and got back (surface.Exchange), in its order."""
+        return self.surface.get(family, [])
 
 
 def id_prompts(vocab_size: int, n: int = N_ID_PROMPTS, length: int = PROMPT_LEN) -> list[list[int]]:
@@ -260,7 +293,7 @@ def server_args_for(spec: SmokeServerSpec, target: Path, assistant: Path, tp: in
     """sglang arguments of one smoke server; ``extra_args`` (MTPMATRIX_SMOKE_EXTRA_ARGS) go last, so they win."""
     extra = ["--load-format", spec.load_format] if spec.load_format != "auto" else []
     return settings.server_args(target, assistant=assistant if spec.topk else None, topk=spec.topk, tp=tp,
-                                base=settings.SMOKE_ARGS, extra=[*extra, *extra_args])
+                                base=settings.SMOKE_ARGS, extra=[*extra, *spec.mode_args, *extra_args])
 
 
 @dataclass(frozen=True)
@@ -375,7 +408,7 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
     ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests only); ``on_start(server)`` is called
     once the process exists, before waiting for it.
     """
-    from mtpmatrix.tiers import client
+    from mtpmatrix.tiers import client, surface
     from mtpmatrix.tiers.server import SglangServer
 
     run = SmokeRun(spec=spec, log_path=Path(log_dir) / (log_name or f"server-{spec.name}.log"), vocab_size=vocab_size)
@@ -401,12 +434,20 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
             from mtpmatrix.tiers.pairs.sampled import payload
 
             reqs += [payload(r) for r in plan]
+        n_planned = len(reqs)
+        # every family's requests in the same batch as the rest: mixed request kinds in flight together
+        labelled = surface.requests_for(spec, vocab_size)
+        reqs += [payload for _family, _label, payload in labelled]
         results = client.run_batch(server.base_url, reqs, parallel=min(len(reqs), CLIENT_PARALLEL))
         run.request_seconds = round(time.monotonic() - t1, 2)
+        # a family's failed request stays with its exchange: whether the release refuses what it asks is that
+        # family's check to judge, not a crash of the whole server
+        run.surface = surface.collate(labelled, results[n_planned:])
+        results = results[:n_planned]
         errors = [r.error for r in results if r.error]
         if errors:
             raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
-        n_ids = len(reqs) - len(TEXT_PROMPTS) - len(plan)
+        n_ids = n_planned - len(TEXT_PROMPTS) - len(plan)
         n_greedy = n_ids + len(TEXT_PROMPTS)
         run.sampled_requests = plan
         run.sampled_outputs = [list(r.response.get("output_ids") or []) for r in results[n_greedy:]]

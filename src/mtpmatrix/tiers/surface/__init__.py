@@ -1,0 +1,59 @@
+"""The request surface: request families real users send, each through the live MTP path of the smoke servers.
+
+The smoke tier's own requests are greedy with ``ignore_eos`` (and the sampled pair's plan); a family adds requests
+that ask for what those never do (stops and EOS inside an accepted run, logprobs, sampling features, mixed
+sampling parameters, seeds). Each family is a module of this package with
+
+    NAME: str                                   the family's name, the key of SmokeRun.surface
+    def requests(spec, vocab_size) -> list[tuple[str, dict]]
+                                                (label, /generate payload) for the server ``spec`` (a
+                                                smoke.SmokeServerSpec); [] where the family does not apply
+
+and is listed in FAMILIES. The smoke tier sends every family's requests in the same batch as its own (so request
+kinds are in flight together), and the checks read them back with ``SmokeRun.exchanges(NAME)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+# module names under mtpmatrix.tiers.surface, in the order their requests are sent
+FAMILIES: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request of a family and what came back: the response ({} when the request failed) or the error."""
+    label: str
+    payload: dict
+    response: dict
+    error: str | None = None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return list(self.response.get("output_ids") or [])
+
+    @property
+    def meta(self) -> dict:
+        return self.response.get("meta_info") or {}
+
+
+def families():
+    return [importlib.import_module(f"{__name__}.{name}") for name in FAMILIES]
+
+
+def requests_for(spec, vocab_size: int) -> list[tuple[str, str, dict]]:
+    """(family, label, payload) of every family's requests for the server ``spec``."""
+    out = []
+    for family in families():
+        out += [(family.NAME, label, payload) for label, payload in family.requests(spec, vocab_size)]
+    return out
+
+
+def collate(labelled: list[tuple[str, str, dict]], results: list) -> dict[str, list[Exchange]]:
+    """The results (client.Result, same order) of ``requests_for``'s requests, by family."""
+    out: dict[str, list[Exchange]] = {}
+    for (family, label, payload), result in zip(labelled, results, strict=True):
+        out.setdefault(family, []).append(Exchange(label, payload, result.response or {}, result.error))
+    return out
