@@ -120,6 +120,7 @@ class SmokeServerSpec:
 
 
 NO_OVERLAP_ARGS = ("--disable-overlap-schedule",)
+SEEDED_ARGS = ("--enable-deterministic-inference",)
 # CUDA graphs for batches of up to 2 requests: the witness's 8 greedy requests plus the request families run in
 # batches of up to 8 (--max-running-requests), so most verify and draft steps take the eager path, the rest a graph.
 EAGER_ABOVE_BATCH = 2
@@ -159,7 +160,11 @@ SMOKE_SERVERS = (
     # Modes no other server runs: the non-overlap scheduler (0.5.17+: the spec-v1 worker and its verify; 0.5.13's
     # only mode), and the eager draft/verify path (batches above --cuda-graph-max-bs run without CUDA graphs).
     SmokeServerSpec("decoy-mtp-topk3-no-overlap", "decoy-sglang-phase", 3, mode_args=NO_OVERLAP_ARGS),
-    SmokeServerSpec("sampled-mtp-topk1-no-overlap", "sampled", 1, mode_args=NO_OVERLAP_ARGS),
+    # ... and seeded: sampling_seed is honoured only under --enable-deterministic-inference (test_smoke_sampling's
+    # test_seeded_repeats_identical); triton attention is a deterministic backend in 0.5.13 and 0.5.17
+    # (server_args.DETERMINISTIC_ATTENTION_BACKEND_CHOICES), speculative decoding refuses it only with
+    # --speculative-use-rejection-sampling (0.5.17 arg_groups/speculative_hook.py).
+    SmokeServerSpec("sampled-mtp-topk1-no-overlap", "sampled", 1, mode_args=(*NO_OVERLAP_ARGS, *SEEDED_ARGS)),
     SmokeServerSpec("witness-mtp-topk3-eager", "witness-sglang-phase", 3, mode_args=EAGER_ABOVE_ARGS),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
