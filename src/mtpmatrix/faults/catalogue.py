@@ -7,11 +7,11 @@ decoy and sampled servers, a tree parent off the first branch, a verify that tak
 without the request's temperature, top-k/top-p or accept threshold, a miscounted per-request metric field; and, seen
 only by the request families of mtpmatrix.tiers.surface or by one server's scheduler / graph mode, a stop inside an
 accepted run, logprobs of the wrong node, one request's temperature for the whole batch, a greedy bonus token at
-T > 0, a non-overlap scheduler that drops the advanced seq_lens, an eager draft that misses the last KV slot, a
-verify without logit_bias). A mutant is a list of sites, each *module + anchor text + replacement*; every site whose anchor occurs exactly once in
-the installed release is applied (several sites carry one bug across releases, e.g. the non-overlap worker of
-0.5.13 and the spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this release and never counts
-as killed.
+T > 0, a non-overlap scheduler that drops the advanced seq_lens, an eager draft that misses the last KV slot, a verify
+without logit_bias). A mutant is a list of sites, each *module + anchor text + replacement*; every site whose anchor
+occurs exactly once in the installed release is applied (several sites carry one bug across releases, e.g. the
+non-overlap worker of 0.5.13 and the spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this
+release and never counts as killed.
 
 The installed files are never edited: the patched text goes into ``<out>/<id>/mutant.json`` (``hook_payload``) and
 the hook in ``mutant_hook/sitecustomize.py`` (first on PYTHONPATH for the pytest run and every server process it
