@@ -4,11 +4,14 @@ Each mutant is one deliberate bug of the kind the smoke tier exists to catch (th
 hidden state, the wrong frozen-KV layer, shifted RoPE positions, the wrong tree parent, rows of different requests
 mixed, lossy verification, a wrong accept-length counter, the draft CUDA graph never captured; and, seen only by the
 decoy and sampled servers, a tree parent off the first branch, a verify that takes every draft, a sampled verify
-without the request's temperature, top-k/top-p or accept threshold, a miscounted per-request metric field). A
-mutant is a list of sites, each *module + anchor text + replacement*; every site whose anchor occurs exactly once in
-the installed release is applied (several sites carry one bug across releases, e.g. the non-overlap worker of
-0.5.13 and the spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this release and never counts
-as killed.
+without the request's temperature, top-k/top-p or accept threshold, a miscounted per-request metric field; and, seen
+only by the request families of mtpmatrix.tiers.surface or by one server's scheduler / graph mode, a stop inside an
+accepted run, logprobs of the wrong node, one request's temperature for the whole batch, a greedy bonus token at
+T > 0, a non-overlap scheduler that drops the advanced seq_lens, an eager draft that misses the last KV slot, a verify
+without logit_bias). A mutant is a list of sites, each *module + anchor text + replacement*; every site whose anchor
+occurs exactly once in the installed release is applied (several sites carry one bug across releases, e.g. the
+non-overlap worker of 0.5.13 and the spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this
+release and never counts as killed.
 
 The installed files are never edited: the patched text goes into ``<out>/<id>/mutant.json`` (``hook_payload``) and
 the hook in ``mutant_hook/sitecustomize.py`` (first on PYTHONPATH for the pytest run and every server process it
@@ -52,6 +55,13 @@ CATEGORIES = {
     "cuda-graph": "draft CUDA-graph capture",
     "sampled-verify": "sampled verification (temperature, top-k/top-p, accept thresholds)",
     "metric-fields": "per-request speculative metric fields",
+    # the request surface (mtpmatrix.tiers.surface): what only requests other than greedy ignore_eos ones reach
+    "stops": "EOS / stop tokens inside a verify step's accepted run",
+    "logprobs": "output logprobs of speculatively accepted tokens",
+    "mixed-sampling": "per-request sampling parameters in a mixed verify batch",
+    "sampled-bonus": "the bonus token of a fully accepted sampled verify step",
+    "sched-modes": "code only the non-overlap scheduler or the eager draft path runs",
+    "sampling-feats": "sampling features (logit_bias, penalties) applied in verify",
 }
 
 
@@ -75,6 +85,9 @@ class Mutant:
     sites: tuple[Site, ...]
     servers: tuple[str, ...] = DEFAULT_SERVERS
     expect: str = ""  # the smoke check(s) expected to kill it, and why
+    # releases (x.y.z) whose Frozen-KV MTP path lacks the modelled code: the mutant is n.a. there by design (no
+    # anchor, or one on a path Frozen-KV MTP does not take there) and ``tests`` expect it so
+    na_on: tuple[str, ...] = ()
 
 
 # Modules of the MTP path, by release: 0.5.13 runs Frozen-KV MTP on the non-overlap worker (frozen_kv_mtp_worker,
@@ -89,6 +102,10 @@ _EAI2 = "sglang.srt.speculative.eagle_info_v2"
 _G4 = "sglang.srt.models.gemma4_mtp"
 _BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
 _MRP = "sglang.srt.managers.scheduler_components.metrics_reporter"
+_SB = "sglang.srt.managers.schedule_batch"
+_SCHED = "sglang.srt.managers.scheduler"
+_LP13 = "sglang.srt.layers.utils.logprob"  # 0.5.13: add_output_logprobs_for_spec_v1 (the v1 worker's logprobs)
+_LP17 = "sglang.srt.layers.logprob_processor"  # 0.5.17 compute_spec_v2_logprobs, 0.5.23 compute_spec_logprobs
 
 _SELECT_LAST = ("* self.speculative_num_draft_tokens\n"
                 "            + batch_result.accept_lens\n"
@@ -109,6 +126,47 @@ _SWAP_TYPE = '{"sliding_attention": "full_attention", "full_attention": "sliding
 # (topk 1 layout: position 0 the last verified token, 1..steps the drafts), the bonus from the target's last row.
 _ACCEPT_ALL = ("; target_predict = torch.cat([candidates[:, 1:].to(target_predict.dtype), target_predict[:, -1:]], "
                "dim=1)\n")
+
+# Smoke servers the request-surface mutants need (smoke.SMOKE_SERVERS; tests/unit/test_catalogue_surface.py checks
+# the names): the no-MTP references that the MTP-equals-no-MTP checks compare with, and the servers of a mode no
+# other server runs (non-overlap scheduler, eager draft path), each beside its default-mode twin so that one suite
+# shows the mode's checks failing while the same checks on the default server pass.
+WITNESS_NOMTP, SAMPLED_NOMTP = "witness-nomtp", "sampled-nomtp"
+WITNESS_SURFACE = WITNESS_SERVERS + (WITNESS_NOMTP,)
+DECOY_NO_OVERLAP = ("decoy-mtp-topk3-no-overlap", DECOY_SERVERS[1])
+WITNESS_EAGER = ("witness-mtp-topk3-eager", WITNESS_SERVERS[1])
+
+# The bonus token of a fully accepted sampled verify step taken greedily: after the tree sampling kernel, for every
+# request whose drafts were all accepted (num_correct_drafts == accept_index width - 1), overwrite the last output
+# token (predict at the last accepted node, accept_index[i, num_correct_drafts]) with the argmax of that node's
+# target distribution (tree_speculative_sampling_target_only samples it from relu(target - 0) = target).
+_GREEDY_BONUS = ("_full = num_correct_drafts == accept_index.shape[1] - 1; "
+                 "_last = accept_index[torch.arange(bs, device=predict.device), num_correct_drafts.long()]"
+                 ".long()[_full]; "
+                 "predict[_last] = target_probs.reshape(-1, target_probs.shape[-1])[_last].argmax(dim=-1)"
+                 ".to(predict.dtype)\n")
+_SAMPLE_END_17 = "            deterministic=True,\n        )\n\n        # Sync sampling results across TP ranks"
+_SAMPLE_END_13 = ("                deterministic=True,\n            )\n\n"
+                  "            # Sync sampling results across TP ranks")
+_SAMPLE_END_23 = "        del (\n            expanded_temperature,\n"
+# 0.5.17's non-overlap scheduler branch for the spec-v2 worker (Scheduler.run_batch): after _forward_isolation
+# restores the batch, it re-applies the draft input and the advanced seq_lens. 0.5.13 has the same lines under
+# ``elif batch.is_spec_v2`` (a path its Frozen-KV MTP, a v1 worker, never takes): the comment line keeps it out.
+_NO_OVERLAP_17 = ("                # Non-overlap: drive the V2 worker synchronously (no\n"
+                  "                # future_map relay / on_publish).\n"
+                  "                resolve_forward_inputs(batch, self.future_map)\n"
+                  "                with self._forward_isolation(batch, overlap=False):\n"
+                  "                    batch_result = self.model_worker.forward_batch_generation(batch)\n"
+                  "                # The isolation restore reverted the worker's in-forward SB edits;\n"
+                  "                # re-apply what must carry to the next iter.\n"
+                  "                batch.spec_info = batch_result.next_draft_input\n"
+                  "                if batch_result.new_seq_lens is not None:\n")
+_EAGER_META = ("        with self._frozen_kv_target_view(forward_batch):\n"
+               "            self.draft_attn_backend.init_forward_metadata(forward_batch)\n")
+_EAGER_SHORT = ("        with self._frozen_kv_target_view(forward_batch):\n"
+                "            _lens, forward_batch.seq_lens = forward_batch.seq_lens, forward_batch.seq_lens - 1\n"
+                "            self.draft_attn_backend.init_forward_metadata(forward_batch)\n"
+                "            forward_batch.seq_lens = _lens\n")
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
@@ -261,6 +319,103 @@ CATALOGUE: tuple[Mutant, ...] = (
               "req.spec_num_correct_drafts += num_correct_drafts_this_req + 1\n")),
         servers=TOPK1, expect="test_meta_info_fields_agree (accounting: histogram and tail rule disagree with "
                               "spec_num_correct_drafts; test_spec_metrics does not read it)"),
+    # ----------------------------------------------------------------------------- the request surface
+    # Each is reached only by requests the smoke tier's own never send (its greedy requests set ignore_eos, ask no
+    # logprobs, no logit_bias; its sampled plan runs one temperature), or only in a mode one server runs.
+    Mutant(
+        "stop-match-at-step-end", "stops",
+        "the token-based finish check puts a stop / EOS matched inside a verify step's accepted run at the step's "
+        "last token (finished_len), so the accepted tokens after the stop stay in the output",
+        (Site(_SB, "matched_pos = len(self.output_ids) - len(new_accepted_tokens) + i\n",
+              "matched_pos = len(self.output_ids) - 1\n"),),  # Req._check_token_based_finish, 0.5.13-0.5.23
+        servers=WITNESS_SURFACE,
+        expect="the stops family's check on witness-mtp-topk1/topk3 (output must end at the stop token; MTP must "
+               "equal witness-nomtp): a stop mid-run keeps up to 5 more chain tokens. No-MTP steps accept one "
+               "token (unchanged); the tier's own requests set ignore_eos, so _check_token_based_finish returns "
+               "before the loop and no old check reaches it"),
+    Mutant(
+        "logprob-row-shift", "logprobs",
+        "the logprobs of a verify step's accepted tokens are read from the logits row one node earlier (each "
+        "accepted token scored under its predecessor's next-token distribution)",
+        (Site(_LP17, "    gathered_logits = logits_output.next_token_logits[flat_accept_idx]\n",  # 0.5.17
+              "    gathered_logits = logits_output.next_token_logits[flat_accept_idx - 1]\n"),
+         Site(_LP17, "        gathered_logits = next_token_logits[flat_accept_idx]\n",  # 0.5.23
+              "        gathered_logits = next_token_logits[flat_accept_idx - 1]\n"),
+         Site(_LP13, "        torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device),\n",  # 0.5.13
+              "        (torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device) - 1).clamp(min=0),"
+              "\n")),
+        servers=WITNESS_SURFACE,
+        expect="the logprobs family's check (output_token_logprobs of MTP vs witness-nomtp): the witness puts "
+               "its next token ~20 nats above the rest, so every verify-step token's logprob drops from ~0 to "
+               "about -20 (0.5.17 / 0.5.23 also shift top_logprobs). Only return_logprob requests run this code: "
+               "the old checks ask logprobs of the no-MTP servers alone"),
+    Mutant(
+        "verify-temperature-row0", "mixed-sampling",
+        "sampled verify applies the first request's temperature to every row of the batch (index [0] instead of "
+        "per row)",
+        (Site(_EAU, "sampling_info.temperatures, verify_input.draft_token_num, dim=0\n",  # 0.5.17, 0.5.23
+              "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), verify_input.draft_token_num, "
+              "dim=0\n"),
+         Site(_EAI, "sampling_info.temperatures, self.draft_token_num, dim=0\n",  # 0.5.13
+              "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), self.draft_token_num, dim=0\n"),
+         Site(_EAI2, "sampling_info.temperatures, self.draft_token_num, dim=0\n",
+              "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), self.draft_token_num, dim=0\n")),
+        servers=SAMPLED_MTP + (SAMPLED_NOMTP,),
+        expect="the mixed-sampling family's check (groups of different temperatures in flight together, each "
+               "held to its own closed form): a group then comes out at another group's temperature. The old "
+               "sampled plan runs one temperature (0.7), so it is blind except for the few sampled rows that "
+               "share a batch with a greedy request first in the batch (temperature 1.0)"),
+    Mutant(
+        "sampled-bonus-greedy", "sampled-bonus",
+        "after a sampled verify step that accepts every draft, the bonus token is the target's argmax instead of "
+        "a sample from the target distribution",
+        (Site(_EAU, _SAMPLE_END_17, _SAMPLE_END_17.replace("\n\n", "\n" + " " * 8 + _GREEDY_BONUS + "\n", 1)),
+         Site(_EAU, _SAMPLE_END_23, " " * 8 + _GREEDY_BONUS + _SAMPLE_END_23),
+         Site(_EAI, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1)),
+         Site(_EAI2, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1))),
+        servers=SAMPLED_MTP,
+        expect="the structured sampled check's bonus-token test (tokens right after a fully accepted step must "
+               "follow the closed form): they are always the most likely kept offset. The pooled closed-form "
+               "check does not see it: on the sampled pair every draft is accepted in a step with probability "
+               "~0.18^5 at topk 1 and a few percent at topk 3, so the bonus is far below its detectable share"),
+    Mutant(
+        "no-overlap-seq-lens-dropped", "sched-modes",
+        "the non-overlap scheduler does not carry the verify step's advanced seq_lens into the next iteration "
+        "(the condition around the re-apply after the forward isolation inverted), so the drafter plans its "
+        "positions and frozen KV over the prefill length for the rest of the request",
+        (Site(_SCHED, _NO_OVERLAP_17, _NO_OVERLAP_17.replace("is not None:\n", "is None:\n")),  # 0.5.17
+         Site(_SCHED, "if new_seq_lens is not None and new_seq_lens is not batch.seq_lens:\n",  # 0.5.23
+              "if new_seq_lens is None and new_seq_lens is not batch.seq_lens:\n")),
+        servers=DECOY_NO_OVERLAP, na_on=("0.5.13",),
+        expect="test_decoy_accept_matches_prediction[decoy-mtp-topk3-no-overlap] and test_spec_metrics there "
+               "(drafts read the KV of the prompt's last token: acceptance collapses; the output stays right, the "
+               "target's next token depends on the current token only), while decoy-mtp-topk3 (overlap "
+               "scheduler, future_map relay) passes. n.a. on 0.5.13: its Frozen-KV MTP is the v1 worker"),
+    Mutant(
+        "eager-draft-kv-short", "sched-modes",
+        "the eager (non-CUDA-graph) draft plans its frozen-KV attention over seq_lens - 1 target slots (the rope "
+        "position's seq_lens - 1 taken for the KV length), so it never reads the last accepted token's KV",
+        (Site(_W2, _EAGER_META, _EAGER_SHORT), Site(_W1, _EAGER_META, _EAGER_SHORT)),
+        servers=WITNESS_EAGER,
+        expect="test_spec_metrics[witness-mtp-topk3-eager] (the witness drafter's query peaks on the last "
+               "accepted token's key: without it the draft is wrong, acceptance drops below the exact floor in "
+               "the batches above --cuda-graph-max-bs 2), while witness-mtp-topk3 (every batch <= 8 replays the "
+               "captured graph, whose metadata comes from _init_frozen_kv_metadata_replay_cuda_graph) passes"),
+    Mutant(
+        "verify-logit-bias-dropped", "sampling-feats",
+        "verify adds logit_bias out of place (add instead of add_), so the bias never reaches the target logits "
+        "it verifies against",
+        (Site(_EAU, "    if sampling_info.logit_bias is not None:\n        next_token_logits.add_(\n",  # 0.5.17/23
+              "    if sampling_info.logit_bias is not None:\n        next_token_logits.add(\n"),
+         Site(_EAI, "            if sampling_info.logit_bias is not None:\n"  # 0.5.13
+                    "                logits_output.next_token_logits.add_(\n",
+              "            if sampling_info.logit_bias is not None:\n"
+              "                logits_output.next_token_logits.add(\n")),
+        servers=WITNESS_SURFACE,
+        expect="the sampling-features family's logit_bias check (greedy witness, MTP vs witness-nomtp): a bias "
+               "that moves the argmax off the chain changes no-MTP's output, while MTP's verify keeps accepting "
+               "the chain after the first (prefill-sampled) token. The old requests send no logit_bias "
+               "(sampling_info.logit_bias is None)"),
 )
 
 
