@@ -65,7 +65,7 @@ class KnownIssue:
     component: str  # COMPONENTS: 'library' (not sglang) or 'sglang' (on its serving path)
     kind: str  # the failure kind the bug produces (verdict.KINDS)
     match: str  # regex searched in the failure text
-    checks: tuple[str, ...]  # test functions known to hit it (a passing one in range: the entry can go)
+    checks: tuple[str, ...]  # test functions (or cases, test_x[case]) known to hit it; one passing in range: it can go
     summary: str
     upstream: str
     fixed_in: str | None = None
@@ -84,7 +84,7 @@ class KnownIssue:
     def matches(self, check: dict, tier_checks: list[dict] = ()) -> bool:
         """Whether ``check`` failed with this bug's signature; ``tier_checks`` are the other checks of its tier."""
         f = check.get("failure") or {}
-        if check.get("outcome") not in FAILING or _function(check["id"]) not in self.checks:
+        if check.get("outcome") not in FAILING or not self.lists(check["id"]):
             return False
         if f.get("kind") != self.kind:
             return False
@@ -104,6 +104,11 @@ class KnownIssue:
                 return False
         outcome = {short_check_id(c["id"]): c.get("outcome") for c in tier_checks}
         return all(outcome.get(name) == "passed" for name in sig.get("passed_beside") or ())
+
+    def lists(self, check_id: str) -> bool:
+        """Whether ``checks`` names this check: by its function (every case of it) or, for a bug that only some
+        cases of a parametrised check can show (an MTP server beside its no-MTP reference), by its case."""
+        return _function(check_id) in self.checks or short_check_id(check_id) in self.checks
 
     def as_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -211,7 +216,7 @@ def apply(tiers: dict, versions: dict, issues: list[KnownIssue] | None = None) -
             if issue.matches(chk, checks):
                 chk["known_upstream"] = issue.id
                 hit.append(chk["id"])
-            elif chk.get("outcome") == "passed" and _function(chk["id"]) in issue.checks:
+            elif chk.get("outcome") == "passed" and issue.lists(chk["id"]):
                 stale.append(chk["id"])
         entry = {"id": issue.id, "package": issue.package, "version": versions.get(issue.package),
                  "component": issue.component, "summary": issue.summary, "upstream": issue.upstream,
