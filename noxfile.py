@@ -26,10 +26,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent / "src"))
-from mtpmatrix.runner import matrix  # noqa: E402
-from mtpmatrix.runner import candidate  # noqa: E402
-from mtpmatrix.runner import culprit  # noqa: E402
-from mtpmatrix.runner import plan  # noqa: E402
+from mtpmatrix.runner import candidate, culprit, matrix, plan  # noqa: E402
 from mtpmatrix.runner.canary import load_canaries  # noqa: E402
 from mtpmatrix.runner.rows import RowError, load_rows  # noqa: E402
 

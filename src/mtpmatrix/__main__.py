@@ -38,8 +38,8 @@ def _rows(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mtpmatrix.runner import bisect, importer
     from mtpmatrix import report
+    from mtpmatrix.runner import bisect, importer
 
     p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
     sub = p.add_subparsers(dest="cmd", required=True)

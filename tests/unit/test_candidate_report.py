@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from evidence_records import h200_record, write_box
+
 from mtpmatrix import report, schema
 from mtpmatrix.report import candidates
 from mtpmatrix.runner import importer

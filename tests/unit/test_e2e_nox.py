@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
-from mtpmatrix.tiers import gsm8k
+
 from mtpmatrix import schema
 from mtpmatrix.runner.rows import load_rows
+from mtpmatrix.tiers import gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
 NOX = ([sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else

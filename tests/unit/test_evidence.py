@@ -13,12 +13,11 @@ import json
 import shutil
 
 import pytest
-
 from evidence_records import h200_record, write_box
+
 from mtpmatrix import report
 from mtpmatrix.evidence import judge, manifest, records
 from mtpmatrix.runner import importer
-
 
 
 @pytest.fixture

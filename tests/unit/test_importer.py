@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.runner import importer, store
-
 from mtpmatrix import report, schema
 from mtpmatrix.__main__ import main
+from mtpmatrix.runner import importer, store
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 SRC = Path(__file__).resolve().parents[2] / "src"

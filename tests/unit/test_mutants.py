@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.__main__ import main
 from mtpmatrix.faults import catalogue as C
 from mtpmatrix.faults import mutants as M
 from mtpmatrix.faults import suites as S
-from mtpmatrix.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
+from evidence_records import stamp
 
 from mtpmatrix import report, schema, settings
 from mtpmatrix.__main__ import main
 from mtpmatrix.evidence import expected_checks
 from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
-
-from evidence_records import stamp
 
 FILES = {t: f"tests/tiers/test_{t}.py" for t in schema.TIERS}
 VERSIONS = {"sglang": "0.5.17", "transformers": "5.12.1", "torch": "2.11.0", "python": "3.11.9"}

@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from evidence_records import stamp
 
 from mtpmatrix import report
 from mtpmatrix.__main__ import main
 from mtpmatrix.evidence import expected_checks
 from mtpmatrix.schema import TIERS
-
-from evidence_records import stamp
 
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
 

@@ -21,12 +21,35 @@ import time
 from pathlib import Path
 
 from mtpmatrix.atomic import atomic_write_json, atomic_write_text
-from mtpmatrix.faults.catalogue import (CATALOGUE, Application, Mutant, MutantsError, apply, diff, find_sglang,
-                                        hook_payload, select, sglang_version)
-from mtpmatrix.faults.suites import (CORES_PER_SERVER, DEFAULT_TIMEOUT, Scheduler, Suite, hook_evidence, judge_suite,
-                                     killed_by, mutant_status, overall, pytest_command, render_table, server_cap,
-                                     suite_env)
+from mtpmatrix.faults.catalogue import (
+    CATALOGUE,
+    Application,
+    Mutant,
+    MutantsError,
+    apply,
+    diff,
+    find_sglang,
+    hook_payload,
+    select,
+    sglang_version,
+)
+from mtpmatrix.faults.suites import (
+    CORES_PER_SERVER,
+    DEFAULT_TIMEOUT,
+    Scheduler,
+    Suite,
+    hook_evidence,
+    judge_suite,
+    killed_by,
+    mutant_status,
+    overall,
+    pytest_command,
+    render_table,
+    server_cap,
+    suite_env,
+)
 from mtpmatrix.schema import comma_list, results_root
+
 
 # --------------------------------------------------------------------------------------------- the command
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,7 +106,7 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def run(ns: argparse.Namespace, *, catalogue: tuple[Mutant, ...] = CATALOGUE, pkg_dir: Path | None = None,

@@ -34,11 +34,20 @@ is installed next to sglang's pins in every row's venv.
 from mtpmatrix.report.checks import question_records
 from mtpmatrix.report.cli import add_arguments, run, write_report
 from mtpmatrix.report.compare import _change
-from mtpmatrix.report.model import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, ReportError, _row_summary,
-                                    build_summary, closest_passing)
+from mtpmatrix.report.model import (
+                                    EXIT_BAD_INPUT,
+                                    EXIT_FAILED,
+                                    EXIT_NOT_PROVEN,
+                                    EXIT_OK,
+                                    ReportError,
+                                    _row_summary,
+                                    build_summary,
+                                    closest_passing,
+)
 from mtpmatrix.report.render import render_html, render_markdown
 from mtpmatrix.runner.store import latest_run_id, parse_freeze, read_question_records, row_verdict
-from mtpmatrix.stats import mcnemar as mcnemar_p, wilson_interval as wilson
+from mtpmatrix.stats import mcnemar as mcnemar_p
+from mtpmatrix.stats import wilson_interval as wilson
 
 __all__ = ["question_records", "add_arguments", "run", "write_report", "_change", "EXIT_BAD_INPUT", "EXIT_FAILED",
            "EXIT_NOT_PROVEN", "EXIT_OK", "ReportError", "_row_summary", "build_summary", "closest_passing",

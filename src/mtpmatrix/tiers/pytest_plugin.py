@@ -28,8 +28,8 @@ from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.evidence import fingerprint
 from mtpmatrix.expected import summarize  # per-tier verdicts from records: defined there, the runner merges with it
-from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, shared_check
+from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.tiers import environment, known_upstream, served
 from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
