@@ -19,6 +19,7 @@ NOX = ([sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else
        [shutil.which("nox")] if shutil.which("nox") else None)
 if NOX is None:
     pytest.skip("nox is not installed here (pip install -e '.[dev]')", allow_module_level=True)
+pytestmark = pytest.mark.nox  # every test here launches nox
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = load_rows(REPO / "constraints")
