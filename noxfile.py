@@ -172,25 +172,14 @@ def mutants(session: nox.Session) -> None:
     """Fault injection: nox -s mutants -- --row ROW [--list | --check] [--mutants ID,ID] [--out DIR] ...
 
     Builds the row's venv (.nox/mutants-<row>) with the matrix's one install command, then runs
-    ``python -m mtpmatrix mutants`` inside it; --row defaults to the row tagged 'ci'."""
-    from mtpmatrix.faults import mutants as mut
+    ``python -m mtpmatrix mutants`` inside it; --row defaults to the row tagged 'ci' (mtpmatrix.faults.venv)."""
+    from mtpmatrix.faults import venv as mutants_venv
+    from mtpmatrix.faults.catalogue import MutantsError
 
     try:
-        row_id, rest = mut.split_row_arg(session.posargs)
-        row_id = row_id or next((r.id for r in ROWS.values() if "ci" in r.tags), None)
-        if row_id not in ROWS:
-            raise mut.MutantsError(f"unknown row {row_id!r}; known: {', '.join(ROWS)}")
-        venv = Path(__file__).parent / ".nox" / f"mutants-{row_id}"
-        constraints = venv.parent / f"mutants-{row_id}.constraints.txt"
-        constraints.parent.mkdir(parents=True, exist_ok=True)
-        constraints.write_text(matrix.constraints_text(ROWS[row_id], []))
-        commands = mut.row_venv_commands(ROWS[row_id], venv, constraints)
-    except mut.MutantsError as exc:
+        plan_ = mutants_venv.prepare(ROWS, session.posargs, Path(__file__).parent / ".nox")
+    except MutantsError as exc:
         session.error(str(exc))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(VIRTUAL_ENV=str(venv),
-               PATH=f"{matrix.venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    for cmd in commands:
-        session.run(*cmd, env=env, include_outer_env=False, external=True)
-    session.run(str(matrix.venv_python(venv)), "-m", "mtpmatrix", "mutants", *rest, env=env,
-                include_outer_env=False, external=True)
+    for cmd in plan_.commands:
+        session.run(*cmd, env=plan_.env, include_outer_env=False, external=True)
+    session.run(*plan_.mutants, env=plan_.env, include_outer_env=False, external=True)

@@ -300,32 +300,3 @@ def _read_tiers(path: Path) -> dict | None:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-
-
-# --------------------------------------------------------------------------------------------- nox: a row's venv
-def row_venv_commands(row, venv: Path, constraints: Path) -> list[list[str]]:
-    """uv venv (when missing) + the matrix's one install command for ``row`` into ``venv``."""
-    from mtpmatrix.runner import matrix
-
-    uv = matrix.find_uv(MutantsError)
-    cmds = []
-    if not matrix.venv_python(venv).exists():
-        cmds.append([uv, "venv", "--python", row.python, str(venv)])
-    cmds.append(matrix.install_command(row, venv, constraints, None))
-    return cmds
-
-
-def split_row_arg(posargs: list[str]) -> tuple[str | None, list[str]]:
-    """``--row ROW`` (or ``--row=ROW``) out of nox posargs; the rest goes to ``python -m mtpmatrix mutants``."""
-    rest, row = [], None
-    it = iter(posargs)
-    for a in it:
-        if a == "--row":
-            row = next(it, None)
-            if row is None:
-                raise MutantsError("--row needs a row id")
-        elif a.startswith("--row="):
-            row = a.split("=", 1)[1]
-        else:
-            rest.append(a)
-    return row, rest
