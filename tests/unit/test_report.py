@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -187,7 +188,7 @@ def test_gsm8k_paired_comparison_between_rows(results):
     assert (p["n"], p["a_correct"], p["b_correct"]) == (200, 138, 115)
     assert (p["right_in_a_only"], p["right_in_b_only"]) == (28, 5)
     assert len(p["flipped_to_wrong"]) == 28 and p["flipped_to_right"] == [24, 67, 76, 94, 173]
-    assert p["p_value"] == pytest.approx(stats.mcnemar(28, 5)) and p["p_value"] < 1e-4
+    assert p["p_value"] == pytest.approx(6.6188e-05, rel=1e-4)  # exact McNemar, 28 vs 5 (test_private_statistics)
     assert ("E4B-topk1", "sglang-0.5.13", "sglang-0.5.17") in pairs
     assert not any(k == "26B-A4B-topk1" for k, _, _ in pairs)  # only 0.5.17 ran it: nothing to pair with
 
@@ -217,7 +218,13 @@ def test_private_statistics():
     lo, hi = stats.wilson_interval(0, 20)
     assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-4)
     assert stats.wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
-    assert stats.mcnemar(28, 5) == pytest.approx(stats.mcnemar(28, 5))
+    # 28 vs 5 discordant pairs: 2 * P(X <= 5), X ~ Binomial(33, 1/2) = 2 * 284,274 / 2**33, summed here with exact
+    # fractions along the pmf's recurrence (not math.comb, as stats does)
+    tail, pmf = Fraction(0), Fraction(1, 2**33)
+    for k in range(6):
+        tail, pmf = tail + pmf, pmf * (33 - k) / (k + 1)
+    assert 2 * tail == Fraction(142137, 2147483648)
+    assert stats.mcnemar(28, 5) == pytest.approx(float(2 * tail), rel=1e-12) == pytest.approx(6.6188e-05, rel=1e-4)
 
 
 def test_unknown_and_odd_metrics_do_not_crash(results):
