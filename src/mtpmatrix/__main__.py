@@ -38,14 +38,14 @@ def _rows(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mtpmatrix.report import cli as report_cli
     from mtpmatrix.runner import bisect, importer
-    from mtpmatrix import report
 
     p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
     sub = p.add_subparsers(dest="cmd", required=True)
     rp = sub.add_parser("report", help="Markdown/HTML/JSON summary of a run (exit 0 proven, 1 sglang or a dependency "
                                        "broke, 2 bad input, 3 not proven)")
-    report.add_arguments(rp)
+    report_cli.add_arguments(rp)
     ip = sub.add_parser("import", help="file a tools/gpu_box.sh output folder under results/<run>/<row>/")
     importer.add_arguments(ip)
     bp = sub.add_parser("bisect", help="first bad release of PACKAGE between GOOD and BAD for a row and tier")
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "mutants":
         return mutants.run(ns)
     if ns.cmd == "report":
-        return report.run(ns)
+        return report_cli.run(ns)
     if ns.cmd == "bisect":
         return bisect.run(ns)
     if ns.cmd == "import":

@@ -18,11 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from mtpmatrix.tiers import abi, gsm8k
-
 from mtpmatrix import settings
+from mtpmatrix.tiers import abi, gsm8k, sglang_loading
 from mtpmatrix.tiers import sglang_compat as compat
-from mtpmatrix.tiers import sglang_loading
 from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.contract

@@ -287,7 +287,7 @@ def test_greedy_with_assistant_equals_greedy(generations, record_property, name,
     if len(results) != len(PROMPTS) or any(len(plain) != NEW_TOKENS for _, plain, _ in results):
         raise CheckFailure("crash", f"{name}: expected {len(PROMPTS)} generations of {NEW_TOKENS} tokens, got "
                                     f"{[len(plain) for _, plain, _ in results]}")
-    for (prompt, plain, assisted), text in zip(results, PROMPTS):
+    for (_prompt, plain, assisted), text in zip(results, PROMPTS):
         if plain != assisted:
             first = next((i for i, (x, y) in enumerate(zip(plain, assisted)) if x != y), min(len(plain),
                                                                                            len(assisted)))

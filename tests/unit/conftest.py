@@ -22,7 +22,7 @@ def results(tmp_path) -> Path:
     stamp_all(dest)  # today's evidence on each (the hand-made records predate manifests and fingerprints)
     # "latest run" goes by row.json time: give each run its id's time, whatever order the checkout wrote them in
     for f in dest.glob("*/*/row.json"):
-        t = dt.datetime.strptime(f.parent.parent.name, "%Y%m%d-%H%M%S").replace(tzinfo=dt.timezone.utc).timestamp()
+        t = dt.datetime.strptime(f.parent.parent.name, "%Y%m%d-%H%M%S").replace(tzinfo=dt.UTC).timestamp()
         os.utime(f, (t, t))
     return dest
 
@@ -41,6 +41,7 @@ def h200_run(tmp_path):
     """(results root, run folder) of the real H200 smoke record filed by ``import`` as today's suite would have
     written it: a run whose evidence holds."""
     from evidence_records import h200_record, write_box
+
     from mtpmatrix.runner import importer
 
     results = tmp_path / "results"

@@ -10,7 +10,7 @@ takes and a slow machine never reaches it.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 HANG = 60.0
 

@@ -27,8 +27,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 
 class FakeState:
@@ -200,7 +200,7 @@ class FakeSglang:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "FakeSglang":
+    def __enter__(self) -> FakeSglang:
         self.thread.start()
         return self
 

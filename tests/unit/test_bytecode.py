@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from pyc_paths import pyc
 
 from mtpmatrix.runner import bytecode

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from pyc_paths import pyc
 
-from mtpmatrix.runner import bytecode, bytecode_from_cache as from_cache
+from mtpmatrix.runner import bytecode
+from mtpmatrix.runner import bytecode_from_cache as from_cache
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from evidence_records import h200_record, write_box
+
 from mtpmatrix import schema
 from mtpmatrix.__main__ import main
 from mtpmatrix.evidence import judge

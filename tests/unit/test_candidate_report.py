@@ -10,10 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from evidence_records import h200_record, write_box
-from mtpmatrix import report, schema
+
+from mtpmatrix import schema
 from mtpmatrix.report import candidates
+from mtpmatrix.report import model as report_model
+from mtpmatrix.report import render as report_render
 from mtpmatrix.runner import importer
 
 SHA = "1a2b3c4" + "0" * 57
@@ -63,7 +65,7 @@ def results(tmp_path) -> Path:
 def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
     import_base(tmp_path, results, "base")
     import_candidate(tmp_path, results, "cand", fixed_record())
-    s = report.build_summary(results / "cand", baseline_dir=results / "base", require=["smoke"])
+    s = report_model.build_summary(results / "cand", baseline_dir=results / "base", require=["smoke"])
     (c,) = s["candidates"]
     assert (c["row"], c["base_row"], c["base_from"]) == (CAND, "sglang-0.5.17", "baseline base")
     assert c["counts"] == {"fixed": 1, "broken": 0, "unchanged": 60}
@@ -73,10 +75,10 @@ def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
     assert not s["stale_known_upstream"]  # the release still has it: no "entry can go"
     # --require works as for a release, and the verdict names the candidate
     assert (s["verdict"], s["exit_status"]) == ("required-proven", 0)
-    head = report.render.headline(s)
+    head = report_render.headline(s)
     assert head.startswith(f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 declared): smoke "
                            "proven in all 1 rows")
-    md = report.render_markdown(s)
+    md = report_render.render_markdown(s)
     assert "1 fixed, 0 broken, 60 unchanged (check by check, against sglang-0.5.17)" in md
     assert ("- 🔺 fixed **smoke** test_draft_phase_matches_transformers[witness-transformers-phase-topk1] (known "
             "upstream in sglang-0.5.17, passes now)") in md
@@ -84,7 +86,7 @@ def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
             "checks pass (smoke); sglang-0.5.17 still has it") in md
     assert "accept_length_requests: 1.0711 → 5.3333" in md
     assert "can go" not in md
-    assert "Candidates" in report.render_html(s)
+    assert "Candidates" in report_render.render_html(s)
     # the baseline comparison pairs the candidate with its base release, not a "new row" beside a "missing" one
     assert s["baseline"]["new_rows"] == [] and s["baseline"]["missing_rows"] == []
 
@@ -92,20 +94,20 @@ def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
 def test_a_candidate_that_breaks_a_check_fails_and_says_which(tmp_path, results):
     import_base(tmp_path, results, "both")  # the base release in the same run
     import_candidate(tmp_path, results, "both", fixed_record(break_topk3=True))
-    s = report.build_summary(results / "both", require=["smoke"])
+    s = report_model.build_summary(results / "both", require=["smoke"])
     (c,) = s["candidates"]
     assert c["base_from"] == "this run" and c["counts"] == {"fixed": 1, "broken": 1, "unchanged": 59}
     assert [i["check"] for i in c["broken"]] == [TOPK3]
     assert (s["verdict"], s["exit_status"], s["failing_rows"]) == ("fails", 1, [CAND])
-    assert report.render.headline(s).startswith(f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 "
+    assert report_render.headline(s).startswith(f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 "
                                                 f"declared): DOES NOT QUALIFY — 1 of 2 rows failing: {CAND}")
     assert ("- 🔻 broken **smoke** test_spec_metrics[witness-mtp-topk3]: `acceptance` accept length 1.07 outside"
-            in report.render_markdown(s))
+            in report_render.render_markdown(s))
 
 
 def test_a_candidate_without_its_base_says_how_to_get_one(tmp_path, results):
     import_candidate(tmp_path, results, "alone", fixed_record())
-    s = report.build_summary(results / "alone", require=["smoke"])
+    s = report_model.build_summary(results / "alone", require=["smoke"])
     (c,) = s["candidates"]
     assert c["missing_base"].startswith("no record of sglang-0.5.17 in this run or a baseline")
     assert c["counts"] == {"fixed": 0, "broken": 0, "unchanged": 0}
@@ -143,6 +145,6 @@ def test_a_planned_candidate_whose_patch_did_not_apply_is_not_run_with_its_line(
     assert plan.start(opts, rid, plan.planned(rows, ["sglang-0.5.17"], cand)) is None
     why = "--patch fix.patch: sglang/srt/x.py: hunk 1 (@@ -1 +1 @@) does not apply: line 1 is 'A = 1'"
     plan.not_run(opts, rid, why)
-    s = report.build_summary(results / "r")
+    s = report_model.build_summary(results / "r")
     assert s["evidence"]["rows"][rid] == [{"tier": None, "what": f"not run: {why}"}]
-    assert s["exit_status"] == 3 and rid in report.render.headline(s)
+    assert s["exit_status"] == 3 and rid in report_render.headline(s)

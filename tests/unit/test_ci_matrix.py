@@ -176,6 +176,7 @@ NOX = (f"{shlex.quote(sys.executable)} -m nox" if importlib.util.find_spec("nox"
        shlex.quote(shutil.which("nox")) if shutil.which("nox") else None)
 
 
+@pytest.mark.nox
 @pytest.mark.skipif(NOX is None, reason="nox is not installed here (pip install -e '.[dev]')")
 def test_main_runs_nox_on_the_real_project(monkeypatch, capsys):
     monkeypatch.chdir(REPO)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from events import HANG
 from fake_sglang import FakeSglang
+
 from mtpmatrix.tiers import client
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.runner import bisect as bs
 from mtpmatrix.runner import baseline, culprit
+from mtpmatrix.runner import bisect as bs
 from mtpmatrix.runner.canary import Canary, Resolution
 from mtpmatrix.runner.rows import parse_row
 

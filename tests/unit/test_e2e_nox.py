@@ -23,17 +23,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
-from mtpmatrix.tiers import gsm8k
+
 from mtpmatrix import schema
 from mtpmatrix.runner.rows import load_rows
+from mtpmatrix.tiers import gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
 NOX = ([sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else
        [shutil.which("nox")] if shutil.which("nox") else None)
 if NOX is None:
     pytest.skip("nox is not installed here (pip install -e '.[dev]')", allow_module_level=True)
+pytestmark = pytest.mark.nox  # every test here launches nox
 ROW = next(r.id for r in load_rows(REPO / "constraints") if "ci" in r.tags and r.default)
 CASE = "E4B-topk1"
 WRONG_1 = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53}  # deployment before the upgrade

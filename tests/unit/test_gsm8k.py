@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fake_sglang import FakeSglang
+
 from mtpmatrix import settings
 from mtpmatrix.tiers import gsm8k, gsm8k_tier, served
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.runner import importer, store
-
-from mtpmatrix import report, schema
+from mtpmatrix import schema
 from mtpmatrix.__main__ import main
+from mtpmatrix.report import checks as report_checks
+from mtpmatrix.report import model as report_model
+from mtpmatrix.report import render as report_render
+from mtpmatrix.runner import importer, store
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -92,13 +94,13 @@ def test_gpu_box_out_imports_into_the_results_store_and_reports(tmp_path, capsys
     assert acc["metrics"][schema.RECORDS] == "gsm8k/tiny-e2e-proof-topk1.jsonl"
     assert acc["metrics"][schema.SERVER_LOG] == "server-gsm8k-tiny-e2e-proof-topk1.log"
 
-    s = report.build_summary(results / "box1")
-    m = {x["short"]: x for x in report._row_summary(results / "box1", "sglang-0.5.17", rec, tmp_path)["metrics"]
+    s = report_model.build_summary(results / "box1")
+    m = {x["short"]: x for x in report_model._row_summary(results / "box1", "sglang-0.5.17", rec, tmp_path)["metrics"]
          if x["tier"] == "gsm8k"}
     assert m["tiny-e2e-proof-topk1"]["accept_length"] == 6.0 and m["tiny-e2e-proof-topk1"]["score"] == 0.0
     # its stub junit.xml names none of its checks: the record cannot show its outcomes, so it proves nothing
-    assert s["tier_status"]["smoke"]["unproven"] == ["sglang-0.5.17"] and s["exit_status"] == report.EXIT_NOT_PROVEN
-    assert "junit.xml says nothing" in report.render_markdown(s)
+    assert s["tier_status"]["smoke"]["unproven"] == ["sglang-0.5.17"] and s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    assert "junit.xml says nothing" in report_render.render_markdown(s)
 
 
 def test_a_second_box_run_compares_question_by_question(tmp_path):
@@ -107,7 +109,7 @@ def test_a_second_box_run_compares_question_by_question(tmp_path):
     flip = {3, 6, 9}  # right in the first run, wrong in the second
     importer.import_run(gpu_box_out(tmp_path, lambda c, i: i % 3 == 0 and i not in flip, name="b"),
                         "sglang-0.5.17", results=results, run_id="box2")
-    s = report.build_summary(results / "box2", baseline_dir=results / "box1")
+    s = report_model.build_summary(results / "box2", baseline_dir=results / "box1")
     p = next(x for x in s["baseline"]["paired"] if x["key"] == "tiny-e2e-proof-topk1")
     assert p["flipped_to_wrong"] == sorted(flip) and p["right_in_b_only"] == 0
 
@@ -275,7 +277,7 @@ def test_gpu_box_script_output_imports_as_it_is(tmp_path, gsm8k_lines):
     assert gsm["verdict"] == "partial" and rec["verdict"] == "partial"
     assert any(m["what"] == "E4B-topk1" for m in gsm["missing"])
     assert any("30 of 200" in m["why"] for m in gsm["missing"] if m["what"] == "E4B-topk3")
-    qs = report.question_records(rec, dest)
+    qs = report_checks.question_records(rec, dest)
     assert list(qs) == ["E4B-topk3"] and sum(qs["E4B-topk3"]["questions"].values()) == 29
 
 

@@ -4,18 +4,17 @@ generation crash is tagged, the row's sglang verdict passes, anything else still
 from __future__ import annotations
 
 import copy
-import math
 import json
+import math
 from pathlib import Path
 
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from mtpmatrix.tiers import known_upstream
-
 from mtpmatrix.runner import matrix
 from mtpmatrix.runner.store import row_verdict
 from mtpmatrix.schema import KNOWN_UPSTREAM
+from mtpmatrix.tiers import known_upstream
 from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
 
 RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /

@@ -96,27 +96,27 @@ def test_the_queued_rows_come_from_nox_and_else_every_row():
 def test_a_pipeline_plan_names_the_rows_whose_job_never_uploaded(tmp_path, h200_run):
     """The CI workflow plans the run first (python -m mtpmatrix plan), each row job's manifest is renamed
     manifest-<row>.json, and the report reads them merged: a row planned by the pipeline with no record is not run."""
-    from mtpmatrix import report
     from mtpmatrix.__main__ import main
+    from mtpmatrix.report import model as report_model
 
     results, run = h200_run
     (run / "manifest.json").rename(run / "manifest-sglang-0.5.17.json")
     assert main(["plan", run.name, "--rows", "sglang-0.5.17,sglang-0.5.23", "--results", str(results)]) == 0
-    s = report.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report.EXIT_NOT_PROVEN and s["evidence"]["run"] == []
+    s = report_model.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN and s["evidence"]["run"] == []
     assert s["evidence"]["rows"]["sglang-0.5.23"][0]["what"] == "not run: no record: the row's session never wrote one"
     assert "sglang-0.5.17" not in s["evidence"]["rows"]
 
 
 def test_plans_that_disagree_are_not_proven(tmp_path, h200_run):
-    from mtpmatrix import report
+    from mtpmatrix.report import model as report_model
 
     results, run = h200_run
     other = manifest.read(run)
     other["fingerprint"] = {"suite": "2" * 64}
     atomic_write_json(run / "manifest-other.json", other)
-    s = report.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report.EXIT_NOT_PROVEN
+    s = report_model.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
     assert s["evidence"]["run"][0].startswith("the run's plans disagree: manifest-other.json plans suite 222222222222")
 
 

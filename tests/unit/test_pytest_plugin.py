@@ -13,9 +13,8 @@ import textwrap
 
 import pytest
 
-from mtpmatrix.evidence import expected_checks
-
 from mtpmatrix import expected
+from mtpmatrix.evidence import expected_checks
 from mtpmatrix.schema import SCHEMA, TIERS
 from mtpmatrix.tiers import environment, known_upstream
 

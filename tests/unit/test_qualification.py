@@ -12,13 +12,14 @@ import json
 from pathlib import Path
 
 import pytest
+from evidence_records import stamp
 
-from mtpmatrix import report, schema, settings
+from mtpmatrix import schema, settings
 from mtpmatrix.__main__ import main
 from mtpmatrix.evidence import expected_checks
+from mtpmatrix.report import model as report_model
+from mtpmatrix.report import render as report_render
 from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
-
-from evidence_records import stamp
 
 FILES = {t: f"tests/tiers/test_{t}.py" for t in schema.TIERS}
 VERSIONS = {"sglang": "0.5.17", "transformers": "5.12.1", "torch": "2.11.0", "python": "3.11.9"}
@@ -147,7 +148,7 @@ def test_one_gpu_box_under_require_is_not_qualified_and_names_the_tp2_cases(tmp_
 def test_without_require_a_partial_run_is_partial_not_qualified(tmp_path):
     checks = one_gpu_box_checks()
     write_row(tmp_path, "box", "sglang-0.5.17", checks, selection(checks))
-    s = report.build_summary(tmp_path / "box")
+    s = report_model.build_summary(tmp_path / "box")
     assert s["verdict"] == "not-proven" and s["exit_status"] == 3 and not s["qualifies"]
 
 
@@ -260,10 +261,10 @@ def test_the_headline_tells_library_bugs_from_sglang_deviations(tmp_path):
         if not any(f"[{s.name}]" in d["id"] for d in dev["tiers"]["smoke"]["checks"])]
     write_row(tmp_path, "r", "sglang-0.5.13", checks, selection(checks),
               versions=dict(VERSIONS, sglang="0.5.13", transformers="5.19.0"))
-    s = report.build_summary(tmp_path / "r")
+    s = report_model.build_summary(tmp_path / "r")
     by_id = {k["id"]: k for k in s["known_upstream"]}
     assert by_id["hf-assisted-generation-gemma4-candidate-generator"]["component"] == "library"
     assert by_id["sglang-gemma4-mtp-draft-rope-phase"]["component"] == "sglang"
-    line = report.render.headline(s)
+    line = report_render.headline(s)
     assert "1 library bug(s), not sglang: sglang-0.5.13 reference" in line
     assert "1 sglang deviation(s) on its serving path: sglang-0.5.13 smoke" in line

@@ -13,22 +13,26 @@ import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from evidence_records import stamp
 
-from mtpmatrix import report
+from mtpmatrix import stats
 from mtpmatrix.__main__ import main
 from mtpmatrix.evidence import expected_checks
+from mtpmatrix.report import compare as report_compare
+from mtpmatrix.report import model as report_model
+from mtpmatrix.report import render as report_render
+from mtpmatrix.runner import store
 from mtpmatrix.schema import TIERS
-
-from evidence_records import stamp
 
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
 
 
 def _summary(results, run_id, baseline=None):
-    return report.build_summary(results / run_id, baseline_dir=results / baseline if baseline else None)
+    return report_model.build_summary(results / run_id, baseline_dir=results / baseline if baseline else None)
 
 
 def _row(summary, rid):
@@ -53,7 +57,7 @@ def test_failing_run_writes_three_files_and_exits_1(results, capsys):
 
 
 def test_a_run_where_nothing_failed_but_the_gpu_tiers_ran_in_part_exits_3_and_does_not_qualify(results):
-    assert main(["report", BASE, "--results", str(results)]) == report.EXIT_NOT_PROVEN
+    assert main(["report", BASE, "--results", str(results)]) == report_model.EXIT_NOT_PROVEN
     s = json.loads((results / BASE / "report" / "summary.json").read_text())
     assert s["qualifies"] is False and s["verdict"] == "not-proven"
     missing = {m["what"] for m in _row(s, "sglang-0.5.13")["tiers"]["gsm8k"]["missing"]}
@@ -64,9 +68,9 @@ def test_latest_run_is_the_default_and_bisect_runs_are_not_matrix_runs(results):
     probe = results / "bisect-20991231-000000" / "sglang-0.5.17-transformers-5.9.0"
     probe.mkdir(parents=True)
     (probe / "row.json").write_text(json.dumps({"verdict": "passed", "row": {"id": "x"}}))
-    assert report.latest_run_id(results) == CPU
+    assert store.latest_run_id(results) == CPU
     # the CPU run has a pending row and a harness error: nothing failed sglang, nothing is proven
-    assert main(["report", "--results", str(results)]) == report.EXIT_NOT_PROVEN
+    assert main(["report", "--results", str(results)]) == report_model.EXIT_NOT_PROVEN
     assert (results / CPU / "report" / "report.html").exists()
 
 
@@ -108,7 +112,7 @@ def test_out_dir_and_github_step_summary(results, tmp_path, monkeypatch):
 
 def test_markdown_table_versions_failures_and_skips(results):
     s = _summary(results, CUR)
-    md = report.render_markdown(s)
+    md = report_render.render_markdown(s)
     assert "| **sglang-0.5.23** | 0.5.23 | 5.19.0 | 2.14.1 | 3.11.7 | — | ❌ failed · args | ✅ passed |" in md
     assert "| **sglang-0.5.23-cu130** | 0.5.23 (pin) |" in md and "❌ install" in md
     assert "first frame `sglang/srt/server_args.py:2214 in _handle_speculative_decoding`" in md
@@ -123,14 +127,14 @@ def test_cpu_run_groups_gpu_skips_and_flags_harness_and_unfinished(results):
     assert s["qualifies"] is False
     # a harness error and an unfinished row prove nothing either way: not proven (exit 3), never "fails" (exit 1)
     assert s["incomplete_rows"] == ["sglang-0.5.23"] and s["failing_rows"] == []
-    assert (s["verdict"], s["exit_status"]) == ("not-proven", report.EXIT_NOT_PROVEN)
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_model.EXIT_NOT_PROVEN)
     assert s["row_verdicts"]["sglang-0.5.13"] == "error"
     gpu = next(g for g in s["skips"] if g["reason"].startswith("needs 1 CUDA GPU"))
     assert gpu["tiers"] == ["smoke", "gsm8k"] and gpu["rows"] == ["sglang-0.5.13", "sglang-0.5.17"]
-    md = report.render_markdown(s)
+    md = report_render.render_markdown(s)
     assert "- smoke/gsm8k in 2 rows: needs 1 CUDA GPU(s), this machine has 0" in md
     assert "💥 error · harness" in md and "not proven in sglang-0.5.13" in md
-    html = report.render_html(s)
+    html = report_render.render_html(s)
     assert "pending" in html and "KeyError" in html
 
 
@@ -141,9 +145,9 @@ def test_all_skipped_run_does_not_qualify(tmp_path):
              for t in ("contract", "reference", "smoke", "gsm8k")}
     (run / "row.json").write_text(json.dumps({"row": {"id": "sglang-0.5.17", "pins": {}}, "verdict": "skipped",
                                               "install": {"verdict": "passed"}, "tiers": tiers}))
-    s = report.build_summary(run.parent)
+    s = report_model.build_summary(run.parent)
     assert s["qualifies"] is False and s["nothing_ran"] is True
-    assert "nothing ran" in report.render_markdown(s)
+    assert "nothing ran" in report_render.render_markdown(s)
 
 
 def test_closest_passing_row_from_freeze_and_from_pins(results):
@@ -156,24 +160,24 @@ def test_closest_passing_row_from_freeze_and_from_pins(results):
     assert "gemma4-mtp-matrix" not in diffs
     cp2 = _row(s, "sglang-0.5.23-cu130")["closest_passing"]
     assert cp2["source"] == "pins" and cp2["distance"] == 3
-    assert "closest passing row: **sglang-0.5.17**, 8 package(s) differ" in report.render_markdown(s)
+    assert "closest passing row: **sglang-0.5.17**, 8 package(s) differ" in report_render.render_markdown(s)
 
 
 def test_closest_passing_ties_go_to_the_same_sglang():
     target = {"sglang": "0.5.23", "transformers": "5.20.0", "torch": "2.14.1"}
     cands = {"a-row": {"sglang": "0.5.17", "transformers": "5.20.0", "torch": "2.14.1"},
              "b-row": {"sglang": "0.5.23", "transformers": "5.19.0", "torch": "2.14.1"}}
-    got = report.closest_passing(target, cands, target_sglang="0.5.23",
+    got = report_model.closest_passing(target, cands, target_sglang="0.5.23",
                                  sglang_of={"a-row": "0.5.17", "b-row": "0.5.23"})
     assert got["row"] == "b-row" and got["differences"] == [
         {"package": "transformers", "this": "5.20.0", "other": "5.19.0"}]
-    assert report.closest_passing(target, {}, target_sglang=None, sglang_of={}) is None
+    assert report_model.closest_passing(target, {}, target_sglang=None, sglang_of={}) is None
 
 
 def test_parse_freeze():
     text = "Torch==2.11.0\nflash_attn-4==4.0.0b19\n-e file:///x\nsome-pkg @ file:///wheels/s.whl\n" \
            "gemma4-mtp-matrix @ file:///src/gemma4-mtp-matrix\n# comment\n"
-    assert report.parse_freeze(text) == {"torch": "2.11.0", "flash-attn-4": "4.0.0b19",
+    assert store.parse_freeze(text) == {"torch": "2.11.0", "flash-attn-4": "4.0.0b19",
                                          "some-pkg": "file:///wheels/s.whl"}
 
 
@@ -184,7 +188,7 @@ def test_gsm8k_paired_comparison_between_rows(results):
     assert (p["n"], p["a_correct"], p["b_correct"]) == (200, 138, 115)
     assert (p["right_in_a_only"], p["right_in_b_only"]) == (28, 5)
     assert len(p["flipped_to_wrong"]) == 28 and p["flipped_to_right"] == [24, 67, 76, 94, 173]
-    assert p["p_value"] == pytest.approx(report.mcnemar_p(28, 5)) and p["p_value"] < 1e-4
+    assert p["p_value"] == pytest.approx(6.6188e-05, rel=1e-4)  # exact McNemar, 28 vs 5 (test_private_statistics)
     assert ("E4B-topk1", "sglang-0.5.13", "sglang-0.5.17") in pairs
     assert not any(k == "26B-A4B-topk1" for k, _, _ in pairs)  # only 0.5.17 ran it: nothing to pair with
 
@@ -200,21 +204,27 @@ def test_wilson_from_metrics_or_records(results):
                              "tests/tiers/test_gsm8k.py::test_acceptance[E4B-topk1]"]
     # no interval or count in the metrics: both from the per-question records the check names
     a26 = m[("gsm8k", "26B-A4B-topk1")]
-    assert a26["n"] == 200 and a26["ci"] == pytest.approx(list(report.wilson(96, 200)))
+    assert a26["n"] == 200 and a26["ci"] == pytest.approx(list(stats.wilson_interval(96, 200)))
     assert a26["accept_length"] == 2.71 and a26["speedup"] == 1.52
     assert m[("smoke", "mtp-tiny-topk1")]["accept_length"] == 1.03
-    md = report.render_markdown(s)
+    md = report_render.render_markdown(s)
     assert "| sglang-0.5.17 | gsm8k | E4B-topk1 | 0.690 [0.623, 0.750] (n=200) | 3.12 | 1.84× |" in md
 
 
 def test_private_statistics():
-    assert report.mcnemar_p(0, 0) == 1.0
-    assert report.mcnemar_p(5, 0) == pytest.approx(0.0625)
-    assert report.mcnemar_p(3, 3) == 1.0
-    lo, hi = report.wilson(0, 20)
+    assert stats.mcnemar(0, 0) == 1.0
+    assert stats.mcnemar(5, 0) == pytest.approx(0.0625)
+    assert stats.mcnemar(3, 3) == 1.0
+    lo, hi = stats.wilson_interval(0, 20)
     assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-4)
-    assert report.wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
-    assert report.mcnemar_p(28, 5) == pytest.approx(report.mcnemar_p(28, 5))
+    assert stats.wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    # 28 vs 5 discordant pairs: 2 * P(X <= 5), X ~ Binomial(33, 1/2) = 2 * 284,274 / 2**33, summed here with exact
+    # fractions along the pmf's recurrence (not math.comb, as stats does)
+    tail, pmf = Fraction(0), Fraction(1, 2**33)
+    for k in range(6):
+        tail, pmf = tail + pmf, pmf * (33 - k) / (k + 1)
+    assert 2 * tail == Fraction(142137, 2147483648)
+    assert stats.mcnemar(28, 5) == pytest.approx(float(2 * tail), rel=1e-12) == pytest.approx(6.6188e-05, rel=1e-4)
 
 
 def test_unknown_and_odd_metrics_do_not_crash(results):
@@ -234,7 +244,7 @@ def test_malformed_jsonl_lines_are_skipped(tmp_path):
     p = tmp_path / "q.jsonl"
     p.write_text('{"index": 0, "correct": true}\nnot json\n{"index": 1}\n\n{"index": 2, "correct": 0}\n')
     # "correct" is a JSON boolean (schema.RECORD_FIELDS): 0 is an edited line, counted as missing
-    assert report.read_question_records(p) == {0: True}
+    assert store.read_question_records(p) == {0: True}
 
 
 def test_baseline_diff(results):
@@ -254,32 +264,32 @@ def test_baseline_diff(results):
     assert score["delta"] == pytest.approx(-0.11)
     drop = next(r for r in s["regressions"] if r["why"] == "significant accuracy drop")
     assert drop["row"] == "sglang-0.5.23" and drop["p_value"] < 0.001
-    md = report.render_markdown(s)
+    md = report_render.render_markdown(s)
     assert "## Compared with baseline `20261201-090512`" in md and "4 new failure(s), 0 fixed" in md
     assert "3 of 4 check(s) answered identically" in md
 
 
 def test_baseline_in_the_other_direction_reports_fixes(results):
-    s = report.build_summary(results / BASE, baseline_dir=results / CUR)
+    s = report_model.build_summary(results / BASE, baseline_dir=results / CUR)
     b = s["baseline"]
     assert {i["check"] for i in b["fixed"]} >= {"tests/tiers/test_contract.py::test_server_args_resolution[topk3]"}
     assert b["missing_rows"] == ["sglang-0.5.23-cu130"] and s["regressions"] == []
 
 
 def test_change_labels():
-    assert report._change("passed", "failed") == ("worse", "new failure")
-    assert report._change("failed", "passed") == ("better", "fixed")
-    assert report._change("failed", "error") == ("same", "still failing")
-    assert report._change("skipped", "passed") == ("better", "now runs whole and passes")
-    assert report._change("passed", "skipped") == ("worse", "no longer runs")
-    assert report._change("passed", "partial") == ("worse", "now partial")
-    assert report._change("partial", "passed") == ("better", "now runs whole and passes")
-    assert report._change(None, "failed") == ("worse", "new row, failing")
+    assert report_compare._change("passed", "failed") == ("worse", "new failure")
+    assert report_compare._change("failed", "passed") == ("better", "fixed")
+    assert report_compare._change("failed", "error") == ("same", "still failing")
+    assert report_compare._change("skipped", "passed") == ("better", "now runs whole and passes")
+    assert report_compare._change("passed", "skipped") == ("worse", "no longer runs")
+    assert report_compare._change("passed", "partial") == ("worse", "now partial")
+    assert report_compare._change("partial", "passed") == ("better", "now runs whole and passes")
+    assert report_compare._change(None, "failed") == ("worse", "new row, failing")
 
 
 def test_html_is_one_self_contained_page(results):
     s = _summary(results, CUR, baseline=BASE)
-    html = report.render_html(s)
+    html = report_render.render_html(s)
     assert html.startswith("<!DOCTYPE html>") and "<style>" in html
     assert "<link" not in html and "<script" not in html and "http://" not in html and "https://" not in html
     assert 'href="../sglang-0.5.23/install.log"' in html and 'href="../sglang-0.5.23/junit.xml"' in html
@@ -302,17 +312,17 @@ def test_servers_relaunched_alone_are_listed_once_per_server(tmp_path):
     tiers = {"smoke": {"verdict": "passed", "checks": checks}}
     (run / "row.json").write_text(json.dumps({"row": {"id": "sglang-0.5.17", "pins": {}}, "verdict": "passed",
                                               "install": {"verdict": "passed"}, "tiers": tiers}))
-    s = report.build_summary(run.parent)
+    s = report_model.build_summary(run.parent)
     entry = {"tier": "smoke", "server": "random-nomtp", "server_log": "server-random-nomtp-alone.log", "error": err,
              "checks": ["test_server_serves", "test_spec_metrics"], "alone": "passed"}
     assert _row(s, "sglang-0.5.17")["relaunched"] == [entry]
     assert s["relaunched"] == [dict(entry, row="sglang-0.5.17")]
-    md = report.render_markdown(s)
+    md = report_render.render_markdown(s)
     assert "**Relaunched alone**" in md
     # the first error sits next to the server and the checks it stands behind, and how they ended alone
     assert ("- sglang-0.5.17 · smoke · `random-nomtp`: test_server_serves, test_spec_metrics passed alone "
             f"(`server-random-nomtp-alone.log`); first error beside other servers: {err}") in md
-    html = report.render_html(s)
+    html = report_render.render_html(s)
     assert "server-random-nomtp-alone.log" in html and "test_server_serves, test_spec_metrics passed alone" in html
 
 
@@ -346,7 +356,7 @@ def _run(root, run_id, rows, versions=None):
                "selection": {"args": ["tests/tiers"], "paths": ["tests/tiers"], "knobs": {},
                              "collected": {t: [c["id"] for c in tv.get("checks") or []] for t, tv in tiers.items()}},
                "versions": dict(versions or {})}
-        rec["verdict"] = report.row_verdict(rec)
+        rec["verdict"] = store.row_verdict(rec)
         (d / "row.json").write_text(json.dumps(rec))
     stamp(root / run_id, complete_cpu_tiers=True)  # the manifest, the fingerprint, tiers.json, junit.xml
     return root
@@ -361,42 +371,42 @@ def test_cpu_only_run_says_what_ran_and_a_release_gate_can_demand_the_gpu_tiers(
     _run(tmp_path, "20260101-000000", {"a": _cpu_tiers(), "b": _cpu_tiers()})
     args = ["report", "--results", str(tmp_path)]
     # without --require the question is the release: not proven (exit 3), saying what did pass
-    assert main(args) == report.EXIT_NOT_PROVEN
+    assert main(args) == report_model.EXIT_NOT_PROVEN
     out = capsys.readouterr().out
     assert "NOT PROVEN — CPU checks pass; smoke and gsm8k not run (no GPU)" in out and "QUALIFIES" not in out
     s = json.loads((tmp_path / "20260101-000000" / "report" / "summary.json").read_text())
     assert (s["verdict"], s["qualifies"], s["exit_status"]) == ("not-proven", False, 3)
-    assert main(args + ["--require", "smoke,gsm8k"]) == report.EXIT_NOT_PROVEN
+    assert main(args + ["--require", "smoke,gsm8k"]) == report_model.EXIT_NOT_PROVEN
     assert "NOT PROVEN — smoke: not run in a, b (no GPU) | gsm8k: not run in a, b (no GPU)" in capsys.readouterr().out
     # a gate that asks for the CPU tiers only gets exit 0, and the headline says it is no release qualification
-    assert main(args + ["--require", "contract,reference"]) == report.EXIT_OK
+    assert main(args + ["--require", "contract,reference"]) == report_model.EXIT_OK
     out = capsys.readouterr().out
     assert "contract and reference proven in all 2 rows (a: " in out and ", not a release qualification: " in out
-    assert main(args + ["--require", "smoke,gpu"]) == report.EXIT_BAD_INPUT
+    assert main(args + ["--require", "smoke,gpu"]) == report_model.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err == "error: --require: unknown tier(s) gpu; known: contract, reference, smoke, gsm8k\n"
 
 
 def test_only_every_tier_in_every_row_qualifies(tmp_path, results):
     # the baseline ran every tier, but its GPU tiers only in part (the old gate called that QUALIFIES)
-    assert main(["report", BASE, "--results", str(results), "--require", "smoke,gsm8k"]) == report.EXIT_NOT_PROVEN
+    assert main(["report", BASE, "--results", str(results), "--require", "smoke,gsm8k"]) == report_model.EXIT_NOT_PROVEN
     s = json.loads((results / BASE / "report" / "summary.json").read_text())
-    assert s["verdict"] == "not-proven" and "QUALIFIES" not in report.render_markdown(s)
+    assert s["verdict"] == "not-proven" and "QUALIFIES" not in report_render.render_markdown(s)
     # one row without a GPU: smoke and gsm8k ran (in part) in the other row only
     _run(tmp_path, "20260101-000000", {"gpu": {t: _tier("passed") for t in TIERS}, "cpu": _cpu_tiers()})
-    s = report.build_summary(tmp_path / "20260101-000000", require=["gsm8k"])
-    assert s["verdict"] == "not-proven" and s["exit_status"] == report.EXIT_NOT_PROVEN
-    md = report.render_markdown(s)
+    s = report_model.build_summary(tmp_path / "20260101-000000", require=["gsm8k"])
+    assert s["verdict"] == "not-proven" and s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    md = report_render.render_markdown(s)
     assert "gsm8k: not run in cpu (no GPU); partial in gpu (not run or short: " in md
 
 
 def test_a_failure_beats_a_missing_tier_and_nothing_run_proves_nothing(tmp_path):
     _run(tmp_path, "r1", {"a": _cpu_tiers(reference=_tier("failed"))})
-    s = report.build_summary(tmp_path / "r1", require=["smoke"])
-    assert (s["verdict"], s["exit_status"]) == ("fails", report.EXIT_FAILED)
+    s = report_model.build_summary(tmp_path / "r1", require=["smoke"])
+    assert (s["verdict"], s["exit_status"]) == ("fails", report_model.EXIT_FAILED)
     _run(tmp_path, "r2", {"a": {t: _tier("skipped", "not selected", []) for t in TIERS}})
-    s = report.build_summary(tmp_path / "r2")
-    assert (s["verdict"], s["exit_status"]) == ("not-proven", report.EXIT_NOT_PROVEN)
+    s = report_model.build_summary(tmp_path / "r2")
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_model.EXIT_NOT_PROVEN)
 
 
 def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_path):
@@ -414,18 +424,18 @@ def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_pat
     # the report derives the tags again from the checks and the row's versions (a stored tag is never trusted)
     _run(tmp_path, "20260101-000000", {"sglang-0.5.23": ok}, rec["versions"])
     _run(tmp_path, "20260102-000000", {"sglang-0.5.23": rec["tiers"], "sglang-0.5.17": _cpu_tiers()}, rec["versions"])
-    s = report.build_summary(tmp_path / "20260102-000000", baseline_dir=tmp_path / "20260101-000000")
+    s = report_model.build_summary(tmp_path / "20260102-000000", baseline_dir=tmp_path / "20260101-000000")
     # the recorded CPU run's contract tier predates checks the suite has now (partial); reference is known upstream
     assert s["row_verdicts"]["sglang-0.5.23"] == "passed" and not s["failing_rows"]
     row = _row(s, "sglang-0.5.23")
     assert row["tiers"]["reference"]["failures"] == []  # not listed as a failure ...
-    md = report.render_markdown(s)
+    md = report_render.render_markdown(s)
     assert "## Failures" not in md
     assert "⚠️ known-upstream" in md and "**Known upstream**" in md  # ... but next to the row, with its link
     assert "https://github.com/huggingface/transformers/pull/48982" in md and "fixed in 5.20.0" in md
     assert "1 library bug(s), not sglang: sglang-0.5.23 reference" in md
     assert s["baseline"]["new_failures"] == []  # an upgrade that hits a known upstream bug is no regression
-    html = report.render_html(s)
+    html = report_render.render_html(s)
     assert 'class="v known-upstream"' in html and "pull/48982" in html
 
 
@@ -437,7 +447,7 @@ def test_without_jinja2_the_report_says_what_to_install_in_one_line(results, cap
     monkeypatch.setitem(sys.modules, "jinja2", None)  # `import jinja2` raises ImportError
     render.environment.cache_clear()
     try:
-        assert main(["report", CUR, "--results", str(results)]) == report.EXIT_BAD_INPUT
+        assert main(["report", CUR, "--results", str(results)]) == report_model.EXIT_BAD_INPUT
     finally:
         render.environment.cache_clear()
     assert capsys.readouterr().err == \
@@ -448,7 +458,7 @@ def test_without_jinja2_the_report_says_what_to_install_in_one_line(results, cap
 def test_the_package_imports_without_jinja2():
     """Row venvs get the package but not jinja2: `python -m mtpmatrix rows|mutants|bisect` must not need it."""
     src = Path(__file__).resolve().parents[2] / "src"
-    code = "import sys; sys.modules['jinja2'] = None; import mtpmatrix.report, mtpmatrix.__main__; print('ok')"
+    code = "import sys; sys.modules['jinja2'] = None; import mtpmatrix.report.cli, mtpmatrix.report.model, mtpmatrix.__main__; print('ok')"
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(src)})
     assert got.stdout == "ok\n", got.stderr

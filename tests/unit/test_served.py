@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
-from mtpmatrix.tiers import served
-from mtpmatrix.runner import matrix
+
 from mtpmatrix import schema
+from mtpmatrix.runner import matrix
 from mtpmatrix.runner.rows import RowError
+from mtpmatrix.tiers import served
 
 REPO = Path(__file__).resolve().parents[2]
 

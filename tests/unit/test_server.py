@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from events import HANG, wait_for
+
 from mtpmatrix.tiers import client, processes
 from mtpmatrix.tiers.server import SglangServer
 from mtpmatrix.tiers.verdict import CheckFailure, classify

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.evidence import expected_checks
-
 from mtpmatrix.runner import side_by_side
 from mtpmatrix.runner.rows import RowError
 from mtpmatrix.runner.side_by_side import REFERENCE, SGLANG, merge_exitstatus, plan

@@ -248,6 +248,7 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
     import threading
 
     from events import HANG
+
     from mtpmatrix.tiers.processes import group_members
     from mtpmatrix.tiers.server import SglangServer
 

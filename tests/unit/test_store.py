@@ -9,8 +9,8 @@ import os
 import pytest
 
 from mtpmatrix import atomic
-from mtpmatrix.runner import store
 from mtpmatrix.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.runner import store
 from mtpmatrix.runner.store import RunStore, new_run_id, row_verdict
 from mtpmatrix.schema import worst
 
@@ -71,7 +71,7 @@ def test_atomic_write_first_write_failing_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_new_run_id_is_sortable_utc():
-    t = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
+    t = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
     assert new_run_id(t) == "20260304-050607"
     assert new_run_id(t) < new_run_id(t + dt.timedelta(seconds=1))
 

@@ -39,7 +39,7 @@ def load(path: Path | None = None) -> dict[str, tuple[str, ...]] | None:
     return None if chosen == AS_COLLECTED else _load(Path(chosen))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(path: Path) -> dict[str, tuple[str, ...]]:
     try:
         raw = json.loads(Path(path).read_text())

@@ -77,7 +77,7 @@ def _git(repo: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def describe(repo: Path = REPO) -> dict:
     """``{"suite": hash, "data": sha256, "commit": sha or None, "dirty": bool or None}`` of the suite in ``repo``;
     what tiers.json, row.json and the manifest carry."""

@@ -28,7 +28,7 @@ class ManifestError(ValueError):
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def candidate_identity(candidate) -> dict | None:

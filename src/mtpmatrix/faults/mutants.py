@@ -21,12 +21,35 @@ import time
 from pathlib import Path
 
 from mtpmatrix.atomic import atomic_write_json, atomic_write_text
-from mtpmatrix.faults.catalogue import (CATALOGUE, Application, Mutant, MutantsError, apply, diff, find_sglang,
-                                        hook_payload, select, sglang_version)
-from mtpmatrix.faults.suites import (CORES_PER_SERVER, DEFAULT_TIMEOUT, Scheduler, Suite, hook_evidence, judge_suite,
-                                     killed_by, mutant_status, overall, pytest_command, render_table, server_cap,
-                                     suite_env)
+from mtpmatrix.faults.catalogue import (
+    CATALOGUE,
+    Application,
+    Mutant,
+    MutantsError,
+    apply,
+    diff,
+    find_sglang,
+    hook_payload,
+    select,
+    sglang_version,
+)
+from mtpmatrix.faults.suites import (
+    CORES_PER_SERVER,
+    DEFAULT_TIMEOUT,
+    Scheduler,
+    Suite,
+    hook_evidence,
+    judge_suite,
+    killed_by,
+    mutant_status,
+    overall,
+    pytest_command,
+    render_table,
+    server_cap,
+    suite_env,
+)
 from mtpmatrix.schema import comma_list, results_root
+
 
 # --------------------------------------------------------------------------------------------- the command
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,7 +106,7 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def run(ns: argparse.Namespace, *, catalogue: tuple[Mutant, ...] = CATALOGUE, pkg_dir: Path | None = None,
@@ -277,32 +300,3 @@ def _read_tiers(path: Path) -> dict | None:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-
-
-# --------------------------------------------------------------------------------------------- nox: a row's venv
-def row_venv_commands(row, venv: Path, constraints: Path) -> list[list[str]]:
-    """uv venv (when missing) + the matrix's one install command for ``row`` into ``venv``."""
-    from mtpmatrix.runner import matrix
-
-    uv = matrix.find_uv(MutantsError)
-    cmds = []
-    if not matrix.venv_python(venv).exists():
-        cmds.append([uv, "venv", "--python", row.python, str(venv)])
-    cmds.append(matrix.install_command(row, venv, constraints, None))
-    return cmds
-
-
-def split_row_arg(posargs: list[str]) -> tuple[str | None, list[str]]:
-    """``--row ROW`` (or ``--row=ROW``) out of nox posargs; the rest goes to ``python -m mtpmatrix mutants``."""
-    rest, row = [], None
-    it = iter(posargs)
-    for a in it:
-        if a == "--row":
-            row = next(it, None)
-            if row is None:
-                raise MutantsError("--row needs a row id")
-        elif a.startswith("--row="):
-            row = a.split("=", 1)[1]
-        else:
-            rest.append(a)
-    return row, rest

@@ -9,10 +9,12 @@ The verdict says what was proven. Every tier verdict is derived again from the s
 A run QUALIFIES only when every tier is complete -- its whole expected set ran and passed -- in every row; a run
 whose CPU tiers passed on a machine without a GPU says so ("CPU checks pass; smoke and gsm8k not run (no GPU)"), and
 a tier that ran in part is 'partial', with what did not run and why. Failures that match a known_upstream.json
-entry's signature are shown as "known upstream" next to their row and do not fail it. Exit status (EXIT_*): 0
-nothing failed and every --require'd tier is complete; 1 a row failed, errored or is unfinished; 2 bad input (no
-such run, no rows, unknown tier) or no jinja2, one line; 3 nothing failed but not proven: a --require'd tier is not
-complete in every row, or nothing ran at all.
+entry's signature are shown as "known upstream" next to their row and do not fail it. Exit status (model.EXIT_*,
+model._verdict): 0 every required tier (all without --require) proven in every row; 1 a row broke (a failure of
+sglang or its dependencies, or a failed install); 2 bad input (no such run, no rows, unknown tier) or no jinja2, one
+line; 3 nothing broke but not proven: a required tier is not complete in every row (partial, skipped, unfinished,
+harness only, records that cannot show it), a planned row did not run, the run's evidence does not hold, or nothing
+ran at all.
 
 Besides the rows x tiers table the report holds, for every failing row, the closest passing row (fewest packages
 that differ in freeze.txt, ties broken towards the same sglang) with the differing versions; GSM8K per-question
@@ -24,23 +26,9 @@ run-to-run diff (new failures, fixed ones, metric deltas).
     checks.py    what both read off a check record
     render.py    summary.md and report.html from templates/*.j2 (jinja2, the 'report' extra), one context
     canaries.py  the canary section (summary.md and summary.json): canaries beside their pinned rows, releases
-    cli.py       the command: arguments, files, exit status
+    cli.py       the command: arguments, files, exit status (python -m mtpmatrix report)
+    candidates.py  each candidate beside its base release
 
 Rendering needs jinja2, imported on first use; the rest is the standard library and packaging, because the package
 is installed next to sglang's pins in every row's venv.
 """
-
-# What __main__ and the tests use, under the names the one-module report had.
-from mtpmatrix.report.checks import question_records
-from mtpmatrix.report.cli import add_arguments, run, write_report
-from mtpmatrix.report.compare import _change
-from mtpmatrix.report.model import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, ReportError, _row_summary,
-                                    build_summary, closest_passing)
-from mtpmatrix.report.render import render_html, render_markdown
-from mtpmatrix.runner.store import latest_run_id, parse_freeze, read_question_records, row_verdict
-from mtpmatrix.stats import mcnemar as mcnemar_p, wilson_interval as wilson
-
-__all__ = ["question_records", "add_arguments", "run", "write_report", "_change", "EXIT_BAD_INPUT", "EXIT_FAILED",
-           "EXIT_NOT_PROVEN", "EXIT_OK", "ReportError", "_row_summary", "build_summary", "closest_passing",
-           "render_html", "render_markdown", "latest_run_id", "parse_freeze", "read_question_records", "row_verdict",
-           "mcnemar_p", "wilson"]

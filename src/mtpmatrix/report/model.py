@@ -16,11 +16,10 @@ import os
 import re
 from pathlib import Path
 
-
 from mtpmatrix import expected, schema, stats
 from mtpmatrix.evidence import records as record_shapes
-from mtpmatrix.evidence.judge import pins_with_overrides
 from mtpmatrix.evidence import run as evidence_of_run
+from mtpmatrix.evidence.judge import pins_with_overrides
 from mtpmatrix.report import candidates, compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 from mtpmatrix.runner.store import read_freeze, read_run, row_verdict
@@ -409,7 +408,7 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     summary = {
         "schema": schema.SCHEMA,
         "run_id": run_dir.name,
-        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "required_tiers": list(require),
         "evidence": found,
         "verdict_counts": {k: v for k, v in counts.items() if v},

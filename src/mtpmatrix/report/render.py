@@ -14,7 +14,7 @@ import functools
 from pathlib import Path
 
 from mtpmatrix import schema
-from mtpmatrix.report import candidates, canaries
+from mtpmatrix.report import canaries, candidates
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
@@ -290,7 +290,7 @@ def view(summary: dict) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def environment():
     """The jinja2 environment over templates/; autoescape for the HTML template only. ReportError (NO_JINJA2)
     where jinja2 is not installed."""

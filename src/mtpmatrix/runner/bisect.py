@@ -29,16 +29,25 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from packaging.utils import canonicalize_name
 
 from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.runner.probe import (BAD, GOOD, KNOWN_ONLY, UNTESTABLE, Probe, classify_for_known,  # noqa: F401
-                                    classify_record, failing_checks, judged)
+from mtpmatrix.runner.probe import (  # noqa: F401
+    BAD,
+    GOOD,
+    KNOWN_ONLY,
+    UNTESTABLE,
+    Probe,
+    classify_for_known,
+    classify_record,
+    failing_checks,
+    judged,
+)
 from mtpmatrix.runner.store import is_matrix_run, latest_run_id, row_files
 from mtpmatrix.schema import FAILING, TIERS, results_root
 
@@ -455,7 +464,7 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
     print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
           f"({source}); results in {ns.results / run_id}/")
     if issue:

@@ -39,7 +39,8 @@ from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner import bytecode_from_cache
 from mtpmatrix.runner.rows import Row, RowError
 from mtpmatrix.schema import parse_tiers
-from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV, PROCESS_ENV
+from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV
+from mtpmatrix.tiers.imported import PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_PRECOMPILE"
 SOURCES = "sources.json"

@@ -33,20 +33,19 @@ import itertools
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from packaging.utils import canonicalize_name
 
 from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.runner import baseline, bisect, matrix
+from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.runner import baseline, bisect, matrix, plan
 from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_resolution, load_canaries, resolve
 from mtpmatrix.runner.probe import not_proven_why
 from mtpmatrix.runner.releases import ReleaseError
 from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.evidence import fingerprint, manifest
-from mtpmatrix.runner import plan
 from mtpmatrix.runner.store import RunStore
 from mtpmatrix.schema import FAILING, ROW_FILE
 
@@ -107,7 +106,7 @@ def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]
     ``pins_pass``: the pinned row itself passed ``tier`` (a finished record), so every pin is a known good end."""
     out: dict = {"tier": tier, "single": {}, "bisect": {}, "together": None, "stopped": None}
     bad_alone = []
-    for pkg, (pin, new) in res.moved.items():
+    for pkg, (_pin, new) in res.moved.items():
         if (why := budget.spent()):
             out["stopped"] = why
             return out

@@ -31,10 +31,9 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 from mtpmatrix import expected, schema
-from mtpmatrix.evidence import fingerprint, manifest
-from mtpmatrix.evidence import records
-from mtpmatrix.runner.rows import RowError, load_rows
 from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.evidence import fingerprint, manifest, records
+from mtpmatrix.runner.rows import RowError, load_rows
 from mtpmatrix.runner.store import new_run_id, row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE)

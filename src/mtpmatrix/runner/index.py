@@ -10,7 +10,7 @@ import re
 import urllib.error
 import urllib.request
 
-from packaging.utils import canonicalize_name, parse_wheel_filename, parse_sdist_filename
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 DEFAULT_INDEX = "https://pypi.org/simple"

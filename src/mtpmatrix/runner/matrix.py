@@ -16,23 +16,21 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-from mtpmatrix import expected
-from mtpmatrix.tiers import environment
-
-from mtpmatrix.runner import bytecode, candidate, index, side_by_side
-from mtpmatrix.runner import overrides as override_rules
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.runner.rows import Row, RowError, constrained_name, parse_override
-from mtpmatrix.schema import parse_tiers, results_root
+from mtpmatrix import expected
 from mtpmatrix.atomic import read_json
+from mtpmatrix.runner import bytecode, candidate, index, side_by_side
+from mtpmatrix.runner import overrides as override_rules
+from mtpmatrix.runner.rows import Row, RowError, constrained_name, parse_override
 from mtpmatrix.runner.store import RunStore, new_run_id, parse_freeze, row_verdict
-from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE
+from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers, results_root
+from mtpmatrix.tiers import environment
 from mtpmatrix.tiers.verdict import classify_install
 
 REPO = Path(__file__).resolve().parents[3]
@@ -303,7 +301,7 @@ def host_info() -> dict:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:

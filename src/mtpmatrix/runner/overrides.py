@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import Iterable
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name

@@ -30,8 +30,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix import expected
+from mtpmatrix.atomic import atomic_write_json, read_json
 from mtpmatrix.runner.rows import RowError
 from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, SHARED_TIER
 from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers

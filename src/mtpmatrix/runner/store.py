@@ -24,7 +24,7 @@ SIDE_RUN_PREFIXES = ("bisect-", "ci-")
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = now or _dt.datetime.now(_dt.UTC)
     return now.strftime("%Y%m%d-%H%M%S")
 
 
@@ -163,7 +163,7 @@ class RunStore:
         self.path = self.root / run_id
 
     @classmethod
-    def latest(cls, root: Path) -> "RunStore | None":
+    def latest(cls, root: Path) -> RunStore | None:
         run_id = latest_run_id(root)
         return cls(root, run_id) if run_id else None
 

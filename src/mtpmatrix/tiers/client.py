@@ -27,8 +27,9 @@ import queue
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import requests
 import urllib3

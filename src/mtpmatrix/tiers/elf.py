@@ -14,10 +14,9 @@ import re
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
-
 
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ = 0, 1, 5, 10
 _PT_LOAD, _PT_DYNAMIC = 1, 2

@@ -56,7 +56,7 @@ def has_module(name: str) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpu_count() -> int:
     """CUDA devices visible to torch; 0 when torch is absent or has no CUDA."""
     if os.environ.get("MTPMATRIX_FORCE_NO_GPU"):

@@ -46,9 +46,9 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from mtpmatrix import settings, stats
 from mtpmatrix.atomic import atomic_write_bytes, atomic_write_text

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import http.client
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from mtpmatrix import schema, settings
+from mtpmatrix.schema import comma_list
 from mtpmatrix.tiers import client, gsm8k
 from mtpmatrix.tiers.verdict import CheckFailure
-from mtpmatrix.schema import comma_list
 
 TINY_PREFIX = "tiny-e2e-proof"
 # Char-level tiny tokenizer: a 5-shot prompt is up to ~2.9k tokens, so the tiny pair gets its full 4096 context.

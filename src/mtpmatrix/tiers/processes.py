@@ -94,7 +94,7 @@ def redact_args(args: list[str]) -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sglang_package_dir(python: str = sys.executable) -> Path | None:
     """Where ``python`` would import sglang from, found without importing it (find_spec runs no package code)."""
     code = ("import importlib.util as u; s = u.find_spec('sglang'); "
@@ -106,7 +106,7 @@ def sglang_package_dir(python: str = sys.executable) -> Path | None:
     return Path(out) if out else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sglang_env_names(python: str = sys.executable) -> frozenset[str]:
     """SGLANG_* / SGL_* names that occur in the installed sglang's envs module (srt/environ.py)."""
     pkg = sglang_package_dir(python)

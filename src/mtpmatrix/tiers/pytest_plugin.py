@@ -28,10 +28,10 @@ from mtpmatrix import expected
 from mtpmatrix.atomic import atomic_write_json
 from mtpmatrix.evidence import fingerprint
 from mtpmatrix.expected import summarize  # per-tier verdicts from records: defined there, the runner merges with it
-from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, shared_check
+from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.tiers import environment, known_upstream, served
-from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
+from mtpmatrix.tiers.verdict import KINDS, as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()
@@ -70,8 +70,21 @@ def _selected_tiers(config) -> list[str]:
     return tiers
 
 
+# The suite's markers, registered here (not only in pyproject.toml) so that --strict-markers holds wherever the
+# plugin runs: a row's venv, a GPU box's plain pytest, the unit tests.
+TIER_MARKERS = {
+    "contract": "CPU tier that needs sglang (imports, ABI, config loading, ServerArgs resolution, meta_info fields)",
+    "reference": "CPU tier that needs transformers >= 5.8 (greedy with assistant == greedy without, tiny pairs)",
+    "smoke": "GPU tier: live sglang servers on tiny pairs",
+    "gsm8k": "GPU tier with real weights (or --server-url): GSM8K 5-shot against live sglang servers",
+}
+
+
 def pytest_configure(config):
     config.stash[_RECORDS_KEY] = []
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: {TIER_MARKERS[tier]}")
+    config.addinivalue_line("markers", f"check(kind): what a failure of this test means, one of {', '.join(KINDS)}")
     config.addinivalue_line("markers", f"{SHARED_MARK}: a reference check the side-by-side sglang process runs")
     config.stash[_START_KEY] = time.monotonic()
     config.stash[SERVED_KEY] = []

@@ -26,12 +26,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mtpmatrix.tiers import client
-from mtpmatrix.tiers.processes import (free_port, gpu_memory_by_pid, gpu_pids, group_members, port_is_free, redact_args,
-                                       redact_env, supported_env)
+from mtpmatrix.tiers.processes import (
+    free_port,
+    gpu_memory_by_pid,
+    gpu_pids,
+    group_members,
+    port_is_free,
+    redact_args,
+    redact_env,
+    supported_env,
+)
 from mtpmatrix.tiers.verdict import CheckFailure
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -110,7 +118,7 @@ class SglangServer:
         return self.proc is not None and self.proc.poll() is None
 
     # -- lifecycle
-    def __enter__(self) -> "SglangServer":
+    def __enter__(self) -> SglangServer:
         self.start()
         try:
             self.wait_ready()
@@ -122,7 +130,7 @@ class SglangServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> "SglangServer":
+    def start(self) -> SglangServer:
         if self.proc is not None:
             raise RuntimeError("server already started")
         if self._auto_port and not port_is_free(self.host, self.port):
@@ -132,7 +140,7 @@ class SglangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_fh = open(self.log_path, "ab", buffering=0)
         header = [
-            f"# mtpmatrix {self.name} server, started {_dt.datetime.now(_dt.timezone.utc).isoformat()}",
+            f"# mtpmatrix {self.name} server, started {_dt.datetime.now(_dt.UTC).isoformat()}",
             f"# command: {shlex.join(redact_args(self.command))}",
             f"# env overrides: {json.dumps(redact_env(self.env), sort_keys=True)}",
         ]

@@ -40,9 +40,10 @@ import io
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from mtpmatrix import settings
 from mtpmatrix.tiers import environment

@@ -13,8 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from mtpmatrix.tiers.processes import free_port
-from mtpmatrix.tiers.sglang_compat import (AdapterError, Resolution, module_exists, cpu_build_patches, no_accelerator,
-                                           sglang_version)
+from mtpmatrix.tiers.sglang_compat import (
+    AdapterError,
+    Resolution,
+    cpu_build_patches,
+    module_exists,
+    no_accelerator,
+    sglang_version,
+)
 
 
 @dataclass

@@ -72,8 +72,15 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix import settings
-from mtpmatrix.tiers.pairs.witness import (ALPHA, BETA, D_NUISANCE, LOGIT_PEAK, ZETA_CLUSTER, make_witness,
-                                           orthogonal_columns)
+from mtpmatrix.tiers.pairs.witness import (
+    ALPHA,
+    BETA,
+    D_NUISANCE,
+    LOGIT_PEAK,
+    ZETA_CLUSTER,
+    make_witness,
+    orthogonal_columns,
+)
 
 DECOY_PERIOD = 40
 DECOY_OFFSETS = (0, 7, 14, 19, 26, 33)  # gaps 7 7 5 7 7 7: depths 0-4 at topk 1 over the smoke prompts
@@ -242,8 +249,6 @@ class DecoyExtension:
                 E[t, sw] = s  # filler
 
     def apply(self, target, assistant, ctx) -> dict:
-        import torch
-
         lay, s, u, R, cluster_of = ctx["lay"], ctx["s_part"], ctx["u"], ctx["R"], ctx["cluster_of"]
         V = assistant.lm_head.weight.shape[0]
         decoys = self.decoys(V, cluster_of)

@@ -65,8 +65,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpmatrix.tiers.pairs.sampled import make_sampled
 from mtpmatrix.tiers.pairs.decoy import make_decoy
+from mtpmatrix.tiers.pairs.sampled import make_sampled
 from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant
 
@@ -413,8 +413,12 @@ def _make_tokenizer():
 
 
 def _save_processor(tokenizer, folder: Path) -> None:
-    from transformers.models.gemma4 import (Gemma4AudioFeatureExtractor, Gemma4ImageProcessor, Gemma4Processor,
-                                            Gemma4VideoProcessor)
+    from transformers.models.gemma4 import (
+        Gemma4AudioFeatureExtractor,
+        Gemma4ImageProcessor,
+        Gemma4Processor,
+        Gemma4VideoProcessor,
+    )
 
     proc = Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=Gemma4ImageProcessor(),
                            tokenizer=tokenizer, video_processor=Gemma4VideoProcessor(), chat_template=CHAT_TEMPLATE)
@@ -424,8 +428,12 @@ def _save_processor(tokenizer, folder: Path) -> None:
 def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path, variant: str,
                   seed: int) -> dict:
     import torch
-    from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4Config,
-                              Gemma4ForConditionalGeneration)
+    from transformers import (
+        Gemma4AssistantConfig,
+        Gemma4AssistantForCausalLM,
+        Gemma4Config,
+        Gemma4ForConditionalGeneration,
+    )
 
     cfg_t = Gemma4Config(**_config_kwargs(t_cfg))
     cfg_a = Gemma4AssistantConfig(**_config_kwargs(a_cfg))
