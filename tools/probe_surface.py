@@ -32,7 +32,9 @@ def witness_battery(tokenizer) -> list[tuple[str, dict]]:
     def req(label, sp=None, prompt_ids=prompt, **extra):
         return label, {"input_ids": prompt_ids, "sampling_params": {**g, **(sp or {})}, **extra}
 
-    eos_at = lambda k: [20, 21, 22] + [(12 - k - 1) % tiny.VOCAB]  # chain reaches END_OF_TURN 12 at index k
+    def eos_at(k: int) -> list[int]:  # the chain reaches END_OF_TURN 12 at index k
+        return [20, 21, 22] + [(12 - k - 1) % tiny.VOCAB]
+
     out = [
         req("plain"),
         req("stop-id-mid", {"stop_token_ids": [chain[3]]}),

@@ -204,3 +204,16 @@ def test_leftover_server_groups_are_killed_only_when_they_are_sglang(tmp_path):
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+def test_a_known_upstream_failure_is_neither_a_kill_nor_a_failed_baseline():
+    """H200, sglang 0.5.17 (2026-12-02): intact sglang fails four request-surface checks by known upstream deviations;
+    the mutants' baseline read them as failed and left every mutant unrun. Tagged ones count as neither."""
+    known = dict(check("test_min_p_matches_closed_form[s1]", "failed", "mismatch", "95 min_p-sampled tokens off"),
+                 known_upstream="sglang-mtp-verify-ignores-min-p")
+    baseline = S.judge_suite(tiers(check("a", "passed"), known, verdict="known-upstream"))
+    assert baseline.status == "passed" and baseline.failed == [] and baseline.passed == 1
+    mutant = S.judge_suite(tiers(check("a", "passed"), known,
+                                 check("test_stop_ends_the_output_exactly[w1]", "failed", "mismatch", "3/10 stop")))
+    assert mutant.status == "failed" and [f["id"].split("::")[1] for f in mutant.failed] == [
+        "test_stop_ends_the_output_exactly[w1]"]

@@ -92,7 +92,7 @@ def test_requests_and_prompts():
     reqs = dict(features.requests(SPEC["witness-mtp-topk3"], 512))
     assert list(reqs) == list(features.WITNESS_FEATURES)
     assert features.requests(SPEC["random-nomtp"], 512) == []
-    for label, p in reqs.items():
+    for p in reqs.values():
         ids = p["input_ids"]
         assert ids[0] >= 16 and ids[-1] + features.MAX_NEW_TOKENS < 512
         assert p["sampling_params"]["temperature"] == 0.0

@@ -66,7 +66,7 @@ def test_requests_only_on_witness_and_inside_context():
     assert logprobs.requests(next(s for s in smoke.SMOKE_SERVERS if s.pair == "sampled"), 512) == []
     reqs = logprobs.requests(WITNESS, 512)
     assert reqs == logprobs.requests(NOMTP, 512)  # the same requests with and without MTP
-    for label, p in reqs:
+    for _label, p in reqs:
         assert p["return_logprob"] and p["top_logprobs_num"] == logprobs.TOP_N and p["logprob_start_len"] == 0
         ids = p["input_ids"]
         assert ids == list(range(ids[0], ids[0] + 12)) and ids[0] >= 16

@@ -35,7 +35,7 @@ def draw(rng, law, size):
 def simulate(rng, fault: str = "none", delta: float = 0.0):
     """Offset categories of every counted request, i.i.d. with each group's law unless ``fault``."""
     items = []
-    for i, (g, n) in enumerate(REQUESTS):
+    for g, n in REQUESTS:
         p = LAW[g]
         if fault == "alternating":  # even positions +delta, odd -delta: the pooled marginal is exactly p
             cat = np.where(np.arange(n) % 2 == 0, draw(rng, p + delta * V, n), draw(rng, p - delta * V, n))
@@ -64,7 +64,7 @@ def simulate(rng, fault: str = "none", delta: float = 0.0):
 def pooled_plan_rejects(items) -> bool:
     """The existing pooled chi-square (pairs.sampled.check_outputs) on the plan's tokens."""
     counts = np.zeros(4)
-    for g, cat in items[:len(PLAN)]:
+    for _g, cat in items[:len(PLAN)]:
         counts += np.bincount(cat, minlength=4)
     from mtpmatrix import stats
     p = [LAW[sampled.GROUPS[0]][i] for i in range(3)]

@@ -11,7 +11,7 @@ import pytest
 
 from mtpmatrix import settings
 from mtpmatrix.tiers import meta_fields, smoke, surface
-from mtpmatrix.tiers.pairs.tiny import EOS_ID, END_OF_TURN_ID, VOCAB
+from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, VOCAB
 from mtpmatrix.tiers.surface import stops
 from mtpmatrix.tiers.verdict import CheckFailure
 

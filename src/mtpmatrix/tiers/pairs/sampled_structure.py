@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -55,7 +55,7 @@ POSITION_BLOCK = 16
 D3 = sampled.OFFSETS.index(sampled.KEPT_OFFSETS[-1])  # category of the topk-1 draft (the drafter's argmax)
 
 
-@lru_cache(maxsize=None)
+@cache
 def group_law(vocab: int, group: sampled.SamplingGroup) -> tuple[float, ...]:
     """The group's closed form over the four offsets (0 where cut), the same for sglang's joint sampler and verify's
     top-k-first order; ValueError when the two differ, a boundary sits within BOUNDARY_MARGIN, or mass is left off
@@ -171,7 +171,7 @@ def _chi2_strata(name, groups, laws, names, keys, cats, key_names) -> TestResult
     return TestResult(name, stat, df, p, strata, dropped, worst[1])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _exact_table(n: int, law: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Chi-square statistic of every count vector of Multinomial(n, law's kept cells) (sorted) and the upper tail of
     their probabilities: P(statistic >= table[i]) = tail[i]."""

@@ -208,5 +208,5 @@ def divergence(label: str, got: list[int], ref_ex) -> str | None:
     where = logprobs.position_label(pos)
     return (f"{label}: output differs from no-MTP at {where}: MTP {got[pos:pos + 3]}, no-MTP {ref[pos:pos + 3]} "
             f"({len(got)} vs {len(ref)} tokens); no-MTP margin there "
-            f"{'n/a (MTP token not in its top %d)' % TOP_N if gap is None else f'{gap:.3f} nats'}"
+            f"{f'n/a (MTP token not in its top {TOP_N})' if gap is None else f'{gap:.3f} nats'}"
             + (f" (near-tie bound {bound:.3f})" if label in TIE_SCALE else ""))

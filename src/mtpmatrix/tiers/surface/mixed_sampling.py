@@ -61,7 +61,7 @@ def _prompt(i: int) -> tuple[int, ...]:
 def plan() -> list[Planned]:
     out: list[Planned] = []
     k = 0
-    for g_index, (kind, group) in enumerate((("hot", HOT), ("cold", COLD))):
+    for kind, group in (("hot", HOT), ("cold", COLD)):
         for i in range(N_PER_GROUP):
             out.append(Planned(f"{kind}:{i}", kind, _prompt(k), group, SEED_BASE + k, NEW_TOKENS))
             k += 1

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix import settings
-from mtpmatrix.tiers.pairs.tiny import EOS_ID, END_OF_TURN_ID, SPECIAL_TOKENS
+from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
 
 NAME = "stops"
 PAIR = "witness-sglang-phase"  # the servers this family is sent to (spec.pair)
