@@ -6,7 +6,7 @@ the server log, and stops it; the tests then assert on what was collected.
 
 Servers launch side by side when the GPU has room (``launch_plan.launch_parallelism``): a launch is mostly
 CPU-bound Triton compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200;
-the 11 default servers launch in one wave on an idle H200 (2.2 min). A server that fails
+the 15 default servers launch in one wave on an idle H200 (3.2 min from cold, 2026-12-02). A server that fails
 while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict; a
 failure that repeats alone stands for every server that failed the same way beside it (``failure_signature``), so a
 broken release costs one relaunch, not one per server.
@@ -138,7 +138,7 @@ SMOKE_SERVERS = (
     SmokeServerSpec("constructed-mtp-topk3", "constructed", 3, default=False),
     # The witness pair needs every hand-off (mtpmatrix.tiers.pairs.witness), built for the draft phase sglang uses: any broken
     # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
-    # 6.00 of 6 intact, all 13 mutants then in mtpmatrix.faults.catalogue killed).
+    # 6.00 of 6 intact; every hand-off mutant of mtpmatrix.faults.catalogue killed, docs/fault-injection.md).
     SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1),
     SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3),
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
