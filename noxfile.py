@@ -30,9 +30,9 @@ nox.needs_version = ">=2025.2.9"  # nox.project.dependency_groups (the unit and 
 PYPROJECT = Path(__file__).parent / "pyproject.toml"
 
 sys.path.insert(0, str(Path(__file__).parent / "src"))
+from mtpmatrix.core.rows import RowError, load_rows  # noqa: E402
 from mtpmatrix.runner import candidate, culprit, matrix, plan  # noqa: E402
 from mtpmatrix.runner.canary import load_canaries  # noqa: E402
-from mtpmatrix.runner.rows import RowError, load_rows  # noqa: E402
 
 # A row's Python comes from the machine; uv may download a missing one only where it can (online users). On
 # air-gapped machines set UV_PYTHON_DOWNLOADS=never (.ci/run does) so a missing Python fails at once instead of

@@ -15,7 +15,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_bytes
+from mtpmatrix.core.atomic import atomic_write_bytes
 from mtpmatrix.tiers import gsm8k
 
 

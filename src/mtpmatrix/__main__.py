@@ -18,8 +18,8 @@ import sys
 
 
 def _rows(ns: argparse.Namespace) -> int:
+    from mtpmatrix.core.rows import RowError, load_rows
     from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.rows import RowError, load_rows
 
     try:
         rows = load_rows(matrix.REPO / "constraints")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import schema
-from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.core import schema
+from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.tiers import launch_plan, smoke
 from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.verdict import CheckFailure

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.surface import stops

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.known_upstream import KnownIssue
+from mtpmatrix.core.rows import load_rows
 from mtpmatrix.runner import bisect as bs
-from mtpmatrix.runner.rows import load_rows
-from mtpmatrix.tiers.known_upstream import KnownIssue
 
 # made-up suites: records judged against what their sessions collected (conftest.judged_as_collected)
 pytestmark = pytest.mark.usefixtures("judged_as_collected")

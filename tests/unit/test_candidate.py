@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.rows import RowError, load_rows, parse_row
 from mtpmatrix.runner import candidate, matrix, plan
-from mtpmatrix.runner.rows import RowError, load_rows, parse_row
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "docs" / "candidates" / "sglang-0.5.17-draft-phase-fix.patch"
@@ -310,8 +310,8 @@ def test_a_candidate_installs_into_a_venv_of_its_own(tmp_path, patch_file, row, 
 def test_resume_runs_a_dirty_checkout_again_once_its_change_changed(tmp_path, checkout):
     """A dirty checkout keeps its id (commit + -dirty) while its change moves: --resume must not keep the record of
     another change (the plan's candidate identity holds the change's sha256)."""
-    from mtpmatrix.atomic import atomic_write_json
-    from mtpmatrix.evidence import fingerprint
+    from mtpmatrix.core.atomic import atomic_write_json
+    from mtpmatrix.core.evidence import fingerprint
 
     rows = {r.id: r for r in load_rows(REPO / "constraints")}
     (checkout / "python" / "sglang" / "__init__.py").write_text("x = 1\n")

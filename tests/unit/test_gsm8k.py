@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fake_sglang import FakeSglang
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import gsm8k, gsm8k_tier, served
 
 INV = gsm8k.INVALID

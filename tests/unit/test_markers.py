@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.schema import TIERS
+from mtpmatrix.core.schema import TIERS
 from mtpmatrix.tiers.verdict import KINDS
 
 pytest_plugins = ["pytester"]

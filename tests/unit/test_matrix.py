@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.rows import RowError, load_rows, parse_row
+from mtpmatrix.core.schema import TIERS
+from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import matrix
 from mtpmatrix.runner.matrix import Options, in_shard, install_command, parse_options, preflight_overrides
-from mtpmatrix.runner.rows import RowError, load_rows, parse_row
-from mtpmatrix.runner.store import RunStore
-from mtpmatrix.schema import TIERS
 
 REPO = Path(__file__).resolve().parents[2]
 

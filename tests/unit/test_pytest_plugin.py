@@ -13,10 +13,10 @@ import textwrap
 
 import pytest
 
-from mtpmatrix import expected
-from mtpmatrix.evidence import expected_checks
-from mtpmatrix.schema import SCHEMA, TIERS
-from mtpmatrix.tiers import environment, known_upstream
+from mtpmatrix.core import expected, known_upstream
+from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.schema import SCHEMA, TIERS
+from mtpmatrix.tiers import environment
 
 pytest_plugins = ["pytester"]
 

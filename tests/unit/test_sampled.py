@@ -12,7 +12,7 @@ import pytest
 from scipy import special
 from scipy import stats as sps
 
-from mtpmatrix import stats
+from mtpmatrix.core import stats
 from mtpmatrix.tiers.pairs import sampled
 from mtpmatrix.tiers.pairs import sampled_model as model
 

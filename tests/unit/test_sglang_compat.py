@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import sglang_compat as compat
 from mtpmatrix.tiers import sglang_loading
 from mtpmatrix.tiers.verdict import CheckFailure, classify

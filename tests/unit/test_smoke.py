@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import client, launch_plan, meta_fields, smoke
 from mtpmatrix.tiers.verdict import CheckFailure
 
@@ -295,7 +295,7 @@ def test_default_suite_gates_with_the_sglang_phase_witness():
 
 
 def test_known_sglang_draft_phase_entry_matches_the_check_message():
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     entry = next(k for k in known_upstream.load() if k.id == "sglang-gemma4-mtp-draft-rope-phase")
     failure = {"id": "tests/tiers/test_smoke.py::test_draft_phase_matches_transformers[witness-transformers-phase-"

@@ -66,7 +66,7 @@ def pooled_plan_rejects(items) -> bool:
     counts = np.zeros(4)
     for _g, cat in items[:len(PLAN)]:
         counts += np.bincount(cat, minlength=4)
-    from mtpmatrix import stats
+    from mtpmatrix.core import stats
     p = [LAW[sampled.GROUPS[0]][i] for i in range(3)]
     return stats.pearson_chi2(list(counts[:3]), p).p_value < sampled.ALPHA or counts[3] > 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import meta_fields, smoke, surface
 from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, VOCAB
 from mtpmatrix.tiers.surface import stops

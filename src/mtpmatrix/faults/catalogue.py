@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix.tiers.smoke import DECOY_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS  # defined once, in smoke
-from mtpmatrix.schema import comma_list
+from mtpmatrix.core.schema import comma_list
 
 HOOK_DIR = Path(__file__).resolve().parent / "mutant_hook"
 ENV_MUTANT = "MTPMATRIX_MUTANT"  # read by mutant_hook/sitecustomize.py

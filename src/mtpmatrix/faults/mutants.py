@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.schema import comma_list, results_root
 from mtpmatrix.faults.catalogue import (
     CATALOGUE,
     Application,
@@ -48,7 +49,6 @@ from mtpmatrix.faults.suites import (
     server_cap,
     suite_env,
 )
-from mtpmatrix.schema import comma_list, results_root
 
 
 # --------------------------------------------------------------------------------------------- the command
@@ -169,7 +169,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         free_mib = gpu_free_mib()
     cap = server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)
 
-    from mtpmatrix.runner.store import new_run_id
+    from mtpmatrix.core.store import new_run_id
 
     out = Path(ns.out or results_root() / f"mutants-{new_run_id()}").resolve()
     out.mkdir(parents=True, exist_ok=True)

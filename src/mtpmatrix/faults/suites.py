@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpmatrix.core.schema import FAILING, short_check_id
 from mtpmatrix.faults.catalogue import ENV_MUTANT, HOOK_DIR, MARK
-from mtpmatrix.schema import FAILING, short_check_id
 from mtpmatrix.tiers.processes import group_members
 
 REPO = Path(__file__).resolve().parents[3]

@@ -8,12 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from mtpmatrix import schema
-from mtpmatrix.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core import schema
+from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.schema import TIERS
+from mtpmatrix.core.store import StoreError, find_run
 from mtpmatrix.report import canaries, render
 from mtpmatrix.report.model import EXIT_BAD_INPUT, REPORT_DIR, ReportError, build_summary
-from mtpmatrix.runner.store import StoreError, find_run
-from mtpmatrix.schema import TIERS
 
 
 def parse_require(text: str | None) -> list[str]:

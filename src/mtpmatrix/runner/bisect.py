@@ -35,8 +35,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.core import expected
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.schema import FAILING, TIERS, results_root
+from mtpmatrix.core.store import is_matrix_run, latest_run_id, row_files
 from mtpmatrix.runner.probe import (  # noqa: F401
     BAD,
     GOOD,
@@ -48,8 +50,6 @@ from mtpmatrix.runner.probe import (  # noqa: F401
     failing_checks,
     judged,
 )
-from mtpmatrix.runner.store import is_matrix_run, latest_run_id, row_files
-from mtpmatrix.schema import FAILING, TIERS, results_root
 
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
 DEFAULT_TIER = "contract"
@@ -331,9 +331,9 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
     in the run (a resumed canary) is read back instead of run again. Its record is judged again and classified
     (probe.classify_record; ``breaking``: the checks that fail at the bad end); with ``known_issue``, for the search
     of where that known-upstream entry began (probe.classify_for_known)."""
+    from mtpmatrix.core import known_upstream
+    from mtpmatrix.core.store import RunStore
     from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.store import RunStore
-    from mtpmatrix.tiers import known_upstream
 
     matrix.find_uv(BisectError)
     try:
@@ -392,7 +392,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def known_issue(issue_id: str, tier: str | None):
     """The known-upstream entry ``issue_id``; BisectError (one line) when there is none, or ``tier`` is another."""
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     try:
         issues = {i.id: i for i in known_upstream.load()}
@@ -436,8 +436,8 @@ def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str],
 
 def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
     """``python -m mtpmatrix bisect``. ``probe_factory(breaking=..., known_issue=...)`` replaces make_probe (tests)."""
+    from mtpmatrix.core.rows import RowError, load_rows
     from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.rows import RowError, load_rows
 
     t0 = time.monotonic()
     issue = None

@@ -35,10 +35,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.rows import Row, RowError
+from mtpmatrix.core.schema import parse_tiers
 from mtpmatrix.runner import bytecode_from_cache
-from mtpmatrix.runner.rows import Row, RowError
-from mtpmatrix.schema import parse_tiers
 from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV
 from mtpmatrix.tiers.imported import PROCESS_ENV
 

@@ -38,16 +38,16 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.core import expected
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.evidence import fingerprint, manifest
+from mtpmatrix.core.rows import RowError, load_rows
+from mtpmatrix.core.schema import FAILING, ROW_FILE
+from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import baseline, bisect, matrix, plan
 from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_resolution, load_canaries, resolve
 from mtpmatrix.runner.probe import not_proven_why
 from mtpmatrix.runner.releases import ReleaseError
-from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.runner.store import RunStore
-from mtpmatrix.schema import FAILING, ROW_FILE
 
 CANARY_FILE = "canary.json"
 ABI_CHECKS = ("test_torch_abi", "test_cuda_major")

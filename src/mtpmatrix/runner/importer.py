@@ -30,11 +30,11 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from mtpmatrix import expected, schema
-from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.evidence import fingerprint, manifest, records
-from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.runner.store import new_run_id, row_verdict
+from mtpmatrix.core import expected, schema
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.evidence import fingerprint, manifest, records
+from mtpmatrix.core.rows import RowError, load_rows
+from mtpmatrix.core.store import new_run_id, row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE)
 REQUIRED_FILES = (schema.TIERS_FILE, schema.JUNIT_FILE, schema.PYTEST_LOG)  # every gpu_box.sh run whose pytest ran

@@ -23,13 +23,13 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import read_json
+from mtpmatrix.core import expected
+from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
+from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers, results_root
+from mtpmatrix.core.store import RunStore, new_run_id, parse_freeze, row_verdict
 from mtpmatrix.runner import bytecode, candidate, index, side_by_side
 from mtpmatrix.runner import overrides as override_rules
-from mtpmatrix.runner.rows import Row, RowError, constrained_name, parse_override
-from mtpmatrix.runner.store import RunStore, new_run_id, parse_freeze, row_verdict
-from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers, results_root
 from mtpmatrix.tiers import environment
 from mtpmatrix.tiers.verdict import classify_install
 

@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from mtpmatrix import expected
-from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.core import expected
+from mtpmatrix.core.evidence import fingerprint, manifest
+from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import candidate
-from mtpmatrix.runner.store import RunStore
 
 
 def queued_rows(session, fallback: list[str]) -> list[str]:
@@ -83,7 +83,7 @@ PIPELINE_PLAN = "pipeline"
 
 
 def add_arguments(p) -> None:
-    from mtpmatrix import schema
+    from mtpmatrix.core import schema
 
     p.add_argument("run_id", metavar="RUN_ID", help="results/<RUN_ID>/ the row jobs will write")
     p.add_argument("--rows", required=True, metavar="ROW,ROW", help="every row the pipeline starts a job for")
@@ -95,8 +95,8 @@ def add_arguments(p) -> None:
 def run(ns) -> int:
     """Write ``results/<RUN_ID>/manifest-pipeline.json``: the rows, their pins and the suite, before any job runs,
     so a job that never uploads is a planned row without a record ("not run"), not a row that vanished."""
-    from mtpmatrix import schema
-    from mtpmatrix.runner.rows import RowError, load_rows
+    from mtpmatrix.core import schema
+    from mtpmatrix.core.rows import RowError, load_rows
 
     try:
         table = {r.id: r for r in load_rows(fingerprint.REPO / "constraints")}

@@ -22,11 +22,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from mtpmatrix.atomic import read_json
+from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.rows import REQUIRED_PINS
+from mtpmatrix.core.schema import results_root
+from mtpmatrix.core.store import row_files
 from mtpmatrix.runner import index
-from mtpmatrix.runner.rows import REQUIRED_PINS
-from mtpmatrix.runner.store import row_files
-from mtpmatrix.schema import results_root
 
 WATCHED = REQUIRED_PINS  # every row pins them: their newest pin is the line a release must be past
 Fetch = Callable[[str], list[Version]]
@@ -120,8 +120,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace, *, fetch: Fetch | None = None, rows=None) -> int:
+    from mtpmatrix.core.rows import RowError, load_rows
     from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.rows import RowError, load_rows
 
     try:
         rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")

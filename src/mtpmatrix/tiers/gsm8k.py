@@ -50,8 +50,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mtpmatrix import settings, stats
-from mtpmatrix.atomic import atomic_write_bytes, atomic_write_text
+from mtpmatrix.core import settings, stats
+from mtpmatrix.core.atomic import atomic_write_bytes, atomic_write_text
 from mtpmatrix.tiers import client
 
 INVALID = -9999999

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix import schema, settings
-from mtpmatrix.schema import comma_list
+from mtpmatrix.core import schema, settings
+from mtpmatrix.core.schema import comma_list
 from mtpmatrix.tiers import client, gsm8k
 from mtpmatrix.tiers.verdict import CheckFailure
 

@@ -35,9 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
-from mtpmatrix.schema import comma_list
+from mtpmatrix.core.schema import comma_list
 from mtpmatrix.tiers.verdict import CheckFailure
 
 PROMPT_LEN = 12

@@ -43,7 +43,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS, short_check_id, worst
+from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, TIERS, short_check_id, worst
 from mtpmatrix.tiers.verdict import KINDS
 
 FILE = Path(__file__).with_name("known_upstream.json")

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from mtpmatrix import settings
-from mtpmatrix.evidence import expected_checks
-from mtpmatrix.runner.store import row_verdict
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
+from mtpmatrix.core import settings
+from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
+from mtpmatrix.core.store import row_verdict
 
 KNOB_PREFIX = "MTPMATRIX_"
 NOT_RECORDED = ("selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
@@ -210,7 +210,7 @@ def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None
     """Every tier's verdict, derived again from its checks: stored known-upstream tags and verdicts are stripped and
     the current list (``issues``, default known_upstream.json) applied, then each tier judged against its expected
     set. Changes ``tiers`` in place and returns it."""
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     known_upstream.apply(tiers, versions or {}, issues)
     for name, entry in tiers.items():

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
 
 # Prefixes of run folders that are not the matrix a user ran: bisect probes and the CI row (`nox -t ci`), so the
 # report's default run and --resume stay on the user's own matrix.
@@ -31,7 +31,7 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
 def row_verdict(row_record: dict) -> str:
     """The sglang verdict of a row: the worst of its tiers, where a tier failing only on known upstream issues
     (known_upstream.json) counts as passed (the report lists those issues next to the row) and a 'partial' tier
-    (mtpmatrix.expected: nothing failed, not everything ran) makes the row partial."""
+    (mtpmatrix.core.expected: nothing failed, not everything ran) makes the row partial."""
     install = row_record.get("install", {})
     if install.get("verdict") == "failed":
         return "failed"
