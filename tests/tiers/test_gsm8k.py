@@ -21,11 +21,11 @@ from __future__ import annotations
 import pytest
 
 from mtpmatrix.core import schema, settings, stats
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import client, sglang_compat
 from mtpmatrix.tiers.gsm8k_tier import Case, Gsm8kRun, Gsm8kRuns, cases
 from mtpmatrix.tiers.pytest_plugin import SERVED_KEY
 from mtpmatrix.tiers.runs import replay_run
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.gsm8k
 

@@ -26,7 +26,7 @@ import pytest
 from mtpmatrix.core import settings
 from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
 from mtpmatrix.tiers.runs import replay_run
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 pytestmark = pytest.mark.smoke
 

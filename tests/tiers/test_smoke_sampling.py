@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.runs import replay_run
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
 

@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ KNOWN = {"id": "greedy-bug", "package": "transformers", "affected": ">=5.18.0,<5
 GREEDY_FAILS = '''\
 import pytest
 
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 
 @pytest.mark.reference

@@ -198,8 +198,8 @@ def _smoke_check():
 def test_smoke_check_on_simulated_servers(tmp_path, bug, topk):
     """test_sampled_distribution_matches_closed_form on a server run whose sampled outputs come from the CPU verify
     model: passes when verify is right, fails 'mismatch' naming the deviation when it is broken."""
+    from mtpmatrix.core.kinds import CheckFailure
     from mtpmatrix.tiers import smoke
-    from mtpmatrix.tiers.verdict import CheckFailure
 
     spec = next(s for s in smoke.SMOKE_SERVERS if s.pair == "sampled" and s.topk == topk)
     prompts, outputs = model.ServerModel(topk, bug).outputs(random.Random(99))

@@ -41,7 +41,7 @@ def pytest_configure(config):
 CHECKS = '''\
 import pytest
 
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.core import settings
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import client, launch_plan, meta_fields, smoke
-from mtpmatrix.tiers.verdict import CheckFailure
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
 LOG_0513 = """\

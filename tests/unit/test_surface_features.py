@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.pairs import sampled
 from mtpmatrix.tiers.surface import Exchange, features, logprobs
-from mtpmatrix.tiers.verdict import CheckFailure
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = {s.name: s for s in smoke.SMOKE_SERVERS}

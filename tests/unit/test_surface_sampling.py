@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.pairs import sampled
 from mtpmatrix.tiers.pairs import sampled_model as model
 from mtpmatrix.tiers.pairs import sampled_structure as st
 from mtpmatrix.tiers.surface import mixed_sampling as ms
-from mtpmatrix.tiers.verdict import CheckFailure
 
 VOCAB = 512
 PLAN = sampled.request_plan()

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.core import settings
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import meta_fields, smoke, surface
 from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, VOCAB
 from mtpmatrix.tiers.surface import stops
-from mtpmatrix.tiers.verdict import CheckFailure
 
 SPECS = {s.name: s for s in smoke.SMOKE_SERVERS}
 CASES = {c.label: c for c in stops.cases(VOCAB)}

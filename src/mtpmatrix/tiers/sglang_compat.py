@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from mtpmatrix.core import settings
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import environment
-from mtpmatrix.tiers.verdict import CheckFailure
 
 
 class AdapterError(RuntimeError):

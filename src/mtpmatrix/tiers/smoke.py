@@ -38,7 +38,7 @@ from pathlib import Path
 from mtpmatrix.core import settings
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
 from mtpmatrix.core.schema import comma_list
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
