@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.core import settings
+from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.runs import replay_run
@@ -17,7 +17,7 @@ from mtpmatrix.tiers.surface import stops
 
 pytestmark = pytest.mark.smoke
 
-OPTIONS = smoke.collection_options()
+OPTIONS = smoke_servers.collection_options()
 SERVED = [s for s in OPTIONS.specs if s.pair == stops.PAIR]
 SERVED_MTP = [s for s in SERVED if s.topk]
 

@@ -13,9 +13,9 @@ from packaging.specifiers import SpecifierSet
 
 from mtpmatrix.core import known_upstream
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
+from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
 from mtpmatrix.core.store import row_verdict
 from mtpmatrix.runner import matrix
-from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
 
 RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                   "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())

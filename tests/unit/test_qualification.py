@@ -17,9 +17,9 @@ from evidence_records import stamp
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import schema, settings
 from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
-from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
 
 FILES = {t: f"tests/tiers/test_{t}.py" for t in schema.TIERS}
 VERSIONS = {"sglang": "0.5.17", "transformers": "5.12.1", "torch": "2.11.0", "python": "3.11.9"}

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.pairs import sampled
@@ -95,8 +96,8 @@ def test_groups_have_different_closed_forms_and_greedy_is_exact():
 
 
 def test_requests_only_for_the_sampled_pair_within_budget():
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
-    assert ms.requests(next(s for s in smoke.SMOKE_SERVERS if s.pair != "sampled"), VOCAB) == []
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
+    assert ms.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.pair != "sampled"), VOCAB) == []
     reqs = ms.requests(spec, VOCAB)
     assert ms.NAME in surface.FAMILIES and len(reqs) == len(ms.plan()) == 60
     tokens = sum(b["sampling_params"]["max_new_tokens"] for _, b in reqs)
@@ -112,7 +113,7 @@ def test_requests_only_for_the_sampled_pair_within_budget():
 
 
 def _exchanges(outputs: dict[str, list[int]]):
-    bodies = dict(ms.requests(next(s for s in smoke.SMOKE_SERVERS if s.pair == "sampled"), VOCAB))
+    bodies = dict(ms.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.pair == "sampled"), VOCAB))
     return [surface.Exchange(label, bodies[label], {"output_ids": out}) for label, out in outputs.items()]
 
 
@@ -274,7 +275,7 @@ def _smoke_module():
 
 
 def _fake_run(tmp_path, name, bug="none", deterministic=True, plan_bug="none"):
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == name)
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == name)
     rng = random.Random(5)
     _prompts, outputs = model.ServerModel(spec.topk, plan_bug).outputs(rng)
     outs = _family_outputs(rng, bug)

@@ -84,7 +84,7 @@ def check_servers(names, known) -> None:
     unknown = sorted({n for n in names if n not in known})
     if unknown:
         raise MutantsError(f"smoke server(s) {', '.join(unknown)} not in this checkout's smoke tier "
-                           f"(smoke.SMOKE_SERVERS: {', '.join(known)}); pass --servers")
+                           f"(smoke_servers.SMOKE_SERVERS: {', '.join(known)}); pass --servers")
 
 
 def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compile_check: bool) -> int:
@@ -149,7 +149,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         log("NOTHING-APPLICABLE: no selected mutant applies to this sglang release; nothing to run")
         return 1
     if known_servers is None:
-        from mtpmatrix.tiers.smoke import SMOKE_SERVERS
+        from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 
         known_servers = [s.name for s in SMOKE_SERVERS]
     applicable = [a for a in apps if a.applicable]

@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.core import expected
+from mtpmatrix.core import expected, smoke_servers
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
 from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers, results_root
@@ -151,10 +151,8 @@ def preflight_tier_env(tiers: str, env: dict | None = None):
     tier's ``SmokeOptions`` when smoke is selected, else None; a bad value is a RowError (one line)."""
     if "smoke" not in parse_tiers(tiers):
         return None
-    from mtpmatrix.tiers import smoke
-
     try:
-        return smoke.smoke_options(env)
+        return smoke_servers.smoke_options(env)
     except ValueError as exc:
         raise RowError(str(exc)) from None
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.core import expected, known_upstream
+from mtpmatrix.core import expected, known_upstream, smoke_servers
 from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.core.evidence import fingerprint
 from mtpmatrix.core.expected import (
@@ -104,10 +104,8 @@ def pytest_configure(config):
         except served.ServedError as exc:
             raise pytest.UsageError(str(exc)) from None
     if "smoke" in _selected_tiers(config):
-        from mtpmatrix.tiers import smoke
-
         try:  # a bad MTPMATRIX_SMOKE_* value: one line now, not a collection error after minutes of setup
-            smoke.smoke_options()
+            smoke_servers.smoke_options()
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
 

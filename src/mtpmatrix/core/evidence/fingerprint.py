@@ -18,6 +18,8 @@ import hashlib
 import subprocess
 from pathlib import Path
 
+from mtpmatrix.core import settings
+
 PACKAGE = Path(__file__).resolve().parents[2]  # src/mtpmatrix
 REPO = PACKAGE.parents[1]
 # (folder, glob) pairs whose files make up the suite, relative to REPO
@@ -31,9 +33,9 @@ SUITE_FILES = (
     ("src/mtpmatrix/core", "known_upstream.py"),  # the matching; the list itself (the json) is not covered
     ("src/mtpmatrix/core", "schema.py"),
     ("src/mtpmatrix/core", "settings.py"),
+    ("src/mtpmatrix/core", "smoke_servers.py"),  # the smoke tier's servers and knobs
     ("src/mtpmatrix/core", "stats.py"),
 )
-UNAVAILABLE = "unavailable"
 
 
 class FingerprintError(RuntimeError):
@@ -49,13 +51,8 @@ def suite_files(repo: Path = REPO) -> list[Path]:
 
 
 def data_sha256() -> str:
-    """The GSM8K test split's checksum as the tiers verify it ('unavailable' where the tiers cannot say)."""
-    try:
-        from mtpmatrix.tiers import gsm8k
-    except ImportError:
-        return UNAVAILABLE
-    fn = getattr(gsm8k, "data_sha256", None)
-    return fn() if callable(fn) else UNAVAILABLE
+    """The GSM8K test split's checksum as the tiers verify it (settings.GSM8K_SHA256)."""
+    return settings.GSM8K_SHA256["test"]
 
 
 def suite_hash(repo: Path = REPO, data: str | None = None) -> str:

@@ -28,6 +28,7 @@ from mtpmatrix.core import schema, settings, stats
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.evidence import manifest as run_manifest
 from mtpmatrix.core.schema import TIERS, check_param, short_check_id
+from mtpmatrix.core.smoke_servers import smoke_options
 
 # Knobs that say where things go, how fast they run or which tiers run (a tier that does not run is 'partial' by
 # itself), never what a check tests.
@@ -68,8 +69,6 @@ def knob_effect(name: str, value: str) -> tuple[str, ...]:
     if name in KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED or not name.startswith("MTPMATRIX_"):
         return ()
     if name.startswith("MTPMATRIX_SMOKE_"):
-        from mtpmatrix.tiers.smoke import smoke_options  # plain module: no sglang, no torch
-
         try:
             same = smoke_options({name: value}) == smoke_options({})
         except ValueError:
