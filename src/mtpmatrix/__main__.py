@@ -18,11 +18,11 @@ import sys
 
 
 def _rows(ns: argparse.Namespace) -> int:
+    from mtpmatrix.core.paths import CONSTRAINTS_DIR
     from mtpmatrix.core.rows import RowError, load_rows
-    from mtpmatrix.runner import matrix
 
     try:
-        rows = load_rows(matrix.REPO / "constraints")
+        rows = load_rows(CONSTRAINTS_DIR)
     except RowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core import paths
 from mtpmatrix.core.rows import RowError, load_rows, parse_row
 from mtpmatrix.runner import candidate, matrix, plan
 
@@ -184,7 +185,7 @@ def test_a_wheel_or_checkout_replaces_the_sglang_pin_and_nothing_else(tmp_path, 
     cand = candidate.from_options(None, str(checkout), None)
     cmd = matrix.install_command(row, tmp_path / "v", tmp_path / "c.txt", None, [], cand)
     assert cmd[-7:] == [str(checkout / "python"), "transformers==5.12.1", "torch==2.11.0", "--reinstall-package",
-                        "sglang", "-e", str(matrix.REPO)]
+                        "sglang", "-e", str(paths.REPO)]
     text = matrix.constraints_text(row, [], cand)
     assert "# sglang==0.5.17  (dropped: the candidate replaces it)" in text and "\ntransformers==5.12.1" in text
     patch = candidate.from_options(str(FIX), None, None)  # a patch keeps the pinned release

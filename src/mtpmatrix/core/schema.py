@@ -27,9 +27,6 @@ folder can move (GPU box -> results store) without rewriting it.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 # row.json / tiers.json layout version (2: this module's names, row-relative paths, known-upstream; 3: the session's
 # selection and the 'partial' tier verdict, mtpmatrix.core.expected)
 SCHEMA = 3
@@ -65,14 +62,6 @@ VERDICTS = ("failed", "error", "pending", UNPROVEN, PARTIAL, KNOWN_UPSTREAM, "pa
 # What counts against a release: a check or tier that failed, or errored before it could say (check outcomes use
 # the same two words).
 FAILING = ("failed", "error")
-# Where results go unless --results says otherwise (results/<run-id>/<row-id>/).
-RESULTS_ROOT_ENV = "MTPMATRIX_RESULTS_ROOT"
-
-
-def results_root(env: dict | None = None) -> Path:
-    """The default results root: $MTPMATRIX_RESULTS_ROOT, else ./results."""
-    return Path((os.environ if env is None else env).get(RESULTS_ROOT_ENV) or "results")
-
 
 def comma_list(text: str | None) -> list[str]:
     """A comma-separated knob or flag (tiers, server names, tags, mutant ids, pair names) as names, in order, blanks

@@ -9,23 +9,14 @@ GSM8K records a check names.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.paths import SIDE_RUN_PREFIXES
 from mtpmatrix.core.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
-
-# Prefixes of run folders that are not the matrix a user ran: bisect probes and the CI row (`nox -t ci`), so the
-# report's default run and --resume stay on the user's own matrix.
-SIDE_RUN_PREFIXES = ("bisect-", "ci-")
-
-
-def new_run_id(now: _dt.datetime | None = None) -> str:
-    now = now or _dt.datetime.now(_dt.UTC)
-    return now.strftime("%Y%m%d-%H%M%S")
 
 
 def row_verdict(row_record: dict) -> str:

@@ -12,7 +12,6 @@ passes and every applicable mutant is killed; 1 otherwise; 2 on bad input (one l
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import signal
@@ -21,7 +20,8 @@ import time
 from pathlib import Path
 
 from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
-from mtpmatrix.core.schema import comma_list, results_root
+from mtpmatrix.core.paths import MUTANTS, new_run_id, now, results_root
+from mtpmatrix.core.schema import comma_list
 from mtpmatrix.faults.catalogue import (
     CATALOGUE,
     Application,
@@ -105,10 +105,6 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
     return 1 if bad else 0
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
 def run(ns: argparse.Namespace, *, catalogue: tuple[Mutant, ...] = CATALOGUE, pkg_dir: Path | None = None,
         command=pytest_command, known_servers=None, gpu_check: bool = True, cpus: int | None = None,
         free_mib: int | None = None, poll: float = 1.0, log=print) -> int:
@@ -169,9 +165,8 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         free_mib = gpu_free_mib()
     cap = server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)
 
-    from mtpmatrix.core.store import new_run_id
 
-    out = Path(ns.out or results_root() / f"mutants-{new_run_id()}").resolve()
+    out = Path(ns.out or results_root() / new_run_id(kind=MUTANTS)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tiny = Path(os.environ.get("MTPMATRIX_TINY_DIR") or out / "tiny").resolve()
     cache = ns.cache_dir.resolve() if ns.cache_dir else None
@@ -193,7 +188,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
 
     record = {
         "kind": "mutants", "schema": 1, "sglang": {"version": version, "path": str(pkg_dir)},
-        "started": _now(), "finished": None, "seconds": None, "host": {"cpus": cpus or os.cpu_count()},
+        "started": now(), "finished": None, "seconds": None, "host": {"cpus": cpus or os.cpu_count()},
         "max_servers": cap, "timeout": ns.timeout, "budget": ns.budget, "out": str(out),
         "baseline": {"status": "pending", "servers": list(suites[0].servers), "dir": str(suites[0].folder)},
         "mutants": [_mutant_entry(a, _servers(ns, a.mutant), out, version) for a in apps],
@@ -258,7 +253,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
             entries[s.name].update(status="not-run", reason="not started (baseline failed, budget spent or "
                                                             "interrupted)")
     verdict, rc = overall(record["baseline"], record["mutants"])
-    record.update(verdict="interrupted" if interrupted else verdict, finished=_now())
+    record.update(verdict="interrupted" if interrupted else verdict, finished=now())
     record["exit"] = 130 if interrupted else rc
     save()
     rows = [{"id": "baseline", "models": f"unpatched sglang {version}", "status": record["baseline"]["status"],

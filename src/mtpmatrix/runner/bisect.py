@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import os
 import shutil
 import subprocess
@@ -35,9 +34,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.core import expected
+from mtpmatrix.core import expected, paths
 from mtpmatrix.core.atomic import atomic_write_json, read_json
-from mtpmatrix.core.schema import FAILING, TIERS, results_root
+from mtpmatrix.core.paths import results_root
+from mtpmatrix.core.schema import FAILING, TIERS
 from mtpmatrix.core.store import is_matrix_run, latest_run_id, row_files
 from mtpmatrix.runner.probe import (  # noqa: F401
     BAD,
@@ -283,7 +283,7 @@ def default_row(results: Path, rows: list) -> str:
         for f in row_files(Path(results) / latest):
             if read_json(f).get("verdict") in FAILING and any(r.id == f.parent.name for r in rows):
                 return f.parent.name
-    ci = [r.id for r in rows if "ci" in r.tags]
+    ci = [r.id for r in rows if paths.CI_TAG in r.tags]
     return ci[0] if ci else rows[0].id
 
 
@@ -437,12 +437,11 @@ def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str],
 def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
     """``python -m mtpmatrix bisect``. ``probe_factory(breaking=..., known_issue=...)`` replaces make_probe (tests)."""
     from mtpmatrix.core.rows import RowError, load_rows
-    from mtpmatrix.runner import matrix
 
     t0 = time.monotonic()
     issue = None
     try:
-        rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")
+        rows = rows if rows is not None else load_rows(paths.CONSTRAINTS_DIR)
         row_id = ns.row or default_row(ns.results, rows)
         by_id = {r.id: r for r in rows}
         if row_id not in by_id:
@@ -464,7 +463,7 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+    run_id = ns.run_id or paths.new_run_id(kind=paths.BISECT)
     print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
           f"({source}); results in {ns.results / run_id}/")
     if issue:
@@ -478,7 +477,7 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
 
     def factory(breaking=None, known_issue=None):
         return make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
-                          cache=matrix.REPO / ".cache" / "bisect", keep_venvs=ns.keep_venvs, breaking=breaking,
+                          cache=paths.REPO / ".cache" / "bisect", keep_venvs=ns.keep_venvs, breaking=breaking,
                           known_issue=known_issue)
 
     factory = probe_factory or factory

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.rows import Row, RowError
 from mtpmatrix.core.schema import parse_tiers
 from mtpmatrix.runner import bytecode_from_cache
@@ -46,7 +47,7 @@ ENV_KNOB = "MTPMATRIX_PRECOMPILE"
 SOURCES = "sources.json"
 # processes compiling from uv's cache while the install waits on the index (its own work: under half a core, measured)
 INSTALL_WORKERS = 2
-CACHE = Path(__file__).resolve().parents[3] / ".cache" / "bytecode"
+CACHE = REPO / ".cache" / "bytecode"
 PLUGIN_ARGS = ["-p", "mtpmatrix.tiers.imported"]
 
 

@@ -7,7 +7,6 @@ same steps are unit-testable and nothing about a row lives in two places.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import os
 import platform
 import re
@@ -25,15 +24,15 @@ from packaging.utils import canonicalize_name
 
 from mtpmatrix.core import expected, smoke_servers
 from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
 from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
-from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers, results_root
-from mtpmatrix.core.store import RunStore, new_run_id, parse_freeze, row_verdict
+from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
 from mtpmatrix.runner import bytecode, candidate, index, side_by_side
 from mtpmatrix.runner import overrides as override_rules
 from mtpmatrix.tiers import environment
 from mtpmatrix.tiers.verdict import classify_install
 
-REPO = Path(__file__).resolve().parents[3]
 SUITE = "tests/tiers"
 
 
@@ -298,10 +297,6 @@ def host_info() -> dict:
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()}
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
 def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     """Install ``row`` into ``venv``, record versions, run the suite; returns the saved row record.
 
@@ -322,7 +317,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         "row": row.as_dict(),
         "overrides": list(opts.overrides),
         "tiers_selected": opts.tiers,
-        "started": _now(),
+        "started": now(),
         "host": host_info(),
         "verdict": "pending",
         **({"candidate": cand.record(base_id)} if cand is not None else {}),
@@ -475,7 +470,7 @@ def _versions_from_freeze(freeze: str) -> dict[str, str]:
 
 
 def _finish(store: RunStore, row: Row, record: dict) -> dict:
-    record["finished"] = _now()
+    record["finished"] = now()
     record["verdict"] = row_verdict(record)
     store.save_row(row.id, record)
     return record

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from mtpmatrix.core import expected
+from mtpmatrix.core import expected, paths
 from mtpmatrix.core.evidence import fingerprint, manifest
 from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import candidate
@@ -87,7 +87,7 @@ def add_arguments(p) -> None:
 
     p.add_argument("run_id", metavar="RUN_ID", help="results/<RUN_ID>/ the row jobs will write")
     p.add_argument("--rows", required=True, metavar="ROW,ROW", help="every row the pipeline starts a job for")
-    p.add_argument("--results", type=Path, default=schema.results_root())
+    p.add_argument("--results", type=Path, default=paths.results_root())
     p.add_argument("--tiers", default=",".join(schema.TIERS))
     p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER")
 
@@ -99,7 +99,7 @@ def run(ns) -> int:
     from mtpmatrix.core.rows import RowError, load_rows
 
     try:
-        table = {r.id: r for r in load_rows(fingerprint.REPO / "constraints")}
+        table = {r.id: r for r in load_rows(paths.CONSTRAINTS_DIR)}
         ids = schema.comma_list(ns.rows)
         unknown = [r for r in ids if r not in table]
         if unknown or not ids:

@@ -23,8 +23,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.paths import CONSTRAINTS_DIR, results_root
 from mtpmatrix.core.rows import REQUIRED_PINS
-from mtpmatrix.core.schema import results_root
 from mtpmatrix.core.store import row_files
 from mtpmatrix.runner import index
 
@@ -121,10 +121,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(ns: argparse.Namespace, *, fetch: Fetch | None = None, rows=None) -> int:
     from mtpmatrix.core.rows import RowError, load_rows
-    from mtpmatrix.runner import matrix
 
     try:
-        rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")
+        rows = rows if rows is not None else load_rows(CONSTRAINTS_DIR)
         table = untested(rows, ns.results, fetch=fetch)
     except (RowError, ReleaseError) as exc:
         print(f"error: {exc}", file=sys.stderr)

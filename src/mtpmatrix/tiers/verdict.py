@@ -12,18 +12,17 @@ from __future__ import annotations
 import re
 import traceback
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from types import TracebackType
 
 from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.core.paths import PACKAGE, REPO
 
 LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
 UNDER_TEST = ("sglang", "transformers")  # preferred for "the first frame": torch decorators wrap their entry points
 _SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)[/\\]")
 # This project's own code (the package and, in a checkout, its tests) is never a library, even when the checkout
 # lives under a folder named like one (~/sglang/gemma4-mtp-matrix/...), which the path fallback below would match.
-_OWN_DIRS = tuple(str(d).replace("\\", "/") + "/" for d in (Path(__file__).resolve().parents[1],
-                                                            Path(__file__).resolve().parents[3] / "tests"))
+_OWN_DIRS = tuple(str(d).replace("\\", "/") + "/" for d in (PACKAGE, REPO / "tests"))
 
 
 @dataclass

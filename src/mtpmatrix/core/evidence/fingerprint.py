@@ -19,9 +19,8 @@ import subprocess
 from pathlib import Path
 
 from mtpmatrix.core import settings
+from mtpmatrix.core.paths import REPO
 
-PACKAGE = Path(__file__).resolve().parents[2]  # src/mtpmatrix
-REPO = PACKAGE.parents[1]
 # (folder, glob) pairs whose files make up the suite, relative to REPO
 SUITE_FILES = (
     ("tests", "conftest.py"),
