@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from mtpmatrix.core import paths, schema
+from mtpmatrix.core import schema
 from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
 from mtpmatrix.core.schema import TIERS
 from mtpmatrix.core.store import StoreError, find_run
@@ -53,8 +53,6 @@ def write_report(results: Path, run_id: str | None = None, *, baseline: str | No
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="results/<RUN_ID>/ (default: the latest run)")
-    p.add_argument("--results", type=Path, default=paths.results_root(),
-                   help=f"results root (default: results, env {paths.RESULTS_ROOT_ENV})")
     p.add_argument("--baseline", metavar="RUN_ID", help="compare with this earlier run")
     p.add_argument("--out", type=Path, help="write here instead of results/<RUN_ID>/report/")
     p.add_argument("--require", metavar="TIERS", default="",

@@ -36,7 +36,6 @@ from packaging.utils import canonicalize_name
 
 from mtpmatrix.core import expected, paths
 from mtpmatrix.core.atomic import atomic_write_json, read_json
-from mtpmatrix.core.paths import results_root
 from mtpmatrix.core.schema import FAILING, TIERS
 from mtpmatrix.core.store import is_matrix_run, latest_run_id, row_files
 from mtpmatrix.runner.probe import (  # noqa: F401
@@ -382,8 +381,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                  "else the 'ci' row)")
     p.add_argument("--tier", choices=TIERS,
                    help="tier to re-run (default: the cheapest that failed in the row's latest run, else contract)")
-    p.add_argument("--run-id", help="results/<RUN_ID>/ for the probes (default: bisect-<UTC timestamp>)")
-    p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--keep-venvs", action="store_true", help="keep each probe's venv under .cache/bisect/")
     p.add_argument("--known", metavar="ID",
                    help="search where known-upstream entry ID began (known_upstream.json), on its tier: a probe is "

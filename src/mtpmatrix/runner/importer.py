@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 from mtpmatrix.core import expected, schema
 from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.core.evidence import fingerprint, manifest, records
-from mtpmatrix.core.paths import CONSTRAINTS_DIR, new_run_id, results_root
+from mtpmatrix.core.paths import CONSTRAINTS_DIR, new_run_id
 from mtpmatrix.core.rows import RowError, load_rows
 from mtpmatrix.core.store import row_verdict
 
@@ -359,9 +359,6 @@ def pin_mismatches(record: dict) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, metavar="OUT", help="a tools/gpu_box.sh output folder")
     p.add_argument("--row", required=True, help="the row (constraints/<ROW>.txt) the box ran")
-    p.add_argument("--run-id", help="results/<RUN_ID>/ to add the row to (default: a new UTC timestamp)")
-    p.add_argument("--results", type=Path, default=results_root(),
-                   help="results root (default: results, env MTPMATRIX_RESULTS_ROOT)")
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.core import expected, smoke_servers
+from mtpmatrix.core import expected, options, smoke_servers
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
 from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
@@ -83,13 +83,10 @@ def parse_options(posargs: list[str]) -> Options:
     else this session does not know is a RowError (one line): passed on, pytest would stop with a usage error and
     the row be filed with an ``error`` tier, bad input recorded as evidence."""
     ours, pytest_args = split_pytest_args(posargs)
-    p = _Parser(prog="nox -s gemma4_mtp --", add_help=True)
-    p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER",
-                   help="override a package in every selected row (uv --override); repeatable")
-    p.add_argument("--run-id", help="results/<run-id>/ to write (default: a UTC timestamp; env MTPMATRIX_RUN_ID)")
+    p = _Parser(prog="nox -s gemma4_mtp --", add_help=True,
+                parents=[options.parent(run_id="a UTC timestamp; env MTPMATRIX_RUN_ID", overrides=True)])
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="RUN_ID",
                    help="continue a run, skipping rows that already have a verdict (default: the latest run)")
-    p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)))
     p.add_argument("--shard", type=_shard, help="run only shard I of N (rows in id order, round robin)")
     p.add_argument("--no-index-check", dest="offline_check", action="store_true",

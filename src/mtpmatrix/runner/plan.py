@@ -87,9 +87,7 @@ def add_arguments(p) -> None:
 
     p.add_argument("run_id", metavar="RUN_ID", help="results/<RUN_ID>/ the row jobs will write")
     p.add_argument("--rows", required=True, metavar="ROW,ROW", help="every row the pipeline starts a job for")
-    p.add_argument("--results", type=Path, default=paths.results_root())
     p.add_argument("--tiers", default=",".join(schema.TIERS))
-    p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER")
 
 
 def run(ns) -> int:

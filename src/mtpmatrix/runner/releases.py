@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from mtpmatrix.core.atomic import read_json
-from mtpmatrix.core.paths import CONSTRAINTS_DIR, results_root
+from mtpmatrix.core.paths import CONSTRAINTS_DIR
 from mtpmatrix.core.rows import REQUIRED_PINS
 from mtpmatrix.core.store import row_files
 from mtpmatrix.runner import index
@@ -116,7 +116,6 @@ def lines(table: list[dict]) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable")
-    p.add_argument("--results", type=Path, default=results_root())
 
 
 def run(ns: argparse.Namespace, *, fetch: Fetch | None = None, rows=None) -> int:
