@@ -1,8 +1,8 @@
 """The suite's fingerprint: a hash of what decides what a run tests and how it is judged.
 
 Covered: the tier tests (``tests/conftest.py``, ``tests/tiers/**``), the code they run (``src/mtpmatrix/tiers/**``
-and the shared modules they import: expected, schema, settings, stats), the expected checks of each tier
-(``expected_checks.json``) and the GSM8K data's checksum. Not covered: the runner, the report and the known-upstream
+and the shared modules they import from core: expected, schema, settings, stats, kinds, smoke_servers,
+known_upstream), the expected checks of each tier (``expected_checks.json``) and the GSM8K data's checksum. Not covered: the runner, the report and the known-upstream
 list, which judge records again every time and so change no record's meaning.
 
 Every record carries the fingerprint of the suite that wrote it (the pytest plugin stamps tiers.json); the report
