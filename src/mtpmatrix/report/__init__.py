@@ -21,7 +21,7 @@ that differ in freeze.txt, ties broken towards the same sglang) with the differi
 paired comparisons between rows (McNemar exact p) where per-question records exist; and with ``--baseline`` a
 run-to-run diff (new failures, fixed ones, metric deltas).
 
-    model.py     the summary (summary.json): runs read through runner.store, verdicts, closest passing rows
+    model.py     the summary (summary.json): runs read through core.store, verdicts, closest passing rows
     compare.py   per-question comparisons (stats.paired_compare) and the baseline diff
     checks.py    what both read off a check record
     render.py    summary.md and report.html from templates/*.j2 (jinja2, the 'report' extra), one context

@@ -1,4 +1,4 @@
-"""The summary model: one run (``results/<run-id>/``, read through runner.store) as the plain dict that
+"""The summary model: one run (``results/<run-id>/``, read through core.store) as the plain dict that
 summary.json holds and both templates render. Nothing here formats text.
 
 The verdict says what was proven. Every tier verdict is derived again from the stored checks (expected.judge_tiers:

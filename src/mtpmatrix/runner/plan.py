@@ -33,7 +33,7 @@ def queued_rows(session, fallback: list[str]) -> list[str]:
 
 
 def planned(rows: dict, ids: list[str], cand=None) -> dict[str, dict]:
-    """{row id: manifest.planned_row} of ``ids`` (rows: {id: runner.rows.Row}); with a candidate
+    """{row id: manifest.planned_row} of ``ids`` (rows: {id: core.rows.Row}); with a candidate
     (runner/candidate.py), each row planned under its candidate's id, with the candidate's identity."""
     return {candidate.filed_id(rid, cand): manifest.planned_row(rows[rid].as_dict(), rows[rid].path.read_text(),
                                                                 candidate=candidate.identity(cand))
