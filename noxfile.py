@@ -30,9 +30,10 @@ nox.needs_version = ">=2025.2.9"  # nox.project.dependency_groups (the unit and 
 PYPROJECT = Path(__file__).parent / "pyproject.toml"
 
 sys.path.insert(0, str(Path(__file__).parent / "src"))
+from mtpmatrix.core import paths  # noqa: E402
+from mtpmatrix.core.rows import RowError, load_rows  # noqa: E402
 from mtpmatrix.runner import candidate, culprit, matrix, plan  # noqa: E402
 from mtpmatrix.runner.canary import load_canaries  # noqa: E402
-from mtpmatrix.runner.rows import RowError, load_rows  # noqa: E402
 
 # A row's Python comes from the machine; uv may download a missing one only where it can (online users). On
 # air-gapped machines set UV_PYTHON_DOWNLOADS=never (.ci/run does) so a missing Python fails at once instead of
@@ -42,15 +43,15 @@ nox.options.download_python = "never" if os.environ.get("UV_PYTHON_DOWNLOADS") =
 nox.options.error_on_missing_interpreters = True
 
 try:
-    ROWS = {row.id: row for row in load_rows(Path(__file__).parent / "constraints")}
-    CANARIES = load_canaries(Path(__file__).parent / "constraints", list(ROWS.values()))
+    ROWS = {row.id: row for row in load_rows(paths.CONSTRAINTS_DIR)}
+    CANARIES = load_canaries(paths.CONSTRAINTS_DIR, list(ROWS.values()))
 except RowError as exc:  # one clear line, before any session (or venv) exists
     raise SystemExit(f"error: {exc}") from None
 # One run id for every row of this nox invocation (--run-id / --resume / MTPMATRIX_RUN_ID take precedence).
-RUN_ID = matrix.new_run_id()
+RUN_ID = paths.new_run_id()
 
 
-CI_TAG = "ci"
+CI_TAG = paths.CI_TAG
 
 
 def _params(default: bool):
@@ -114,7 +115,7 @@ def ci_row(session: nox.Session, row: str) -> None:
     """The 'ci' row for `nox -t ci`: the matrix row path, results under results/ci-<time>/.
 
     Filed apart so that the report's default run stays the user's own latest matrix run."""
-    _run_matrix_row(session, row, [r.id for r in ROWS.values() if CI_TAG in r.tags], run_id=f"ci-{RUN_ID}")
+    _run_matrix_row(session, row, [r.id for r in ROWS.values() if CI_TAG in r.tags], run_id=paths.CI + RUN_ID)
 
 
 CANARY_TAG = "canary"

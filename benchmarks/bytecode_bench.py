@@ -38,8 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from mtpmatrix.core.rows import load_rows  # noqa: E402
 from mtpmatrix.runner import bytecode, matrix  # noqa: E402
-from mtpmatrix.runner.rows import load_rows  # noqa: E402
 
 IMPORT = "import sglang.srt.models.gemma4_mtp"
 MODES = ("plain", "workers", "uv-compile")

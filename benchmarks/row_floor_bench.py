@@ -75,8 +75,8 @@ def _timed(cmd: list[str], env: dict, quiet: bool = True) -> tuple[float, float,
 def _bytecode_list(row_id: str) -> Path:
     """The row's lists of files to compile ahead (mtpmatrix.runner.bytecode), kept by its first suite."""
     sys.path.insert(0, str(REPO / "src"))
+    from mtpmatrix.core.rows import load_rows
     from mtpmatrix.runner import bytecode
-    from mtpmatrix.runner.rows import load_rows
 
     rows = {r.id: r for r in load_rows(REPO / "constraints")}
     if row_id not in rows:

@@ -1,4 +1,4 @@
-"""Write (--write) or check src/mtpmatrix/expected_checks.json against what tests/tiers collects with no knobs.
+"""Write (--write) or check src/mtpmatrix/core/expected_checks.json against what tests/tiers collects with no knobs.
 
     python tools/expected_checks.py          exit 1 and the difference when they disagree
     python tools/expected_checks.py --write  write the file from the suite
@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from mtpmatrix.evidence import expected_checks  # noqa: E402
+from mtpmatrix.core.evidence import expected_checks  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -85,8 +85,8 @@ export MTPMATRIX_TINY_DIR="${MTPMATRIX_TINY_DIR:-$OUT/work/tiny}"
 # what this run was asked, as the suite sees it (MTPMATRIX_* only: nothing else of the environment is recorded)
 python3 - "$OUT/invocation.json" "$STARTED" "${TESTS:-tests/tiers}" "$@" <<'PY' || exit 2
 import json, os, sys
-from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.expected import knobs
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.expected import knobs
 path, started, tests, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 patch = os.path.join(os.path.dirname(path), "work", "patch.json")
 atomic_write_json(path, {"invocation_id": os.environ["MTPMATRIX_INVOCATION_ID"], "started": started,

@@ -21,7 +21,7 @@ import sglang
 import torch
 from sglang.srt.managers.schedule_batch import Req
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.faults import catalogue
 from mtpmatrix.tiers import meta_fields
 

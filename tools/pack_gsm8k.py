@@ -4,7 +4,7 @@ test.jsonl, and print the SHA-256 of its decompressed bytes:
     PYTHONPATH=src python3 tools/pack_gsm8k.py path/to/test.jsonl [--out FILE]
 
 gsm8k.pack writes no time stamp or file name, so running this again on the same file leaves the shipped copy
-byte-identical. A source whose checksum is not gsm8k.SHA256["test"] is still written, and the exit status is 1: the
+byte-identical. A source whose checksum is not settings.GSM8K_SHA256["test"] is still written, and the exit status is 1: the
 loader refuses it until that constant is changed on purpose (and with it every record's data checksum).
 """
 
@@ -15,7 +15,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_bytes
+from mtpmatrix.core.atomic import atomic_write_bytes
 from mtpmatrix.tiers import gsm8k
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     got, lines = hashlib.sha256(data).hexdigest(), data.count(b"\n")
     print(f"{got}  {a.out} ({len(packed)} bytes, {lines} lines)")
     if got != gsm8k.data_sha256():
-        print(f"not the checksum the loader expects ({gsm8k.data_sha256()}): update gsm8k.SHA256['test'] if this "
+        print(f"not the checksum the loader expects ({gsm8k.data_sha256()}): update settings.GSM8K_SHA256['test'] if this "
               f"data set is meant", file=sys.stderr)
         return 1
     return 0

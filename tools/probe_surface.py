@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mtpmatrix.core import smoke_servers
 from mtpmatrix.tiers import client, smoke
 from mtpmatrix.tiers.pairs import tiny
 from mtpmatrix.tiers.server import SglangServer
@@ -92,7 +93,7 @@ def sampled_battery() -> list[tuple[str, dict]]:
 
 def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    specs = {s.name: s for s in smoke.SMOKE_SERVERS}
+    specs = {s.name: s for s in smoke_servers.SMOKE_SERVERS}
     pairs = {v: tiny.build_pair("e-series", out / "tiny", variant=v) for v in ("witness-sglang-phase", "sampled")}
     try:
         from transformers import AutoTokenizer

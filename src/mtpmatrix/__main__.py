@@ -18,11 +18,11 @@ import sys
 
 
 def _rows(ns: argparse.Namespace) -> int:
-    from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.rows import RowError, load_rows
+    from mtpmatrix.core.paths import CONSTRAINTS_DIR
+    from mtpmatrix.core.rows import RowError, load_rows
 
     try:
-        rows = load_rows(matrix.REPO / "constraints")
+        rows = load_rows(CONSTRAINTS_DIR)
     except RowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -38,17 +38,18 @@ def _rows(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mtpmatrix.core import options
     from mtpmatrix.report import cli as report_cli
     from mtpmatrix.runner import bisect, importer
 
     p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
     sub = p.add_subparsers(dest="cmd", required=True)
-    rp = sub.add_parser("report", help="Markdown/HTML/JSON summary of a run (exit 0 proven, 1 sglang or a dependency "
+    rp = sub.add_parser("report", parents=[options.parent()], help="Markdown/HTML/JSON summary of a run (exit 0 proven, 1 sglang or a dependency "
                                        "broke, 2 bad input, 3 not proven)")
     report_cli.add_arguments(rp)
-    ip = sub.add_parser("import", help="file a tools/gpu_box.sh output folder under results/<run>/<row>/")
+    ip = sub.add_parser("import", parents=[options.parent(run_id="a new UTC timestamp")], help="file a tools/gpu_box.sh output folder under results/<run>/<row>/")
     importer.add_arguments(ip)
-    bp = sub.add_parser("bisect", help="first bad release of PACKAGE between GOOD and BAD for a row and tier")
+    bp = sub.add_parser("bisect", parents=[options.parent(run_id="bisect-<UTC timestamp>")], help="first bad release of PACKAGE between GOOD and BAD for a row and tier")
     bisect.add_arguments(bp)
     lp = sub.add_parser("rows", help="list the rows (constraints/*.txt)")
     lp.add_argument("--json", action="store_true", help="machine-readable")
@@ -59,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     mutants.add_arguments(mp)
     from mtpmatrix.runner import culprit, releases
 
-    rl = sub.add_parser("releases", help="releases of sglang/transformers/torch newer than every row's pin, and "
+    rl = sub.add_parser("releases", parents=[options.parent()], help="releases of sglang/transformers/torch newer than every row's pin, and "
                                          "whether a canary has run them")
     releases.add_arguments(rl)
     from mtpmatrix.runner import plan
 
-    pp = sub.add_parser("plan", help="fix a run's plan before its rows run as separate jobs (a CI pipeline): "
+    pp = sub.add_parser("plan", parents=[options.parent(overrides=True)], help="fix a run's plan before its rows run as separate jobs (a CI pipeline): "
                                      "results/<RUN_ID>/manifest-pipeline.json")
     plan.add_arguments(pp)
     cp = sub.add_parser("canary", help="run canary rows (constraints/canary/) and, when one breaks, find the culprit; "

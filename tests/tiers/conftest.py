@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import schema
-from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.core import schema, smoke_servers
+from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.tiers import launch_plan, smoke
 from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
@@ -57,7 +57,7 @@ def tiny_pair(request, build_tiny_pair):
 @pytest.fixture(scope="session")
 def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
     """Launch every selected server once (side by side where the GPU has room) and keep what each did."""
-    options = smoke.collection_options()
+    options = smoke_servers.collection_options()
     specs = list(options.specs)
     why = gpu_missing(options.tp)
     if why:

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import abi, gsm8k, sglang_loading
 from mtpmatrix.tiers import sglang_compat as compat
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.contract
 

@@ -9,7 +9,7 @@ see mtpmatrix.tiers.gsm8k) and three checks read what it did:
   test_acceptance  /server_info avg_spec_accept_length >= settings.MIN_ACCEPT_LENGTH; absent = failure
 
 Per-question records go to ``gsm8k/<case>.jsonl`` and the server log to ``server-gsm8k-<case>.log`` in the
-``mtp_results_dir`` folder (the row folder under nox; names and metrics in mtpmatrix.schema).
+``mtp_results_dir`` folder (the row folder under nox; names and metrics in mtpmatrix.core.schema).
 
 ``--server-url URL`` (repeatable) runs the same checks against sglang servers someone else started instead of
 launching any. The env knobs (pairs, no-MTP baseline, number of questions, weights, the tiny end-to-end proof mode)
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import schema, settings, stats
+from mtpmatrix.core import schema, settings, stats
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import client, sglang_compat
 from mtpmatrix.tiers.gsm8k_tier import Case, Gsm8kRun, Gsm8kRuns, cases
 from mtpmatrix.tiers.pytest_plugin import SERVED_KEY
 from mtpmatrix.tiers.runs import replay_run
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.gsm8k
 

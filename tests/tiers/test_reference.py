@@ -30,8 +30,8 @@ import json
 
 import pytest
 
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.reference
 

@@ -1,7 +1,7 @@
 """Smoke tier: the live sglang MTP path on one GPU, tiny Gemma 4 pairs, no real weights.
 
 Env knobs: MTPMATRIX_SMOKE_PAIR (tiny pair family, default e-series), MTPMATRIX_SMOKE_TP (default 1),
-MTPMATRIX_SMOKE_SERVERS (comma-separated subset of smoke.SMOKE_SERVERS names), MTPMATRIX_SMOKE_PARALLEL
+MTPMATRIX_SMOKE_SERVERS (comma-separated subset of smoke_servers.SMOKE_SERVERS names), MTPMATRIX_SMOKE_PARALLEL
 (servers launched side by side; default from free GPU memory, see launch_plan.launch_parallelism),
 MTPMATRIX_SMOKE_EXTRA_ARGS (sglang arguments appended to every smoke server, e.g. "--enable-deterministic-inference"),
 MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the witness/constructed targets with the random pair's
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
+from mtpmatrix.core import smoke_servers
 from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
 from mtpmatrix.tiers.runs import replay_run
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
-OPTIONS = smoke.collection_options()
+OPTIONS = smoke_servers.collection_options()
 SPECS = list(OPTIONS.specs)
 MTP_SPECS = [s for s in SPECS if s.topk]
 

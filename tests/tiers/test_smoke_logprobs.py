@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.tiers import smoke
+from mtpmatrix.core import smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.surface import logprobs
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
-SPECS = list(smoke.collection_options().specs)
+SPECS = list(smoke_servers.collection_options().specs)
 WITNESS = [s for s in SPECS if s.pair == logprobs.PAIR]
 WITNESS_MTP = [s for s in WITNESS if s.topk]
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings, smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.surface import stops
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
-OPTIONS = smoke.collection_options()
+OPTIONS = smoke_servers.collection_options()
 SERVED = [s for s in OPTIONS.specs if s.pair == stops.PAIR]
 SERVED_MTP = [s for s in SERVED if s.topk]
 

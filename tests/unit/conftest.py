@@ -31,7 +31,7 @@ def results(tmp_path) -> Path:
 def judged_as_collected(monkeypatch):
     """Made-up suites' records judged against what their sessions collected, not the project's expected checks:
     for tests of mechanics (bisect, canaries, merging), never of what qualifies (evidence/expected_checks.py)."""
-    from mtpmatrix.evidence import expected_checks
+    from mtpmatrix.core.evidence import expected_checks
 
     monkeypatch.setenv(expected_checks.ENV, expected_checks.AS_COLLECTED)
 

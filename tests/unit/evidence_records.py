@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
-from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.evidence import expected_checks, fingerprint, manifest
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.evidence import expected_checks, fingerprint, manifest
 
 _JUNIT_TAG = {"failed": "failure", "error": "error", "skipped": "skipped"}
 
@@ -90,7 +90,7 @@ def load(path: Path):
 def define_expected(monkeypatch, folder: Path, ids: dict[str, list[str]]) -> Path:
     """Judge a made-up suite against its own definition (MTPMATRIX_EXPECTED_CHECKS): ``ids`` per tier, the rest
     empty. For tests of mechanics (merging, the plugin), never of the qualification suite."""
-    from mtpmatrix.schema import TIERS
+    from mtpmatrix.core.schema import TIERS
 
     path = Path(folder) / "expected_checks.json"
     path.write_text(json.dumps({"tiers": {t: list(ids.get(t, [])) for t in TIERS}}))
@@ -110,7 +110,7 @@ def h200_record() -> dict:
     servers) added, so it is a whole record of today's suite for the evidence rules these tests are about: each as
     the H200 recorded it on the same release later (REQUEST_SURFACE_RECORD: 9 of the servers, the four known-upstream
     deviations failing), the rest passed."""
-    from mtpmatrix.evidence import expected_checks
+    from mtpmatrix.core.evidence import expected_checks
 
     data = json.loads(H200_RECORD.read_text())
     data["fingerprint"] = fingerprint.describe()

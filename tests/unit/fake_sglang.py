@@ -168,7 +168,7 @@ def server_info(model_path: str = "google/gemma-4-E4B-it", topk: int | None = 1,
                 **extra) -> dict:
     """/server_info as sglang 0.5.17 answers it (the fields the tiers read): resolved speculative args for ``topk``
     (None: no speculative decoding), CUDA graphs on, the accept length under internal_states."""
-    from mtpmatrix import settings
+    from mtpmatrix.core import settings
 
     info = {"model_path": model_path, "tp_size": 1, "disable_cuda_graph": False, "version": "0.5.17",
             "speculative_algorithm": None, "internal_states": [{}]}

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core import options
+from mtpmatrix.core.known_upstream import KnownIssue
+from mtpmatrix.core.rows import load_rows
 from mtpmatrix.runner import bisect as bs
-from mtpmatrix.runner.rows import load_rows
-from mtpmatrix.tiers.known_upstream import KnownIssue
 
 # made-up suites: records judged against what their sessions collected (conftest.judged_as_collected)
 pytestmark = pytest.mark.usefixtures("judged_as_collected")
@@ -306,7 +307,7 @@ def test_cheapest_order():
 # --- the CLI with an injected probe ---------------------------------------------------------------------------
 
 def _ns(results, *argv):
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(parents=[options.parent(run_id="bisect-<UTC timestamp>")])
     bs.add_arguments(p)
     return p.parse_args([*argv, "--results", str(results)])
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pyc_paths import pyc
 
+from mtpmatrix.core.rows import RowError
 from mtpmatrix.runner import bytecode
-from mtpmatrix.runner.rows import RowError
 from mtpmatrix.tiers import imported
 
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -203,8 +203,8 @@ def test_stopping_ends_every_worker_and_removes_the_folder(started):
 def test_a_row_whose_install_fails_leaves_no_worker(installed, tmp_path, monkeypatch):
     """run_row's wiring: the install fails (a uv that exits 1), and the workers it started are gone with their
     folder. Without run_row's stop, this fails on the workers left running."""
+    from mtpmatrix.core.rows import load_rows
     from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.rows import load_rows
 
     venv, site, cache = installed
     lists, env, _installing = _start(venv, tmp_path, cache)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.rows import RowError, load_rows
 from mtpmatrix.runner import canary as cn
 from mtpmatrix.runner import culprit, index, releases
-from mtpmatrix.runner.rows import RowError, load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
+from mtpmatrix.core.rows import parse_row
+from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import baseline, culprit
 from mtpmatrix.runner.canary import Canary, Resolution
-from mtpmatrix.runner.rows import parse_row
-from mtpmatrix.runner.store import RunStore
 
 # made-up suites: records judged against what their sessions collected (conftest.judged_as_collected)
 pytestmark = pytest.mark.usefixtures("judged_as_collected")

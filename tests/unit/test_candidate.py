@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core import paths
+from mtpmatrix.core.rows import RowError, load_rows, parse_row
 from mtpmatrix.runner import candidate, matrix, plan
-from mtpmatrix.runner.rows import RowError, load_rows, parse_row
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "docs" / "candidates" / "sglang-0.5.17-draft-phase-fix.patch"
@@ -184,7 +185,7 @@ def test_a_wheel_or_checkout_replaces_the_sglang_pin_and_nothing_else(tmp_path, 
     cand = candidate.from_options(None, str(checkout), None)
     cmd = matrix.install_command(row, tmp_path / "v", tmp_path / "c.txt", None, [], cand)
     assert cmd[-7:] == [str(checkout / "python"), "transformers==5.12.1", "torch==2.11.0", "--reinstall-package",
-                        "sglang", "-e", str(matrix.REPO)]
+                        "sglang", "-e", str(paths.REPO)]
     text = matrix.constraints_text(row, [], cand)
     assert "# sglang==0.5.17  (dropped: the candidate replaces it)" in text and "\ntransformers==5.12.1" in text
     patch = candidate.from_options(str(FIX), None, None)  # a patch keeps the pinned release
@@ -310,8 +311,8 @@ def test_a_candidate_installs_into_a_venv_of_its_own(tmp_path, patch_file, row, 
 def test_resume_runs_a_dirty_checkout_again_once_its_change_changed(tmp_path, checkout):
     """A dirty checkout keeps its id (commit + -dirty) while its change moves: --resume must not keep the record of
     another change (the plan's candidate identity holds the change's sha256)."""
-    from mtpmatrix.atomic import atomic_write_json
-    from mtpmatrix.evidence import fingerprint
+    from mtpmatrix.core.atomic import atomic_write_json
+    from mtpmatrix.core.evidence import fingerprint
 
     rows = {r.id: r for r in load_rows(REPO / "constraints")}
     (checkout / "python" / "sglang" / "__init__.py").write_text("x = 1\n")

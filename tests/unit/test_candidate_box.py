@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from evidence_records import h200_record, write_box
 
-from mtpmatrix import schema
 from mtpmatrix.__main__ import main
-from mtpmatrix.evidence import judge
+from mtpmatrix.core import schema
+from mtpmatrix.core.evidence import judge
 from mtpmatrix.faults.catalogue import HOOK_DIR
 from mtpmatrix.runner import importer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.evidence import judge, manifest
+from mtpmatrix.core.evidence import judge, manifest
 
 PINS = {"sglang": "0.5.17", "transformers": "5.12.1", "torch": "2.11.0"}
 SHA = "ab" * 32

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from evidence_records import h200_record, write_box
 
-from mtpmatrix import schema
+from mtpmatrix.core import schema
 from mtpmatrix.report import candidates
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
@@ -134,8 +134,8 @@ def test_unchanged_counts_the_checks_both_ran_the_same_way():
 def test_a_planned_candidate_whose_patch_did_not_apply_is_not_run_with_its_line(tmp_path, results):
     """The session plans the candidate's id before it installs; a patch that does not apply leaves no record, and the
     report names the planned candidate as not run, with the line its session gave."""
+    from mtpmatrix.core.rows import load_rows
     from mtpmatrix.runner import candidate, matrix, plan
-    from mtpmatrix.runner.rows import load_rows
 
     import_base(tmp_path, results, "r")
     patch = tmp_path / "fix.patch"

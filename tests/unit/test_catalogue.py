@@ -113,7 +113,7 @@ def test_off_chain_edits_do_what_they_model(tmp_path):
 def test_every_mutant_names_servers_that_can_see_it():
     """Witness servers for hand-off bugs, the decoy / sampled servers for what the witness cannot see, every one a
     server of this checkout's smoke tier (a run refuses servers the smoke tier lacks: next test)."""
-    from mtpmatrix.tiers.smoke import SMOKE_SERVERS
+    from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 
     known = {s.name for s in SMOKE_SERVERS}
     by_id = C.catalogue_by_id()

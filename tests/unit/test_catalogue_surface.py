@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 from mtpmatrix.faults import catalogue as C
-from mtpmatrix.tiers.smoke import SMOKE_SERVERS
 
 REPO = Path(__file__).resolve().parents[2]
 ORIGINAL = ("handoff-block-first", "handoff-stale-by-one", "kv-layer-first-of-type", "kv-layer-type-swap",

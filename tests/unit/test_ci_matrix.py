@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.rows import RowError, load_rows
 from mtpmatrix.runner import ci_matrix
 from mtpmatrix.runner.ci_matrix import build_matrix, select, shard, tier_gpus
 from mtpmatrix.runner.matrix import in_shard
-from mtpmatrix.runner.rows import RowError, load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "gemma4-mtp.yml"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.atomic import atomic_write_json
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.rows import parse_row
 from mtpmatrix.runner import baseline, culprit
 from mtpmatrix.runner import bisect as bs
 from mtpmatrix.runner.canary import Canary, Resolution
-from mtpmatrix.runner.rows import parse_row
 
 # made-up suites: records judged against what their sessions collected (conftest.judged_as_collected)
 pytestmark = pytest.mark.usefixtures("judged_as_collected")
@@ -210,7 +210,7 @@ TORCHAUDIO = {"kind": "import", "type": "RuntimeError", "message": "PyTorch has 
 def fake_installs(monkeypatch, tmp_path):
     """run_row answers like the 0.5.23 row under torch 2.15.0: the ABI check passes, the import fails on
     torchaudio until torchaudio moves; every call is recorded, and saved like run_row saves (for --resume)."""
-    from mtpmatrix.runner.store import RunStore
+    from mtpmatrix.core.store import RunStore
 
     calls = []
 
@@ -309,7 +309,7 @@ def test_a_harness_error_beside_a_known_upstream_failure_blames_nothing(tmp_path
     RoPE phase")."""
     from probe_records import smoke_record
 
-    from mtpmatrix.runner.store import RunStore
+    from mtpmatrix.core.store import RunStore
 
     results = tmp_path / "results"
     RunStore(results, "20261201-000000").save_row("sglang-0.5.23", smoke_record({"sglang": "0.5.23",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.pairs import decoy
 from mtpmatrix.tiers.pairs.witness import LOGIT_PEAK

@@ -55,7 +55,7 @@ def test_every_environment_variable_is_documented():
             if f.is_file() and f.suffix in (".py", ".sh", ".yml", ".yaml") and "egg-info" not in str(f):
                 code |= set(re.findall(r"MTPMATRIX_[A-Z0-9_]*[A-Z0-9]", f.read_text(errors="replace")))
     documented = (REPO / "docs" / "variables.md").read_text()
-    from mtpmatrix import settings
+    from mtpmatrix.core import settings
 
     pair_knobs = {settings.pair_env_key(p, w) for p in settings.PAIRS
                   for w in ("TARGET", "ASSISTANT", "TP", "THRESHOLD")}

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
 
-from mtpmatrix import schema
-from mtpmatrix.runner.rows import load_rows
+from mtpmatrix.core import schema
+from mtpmatrix.core.rows import load_rows
 from mtpmatrix.tiers import gsm8k
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""A verdict bound to its evidence (mtpmatrix.evidence): a real H200 record, filed through ``import`` and judged by the
+"""A verdict bound to its evidence (mtpmatrix.core.evidence): a real H200 record, filed through ``import`` and judged by the
 report, qualifies its tier as it stands; every way a record can prove less than it claims is "not proven" (exit 3) or
 refused, never QUALIFIES. Each case below printed QUALIFIES (exit 0) before the evidence judge existed.
 
@@ -15,7 +15,7 @@ import shutil
 import pytest
 from evidence_records import h200_record, write_box
 
-from mtpmatrix.evidence import judge, manifest, records
+from mtpmatrix.core.evidence import judge, manifest, records
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
 from mtpmatrix.runner import importer
@@ -274,7 +274,7 @@ def test_a_row_json_that_is_not_json_is_unreadable_not_a_crash(tmp_path, h200, c
 
 
 def test_an_edited_per_question_file_is_counted_as_missing_not_a_crash(tmp_path):
-    from mtpmatrix.runner.store import read_question_records
+    from mtpmatrix.core.store import read_question_records
 
     f = tmp_path / "q.jsonl"
     f.write_bytes(b'{"index": "q1", "correct": true}\n{"index": 2, "correct": "yes"}\n{"index": 3, "correct": true}'

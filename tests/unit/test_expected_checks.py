@@ -1,4 +1,4 @@
-"""The expected checks are the project's definition (src/mtpmatrix/expected_checks.json), and the suite must agree
+"""The expected checks are the project's definition (src/mtpmatrix/core/expected_checks.json), and the suite must agree
 with it: a check added to tests/tiers without writing the file again, or one removed, fails here."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.evidence import expected_checks, fingerprint
-from mtpmatrix.schema import TIERS
+from mtpmatrix.core.evidence import expected_checks, fingerprint
+from mtpmatrix.core.schema import TIERS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ def test_the_definition_is_part_of_the_suites_fingerprint(tmp_path):
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(f.read_bytes())
     before = fingerprint.suite_hash(repo, data="d")
-    target = repo / "src/mtpmatrix/expected_checks.json"
+    target = repo / "src/mtpmatrix/core/expected_checks.json"
     data = json.loads(target.read_text())
     data["tiers"]["contract"].pop()
     target.write_text(json.dumps(data))

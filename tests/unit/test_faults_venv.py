@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.rows import load_rows
 from mtpmatrix.faults import venv as V
 from mtpmatrix.faults.catalogue import MutantsError
 from mtpmatrix.runner import matrix
-from mtpmatrix.runner.rows import load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import schema
 from mtpmatrix.__main__ import main
+from mtpmatrix.core import schema
 
 REPO = Path(__file__).resolve().parents[2]
 BOX_RUN = REPO / "docs" / "runs" / "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json"

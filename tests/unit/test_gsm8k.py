@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fake_sglang import FakeSglang
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import gsm8k, gsm8k_tier, served
 
 INV = gsm8k.INVALID
@@ -125,7 +125,7 @@ def test_shipped_copy_loads_with_no_env_and_no_network(clean, tmp_path):
 
 
 def test_shipped_copy_matches_the_checksum(test_bytes):
-    assert hashlib.sha256(test_bytes).hexdigest() == gsm8k.data_sha256() == gsm8k.SHA256["test"]
+    assert hashlib.sha256(test_bytes).hexdigest() == gsm8k.data_sha256() == settings.GSM8K_SHA256["test"]
     assert test_bytes.count(b"\n") == 1319
 
 
@@ -146,7 +146,7 @@ def test_pack_tool(tmp_path, test_bytes, capsys):
     assert capsys.readouterr().out.startswith(f"{gsm8k.data_sha256()}  {tmp_path / 'a.gz'} (")
     src.write_bytes(_one_byte_off(test_bytes))
     assert tool.main([str(src), "--out", str(tmp_path / "b.gz")]) == 1
-    assert "update gsm8k.SHA256['test']" in capsys.readouterr().err
+    assert "update settings.GSM8K_SHA256['test']" in capsys.readouterr().err
 
 
 def test_data_file_decompresses_the_shipped_copy_into_the_cache(clean, tmp_path, test_bytes):
@@ -178,7 +178,7 @@ def test_user_dir_without_the_file_falls_through_to_the_shipped_copy(clean, tmp_
 
 
 def test_a_changed_shipped_copy_is_an_error_not_a_download(clean):
-    clean.setitem(gsm8k.SHA256, "test", "0" * 64)
+    clean.setitem(settings.GSM8K_SHA256, "test", "0" * 64)
     with pytest.raises(gsm8k.DataError, match=r"test\.jsonl\.gz \(decompressed\) has SHA-256 .*tools/pack_gsm8k\.py"):
         gsm8k.load_split("test")
 

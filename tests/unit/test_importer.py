@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import schema
 from mtpmatrix.__main__ import main
+from mtpmatrix.core import schema, store
 from mtpmatrix.report import checks as report_checks
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
-from mtpmatrix.runner import importer, store
+from mtpmatrix.runner import importer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
+from mtpmatrix.core import known_upstream
+from mtpmatrix.core.schema import KNOWN_UPSTREAM
+from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
+from mtpmatrix.core.store import row_verdict
 from mtpmatrix.runner import matrix
-from mtpmatrix.runner.store import row_verdict
-from mtpmatrix.schema import KNOWN_UPSTREAM
-from mtpmatrix.tiers import known_upstream
-from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
 
 RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                   "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())
@@ -304,7 +304,7 @@ def test_the_assisted_sampling_entry_needs_the_argmax_pushed_up_and_offset_3_dow
 def test_a_record_is_judged_again_by_one_function_the_report_and_bisect_share(record):
     """expected.rejudge_record: stored tags and verdicts are stripped, tiers judged again with the given list, the
     row verdict derived from them; report.model.rejudge is that same function."""
-    from mtpmatrix import expected
+    from mtpmatrix.core import expected
     from mtpmatrix.report import model
 
     record["verdict"] = "passed"

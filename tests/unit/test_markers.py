@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.schema import TIERS
-from mtpmatrix.tiers.verdict import KINDS
+from mtpmatrix.core.kinds import KINDS
+from mtpmatrix.core.schema import TIERS
 
 pytest_plugins = ["pytester"]
 
@@ -54,7 +54,7 @@ def test_d():
     markers = pytester.runpytest("--markers").stdout.str()
     for tier in TIERS:
         assert f"@pytest.mark.{tier}:" in markers
-    # the check(kind) marker names every kind verdict.KINDS has, from KINDS itself
+    # the check(kind) marker names every kind kinds.KINDS has, from KINDS itself
     check_line = next(ln for ln in markers.splitlines() if ln.startswith("@pytest.mark.check(kind)"))
     assert all(kind in check_line for kind in KINDS)
 

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core import paths
+from mtpmatrix.core.rows import RowError, load_rows, parse_row
+from mtpmatrix.core.schema import TIERS
+from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import matrix
 from mtpmatrix.runner.matrix import Options, in_shard, install_command, parse_options, preflight_overrides
-from mtpmatrix.runner.rows import RowError, load_rows, parse_row
-from mtpmatrix.runner.store import RunStore
-from mtpmatrix.schema import TIERS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -151,7 +152,7 @@ def test_install_command_pypi(tmp_path, fake_uv):
     assert cmd[4] == str(venv / "bin" / "python")
     assert cmd[cmd.index("-c") + 1] == str(tmp_path / "c.txt")
     assert "--override" not in cmd and "--torch-backend" not in cmd
-    assert cmd[-5:] == ["sglang==0.5.17", "transformers==5.12.1", "torch==2.11.0", "-e", str(matrix.REPO)]
+    assert cmd[-5:] == ["sglang==0.5.17", "transformers==5.12.1", "torch==2.11.0", "-e", str(paths.REPO)]
 
 
 def test_install_command_overrides_and_torch_backend(tmp_path, fake_uv):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import meta_fields as F
 from mtpmatrix.tiers import smoke
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.runner.rows import load_rows
+from mtpmatrix.core.rows import load_rows
 
 # this interpreter's nox, else the one on PATH (inside `nox -s unit` the venv has no nox, the machine does)
 NOX = ([sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.evidence import fingerprint, manifest
+from mtpmatrix.core.rows import load_rows
 from mtpmatrix.runner import matrix, plan
-from mtpmatrix.runner.rows import load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,10 @@ import textwrap
 
 import pytest
 
-from mtpmatrix import expected
-from mtpmatrix.evidence import expected_checks
-from mtpmatrix.schema import SCHEMA, TIERS
-from mtpmatrix.tiers import environment, known_upstream
+from mtpmatrix.core import expected, known_upstream
+from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.schema import SCHEMA, TIERS
+from mtpmatrix.tiers import environment
 
 pytest_plugins = ["pytester"]
 
@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ KNOWN = {"id": "greedy-bug", "package": "transformers", "affected": ">=5.18.0,<5
 GREEDY_FAILS = '''\
 import pytest
 
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 
 @pytest.mark.reference

@@ -1,5 +1,5 @@
 """The release gate on synthetic runs in the results layout: a tier is complete only when its expected set
-(mtpmatrix.expected: the gsm8k seed cases, the default smoke servers x their checks, every collected contract and
+(mtpmatrix.core.expected: the gsm8k seed cases, the default smoke servers x their checks, every collected contract and
 reference check) ran and passed, and QUALIFIES needs every required tier complete in every row.
 
 The rows are built from the same definitions the gate uses (settings' seed pairs and topks, smoke's default
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from evidence_records import stamp
 
-from mtpmatrix import schema, settings
 from mtpmatrix.__main__ import main
-from mtpmatrix.evidence import expected_checks
+from mtpmatrix.core import schema, settings
+from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
-from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS
 
 FILES = {t: f"tests/tiers/test_{t}.py" for t in schema.TIERS}
 VERSIONS = {"sglang": "0.5.17", "transformers": "5.12.1", "torch": "2.11.0", "python": "3.11.9"}

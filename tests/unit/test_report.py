@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 from evidence_records import stamp
 
-from mtpmatrix import stats
 from mtpmatrix.__main__ import main
-from mtpmatrix.evidence import expected_checks
+from mtpmatrix.core import stats, store
+from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.schema import TIERS
 from mtpmatrix.report import compare as report_compare
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
-from mtpmatrix.runner import store
-from mtpmatrix.schema import TIERS
 
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
 
@@ -410,7 +409,7 @@ def test_a_failure_beats_a_missing_tier_and_nothing_run_proves_nothing(tmp_path)
 
 
 def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_path):
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
                       "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())

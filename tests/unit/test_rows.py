@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from mtpmatrix.runner.rows import HEADER_KEYS, REQUIRED_PINS, Row, RowError, load_rows, parse_override, parse_row
-from mtpmatrix.settings import MIN_TRANSFORMERS
+from mtpmatrix.core.rows import HEADER_KEYS, REQUIRED_PINS, Row, RowError, load_rows, parse_override, parse_row
+from mtpmatrix.core.settings import MIN_TRANSFORMERS
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = "# python: 3.11\n# torch-backend: pypi\n# tags: floor, ci\n# description: a test row\n"

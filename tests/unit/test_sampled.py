@@ -12,7 +12,7 @@ import pytest
 from scipy import special
 from scipy import stats as sps
 
-from mtpmatrix import stats
+from mtpmatrix.core import stats
 from mtpmatrix.tiers.pairs import sampled
 from mtpmatrix.tiers.pairs import sampled_model as model
 
@@ -198,10 +198,11 @@ def _smoke_check():
 def test_smoke_check_on_simulated_servers(tmp_path, bug, topk):
     """test_sampled_distribution_matches_closed_form on a server run whose sampled outputs come from the CPU verify
     model: passes when verify is right, fails 'mismatch' naming the deviation when it is broken."""
+    from mtpmatrix.core import smoke_servers
+    from mtpmatrix.core.kinds import CheckFailure
     from mtpmatrix.tiers import smoke
-    from mtpmatrix.tiers.verdict import CheckFailure
 
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.pair == "sampled" and s.topk == topk)
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.pair == "sampled" and s.topk == topk)
     prompts, outputs = model.ServerModel(topk, bug).outputs(random.Random(99))
     run = smoke.SmokeRun(spec=spec, log_path=tmp_path / "server.log", vocab_size=VOCAB, server_info_after={},
                          sampled_requests=sampled.request_plan(), sampled_outputs=outputs)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
 
-from mtpmatrix import schema
+from mtpmatrix.core import schema
+from mtpmatrix.core.rows import RowError
 from mtpmatrix.runner import matrix
-from mtpmatrix.runner.rows import RowError
 from mtpmatrix.tiers import served
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,10 +11,11 @@ import types
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import sglang_compat as compat
 from mtpmatrix.tiers import sglang_loading
-from mtpmatrix.tiers.verdict import CheckFailure, classify
+from mtpmatrix.tiers.verdict import classify
 
 
 def _raised(fn, *args, **kwargs) -> BaseException:

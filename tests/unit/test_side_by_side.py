@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.evidence import expected_checks
+from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.rows import RowError
+from mtpmatrix.core.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE
+from mtpmatrix.core.side_by_side_rule import shared_check
 from mtpmatrix.runner import side_by_side
-from mtpmatrix.runner.rows import RowError
 from mtpmatrix.runner.side_by_side import REFERENCE, SGLANG, merge_exitstatus, plan
-from mtpmatrix.runner.side_by_side_rule import shared_check
-from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE
 from mtpmatrix.tiers import pytest_fork, pytest_process
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -41,7 +41,7 @@ def pytest_configure(config):
 CHECKS = '''\
 import pytest
 
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core.kinds import CheckFailure
 
 
 @pytest.fixture(scope="session")

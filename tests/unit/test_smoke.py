@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings, smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import client, launch_plan, meta_fields, smoke
-from mtpmatrix.tiers.verdict import CheckFailure
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
 LOG_0513 = """\
@@ -51,7 +51,7 @@ def test_expected_constructed_is_next_plus_one():
 
 
 def _run(outputs, top=None):
-    run = smoke.SmokeRun(spec=smoke.SMOKE_SERVERS[0], log_path=Path("x.log"))
+    run = smoke.SmokeRun(spec=smoke_servers.SMOKE_SERVERS[0], log_path=Path("x.log"))
     run.id_outputs = outputs
     run.id_top_logprobs = top or []
     return run
@@ -77,7 +77,7 @@ def test_divergence_outside_reference_top_k_is_never_a_near_tie():
 
 
 def test_server_args_for_specs():
-    nomtp, dummy = smoke.SMOKE_SERVERS[0], smoke.SMOKE_SERVERS[1]
+    nomtp, dummy = smoke_servers.SMOKE_SERVERS[0], smoke_servers.SMOKE_SERVERS[1]
     args = smoke.server_args_for(nomtp, Path("/t"), Path("/a"), tp=1)
     assert "--speculative-algorithm" not in args and "--load-format" not in args
     args = smoke.server_args_for(dummy, Path("/t"), Path("/a"), tp=2)
@@ -94,7 +94,7 @@ FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 
 def _jobs(tmp_path, n=3):
     return [smoke.SmokeJob(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512)
-            for spec in smoke.SMOKE_SERVERS[:n]]
+            for spec in smoke_servers.SMOKE_SERVERS[:n]]
 
 
 @pytest.mark.parametrize("free_mib,want", [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 2), (48 * 1024, 5),
@@ -116,9 +116,9 @@ def test_an_idle_h200_launches_the_default_servers_in_one_wave():
     """What the README states: an idle H200 (143,771 MiB = 140.4 GiB, docs/runs/env-2-r17.txt; about 125-139 GiB
     free once the driver has its share) launches all default servers at once."""
     for free_gib in (125, 139):
-        assert launch_plan.launch_parallelism(len(smoke.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == len(
-            smoke.DEFAULT_SMOKE_SERVERS)
-    assert launch_plan.launch_parallelism(len(smoke.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 2
+        assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == len(
+            smoke_servers.DEFAULT_SMOKE_SERVERS)
+    assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 2
 
 
 def test_the_wave_follows_the_fraction_the_servers_run_with():
@@ -130,7 +130,7 @@ def test_the_wave_follows_the_fraction_the_servers_run_with():
 
 
 def test_the_launch_budget_divides_the_suite_by_the_first_wave_s_median_launch(tmp_path):
-    spec = smoke.SMOKE_SERVERS[0]
+    spec = smoke_servers.SMOKE_SERVERS[0]
     runs = {f"s{i}": smoke.SmokeRun(spec=spec, log_path=tmp_path / f"s{i}.log", launch_seconds=t)
             for i, t in enumerate((140.0, 138.0, None, 139.0, 55.0))}
     budget = launch_plan.launch_budget(runs, first_wave=4, suite_seconds=210.0)
@@ -149,8 +149,8 @@ def test_launch_parallelism_requested_wins():
 
 
 def test_smoke_options_defaults_and_values():
-    assert smoke.smoke_options({}) == smoke.SmokeOptions()
-    opts = smoke.smoke_options({"MTPMATRIX_SMOKE_PAIR": "moe-26b-a4b", "MTPMATRIX_SMOKE_TP": "2",
+    assert smoke_servers.smoke_options({}) == smoke_servers.SmokeOptions()
+    opts = smoke_servers.smoke_options({"MTPMATRIX_SMOKE_PAIR": "moe-26b-a4b", "MTPMATRIX_SMOKE_TP": "2",
                                 "MTPMATRIX_SMOKE_SERVERS": "random-nomtp, random-mtp-topk3",
                                 "MTPMATRIX_SMOKE_PARALLEL": "3",
                                 "MTPMATRIX_SMOKE_EXTRA_ARGS": "--enable-deterministic-inference --foo 'a b'",
@@ -171,7 +171,7 @@ def test_smoke_options_defaults_and_values():
 ])
 def test_smoke_options_reject_bad_values_in_one_line(env, match):
     with pytest.raises(ValueError, match=match) as info:
-        smoke.smoke_options(env)
+        smoke_servers.smoke_options(env)
     assert "\n" not in str(info.value)
 
 
@@ -206,7 +206,7 @@ def test_collect_all_side_by_side(tmp_path):
     collected = sorted(ln.split(": ")[0] for ln in said if "collected" in ln)
     assert collected == [f"[smoke] {i}/3 collected" for i in (1, 2, 3)]
     assert sum(" ready after " in ln and ln.startswith("[random-") for ln in said) == 3  # SglangServer's own lines
-    assert list(runs) == [s.name for s in smoke.SMOKE_SERVERS[:3]]  # job order, whatever finished first
+    assert list(runs) == [s.name for s in smoke_servers.SMOKE_SERVERS[:3]]  # job order, whatever finished first
     for run in runs.values():
         assert run.error is None, run.error
         assert run.launch_seconds is not None and run.server_info_before is not None
@@ -283,19 +283,19 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
 
 
 def test_default_suite_gates_with_the_sglang_phase_witness():
-    specs = {s.name: s for s in smoke.smoke_options({}).specs}
-    gate = [specs[n] for n in smoke.WITNESS_SERVERS]
+    specs = {s.name: s for s in smoke_servers.smoke_options({}).specs}
+    gate = [specs[n] for n in smoke_servers.WITNESS_SERVERS]
     assert all(s.pair == "witness-sglang-phase" and s.exact and not s.phase_reference for s in gate)
     assert {s.topk for s in gate} == {1, 3}
     probe = [s for s in specs.values() if s.phase_reference]
     assert [s.pair for s in probe] == ["witness"] and probe[0].exact  # output still checked token for token
     assert not any(n.startswith("constructed-") for n in specs)  # on demand: the witness is exact too
-    opts = smoke.smoke_options({"MTPMATRIX_SMOKE_SERVERS": "constructed-mtp-topk3"})
+    opts = smoke_servers.smoke_options({"MTPMATRIX_SMOKE_SERVERS": "constructed-mtp-topk3"})
     assert [s.name for s in opts.specs] == ["constructed-mtp-topk3"] and opts.specs[0].exact
 
 
 def test_known_sglang_draft_phase_entry_matches_the_check_message():
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     entry = next(k for k in known_upstream.load() if k.id == "sglang-gemma4-mtp-draft-rope-phase")
     failure = {"id": "tests/tiers/test_smoke.py::test_draft_phase_matches_transformers[witness-transformers-phase-"
@@ -353,14 +353,14 @@ def test_exact_pair_floor_is_what_an_intact_path_reaches_exactly():
 
 
 def test_exact_pair_losing_a_draft_fails_and_says_why():
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "witness-mtp-topk3")
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk3")
     assert smoke.accept_length_problem(spec, _metas([6] * 8)) is None
     problem = smoke.accept_length_problem(spec, _metas([6] * 7 + [7]))
     assert problem.startswith("accept length 5.2245 outside [5.3333, 5.3333]: an intact path accepts every draft")
 
 
 def test_random_pair_is_a_presence_check_that_can_fail():
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "random-mtp-topk3")
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "random-mtp-topk3")
     # every draft rejected: 31 verify steps for 31 tokens; speculative decoding ran, which is all it says
     assert smoke.accept_length_problem(spec, _metas([31] * 8)) is None
     assert smoke.accept_length_problem(spec, []) == ("responses carry no spec_verify_ct (speculative decoding "
@@ -412,21 +412,21 @@ def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_pa
 
     from mtpmatrix.tiers.pairs import sampled
 
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
-    assert {s.name for s in smoke.DEFAULT_SMOKE_SERVERS} >= {"sampled-nomtp", "sampled-mtp-topk1", "sampled-mtp-topk3"}
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
+    assert {s.name for s in smoke_servers.DEFAULT_SMOKE_SERVERS} >= {"sampled-nomtp", "sampled-mtp-topk1", "sampled-mtp-topk3"}
     run = smoke.collect(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512, log_dir=tmp_path,
                         launcher=[sys.executable, FAKE])
     assert run.error is None, run.error
     assert len(run.id_outputs) == smoke.N_ID_PROMPTS and len(run.text_outputs) == len(smoke.TEXT_PROMPTS)
     assert run.sampled_requests == sampled.request_plan()
     assert len(run.sampled_outputs) == len(run.sampled_meta) == sampled.N_REQUESTS
-    assert smoke.sampled_plan(smoke.SMOKE_SERVERS[0]) == []  # other pairs: greedy requests only
+    assert smoke.sampled_plan(smoke_servers.SMOKE_SERVERS[0]) == []  # other pairs: greedy requests only
 
 def test_decoy_servers_are_exact_and_predicted():
-    specs = {s.name: s for s in smoke.SMOKE_SERVERS}
-    decoys = [specs[n] for n in smoke.DECOY_SERVERS]
+    specs = {s.name: s for s in smoke_servers.SMOKE_SERVERS}
+    decoys = [specs[n] for n in smoke_servers.DECOY_SERVERS]
     assert all(s.pair == "decoy-sglang-phase" and s.exact and s.decoy and not s.phase_reference for s in decoys)
     assert {s.topk for s in decoys} == {1, 3}
-    assert all(s.default == smoke.DECOY_IN_DEFAULT_SUITE for s in decoys)
+    assert all(s.default == smoke_servers.DECOY_IN_DEFAULT_SUITE for s in decoys)
     # besides them, only a server of another scheduler or graph mode serves the decoy
-    assert all(s.mode_args for s in specs.values() if s.decoy and s.name not in smoke.DECOY_SERVERS)
+    assert all(s.mode_args for s in specs.values() if s.decoy and s.name not in smoke_servers.DECOY_SERVERS)

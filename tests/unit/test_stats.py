@@ -1,4 +1,4 @@
-"""mtpmatrix.stats against published and hand-computed reference values."""
+"""mtpmatrix.core.stats against published and hand-computed reference values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from mtpmatrix import stats
+from mtpmatrix.core import stats
 
 
 # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3 (Wilson score,

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from mtpmatrix import atomic
-from mtpmatrix.atomic import atomic_write_json, atomic_write_text
-from mtpmatrix.runner import store
-from mtpmatrix.runner.store import RunStore, new_run_id, row_verdict
-from mtpmatrix.schema import worst
+from mtpmatrix.core import atomic, store
+from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.paths import new_run_id
+from mtpmatrix.core.schema import worst
+from mtpmatrix.core.store import RunStore, row_verdict
 
 
 def test_atomic_write_text_and_json(tmp_path):

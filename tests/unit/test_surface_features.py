@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core import smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.pairs import sampled
 from mtpmatrix.tiers.surface import Exchange, features, logprobs
-from mtpmatrix.tiers.verdict import CheckFailure
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC = {s.name: s for s in smoke.SMOKE_SERVERS}
+SPEC = {s.name: s for s in smoke_servers.SMOKE_SERVERS}
 
 
 def _load(name):

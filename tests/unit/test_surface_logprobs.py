@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from mtpmatrix.tiers import smoke
+from mtpmatrix.core import smoke_servers
 from mtpmatrix.tiers.surface import Exchange, logprobs
 
-WITNESS = next(s for s in smoke.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
-NOMTP = next(s for s in smoke.SMOKE_SERVERS if s.name == "witness-nomtp")
+WITNESS = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
+NOMTP = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-nomtp")
 
 
 def row(x: int, temperature: float = 1.0, jitter: float = 0.0) -> list[list]:
@@ -63,7 +63,7 @@ def test_bounds_are_derived_and_separated():
 
 
 def test_requests_only_on_witness_and_inside_context():
-    assert logprobs.requests(next(s for s in smoke.SMOKE_SERVERS if s.pair == "sampled"), 512) == []
+    assert logprobs.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.pair == "sampled"), 512) == []
     reqs = logprobs.requests(WITNESS, 512)
     assert reqs == logprobs.requests(NOMTP, 512)  # the same requests with and without MTP
     for _label, p in reqs:

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mtpmatrix.core import smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.pairs import sampled
 from mtpmatrix.tiers.pairs import sampled_model as model
 from mtpmatrix.tiers.pairs import sampled_structure as st
 from mtpmatrix.tiers.surface import mixed_sampling as ms
-from mtpmatrix.tiers.verdict import CheckFailure
 
 VOCAB = 512
 PLAN = sampled.request_plan()
@@ -66,7 +67,7 @@ def pooled_plan_rejects(items) -> bool:
     counts = np.zeros(4)
     for _g, cat in items[:len(PLAN)]:
         counts += np.bincount(cat, minlength=4)
-    from mtpmatrix import stats
+    from mtpmatrix.core import stats
     p = [LAW[sampled.GROUPS[0]][i] for i in range(3)]
     return stats.pearson_chi2(list(counts[:3]), p).p_value < sampled.ALPHA or counts[3] > 0
 
@@ -95,8 +96,8 @@ def test_groups_have_different_closed_forms_and_greedy_is_exact():
 
 
 def test_requests_only_for_the_sampled_pair_within_budget():
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
-    assert ms.requests(next(s for s in smoke.SMOKE_SERVERS if s.pair != "sampled"), VOCAB) == []
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
+    assert ms.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.pair != "sampled"), VOCAB) == []
     reqs = ms.requests(spec, VOCAB)
     assert ms.NAME in surface.FAMILIES and len(reqs) == len(ms.plan()) == 60
     tokens = sum(b["sampling_params"]["max_new_tokens"] for _, b in reqs)
@@ -112,7 +113,7 @@ def test_requests_only_for_the_sampled_pair_within_budget():
 
 
 def _exchanges(outputs: dict[str, list[int]]):
-    bodies = dict(ms.requests(next(s for s in smoke.SMOKE_SERVERS if s.pair == "sampled"), VOCAB))
+    bodies = dict(ms.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.pair == "sampled"), VOCAB))
     return [surface.Exchange(label, bodies[label], {"output_ids": out}) for label, out in outputs.items()]
 
 
@@ -274,7 +275,7 @@ def _smoke_module():
 
 
 def _fake_run(tmp_path, name, bug="none", deterministic=True, plan_bug="none"):
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == name)
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == name)
     rng = random.Random(5)
     _prompts, outputs = model.ServerModel(spec.topk, plan_bug).outputs(rng)
     outs = _family_outputs(rng, bug)

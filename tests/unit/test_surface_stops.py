@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings, smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import meta_fields, smoke, surface
 from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, VOCAB
 from mtpmatrix.tiers.surface import stops
-from mtpmatrix.tiers.verdict import CheckFailure
 
-SPECS = {s.name: s for s in smoke.SMOKE_SERVERS}
+SPECS = {s.name: s for s in smoke_servers.SMOKE_SERVERS}
 CASES = {c.label: c for c in stops.cases(VOCAB)}
 TIER = Path(__file__).resolve().parents[1] / "tiers" / "test_smoke_stops.py"
 

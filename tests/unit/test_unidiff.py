@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix import unidiff
+from mtpmatrix.core import unidiff
 
 SOURCE = "".join(f"line {i}\n" for i in range(1, 21))
 PATCH = """Fix two lines.

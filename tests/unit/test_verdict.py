@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.tiers.verdict import KINDS, CheckFailure, classify, classify_install, first_library_frame
+from mtpmatrix.core.kinds import KINDS, CheckFailure
+from mtpmatrix.tiers.verdict import classify, classify_install, first_library_frame
 
 UV = Path(__file__).parent / "data" / "uv"
 _counter = itertools.count()
@@ -230,7 +231,7 @@ def test_own_code_is_never_a_library_even_under_a_library_named_folder(monkeypat
 
 
 def test_readme_kinds_table_is_verdict_kinds():
-    """README's failure-kinds table names every kind of verdict.KINDS, in order, and no other."""
+    """README's failure-kinds table names every kind of kinds.KINDS, in order, and no other."""
     import re
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -27,8 +27,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.tiers.smoke import DECOY_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS  # defined once, in smoke
-from mtpmatrix.schema import comma_list
+from mtpmatrix.core.smoke_servers import DECOY_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS  # defined once, in smoke
+from mtpmatrix.core.schema import comma_list
 
 HOOK_DIR = Path(__file__).resolve().parent / "mutant_hook"
 ENV_MUTANT = "MTPMATRIX_MUTANT"  # read by mutant_hook/sitecustomize.py
@@ -127,7 +127,7 @@ _SWAP_TYPE = '{"sliding_attention": "full_attention", "full_attention": "sliding
 _ACCEPT_ALL = ("; target_predict = torch.cat([candidates[:, 1:].to(target_predict.dtype), target_predict[:, -1:]], "
                "dim=1)\n")
 
-# Smoke servers the request-surface mutants need (smoke.SMOKE_SERVERS; tests/unit/test_catalogue_surface.py checks
+# Smoke servers the request-surface mutants need (smoke_servers.SMOKE_SERVERS; tests/unit/test_catalogue_surface.py checks
 # the names): the no-MTP references that the MTP-equals-no-MTP checks compare with, and the servers of a mode no
 # other server runs (non-overlap scheduler, eager draft path), each beside its default-mode twin so that one suite
 # shows the mode's checks failing while the same checks on the default server pass.

@@ -12,7 +12,6 @@ passes and every applicable mutant is killed; 1 otherwise; 2 on bad input (one l
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import signal
@@ -20,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.paths import MUTANTS, new_run_id, now, results_root
+from mtpmatrix.core.schema import comma_list
 from mtpmatrix.faults.catalogue import (
     CATALOGUE,
     Application,
@@ -48,7 +49,6 @@ from mtpmatrix.faults.suites import (
     server_cap,
     suite_env,
 )
-from mtpmatrix.schema import comma_list, results_root
 
 
 # --------------------------------------------------------------------------------------------- the command
@@ -84,7 +84,7 @@ def check_servers(names, known) -> None:
     unknown = sorted({n for n in names if n not in known})
     if unknown:
         raise MutantsError(f"smoke server(s) {', '.join(unknown)} not in this checkout's smoke tier "
-                           f"(smoke.SMOKE_SERVERS: {', '.join(known)}); pass --servers")
+                           f"(smoke_servers.SMOKE_SERVERS: {', '.join(known)}); pass --servers")
 
 
 def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compile_check: bool) -> int:
@@ -103,10 +103,6 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
         tail += f"; {'every patched module compiles' if not bad else f'{bad} patched module(s) do not compile'}"
     print(tail)
     return 1 if bad else 0
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def run(ns: argparse.Namespace, *, catalogue: tuple[Mutant, ...] = CATALOGUE, pkg_dir: Path | None = None,
@@ -149,7 +145,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         log("NOTHING-APPLICABLE: no selected mutant applies to this sglang release; nothing to run")
         return 1
     if known_servers is None:
-        from mtpmatrix.tiers.smoke import SMOKE_SERVERS
+        from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 
         known_servers = [s.name for s in SMOKE_SERVERS]
     applicable = [a for a in apps if a.applicable]
@@ -169,9 +165,8 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         free_mib = gpu_free_mib()
     cap = server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)
 
-    from mtpmatrix.runner.store import new_run_id
 
-    out = Path(ns.out or results_root() / f"mutants-{new_run_id()}").resolve()
+    out = Path(ns.out or results_root() / new_run_id(kind=MUTANTS)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tiny = Path(os.environ.get("MTPMATRIX_TINY_DIR") or out / "tiny").resolve()
     cache = ns.cache_dir.resolve() if ns.cache_dir else None
@@ -193,7 +188,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
 
     record = {
         "kind": "mutants", "schema": 1, "sglang": {"version": version, "path": str(pkg_dir)},
-        "started": _now(), "finished": None, "seconds": None, "host": {"cpus": cpus or os.cpu_count()},
+        "started": now(), "finished": None, "seconds": None, "host": {"cpus": cpus or os.cpu_count()},
         "max_servers": cap, "timeout": ns.timeout, "budget": ns.budget, "out": str(out),
         "baseline": {"status": "pending", "servers": list(suites[0].servers), "dir": str(suites[0].folder)},
         "mutants": [_mutant_entry(a, _servers(ns, a.mutant), out, version) for a in apps],
@@ -258,7 +253,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
             entries[s.name].update(status="not-run", reason="not started (baseline failed, budget spent or "
                                                             "interrupted)")
     verdict, rc = overall(record["baseline"], record["mutants"])
-    record.update(verdict="interrupted" if interrupted else verdict, finished=_now())
+    record.update(verdict="interrupted" if interrupted else verdict, finished=now())
     record["exit"] = 130 if interrupted else rc
     save()
     rows = [{"id": "baseline", "models": f"unpatched sglang {version}", "status": record["baseline"]["status"],

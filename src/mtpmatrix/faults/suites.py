@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpmatrix.core.paths import REPO
+from mtpmatrix.core.schema import FAILING, short_check_id
 from mtpmatrix.faults.catalogue import ENV_MUTANT, HOOK_DIR, MARK
-from mtpmatrix.schema import FAILING, short_check_id
 from mtpmatrix.tiers.processes import group_members
 
-REPO = Path(__file__).resolve().parents[3]
 SUITE = "tests/tiers"  # the smoke checks, in every test module of the suite (--tiers smoke selects them)
 
 # Concurrency is bounded by CPU, not GPU memory: a server launch is mostly CPU-bound Triton compilation, processor

@@ -11,9 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtpmatrix.core.paths import CI_TAG
 from mtpmatrix.faults.catalogue import MutantsError
-
-CI_TAG = "ci"
 
 
 @dataclass

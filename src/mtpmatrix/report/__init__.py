@@ -5,7 +5,7 @@
 writes ``summary.md``, ``report.html`` and ``summary.json`` into ``results/<run-id>/report/`` (or ``--out``) and
 appends summary.md to ``$GITHUB_STEP_SUMMARY`` when that is set.
 
-The verdict says what was proven. Every tier verdict is derived again from the stored checks (mtpmatrix.expected).
+The verdict says what was proven. Every tier verdict is derived again from the stored checks (mtpmatrix.core.expected).
 A run QUALIFIES only when every tier is complete -- its whole expected set ran and passed -- in every row; a run
 whose CPU tiers passed on a machine without a GPU says so ("CPU checks pass; smoke and gsm8k not run (no GPU)"), and
 a tier that ran in part is 'partial', with what did not run and why. Failures that match a known_upstream.json
@@ -21,7 +21,7 @@ that differ in freeze.txt, ties broken towards the same sglang) with the differi
 paired comparisons between rows (McNemar exact p) where per-question records exist; and with ``--baseline`` a
 run-to-run diff (new failures, fixed ones, metric deltas).
 
-    model.py     the summary (summary.json): runs read through runner.store, verdicts, closest passing rows
+    model.py     the summary (summary.json): runs read through core.store, verdicts, closest passing rows
     compare.py   per-question comparisons (stats.paired_compare) and the baseline diff
     checks.py    what both read off a check record
     render.py    summary.md and report.html from templates/*.j2 (jinja2, the 'report' extra), one context

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtpmatrix.atomic import read_json
-from mtpmatrix.runner.store import read_run
+from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.paths import CONSTRAINTS_DIR
+from mtpmatrix.core.store import read_run
 
 CANARY_FILE = "canary.json"  # written by runner/culprit.py
 
@@ -45,10 +46,10 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
     out = {"canaries": canaries, "untested": None, "untested_error": None, "untested_lines": []}
     try:
         if untested is None:
-            from mtpmatrix.runner import matrix, releases
-            from mtpmatrix.runner.rows import load_rows
+            from mtpmatrix.core.rows import load_rows
+            from mtpmatrix.runner import releases
 
-            out["untested"] = releases.untested(load_rows(matrix.REPO / "constraints"), results)
+            out["untested"] = releases.untested(load_rows(CONSTRAINTS_DIR), results)
         else:
             out["untested"] = untested()
     except Exception as exc:  # the report never fails for the index: it says why the list is missing

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mtpmatrix.core.schema import FAILING
 from mtpmatrix.report import compare
-from mtpmatrix.schema import FAILING
 
 FIXED, BROKEN, UNCHANGED = "fixed", "broken", "unchanged"
 SHOWN_DELTAS = 12  # metric changes listed per candidate (summary.json keeps them all)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from mtpmatrix import schema
-from mtpmatrix.runner.store import read_question_records, records_file
+from mtpmatrix.core import schema
+from mtpmatrix.core.store import read_question_records, records_file
 
 # Metrics shown in their own columns (schema.py names); the rest lands in "other", shortened.
 COLUMN_METRICS = (schema.SCORE, schema.WILSON95, schema.NUM_EXAMPLES, schema.ACCEPT_LENGTH, schema.SPEEDUP,

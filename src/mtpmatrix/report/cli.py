@@ -8,12 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from mtpmatrix import schema
-from mtpmatrix.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core import schema
+from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.schema import TIERS
+from mtpmatrix.core.store import StoreError, find_run
 from mtpmatrix.report import canaries, render
 from mtpmatrix.report.model import EXIT_BAD_INPUT, REPORT_DIR, ReportError, build_summary
-from mtpmatrix.runner.store import StoreError, find_run
-from mtpmatrix.schema import TIERS
 
 
 def parse_require(text: str | None) -> list[str]:
@@ -53,8 +53,6 @@ def write_report(results: Path, run_id: str | None = None, *, baseline: str | No
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="results/<RUN_ID>/ (default: the latest run)")
-    p.add_argument("--results", type=Path, default=schema.results_root(),
-                   help=f"results root (default: results, env {schema.RESULTS_ROOT_ENV})")
     p.add_argument("--baseline", metavar="RUN_ID", help="compare with this earlier run")
     p.add_argument("--out", type=Path, help="write here instead of results/<RUN_ID>/report/")
     p.add_argument("--require", metavar="TIERS", default="",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtpmatrix import stats
+from mtpmatrix.core import stats
+from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS
 from mtpmatrix.report.checks import COLUMN_METRICS, first_frame, is_number, question_records
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS
 
 ALPHA = 0.05  # McNemar p below this is a significant change (bold in the report; a drop is a regression)
 

@@ -1,9 +1,9 @@
-"""The summary model: one run (``results/<run-id>/``, read through runner.store) as the plain dict that
+"""The summary model: one run (``results/<run-id>/``, read through core.store) as the plain dict that
 summary.json holds and both templates render. Nothing here formats text.
 
 The verdict says what was proven. Every tier verdict is derived again from the stored checks (expected.judge_tiers:
 stored known-upstream tags and verdicts are never trusted). A run QUALIFIES only when every tier is complete -- its
-whole expected set (mtpmatrix.expected) ran and passed -- in every row; a run where nothing failed but some tier is
+whole expected set (mtpmatrix.core.expected) ran and passed -- in every row; a run where nothing failed but some tier is
 not complete is 'partial', and 'not-proven' (exit 3) when a --require'd tier is not complete in every row. Failures
 that match a known_upstream.json entry's signature are shown as "known upstream" next to their row and do not fail
 it.
@@ -16,14 +16,14 @@ import os
 import re
 from pathlib import Path
 
-from mtpmatrix import expected, schema, stats
-from mtpmatrix.evidence import records as record_shapes
-from mtpmatrix.evidence import run as evidence_of_run
-from mtpmatrix.evidence.judge import pins_with_overrides
+from mtpmatrix.core import expected, schema, stats
+from mtpmatrix.core.evidence import records as record_shapes
+from mtpmatrix.core.evidence import run as evidence_of_run
+from mtpmatrix.core.evidence.judge import pins_with_overrides
+from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
+from mtpmatrix.core.store import read_freeze, read_run, row_verdict
 from mtpmatrix.report import candidates, compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
-from mtpmatrix.runner.store import read_freeze, read_run, row_verdict
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 
 REPORT_DIR = "report"  # results/<run-id>/report/ unless --out says otherwise
 LOG_FILES = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.CHECK_FILE, schema.JUNIT_FILE)
@@ -49,7 +49,7 @@ def rejudge(record: dict, issues=None) -> dict:
 def read_judged_run(run_dir: Path) -> dict[str, dict]:
     """store.read_run with every row re-judged (``rejudge``): what the report and the baseline comparison read. A
     record whose shape is off (evidence.records) stands as a shell with no tiers and the reason, never a crash."""
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     try:
         issues = known_upstream.load()

@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from mtpmatrix import schema
+from mtpmatrix.core import schema
+from mtpmatrix.core.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 from mtpmatrix.report import canaries, candidates
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
-from mtpmatrix.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 
 TEMPLATES = Path(__file__).parent / "templates"
 MARKDOWN_TEMPLATE, HTML_TEMPLATE = "report.md.j2", "report.html.j2"

@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import read_json
+from mtpmatrix.core import expected
+from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.schema import ROW_FILE
+from mtpmatrix.core.store import is_matrix_run
 from mtpmatrix.runner.bisect import CHEAPEST
 from mtpmatrix.runner.probe import judged
-from mtpmatrix.runner.store import is_matrix_run
-from mtpmatrix.schema import ROW_FILE
 
 PASSING = (expected.PROVEN, expected.KNOWN_ONLY)
 

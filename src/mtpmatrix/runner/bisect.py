@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import os
 import shutil
 import subprocess
@@ -35,8 +34,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.core import expected, paths
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.schema import FAILING, TIERS
+from mtpmatrix.core.store import is_matrix_run, latest_run_id, row_files
 from mtpmatrix.runner.probe import (  # noqa: F401
     BAD,
     GOOD,
@@ -48,8 +49,6 @@ from mtpmatrix.runner.probe import (  # noqa: F401
     failing_checks,
     judged,
 )
-from mtpmatrix.runner.store import is_matrix_run, latest_run_id, row_files
-from mtpmatrix.schema import FAILING, TIERS, results_root
 
 CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
 DEFAULT_TIER = "contract"
@@ -283,7 +282,7 @@ def default_row(results: Path, rows: list) -> str:
         for f in row_files(Path(results) / latest):
             if read_json(f).get("verdict") in FAILING and any(r.id == f.parent.name for r in rows):
                 return f.parent.name
-    ci = [r.id for r in rows if "ci" in r.tags]
+    ci = [r.id for r in rows if paths.CI_TAG in r.tags]
     return ci[0] if ci else rows[0].id
 
 
@@ -331,9 +330,9 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
     in the run (a resumed canary) is read back instead of run again. Its record is judged again and classified
     (probe.classify_record; ``breaking``: the checks that fail at the bad end); with ``known_issue``, for the search
     of where that known-upstream entry began (probe.classify_for_known)."""
+    from mtpmatrix.core import known_upstream
+    from mtpmatrix.core.store import RunStore
     from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.store import RunStore
-    from mtpmatrix.tiers import known_upstream
 
     matrix.find_uv(BisectError)
     try:
@@ -382,8 +381,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                  "else the 'ci' row)")
     p.add_argument("--tier", choices=TIERS,
                    help="tier to re-run (default: the cheapest that failed in the row's latest run, else contract)")
-    p.add_argument("--run-id", help="results/<RUN_ID>/ for the probes (default: bisect-<UTC timestamp>)")
-    p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--keep-venvs", action="store_true", help="keep each probe's venv under .cache/bisect/")
     p.add_argument("--known", metavar="ID",
                    help="search where known-upstream entry ID began (known_upstream.json), on its tier: a probe is "
@@ -392,7 +389,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def known_issue(issue_id: str, tier: str | None):
     """The known-upstream entry ``issue_id``; BisectError (one line) when there is none, or ``tier`` is another."""
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     try:
         issues = {i.id: i for i in known_upstream.load()}
@@ -436,13 +433,12 @@ def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str],
 
 def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
     """``python -m mtpmatrix bisect``. ``probe_factory(breaking=..., known_issue=...)`` replaces make_probe (tests)."""
-    from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.rows import RowError, load_rows
+    from mtpmatrix.core.rows import RowError, load_rows
 
     t0 = time.monotonic()
     issue = None
     try:
-        rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")
+        rows = rows if rows is not None else load_rows(paths.CONSTRAINTS_DIR)
         row_id = ns.row or default_row(ns.results, rows)
         by_id = {r.id: r for r in rows}
         if row_id not in by_id:
@@ -464,7 +460,7 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run_id = ns.run_id or "bisect-" + _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+    run_id = ns.run_id or paths.new_run_id(kind=paths.BISECT)
     print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
           f"({source}); results in {ns.results / run_id}/")
     if issue:
@@ -478,7 +474,7 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
 
     def factory(breaking=None, known_issue=None):
         return make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
-                          cache=matrix.REPO / ".cache" / "bisect", keep_venvs=ns.keep_venvs, breaking=breaking,
+                          cache=paths.REPO / ".cache" / "bisect", keep_venvs=ns.keep_venvs, breaking=breaking,
                           known_issue=known_issue)
 
     factory = probe_factory or factory

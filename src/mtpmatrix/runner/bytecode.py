@@ -35,10 +35,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.paths import REPO
+from mtpmatrix.core.rows import Row, RowError
+from mtpmatrix.core.schema import parse_tiers
 from mtpmatrix.runner import bytecode_from_cache
-from mtpmatrix.runner.rows import Row, RowError
-from mtpmatrix.schema import parse_tiers
 from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV
 from mtpmatrix.tiers.imported import PROCESS_ENV
 
@@ -46,7 +47,7 @@ ENV_KNOB = "MTPMATRIX_PRECOMPILE"
 SOURCES = "sources.json"
 # processes compiling from uv's cache while the install waits on the index (its own work: under half a core, measured)
 INSTALL_WORKERS = 2
-CACHE = Path(__file__).resolve().parents[3] / ".cache" / "bytecode"
+CACHE = REPO / ".cache" / "bytecode"
 PLUGIN_ARGS = ["-p", "mtpmatrix.tiers.imported"]
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from mtpmatrix.core.rows import ROW_ID, Row, RowError, constrained_name, parse_row, requirement_lines
 from mtpmatrix.runner import releases
 from mtpmatrix.runner.matrix import find_uv
 from mtpmatrix.runner.overrides import compiled_versions
-from mtpmatrix.runner.rows import ROW_ID, Row, RowError, constrained_name, parse_row, requirement_lines
 
 MODES = ("canary", "canary-override")
 HEADER_KEYS = {"from", "mode", "description", "tags"}

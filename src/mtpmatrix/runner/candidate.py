@@ -36,9 +36,9 @@ from pathlib import Path
 from packaging import tags as wheel_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from mtpmatrix import schema, unidiff
-from mtpmatrix.evidence import manifest
-from mtpmatrix.runner.rows import Row, RowError, parse_override
+from mtpmatrix.core import schema, unidiff
+from mtpmatrix.core.evidence import manifest
+from mtpmatrix.core.rows import Row, RowError, parse_override
 
 PATCH, WHEEL, CHECKOUT = "patch", "wheel", "checkout"
 DRAFT_PHASE_TRAILER = "Draft-Phase"

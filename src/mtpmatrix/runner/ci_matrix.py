@@ -24,11 +24,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
+from mtpmatrix.core.rows import Row, RowError, load_rows
+from mtpmatrix.core.schema import TIERS, parse_tiers
 from mtpmatrix.runner.canary import load_canaries
 from mtpmatrix.runner.matrix import in_shard, preflight_tier_env
-from mtpmatrix.runner.rows import Row, RowError, load_rows
-from mtpmatrix.schema import TIERS, parse_tiers
 
 ROW_SESSIONS = ("gemma4_mtp", "gemma4_mtp_extra", "canary")  # canary: constraints/canary/, by tag only
 DEFAULT_SESSION = "gemma4_mtp"

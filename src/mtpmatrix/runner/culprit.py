@@ -38,16 +38,16 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.core import expected, paths
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.evidence import fingerprint, manifest
+from mtpmatrix.core.rows import RowError, load_rows
+from mtpmatrix.core.schema import FAILING, ROW_FILE
+from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import baseline, bisect, matrix, plan
 from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_resolution, load_canaries, resolve
 from mtpmatrix.runner.probe import not_proven_why
 from mtpmatrix.runner.releases import ReleaseError
-from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.runner.store import RunStore
-from mtpmatrix.schema import FAILING, ROW_FILE
 
 CANARY_FILE = "canary.json"
 ABI_CHECKS = ("test_torch_abi", "test_cuda_major")
@@ -225,7 +225,7 @@ def run_summary(record: dict) -> str:
 # the whole canary (real installs)
 # ---------------------------------------------------------------------------------------------------------------
 
-def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REPO, budget_s: float | None = None,
+def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = paths.REPO, budget_s: float | None = None,
                log: Callable[[str], None] = print) -> dict:
     """Run one resolved canary and, when it breaks a tier its pinned row passes, its culprit search."""
     c: Canary = res.canary
@@ -274,7 +274,7 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = matrix.REP
     save()
 
     budget = Budget(budget_s)
-    probes_run = f"bisect-{opts.run_id}-{c.id}"
+    probes_run = paths.canary_probes_run(opts.run_id, c.id)
 
     # what breaks in the canary: a probe counts as good only if it ran these and they passed
     breaking = bisect.failing_checks(record, broken[0]) if broken else None
@@ -422,7 +422,7 @@ def main(ids: list[str], posargs: list[str], *, run_id: str | None = None, const
          log: Callable[[str], None] = print) -> int:
     """Resolve every selected canary (all before any venv), then run each with its culprit search.
     0: every canary passed; 1: a canary failed (its answer printed and in canary.json); 2: bad input."""
-    constraints = constraints or matrix.REPO / "constraints"
+    constraints = constraints or paths.CONSTRAINTS_DIR
     try:
         canaries = load_canaries(constraints, load_rows(constraints))
         unknown = [i for i in ids if i not in canaries]
@@ -430,7 +430,7 @@ def main(ids: list[str], posargs: list[str], *, run_id: str | None = None, const
             raise RowError(f"unknown canary {', '.join(unknown)}; known: {', '.join(canaries) or 'none'}")
         budget, rest = split_budget(posargs)
         opts = matrix.parse_options(rest)
-        opts.run_id = opts.run_id or run_id or matrix.new_run_id()
+        opts.run_id = opts.run_id or run_id or paths.new_run_id()
         matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
         matrix.preflight_tier_env(opts.tiers)
         resolved = [resolve(canaries[i]) for i in (ids or list(canaries))]

@@ -30,11 +30,12 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from mtpmatrix import expected, schema
-from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.evidence import fingerprint, manifest, records
-from mtpmatrix.runner.rows import RowError, load_rows
-from mtpmatrix.runner.store import new_run_id, row_verdict
+from mtpmatrix.core import expected, schema
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.evidence import fingerprint, manifest, records
+from mtpmatrix.core.paths import CONSTRAINTS_DIR, new_run_id
+from mtpmatrix.core.rows import RowError, load_rows
+from mtpmatrix.core.store import row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE)
 REQUIRED_FILES = (schema.TIERS_FILE, schema.JUNIT_FILE, schema.PYTEST_LOG)  # every gpu_box.sh run whose pytest ran
@@ -264,12 +265,11 @@ def remove_dead_stages(run_dir: Path, row_id: str) -> list[Path]:
 def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = None,
                constraints: Path | None = None) -> tuple[Path, dict]:
     """Import gpu_box.sh's ``out`` as row ``row_id``; returns (row folder, row record)."""
-    from mtpmatrix.runner.matrix import REPO
 
     out = Path(out)
     data, invocation = verified_evidence(out)
     try:
-        rows = {r.id: r for r in load_rows(constraints or REPO / "constraints")}
+        rows = {r.id: r for r in load_rows(constraints or CONSTRAINTS_DIR)}
     except RowError as exc:
         raise ImportError_(str(exc)) from None
     if row_id not in rows:
@@ -359,9 +359,6 @@ def pin_mismatches(record: dict) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, metavar="OUT", help="a tools/gpu_box.sh output folder")
     p.add_argument("--row", required=True, help="the row (constraints/<ROW>.txt) the box ran")
-    p.add_argument("--run-id", help="results/<RUN_ID>/ to add the row to (default: a new UTC timestamp)")
-    p.add_argument("--results", type=Path, default=schema.results_root(),
-                   help="results root (default: results, env MTPMATRIX_RESULTS_ROOT)")
 
 
 def run(ns: argparse.Namespace) -> int:

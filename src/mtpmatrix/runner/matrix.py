@@ -7,7 +7,6 @@ same steps are unit-testable and nothing about a row lives in two places.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import os
 import platform
 import re
@@ -23,17 +22,17 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import read_json
+from mtpmatrix.core import expected, options, smoke_servers
+from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
+from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
+from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
 from mtpmatrix.runner import bytecode, candidate, index, side_by_side
 from mtpmatrix.runner import overrides as override_rules
-from mtpmatrix.runner.rows import Row, RowError, constrained_name, parse_override
-from mtpmatrix.runner.store import RunStore, new_run_id, parse_freeze, row_verdict
-from mtpmatrix.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers, results_root
 from mtpmatrix.tiers import environment
 from mtpmatrix.tiers.verdict import classify_install
 
-REPO = Path(__file__).resolve().parents[3]
 SUITE = "tests/tiers"
 
 
@@ -84,13 +83,10 @@ def parse_options(posargs: list[str]) -> Options:
     else this session does not know is a RowError (one line): passed on, pytest would stop with a usage error and
     the row be filed with an ``error`` tier, bad input recorded as evidence."""
     ours, pytest_args = split_pytest_args(posargs)
-    p = _Parser(prog="nox -s gemma4_mtp --", add_help=True)
-    p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER",
-                   help="override a package in every selected row (uv --override); repeatable")
-    p.add_argument("--run-id", help="results/<run-id>/ to write (default: a UTC timestamp; env MTPMATRIX_RUN_ID)")
+    p = _Parser(prog="nox -s gemma4_mtp --", add_help=True,
+                parents=[options.parent(run_id="a UTC timestamp; env MTPMATRIX_RUN_ID", overrides=True)])
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="RUN_ID",
                    help="continue a run, skipping rows that already have a verdict (default: the latest run)")
-    p.add_argument("--results", type=Path, default=results_root())
     p.add_argument("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)))
     p.add_argument("--shard", type=_shard, help="run only shard I of N (rows in id order, round robin)")
     p.add_argument("--no-index-check", dest="offline_check", action="store_true",
@@ -151,10 +147,8 @@ def preflight_tier_env(tiers: str, env: dict | None = None):
     tier's ``SmokeOptions`` when smoke is selected, else None; a bad value is a RowError (one line)."""
     if "smoke" not in parse_tiers(tiers):
         return None
-    from mtpmatrix.tiers import smoke
-
     try:
-        return smoke.smoke_options(env)
+        return smoke_servers.smoke_options(env)
     except ValueError as exc:
         raise RowError(str(exc)) from None
 
@@ -300,10 +294,6 @@ def host_info() -> dict:
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()}
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
 def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     """Install ``row`` into ``venv``, record versions, run the suite; returns the saved row record.
 
@@ -324,7 +314,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
         "row": row.as_dict(),
         "overrides": list(opts.overrides),
         "tiers_selected": opts.tiers,
-        "started": _now(),
+        "started": now(),
         "host": host_info(),
         "verdict": "pending",
         **({"candidate": cand.record(base_id)} if cand is not None else {}),
@@ -477,7 +467,7 @@ def _versions_from_freeze(freeze: str) -> dict[str, str]:
 
 
 def _finish(store: RunStore, row: Row, record: dict) -> dict:
-    record["finished"] = _now()
+    record["finished"] = now()
     record["verdict"] = row_verdict(record)
     store.save_row(row.id, record)
     return record

@@ -29,8 +29,8 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.runner.rows import REQUIRED_PINS
-from mtpmatrix.schema import FAILING
+from mtpmatrix.core.rows import REQUIRED_PINS
+from mtpmatrix.core.schema import FAILING
 
 UNDER_TEST = REQUIRED_PINS  # the packages a row is about (each row pins them): never a "blocking companion"
 PINNER = "sglang"
@@ -252,7 +252,7 @@ def moved_by_overrides(row, venv: Path, overrides: list[str], record: dict, free
                        uv: str, out: Path, env: dict | None, *, python: Path, project: Path) -> list[dict] | None:
     """``moved`` against what the row alone resolves to (its constraints, no overrides; ``python``: the venv's,
     ``project``: this checkout, installed editable as in the row); None when that resolution fails."""
-    from mtpmatrix.runner.store import parse_freeze
+    from mtpmatrix.core.store import parse_freeze
 
     base = resolve_baseline(uv, python, row_constraints,
                             [f"{n}=={v}" for n, v in row.pins.items()] + [f"-e {project}"],

@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from mtpmatrix import expected
-from mtpmatrix.evidence import fingerprint, manifest
+from mtpmatrix.core import expected, paths
+from mtpmatrix.core.evidence import fingerprint, manifest
+from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import candidate
-from mtpmatrix.runner.store import RunStore
 
 
 def queued_rows(session, fallback: list[str]) -> list[str]:
@@ -33,7 +33,7 @@ def queued_rows(session, fallback: list[str]) -> list[str]:
 
 
 def planned(rows: dict, ids: list[str], cand=None) -> dict[str, dict]:
-    """{row id: manifest.planned_row} of ``ids`` (rows: {id: runner.rows.Row}); with a candidate
+    """{row id: manifest.planned_row} of ``ids`` (rows: {id: core.rows.Row}); with a candidate
     (runner/candidate.py), each row planned under its candidate's id, with the candidate's identity."""
     return {candidate.filed_id(rid, cand): manifest.planned_row(rows[rid].as_dict(), rows[rid].path.read_text(),
                                                                 candidate=candidate.identity(cand))
@@ -83,23 +83,21 @@ PIPELINE_PLAN = "pipeline"
 
 
 def add_arguments(p) -> None:
-    from mtpmatrix import schema
+    from mtpmatrix.core import schema
 
     p.add_argument("run_id", metavar="RUN_ID", help="results/<RUN_ID>/ the row jobs will write")
     p.add_argument("--rows", required=True, metavar="ROW,ROW", help="every row the pipeline starts a job for")
-    p.add_argument("--results", type=Path, default=schema.results_root())
     p.add_argument("--tiers", default=",".join(schema.TIERS))
-    p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER")
 
 
 def run(ns) -> int:
     """Write ``results/<RUN_ID>/manifest-pipeline.json``: the rows, their pins and the suite, before any job runs,
     so a job that never uploads is a planned row without a record ("not run"), not a row that vanished."""
-    from mtpmatrix import schema
-    from mtpmatrix.runner.rows import RowError, load_rows
+    from mtpmatrix.core import schema
+    from mtpmatrix.core.rows import RowError, load_rows
 
     try:
-        table = {r.id: r for r in load_rows(fingerprint.REPO / "constraints")}
+        table = {r.id: r for r in load_rows(paths.CONSTRAINTS_DIR)}
         ids = schema.comma_list(ns.rows)
         unknown = [r for r in ids if r not in table]
         if unknown or not ids:

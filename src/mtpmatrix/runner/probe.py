@@ -21,8 +21,8 @@ import copy
 import re
 from dataclasses import dataclass, field
 
-from mtpmatrix import expected
-from mtpmatrix.schema import FAILING, PARTIAL, short_check_id
+from mtpmatrix.core import expected
+from mtpmatrix.core.schema import FAILING, PARTIAL, short_check_id
 
 GOOD, BAD, UNTESTABLE = "good", "bad", "untestable"
 KNOWN_ONLY = "known-only"  # ran and failed only on listed upstream issues; the checks that break did not all pass

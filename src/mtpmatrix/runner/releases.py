@@ -22,11 +22,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from mtpmatrix.atomic import read_json
+from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.paths import CONSTRAINTS_DIR
+from mtpmatrix.core.rows import REQUIRED_PINS
+from mtpmatrix.core.store import row_files
 from mtpmatrix.runner import index
-from mtpmatrix.runner.rows import REQUIRED_PINS
-from mtpmatrix.runner.store import row_files
-from mtpmatrix.schema import results_root
 
 WATCHED = REQUIRED_PINS  # every row pins them: their newest pin is the line a release must be past
 Fetch = Callable[[str], list[Version]]
@@ -116,15 +116,13 @@ def lines(table: list[dict]) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable")
-    p.add_argument("--results", type=Path, default=results_root())
 
 
 def run(ns: argparse.Namespace, *, fetch: Fetch | None = None, rows=None) -> int:
-    from mtpmatrix.runner import matrix
-    from mtpmatrix.runner.rows import RowError, load_rows
+    from mtpmatrix.core.rows import RowError, load_rows
 
     try:
-        rows = rows if rows is not None else load_rows(matrix.REPO / "constraints")
+        rows = rows if rows is not None else load_rows(CONSTRAINTS_DIR)
         table = untested(rows, ns.results, fetch=fetch)
     except (RowError, ReleaseError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -30,11 +30,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.runner.rows import RowError
-from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, SHARED_TIER
-from mtpmatrix.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.core import expected
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.rows import RowError
+from mtpmatrix.core.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.core.side_by_side_rule import SHARED_MARK, SHARED_TIER
 from mtpmatrix.tiers import pytest_fork, pytest_process
 from mtpmatrix.tiers.imported import PROCESS_ENV
 
@@ -235,7 +235,7 @@ def merge_exitstatus(codes: list[int]) -> int:
 
 
 def one_process_selection(parts: list[tuple[Group, dict]], cmd: list[str] | None = None) -> dict:
-    """The selection (tiers.json ``selection``, what mtpmatrix.expected judges completeness by) that the row's one
+    """The selection (tiers.json ``selection``, what mtpmatrix.core.expected judges completeness by) that the row's one
     pytest command would have recorded: the first part's, without the group's own ``-m`` and process knob, its
     part-file paths put back to ``cmd``'s, and each tier's collected checks from the process that ran the tier. Left
     as the first part wrote it, a merged run would read as deselected by ``-m``: a partial tier in the report."""

@@ -17,7 +17,7 @@ import subprocess
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from mtpmatrix.settings import MIN_TRANSFORMERS
+from mtpmatrix.core.settings import MIN_TRANSFORMERS
 
 WATCHED = ("sglang", "sglang-kernel", "sgl-kernel", "transformers", "torch", "triton", "flashinfer-python",
            "tokenizers", "huggingface-hub", "safetensors")

@@ -50,8 +50,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mtpmatrix import settings, stats
-from mtpmatrix.atomic import atomic_write_bytes, atomic_write_text
+from mtpmatrix.core import settings, stats
+from mtpmatrix.core.atomic import atomic_write_bytes, atomic_write_text
 from mtpmatrix.tiers import client
 
 INVALID = -9999999
@@ -61,8 +61,6 @@ TOP_P = 1.0
 SPLITS = ("test",)  # sglang scores the test split only: the train split is neither shipped nor read
 URLS = {s: f"https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{s}.jsonl"
         for s in SPLITS}
-# of the decompressed bytes: every source (a user's copy, the shipped one, a download) is held to it
-SHA256 = {"test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}  # 1319 lines
 SHIPPED_DIR = Path(__file__).with_name("gsm8k_data")  # {split}.jsonl.gz and the data's LICENSE (MIT, OpenAI)
 _NUMBER = re.compile(r"-?\d+\.?\d*")
 
@@ -116,7 +114,7 @@ def default_cache_dir() -> Path:
 def data_sha256() -> str:
     """SHA-256 of the (decompressed) test.jsonl every GSM8K score here is computed on. No other bytes are ever
     used, whatever the source, so this one value names the data set in a record."""
-    return SHA256["test"]
+    return settings.GSM8K_SHA256["test"]
 
 
 def shipped_file(split: str = "test") -> Path:
@@ -140,8 +138,8 @@ def _known(split: str) -> None:
 
 def _checked(data: bytes, split: str, what: str, fix: str) -> bytes:
     got = hashlib.sha256(data).hexdigest()
-    if got != SHA256[split]:
-        raise DataError(f"{what} has SHA-256 {got}, expected {SHA256[split]} (not the openai/grade-school-math "
+    if got != settings.GSM8K_SHA256[split]:
+        raise DataError(f"{what} has SHA-256 {got}, expected {settings.GSM8K_SHA256[split]} (not the openai/grade-school-math "
                         f"{split} split; {fix})")
     return data
 
@@ -193,7 +191,7 @@ def data_bytes(split: str = "test", data_dir: str | Path | None = None, *, offli
     cached = _cache_file(split, cache_dir)
     if cached.is_file():
         data = cached.read_bytes()
-        if hashlib.sha256(data).hexdigest() == SHA256[split]:
+        if hashlib.sha256(data).hexdigest() == settings.GSM8K_SHA256[split]:
             return data
         looked.append(f"{cached} (SHA-256 mismatch, replaced by the next download)")  # ours, not a user's file
     else:

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix import schema, settings
-from mtpmatrix.schema import comma_list
+from mtpmatrix.core import schema, settings
+from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.core.schema import comma_list
 from mtpmatrix.tiers import client, gsm8k
-from mtpmatrix.tiers.verdict import CheckFailure
 
 TINY_PREFIX = "tiny-e2e-proof"
 # Char-level tiny tokenizer: a 5-shot prompt is up to ~2.9k tokens, so the tiny pair gets its full 4096 context.

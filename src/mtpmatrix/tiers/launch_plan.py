@@ -6,7 +6,7 @@ harness (mtpmatrix.faults.suites) caps its suites by the same memory rule.
 
 from __future__ import annotations
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 
 # sglang sizes its static pool from the GPU memory free *when it starts*: it keeps (1 - mem_fraction_static) of that
 # out of the pool and fails its launch if less than that is still free once it has loaded (0.5.13: when the pool

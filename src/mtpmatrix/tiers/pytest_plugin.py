@@ -24,14 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix import expected
-from mtpmatrix.atomic import atomic_write_json
-from mtpmatrix.evidence import fingerprint
-from mtpmatrix.expected import summarize  # per-tier verdicts from records: defined there, the runner merges with it
-from mtpmatrix.runner.side_by_side_rule import SHARED_MARK, shared_check
-from mtpmatrix.schema import FAILING, SCHEMA, TIERS, parse_tiers
-from mtpmatrix.tiers import environment, known_upstream, served
-from mtpmatrix.tiers.verdict import KINDS, as_consequence, classify, missing_package, packages_left_half_imported
+from mtpmatrix.core import expected, known_upstream, smoke_servers
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.evidence import fingerprint
+from mtpmatrix.core.expected import (
+    summarize,  # per-tier verdicts from records: defined there, the runner merges with it
+)
+from mtpmatrix.core.kinds import KINDS
+from mtpmatrix.core.schema import FAILING, SCHEMA, TIERS, parse_tiers
+from mtpmatrix.core.side_by_side_rule import SHARED_MARK, shared_check
+from mtpmatrix.tiers import environment, served
+from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()
@@ -101,10 +104,8 @@ def pytest_configure(config):
         except served.ServedError as exc:
             raise pytest.UsageError(str(exc)) from None
     if "smoke" in _selected_tiers(config):
-        from mtpmatrix.tiers import smoke
-
         try:  # a bad MTPMATRIX_SMOKE_* value: one line now, not a collection error after minutes of setup
-            smoke.smoke_options()
+            smoke_servers.smoke_options()
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
 
@@ -284,7 +285,7 @@ def _collection_errors(session) -> str:
 
 
 def selection(config) -> dict:
-    """What this session was asked to run (mtpmatrix.expected reads it): its args, the deselecting options, the
+    """What this session was asked to run (mtpmatrix.core.expected reads it): its args, the deselecting options, the
     positional paths (node ids), every MTPMATRIX_* knob, and the checks collected per tier."""
     return {
         "args": [str(a) for a in config.invocation_params.args],

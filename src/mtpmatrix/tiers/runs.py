@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtpmatrix.schema import LAUNCH_SECONDS, SERVER_LOG
+from mtpmatrix.core.schema import LAUNCH_SECONDS, SERVER_LOG
 
 
 def replay_run(run, record_property):

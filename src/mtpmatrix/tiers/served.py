@@ -21,7 +21,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers import client
 
 PAIR_ENV = "MTPMATRIX_SERVER_PAIR"  # the pair a server serves when its model path does not say (e.g. /models/e4b)

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import client
 from mtpmatrix.tiers.processes import (
     free_port,
@@ -40,7 +41,6 @@ from mtpmatrix.tiers.processes import (
     redact_env,
     supported_env,
 )
-from mtpmatrix.tiers.verdict import CheckFailure
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 HEALTH_PATHS = ("/health_generate", "/health")

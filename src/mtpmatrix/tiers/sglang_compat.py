@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers import environment
-from mtpmatrix.tiers.verdict import CheckFailure
 
 
 class AdapterError(RuntimeError):

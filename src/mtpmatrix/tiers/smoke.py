@@ -25,9 +25,7 @@ The per-request speculative meta_info fields and /server_info's average must agr
 from __future__ import annotations
 
 import math
-import os
 import re
-import shlex
 import sys
 import threading
 import time
@@ -35,10 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix import settings
-from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
-from mtpmatrix.schema import comma_list
-from mtpmatrix.tiers.verdict import CheckFailure
+from mtpmatrix.core import settings
+from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.core.smoke_servers import SmokeServerSpec
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -87,147 +84,6 @@ TOP_LOGPROBS = 10
 # has a full batch queued (topk 3 must batch >= WITNESS_MIN_BATCH) without 76 connections opened at once for the
 # sampled plan (H200, sglang 0.5.17: 68/76 such requests came back RemoteDisconnected while the server stalled).
 CLIENT_PARALLEL = 16
-
-
-@dataclass(frozen=True)
-class SmokeServerSpec:
-    name: str
-    pair: str  # tiny pair variant (mtpmatrix.tiers.pairs.tiny.VARIANTS)
-    topk: int | None  # None = no MTP
-    load_format: str = "auto"
-    default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers
-    # sglang arguments of this server alone (a scheduler or graph mode the others do not run), before
-    # MTPMATRIX_SMOKE_EXTRA_ARGS
-    mode_args: tuple[str, ...] = ()
-
-    @property
-    def exact(self) -> bool:
-        """Greedy output known exactly (next = token + 1); every draft right (decoy: every decoy rejected, every
-        right token accepted as predicted) when the MTP path works."""
-        return self.pair == "constructed" or self.pair.startswith(("witness", "decoy"))
-
-    @property
-    def decoy(self) -> bool:
-        """The decoy witness: each request's accept length is predicted exactly (test_decoy_accept_matches_prediction),
-        in place of the exact pairs' floor."""
-        return self.pair.startswith("decoy")
-
-    @property
-    def phase_reference(self) -> bool:
-        """The witness built for transformers' draft phase: its acceptance says whether sglang drafts at that phase
-        (test_draft_phase_matches_transformers), not whether a hand-off broke (the sglang-phase witness says that)."""
-        return self.pair == "witness"
-
-
-NO_OVERLAP_ARGS = ("--disable-overlap-schedule",)
-SEEDED_ARGS = ("--enable-deterministic-inference",)
-# CUDA graphs for batches of up to 2 requests: the witness's 8 greedy requests plus the request families run in
-# batches of up to 8 (--max-running-requests), so most verify and draft steps take the eager path, the rest a graph.
-EAGER_ABOVE_BATCH = 2
-EAGER_ABOVE_ARGS = ("--cuda-graph-max-bs", str(EAGER_ABOVE_BATCH))
-# With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
-# docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
-DECOY_IN_DEFAULT_SUITE = True
-SMOKE_SERVERS = (
-    SmokeServerSpec("random-nomtp", "random", None),
-    SmokeServerSpec("random-mtp-topk1-dummy", "random", 1, "dummy"),
-    SmokeServerSpec("random-mtp-topk3", "random", 3),
-    # The constructed pair drafts from the token alone: blind to hidden state, KV and positions (kept on demand to
-    # tell a broken verify path from a broken hand-off).
-    SmokeServerSpec("constructed-mtp-topk1", "constructed", 1, default=False),
-    SmokeServerSpec("constructed-mtp-topk3", "constructed", 3, default=False),
-    # The witness pair needs every hand-off (mtpmatrix.tiers.pairs.witness), built for the draft phase sglang uses: any broken
-    # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
-    # 6.00 of 6 intact; every hand-off mutant of mtpmatrix.faults.catalogue killed, docs/fault-injection.md).
-    SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1),
-    SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3),
-    # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
-    # server's acceptance is reported by its own check, apart from the hand-off gate.
-    SmokeServerSpec("witness-transformers-phase-topk1", "witness", 1),
-    # The sampled pair (mtpmatrix.tiers.pairs.sampled): a closed-form next-token distribution, a drafter that proposes
-    # another; sampled requests must come out with the target's own distribution, with and without MTP.
-    SmokeServerSpec("sampled-nomtp", "sampled", None),
-    SmokeServerSpec("sampled-mtp-topk1", "sampled", 1),
-    SmokeServerSpec("sampled-mtp-topk3", "sampled", 3),
-    # The decoy witness (mtpmatrix.tiers.pairs.decoy): at known inputs the drafter ranks a wrong decoy first, so topk 1
-    # must reject it and topk 3 must follow the second branch, fed its own parent; every request's accept length is
-    # predicted exactly (topk 1: 3.56 or 4.0, topk 3: 5.33 on the e-series prompts).
-    SmokeServerSpec("decoy-mtp-topk1", "decoy-sglang-phase", 1, default=DECOY_IN_DEFAULT_SUITE),
-    SmokeServerSpec("decoy-mtp-topk3", "decoy-sglang-phase", 3, default=DECOY_IN_DEFAULT_SUITE),
-    # The request surface (mtpmatrix.tiers.surface): the witness without MTP answers every request family the MTP
-    # witness servers get (stops, logprobs, sampling features), so each is held to MTP equals no-MTP on one pair.
-    SmokeServerSpec("witness-nomtp", "witness-sglang-phase", None),
-    # Modes no other server runs: the non-overlap scheduler (0.5.17+: the spec-v1 worker and its verify; 0.5.13's
-    # only mode), and the eager draft/verify path (batches above --cuda-graph-max-bs run without CUDA graphs).
-    SmokeServerSpec("decoy-mtp-topk3-no-overlap", "decoy-sglang-phase", 3, mode_args=NO_OVERLAP_ARGS),
-    # ... and seeded: sampling_seed is honoured only under --enable-deterministic-inference (test_smoke_sampling's
-    # test_seeded_repeats_identical); triton attention is a deterministic backend in 0.5.13 and 0.5.17
-    # (server_args.DETERMINISTIC_ATTENTION_BACKEND_CHOICES), speculative decoding refuses it only with
-    # --speculative-use-rejection-sampling (0.5.17 arg_groups/speculative_hook.py).
-    SmokeServerSpec("sampled-mtp-topk1-no-overlap", "sampled", 1, mode_args=(*NO_OVERLAP_ARGS, *SEEDED_ARGS)),
-    SmokeServerSpec("witness-mtp-topk3-eager", "witness-sglang-phase", 3, mode_args=EAGER_ABOVE_ARGS),
-)
-DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
-# What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.
-WITNESS_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
-# What sees sampled verify (temperature, top-k/top-p renormalisation, accept thresholds, residual): each MTP server's
-# sampled output is held to the closed form on its own (test_sampled_distribution_matches_closed_form).
-SAMPLED_SERVERS = ("sampled-mtp-topk1", "sampled-mtp-topk3")
-DECOY_SERVERS = ("decoy-mtp-topk1", "decoy-mtp-topk3")  # the decoy witness: off the top-1 chain
-
-
-@dataclass(frozen=True)
-class SmokeOptions:
-    """The smoke tier's environment knobs, checked (see ``smoke_options``)."""
-    pair: str = "e-series"  # MTPMATRIX_SMOKE_PAIR: tiny pair family
-    tp: int = 1  # MTPMATRIX_SMOKE_TP
-    specs: tuple[SmokeServerSpec, ...] = DEFAULT_SMOKE_SERVERS  # MTPMATRIX_SMOKE_SERVERS: by name
-    parallel: int | None = None  # MTPMATRIX_SMOKE_PARALLEL; None = from free GPU memory
-    extra_args: tuple[str, ...] = ()  # MTPMATRIX_SMOKE_EXTRA_ARGS, split like a shell would
-    swap_drafters: bool = False  # MTPMATRIX_SMOKE_SWAP_DRAFTERS=1: fault injection (wrong drafter)
-
-
-def smoke_options(env: dict | None = None) -> SmokeOptions:
-    """The smoke knobs from ``env``; ValueError with one line naming the variable and what it accepts."""
-    env = os.environ if env is None else env
-    pair = env.get("MTPMATRIX_SMOKE_PAIR") or "e-series"
-    if pair not in PAIR_NAMES:
-        raise ValueError(f"MTPMATRIX_SMOKE_PAIR={pair!r} is not a tiny pair; known: {', '.join(PAIR_NAMES)}")
-    tp = _positive_int(env, "MTPMATRIX_SMOKE_TP") or 1
-    names = comma_list(env.get("MTPMATRIX_SMOKE_SERVERS"))
-    known = [s.name for s in SMOKE_SERVERS]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"MTPMATRIX_SMOKE_SERVERS: unknown server(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    specs = tuple(s for s in SMOKE_SERVERS if (s.name in names if names else s.default))
-    try:
-        extra = tuple(shlex.split(env.get("MTPMATRIX_SMOKE_EXTRA_ARGS") or ""))
-    except ValueError as exc:
-        raise ValueError(f"MTPMATRIX_SMOKE_EXTRA_ARGS does not split like shell words: {exc}") from None
-    owned = [a for a in extra if a.split("=", 1)[0] in ("--host", "--port", "--model-path", "--tp-size")]
-    if owned:
-        raise ValueError(f"MTPMATRIX_SMOKE_EXTRA_ARGS may not set {', '.join(owned)}: the tier sets those itself")
-    return SmokeOptions(pair=pair, tp=tp, specs=specs, parallel=_positive_int(env, "MTPMATRIX_SMOKE_PARALLEL"),
-                        extra_args=extra, swap_drafters=env.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1")
-
-
-def collection_options() -> SmokeOptions:
-    """The smoke knobs for parametrising the smoke checks at collection: the defaults when a knob is bad (with the
-    smoke tier selected the plugin has already stopped pytest with its one line; without it, a bad knob must not
-    break collecting the other tiers)."""
-    try:
-        return smoke_options()
-    except ValueError:
-        return SmokeOptions()
-
-
-def _positive_int(env: dict, name: str) -> int | None:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {raw!r}")
-    return int(raw)
 
 
 @dataclass

@@ -12,45 +12,17 @@ from __future__ import annotations
 import re
 import traceback
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from types import TracebackType
 
-KINDS = (
-    "install",  # the resolver refused the row (conflict, missing wheel, unreachable index)
-    "import",  # a module of the MTP path does not import
-    "abi",  # a native extension needs torch symbols / libraries / a CUDA major the installed torch does not provide
-    "config",  # a config does not load or resolves to the wrong values
-    "args",  # ServerArgs resolution broke or resolved to the wrong algorithm/values
-    "weights",  # building the model classes or loading weights failed
-    "launch",  # the server did not become ready
-    "crash",  # the server died or errored while serving
-    "mismatch",  # outputs with MTP differ from outputs without it
-    "accuracy",  # GSM8K score under threshold
-    "acceptance",  # accept length under threshold or absent
-    "accounting",  # speculative metric fields disagree with each other, the tokens served or /server_info
-    # this project: an exception raised in its own code, or a check that could not set up what it must exercise.
-    # Decided for "never batched N requests" (test_topk_batch_served_together): harness, not a kind of its own.
-    # sglang promises no batch shape; the tier's own experiment did not happen, and a run whose only failures are
-    # harness is what bisect and the mutant runner already read as untestable (a new kind would read as a break).
-    "harness",
-)
+from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.core.paths import PACKAGE, REPO
+
 LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
 UNDER_TEST = ("sglang", "transformers")  # preferred for "the first frame": torch decorators wrap their entry points
 _SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)[/\\]")
 # This project's own code (the package and, in a checkout, its tests) is never a library, even when the checkout
 # lives under a folder named like one (~/sglang/gemma4-mtp-matrix/...), which the path fallback below would match.
-_OWN_DIRS = tuple(str(d).replace("\\", "/") + "/" for d in (Path(__file__).resolve().parents[1],
-                                                            Path(__file__).resolve().parents[3] / "tests"))
-
-
-class CheckFailure(AssertionError):
-    """Raised by tier checks that know what kind of failure they found."""
-
-    def __init__(self, kind: str, message: str):
-        if kind not in KINDS:
-            raise ValueError(f"unknown failure kind {kind!r}")
-        super().__init__(message)
-        self.kind = kind
+_OWN_DIRS = tuple(str(d).replace("\\", "/") + "/" for d in (PACKAGE, REPO / "tests"))
 
 
 @dataclass

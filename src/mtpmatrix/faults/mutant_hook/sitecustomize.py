@@ -13,7 +13,7 @@ otherwise it imports normally and a ``NOT applied`` line says why. Each process 
 one ``mtpmatrix-mutant:`` line to stderr, which lands in the server log: the runner's proof that the mutant ran.
 
 ``MTPMATRIX_PATCH`` names a unified diff instead (tools/gpu_box.sh ``PATCH=FILE``: a candidate served at import,
-runner/candidate.py): at start-up the hook reads it with mtpmatrix/unidiff.py (loaded by its path, beside this
+runner/candidate.py): at start-up the hook reads it with mtpmatrix/core/unidiff.py (loaded by its path, beside this
 folder), applies each file's hunks to the source the interpreter would import, and serves the results the same way,
 as ``patch-<sha7>``. It serves nothing, and says ``NOT applied`` with the file and hunk, when the file's sha256 is not
 ``MTPMATRIX_PATCH_SHA256`` or a hunk does not apply; ``python -m mtpmatrix import`` refuses a run whose logs say so.
@@ -37,7 +37,7 @@ PATCH_ENV = "MTPMATRIX_PATCH"
 PATCH_SHA256_ENV = "MTPMATRIX_PATCH_SHA256"
 MARK = "mtpmatrix-mutant:"
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_UNIDIFF = os.path.join(_HERE, os.pardir, os.pardir, "unidiff.py")
+_UNIDIFF = os.path.join(_HERE, os.pardir, os.pardir, "core", "unidiff.py")
 
 
 def _say(text):
@@ -109,7 +109,7 @@ class MutantFinder(importlib.abc.MetaPathFinder):
 
 
 def _load_unidiff():
-    name = "_mtpmatrix_unidiff"  # not mtpmatrix.unidiff: the package itself need not be importable here
+    name = "_mtpmatrix_unidiff"  # not mtpmatrix.core.unidiff: the package itself need not be importable here
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, _UNIDIFF)
         module = importlib.util.module_from_spec(spec)

@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers.pairs.witness import (
     ALPHA,
     BETA,

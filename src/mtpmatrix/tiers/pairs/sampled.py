@@ -69,7 +69,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from mtpmatrix import stats
+from mtpmatrix.core import stats
 
 RING_START = 256  # inside the byte-fallback ids: no special token, no EOS, on the ring or next to it
 RING_SIZE = 32

@@ -25,7 +25,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers.pairs import sampled
 
 VOCAB = 512  # the tiny pairs' vocabulary (tiny.VOCAB)

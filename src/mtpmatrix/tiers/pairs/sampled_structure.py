@@ -44,7 +44,7 @@ from functools import cache
 
 import numpy as np
 
-from mtpmatrix import stats
+from mtpmatrix.core import stats
 from mtpmatrix.tiers.pairs import sampled
 
 FAMILY_ALPHA = 1e-4

@@ -65,12 +65,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtpmatrix.core.settings import TINY_PAIR_NAMES as PAIR_NAMES
 from mtpmatrix.tiers.pairs.decoy import make_decoy
 from mtpmatrix.tiers.pairs.sampled import make_sampled
 from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant
 
-PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
 CODE_VERSION = "tiny-v3"  # v2: MoE experts share weights; v3: two physical layers per type, witness variant
 MARKER = ".mtpmatrix-tiny.json"
 DTYPE = "bfloat16"

@@ -80,7 +80,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from mtpmatrix import schema
+from mtpmatrix.core import schema
 from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
 
 D_CODE = 14

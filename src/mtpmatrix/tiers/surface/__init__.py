@@ -7,7 +7,7 @@ sampling parameters, seeds). Each family is a module of this package with
     NAME: str                                   the family's name, the key of SmokeRun.surface
     def requests(spec, vocab_size) -> list[tuple[str, dict]]
                                                 (label, /generate payload) for the server ``spec`` (a
-                                                smoke.SmokeServerSpec); [] where the family does not apply
+                                                smoke_servers.SmokeServerSpec); [] where the family does not apply
 
 and is listed in FAMILIES. The smoke tier sends every family's requests in the same batch as its own (so request
 kinds are in flight together), and the checks read them back with ``SmokeRun.exchanges(NAME)``.

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mtpmatrix import settings
+from mtpmatrix.core import settings
 from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
 
 NAME = "stops"

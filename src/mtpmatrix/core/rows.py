@@ -25,8 +25,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from mtpmatrix.schema import comma_list
-from mtpmatrix.settings import MIN_TRANSFORMERS
+from mtpmatrix.core.schema import comma_list
+from mtpmatrix.core.settings import MIN_TRANSFORMERS
 
 REQUIRED_PINS = ("sglang", "transformers", "torch")
 HEADER_KEYS = {"python", "torch-backend", "tags", "default", "description", "gpus"}

@@ -1,4 +1,4 @@
-"""The expected checks of each tier, defined in the project (``src/mtpmatrix/expected_checks.json``), not read from
+"""The expected checks of each tier, defined in the project (``src/mtpmatrix/core/expected_checks.json``), not read from
 what a box happened to collect: a suite cut to a few checks, or an older suite without a check, cannot define its own
 yardstick.
 
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mtpmatrix.schema import TIERS
+from mtpmatrix.core.schema import TIERS
 
 FILE = Path(__file__).resolve().parents[1] / "expected_checks.json"
 # Another definition, for suites that are not this project's (the runner's own unit tests run made-up suites): a file,

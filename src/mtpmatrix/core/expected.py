@@ -7,7 +7,7 @@ each tier is defined in the project (evidence/expected_checks.py: ``expected_che
 collects with no knob), never read from what a session collected:
 
   contract, reference   every check of the tier
-  smoke                 the default smoke servers (smoke.DEFAULT_SMOKE_SERVERS) x their checks; a check of a server
+  smoke                 the default smoke servers (smoke_servers.DEFAULT_SMOKE_SERVERS) x their checks; a check of a server
                         outside the defaults is not needed (it still fails the tier if it fails)
   gsm8k                 the seed cases (settings.DEFAULT_PAIRS x settings.TOPKS at each pair's TP) x their checks,
                         each case scoring settings.GSM8K_NUM_EXAMPLES questions gated at its pair's own threshold (an
@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from mtpmatrix import settings
-from mtpmatrix.evidence import expected_checks
-from mtpmatrix.runner.store import row_verdict
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
+from mtpmatrix.core import settings
+from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
+from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
+from mtpmatrix.core.store import row_verdict
 
 KNOB_PREFIX = "MTPMATRIX_"
 NOT_RECORDED = ("selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
@@ -50,8 +51,6 @@ def seed_cases() -> dict[str, settings.ModelPair]:
 
 
 def default_smoke_servers() -> tuple[str, ...]:
-    from mtpmatrix.tiers.smoke import DEFAULT_SMOKE_SERVERS  # plain module: no sglang, no torch
-
     return tuple(s.name for s in DEFAULT_SMOKE_SERVERS)
 
 
@@ -210,7 +209,7 @@ def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None
     """Every tier's verdict, derived again from its checks: stored known-upstream tags and verdicts are stripped and
     the current list (``issues``, default known_upstream.json) applied, then each tier judged against its expected
     set. Changes ``tiers`` in place and returns it."""
-    from mtpmatrix.tiers import known_upstream
+    from mtpmatrix.core import known_upstream
 
     known_upstream.apply(tiers, versions or {}, issues)
     for name, entry in tiers.items():

@@ -7,7 +7,7 @@ Outcomes are one closed set (OUTCOMES); a check id appears once in a row.
 
 from __future__ import annotations
 
-from mtpmatrix.schema import TIERS
+from mtpmatrix.core.schema import TIERS
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 _TEXT_OR_NONE = (str, type(None))

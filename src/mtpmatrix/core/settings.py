@@ -12,6 +12,9 @@ from dataclasses import dataclass, replace
 # --- environments ---------------------------------------------------------------------------------------------
 MIN_TRANSFORMERS = "5.8.0"  # the first transformers with gemma4_assistant: rows below it are refused, the tier skips
 
+# --- tiny pairs: the families mtpmatrix.tiers.pairs.tiny builds (MTPMATRIX_SMOKE_PAIR picks one for the smoke tier)
+TINY_PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
+
 # --- speculative decoding: the seed command lines -----------------------------------------------------------
 SPEC_ALGORITHM_CLI = "NEXTN"  # what users type; sglang promotes it for Gemma 4 assistant drafts ...
 SPEC_ALGORITHM_RESOLVED = "FROZEN_KV_MTP"  # ... to this
@@ -56,6 +59,9 @@ SMOKE_ARGS = (
 
 # --- GSM8K --------------------------------------------------------------------------------------------------
 GSM8K_NUM_EXAMPLES = 200
+# the test split's SHA-256, of the decompressed bytes: every source (a user's copy, the shipped one, a download) is
+# held to it (tiers.gsm8k), and the suite's fingerprint names the data by it (evidence.fingerprint)
+GSM8K_SHA256 = {"test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}  # 1319 lines
 GSM8K_NUM_SHOTS = 5
 GSM8K_PARALLEL = 128
 GSM8K_MAX_NEW_TOKENS = 512

@@ -9,29 +9,20 @@ GSM8K records a check names.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.atomic import atomic_write_json, read_json
-from mtpmatrix.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
-
-# Prefixes of run folders that are not the matrix a user ran: bisect probes and the CI row (`nox -t ci`), so the
-# report's default run and --resume stay on the user's own matrix.
-SIDE_RUN_PREFIXES = ("bisect-", "ci-")
-
-
-def new_run_id(now: _dt.datetime | None = None) -> str:
-    now = now or _dt.datetime.now(_dt.UTC)
-    return now.strftime("%Y%m%d-%H%M%S")
+from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.paths import SIDE_RUN_PREFIXES
+from mtpmatrix.core.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
 
 
 def row_verdict(row_record: dict) -> str:
     """The sglang verdict of a row: the worst of its tiers, where a tier failing only on known upstream issues
     (known_upstream.json) counts as passed (the report lists those issues next to the row) and a 'partial' tier
-    (mtpmatrix.expected: nothing failed, not everything ran) makes the row partial."""
+    (mtpmatrix.core.expected: nothing failed, not everything ran) makes the row partial."""
     install = row_record.get("install", {})
     if install.get("verdict") == "failed":
         return "failed"

@@ -7,5 +7,5 @@ whole, is "not proven", never "qualifies".
     records.py       a row record's shape checked before anything reads it (no reader crashes on a field edit)
     judge.py         one row's evidence judged against its manifest, its pins, its name and its own metrics
 
-This package sits in the shared bottom layer: it imports schema, settings, stats, atomic and expected, nothing above.
+This package sits in the shared bottom layer (mtpmatrix.core): it imports core's modules, nothing above.
 """

@@ -43,8 +43,8 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from mtpmatrix.schema import FAILING, KNOWN_UPSTREAM, TIERS, short_check_id, worst
-from mtpmatrix.tiers.verdict import KINDS
+from mtpmatrix.core.kinds import KINDS
+from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, TIERS, short_check_id, worst
 
 FILE = Path(__file__).with_name("known_upstream.json")
 _FIELDS = ("id", "package", "affected", "tier", "component", "kind", "match", "checks", "signature", "summary",
@@ -63,7 +63,7 @@ class KnownIssue:
     affected: str  # a PEP 440 specifier set, e.g. ">=5.18.0,<5.20.0"
     tier: str
     component: str  # COMPONENTS: 'library' (not sglang) or 'sglang' (on its serving path)
-    kind: str  # the failure kind the bug produces (verdict.KINDS)
+    kind: str  # the failure kind the bug produces (kinds.KINDS)
     match: str  # regex searched in the failure text
     checks: tuple[str, ...]  # test functions (or cases, test_x[case]) known to hit it; one passing in range: it can go
     summary: str

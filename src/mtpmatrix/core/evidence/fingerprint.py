@@ -1,8 +1,8 @@
 """The suite's fingerprint: a hash of what decides what a run tests and how it is judged.
 
 Covered: the tier tests (``tests/conftest.py``, ``tests/tiers/**``), the code they run (``src/mtpmatrix/tiers/**``
-and the shared modules they import: expected, schema, settings, stats), the expected checks of each tier
-(``expected_checks.json``) and the GSM8K data's checksum. Not covered: the runner, the report and the known-upstream
+and the shared modules they import from core: expected, schema, settings, stats, kinds, smoke_servers,
+known_upstream), the expected checks of each tier (``expected_checks.json``) and the GSM8K data's checksum. Not covered: the runner, the report and the known-upstream
 list, which judge records again every time and so change no record's meaning.
 
 Every record carries the fingerprint of the suite that wrote it (the pytest plugin stamps tiers.json); the report
@@ -18,20 +18,23 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1]  # src/mtpmatrix
-REPO = PACKAGE.parents[1]
+from mtpmatrix.core import settings
+from mtpmatrix.core.paths import REPO
+
 # (folder, glob) pairs whose files make up the suite, relative to REPO
 SUITE_FILES = (
     ("tests", "conftest.py"),
     ("tests/tiers", "**/*.py"),
     ("src/mtpmatrix/tiers", "**/*.py"),
-    ("src/mtpmatrix", "expected.py"),
-    ("src/mtpmatrix", "expected_checks.json"),
-    ("src/mtpmatrix", "schema.py"),
-    ("src/mtpmatrix", "settings.py"),
-    ("src/mtpmatrix", "stats.py"),
+    ("src/mtpmatrix/core", "expected.py"),
+    ("src/mtpmatrix/core", "expected_checks.json"),
+    ("src/mtpmatrix/core", "kinds.py"),  # what the tiers classify failures into
+    ("src/mtpmatrix/core", "known_upstream.py"),  # the matching; the list itself (the json) is not covered
+    ("src/mtpmatrix/core", "schema.py"),
+    ("src/mtpmatrix/core", "settings.py"),
+    ("src/mtpmatrix/core", "smoke_servers.py"),  # the smoke tier's servers and knobs
+    ("src/mtpmatrix/core", "stats.py"),
 )
-UNAVAILABLE = "unavailable"
 
 
 class FingerprintError(RuntimeError):
@@ -47,13 +50,8 @@ def suite_files(repo: Path = REPO) -> list[Path]:
 
 
 def data_sha256() -> str:
-    """The GSM8K test split's checksum as the tiers verify it ('unavailable' where the tiers cannot say)."""
-    try:
-        from mtpmatrix.tiers import gsm8k
-    except ImportError:
-        return UNAVAILABLE
-    fn = getattr(gsm8k, "data_sha256", None)
-    return fn() if callable(fn) else UNAVAILABLE
+    """The GSM8K test split's checksum as the tiers verify it (settings.GSM8K_SHA256)."""
+    return settings.GSM8K_SHA256["test"]
 
 
 def suite_hash(repo: Path = REPO, data: str | None = None) -> str:

@@ -8,7 +8,7 @@ Row folder ``results/<run-id>/<row-id>/``::
     row.json                 the row record: row, overrides, pytest_args, knobs, selection, versions, install,
                              per-tier verdicts (store.RunStore)
     tiers.json               what the pytest plugin wrote: per-tier verdicts, one record per check, and the
-                             session's selection (args, MTPMATRIX_* knobs, collected checks: mtpmatrix.expected)
+                             session's selection (args, MTPMATRIX_* knobs, collected checks: mtpmatrix.core.expected)
     junit.xml, pytest.log    pytest's own output
     install.log, freeze.txt, check.txt     the row's install (nox rows; absent for imported GPU-box runs)
     env.txt                  the GPU box's description (imported runs only)
@@ -27,11 +27,8 @@ folder can move (GPU box -> results store) without rewriting it.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 # row.json / tiers.json layout version (2: this module's names, row-relative paths, known-upstream; 3: the session's
-# selection and the 'partial' tier verdict, mtpmatrix.expected)
+# selection and the 'partial' tier verdict, mtpmatrix.core.expected)
 SCHEMA = 3
 
 # --- files of a row folder ------------------------------------------------------------------------------------------
@@ -57,22 +54,14 @@ PATCH_SHA256_ENV = "MTPMATRIX_PATCH_SHA256"  # its sha256: the hook serves nothi
 TIERS = ("contract", "reference", "smoke", "gsm8k")
 GPU_TIERS = ("smoke", "gsm8k")  # what a release needs a GPU for; contract and reference are the CPU checks
 KNOWN_UPSTREAM = "known-upstream"  # a tier whose only failures are listed in known_upstream.json
-PARTIAL = "partial"  # a tier where nothing failed but its expected set (mtpmatrix.expected) did not all run
-UNPROVEN = "not-proven"  # a tier or row whose records cannot show what they claim (mtpmatrix.evidence.judge)
+PARTIAL = "partial"  # a tier where nothing failed but its expected set (mtpmatrix.core.expected) did not all run
+UNPROVEN = "not-proven"  # a tier or row whose records cannot show what they claim (mtpmatrix.core.evidence.judge)
 # Verdict words, worst first: a row or tier takes the worst of its parts ('pending' = unfinished, so it outranks
 # any finished good news; 'skipped' only when nothing ran).
 VERDICTS = ("failed", "error", "pending", UNPROVEN, PARTIAL, KNOWN_UPSTREAM, "passed", "skipped")
 # What counts against a release: a check or tier that failed, or errored before it could say (check outcomes use
 # the same two words).
 FAILING = ("failed", "error")
-# Where results go unless --results says otherwise (results/<run-id>/<row-id>/).
-RESULTS_ROOT_ENV = "MTPMATRIX_RESULTS_ROOT"
-
-
-def results_root(env: dict | None = None) -> Path:
-    """The default results root: $MTPMATRIX_RESULTS_ROOT, else ./results."""
-    return Path((os.environ if env is None else env).get(RESULTS_ROOT_ENV) or "results")
-
 
 def comma_list(text: str | None) -> list[str]:
     """A comma-separated knob or flag (tiers, server names, tags, mutant ids, pair names) as names, in order, blanks

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mtpmatrix.evidence import expected_checks, fingerprint, judge, manifest, records
-from mtpmatrix.runner.store import row_verdict
-from mtpmatrix.schema import UNPROVEN
+from mtpmatrix.core.evidence import expected_checks, fingerprint, judge, manifest, records
+from mtpmatrix.core.schema import UNPROVEN
+from mtpmatrix.core.store import row_verdict
 
 
 def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:

@@ -17,7 +17,7 @@ import datetime as _dt
 import hashlib
 from pathlib import Path
 
-from mtpmatrix.atomic import atomic_write_json, read_json
+from mtpmatrix.core.atomic import atomic_write_json, read_json
 
 FILE = "manifest.json"
 SCHEMA = 1

@@ -24,10 +24,11 @@ import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from mtpmatrix import schema, settings, stats
-from mtpmatrix.atomic import read_json
-from mtpmatrix.evidence import manifest as run_manifest
-from mtpmatrix.schema import TIERS, check_param, short_check_id
+from mtpmatrix.core import schema, settings, stats
+from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.evidence import manifest as run_manifest
+from mtpmatrix.core.schema import TIERS, check_param, short_check_id
+from mtpmatrix.core.smoke_servers import smoke_options
 
 # Knobs that say where things go, how fast they run or which tiers run (a tier that does not run is 'partial' by
 # itself), never what a check tests.
@@ -68,8 +69,6 @@ def knob_effect(name: str, value: str) -> tuple[str, ...]:
     if name in KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED or not name.startswith("MTPMATRIX_"):
         return ()
     if name.startswith("MTPMATRIX_SMOKE_"):
-        from mtpmatrix.tiers.smoke import smoke_options  # plain module: no sglang, no torch
-
         try:
             same = smoke_options({name: value}) == smoke_options({})
         except ValueError:
@@ -234,7 +233,7 @@ def _accuracy(chk: dict, row_dir: Path | None) -> list[str]:
             out.append(f"interval {ci!r} is not the Wilson interval of {correct}/{n}")
     rel = m.get(schema.RECORDS)
     if row_dir is not None:
-        from mtpmatrix.runner.store import read_question_records, records_file
+        from mtpmatrix.core.store import read_question_records, records_file
 
         path = records_file(rel, row_dir)
         if path is None:

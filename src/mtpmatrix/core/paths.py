@@ -1,0 +1,58 @@
+"""Where things are, defined once: the checkout, the row files, the results root, and how a run folder is named.
+
+    REPO                 the checkout (src/mtpmatrix/core/paths.py -> three folders up)
+    CONSTRAINTS_DIR      the row files, constraints/<row>.txt (canaries: constraints/canary/)
+    results_root()       results/ unless $MTPMATRIX_RESULTS_ROOT says otherwise: results/<run-id>/<row-id>/
+    new_run_id(kind)     a run folder's name: a UTC time (RUN_ID_TIME), after the prefix of its kind
+    now()                a record's start/finish time: UTC, ISO 8601, seconds
+
+Run folders: a matrix run is named by its time alone (``20260304-050607``) or by the user (``--run-id``); the
+others carry the prefix of their kind, so the report's default run and ``--resume`` stay on the user's own matrix
+(``SIDE_RUN_PREFIXES``): bisect probes (``bisect-<time>``, a canary's ``bisect-<run>-<canary>``), the CI row
+(``ci-<time>``, ``nox -t ci``) and fault injection (``mutants-<time>``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]  # src/mtpmatrix
+REPO = PACKAGE.parents[1]
+CONSTRAINTS_DIR = REPO / "constraints"
+
+# Where results go unless --results says otherwise (results/<run-id>/<row-id>/).
+RESULTS_ROOT_ENV = "MTPMATRIX_RESULTS_ROOT"
+
+
+def results_root(env: dict | None = None) -> Path:
+    """The default results root: $MTPMATRIX_RESULTS_ROOT, else ./results."""
+    return Path((os.environ if env is None else env).get(RESULTS_ROOT_ENV) or "results")
+
+
+# --- run ids --------------------------------------------------------------------------------------------------
+RUN_ID_TIME = "%Y%m%d-%H%M%S"  # sortable: the newest run is the largest name
+MATRIX = ""  # a matrix run: the time alone
+BISECT = "bisect-"  # bisect probes
+CI = "ci-"  # the CI row (nox -t ci)
+MUTANTS = "mutants-"  # fault injection (python -m mtpmatrix mutants; its own folder, never a run of rows)
+# Run folders that are not the matrix a user ran.
+SIDE_RUN_PREFIXES = (BISECT, CI)
+# The row files' tag of the row CI runs (nox -t ci, its ci_row session) and fault injection defaults to.
+CI_TAG = "ci"
+
+
+def new_run_id(now: _dt.datetime | None = None, *, kind: str = MATRIX) -> str:
+    """A new run folder's name: ``kind`` (a prefix above) and the UTC time."""
+    return kind + (now or _dt.datetime.now(_dt.UTC)).strftime(RUN_ID_TIME)
+
+
+def canary_probes_run(run_id: str, canary_id: str) -> str:
+    """The run folder of the bisect probes a canary's culprit search runs."""
+    return f"{BISECT}{run_id}-{canary_id}"
+
+
+def now() -> str:
+    """A record's time stamp: UTC, ISO 8601, to the second."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
