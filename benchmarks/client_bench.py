@@ -1,4 +1,4 @@
-"""Benchmark mtpmatrix.tiers.client.run_batch against a zero-delay local stub server: is the client ever the bottleneck?
+"""Benchmark mtpmatrix.serving.client.run_batch against a zero-delay local stub server: is the client ever the bottleneck?
 
     python benchmarks/client_bench.py [--requests 2000] [--parallel 1,16,128] [--prompt-chars 2800] [--min-rate 500]
 
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from mtpmatrix.tiers import client  # noqa: E402
-from mtpmatrix.tiers.processes import free_port  # noqa: E402
+from mtpmatrix.serving import client  # noqa: E402
+from mtpmatrix.serving.processes import free_port  # noqa: E402
 
 FAKE = ROOT / "tests" / "unit" / "fake_sglang.py"
 

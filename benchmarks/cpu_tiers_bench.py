@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from mtpmatrix.tiers.pairs import tiny  # noqa: E402
+from mtpmatrix.pairs import tiny  # noqa: E402
 
 PROMPTS = ("Hello world, count: 1 2 3", "def f(x):\n    return x", "The quick brown fox", "Q: 7*6=? A:")
 

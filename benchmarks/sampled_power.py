@@ -1,5 +1,5 @@
-"""Detection rates of the smoke tier's sampled check (mtpmatrix.tiers.pairs.sampled) against the CPU model of
-sglang's verify (mtpmatrix.tiers.pairs.sampled_model), correct and broken, at the smoke tier's sample size.
+"""Detection rates of the smoke tier's sampled check (mtpmatrix.pairs.sampled) against the CPU model of
+sglang's verify (mtpmatrix.pairs.sampled_model), correct and broken, at the smoke tier's sample size.
 
     PYTHONPATH=src python3 benchmarks/sampled_power.py [replicates]   (default 200; ~0.1 s per simulated run)
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from mtpmatrix.tiers.pairs import sampled
-from mtpmatrix.tiers.pairs import sampled_model as model
+from mtpmatrix.pairs import sampled
+from mtpmatrix.pairs import sampled_model as model
 
 
 def main(replicates: int = 200) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]
+pytest_plugins = ["mtpmatrix.tiers.session.plugin"]
 
 
 @pytest.fixture(scope="session")

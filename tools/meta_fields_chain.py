@@ -23,7 +23,7 @@ from sglang.srt.managers.schedule_batch import Req
 
 from mtpmatrix.core import settings
 from mtpmatrix.faults import catalogue
-from mtpmatrix.tiers import meta_fields
+from mtpmatrix.tiers.compat import meta_fields
 
 BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
 STEPS, DRAFT_TOKENS, MAX_NEW = settings.NUM_STEPS, settings.DRAFT_TOKENS[1], 32

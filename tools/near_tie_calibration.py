@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from mtpmatrix.pairs import tiny  # noqa: E402
 from mtpmatrix.tiers import smoke
-from mtpmatrix.tiers.pairs import tiny  # noqa: E402
 
 
 def quantiles(xs: list[float]) -> str:

@@ -17,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mtpmatrix.core import smoke_servers
-from mtpmatrix.tiers import client, smoke
-from mtpmatrix.tiers.pairs import tiny
-from mtpmatrix.tiers.server import SglangServer
+from mtpmatrix.pairs import tiny
+from mtpmatrix.serving import client
+from mtpmatrix.serving.server import SglangServer
+from mtpmatrix.tiers import smoke
 
 SERVERS = ("witness-nomtp", "witness-mtp-topk1", "witness-mtp-topk3", "sampled-nomtp", "sampled-mtp-topk1",
            "sampled-mtp-topk1-no-overlap")
@@ -69,7 +70,7 @@ def witness_battery(tokenizer) -> list[tuple[str, dict]]:
 
 
 def sampled_battery() -> list[tuple[str, dict]]:
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     prompt = [sampled.RING_START + (7 * j) % sampled.RING_SIZE for j in range(12)]
     out = [("greedy", {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 64,

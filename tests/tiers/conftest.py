@@ -16,9 +16,10 @@ import pytest
 
 from mtpmatrix.core import schema, smoke_servers
 from mtpmatrix.core.atomic import atomic_write_json
-from mtpmatrix.tiers import launch_plan, smoke
-from mtpmatrix.tiers.environment import gpu_free_mib, gpu_missing
-from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
+from mtpmatrix.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
+from mtpmatrix.serving import launch_plan
+from mtpmatrix.serving.environment import gpu_free_mib, gpu_missing
+from mtpmatrix.tiers import smoke
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +36,7 @@ def tiny_root(tmp_path_factory) -> Path:
 def build_tiny_pair(tiny_root):
     """Factory ``(name, variant="random") -> PairPaths`` (variant: random / constructed / witness, or a bool for
     constructed); each pair is built at most once per session."""
-    from mtpmatrix.tiers.pairs import tiny
+    from mtpmatrix.pairs import tiny
 
     built: dict[tuple[str, str], tiny.PairPaths] = {}
 

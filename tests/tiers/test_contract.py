@@ -3,9 +3,9 @@ CUDA major), the MTP path imports, sglang reads the tiny pairs' configs, the see
 FROZEN_KV_MTP with the expected draft shape, and sglang's loader builds both model classes and loads their
 safetensors on the CPU; the gsm8k tier's scoring still mirrors this sglang's run_eval.
 
-The ABI checks read ELF files only (seconds, see mtpmatrix.tiers.abi) and run first. sglang is imported once per process
+The ABI checks read ELF files only (seconds, see mtpmatrix.tiers.compat.abi) and run first. sglang is imported once per process
 (the ``sglang_chain`` session fixture, ~35-60 s on two cores); everything else is cheap. Failures carry sglang's
-first frame: library exceptions are let through (see mtpmatrix.tiers.sglang_compat).
+first frame: library exceptions are let through (see mtpmatrix.tiers.compat.sglang_compat).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import pytest
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import abi, gsm8k, sglang_loading
-from mtpmatrix.tiers import sglang_compat as compat
+from mtpmatrix.tiers import gsm8k
+from mtpmatrix.tiers.compat import abi, sglang_loading
+from mtpmatrix.tiers.compat import sglang_compat as compat
 
 pytestmark = pytest.mark.contract
 
@@ -277,7 +278,7 @@ def test_meta_fields_table_matches_tokenizer_manager(sglang_chain, monkeypatch, 
     writes exactly the speculative meta_info fields meta_fields.SGLANG_META_FIELDS lists for this release, and they
     agree (meta_fields.disagreements); the same counters with the bonus token counted as a correct draft (the
     catalogue's metric-correct-drafts-bonus) do not. A table behind sglang is this project's bug: 'harness'."""
-    from mtpmatrix.tiers import meta_fields
+    from mtpmatrix.tiers.compat import meta_fields
 
     tm = importlib.import_module("sglang.srt.managers.tokenizer_manager")
     draft_tokens = settings.DRAFT_TOKENS[1]

@@ -22,10 +22,11 @@ import pytest
 
 from mtpmatrix.core import schema, settings, stats
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import client, sglang_compat
+from mtpmatrix.serving import client
+from mtpmatrix.serving.runs import replay_run
+from mtpmatrix.tiers.compat import sglang_compat
 from mtpmatrix.tiers.gsm8k_tier import Case, Gsm8kRun, Gsm8kRuns, cases
-from mtpmatrix.tiers.pytest_plugin import SERVED_KEY
-from mtpmatrix.tiers.runs import replay_run
+from mtpmatrix.tiers.session.plugin import SERVED_KEY
 
 pytestmark = pytest.mark.gsm8k
 

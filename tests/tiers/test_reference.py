@@ -31,7 +31,7 @@ import json
 import pytest
 
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers.pairs.tiny import PAIR_NAMES
+from mtpmatrix.pairs.tiny import PAIR_NAMES
 
 pytestmark = pytest.mark.reference
 
@@ -42,7 +42,7 @@ ACCEPT_RATE_MIN = 0.95
 ACCEPT_LEN_MIN = 3.5  # of DRAFT_TOKENS + 1 = 4
 PAIRS = [pytest.param(n, v, id=n if v == "random" else f"{n}-{v}")
          for v in ("random", "constructed", "witness", "decoy") for n in PAIR_NAMES]
-# Witness ablations (mtpmatrix.tiers.pairs.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
+# Witness ablations (mtpmatrix.pairs.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
 # right, and each broken input must take the accuracy of the drafts that consume it to at most this share of the
 # intact one.
 WITNESS_INTACT_MIN = 0.95
@@ -65,7 +65,7 @@ def _torch():
 def load_pair(build_tiny_pair):
     """``(name, variant) -> (target, assistant, tokenizer)`` in fp32, loaded once per session and pair (a bool
     variant, the older spelling of constructed, is the same pair as its name)."""
-    from mtpmatrix.tiers.pairs.tiny import variant_name
+    from mtpmatrix.pairs.tiny import variant_name
 
     @_memo
     def _load(name: str, constructed):
@@ -75,7 +75,7 @@ def load_pair(build_tiny_pair):
             from transformers import AutoTokenizer, Gemma4AssistantForCausalLM, Gemma4ForConditionalGeneration
         except ImportError as exc:
             raise CheckFailure("import", f"transformers has no Gemma 4 model classes: {exc}") from exc
-        from mtpmatrix.tiers.pairs.tiny import read_marker
+        from mtpmatrix.pairs.tiny import read_marker
 
         marker = read_marker(paths.target.parent) or {}
         if not marker.get("weights"):
@@ -132,7 +132,7 @@ def _count_acceptance(stats: list):
 def generations(load_pair):
     """``(name, variant) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats, generated once per
     session and pair: the checks that read the same pair's greedy chains share them."""
-    from mtpmatrix.tiers.pairs.tiny import variant_name
+    from mtpmatrix.pairs.tiny import variant_name
 
     @_memo
     def _run(name: str, constructed):
@@ -298,7 +298,7 @@ def test_greedy_with_assistant_equals_greedy(generations, record_property, name,
 @pytest.mark.check("acceptance")
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_constructed_rule_and_acceptance(generations, record_property, name):
-    from mtpmatrix.tiers.pairs.tiny import VOCAB
+    from mtpmatrix.pairs.tiny import VOCAB
 
     results, stats = generations(name, True)
     for (prompt, plain, assisted), text in zip(results, PROMPTS):
@@ -320,7 +320,7 @@ def test_constructed_rule_and_acceptance(generations, record_property, name):
 
 @pytest.mark.check("weights")
 def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
-    """The tiny MoE target's experts share weights (mtpmatrix.tiers.pairs.tiny), so its output must not change when the router
+    """The tiny MoE target's experts share weights (mtpmatrix.pairs.tiny), so its output must not change when the router
     picks other experts: the smoke tier's MTP-vs-no-MTP comparison relies on that to tell bf16 near-ties from real
     divergences. Re-randomises every router, compares fp32 logits, restores the router."""
     torch = _torch()
@@ -358,7 +358,7 @@ def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_witness_drafts_at_transformers_phase(generations, record_property, name):
     """transformers' own assisted generation (SinglePositionMultiTokenCandidateGenerator) accepts the reference
-    witness's drafts: the witness is built to transformers' draft phase (mtpmatrix.tiers.pairs.witness.REFERENCE_DRAFT_PHASE),
+    witness's drafts: the witness is built to transformers' draft phase (mtpmatrix.pairs.witness.REFERENCE_DRAFT_PHASE),
     so a witness the smoke tier serves at that phase measures sglang against the reference, not against itself."""
     _results, stats = generations(name, "witness")
     later = _acceptance([s for s in stats if s[2] > 0])
@@ -397,7 +397,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     the smoke tier serves both. Fails if the drafter stops depending on an input. The decoy witness is scored the
     way verify follows it: fed the target's tokens, right when the target's token is its first choice or, at a decoy
     input, its second behind the decoy (every decoy input must rank so)."""
-    from mtpmatrix.tiers.pairs import decoy, witness, witness_harness
+    from mtpmatrix.pairs import decoy, witness, witness_harness
     from mtpmatrix.tiers.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
 
     torch = _torch()
@@ -444,10 +444,10 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_property, name):
-    """The sampled pair's closed form (mtpmatrix.tiers.pairs.sampled) is what transformers' own sampling of the
+    """The sampled pair's closed form (mtpmatrix.pairs.sampled) is what transformers' own sampling of the
     target gives: the smoke tier's request plan (temperature 0.7, each group's top-k / top-p) through
     ``generate(do_sample=True)``, judged by the same check (no offset off the kept set; chi-square at 1e-4)."""
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     torch = _torch()
     target, _assistant, _tok = load_pair(name, "sampled")
@@ -483,9 +483,9 @@ def test_sampled_drafter_proposes_another_order(load_pair, name):
     """The sampled pair's drafter, fed as sglang feeds it (the bonus token and the target's hidden state and KV),
     ranks the offsets 7 > 3 > 12 > 1 (DRAFT_LOGITS) after every ring token: a distribution other than the target's,
     so sampled verify's coins and residual decide most tokens."""
-    from mtpmatrix.tiers.pairs import sampled
-    from mtpmatrix.tiers.pairs.witness import physical_kv_layers
-    from mtpmatrix.tiers.pairs.witness_harness import _assist, target_states
+    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.witness import physical_kv_layers
+    from mtpmatrix.pairs.witness_harness import _assist, target_states
 
     torch = _torch()
     target, assistant, _tok = load_pair(name, "sampled")
@@ -518,7 +518,7 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
     resamples from max(p - q, 0) as if the draft had been sampled from q = softmax(assistant logits). For this pair
     q(7) = 0.858, so offset 7 is accepted with 0.178/0.858 and the residual loses offset 3's share: predicted first
     tokens 0.586 / 0.206 / 0.208 against the closed form 0.518 / 0.304 / 0.178."""
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     torch = _torch()
     target, assistant, _tok = load_pair("dense-31b", "sampled")
@@ -561,10 +561,10 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
 def test_decoy_chain_meets_prediction_in_transformers(generations, record_property, name):
     """transformers' own assisted generation (a greedy chain of DRAFT_TOKENS drafts per round, fewer near the end)
     with the decoy witness built for transformers' draft phase accepts, in every round, exactly what
-    mtpmatrix.tiers.pairs.decoy.chain_accepts predicts from the round's bonus token: up to the first decoy input (the
+    mtpmatrix.pairs.decoy.chain_accepts predicts from the round's bonus token: up to the first decoy input (the
     topk-1 prediction the smoke tier gates sglang on). Rounds after the first are checked apart from the first, which
     transformers < 5.17 seeds from the wrong hidden state (known upstream)."""
-    from mtpmatrix.tiers.pairs import decoy
+    from mtpmatrix.pairs import decoy
 
     results, stats = generations(name, "decoy")
     starts = [i for i, s in enumerate(stats) if s[2] == 0] + [len(stats)]

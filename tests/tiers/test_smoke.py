@@ -7,13 +7,13 @@ MTPMATRIX_SMOKE_EXTRA_ARGS (sglang arguments appended to every smoke server, e.g
 MTPMATRIX_SMOKE_SWAP_DRAFTERS=1 (fault injection: serve the witness/constructed targets with the random pair's
 assistant, a wrong-drafter combination the tier must fail on with an 'acceptance'/'mismatch' verdict).
 
-The witness pair (mtpmatrix.tiers.pairs.witness) drafts right only when sglang hands its assistant the right hidden state, the
+The witness pair (mtpmatrix.pairs.witness) drafts right only when sglang hands its assistant the right hidden state, the
 right target KV layer per attention type, the right positions, each tree node's own parent and each request's own
 rows; built for sglang's draft phase (witness-mtp-*), its accept length is held to the exact pair's floor. The one
 built for transformers' phase (witness-transformers-phase-topk1) says whether sglang drafts at the reference phase
-(test_draft_phase_matches_transformers). The sampled pair (mtpmatrix.tiers.pairs.sampled) holds sampled requests
+(test_draft_phase_matches_transformers). The sampled pair (mtpmatrix.pairs.sampled) holds sampled requests
 (temperature 0.7, top-k, top-p) to a closed-form token distribution with and without MTP
-(test_sampled_distribution_matches_closed_form). The decoy witness (mtpmatrix.tiers.pairs.decoy, decoy-mtp-*) ranks a wrong
+(test_sampled_distribution_matches_closed_form). The decoy witness (mtpmatrix.pairs.decoy, decoy-mtp-*) ranks a wrong
 draft first at known inputs: each request's accept length is held to its exact prediction at the server's topk
 (test_decoy_accept_matches_prediction). ``python -m mtpmatrix mutants`` shows which check kills which broken copy
 of sglang's MTP code.
@@ -25,8 +25,10 @@ import pytest
 
 from mtpmatrix.core import settings
 from mtpmatrix.core import smoke_servers
-from mtpmatrix.tiers import client, meta_fields, sglang_compat, smoke
-from mtpmatrix.tiers.runs import replay_run
+from mtpmatrix.serving import client
+from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers.compat import meta_fields, sglang_compat
+from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.core.kinds import CheckFailure
 
 pytestmark = pytest.mark.smoke
@@ -81,7 +83,7 @@ def test_spec_metrics(smoke_runs, name, record_property):
     """Spec metrics are present per response and in /server_info; accept length per request at the all-drafts-
     accepted maximum for an exact pair, within [1, that maximum] for the random pair (a presence check: speculative
     decoding ran) and the transformers-phase witness (its floor is test_draft_phase_matches_transformers')."""
-    from mtpmatrix.tiers.client import spec_stats
+    from mtpmatrix.serving.client import spec_stats
 
     run = _run(smoke_runs, name, record_property)
     per_request = client.accept_length_from_meta(run.id_meta)
@@ -111,7 +113,7 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
     response and agrees with the others, with the request's completion tokens (the tail rule) and, in aggregate, with
     /server_info's avg_spec_accept_length. A miscounted field misleads every user who reads it, and the accept-length
     checks never look at most of them."""
-    from mtpmatrix.tiers.client import find_arg, spec_stats
+    from mtpmatrix.serving.client import find_arg, spec_stats
 
     run = _run(smoke_runs, name, record_property)
     fields = meta_fields.documented_fields()
@@ -141,7 +143,7 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     """sglang drafts at transformers' RoPE phase: the witness built for transformers' draft phase reaches the exact
     pair's accept-length floor. sglang 0.5.13-0.5.23 put the draft query two positions behind transformers' (known
     upstream: sglang-gemma4-mtp-draft-rope-phase), reported apart from the hand-off checks."""
-    from mtpmatrix.tiers.pairs import witness
+    from mtpmatrix.pairs import witness
 
     run = _run(smoke_runs, name, record_property)
     got = client.accept_length_from_meta(run.id_meta)
@@ -166,11 +168,11 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
 @pytest.mark.parametrize("name", [s.name for s in MTP_SPECS if s.decoy])
 def test_decoy_accept_matches_prediction(smoke_runs, name, record_property):
     """Decoy witness: every request's accept length (completion tokens / spec_verify_ct) equals the value
-    mtpmatrix.tiers.pairs.decoy predicts for its prompt at the server's topk, and so do its accepted-draft total and
+    mtpmatrix.pairs.decoy predicts for its prompt at the server's topk, and so do its accepted-draft total and
     per-step histogram where the release reports them. Exact: the predicted tree is derived with margins of > 2 nats
     in the drafter's probabilities (bf16 moves them by < 0.2), so no tolerance. topk 1 lower (each decoy rejected),
     topk 3 higher (the right token, second, accepted through a node fed its own parent)."""
-    from mtpmatrix.tiers.pairs import decoy
+    from mtpmatrix.pairs import decoy
 
     run = _run(smoke_runs, name, record_property)
     prompts = smoke.id_prompts(run.vocab_size)
@@ -254,11 +256,11 @@ def test_random_pair_agrees_with_no_mtp(smoke_runs, name, record_property):
 @pytest.mark.parametrize("name", [s.name for s in SPECS if s.pair == "sampled"])
 def test_sampled_distribution_matches_closed_form(smoke_runs, name, record_property):
     """Sampled pair: the offsets of every sampled token (temperature 0.7, top-k, top-p) follow the target's closed
-    form: none off the kept set, and Pearson's chi-square at false-alarm rate 1e-4 (mtpmatrix.tiers.pairs.sampled).
+    form: none off the kept set, and Pearson's chi-square at false-alarm rate 1e-4 (mtpmatrix.pairs.sampled).
     Kind "mismatch": the output distribution differs from what sampling the target gives, the sampled counterpart of
     greedy outputs differing; the no-MTP server is held to the same closed form, so a failure there is sglang's
     sampler, and on an MTP server alone its verify."""
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     run = _run(smoke_runs, name, record_property)
     plan = run.sampled_requests

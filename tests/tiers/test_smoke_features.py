@@ -8,7 +8,7 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers.runs import replay_run
+from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.tiers.surface import features, logprobs
 
 pytestmark = pytest.mark.smoke
@@ -78,7 +78,7 @@ def test_min_p_matches_closed_form(smoke_runs, name, record_property):
     1e-4 (sampled.check_outputs), over features.MIN_P_REQUESTS x MIN_P_NEW_TOKENS offsets, with and without MTP.
     sglang's verify applies no min_p (0.5.13 eagle_info.EagleVerifyInput.verify, 0.5.17 eagle_utils.eagle_sample):
     intact MTP is predicted to emit d4 at ~9% of the tokens verify samples."""
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     run = replay_run(smoke_runs[name], record_property)
     exchanges = [_exchange(run, f"min-p-{i}") for i in range(features.MIN_P_REQUESTS)]

@@ -7,7 +7,7 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers.runs import replay_run
+from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.tiers.surface import logprobs
 
 pytestmark = pytest.mark.smoke

@@ -2,7 +2,7 @@
 
 The mixed_sampling family (mtpmatrix.tiers.surface.mixed_sampling) sends groups whose closed forms differ (T 1.5
 top-k 4, T 0.35 top-k 3) and greedy requests in the same batch as the sampled plan (T 0.7); each sampled group is held
-to its own closed form by the structure tests (mtpmatrix.tiers.pairs.sampled_structure), the greedy requests to the
+to its own closed form by the structure tests (mtpmatrix.pairs.sampled_structure), the greedy requests to the
 pair's greedy chain exactly, and on a server with --enable-deterministic-inference two identical seeded requests to
 identical outputs.
 """
@@ -13,7 +13,7 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers.runs import replay_run
+from mtpmatrix.serving.runs import replay_run
 
 pytestmark = pytest.mark.smoke
 
@@ -63,7 +63,7 @@ def test_sampled_structure_matches_closed_form(smoke_runs, name, record_property
     """Every sampled token of the plan and the mixed_sampling family, each group held to its own closed form: none
     off its kept offsets, and per-group, per-position (blocks of 16, period 6), transition, verify-depth (exact at
     topk 1) and first-token tests, family-wise false-alarm rate 1e-4 (Bonferroni, pairs.sampled_structure)."""
-    from mtpmatrix.tiers.pairs import sampled_structure as structure
+    from mtpmatrix.pairs import sampled_structure as structure
     from mtpmatrix.tiers.surface import mixed_sampling
 
     run = replay_run(smoke_runs[name], record_property)

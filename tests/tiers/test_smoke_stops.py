@@ -11,8 +11,8 @@ import pytest
 
 from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.tiers import smoke
-from mtpmatrix.tiers.runs import replay_run
 from mtpmatrix.tiers.surface import stops
 
 pytestmark = pytest.mark.smoke
@@ -73,8 +73,8 @@ def test_finished_request_counters_agree(smoke_runs, name, record_property):
     max_new_tokens, a length finish at exactly max_new_tokens, a matched stop id ending output_ids, a matched string
     among those requested, and on MTP servers the speculative fields consistent with each other and with the
     completion tokens (no verify step counted after the finish, none missing before it)."""
-    from mtpmatrix.tiers import meta_fields
-    from mtpmatrix.tiers.client import find_arg
+    from mtpmatrix.serving.client import find_arg
+    from mtpmatrix.tiers.compat import meta_fields
 
     run = replay_run(smoke_runs[name], record_property)
     fields = draft_tokens = None

@@ -1,4 +1,4 @@
-"""mtpmatrix.tiers.abi on small real ELF files built with g++ at test time: a fake torch whose next release drops two
+"""mtpmatrix.tiers.compat.abi on small real ELF files built with g++ at test time: a fake torch whose next release drops two
 symbols, an extension built against the old one, a CUDA 12 runtime under a CUDA 13 torch, and a fake installed
 environment (dist-info RECORDs) for the discovery. Every check runs with both ELF readers."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.tiers import abi
-from mtpmatrix.tiers.elf import AbiUnavailable, Ref, make_reader, needed
+from mtpmatrix.tiers.compat import abi
+from mtpmatrix.tiers.compat.elf import AbiUnavailable, Ref, make_reader, needed
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="needs g++ to build the ELF fixtures")

@@ -1,4 +1,4 @@
-"""bytecode.py + tiers/imported.py on a fake venv (this Python, a site-packages folder of its own): the listed files
+"""bytecode.py + tiers/session/imported.py on a fake venv (this Python, a site-packages folder of its own): the listed files
 are compiled into the suite's cache folder, the pytest process reads them from there (and writes what it compiled
 itself, for the compiler to skip), what it imported becomes the next list, and nothing else is left behind."""
 
@@ -14,7 +14,7 @@ from pyc_paths import pyc
 
 from mtpmatrix.core.rows import RowError
 from mtpmatrix.runner import bytecode
-from mtpmatrix.tiers import imported
+from mtpmatrix.tiers.session import imported
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -41,7 +41,7 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     pre = bytecode.start(venv, Path(sys.executable), lists, env, bytecode.process_names([], "contract"))
     assert pre.compiler is not None and pre.compiler.wait() == 0
     prefix = Path(pre.env["PYTHONPYCACHEPREFIX"])
-    assert "PYTHONDONTWRITEBYTECODE" not in pre.env and pre.pytest_args == ["-p", "mtpmatrix.tiers.imported"]
+    assert "PYTHONDONTWRITEBYTECODE" not in pre.env and pre.pytest_args == ["-p", "mtpmatrix.tiers.session.imported"]
     assert pyc(prefix, site / "pkg" / "used.py").is_file()
     assert not pyc(prefix, site / "pkg" / "unused.py").exists()  # only what this run's list names
 

@@ -1,4 +1,4 @@
-"""mtpmatrix.tiers.client against the in-process fake sglang (tests/unit/fake_sglang.py)."""
+"""mtpmatrix.serving.client against the in-process fake sglang (tests/unit/fake_sglang.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from events import HANG
 from fake_sglang import FakeSglang
 
-from mtpmatrix.tiers import client
+from mtpmatrix.serving import client
 
 
 def test_generate_returns_text_output_ids_and_meta():
@@ -73,7 +73,7 @@ def test_run_batch_survives_dropped_connection_and_unreachable_server():
     assert len(res) == 8
     # the dropped request was retried once on a fresh connection (stale keep-alive), or recorded as an error
     assert sum(r.ok for r in res) >= 7
-    from mtpmatrix.tiers.processes import free_port
+    from mtpmatrix.serving.processes import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     res = client.run_batch(dead, [client.generate_payload(text="x")] * 3, parallel=3, timeout=5)
@@ -135,7 +135,7 @@ def test_flush_cache_and_health():
         assert client.flush_cache(fake.base_url) is False
         assert client.flush_cache(fake.base_url) is True
         assert client.health(fake.base_url) is True
-    from mtpmatrix.tiers.processes import free_port
+    from mtpmatrix.serving.processes import free_port
 
     assert client.health(f"http://127.0.0.1:{free_port()}", timeout=2) is False
 

@@ -1,4 +1,4 @@
-"""The decoy witness's accept-length prediction (mtpmatrix.tiers.pairs.decoy) against an independent brute force: a
+"""The decoy witness's accept-length prediction (mtpmatrix.pairs.decoy) against an independent brute force: a
 plain numpy copy of sglang's draft tree (select_top_k_tokens' beam over cumulative scores, organize_draft_results'
 best draft_tokens - 1 candidates, build_tree's parents) and its greedy verify, run on the decoy drafter's logits
 table (right token LOGIT_PEAK, decoy DECOY_LOGIT, the rest spread below LOGIT_PEAK * (1 - code margin); a node fed a
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from mtpmatrix.core import settings
+from mtpmatrix.pairs import decoy
+from mtpmatrix.pairs.witness import LOGIT_PEAK
 from mtpmatrix.tiers import smoke
-from mtpmatrix.tiers.pairs import decoy
-from mtpmatrix.tiers.pairs.witness import LOGIT_PEAK
 
 V = 512
 DECOYS = (V - 1, V - 2)

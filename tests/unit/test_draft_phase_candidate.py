@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from mtpmatrix.core import smoke_servers
+from mtpmatrix.pairs import tiny, witness
 from mtpmatrix.tiers import smoke
-from mtpmatrix.tiers.pairs import tiny, witness
 
 SPECS = {s.name: s for s in smoke_servers.smoke_options({}).specs}
 ALL_RIGHT = [{"completion_tokens": 32, "spec_verify_ct": 6}] * 8  # 5.33 per verify: every draft accepted

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.tiers.environment import least_free_mib
+from mtpmatrix.serving.environment import least_free_mib
 
 SMI = "0, 142000\n1, 97000\n2, 143100\n"
 

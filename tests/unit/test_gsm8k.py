@@ -14,7 +14,8 @@ import pytest
 from fake_sglang import FakeSglang
 
 from mtpmatrix.core import settings
-from mtpmatrix.tiers import gsm8k, gsm8k_tier, served
+from mtpmatrix.serving import served
+from mtpmatrix.tiers import gsm8k, gsm8k_tier
 
 INV = gsm8k.INVALID
 ROOT = Path(__file__).resolve().parents[2]

@@ -435,8 +435,8 @@ def test_the_assisted_sampling_bounds_follow_from_the_closed_form():
     """The derivation in docs/upstream/hf-gemma4-assisted-sampling-not-lossless.md, computed again: from the check's
     closed form and the drafter's q, the bug's shares; each alternative's shares; the chance that each falls
     inside the entry's bounds at the check's n = 1536."""
-    from mtpmatrix.tiers.pairs import sampled
-    from mtpmatrix.tiers.pairs.sampled_model import VOCAB
+    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled_model import VOCAB
 
     closed = sampled.closed_form(VOCAB)
     # q: the assistant's own softmax (temperature 1) over the vocabulary, which transformers takes for the draft's

@@ -14,6 +14,8 @@ SRC = REPO / "src"
 # Lowest first. Packages of one layer may not import each other (runner aside: faults and report build on it).
 LAYERS = (
     ("mtpmatrix", "mtpmatrix.core"),  # the shared contract: results, store, rows, paths, kinds, expected, evidence
+    ("mtpmatrix.serving",),  # sglang servers: launch, talk to, stop; the machine's GPUs and releases
+    ("mtpmatrix.pairs",),  # the tiny pairs the tiers serve and generate with
     ("mtpmatrix.tiers",),  # what runs in a row's venv next to sglang
     ("mtpmatrix.runner",),  # rows, installs, bisect, canaries
     ("mtpmatrix.faults", "mtpmatrix.report"),  # fault injection and the report, on the runner

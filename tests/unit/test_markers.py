@@ -27,7 +27,7 @@ def test_suite_collects_with_strict_markers(folder):
 
 def test_plugin_registers_the_suites_markers_without_an_ini(pytester):
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")  # no markers of its own
-    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]\n')
+    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.session.plugin"]\n')
     pytester.makepyfile(test_marks="""
 import pytest
 
@@ -61,6 +61,6 @@ def test_d():
 
 def test_an_unregistered_marker_is_refused(pytester):
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
-    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]\n')
+    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.session.plugin"]\n')
     pytester.makepyfile(test_typo="import pytest\n\n@pytest.mark.smokee\ndef test_a():\n    pass\n")
     assert pytester.runpytest("--collect-only", "-q").ret != 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from mtpmatrix.core import settings
-from mtpmatrix.tiers import meta_fields as F
 from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers.compat import meta_fields as F
 
 STEPS = settings.NUM_STEPS
 DRAFT_TOKENS = settings.DRAFT_TOKENS[1]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.tiers import processes
+from mtpmatrix.serving import processes
 
 
 def test_supported_env_filters_unknown_sglang_names():

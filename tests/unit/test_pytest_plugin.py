@@ -1,4 +1,4 @@
-"""The pytest plugin (mtpmatrix.tiers.pytest_plugin) end to end: real pytest sessions (pytester, in process) over
+"""The pytest plugin (mtpmatrix.tiers.session.plugin) end to end: real pytest sessions (pytester, in process) over
 small synthetic test files, loaded the way tests/conftest.py loads it, with the project's markers.
 
 What this machine can run, the installed versions and the known-upstream list are fixed by the ``session``
@@ -16,7 +16,7 @@ import pytest
 from mtpmatrix.core import expected, known_upstream
 from mtpmatrix.core.evidence import expected_checks
 from mtpmatrix.core.schema import SCHEMA, TIERS
-from mtpmatrix.tiers import environment
+from mtpmatrix.serving import environment
 
 pytest_plugins = ["pytester"]
 
@@ -105,7 +105,7 @@ def session(pytester, monkeypatch, tmp_path):
     """``run(source, *args, unavailable=..., known=[...]) -> (result, tiers.json or None)``."""
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n"
                      + "".join(f"    {m}\n" for m in MARKERS))
-    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]\n')
+    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.session.plugin"]\n')
     monkeypatch.setattr(environment, "versions", lambda: dict(VERSIONS))
     monkeypatch.setattr(environment, "gpu_count", lambda: 0)
     monkeypatch.setenv(expected_checks.ENV, expected_checks.AS_COLLECTED)  # a made-up suite: judged as collected
@@ -334,7 +334,7 @@ def test_interrupted_session_is_an_error_even_with_only_known_failures(session):
 
 
 def test_no_results_file_without_the_option(pytester, monkeypatch):
-    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]\n')
+    pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.session.plugin"]\n')
     monkeypatch.setattr(environment, "tier_unavailable", lambda tier: None)
     monkeypatch.delenv("MTPMATRIX_RESULTS", raising=False)
     pytester.makepyfile(test_one=textwrap.dedent('''
@@ -370,7 +370,7 @@ HALF_IMPORTED = {
 IMPORT_CHAIN = '''\
 import pytest
 
-from mtpmatrix.tiers import sglang_compat as compat
+from mtpmatrix.tiers.compat import sglang_compat as compat
 
 CHAIN = (*(compat.ImportStep(m, (f"halfpkg.sub.models.{m}",)) for m in ("m1", "m2", "m3")),
          compat.ImportStep("top", ("halfpkg.top",)))

@@ -1,4 +1,4 @@
-"""mtpmatrix.tiers.pytest_process: a pytest run through it ends as ``python -m pytest`` does (exit status, junit.xml,
+"""mtpmatrix.tiers.session.process: a pytest run through it ends as ``python -m pytest`` does (exit status, junit.xml,
 the plugin's results, atexit handlers, non-daemon threads, flushed output) and skips only the interpreter's teardown
 (a module's ``__del__`` at teardown never runs); its GC thresholds are in force while the tests run."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.tiers import pytest_process
+from mtpmatrix.tiers.session import process as pytest_process
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -52,7 +52,7 @@ def _run(tmp_path: Path, launcher: str, outcome: str) -> tuple[subprocess.Comple
     results = tmp_path / f"tiers-{launcher}.json"
     junit = tmp_path / f"junit-{launcher}.xml"
     done = subprocess.run([sys.executable, "-m", launcher, str(suite), "-q", "-p", "no:cacheprovider",
-                           "-p", "mtpmatrix.tiers.pytest_plugin", f"--mtp-results={results}",
+                           "-p", "mtpmatrix.tiers.session.plugin", f"--mtp-results={results}",
                            f"--junitxml={junit}"],
                           env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, cwd=tmp_path)
     assert junit.is_file() and results.is_file(), done.stdout + done.stderr  # both written at sessionfinish
@@ -67,7 +67,7 @@ def _run(tmp_path: Path, launcher: str, outcome: str) -> tuple[subprocess.Comple
 @pytest.mark.parametrize("outcome,status", [("True", 0), ("False", 1)])
 def test_ends_as_pytest_does_without_the_teardown(tmp_path, outcome, status):
     plain, plain_results = _run(tmp_path, "pytest", outcome)
-    quick, quick_results = _run(tmp_path, "mtpmatrix.tiers.pytest_process", outcome)
+    quick, quick_results = _run(tmp_path, "mtpmatrix.tiers.session.process", outcome)
     assert plain.returncode == quick.returncode == status
     for out in (plain.stdout, quick.stdout):  # the summary line, the thread's and atexit's output, in that order
         assert ("1 passed" if status else "2 passed") in out
@@ -80,7 +80,7 @@ def test_ends_as_pytest_does_without_the_teardown(tmp_path, outcome, status):
 
 def test_nothing_collected_keeps_pytests_status(tmp_path):
     (tmp_path / "empty").mkdir()
-    done = subprocess.run([sys.executable, "-m", "mtpmatrix.tiers.pytest_process", str(tmp_path / "empty"), "-q",
+    done = subprocess.run([sys.executable, "-m", "mtpmatrix.tiers.session.process", str(tmp_path / "empty"), "-q",
                            "-p", "no:cacheprovider"], env={**os.environ, "PYTHONPATH": str(SRC)},
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 5, done.stdout + done.stderr

@@ -1,6 +1,6 @@
-"""The sampled pair's closed form and check (mtpmatrix.tiers.pairs.sampled): the false-alarm rate of the check at the
+"""The sampled pair's closed form and check (mtpmatrix.pairs.sampled): the false-alarm rate of the check at the
 smoke tier's sample size, its power, and a CPU model of sglang's verify, correct and broken
-(mtpmatrix.tiers.pairs.sampled_model), that the check must pass and fail respectively."""
+(mtpmatrix.pairs.sampled_model), that the check must pass and fail respectively."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from scipy import special
 from scipy import stats as sps
 
 from mtpmatrix.core import stats
-from mtpmatrix.tiers.pairs import sampled
-from mtpmatrix.tiers.pairs import sampled_model as model
+from mtpmatrix.pairs import sampled
+from mtpmatrix.pairs import sampled_model as model
 
 VOCAB = model.VOCAB
 N = sampled.N_REQUESTS * sampled.NEW_TOKENS

@@ -19,7 +19,7 @@ from fake_sglang import FakeSglang, gsm8k_responder, server_info
 from mtpmatrix.core import schema
 from mtpmatrix.core.rows import RowError
 from mtpmatrix.runner import matrix
-from mtpmatrix.tiers import served
+from mtpmatrix.serving import served
 
 REPO = Path(__file__).resolve().parents[2]
 

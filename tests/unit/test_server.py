@@ -10,8 +10,8 @@ import pytest
 from events import HANG, wait_for
 
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import client, processes
-from mtpmatrix.tiers.server import SglangServer
+from mtpmatrix.serving import client, processes
+from mtpmatrix.serving.server import SglangServer
 from mtpmatrix.tiers.verdict import classify
 
 FAKE = str(Path(__file__).with_name("fake_sglang.py"))

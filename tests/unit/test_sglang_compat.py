@@ -1,4 +1,4 @@
-"""mtpmatrix.tiers.sglang_compat, pure-python parts: no sglang needed (stub modules stand in for sglang's API shapes)."""
+"""mtpmatrix.tiers.compat.sglang_compat, pure-python parts: no sglang needed (stub modules stand in for sglang's API shapes)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import sglang_compat as compat
-from mtpmatrix.tiers import sglang_loading
+from mtpmatrix.tiers.compat import sglang_compat as compat
+from mtpmatrix.tiers.compat import sglang_loading
 from mtpmatrix.tiers.verdict import classify
 
 

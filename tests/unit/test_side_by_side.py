@@ -18,7 +18,8 @@ from mtpmatrix.core.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE
 from mtpmatrix.core.side_by_side_rule import shared_check
 from mtpmatrix.runner import side_by_side
 from mtpmatrix.runner.side_by_side import REFERENCE, SGLANG, merge_exitstatus, plan
-from mtpmatrix.tiers import pytest_fork, pytest_process
+from mtpmatrix.tiers.session import fork as pytest_fork
+from mtpmatrix.tiers.session import process as pytest_process
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ALL = ",".join(TIERS)
@@ -26,11 +27,11 @@ ALL = ",".join(TIERS)
 # contract and reference run here, the GPU tiers skip (as on a CPU row); the plugin reads tier_unavailable through
 # the environment module, so patching it in the suite's conftest reaches every process
 CONFTEST = '''\
-from mtpmatrix.tiers import environment
+from mtpmatrix.serving import environment
 
 environment.tier_unavailable = lambda tier: None if tier in ("contract", "reference") else "needs 1 CUDA GPU(s)"
 environment.versions = lambda: {"python": "3.11.9", "torch": "2.11.0"}
-pytest_plugins = ["mtpmatrix.tiers.pytest_plugin"]
+pytest_plugins = ["mtpmatrix.tiers.session.plugin"]
 
 
 def pytest_configure(config):

@@ -9,7 +9,9 @@ import pytest
 
 from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import client, launch_plan, meta_fields, smoke
+from mtpmatrix.serving import client, launch_plan
+from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers.compat import meta_fields
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
 LOG_0513 = """\
@@ -249,8 +251,8 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
 
     from events import HANG
 
-    from mtpmatrix.tiers.processes import group_members
-    from mtpmatrix.tiers.server import SglangServer
+    from mtpmatrix.serving.processes import group_members
+    from mtpmatrix.serving.server import SglangServer
 
     seen: list[SglangServer] = []
     lock = threading.Lock()
@@ -313,7 +315,7 @@ def test_known_sglang_draft_phase_entry_matches_the_check_message():
     assert not entry.matches(dict(failure, failure={"kind": "acceptance", "message": "accept length 1.04 outside "
                                                                                      "[5.0, 6]"}), [failure, *gate])
     # the releases known to deviate are the releases the gate witness is built off the reference phase for
-    from mtpmatrix.tiers.pairs import witness
+    from mtpmatrix.pairs import witness
 
     off_reference = [spec for spec, phase in witness.SGLANG_DRAFT_PHASES if phase != witness.REFERENCE_DRAFT_PHASE]
     assert off_reference == [entry.affected]
@@ -410,7 +412,7 @@ def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_pa
     (lifecycle only: the fake server's outputs say nothing about distributions)."""
     import sys
 
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
     assert {s.name for s in smoke_servers.DEFAULT_SMOKE_SERVERS} >= {"sampled-nomtp", "sampled-mtp-topk1", "sampled-mtp-topk3"}

@@ -11,8 +11,8 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.pairs import sampled
 from mtpmatrix.tiers import smoke
-from mtpmatrix.tiers.pairs import sampled
 from mtpmatrix.tiers.surface import Exchange, features, logprobs
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,10 +14,10 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.pairs import sampled
+from mtpmatrix.pairs import sampled_model as model
+from mtpmatrix.pairs import sampled_structure as st
 from mtpmatrix.tiers import smoke, surface
-from mtpmatrix.tiers.pairs import sampled
-from mtpmatrix.tiers.pairs import sampled_model as model
-from mtpmatrix.tiers.pairs import sampled_structure as st
 from mtpmatrix.tiers.surface import mixed_sampling as ms
 
 VOCAB = 512

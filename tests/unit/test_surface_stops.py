@@ -11,8 +11,9 @@ import pytest
 
 from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import meta_fields, smoke, surface
-from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, VOCAB
+from mtpmatrix.pairs.tiny import END_OF_TURN_ID, EOS_ID, VOCAB
+from mtpmatrix.tiers import smoke, surface
+from mtpmatrix.tiers.compat import meta_fields
 from mtpmatrix.tiers.surface import stops
 
 SPECS = {s.name: s for s in smoke_servers.SMOKE_SERVERS}
@@ -137,7 +138,7 @@ def test_predicted_counters():
 def test_token_text_matches_the_tiny_tokenizer():
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
-    from mtpmatrix.tiers.pairs import tiny
+    from mtpmatrix.pairs import tiny
 
     tok = tiny._make_tokenizer()
     for t in range(stops.ASCII_FIRST, stops.ASCII_LAST + 1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.tiers.pairs import tiny
+from mtpmatrix.pairs import tiny
 
 
 @pytest.mark.parametrize("name", tiny.PAIR_NAMES)
@@ -62,7 +62,7 @@ def test_build_pair_rejects_unknown_names(tmp_path):
 
 @pytest.mark.parametrize("name", tiny.PAIR_NAMES)
 def test_witness_layout_fits_every_family(name):
-    from mtpmatrix.tiers.pairs import witness
+    from mtpmatrix.pairs import witness
 
     t, a = tiny.target_template(name, "witness"), tiny.assistant_template(name, "witness")
     assert t["text_config"]["tie_word_embeddings"] is False  # the witness target has its own output head
@@ -81,7 +81,7 @@ def test_variant_names():
 
 
 def test_sglang_draft_phase_follows_the_release():
-    from mtpmatrix.tiers.pairs import witness
+    from mtpmatrix.pairs import witness
 
     assert witness.sglang_draft_phase("0.5.13") == witness.sglang_draft_phase("0.5.23") == -1  # measured / same code
     assert witness.sglang_draft_phase("0.5.24") == witness.REFERENCE_DRAFT_PHASE  # unmeasured: expected fixed
@@ -101,7 +101,7 @@ def test_the_spherical_code_is_computed_once_per_generator_state():
     without the repulsion run again, and the generator always advances exactly as one draw moves it. Needs torch
     (run it with a row's venv: PYTHONPATH=src .nox/<row>/bin/python -m pytest tests/unit/test_tiny.py -k spherical)."""
     torch = pytest.importorskip("torch")
-    from mtpmatrix.tiers.pairs import witness
+    from mtpmatrix.pairs import witness
 
     witness._CODES.clear()
     runs = []

@@ -1,5 +1,5 @@
 """The shared bottom layer: what every other part of the package may import, and which imports nothing above it
-(tests/unit/test_layers.py holds the order: core -> tiers -> runner -> faults, report -> __main__).
+(tests/unit/test_layers.py holds the order: core -> serving -> pairs -> tiers -> runner -> faults, report -> __main__).
 
     schema.py          the results contract: a row folder's files, tier and verdict words, metric names
     atomic.py          atomic writes and JSON reads

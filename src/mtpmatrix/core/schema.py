@@ -46,7 +46,7 @@ SERVER_LOG_PREFIX = "server-"
 SMOKE_LAUNCH_BUDGET_FILE = "smoke-launch-budget.json"
 
 # --- a candidate's identity, as the suite's environment carries it (runner/candidate.py) -----------------------------
-DRAFT_PHASE_ENV = "MTPMATRIX_DRAFT_PHASE"  # the draft phase a candidate declares (tiers/pairs/witness.py reads it)
+DRAFT_PHASE_ENV = "MTPMATRIX_DRAFT_PHASE"  # the draft phase a candidate declares (pairs/witness.py reads it)
 PATCH_ENV = "MTPMATRIX_PATCH"  # a patch the fault-injection hook serves at import (tools/gpu_box.sh PATCH=FILE)
 PATCH_SHA256_ENV = "MTPMATRIX_PATCH_SHA256"  # its sha256: the hook serves nothing when the file's differs
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 # --- environments ---------------------------------------------------------------------------------------------
 MIN_TRANSFORMERS = "5.8.0"  # the first transformers with gemma4_assistant: rows below it are refused, the tier skips
 
-# --- tiny pairs: the families mtpmatrix.tiers.pairs.tiny builds (MTPMATRIX_SMOKE_PAIR picks one for the smoke tier)
+# --- tiny pairs: the families mtpmatrix.pairs.tiny builds (MTPMATRIX_SMOKE_PAIR picks one for the smoke tier)
 TINY_PAIR_NAMES = ("e-series", "moe-26b-a4b", "dense-31b")
 
 # --- speculative decoding: the seed command lines -----------------------------------------------------------

@@ -7,7 +7,7 @@ unparametrized sampled check, which loads that pair): about 9.5 s, near half the
 session-cached load (tests/tiers/test_reference.py ``load_pair``) happens in one process. Were a check of another
 pair to match, it would only load that pair twice: which process runs a check never changes its record.
 
-Forked from one interpreter that has imported torch and transformers (mtpmatrix.tiers.pytest_fork), the reference
+Forked from one interpreter that has imported torch and transformers (mtpmatrix.tiers.session.fork), the reference
 process no longer imports them, and the sglang process, its imports compiled ahead, ends ~5 s before it (0.5.17:
 sessions 14.8 / 19.6 s), so it took a second variant: the moe-26b-a4b sampled pair's checks (~2.4 s).
 

@@ -18,7 +18,7 @@ from mtpmatrix.core.settings import TINY_PAIR_NAMES
 @dataclass(frozen=True)
 class SmokeServerSpec:
     name: str
-    pair: str  # tiny pair variant (mtpmatrix.tiers.pairs.tiny.VARIANTS)
+    pair: str  # tiny pair variant (mtpmatrix.pairs.tiny.VARIANTS)
     topk: int | None  # None = no MTP
     load_format: str = "auto"
     default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers
@@ -62,7 +62,7 @@ SMOKE_SERVERS = (
     # tell a broken verify path from a broken hand-off).
     SmokeServerSpec("constructed-mtp-topk1", "constructed", 1, default=False),
     SmokeServerSpec("constructed-mtp-topk3", "constructed", 3, default=False),
-    # The witness pair needs every hand-off (mtpmatrix.tiers.pairs.witness), built for the draft phase sglang uses: any broken
+    # The witness pair needs every hand-off (mtpmatrix.pairs.witness), built for the draft phase sglang uses: any broken
     # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
     # 6.00 of 6 intact; every hand-off mutant of mtpmatrix.faults.catalogue killed, docs/fault-injection.md).
     SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1),
@@ -70,12 +70,12 @@ SMOKE_SERVERS = (
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
     # server's acceptance is reported by its own check, apart from the hand-off gate.
     SmokeServerSpec("witness-transformers-phase-topk1", "witness", 1),
-    # The sampled pair (mtpmatrix.tiers.pairs.sampled): a closed-form next-token distribution, a drafter that proposes
+    # The sampled pair (mtpmatrix.pairs.sampled): a closed-form next-token distribution, a drafter that proposes
     # another; sampled requests must come out with the target's own distribution, with and without MTP.
     SmokeServerSpec("sampled-nomtp", "sampled", None),
     SmokeServerSpec("sampled-mtp-topk1", "sampled", 1),
     SmokeServerSpec("sampled-mtp-topk3", "sampled", 3),
-    # The decoy witness (mtpmatrix.tiers.pairs.decoy): at known inputs the drafter ranks a wrong decoy first, so topk 1
+    # The decoy witness (mtpmatrix.pairs.decoy): at known inputs the drafter ranks a wrong decoy first, so topk 1
     # must reject it and topk 3 must follow the second branch, fed its own parent; every request's accept length is
     # predicted exactly (topk 1: 3.56 or 4.0, topk 3: 5.33 on the e-series prompts).
     SmokeServerSpec("decoy-mtp-topk1", "decoy-sglang-phase", 1, default=DECOY_IN_DEFAULT_SUITE),

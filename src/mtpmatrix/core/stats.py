@@ -7,7 +7,7 @@
 * ``speedup`` / ``latency_speedup``: throughput ratios.
 * ``chi2_sf`` / ``chi2_isf`` / ``ncx2_sf``: chi-square tails (central and noncentral), ``pearson_chi2``: Pearson's
   goodness-of-fit test, ``min_detectable_tv``: the smallest total-variation deviation it detects with a given
-  power (the sampled pair's lossless-in-distribution check, mtpmatrix.tiers.pairs.sampled).
+  power (the sampled pair's lossless-in-distribution check, mtpmatrix.pairs.sampled).
 """
 
 from __future__ import annotations

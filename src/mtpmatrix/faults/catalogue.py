@@ -534,7 +534,7 @@ def diff(app: Application) -> str:
 
 # --------------------------------------------------------------------------------------------- the installed sglang
 def find_sglang(python: str = sys.executable) -> Path | None:
-    from mtpmatrix.tiers.processes import sglang_package_dir
+    from mtpmatrix.serving.processes import sglang_package_dir
 
     return sglang_package_dir(python)
 

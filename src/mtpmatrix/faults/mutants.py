@@ -154,13 +154,13 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         union += [s for s in _servers(ns, a.mutant) if s not in union]
     check_servers(union, known_servers)
     if gpu_check:
-        from mtpmatrix.tiers.environment import gpu_missing
+        from mtpmatrix.serving.environment import gpu_missing
 
         why = gpu_missing(1)
         if why:
             raise MutantsError(f"the mutant suites need a GPU: {why} (--list/--check need none)")
     if free_mib is None and gpu_check:
-        from mtpmatrix.tiers.environment import gpu_free_mib
+        from mtpmatrix.serving.environment import gpu_free_mib
 
         free_mib = gpu_free_mib()
     cap = server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)

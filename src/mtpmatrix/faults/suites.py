@@ -19,7 +19,7 @@ from pathlib import Path
 from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.schema import FAILING, short_check_id
 from mtpmatrix.faults.catalogue import ENV_MUTANT, HOOK_DIR, MARK
-from mtpmatrix.tiers.processes import group_members
+from mtpmatrix.serving.processes import group_members
 
 SUITE = "tests/tiers"  # the smoke checks, in every test module of the suite (--tiers smoke selects them)
 
@@ -160,7 +160,7 @@ def server_cap(cpus: int | None, free_mib: int | None, requested: int | None = N
         return max(1, requested)
     cap = max(1, (cpus or 1) // CORES_PER_SERVER)
     if free_mib is not None:
-        from mtpmatrix.tiers.launch_plan import memory_parallelism
+        from mtpmatrix.serving.launch_plan import memory_parallelism
 
         cap = min(cap, memory_parallelism(free_mib))
     return max(1, cap)

@@ -12,7 +12,7 @@ Nothing outlives the suite: the folder is new for every suite and removed after 
 file against its source before using it (mtime and size; the hash of its bytes for those compiled from uv's
 cache). What persists is one list of files per pytest process (``.cache/bytecode/sglang-<version>-py<python>/
 <process>.txt``, paths relative to site-packages, so every probe of a bisect shares them), rewritten from what that
-process imported (mtpmatrix.tiers.imported), and ``sources.json`` (below); without a list (the first row of a
+process imported (mtpmatrix.tiers.session.imported), and ``sources.json`` (below); without a list (the first row of a
 release) the suite runs as before. ``MTPMATRIX_PRECOMPILE=0`` turns this off.
 
 Most of the compiling can start earlier, while the row installs (``start_while_installing``): the install waits on
@@ -40,15 +40,15 @@ from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.rows import Row, RowError
 from mtpmatrix.core.schema import parse_tiers
 from mtpmatrix.runner import bytecode_from_cache
-from mtpmatrix.tiers.imported import ENV as IMPORTED_ENV
-from mtpmatrix.tiers.imported import PROCESS_ENV
+from mtpmatrix.tiers.session.imported import ENV as IMPORTED_ENV
+from mtpmatrix.tiers.session.imported import PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_PRECOMPILE"
 SOURCES = "sources.json"
 # processes compiling from uv's cache while the install waits on the index (its own work: under half a core, measured)
 INSTALL_WORKERS = 2
 CACHE = REPO / ".cache" / "bytecode"
-PLUGIN_ARGS = ["-p", "mtpmatrix.tiers.imported"]
+PLUGIN_ARGS = ["-p", "mtpmatrix.tiers.session.imported"]
 
 
 def enabled(env: dict | None = None) -> bool:
@@ -165,7 +165,7 @@ def read_lists(lists: Path, names: list[str]) -> list[list[str]]:
 def compile_order(per_process: list[list[str]], forked: bool = False) -> list[str]:
     """The files of the processes' lists, each once: each process's in turn (its 1st, the other's 1st, its 2nd,
     ...: the processes import side by side, so the compiler stays ahead of each). ``forked`` (the processes are
-    forked from one interpreter that first imports what they share, mtpmatrix.tiers.pytest_fork): first the files
+    forked from one interpreter that first imports what they share, mtpmatrix.tiers.session.fork): first the files
     one process alone imports, so the compiler gets ahead of the child that imports the most after the fork
     (sglang's 4,400 files) while that interpreter compiles the shared ones itself; then the shared ones last
     imported first, so the compiler, done early, takes the interpreter's tail until the two meet (past that it

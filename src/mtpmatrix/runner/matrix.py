@@ -30,7 +30,7 @@ from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, p
 from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
 from mtpmatrix.runner import bytecode, candidate, index, side_by_side
 from mtpmatrix.runner import overrides as override_rules
-from mtpmatrix.tiers import environment
+from mtpmatrix.serving import environment
 from mtpmatrix.tiers.verdict import classify_install
 
 SUITE = "tests/tiers"
@@ -159,7 +159,7 @@ def preflight_servers(urls: list[str]) -> list:
     if not urls:
         return []
     try:  # the client speaks HTTP through requests; nox's own Python has it only if the user installed it
-        from mtpmatrix.tiers import served
+        from mtpmatrix.serving import served
     except ImportError as exc:
         raise RowError(f"--server-url needs {exc.name or 'requests'} in nox's Python to reach the server before the "
                        f"row installs: pip install requests") from None
@@ -411,8 +411,8 @@ def _suite(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, reco
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE
     tiers_file.unlink(missing_ok=True)
-    # pytest through mtpmatrix.tiers.pytest_process: rarer full GCs, no interpreter teardown (why: its docstring)
-    pytest_cmd = [str(venv_python(venv)), "-m", "mtpmatrix.tiers.pytest_process", SUITE, "-p", "no:cacheprovider",
+    # pytest through mtpmatrix.tiers.session.process: rarer full GCs, no interpreter teardown (why: its docstring)
+    pytest_cmd = [str(venv_python(venv)), "-m", "mtpmatrix.tiers.session.process", SUITE, "-p", "no:cacheprovider",
                   f"--junitxml={out / 'junit.xml'}", f"--mtp-results={tiers_file}", f"--tiers={opts.tiers}",
                   *(f"--server-url={u}" for u in opts.server_urls), *opts.pytest_args]
     env_py = {**os.environ, "VIRTUAL_ENV": str(venv),

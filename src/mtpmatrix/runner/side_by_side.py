@@ -35,8 +35,9 @@ from mtpmatrix.core.atomic import atomic_write_json, read_json
 from mtpmatrix.core.rows import RowError
 from mtpmatrix.core.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
 from mtpmatrix.core.side_by_side_rule import SHARED_MARK, SHARED_TIER
-from mtpmatrix.tiers import pytest_fork, pytest_process
-from mtpmatrix.tiers.imported import PROCESS_ENV
+from mtpmatrix.tiers.session import fork as pytest_fork
+from mtpmatrix.tiers.session import process as pytest_process
+from mtpmatrix.tiers.session.imported import PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_SIDE_BY_SIDE"
 
@@ -103,8 +104,8 @@ def _with_paths(cmd: list[str], group: Group, out: Path) -> list[str]:
 
 
 def forks(cmd: list[str]) -> bool:
-    """Whether the groups' processes are forked from one interpreter (mtpmatrix.tiers.pytest_fork): when ``cmd``
-    runs pytest through mtpmatrix.tiers.pytest_process (a row's suite does) on a system that forks."""
+    """Whether the groups' processes are forked from one interpreter (mtpmatrix.tiers.session.fork): when ``cmd``
+    runs pytest through mtpmatrix.tiers.session.process (a row's suite does) on a system that forks."""
     return cmd[1:3] == ["-m", pytest_process.__name__] and hasattr(os, "fork")
 
 
@@ -178,7 +179,7 @@ def _start_each(cmd, part_cmds, groups, env, cwd):
 
 
 def _start_forked(cmd, part_cmds, groups, env, cwd):
-    """The groups' pytest processes forked by mtpmatrix.tiers.pytest_fork from one interpreter (why: its
+    """The groups' pytest processes forked by mtpmatrix.tiers.session.fork from one interpreter (why: its
     docstring), each writing into a pipe of its own; in a process group of their own, killed as one."""
     pipes = [os.pipe() for _ in groups]
     spec = {"imports": list(pytest_fork.SHARED_IMPORTS),

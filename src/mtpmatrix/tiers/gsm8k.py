@@ -52,7 +52,7 @@ from pathlib import Path
 
 from mtpmatrix.core import settings, stats
 from mtpmatrix.core.atomic import atomic_write_bytes, atomic_write_text
-from mtpmatrix.tiers import client
+from mtpmatrix.serving import client
 
 INVALID = -9999999
 STOP = ["Question", "Assistant:", "<|separator|>"]

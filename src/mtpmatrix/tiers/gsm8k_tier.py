@@ -3,7 +3,7 @@ are, and one sglang server per case, launched and scored once (``Gsm8kRuns``), w
 
 For every pair in settings.DEFAULT_PAIRS and every topk in settings.TOPKS, one server runs GSM8K 5-shot (the exact
 prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.tiers.gsm8k). With ``--server-url`` the cases are the
-running servers instead (one per server, named from what its /server_info says it serves: mtpmatrix.tiers.served),
+running servers instead (one per server, named from what its /server_info says it serves: mtpmatrix.serving.served),
 and nothing is launched.
 
 Env knobs:
@@ -29,7 +29,8 @@ from pathlib import Path
 from mtpmatrix.core import schema, settings
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.core.schema import comma_list
-from mtpmatrix.tiers import client, gsm8k
+from mtpmatrix.serving import client
+from mtpmatrix.tiers import gsm8k
 
 TINY_PREFIX = "tiny-e2e-proof"
 # Char-level tiny tokenizer: a 5-shot prompt is up to ~2.9k tokens, so the tiny pair gets its full 4096 context.
@@ -204,8 +205,8 @@ def collect_served(case: Case, out_dir: Path, say) -> Gsm8kRun:
 def collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
     """Launch the case's server (or score its running one), run GSM8K, keep what it did; skips and failures are
     kept on the run for every check to report."""
-    from mtpmatrix.tiers.environment import gpu_count
-    from mtpmatrix.tiers.server import SglangServer
+    from mtpmatrix.serving.environment import gpu_count
+    from mtpmatrix.serving.server import SglangServer
 
     if case.url:
         return collect_served(case, out_dir, say)

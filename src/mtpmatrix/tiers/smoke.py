@@ -11,7 +11,7 @@ while others share the GPU is relaunched alone before its failure counts, so con
 failure that repeats alone stands for every server that failed the same way beside it (``failure_signature``), so a
 broken release costs one relaunch, not one per server.
 
-The pairs, built on the fly by mtpmatrix.tiers.pairs (``SMOKE_SERVERS`` says which server serves which):
+The pairs, built on the fly by mtpmatrix.pairs (``SMOKE_SERVERS`` says which server serves which):
 - *random*: saved random weights (accept length ~1.0; bf16 near-ties may flip a few greedy tokens);
 - *constructed* and *witness*: both models compute next = token + 1, so greedy output is known exactly and every
   draft is right (the witness at sglang's draft phase only when every Frozen-KV hand-off is): the accept length must
@@ -19,7 +19,7 @@ The pairs, built on the fly by mtpmatrix.tiers.pairs (``SMOKE_SERVERS`` says whi
 - *decoy*: the witness with a wrong draft ranked first at known inputs: each request's accept length is predicted
   exactly at topk 1 and 3;
 - *sampled*: a closed-form next-token distribution; sampled requests must come out with it, with and without MTP.
-The per-request speculative meta_info fields and /server_info's average must agree (mtpmatrix.tiers.meta_fields).
+The per-request speculative meta_info fields and /server_info's average must agree (mtpmatrix.tiers.compat.meta_fields).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def sampled_plan(spec: SmokeServerSpec) -> list:
     """The sampled requests a server gets besides the greedy ones: the sampled pair's plan, else none."""
     if spec.pair != "sampled":
         return []
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     return sampled.request_plan()
 
@@ -269,8 +269,9 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
     ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests only); ``on_start(server)`` is called
     once the process exists, before waiting for it.
     """
-    from mtpmatrix.tiers import client, surface
-    from mtpmatrix.tiers.server import SglangServer
+    from mtpmatrix.serving import client
+    from mtpmatrix.tiers import surface
+    from mtpmatrix.serving.server import SglangServer
 
     run = SmokeRun(spec=spec, log_path=Path(log_dir) / (log_name or f"server-{spec.name}.log"), vocab_size=vocab_size)
     server = SglangServer(server_args_for(spec, target, assistant, tp, extra_args), python=python, log_path=run.log_path,
@@ -292,7 +293,7 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         reqs += [{"text": t, "sampling_params": sampling_params()} for t in TEXT_PROMPTS]
         plan = sampled_plan(spec)
         if plan:
-            from mtpmatrix.tiers.pairs.sampled import payload
+            from mtpmatrix.pairs.sampled import payload
 
             reqs += [payload(r) for r in plan]
         n_planned = len(reqs)
@@ -348,7 +349,7 @@ def accept_length_problem(spec: SmokeServerSpec, metas: list[dict], steps: int =
     ran", since its drafts are right by chance only (1.03-1.05 measured, and a broken path gives the same ~1). An
     exact pair gated on hand-offs (witness at sglang's phase, constructed) must reach EXACT_PAIR_MIN_ACCEPT.
     """
-    from mtpmatrix.tiers.client import accept_length_from_meta
+    from mtpmatrix.serving.client import accept_length_from_meta
 
     got = accept_length_from_meta(metas)
     if got is None:
@@ -375,8 +376,8 @@ def phase_moved(spec: SmokeServerSpec, runs) -> str | None:
     transformers' phase beside it drafted right: the sglang under test drafts at transformers' phase, not at the one
     these servers were built for (a fixed release still inside SGLANG_DRAFT_PHASES, or a candidate that moves the
     phase without declaring it). None when that is not the story (``runs``: the smoke runs, by server name)."""
-    from mtpmatrix.tiers.client import accept_length_from_meta
-    from mtpmatrix.tiers.pairs import witness
+    from mtpmatrix.serving.client import accept_length_from_meta
+    from mtpmatrix.pairs import witness
 
     if not spec.pair.endswith("-sglang-phase"):
         return None

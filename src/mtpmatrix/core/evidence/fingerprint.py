@@ -1,7 +1,7 @@
 """The suite's fingerprint: a hash of what decides what a run tests and how it is judged.
 
-Covered: the tier tests (``tests/conftest.py``, ``tests/tiers/**``), the code they run (``src/mtpmatrix/tiers/**``
-and the shared modules they import from core: expected, schema, settings, stats, kinds, smoke_servers,
+Covered: the tier tests (``tests/conftest.py``, ``tests/tiers/**``), the code they run (``src/mtpmatrix/tiers/**``,
+``pairs/**``, ``serving/**`` and the shared modules they import from core: expected, schema, settings, stats, kinds, smoke_servers,
 known_upstream), the expected checks of each tier (``expected_checks.json``) and the GSM8K data's checksum. Not covered: the runner, the report and the known-upstream
 list, which judge records again every time and so change no record's meaning.
 
@@ -26,6 +26,8 @@ SUITE_FILES = (
     ("tests", "conftest.py"),
     ("tests/tiers", "**/*.py"),
     ("src/mtpmatrix/tiers", "**/*.py"),
+    ("src/mtpmatrix/pairs", "**/*.py"),  # the pairs the tiers build and their predictions
+    ("src/mtpmatrix/serving", "**/*.py"),  # how the tiers launch and talk to sglang
     ("src/mtpmatrix/core", "expected.py"),
     ("src/mtpmatrix/core", "expected_checks.json"),
     ("src/mtpmatrix/core", "kinds.py"),  # what the tiers classify failures into

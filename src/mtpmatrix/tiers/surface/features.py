@@ -26,7 +26,7 @@ Which pair tells what, and why (sglang 0.5.13 / 0.5.17 read for every prediction
         own past (each re-walked token is the peak AND a past token: 175 vs <= 98), where the drafter's x + 1
         drafts are accepted: repeats with accepted drafts. No closed form (which earlier token wins depends on
         the code geometry): held to the no-MTP witness only.
-  * sampled (temperature 0.7, closed form in mtpmatrix.tiers.pairs.sampled): ``min-p``: min_p 0.26 with no top-k /
+  * sampled (temperature 0.7, closed form in mtpmatrix.pairs.sampled): ``min-p``: min_p 0.26 with no top-k /
     top-p keeps offsets d1-d3 (probability ratios to d1: 0.586, 0.344) and cuts d4 (0.201) and every other token:
     the kept set and law of sampled.closed_form exactly, with log-margins of 0.26 nats on both sides of the cut.
   * custom logit processors: not sent; sglang refuses them unless the server runs with
@@ -108,13 +108,13 @@ def _witness_payload(label: str) -> dict:
 
 
 def min_p_prompt(i: int) -> list[int]:
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     return [sampled.RING_START + (7 * i + 5 * j) % sampled.RING_SIZE for j in range(sampled.PROMPT_LEN)]
 
 
 def _min_p_payload(i: int) -> dict:
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     return {"input_ids": min_p_prompt(i),
             "sampling_params": {"temperature": sampled.TEMPERATURE, "min_p": MIN_P, "max_new_tokens": MIN_P_NEW_TOKENS,
@@ -140,7 +140,7 @@ def min_p_kept_ratios() -> dict[int, float]:
     """Probability of each offset relative to d1's at the sampled pair's temperature (softcapped logits)."""
     import math
 
-    from mtpmatrix.tiers.pairs import sampled
+    from mtpmatrix.pairs import sampled
 
     top = sampled.softcap(sampled.TARGET_LOGITS[0])
     return {d: math.exp((sampled.softcap(x) - top) / sampled.TEMPERATURE)

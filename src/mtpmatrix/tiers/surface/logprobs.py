@@ -19,7 +19,7 @@ What sglang returns (read from the source):
 So an intact MTP server returns, per output token, the target's row at that token's own node: the same numbers the
 no-MTP witness returns, up to bf16 kernel rounding.
 
-The witness target (mtpmatrix.tiers.pairs.witness) makes each row a function of the row's input token x alone (its
+The witness target (mtpmatrix.pairs.witness) makes each row a function of the row's input token x alone (its
 hidden state is exactly sqrt(H) E[x]): raw logit of token j = LOGIT_PEAK * c(j).c(x+1), so after Gemma 4's final
 softcap 30 tanh(l / 30) the peak (x + 1) is 17.48 and every other token at most softcap(20 (1 - code_margin)) = 9.82
 (code_margin >= 0.49 on the tiny pairs, smoke.EXACT_PAIR_ACCEPT_LENGTH's comment). Hence:

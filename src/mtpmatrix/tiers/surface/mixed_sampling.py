@@ -1,4 +1,4 @@
-"""Request family: mixed sampling in one batch on the sampled pair (mtpmatrix.tiers.pairs.sampled).
+"""Request family: mixed sampling in one batch on the sampled pair (mtpmatrix.pairs.sampled).
 
 The sampled plan's two groups share one closed form by construction, so a verify that applies one request's
 temperature / top-k / top-p to another request's rows is invisible there, and greedy requests on the sampled servers
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mtpmatrix.tiers.pairs import sampled
-from mtpmatrix.tiers.pairs.sampled import SamplingGroup
+from mtpmatrix.pairs import sampled
+from mtpmatrix.pairs.sampled import SamplingGroup
 
 NAME = "mixed_sampling"
 

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix.core import settings
-from mtpmatrix.tiers.pairs.tiny import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
+from mtpmatrix.pairs.tiny import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
 
 NAME = "stops"
 PAIR = "witness-sglang-phase"  # the servers this family is sent to (spec.pair)
@@ -263,7 +263,7 @@ def accounting_problems(case: Case, exchange, *, fields: tuple[str, ...] | None,
     ends output_ids and is an EOS or a requested stop id; a matched string is a requested one; and (MTP,
     ``fields`` given) the speculative fields agree with each other and with completion_tokens
     (meta_fields.disagreements: every step settled tokens that are in the output, none ran after the finish)."""
-    from mtpmatrix.tiers import meta_fields
+    from mtpmatrix.tiers.compat import meta_fields
 
     if exchange.error:
         return [f"request failed: {exchange.error}"]

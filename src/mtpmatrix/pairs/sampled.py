@@ -60,7 +60,7 @@ So the pooled offset counts are Multinomial(n, closed form), with every position
      simulated null runs are uniform there.
   3. Power: every deviation of total variation >= ``detectable_tv(n)`` (0.030 at n = 8192) from the closed form is
      detected with probability >= 0.9 (stats.min_detectable_tv; confirmed by simulation in the unit tests). The
-     CPU model of sglang's verify (``mtpmatrix.tiers.pairs.sampled_model``) shows each broken verify detected.
+     CPU model of sglang's verify (``mtpmatrix.pairs.sampled_model``) shows each broken verify detected.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
     what the pair's marker keeps."""
     import torch
 
-    from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
+    from mtpmatrix.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 
     text = t_cfg["text_config"]
     V, H = text["vocab_size"], text["hidden_size"]

@@ -1,4 +1,4 @@
-"""``python -m mtpmatrix.tiers.pytest_fork SPEC``: a row's side-by-side pytest processes (mtpmatrix.runner.side_by_side)
+"""``python -m mtpmatrix.tiers.session.fork SPEC``: a row's side-by-side pytest processes (mtpmatrix.runner.side_by_side)
 forked from one interpreter that has already imported what both of them import.
 
 Why (issue #21): on a CPU row the suite is CPU-bound, and both pytest processes imported torch and transformers'
@@ -8,8 +8,8 @@ and forked, the children share them (copy on write).
 
 SPEC (JSON, built by side_by_side.run): ``imports``, what to import first (``module`` or ``module:attribute``, the
 attribute read to trigger a lazy import), and ``groups``, one per child: ``args`` (pytest's arguments, as for
-``python -m mtpmatrix.tiers.pytest_process``), ``env`` (added to the child's environment) and ``fd`` (an inherited
-pipe, the child's stdout and stderr). Each child runs pytest as mtpmatrix.tiers.pytest_process does; this process
+``python -m mtpmatrix.tiers.session.process``), ``env`` (added to the child's environment) and ``fd`` (an inherited
+pipe, the child's stdout and stderr). Each child runs pytest as mtpmatrix.tiers.session.process does; this process
 waits for them and prints their exit statuses, one JSON list, on its stdout.
 
 A child is a fresh interpreter instead (``os.execv`` of pytest_process, exactly the processes as before) when an
@@ -27,9 +27,9 @@ import os
 import sys
 import time
 
-from mtpmatrix.tiers import pytest_process
+from mtpmatrix.tiers.session import process as pytest_process
 
-MODULE = "mtpmatrix.tiers.pytest_fork"
+MODULE = "mtpmatrix.tiers.session.fork"
 # what the reference tier imports (tests/tiers/test_reference.py), all of which the sglang process imports too
 SHARED_IMPORTS = ("pytest", "torch", "transformers", "transformers:AutoConfig", "transformers:AutoTokenizer",
                   "transformers:Gemma4ForConditionalGeneration", "transformers:Gemma4AssistantForCausalLM",

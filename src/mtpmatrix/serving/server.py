@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import client
-from mtpmatrix.tiers.processes import (
+from mtpmatrix.serving import client
+from mtpmatrix.serving.processes import (
     free_port,
     gpu_memory_by_pid,
     gpu_pids,

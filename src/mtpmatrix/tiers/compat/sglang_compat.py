@@ -47,7 +47,7 @@ from typing import Any
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import environment
+from mtpmatrix.serving import environment
 
 
 class AdapterError(RuntimeError):
@@ -339,7 +339,7 @@ _ABSENT = object()
 def check_served_args(info: dict, topk: int, record_property) -> None:
     """A live MTP server resolved settings.expected_resolution(topk) per its /server_info, with CUDA graphs on
     (smoke and gsm8k tiers). Records what it resolved as ``resolved`` (None where /server_info lacks a key)."""
-    from mtpmatrix.tiers.client import cuda_graph_disabled, find_arg
+    from mtpmatrix.serving.client import cuda_graph_disabled, find_arg
 
     if topk not in settings.DRAFT_TOKENS:  # a --server-url deployment may run any topk
         raise CheckFailure("args", f"server runs speculative_eagle_topk={topk}; the seed suite covers "

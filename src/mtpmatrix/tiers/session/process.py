@@ -1,4 +1,4 @@
-"""``python -m mtpmatrix.tiers.pytest_process ARGS``: ``python -m pytest ARGS`` for a row's suite, with two changes to
+"""``python -m mtpmatrix.tiers.session.process ARGS``: ``python -m pytest ARGS`` for a row's suite, with two changes to
 the interpreter around it and none to pytest.
 
 Why (issue #21, a row's cost on a 2-core machine where the suite is CPU-bound; warm 0.5.17 row, measured):

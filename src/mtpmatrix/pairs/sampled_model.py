@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 
 from mtpmatrix.core import settings
-from mtpmatrix.tiers.pairs import sampled
+from mtpmatrix.pairs import sampled
 
 VOCAB = 512  # the tiny pairs' vocabulary (tiny.VOCAB)
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtpmatrix.tiers.environment import nvidia_smi
+from mtpmatrix.serving.environment import nvidia_smi
 
 # Environment names: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, *_API_KEY, *SECRET*, *PASSWORD* (not TOKENIZERS_*, *_TOKENS).
 _SECRET_NAME = re.compile(r"TOKEN(?!S|IZER)|KEY|SECRET|PASSW|CREDENTIAL", re.I)

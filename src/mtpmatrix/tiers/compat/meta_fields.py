@@ -49,7 +49,7 @@ REL_TOL = 1e-6  # the ratios are one float division each, of small integers
 
 def documented_fields(version: str | None = None) -> tuple[str, ...]:
     """The speculative meta_info fields sglang ``version`` (default: the installed one) writes per response."""
-    from mtpmatrix.tiers.environment import by_release, version_of
+    from mtpmatrix.serving.environment import by_release, version_of
 
     return by_release(SGLANG_META_FIELDS, version or version_of("sglang"), CORE_FIELDS)
 

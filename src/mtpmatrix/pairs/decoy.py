@@ -1,4 +1,4 @@
-"""Decoy witness: the witness pair (``mtpmatrix.tiers.pairs.witness``) whose drafter, at a known set of inputs,
+"""Decoy witness: the witness pair (``mtpmatrix.pairs.witness``) whose drafter, at a known set of inputs,
 ranks a wrong *decoy* token first and the right token second, so verify must reject drafts and the accepted path
 runs through non-first tree branches. The accept length of every request is predicted exactly, per topk.
 
@@ -72,7 +72,7 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix.core import settings
-from mtpmatrix.tiers.pairs.witness import (
+from mtpmatrix.pairs.witness import (
     ALPHA,
     BETA,
     D_NUISANCE,
@@ -318,7 +318,7 @@ _HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 def counter_mismatches(predicted: dict, meta: dict) -> list[str]:
     """Where one request's meta_info differs from ``predicted_counters``: the accept length (always) and, where the
     release reports them, the accepted-draft total and the per-step histogram. Empty when all agree."""
-    from mtpmatrix.tiers.client import accept_length_from_meta
+    from mtpmatrix.serving.client import accept_length_from_meta
 
     got = accept_length_from_meta([meta])
     out = []

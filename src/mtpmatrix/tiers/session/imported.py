@@ -1,4 +1,4 @@
-"""pytest plugin (``-p mtpmatrix.tiers.imported``): at the end of the session, the source files this process
+"""pytest plugin (``-p mtpmatrix.tiers.session.imported``): at the end of the session, the source files this process
 imported, in import order, one absolute path a line, written to ``$MTPMATRIX_IMPORTED_DIR/imported-<name>.txt``
 (``<name>``: ``$MTPMATRIX_SUITE_PROCESS``, which of the row's pytest processes this is). The runner compiles the ones
 in the row's site-packages ahead of the same process of the row's next suite (mtpmatrix.runner.bytecode); without

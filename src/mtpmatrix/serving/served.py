@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from mtpmatrix.core import settings
-from mtpmatrix.tiers import client
+from mtpmatrix.serving import client
 
 PAIR_ENV = "MTPMATRIX_SERVER_PAIR"  # the pair a server serves when its model path does not say (e.g. /models/e4b)
 INFO_TIMEOUT = 15.0

@@ -66,10 +66,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpmatrix.core.settings import TINY_PAIR_NAMES as PAIR_NAMES
-from mtpmatrix.tiers.pairs.decoy import make_decoy
-from mtpmatrix.tiers.pairs.sampled import make_sampled
-from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
-from mtpmatrix.tiers.pairs.witness import make_witness, phase_of_variant
+from mtpmatrix.pairs.decoy import make_decoy
+from mtpmatrix.pairs.sampled import make_sampled
+from mtpmatrix.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
+from mtpmatrix.pairs.witness import make_witness, phase_of_variant
 
 CODE_VERSION = "tiny-v3"  # v2: MoE experts share weights; v3: two physical layers per type, witness variant
 MARKER = ".mtpmatrix-tiny.json"
@@ -197,8 +197,8 @@ _COPIED_FROM_TARGET = ("vocab_size", "num_key_value_heads", "head_dim", "global_
                        "max_position_embeddings", "final_logit_softcapping", "hidden_activation", "rms_norm_eps")
 
 
-# witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.tiers.pairs.witness, "Draft phase")
-# sampled: pairs/sampled.py; decoy / decoy-sglang-phase: the witness with decoy drafts (mtpmatrix.tiers.pairs.decoy), at
+# witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.pairs.witness, "Draft phase")
+# sampled: pairs/sampled.py; decoy / decoy-sglang-phase: the witness with decoy drafts (mtpmatrix.pairs.decoy), at
 # the same two phases as the witness
 VARIANTS = ("random", "constructed", "witness", "witness-sglang-phase", "decoy", "decoy-sglang-phase", "sampled")
 

@@ -33,7 +33,7 @@ from mtpmatrix.core.expected import (
 from mtpmatrix.core.kinds import KINDS
 from mtpmatrix.core.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.core.side_by_side_rule import SHARED_MARK, shared_check
-from mtpmatrix.tiers import environment, served
+from mtpmatrix.serving import environment, served
 from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()

@@ -67,8 +67,8 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.tiers.elf import AbiUnavailable, Dynamic, Ref, make_reader
-from mtpmatrix.tiers.elf import needed as needed_sonames
+from mtpmatrix.tiers.compat.elf import AbiUnavailable, Dynamic, Ref, make_reader
+from mtpmatrix.tiers.compat.elf import needed as needed_sonames
 
 ROOT_DIST = "sglang"
 TORCH_DIST = "torch"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtpmatrix.tiers.processes import free_port
-from mtpmatrix.tiers.sglang_compat import (
+from mtpmatrix.serving.processes import free_port
+from mtpmatrix.tiers.compat.sglang_compat import (
     AdapterError,
     Resolution,
     cpu_build_patches,

@@ -6,7 +6,7 @@ when every input is right.
 
 from __future__ import annotations
 
-from mtpmatrix.tiers.pairs.witness import REFERENCE_DRAFT_PHASE, physical_kv_layers
+from mtpmatrix.pairs.witness import REFERENCE_DRAFT_PHASE, physical_kv_layers
 
 ABLATIONS = (
     "hidden_previous_position",  # the seed's hidden state comes from the position before the last accepted one

@@ -81,7 +81,7 @@ import os
 from dataclasses import dataclass
 
 from mtpmatrix.core import schema
-from mtpmatrix.tiers.pairs.weights import centroid_cluster_of, zero_residual_writers
+from mtpmatrix.pairs.weights import centroid_cluster_of, zero_residual_writers
 
 D_CODE = 14
 D_NUISANCE = 14
@@ -106,7 +106,7 @@ def sglang_draft_phase(version: str | None = None) -> int:
     candidate that moves the phase declares it (MTPMATRIX_DRAFT_PHASE, runner/candidate.py): the installed sglang is
     then no release this table knows, and the evidence judge accepts the knob only beside the same declaration in the
     candidate's record."""
-    from mtpmatrix.tiers.environment import by_release, version_of
+    from mtpmatrix.serving.environment import by_release, version_of
 
     declared = os.environ.get(DRAFT_PHASE_ENV, "").strip()
     if declared and version is None:
@@ -276,7 +276,7 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
     """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction,
     its assistant built for draft ``phase`` (module docstring).
 
-    ``extension`` (e.g. ``mtpmatrix.tiers.pairs.decoy.DecoyExtension``) adds to the construction without changing
+    ``extension`` (e.g. ``mtpmatrix.pairs.decoy.DecoyExtension``) adds to the construction without changing
     it: dims after the witness's own (``backbone_parts`` / ``assistant_parts``), ``embed_parts`` more unit parts
     in every embedding row (written by ``embed(E, ctx)``, the other parts shrink to keep rows at unit norm),
     ``extra_sq`` more squared norm in the assistant residual at every intact step (the final norm's divisor), and

@@ -45,7 +45,7 @@ from functools import cache
 import numpy as np
 
 from mtpmatrix.core import stats
-from mtpmatrix.tiers.pairs import sampled
+from mtpmatrix.pairs import sampled
 
 FAMILY_ALPHA = 1e-4
 TESTS = ("group", "position", "period6", "transition", "depth", "first")
