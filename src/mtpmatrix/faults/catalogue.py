@@ -374,10 +374,11 @@ CATALOGUE: tuple[Mutant, ...] = (
          Site(_EAI, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1)),
          Site(_EAI2, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1))),
         servers=SAMPLED_MTP,
-        expect="the structured sampled check's bonus-token test (tokens right after a fully accepted step must "
-               "follow the closed form): they are always the most likely kept offset. The pooled closed-form "
-               "check does not see it: on the sampled pair every draft is accepted in a step with probability "
-               "~0.18^5 at topk 1 and a few percent at topk 3, so the bonus is far below its detectable share"),
+        expect="test_bonus_tokens_match_closed_form[sampled-mtp-topk1/topk3] (mismatch): in the sampled pair's "
+               "second region every verify step accepts all five drafts, so every 6th token is a bonus token "
+               "(1,008 per server), and each comes back as the spread law's most likely start (probability 0.59 / "
+               "0.46 under the closed form: chi-square p ~1e-200). The ring's checks barely see it: there all "
+               "five drafts are accepted in < 0.4 % of steps at topk 1 and a few percent at topk 3"),
     Mutant(
         "no-overlap-seq-lens-dropped", "sched-modes",
         "the non-overlap scheduler does not carry the verify step's advanced seq_lens into the next iteration "

@@ -46,6 +46,12 @@ only when a float32 coin exceeds the float32 sum of the renormalised probabiliti
 from an all-zero residual (it returns token vocab - 1); a drafter that cannot trigger that keeps the check's false
 alarms at the stated rate.
 
+Second region (``pairs.sampled_bonus``): tokens 480..500 on hidden dims 33..53, written by ``make_sampled`` into the
+same two models, where the drafter drafts five-token chains the target follows with probability ~1, so every
+verify step accepts all five drafts and its bonus token is sampled at T > 0 from a closed form (the ring above
+almost never gets there: all five drafts accepted in < 0.4 % of its steps). The ring's weights and logits are
+unchanged by it: a ring token's hidden state is zero on those dims, and no E row outside 480..500 changes.
+
 Test (``check_outputs``)
 ------------------------
 Independence: under a lossless sampler each output is distributed as the target's own autoregressive sampling. The
@@ -313,6 +319,7 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
     what the pair's marker keeps."""
     import torch
 
+    from mtpmatrix.pairs import sampled_bonus as bonus
     from mtpmatrix.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 
     text = t_cfg["text_config"]
@@ -323,6 +330,9 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
                          f"{text.get('final_logit_softcapping')}")
     if 1 + RING_SIZE > min(H, A) or RING_START + RING_SIZE > V:
         raise ValueError(f"sampled pair: ring of {RING_SIZE} at {RING_START} does not fit (H {H}, A {A}, V {V})")
+    if not bonus.fits(H, A, V):
+        raise ValueError(f"sampled pair: region 2 ({bonus.R2_SIZE} tokens at {bonus.R2_START}, hidden dims from "
+                         f"{bonus.DIM_BASE}) does not fit (H {H}, A {A}, V {V})")
     h = check_exact(H)
     f_of = [(t - RING_START) % RING_SIZE for t in range(V)]
 
@@ -339,14 +349,16 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
         for d, lg, dl in zip(OFFSETS, TARGET_LOGITS, DRAFT_LOGITS):
             W[j, 1 + (g - d) % RING_SIZE] = (lg - OTHER_LOGIT) / h
             Wa[j, 1 + (g - d) % RING_SIZE] = (dl - DRAFT_OTHER_LOGIT) / ha
+    # assistant: the token half of its input is sqrt(H) * E[t]; dims 0 and 1 + f go to the same assistant dims
+    P = torch.zeros(A, 2 * H)
+    scale = 1.0 / (H ** 0.5 * EMBED_VALUE)
+    P[torch.arange(1 + RING_SIZE), torch.arange(1 + RING_SIZE)] = scale
+    # region 2 (pairs.sampled_bonus): other tokens and hidden dims, the ring's entries untouched
+    bonus.write_target(E, W, h)
+    bonus.write_drafter(Wa, P, ha, scale)
 
     with torch.no_grad():
         write_target_head(target, E, W, "sampled")
-
-        # assistant: the token half of its input is sqrt(H) * E[t]; dims 0 and 1 + f go to the same assistant dims
-        P = torch.zeros(A, 2 * H)
-        scale = 1.0 / (H ** 0.5 * EMBED_VALUE)
-        P[torch.arange(1 + RING_SIZE), torch.arange(1 + RING_SIZE)] = scale
         assistant.pre_projection.weight.copy_(P)
         assistant.model.embed_tokens.weight.copy_(Wa)  # tied lm_head
         assistant.lm_head.weight.copy_(Wa)
@@ -361,7 +373,8 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
                     cw[cluster_of[RING_START + (f + d) % RING_SIZE], 1 + f] += 1.0
             if int((cw[:, 1:1 + RING_SIZE] > 0).sum(0).max()) > a_cfg["centroid_intermediate_top_k"]:
                 raise ValueError("sampled pair: the offsets' tokens span more clusters than the centroid head keeps")
+            bonus.write_centroids(cw, cluster_of, a_cfg["centroid_intermediate_top_k"])
             assistant.masked_embedding.centroids.weight.copy_(cw)
     return {"sampled": {"ring_start": RING_START, "ring_size": RING_SIZE, "offsets": list(OFFSETS),
                         "target_logits": list(TARGET_LOGITS), "draft_logits": list(DRAFT_LOGITS),
-                        "normed_hidden": h}}
+                        "normed_hidden": h, "bonus": bonus.marker()}}

@@ -266,7 +266,7 @@ def pair_hash(name: str, variant: str | bool, seed: int) -> str:
     variant = variant_name(variant)
     # a witness pair is also rebuilt whenever its construction changes
     sources = {"witness": ("witness.py", "weights.py"), "decoy": ("witness.py", "decoy.py", "weights.py"),
-               "sampled": ("sampled.py", "weights.py")}.get(variant.split("-")[0], ())
+               "sampled": ("sampled.py", "sampled_bonus.py", "weights.py")}.get(variant.split("-")[0], ())
     witness_src = b"".join(Path(__file__).with_name(f).read_bytes() for f in sources)
     phase = phase_of_variant(variant) if sources and variant != "sampled" else None  # follows the installed sglang
     blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(),

@@ -19,7 +19,7 @@ import importlib
 from dataclasses import dataclass
 
 # module names under mtpmatrix.tiers.surface, in the order their requests are sent
-FAMILIES: tuple[str, ...] = ("stops", "logprobs", "features", "mixed_sampling")
+FAMILIES: tuple[str, ...] = ("stops", "logprobs", "features", "mixed_sampling", "bonus")
 
 
 @dataclass(frozen=True)
