@@ -20,11 +20,11 @@ import sys
 import torch
 from transformers import Gemma4AssistantForCausalLM, Gemma4ForConditionalGeneration
 
-from mtpmatrix.tiers import smoke
 from mtpmatrix.pairs import sampled, tiny
 from mtpmatrix.pairs import sampled_bonus as pb
 from mtpmatrix.pairs.witness import physical_kv_layers
 from mtpmatrix.pairs.witness_harness import _assist, target_states
+from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.surface import bonus, mixed_sampling
 
 V = tiny.VOCAB

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.tiers import smoke
+from mtpmatrix.core import smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving.runs import replay_run
-from mtpmatrix.tiers.verdict import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
-OPTIONS = smoke.collection_options()
+OPTIONS = smoke_servers.collection_options()
 SAMPLED = [s.name for s in OPTIONS.specs if s.pair == "sampled"]
 
 

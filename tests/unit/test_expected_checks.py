@@ -57,3 +57,19 @@ def test_a_malformed_definition_is_one_line(tmp_path):
     path.write_text(json.dumps({"tiers": {"contract": []}}))
     with pytest.raises(expected_checks.ExpectedChecksError, match="want"):
         expected_checks.load(path)
+
+
+def test_a_collection_error_is_no_definition(tmp_path):
+    """A smoke module that failed to import was left out of the plugin's record, and --write wrote a definition
+    without its checks (2026-12-02, test_smoke_bonus.py after a move). Collection must succeed whole."""
+    import pytest
+
+    from mtpmatrix.core.evidence import expected_checks
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do case $a in --mtp-results=*) out=${a#--mtp-results=};; esac; done\n"
+                    "echo '{\"selection\": {\"collected\": {\"smoke\": []}}}' > \"$out\"\n"
+                    "echo 'ERROR tests/tiers/test_smoke_x.py - AttributeError'; exit 2\n")
+    fake.chmod(0o755)
+    with pytest.raises(expected_checks.ExpectedChecksError, match="exit 2"):
+        expected_checks.collect(tmp_path, python=str(fake))

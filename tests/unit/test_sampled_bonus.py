@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from scipy import special
 
-from mtpmatrix import settings, stats
-from mtpmatrix.tiers import smoke, surface
+from mtpmatrix.core import settings, smoke_servers, stats
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.pairs import sampled, tiny
 from mtpmatrix.pairs import sampled_bonus as pb
+from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.surface import bonus, features, mixed_sampling
-from mtpmatrix.tiers.verdict import CheckFailure
 
 VOCAB = 512
 N_GROUP = bonus.N_REQUESTS // len(pb.GROUPS) * bonus.bonus_positions()  # bonus tokens per group and server
@@ -70,8 +70,8 @@ def test_prompts_and_alignment():
 
 def test_requests_only_for_the_sampled_pair_within_budget():
     assert bonus.NAME in surface.FAMILIES
-    assert bonus.requests(next(s for s in smoke.SMOKE_SERVERS if s.pair != "sampled"), VOCAB) == []
-    reqs = bonus.requests(next(s for s in smoke.SMOKE_SERVERS if s.name == "sampled-nomtp"), VOCAB)
+    assert bonus.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.pair != "sampled"), VOCAB) == []
+    reqs = bonus.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-nomtp"), VOCAB)
     assert len(reqs) == 16 and all(len(b["input_ids"]) + b["sampling_params"]["max_new_tokens"] <= 512
                                    for _, b in reqs)
     seeds = {b["sampling_params"]["sampling_seed"] for _, b in reqs}
@@ -195,7 +195,7 @@ def _smoke_module():
 
 
 def _fake_run(tmp_path, name, bug="none", full=True):
-    spec = next(s for s in smoke.SMOKE_SERVERS if s.name == name)
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == name)
     bodies = dict(bonus.requests(spec, VOCAB))
     run = smoke.SmokeRun(spec=spec, log_path=tmp_path / "server.log", vocab_size=VOCAB)
     exchanges = []

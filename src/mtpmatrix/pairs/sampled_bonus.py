@@ -79,7 +79,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mtpmatrix import stats
+from mtpmatrix.core import stats
 from mtpmatrix.pairs import sampled
 from mtpmatrix.pairs.sampled import SamplingGroup
 

@@ -61,8 +61,11 @@ def collect(repo: Path, python: str = sys.executable) -> dict[str, list[str]]:
         done = subprocess.run([python, "-m", "pytest", "tests/tiers", "--collect-only", "-q", "-p",
                                "no:cacheprovider", f"--mtp-results={out}"], cwd=repo, env=env,
                               capture_output=True, text=True)
-        if not out.is_file():
-            raise ExpectedChecksError(f"collecting tests/tiers wrote no results (exit {done.returncode}): "
+        if not out.is_file() or done.returncode != 0:
+            # a module that fails to import is missing from what the plugin records: a definition written from
+            # such a collection would quietly drop its checks
+            raise ExpectedChecksError(f"collecting tests/tiers failed (exit {done.returncode}"
+                                      f"{'' if out.is_file() else ', no results'}): "
                                       f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}")
         collected = json.loads(out.read_text())["selection"]["collected"]
     return {t: list(collected.get(t) or []) for t in TIERS}
