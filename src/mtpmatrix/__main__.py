@@ -76,19 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return culprit.run(ns, rest)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    if ns.cmd == "releases":
-        return releases.run(ns)
-    if ns.cmd == "mutants":
-        return mutants.run(ns)
-    if ns.cmd == "report":
-        return report_cli.run(ns)
-    if ns.cmd == "bisect":
-        return bisect.run(ns)
-    if ns.cmd == "import":
-        return importer.run(ns)
-    if ns.cmd == "plan":
-        return plan.run(ns)
-    return _rows(ns)
+    run = {"releases": releases.run, "mutants": mutants.run, "report": report_cli.run, "bisect": bisect.run,
+           "import": importer.run, "plan": plan.run}.get(ns.cmd, _rows)
+    return run(ns)
 
 
 if __name__ == "__main__":
