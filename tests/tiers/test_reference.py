@@ -445,13 +445,16 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_property, name):
     """The sampled pair's closed form (mtpmatrix.pairs.sampled) is what transformers' own sampling of the
-    target gives: the smoke tier's request plan (temperature 0.7, each group's top-k / top-p) through
-    ``generate(do_sample=True)``, judged by the same check (no offset off the kept set; chi-square at 1e-4)."""
+    target gives: the smoke tier's sampling groups (temperature 0.7, each group's top-k / top-p) and sample size
+    (8192 offsets, as sampled.REFERENCE_REQUESTS x REFERENCE_TOKENS: one wide generate call per group, 16 decode
+    steps instead of 128; issue #31) through ``generate(do_sample=True)``, judged by the same check (no offset off
+    the kept set; chi-square at 1e-4, TV 0.030 detected at power 0.9)."""
     from mtpmatrix.pairs import sampled
 
     torch = _torch()
     target, _assistant, _tok = load_pair(name, "sampled")
-    plan = sampled.request_plan()
+    plan = sampled.request_plan(sampled.REFERENCE_REQUESTS, sampled.REFERENCE_TOKENS)
+    assert len(plan) * sampled.REFERENCE_TOKENS == sampled.N_REQUESTS * sampled.NEW_TOKENS, "not the smoke tier's n"
     outputs: dict[int, list[int]] = {}
     torch.manual_seed(sampled.SEED_BASE)
     for group in sampled.GROUPS:
@@ -461,7 +464,8 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_pro
             with torch.inference_mode():
                 out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                       temperature=group.temperature, top_k=group.top_k, top_p=group.top_p,
-                                      max_new_tokens=sampled.NEW_TOKENS, min_new_tokens=sampled.NEW_TOKENS)
+                                      max_new_tokens=sampled.REFERENCE_TOKENS,
+                                      min_new_tokens=sampled.REFERENCE_TOKENS)
         except Exception as exc:
             raise CheckFailure("crash", f"{name}: sampled generate failed: {type(exc).__name__}: {exc} "
                                         f"(at {_deepest_frame(exc)})") from exc
@@ -470,6 +474,7 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_pro
     check = sampled.check_outputs([r.prompt for r in plan], [outputs[i] for i in range(len(plan))],
                                   target.config.get_text_config().vocab_size)
     record_property("sampled_offsets", check.n)
+    record_property("sampled_requests", len(plan))
     record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
     record_property("sampled_p_value", check.p_value)
     if not check.passed:

@@ -140,6 +140,23 @@ def test_payload_carries_the_group_and_a_distinct_seed():
     assert all(sampled.RING_START <= t < sampled.RING_START + sampled.RING_SIZE for r in plan for t in r.prompt)
 
 
+def test_reference_plan_has_the_smoke_sample_size():
+    """The reference tier's check of transformers' sampling draws its 8192 offsets as 512 requests of 16 tokens (one
+    generate call per group): the same n as the smoke tier, both groups alike and each group's prompts the smoke
+    plan's (8 times over), so the pooled counts are the same Multinomial(N, closed form) under the null and the
+    exact false-alarm rate (1.003e-4) and power (TV 0.030 at 0.9) above hold for it unchanged."""
+    plan = sampled.request_plan(sampled.REFERENCE_REQUESTS, sampled.REFERENCE_TOKENS)
+    assert len(plan) * sampled.REFERENCE_TOKENS == N == 8192
+    assert all(r.new_tokens == sampled.REFERENCE_TOKENS for r in plan)
+    for group in sampled.GROUPS:
+        mine = [r for r in plan if r.group == group]
+        assert len(mine) == len(plan) // len(sampled.GROUPS)
+        smoke = [r for r in sampled.request_plan() if r.group == group]
+        assert sorted(r.prompt for r in mine) == sorted(r.prompt for r in smoke for _ in range(8))
+    assert {sampled.ring_index(r.prompt[-1]) for r in plan} == set(range(sampled.RING_SIZE))
+    assert round(sampled.detectable_tv(N, VOCAB), 3) == 0.030
+
+
 @pytest.mark.parametrize("topk", [None, 1, 3])
 def test_correct_verify_passes_with_uniform_p_values(topk):
     """The CPU model of sglang's normal sampler / tree verify with nothing broken: 40 simulated smoke runs pass

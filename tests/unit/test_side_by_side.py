@@ -75,8 +75,8 @@ def test_greedy(shared, record_property):
     raise CheckFailure("mismatch", "outputs differ at token 3")
 
 
-# split across the two processes (side_by_side_rule): the unparametrized sampled check runs in the sglang group's
-# process, the parametrized one in the reference group's
+# split across the two processes (side_by_side_rule): a check of the greedy chains runs in the sglang group's
+# process, the others in the reference group's
 @pytest.mark.reference
 @pytest.mark.check("acceptance")
 @pytest.mark.parametrize("name", ["e-series"])
@@ -86,7 +86,7 @@ def test_sampled_pair(shared, record_property, name):
 
 @pytest.mark.reference
 @pytest.mark.check("acceptance")
-def test_sampled_assisted(shared, record_property):
+def test_constructed_rule_and_acceptance(shared, record_property):
     record_property("accept_rate", 0.5)
     raise CheckFailure("acceptance", "drafts 0 of 8 right")
 
@@ -219,10 +219,10 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch, l
                                                           for c in t["checks"])
     log = (two / PYTEST_LOG).read_text()
     assert f"-m {SGLANG.marker}" in log and f"-m {REFERENCE.marker}" in log and log.count("short test summary") == 2
-    # the reference tier came from both processes: its sglang-phase check from the sglang group's, in collection order
+    # the reference tier came from both processes: its check of the greedy chains from the sglang group's, in collection order
     sglang_log, reference_log = log.split(f"-m {REFERENCE.marker}", 1)
-    assert "FAILED suite/test_tiers.py::test_sampled_assisted" in sglang_log
-    assert "test_sampled_assisted" not in reference_log
+    assert "FAILED suite/test_tiers.py::test_constructed_rule_and_acceptance" in sglang_log
+    assert "test_constructed_rule_and_acceptance" not in reference_log
     assert "FAILED suite/test_tiers.py::test_greedy" in reference_log
     if says:
         assert f"{pytest_fork.MODULE}: " in sglang_log.splitlines()[1] and says in sglang_log.splitlines()[1]
@@ -311,14 +311,23 @@ def test_an_earlier_suite_s_parts_are_never_merged_into_this_one(tmp_path, monke
     assert "test_from_an_earlier_suite" not in (out / JUNIT_FILE).read_text()  # the sglang group's cases only
 
 
-def test_the_shared_rule_picks_the_assisted_sampling_check_only():
+def test_the_shared_rule_picks_the_checks_of_the_greedy_chains():
+    """The sglang process runs every check that reads the reference tier's greedy chains (all their parameters), the
+    reference process the sampled checks (the assisted one included), the witness ablations and the rest."""
     ref = "tests/tiers/test_reference.py::"
-    assert shared_check("reference", ref + "test_sampled_assisted_generation_matches_closed_form")
-    assert not shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[dense-31b]")
-    assert not shared_check("reference", ref + "test_sampled_drafter_proposes_another_order[moe-26b-a4b]")
-    assert not shared_check("reference", ref + "test_sampled_closed_form_matches_transformers_sampling[e-series]")
-    assert not shared_check("reference", ref + "test_greedy_with_assistant_equals_greedy[dense-31b]")
-    assert not shared_check("contract", "tests/tiers/test_contract.py::test_sampled_x")
+    for check in ("test_greedy_with_assistant_equals_greedy[dense-31b]",
+                  "test_greedy_with_assistant_equals_greedy[e-series-decoy]",
+                  "test_constructed_rule_and_acceptance[moe-26b-a4b]",
+                  "test_witness_drafts_at_transformers_phase[e-series]",
+                  "test_decoy_chain_meets_prediction_in_transformers[dense-31b]"):
+        assert shared_check("reference", ref + check), check
+    for check in ("test_sampled_assisted_generation_matches_closed_form",
+                  "test_sampled_closed_form_matches_transformers_sampling[dense-31b]",
+                  "test_sampled_drafter_proposes_another_order[moe-26b-a4b]",
+                  "test_witness_drafts_need_each_input[dense-31b-witness]", "test_configs_load[e-series]",
+                  "test_moe_output_does_not_depend_on_routing"):
+        assert not shared_check("reference", ref + check), check
+    assert not shared_check("contract", "tests/tiers/test_contract.py::test_greedy_with_assistant_equals_greedy")
 
 
 # Each test says it runs (its pid in a file), then blocks until killed: stopping the row must end both processes.

@@ -17,6 +17,15 @@ sglang process 15.1 s contract + 18.1 s assisted sampling + 7.6 s two sampled pa
 ~26 s), so the share is the one unparametrized check alone, transformers' assisted sampling (its dense-31b sampled
 pair then loads in both processes, ~0.1 s): about 33 s each.
 
+With transformers' own sampling of the sampled pairs as one wide call per group (issue #31: 5.1 s for the three
+pairs, from 11.4), the assisted-sampling check (one generate call per request, transformers' assisted generation takes
+one sequence at a time: 16-19 s, the largest single check) would leave the sglang process the longer one by ~10 s
+(0.5.17: contract ~15 s + 17 s, against ~21 s). So the processes swap: the sglang process runs the checks that read
+the greedy chains with and without the assistant (the ``generations`` fixture: greedy equals greedy on every pair
+variant, the constructed rule, the witness's and the decoy's acceptance in transformers; ~11 s, every pair variant
+whole, so each pair's chains are generated in one process), and the reference process keeps the sampled checks,
+the witness ablations and the configs. The witness and decoy pairs are then loaded in both processes (~0.1 s each).
+
 The pytest plugin marks them ``SHARED_MARK`` at collection; the groups' ``-m`` expressions select by it. Plain
 (no pytest import): the runner reads the names too.
 """
@@ -25,15 +34,13 @@ from __future__ import annotations
 
 SHARED_MARK = "shared_reference"
 SHARED_TIER = "reference"
-SHARED_FUNCTION_PREFIX = "test_sampled_"
-# None: test_sampled_assisted_generation_matches_closed_form (dense-31b's pair)
-SHARED_PARAMS = (None,)
+# the checks that read tests/tiers/test_reference.py's ``generations`` (every parameter of each)
+SHARED_FUNCTIONS = ("test_greedy_with_assistant_equals_greedy", "test_constructed_rule_and_acceptance",
+                    "test_witness_drafts_at_transformers_phase", "test_decoy_chain_meets_prediction_in_transformers")
 
 
 def shared_check(tier: str | None, nodeid: str) -> bool:
     """Whether the check ``nodeid`` (``file::function[param]``) of ``tier`` runs in the side-by-side sglang process."""
     if tier != SHARED_TIER:
         return False
-    name = nodeid.rsplit("::", 1)[-1]
-    function, _, param = name.partition("[")
-    return function.startswith(SHARED_FUNCTION_PREFIX) and (param.removesuffix("]") or None) in SHARED_PARAMS
+    return nodeid.rsplit("::", 1)[-1].partition("[")[0] in SHARED_FUNCTIONS

@@ -110,6 +110,13 @@ PROMPT_LEN = 12
 ALPHA = 1e-4  # false-alarm rate of one server's check
 POWER = 0.9
 SEED_BASE = 7_000  # sampling_seed of request i is SEED_BASE + i (distinct, see ``payload``)
+# The reference tier's check of transformers' own sampling (tests/tiers/test_reference.py) draws the same n = 8192
+# offsets as REFERENCE_REQUESTS requests of REFERENCE_TOKENS tokens, one generate call per group: the pooled offsets are
+# Multinomial(8192, closed form) under the null however they are split into requests (see Independence below), so the
+# test, its false-alarm rate and its power are the smoke tier's. Wide and short because a decode step of a tiny target
+# costs about as much for 256 rows as for 32 (issue #31).
+REFERENCE_REQUESTS = 512
+REFERENCE_TOKENS = 16
 
 
 def softcap(x: float, cap: float = SOFTCAP) -> float:
