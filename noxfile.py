@@ -1,21 +1,21 @@
 """gemma4-mtp-matrix sessions.
 
-    nox -s gemma4_mtp                         every default row (constraints/*.txt), CPU tiers unless a GPU is here
-    nox -s "gemma4_mtp(sglang-0.5.17)"        one row
-    nox -t latest                             rows by tag (nox -l --json lists rows and tags)
-    nox -s gemma4_mtp -- --with transformers==5.20.0      upgrade probe (uv --override), recorded per row
-    nox -s gemma4_mtp -- --patch FILE         a candidate: the patch on each row's pinned sglang (--sglang WHEEL|DIR:
-                                              a wheel or checkout instead); filed as <row>+patch-<sha7>
-    nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows that have a verdict
-    nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
-    nox -s unit                               the runner's own unit tests (the 'test' dependency group)
-    nox -s lint                               ruff check + ruff format --check
-    nox -t ci                                 what CI runs: unit tests, lint + the CPU tiers of the 'ci' row (ci_row)
-    nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
-    nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
-    nox -s gemma4_mtp -- --tiers gsm8k --server-url URL    GSM8K against a running sglang server
-    nox -t canary [-- --tiers contract --budget S]          canary rows (constraints/canary/): newest releases,
-                                                            and the culprit when one breaks a tier its row passes
+nox -s gemma4_mtp                         every default row (constraints/*.txt), CPU tiers unless a GPU is here
+nox -s "gemma4_mtp(sglang-0.5.17)"        one row
+nox -t latest                             rows by tag (nox -l --json lists rows and tags)
+nox -s gemma4_mtp -- --with transformers==5.20.0      upgrade probe (uv --override), recorded per row
+nox -s gemma4_mtp -- --patch FILE         a candidate: the patch on each row's pinned sglang (--sglang WHEEL|DIR:
+                                          a wheel or checkout instead); filed as <row>+patch-<sha7>
+nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows that have a verdict
+nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
+nox -s unit                               the runner's own unit tests (the 'test' dependency group)
+nox -s lint                               ruff check + ruff format --check
+nox -t ci                                 what CI runs: unit tests, lint + the CPU tiers of the 'ci' row (ci_row)
+nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
+nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
+nox -s gemma4_mtp -- --tiers gsm8k --server-url URL    GSM8K against a running sglang server
+nox -t canary [-- --tiers contract --budget S]          canary rows (constraints/canary/): newest releases,
+                                                        and the culprit when one breaks a tier its row passes
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ CI_TAG = paths.CI_TAG
 def _params(default: bool):
     # A row file's 'ci' tag selects the ci_row session below, not this one: `nox -t ci` must not file its CI run
     # under results/ as the user's latest matrix run (the report's default).
-    return [nox.param(row.python, row.id, id=row.id, tags=[t for t in row.tags if t != CI_TAG])
-            for row in ROWS.values() if row.default is default]
+    return [
+        nox.param(row.python, row.id, id=row.id, tags=[t for t in row.tags if t != CI_TAG])
+        for row in ROWS.values()
+        if row.default is default
+    ]
 
 
 def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id: str = RUN_ID) -> None:
@@ -83,8 +86,9 @@ def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id:
         for s in matrix.preflight_servers(opts.server_urls):
             session.log(f"gsm8k against {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")
         # a candidate installs into a fresh venv of its own (.nox/candidates/<id>): the row's keeps its release
-        venv = candidate.own_venv(opts.candidate, ROWS[row_id], Path(session.virtualenv.location),
-                                  Path(__file__).parent / ".nox")
+        venv = candidate.own_venv(
+            opts.candidate, ROWS[row_id], Path(session.virtualenv.location), Path(__file__).parent / ".nox"
+        )
         record = matrix.run_row(ROWS[row_id], venv, opts, log=session.log)
     except RowError as exc:  # bad input, no uv: one line (run_row raises it before recording anything)
         plan.not_run(opts, filed, str(exc))  # the report names the planned row that did not run, and why
@@ -164,8 +168,14 @@ def report(session: nox.Session) -> None:
 @nox.session(python=False, default=False)
 def bisect(session: nox.Session) -> None:
     """First bad release: nox -s bisect -- PACKAGE GOOD BAD [--row ROW] [--tier TIER] [--known ID]."""
-    session.run(sys.executable, "-m", "mtpmatrix", "bisect", *session.posargs,
-                env={"PYTHONPATH": str(Path(__file__).parent / "src")})
+    session.run(
+        sys.executable,
+        "-m",
+        "mtpmatrix",
+        "bisect",
+        *session.posargs,
+        env={"PYTHONPATH": str(Path(__file__).parent / "src")},
+    )
 
 
 @nox.session(python=False, default=False)

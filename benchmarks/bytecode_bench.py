@@ -132,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copytree(source, lists)
                 r = {"run": k + 1, **one(mode, row, lists, root, env)}
                 results.append(r)
-                print(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in r.items()}),
-                      flush=True)
+                print(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in r.items()}), flush=True)
     print(f"\n{row.id}, {os.cpu_count()} CPUs: median wall (CPU) seconds over {args.repeat} run(s)")
     print(f"{'mode':<12} {'install':>16} {'first import':>16} {'install+import':>16}")
     for mode in args.modes.split(","):
@@ -142,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         def med(key, rs=rs):
             return statistics.median(r[key] for r in rs)
 
-        print(f"{mode:<12} {med('install_s'):>7.1f} ({med('install_cpu_s'):>5.1f}) "
-              f"{med('import_s'):>7.1f} ({med('import_cpu_s'):>5.1f}) "
-              f"{med('total_s'):>7.1f} ({med('total_cpu_s'):>5.1f})")
+        print(
+            f"{mode:<12} {med('install_s'):>7.1f} ({med('install_cpu_s'):>5.1f}) "
+            f"{med('import_s'):>7.1f} ({med('import_cpu_s'):>5.1f}) "
+            f"{med('total_s'):>7.1f} ({med('total_cpu_s'):>5.1f})"
+        )
         if mode == "uv-compile":
-            print(f"{'  again':<12} {med('again_install_s'):>7.1f} ({med('again_install_cpu_s'):>5.1f}) "
-                  f"{med('again_import_s'):>7.1f}")
+            print(
+                f"{'  again':<12} {med('again_install_s'):>7.1f} ({med('again_install_cpu_s'):>5.1f}) "
+                f"{med('again_import_s'):>7.1f}"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0

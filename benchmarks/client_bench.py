@@ -33,8 +33,12 @@ FAKE = ROOT / "tests" / "unit" / "fake_sglang.py"
 
 def start_stub() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while not client.health(url, "/health", timeout=1):
@@ -54,9 +58,16 @@ def bench(url: str, n: int, parallel: int, prompt_chars: int) -> dict:
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     lat = sorted(r.latency_s for r in res)
     errors = sum(not r.ok for r in res)
-    return {"parallel": parallel, "requests": n, "errors": errors, "req_per_s": n / wall,
-            "client_cpu_us_per_req": cpu / n * 1e6, "wall_us_per_req": wall / n * 1e6,
-            "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1e3}
+    return {
+        "parallel": parallel,
+        "requests": n,
+        "errors": errors,
+        "req_per_s": n / wall,
+        "client_cpu_us_per_req": cpu / n * 1e6,
+        "wall_us_per_req": wall / n * 1e6,
+        "p50_ms": lat[len(lat) // 2] * 1e3,
+        "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1e3,
+    }
 
 
 def main(argv=None) -> None:
@@ -69,18 +80,24 @@ def main(argv=None) -> None:
     proc, url = start_stub()
     try:
         print(f"stub at {url}; {os.cpu_count()} CPUs; {a.requests} requests of {a.prompt_chars} chars each")
-        print(f"{'parallel':>8} {'req/s':>9} {'client CPU us/req':>18} {'wall us/req':>12} {'p50 ms':>8} "
-              f"{'p99 ms':>8} {'errors':>6}")
+        print(
+            f"{'parallel':>8} {'req/s':>9} {'client CPU us/req':>18} {'wall us/req':>12} {'p50 ms':>8} "
+            f"{'p99 ms':>8} {'errors':>6}"
+        )
         for p in (int(x) for x in a.parallel.split(",")):
             r = bench(url, a.requests, p, a.prompt_chars)
-            print(f"{r['parallel']:>8} {r['req_per_s']:>9.0f} {r['client_cpu_us_per_req']:>18.0f} "
-                  f"{r['wall_us_per_req']:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['errors']:>6}")
+            print(
+                f"{r['parallel']:>8} {r['req_per_s']:>9.0f} {r['client_cpu_us_per_req']:>18.0f} "
+                f"{r['wall_us_per_req']:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['errors']:>6}"
+            )
     finally:
         proc.terminate()
         proc.wait(10)
     ok = r["req_per_s"] >= a.min_rate and not r["errors"]
-    print(f"parallel {r['parallel']}: {r['req_per_s']:.0f} requests/s, {r['client_cpu_us_per_req']:.0f} us client CPU "
-          f"per request, {r['errors']} errors: {'ok' if ok else 'BELOW'} (target >= {a.min_rate:.0f} requests/s)")
+    print(
+        f"parallel {r['parallel']}: {r['req_per_s']:.0f} requests/s, {r['client_cpu_us_per_req']:.0f} us client CPU "
+        f"per request, {r['errors']} errors: {'ok' if ok else 'BELOW'} (target >= {a.min_rate:.0f} requests/s)"
+    )
     if not ok:
         raise SystemExit(1)
 

@@ -72,8 +72,12 @@ def main(argv=None) -> int:
 
             def gen(assist):
                 with torch.no_grad():
-                    return [target.generate(i, attention_mask=torch.ones_like(i),
-                                            assistant_model=assistant if assist else None, **kw) for i in ids]
+                    return [
+                        target.generate(
+                            i, attention_mask=torch.ones_like(i), assistant_model=assistant if assist else None, **kw
+                        )
+                        for i in ids
+                    ]
 
             plain = _t(f"{tag}: generate x{len(PROMPTS)} without assistant", lambda: gen(False), rows)
             try:

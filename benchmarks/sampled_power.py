@@ -14,8 +14,10 @@ from mtpmatrix.pairs import sampled_model as model
 
 def main(replicates: int = 200) -> None:
     n = sampled.N_REQUESTS * sampled.NEW_TOKENS
-    print(f"closed form {sampled.closed_form(model.VOCAB)}; n = {n} offsets per server; alpha {sampled.ALPHA:g}; "
-          f"detectable TV {sampled.detectable_tv(n, model.VOCAB):.4f} at power {sampled.POWER}")
+    print(
+        f"closed form {sampled.closed_form(model.VOCAB)}; n = {n} offsets per server; alpha {sampled.ALPHA:g}; "
+        f"detectable TV {sampled.detectable_tv(n, model.VOCAB):.4f} at power {sampled.POWER}"
+    )
     print(f"{'server':10} {'verify':28} detected (of {replicates} simulated runs)")
     for topk in (None, 1, 3):
         for bug in model.BUGS if topk else ("none",):

@@ -51,8 +51,12 @@ def write_payload(out: Path) -> int:
     pkg = find_sglang()
     if pkg is None:
         raise SystemExit("error: no sglang importable by this python (run with the python that runs the server)")
-    probe = Mutant("draft-probe", "probe", "dumps each draft forward's inputs; changes nothing",
-                   (Site(WORKER, ANCHOR, PROBE_SOURCE + ANCHOR),))
+    probe = Mutant(
+        "draft-probe",
+        "probe",
+        "dumps each draft forward's inputs; changes nothing",
+        (Site(WORKER, ANCHOR, PROBE_SOURCE + ANCHOR),),
+    )
     app = apply(probe, pkg)
     if not app.applicable or app.error:
         raise SystemExit(f"error: the probe does not apply to {pkg}: {app.error or app.reason()}")
@@ -67,7 +71,7 @@ def rope_position(vec, inv_freq, max_pos: int) -> int:
     import torch
 
     half, n = vec.shape[-1] // 2, len(inv_freq)
-    x1, x2 = vec[:n].double(), vec[half:half + n].double()
+    x1, x2 = vec[:n].double(), vec[half : half + n].double()
     pos = torch.arange(max_pos + 1, dtype=torch.float64)[:, None]
     ang = pos * inv_freq.double()[None, :]
     # rotating back by p: second component = x2 cos(p w) - x1 sin(p w); it vanishes at the true position
@@ -104,9 +108,11 @@ def read_dumps(dumps: Path, pair: Path, calls: int) -> int:
             first, last = rope_position(keys[0], inv, seq + 8), rope_position(keys[-1], inv, seq + 8)
             top = int((keys.double() @ q0.double()).argmax())
             phase = q_pos - last if q_pos >= 0 and last >= 0 else None
-            print(f"  assistant layer {logical} ({ltype}, target layer {phys}): query at {q_pos}, keys of slots 0 / "
-                  f"{seq - 1} at {first} / {last}, query scores slot {top} highest, draft phase "
-                  f"{phase if phase is None else f'{phase:+d}'}")
+            print(
+                f"  assistant layer {logical} ({ltype}, target layer {phys}): query at {q_pos}, keys of slots 0 / "
+                f"{seq - 1} at {first} / {last}, query scores slot {top} highest, draft phase "
+                f"{phase if phase is None else f'{phase:+d}'}"
+            )
     return 0
 
 

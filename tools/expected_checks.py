@@ -1,7 +1,7 @@
 """Write (--write) or check src/mtpmatrix/core/expected_checks.json against what tests/tiers collects with no knobs.
 
-    python tools/expected_checks.py          exit 1 and the difference when they disagree
-    python tools/expected_checks.py --write  write the file from the suite
+python tools/expected_checks.py          exit 1 and the difference when they disagree
+python tools/expected_checks.py --write  write the file from the suite
 """
 
 import sys

@@ -49,31 +49,55 @@ def settle_module(mutated: bool):
 
 def meta_info(mod, accept_lens: list[int]) -> dict:
     """One request through the settle step and the tokenizer manager: its response's meta_info."""
-    owner = SimpleNamespace(advance_grammar_fsm=lambda result, batch: None,
-                            model_worker=SimpleNamespace(on_verify_complete_cpu=lambda *a, **k: None),
-                            metrics_reporter=SimpleNamespace(snapshot_spec_decode_metrics=lambda *a, **k: None))
-    req = SimpleNamespace(is_retracted=False, grammar=None, kv_committed_len=0, kv=SimpleNamespace(kv_committed_len=0),
-                          spec_verify_ct=0, spec_num_correct_drafts=0, spec_correct_drafts_histogram=[],
-                          spec_num_block_accept_tokens=0, spec_num_cap_tokens=0, output=[0], done=False)
+    owner = SimpleNamespace(
+        advance_grammar_fsm=lambda result, batch: None,
+        model_worker=SimpleNamespace(on_verify_complete_cpu=lambda *a, **k: None),
+        metrics_reporter=SimpleNamespace(snapshot_spec_decode_metrics=lambda *a, **k: None),
+    )
+    req = SimpleNamespace(
+        is_retracted=False,
+        grammar=None,
+        kv_committed_len=0,
+        kv=SimpleNamespace(kv_committed_len=0),
+        spec_verify_ct=0,
+        spec_num_correct_drafts=0,
+        spec_correct_drafts_histogram=[],
+        spec_num_block_accept_tokens=0,
+        spec_num_cap_tokens=0,
+        output=[0],
+        done=False,
+    )
     req.finished = lambda: req.done
     req.update_spec_correct_drafts_histogram = lambda n: Req.update_spec_correct_drafts_histogram(req, n)
     for accepted in accept_lens:
-        result = SimpleNamespace(next_token_ids=torch.arange(DRAFT_TOKENS), accept_lens=torch.tensor([accepted]),
-                                 block_accept_lens=None, cap_lens=None, grammar_retained_tokens=None,
-                                 speculative_num_draft_tokens=DRAFT_TOKENS, speculative_output_stride=DRAFT_TOKENS,
-                                 num_non_draft_tokens_per_req=1)
+        result = SimpleNamespace(
+            next_token_ids=torch.arange(DRAFT_TOKENS),
+            accept_lens=torch.tensor([accepted]),
+            block_accept_lens=None,
+            cap_lens=None,
+            grammar_retained_tokens=None,
+            speculative_num_draft_tokens=DRAFT_TOKENS,
+            speculative_output_stride=DRAFT_TOKENS,
+            num_non_draft_tokens_per_req=1,
+        )
         tokens = mod.SchedulerBatchResultProcessor._resolve_spec_v2_tokens(owner, result, SimpleNamespace(reqs=[req]))
-        req.output += tokens[0][:MAX_NEW - len(req.output)]  # what passes max_new_tokens is dropped
+        req.output += tokens[0][: MAX_NEW - len(req.output)]  # what passes max_new_tokens is dropped
         req.done = len(req.output) >= MAX_NEW
         if req.done:
             break
-    recv = SimpleNamespace(spec_verify_ct=[req.spec_verify_ct], spec_num_correct_drafts=[req.spec_num_correct_drafts],
-                           completion_tokens=[len(req.output)],
-                           spec_correct_drafts_histogram=[req.spec_correct_drafts_histogram],
-                           spec_num_cap_tokens=None, spec_num_block_accept_tokens=None, spec_cap_lens_histogram=None)
+    recv = SimpleNamespace(
+        spec_verify_ct=[req.spec_verify_ct],
+        spec_num_correct_drafts=[req.spec_num_correct_drafts],
+        completion_tokens=[len(req.output)],
+        spec_correct_drafts_histogram=[req.spec_correct_drafts_histogram],
+        spec_num_cap_tokens=None,
+        spec_num_block_accept_tokens=None,
+        spec_cap_lens_histogram=None,
+    )
     meta = {"completion_tokens": len(req.output)}
     tm.TokenizerManager._calculate_spec_decoding_metrics(
-        SimpleNamespace(server_args=SimpleNamespace(speculative_num_draft_tokens=DRAFT_TOKENS)), meta, recv, 0)
+        SimpleNamespace(server_args=SimpleNamespace(speculative_num_draft_tokens=DRAFT_TOKENS)), meta, recv, 0
+    )
     return meta
 
 
@@ -87,8 +111,13 @@ def main() -> int:
             why = meta_fields.disagreements(meta, fields=fields, draft_tokens=DRAFT_TOKENS, steps=STEPS)
             wrong += bool(why) != mutated
             counts = {k: meta[k] for k in ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts")}
-            print(sglang.__version__, "mutant" if mutated else "intact", name, counts,
-                  "DISAGREE: " + "; ".join(why) if why else "AGREE")
+            print(
+                sglang.__version__,
+                "mutant" if mutated else "intact",
+                name,
+                counts,
+                "DISAGREE: " + "; ".join(why) if why else "AGREE",
+            )
     return 1 if wrong else 0
 
 

@@ -49,8 +49,13 @@ def main() -> None:
         with torch.no_grad():
             for prompt in smoke.id_prompts(vocab):
                 ids = torch.tensor([prompt])
-                out = model.generate(ids, max_new_tokens=smoke.MAX_NEW_TOKENS, do_sample=False,
-                                     output_logits=True, return_dict_in_generate=True)
+                out = model.generate(
+                    ids,
+                    max_new_tokens=smoke.MAX_NEW_TOKENS,
+                    do_sample=False,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                )
                 for logits in out.logits:
                     lp = torch.log_softmax(logits[0].float(), -1)
                     best = lp.max()
@@ -62,8 +67,10 @@ def main() -> None:
         for bar in bars:
             p_tie = sum(g <= bar for g in top2) / len(top2)
             p_rand = sum(g <= bar for g in rand) / len(rand)
-            print(f"  bar {bar:.2f} nats: a genuine top-2 tie within it {p_tie:.1%} of positions; "
-                  f"a random token within it {p_rand:.1%}")
+            print(
+                f"  bar {bar:.2f} nats: a genuine top-2 tie within it {p_tie:.1%} of positions; "
+                f"a random token within it {p_rand:.1%}"
+            )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     got, lines = hashlib.sha256(data).hexdigest(), data.count(b"\n")
     print(f"{got}  {a.out} ({len(packed)} bytes, {lines} lines)")
     if got != gsm8k.data_sha256():
-        print(f"not the checksum the loader expects ({gsm8k.data_sha256()}): update settings.GSM8K_SHA256['test'] if this "
-              f"data set is meant", file=sys.stderr)
+        print(
+            f"not the checksum the loader expects ({gsm8k.data_sha256()}): update settings.GSM8K_SHA256['test'] if this "
+            f"data set is meant",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -22,8 +22,14 @@ from mtpmatrix.serving import client
 from mtpmatrix.serving.server import SglangServer
 from mtpmatrix.tiers import smoke
 
-SERVERS = ("witness-nomtp", "witness-mtp-topk1", "witness-mtp-topk3", "sampled-nomtp", "sampled-mtp-topk1",
-           "sampled-mtp-topk1-no-overlap")
+SERVERS = (
+    "witness-nomtp",
+    "witness-mtp-topk1",
+    "witness-mtp-topk3",
+    "sampled-nomtp",
+    "sampled-mtp-topk1",
+    "sampled-mtp-topk1-no-overlap",
+)
 
 
 def witness_battery(tokenizer) -> list[tuple[str, dict]]:
@@ -73,22 +79,80 @@ def sampled_battery() -> list[tuple[str, dict]]:
     from mtpmatrix.pairs import sampled
 
     prompt = [sampled.RING_START + (7 * j) % sampled.RING_SIZE for j in range(12)]
-    out = [("greedy", {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 64,
-                                                                 "ignore_eos": True}})]
-    out.append(("greedy-frequency", {"input_ids": prompt, "sampling_params": {
-        "temperature": 0.0, "max_new_tokens": 80, "ignore_eos": True, "frequency_penalty": 1.0}}))
-    out.append(("greedy-logprobs", {"input_ids": prompt, "return_logprob": True, "top_logprobs_num": 4,
-                                    "sampling_params": {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}}))
+    out = [
+        (
+            "greedy",
+            {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}},
+        )
+    ]
+    out.append(
+        (
+            "greedy-frequency",
+            {
+                "input_ids": prompt,
+                "sampling_params": {
+                    "temperature": 0.0,
+                    "max_new_tokens": 80,
+                    "ignore_eos": True,
+                    "frequency_penalty": 1.0,
+                },
+            },
+        )
+    )
+    out.append(
+        (
+            "greedy-logprobs",
+            {
+                "input_ids": prompt,
+                "return_logprob": True,
+                "top_logprobs_num": 4,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True},
+            },
+        )
+    )
     for i in range(6):
-        out.append((f"t0.7-k3-{i}", {"input_ids": prompt, "sampling_params": {
-            "temperature": 0.7, "top_k": 3, "max_new_tokens": 64, "ignore_eos": True}}))
-        out.append((f"t1.5-k4-{i}", {"input_ids": prompt, "sampling_params": {
-            "temperature": 1.5, "top_k": 4, "max_new_tokens": 64, "ignore_eos": True}}))
-        out.append((f"t1-minp0.3-{i}", {"input_ids": prompt, "sampling_params": {
-            "temperature": 1.0, "min_p": 0.3, "max_new_tokens": 64, "ignore_eos": True}}))
+        out.append(
+            (
+                f"t0.7-k3-{i}",
+                {
+                    "input_ids": prompt,
+                    "sampling_params": {"temperature": 0.7, "top_k": 3, "max_new_tokens": 64, "ignore_eos": True},
+                },
+            )
+        )
+        out.append(
+            (
+                f"t1.5-k4-{i}",
+                {
+                    "input_ids": prompt,
+                    "sampling_params": {"temperature": 1.5, "top_k": 4, "max_new_tokens": 64, "ignore_eos": True},
+                },
+            )
+        )
+        out.append(
+            (
+                f"t1-minp0.3-{i}",
+                {
+                    "input_ids": prompt,
+                    "sampling_params": {"temperature": 1.0, "min_p": 0.3, "max_new_tokens": 64, "ignore_eos": True},
+                },
+            )
+        )
     for tag in "ab":
-        out.append((f"seed-{tag}", {"input_ids": prompt, "sampling_params": {
-            "temperature": 1.0, "max_new_tokens": 64, "ignore_eos": True, "sampling_seed": 1234}}))
+        out.append(
+            (
+                f"seed-{tag}",
+                {
+                    "input_ids": prompt,
+                    "sampling_params": {
+                        "temperature": 1.0,
+                        "max_new_tokens": 64,
+                        "ignore_eos": True,
+                        "sampling_seed": 1234,
+                    },
+                },
+            )
+        )
     return out
 
 
@@ -108,8 +172,13 @@ def main(out: Path) -> int:
     def one(name: str) -> dict:
         spec = specs[name]
         pair = pairs[spec.pair]
-        srv = SglangServer(smoke.server_args_for(spec, pair.target, pair.assistant, 1), python=sys.executable,
-                           log_path=out / f"server-{name}.log", ready_timeout=420, name=name)
+        srv = SglangServer(
+            smoke.server_args_for(spec, pair.target, pair.assistant, 1),
+            python=sys.executable,
+            log_path=out / f"server-{name}.log",
+            ready_timeout=420,
+            name=name,
+        )
         t0 = time.monotonic()
         rec = {"server": name, "args": list(spec.mode_args)}
         try:
@@ -118,8 +187,10 @@ def main(out: Path) -> int:
             rec["ready_s"] = round(time.monotonic() - t0, 1)
             battery = batteries[spec.pair]
             results = client.run_batch(srv.base_url, [p for _l, p in battery], parallel=8)
-            rec["exchanges"] = [{"label": label, "payload": p, "response": r.response, "error": r.error}
-                                for (label, p), r in zip(battery, results)]
+            rec["exchanges"] = [
+                {"label": label, "payload": p, "response": r.response, "error": r.error}
+                for (label, p), r in zip(battery, results)
+            ]
             rec["server_info"] = srv.server_info()
         except BaseException as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -131,8 +202,14 @@ def main(out: Path) -> int:
         records = list(pool.map(one, SERVERS))
     (out / "probe.json").write_text(json.dumps(records, indent=1, default=str))
     for r in records:
-        print(r["server"], r.get("ready_s"), r.get("error", "ok")[:200],
-              sum(1 for x in r.get("exchanges", []) if x["error"]), "request errors", flush=True)
+        print(
+            r["server"],
+            r.get("ready_s"),
+            r.get("error", "ok")[:200],
+            sum(1 for x in r.get("exchanges", []) if x["error"]),
+            "request errors",
+            flush=True,
+        )
     return 0
 
 

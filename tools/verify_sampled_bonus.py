@@ -74,8 +74,8 @@ def main(base: str, new: str) -> int:
         last = ids.shape[1] - 1
         pos = torch.full((ids.shape[0], 1), last, dtype=torch.long)
         with torch.inference_mode():
-            da, _ = _assist(ab, emb_b, ids[:, last:], hb[:, last - 1:last], kvs(kvb, last), pos)
-            dn, _ = _assist(an, emb_n, ids[:, last:], hn[:, last - 1:last], kvs(kvn, last), pos)
+            da, _ = _assist(ab, emb_b, ids[:, last:], hb[:, last - 1 : last], kvs(kvb, last), pos)
+            dn, _ = _assist(an, emb_n, ids[:, last:], hn[:, last - 1 : last], kvs(kvn, last), pos)
         same = torch.equal(pre_b, pre_n) and torch.equal(post_b, post_n) and torch.equal(da, dn)
         ok_all &= same
         print(f"{dtype}: existing prompts, target logits (pre/post softcap) and drafter logits identical: {same}")
@@ -97,15 +97,19 @@ def main(base: str, new: str) -> int:
         exact = err1 == 0 and err3 == 0
         if dtype == torch.bfloat16:
             ok_all &= exact
-        print(f"{dtype}: region 2 pre-softcap logits exactly as designed: {exact} (max error {max(err1, err3):.3g}); "
-              f"softcapped vs softcap(designed): max error "
-              f"{float((post1[:, 0].float() - 30 * torch.tanh(want / 30)).abs().max()):.3g}")
+        print(
+            f"{dtype}: region 2 pre-softcap logits exactly as designed: {exact} (max error {max(err1, err3):.3g}); "
+            f"softcapped vs softcap(designed): max error "
+            f"{float((post1[:, 0].float() - 30 * torch.tanh(want / 30)).abs().max()):.3g}"
+        )
         spread_row = post1[toks.index(pb.SPREAD), 0].double()
         for g in pb.GROUPS:
             pr = torch.softmax(spread_row / g.temperature, -1)[list(pb.STARTS)]
             pr = torch.where(torch.arange(pb.N_STARTS) < g.top_k, pr, torch.zeros(pb.N_STARTS))
-            print(f"{dtype}: {g.name}: law from the logits {[round(float(x), 5) for x in pr / pr.sum()]}, "
-                  f"closed form {[round(x, 5) for x in pb.spread_law(V, g)]}")
+            print(
+                f"{dtype}: {g.name}: law from the logits {[round(float(x), 5) for x in pr / pr.sum()]}, "
+                f"closed form {[round(x, 5) for x in pb.spread_law(V, g)]}"
+            )
         chain = torch.softmax(post1[toks.index(pb.STARTS[0]), 0].double() / pb.MAX_TEMPERATURE, -1)
         print(f"{dtype}: chain successor's probability at T {pb.MAX_TEMPERATURE}: {float(chain[pb.CHAINS[0][1]])!r}")
         # 3. the drafter from every chain start: five greedy drafts = the chain, then SPREAD
@@ -118,7 +122,7 @@ def main(base: str, new: str) -> int:
                 if not rows:
                     continue
                 bi = torch.tensor(rows)
-                token, state = ids3[bi, P:P + 1], hidden[bi, P - 1:P]
+                token, state = ids3[bi, P : P + 1], hidden[bi, P - 1 : P]
                 kv = {typ: (k[bi], v[bi]) for typ, (k, v) in kvs(layer_kv, P).items()}
                 pos = torch.full((len(rows), 1), P, dtype=torch.long)
                 drafts = []
@@ -133,8 +137,10 @@ def main(base: str, new: str) -> int:
                     total += 1
                     good += drafts[r].tolist() == list(pb.CHAINS[pb.START_INDEX[seqs[b][P]]][1:]) + [pb.SPREAD]
         ok_all &= good == total > 0
-        print(f"{dtype}: drafter: {good}/{total} rounds from a chain start drafted the whole chain; worst top-1 "
-              f"margin {margin:.2f} logits")
+        print(
+            f"{dtype}: drafter: {good}/{total} rounds from a chain start drafted the whole chain; worst top-1 "
+            f"margin {margin:.2f} logits"
+        )
     print("OK" if ok_all else "FAILED")
     return 0 if ok_all else 1
 

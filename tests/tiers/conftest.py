@@ -73,10 +73,17 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
         pair = pairs[spec.pair]
         assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
-    parallel = launch_plan.launch_parallelism(len(jobs), gpu_free_mib(), options.parallel,
-                                              launch_plan.mem_fraction(options.extra_args))
-    runs = smoke.collect_all(jobs, log_dir=mtp_results_dir, tp=options.tp, parallel=parallel,
-                             extra_args=options.extra_args, progress=mtp_progress)
+    parallel = launch_plan.launch_parallelism(
+        len(jobs), gpu_free_mib(), options.parallel, launch_plan.mem_fraction(options.extra_args)
+    )
+    runs = smoke.collect_all(
+        jobs,
+        log_dir=mtp_results_dir,
+        tp=options.tp,
+        parallel=parallel,
+        extra_args=options.extra_args,
+        progress=mtp_progress,
+    )
     # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs
     budget = launch_plan.launch_budget(runs, parallel, time.monotonic() - t0)
     atomic_write_json(mtp_results_dir / schema.SMOKE_LAUNCH_BUDGET_FILE, budget)

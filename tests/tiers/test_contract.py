@@ -81,8 +81,9 @@ def test_cuda_major(native_abi, record_property):
     if not native_abi.libraries:
         pytest.skip("test_torch_abi found no torch-linked native library (its failure says why): none to compare")
     if native_abi.torch_cuda is None:
-        pytest.skip(f"torch {native_abi.torch_version} is a CPU build (torch.version.cuda is None): "
-                    "no CUDA major to compare")
+        pytest.skip(
+            f"torch {native_abi.torch_version} is a CPU build (torch.version.cuda is None): no CUDA major to compare"
+        )
     needed = sorted({s for r in native_abi.libraries for s in r.cuda_majors})
     record_property("torch_cuda", native_abi.torch_cuda)
     record_property("cuda_libraries", ", ".join(needed))
@@ -90,8 +91,10 @@ def test_cuda_major(native_abi, record_property):
         pytest.skip("no native library of sglang or its dependencies needs a CUDA runtime library")
     problems = abi.cuda_mismatches(native_abi.libraries, native_abi.torch_cuda)
     if problems:
-        raise CheckFailure("abi", f"torch {native_abi.torch_version} is built for CUDA {native_abi.torch_cuda}, "
-                                  "but " + "; ".join(problems))
+        raise CheckFailure(
+            "abi",
+            f"torch {native_abi.torch_version} is built for CUDA {native_abi.torch_cuda}, but " + "; ".join(problems),
+        )
 
 
 # ------------------------------------------------------------------------------------------------ import
@@ -141,8 +144,9 @@ def test_config(tiny_pair, sglang_chain, record_property):
     record_property("target_class", f"{t_cls.__module__}.{t_cls.__name__}")
     record_property("assistant_class", f"{a_cls.__module__}.{a_cls.__name__}")
     if not a_cls.__module__.endswith("gemma4_mtp"):
-        raise CheckFailure("config", f"sglang maps {a_arch} to {a_cls.__module__}.{a_cls.__name__}, "
-                                     "not to the gemma4_mtp assistant")
+        raise CheckFailure(
+            "config", f"sglang maps {a_arch} to {a_cls.__module__}.{a_cls.__name__}, not to the gemma4_mtp assistant"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ args
@@ -163,8 +167,11 @@ def test_server_args(tiny_pair, topk, sglang_chain, record_property):
     record_property("attention_backend", values.get("attention_backend"))
 
     backend = values.get("attention_backend")
-    compat.require_resolution(values, settings.expected_resolution(topk), more=[] if backend == "triton" else [
-        f"attention_backend: resolved {backend!r}, expected 'triton'"])
+    compat.require_resolution(
+        values,
+        settings.expected_resolution(topk),
+        more=[] if backend == "triton" else [f"attention_backend: resolved {backend!r}, expected 'triton'"],
+    )
 
     worker = compat.spec_worker_class(res)
     record_property("worker", f"{worker.__module__}.{worker.__name__}")
@@ -185,8 +192,7 @@ def test_weights(tiny_pair, sglang_chain, record_property):
         raise
     except Exception as exc:  # reported (with sglang's frame) by test_server_args; weights cannot be checked
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        pytest.skip(f"prerequisite failed: ServerArgs resolution ({type(exc).__name__}: {first}); "
-                    "see test_server_args")
+        pytest.skip(f"prerequisite failed: ServerArgs resolution ({type(exc).__name__}: {first}); see test_server_args")
     try:
         loaded = sglang_loading.load_models(res)
     except Exception as exc:
@@ -199,8 +205,9 @@ def test_weights(tiny_pair, sglang_chain, record_property):
     record_property("target_params", loaded.target_params)
     record_property("assistant_params", loaded.assistant_params)
     record_property("seconds", loaded.seconds)
-    problems = sglang_loading.spot_check(loaded.target, tiny_pair.target) + sglang_loading.spot_check(loaded.assistant,
-                                                                                      tiny_pair.assistant)
+    problems = sglang_loading.spot_check(loaded.target, tiny_pair.target) + sglang_loading.spot_check(
+        loaded.assistant, tiny_pair.assistant
+    )
     if problems:
         raise CheckFailure("weights", "; ".join(problems))
 
@@ -212,8 +219,14 @@ def _gsm8k_response(q: gsm8k.Question) -> str:
     """Canned answers that exercise extraction: right, with $ and commas, wrong, no number, leading zeros (a
     SyntaxError for literal_eval), and a stop word left in."""
     g = q.gold
-    return [f" {q.gold_text}", f" The total is ${g:,}.", f" It is {g + 1}", " no idea", f" 00{g}",
-            f" {g}\n\nQuestion: next"][q.index % 6]
+    return [
+        f" {q.gold_text}",
+        f" The total is ${g:,}.",
+        f" It is {g + 1}",
+        " no idea",
+        f" 00{g}",
+        f" {g}\n\nQuestion: next",
+    ][q.index % 6]
 
 
 @pytest.mark.check("harness")
@@ -252,11 +265,21 @@ def test_gsm8k_scoring_matches_run_eval(sglang_chain, gsm8k_lines, monkeypatch, 
 
     monkeypatch.setattr(rev, "CompletionSampler", CapturingSampler)
     # the seed suite's call (sglang/test/kits/spec_server_kits.py), data from our verified file
-    args = SimpleNamespace(base_url="http://127.0.0.1:9", model="m", eval_name="gsm8k", api="completion",
-                           max_tokens=512, num_examples=200, num_threads=8)
-    eval_obj = sg.GSM8KEval(num_examples=args.num_examples, num_threads=args.num_threads,
-                            num_shots=getattr(args, "num_shots", 5),
-                            data_path=str(gsm8k.data_file("test", offline=True)))
+    args = SimpleNamespace(
+        base_url="http://127.0.0.1:9",
+        model="m",
+        eval_name="gsm8k",
+        api="completion",
+        max_tokens=512,
+        num_examples=200,
+        num_threads=8,
+    )
+    eval_obj = sg.GSM8KEval(
+        num_examples=args.num_examples,
+        num_threads=args.num_threads,
+        num_shots=getattr(args, "num_shots", 5),
+        data_path=str(gsm8k.data_file("test", offline=True)),
+    )
     result, _latency, _sampler = rev.run_eval_once(args, args.base_url + "/v1", eval_obj)
 
     assert sorted(seen) == sorted(q.prompt for q in ours)  # same 200 prompts, byte for byte
@@ -290,9 +313,15 @@ def test_meta_fields_table_matches_tokenizer_manager(sglang_chain, monkeypatch, 
 
     def meta_for(correct: int) -> dict:
         # 6 verify steps of 5 drafts + bonus for 32 tokens asked: 1 + 36 accepted, 5 cut (the tail rule's edge)
-        recv = SimpleNamespace(spec_verify_ct=[6], spec_num_correct_drafts=[correct], completion_tokens=[32],
-                               spec_correct_drafts_histogram=[[0] * steps + [6]], spec_num_cap_tokens=None,
-                               spec_num_block_accept_tokens=None, spec_cap_lens_histogram=None)
+        recv = SimpleNamespace(
+            spec_verify_ct=[6],
+            spec_num_correct_drafts=[correct],
+            completion_tokens=[32],
+            spec_correct_drafts_histogram=[[0] * steps + [6]],
+            spec_num_cap_tokens=None,
+            spec_num_block_accept_tokens=None,
+            spec_cap_lens_histogram=None,
+        )
         meta = {"completion_tokens": 32}
         tm.TokenizerManager._calculate_spec_decoding_metrics(owner, meta, recv, 0)
         return meta
@@ -301,8 +330,11 @@ def test_meta_fields_table_matches_tokenizer_manager(sglang_chain, monkeypatch, 
     written = sorted(k for k in meta if k.startswith("spec_"))
     record_property("meta_fields_written", written)
     if set(written) != set(fields):
-        raise CheckFailure("harness", f"sglang {compat.sglang_version()} writes {written}; meta_fields lists "
-                                      f"{sorted(fields)} for it: update meta_fields.SGLANG_META_FIELDS")
+        raise CheckFailure(
+            "harness",
+            f"sglang {compat.sglang_version()} writes {written}; meta_fields lists "
+            f"{sorted(fields)} for it: update meta_fields.SGLANG_META_FIELDS",
+        )
     why = meta_fields.disagreements(meta, fields=fields, draft_tokens=draft_tokens, steps=steps)
     if why:
         raise CheckFailure("accounting", f"sglang's own fields for consistent counters disagree: {'; '.join(why)}")

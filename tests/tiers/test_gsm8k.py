@@ -109,14 +109,22 @@ def test_accuracy(gsm8k_run, gsm8k_runs, record_property):
         if base is not None and base.result is not None and base.result.num_examples == res.num_examples:
             cmp = stats.paired_compare(base.result.correct_list, res.correct_list)
             record_property(schema.SPEEDUP, stats.speedup(base.result.output_tokens_per_s, res.output_tokens_per_s))
-            record_property(schema.VS_NOMTP, {"delta": round(cmp.delta, 4), "lost": cmp.only_a,
-                                              "gained": cmp.only_b, "mcnemar_p": cmp.p_value})
+            record_property(
+                schema.VS_NOMTP,
+                {"delta": round(cmp.delta, 4), "lost": cmp.only_a, "gained": cmp.only_b, "mcnemar_p": cmp.p_value},
+            )
     if res.num_errors:
-        raise CheckFailure("crash", f"{res.num_errors}/{res.num_examples} GSM8K requests failed: "
-                                    f"{res.first_errors[0] if res.first_errors else '?'}")
+        raise CheckFailure(
+            "crash",
+            f"{res.num_errors}/{res.num_examples} GSM8K requests failed: "
+            f"{res.first_errors[0] if res.first_errors else '?'}",
+        )
     if thr is not None and res.score < thr:
-        raise CheckFailure("accuracy", f"GSM8K score {res.score:.3f} < threshold {thr} ({res.num_correct}/"
-                                       f"{res.num_examples}, Wilson 95% [{lo:.3f}, {hi:.3f}])")
+        raise CheckFailure(
+            "accuracy",
+            f"GSM8K score {res.score:.3f} < threshold {thr} ({res.num_correct}/"
+            f"{res.num_examples}, Wilson 95% [{lo:.3f}, {hi:.3f}])",
+        )
 
 
 @pytest.mark.check("acceptance")

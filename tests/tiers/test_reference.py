@@ -40,8 +40,11 @@ DRAFT_TOKENS = 3
 PROMPTS = ("Hello world, count: 1 2 3", "def f(x):\n    return x", "The quick brown fox", "Q: 7*6=? A:")
 ACCEPT_RATE_MIN = 0.95
 ACCEPT_LEN_MIN = 3.5  # of DRAFT_TOKENS + 1 = 4
-PAIRS = [pytest.param(n, v, id=n if v == "random" else f"{n}-{v}")
-         for v in ("random", "constructed", "witness", "decoy") for n in PAIR_NAMES]
+PAIRS = [
+    pytest.param(n, v, id=n if v == "random" else f"{n}-{v}")
+    for v in ("random", "constructed", "witness", "decoy")
+    for n in PAIR_NAMES
+]
 # Witness ablations (mtpmatrix.pairs.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
 # right, and each broken input must take the accuracy of the drafts that consume it to at most this share of the
 # intact one.
@@ -81,15 +84,21 @@ def load_pair(build_tiny_pair):
         if not marker.get("weights"):
             raise CheckFailure("weights", f"{name}: no weights were generated: {marker.get('weights_error')}")
         models = []
-        for cls, folder in ((Gemma4ForConditionalGeneration, paths.target),
-                            (Gemma4AssistantForCausalLM, paths.assistant)):
+        for cls, folder in (
+            (Gemma4ForConditionalGeneration, paths.target),
+            (Gemma4AssistantForCausalLM, paths.assistant),
+        ):
             try:
                 model, info = cls.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
             except Exception as exc:
-                raise CheckFailure("weights", f"{cls.__name__}.from_pretrained({folder.name}) failed: "
-                                              f"{type(exc).__name__}: {exc}") from exc
-            bad = {k: sorted(v)[:5] for k, v in info.items() if k in ("missing_keys", "unexpected_keys",
-                                                                        "mismatched_keys") and v}
+                raise CheckFailure(
+                    "weights", f"{cls.__name__}.from_pretrained({folder.name}) failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            bad = {
+                k: sorted(v)[:5]
+                for k, v in info.items()
+                if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
+            }
             if bad:
                 raise CheckFailure("weights", f"{cls.__name__} from {folder.name}: {bad}")
             models.append(model.eval())
@@ -149,13 +158,15 @@ def generations(load_pair):
             assert ids.shape[1] + NEW_TOKENS < window, f"prompt {prompt!r} would run past the sliding window"
             try:
                 with torch.inference_mode(), _count_acceptance(stats):
-                    assisted = target.generate(ids, assistant_model=assistant, attention_mask=torch.ones_like(ids),
-                                               **kw)
+                    assisted = target.generate(
+                        ids, assistant_model=assistant, attention_mask=torch.ones_like(ids), **kw
+                    )
             except Exception as exc:
                 frame = _deepest_frame(exc)
-                raise CheckFailure("crash", f"{name}: generate failed on {prompt!r}: {type(exc).__name__}: "
-                                            f"{exc} (at {frame})") from exc
-            out.append((ids[0].tolist(), assisted[0, ids.shape[1]:].tolist()))
+                raise CheckFailure(
+                    "crash", f"{name}: generate failed on {prompt!r}: {type(exc).__name__}: {exc} (at {frame})"
+                ) from exc
+            out.append((ids[0].tolist(), assisted[0, ids.shape[1] :].tolist()))
         # Without the assistant every prompt goes in one call (left-padded, the padding masked out): the per-token
         # Python overhead of a tiny model is paid once for all prompts. Assisted generation runs one sequence at a time,
         # first, so a transformers that cannot run it at all fails before the plain chains are spent.
@@ -165,8 +176,9 @@ def generations(load_pair):
                 plain = target.generate(batch.input_ids, attention_mask=batch.attention_mask, **kw)
         except Exception as exc:  # keep the library frame in the one-line message: the CheckFailure's
             frame = _deepest_frame(exc)  # own traceback starts in this file
-            raise CheckFailure("crash", f"{name}: generate failed on the prompts {PROMPTS!r}: {type(exc).__name__}: "
-                                        f"{exc} (at {frame})") from exc
+            raise CheckFailure(
+                "crash", f"{name}: generate failed on the prompts {PROMPTS!r}: {type(exc).__name__}: {exc} (at {frame})"
+            ) from exc
         width = batch.input_ids.shape[1]
         for row, (prompt_ids, _assisted) in enumerate(out):
             assert batch.input_ids[row][batch.attention_mask[row].bool()].tolist() == prompt_ids
@@ -180,8 +192,12 @@ def _deepest_frame(exc: BaseException) -> str:
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
-    lib = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")
-           and f.name not in ("wrapped_func", "wrapper", "decorate_context")]  # decorators say nothing
+    lib = [
+        f
+        for f in frames
+        if "/transformers/" in f.filename.replace("\\", "/")
+        and f.name not in ("wrapped_func", "wrapper", "decorate_context")
+    ]  # decorators say nothing
     f = (lib or frames or [None])[-1]
     if f is None:
         return "?"
@@ -226,9 +242,13 @@ def _acceptance(stats):
     steps = len(stats)
     drafted = sum(d for d, _a, _r in stats)
     accepted = sum(a for _d, a, _r in stats)
-    return {"steps": steps, "drafted": drafted, "accepted": accepted,
-            "accept_rate": round(accepted / drafted, 4) if drafted else None,
-            "accept_len": round((accepted + steps) / steps, 4) if steps else None}
+    return {
+        "steps": steps,
+        "drafted": drafted,
+        "accepted": accepted,
+        "accept_rate": round(accepted / drafted, 4) if drafted else None,
+        "accept_len": round((accepted + steps) / steps, 4) if steps else None,
+    }
 
 
 @pytest.mark.check("config")
@@ -238,20 +258,24 @@ def test_configs_load(build_tiny_pair, name, constructed):
     from transformers import AutoConfig
 
     cfgs = {}
-    for role, folder, model_type in (("target", paths.target, "gemma4"),
-                                     ("assistant", paths.assistant, "gemma4_assistant")):
+    for role, folder, model_type in (
+        ("target", paths.target, "gemma4"),
+        ("assistant", paths.assistant, "gemma4_assistant"),
+    ):
         try:
             cfgs[role] = AutoConfig.from_pretrained(folder)
         except Exception as exc:
-            raise CheckFailure("config", f"{name} {role} config.json does not load: "
-                                         f"{type(exc).__name__}: {exc}") from exc
+            raise CheckFailure(
+                "config", f"{name} {role} config.json does not load: {type(exc).__name__}: {exc}"
+            ) from exc
         if cfgs[role].model_type != model_type:
             raise CheckFailure("config", f"{name} {role}: model_type {cfgs[role].model_type!r} != {model_type!r}")
     t, a = cfgs["target"].get_text_config(), cfgs["assistant"].text_config
     problems = []
     if cfgs["assistant"].backbone_hidden_size != _field(t, "hidden_size"):
-        problems.append(f"backbone_hidden_size {cfgs['assistant'].backbone_hidden_size} != target "
-                        f"{_field(t, 'hidden_size')}")
+        problems.append(
+            f"backbone_hidden_size {cfgs['assistant'].backbone_hidden_size} != target {_field(t, 'hidden_size')}"
+        )
     shared, layers = _field(a, "num_kv_shared_layers"), _field(a, "num_hidden_layers")
     if shared != layers:
         problems.append(f"assistant num_kv_shared_layers {shared} != {layers}")
@@ -259,14 +283,24 @@ def test_configs_load(build_tiny_pair, name, constructed):
     # turns global_head_dim / num_global_key_value_heads into per-layer overrides (no global attribute left).
     raw_t = json.loads((paths.target / "config.json").read_text())["text_config"]
     raw_a = json.loads((paths.assistant / "config.json").read_text())["text_config"]
-    for field in ("head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads",
-                  "attention_k_eq_v", "sliding_window", "vocab_size"):
+    for field in (
+        "head_dim",
+        "global_head_dim",
+        "num_key_value_heads",
+        "num_global_key_value_heads",
+        "attention_k_eq_v",
+        "sliding_window",
+        "vocab_size",
+    ):
         if raw_a.get(field) != raw_t.get(field):
             problems.append(f"{field}: assistant {raw_a.get(field)} != target {raw_t.get(field)}")
     if _field(a, "sliding_window") != _field(t, "sliding_window"):
         problems.append("loaded sliding_window differs between assistant and target")
-    if name == "e-series" and not (_field(t, "hidden_size_per_layer_input") and _field(t, "num_kv_shared_layers")
-                                   and cfgs["assistant"].use_ordered_embeddings):
+    if name == "e-series" and not (
+        _field(t, "hidden_size_per_layer_input")
+        and _field(t, "num_kv_shared_layers")
+        and cfgs["assistant"].use_ordered_embeddings
+    ):
         problems.append("e-series lost PLE / KV sharing / ordered embeddings")
     if name == "moe-26b-a4b" and not _field(t, "enable_moe_block"):
         problems.append("moe target has enable_moe_block false")
@@ -285,14 +319,19 @@ def test_greedy_with_assistant_equals_greedy(generations, record_property, name,
     if acc["steps"] == 0:
         raise CheckFailure("acceptance", f"{name}: the assistant drafted nothing (no acceptance statistics)")
     if len(results) != len(PROMPTS) or any(len(plain) != NEW_TOKENS for _, plain, _ in results):
-        raise CheckFailure("crash", f"{name}: expected {len(PROMPTS)} generations of {NEW_TOKENS} tokens, got "
-                                    f"{[len(plain) for _, plain, _ in results]}")
+        raise CheckFailure(
+            "crash",
+            f"{name}: expected {len(PROMPTS)} generations of {NEW_TOKENS} tokens, got "
+            f"{[len(plain) for _, plain, _ in results]}",
+        )
     for (_prompt, plain, assisted), text in zip(results, PROMPTS):
         if plain != assisted:
-            first = next((i for i, (x, y) in enumerate(zip(plain, assisted)) if x != y), min(len(plain),
-                                                                                           len(assisted)))
-            raise CheckFailure("mismatch", f"{name}: prompt {text!r}: with assistant != without at new token "
-                                           f"{first}: {assisted[first:first + 4]} vs {plain[first:first + 4]}")
+            first = next((i for i, (x, y) in enumerate(zip(plain, assisted)) if x != y), min(len(plain), len(assisted)))
+            raise CheckFailure(
+                "mismatch",
+                f"{name}: prompt {text!r}: with assistant != without at new token "
+                f"{first}: {assisted[first : first + 4]} vs {plain[first : first + 4]}",
+            )
 
 
 @pytest.mark.check("acceptance")
@@ -304,18 +343,24 @@ def test_constructed_rule_and_acceptance(generations, record_property, name):
     for (prompt, plain, assisted), text in zip(results, PROMPTS):
         expected = [(prompt[-1] + i) % VOCAB for i in range(1, NEW_TOKENS + 1)]
         if plain != expected:
-            raise CheckFailure("mismatch", f"{name}: target breaks the +1 rule on {text!r}: {plain[:6]} vs "
-                                           f"{expected[:6]}")
+            raise CheckFailure(
+                "mismatch", f"{name}: target breaks the +1 rule on {text!r}: {plain[:6]} vs {expected[:6]}"
+            )
         if assisted != expected:
-            raise CheckFailure("mismatch", f"{name}: assisted decoding breaks the +1 rule on {text!r}: "
-                                           f"{assisted[:6]} vs {expected[:6]}")
+            raise CheckFailure(
+                "mismatch",
+                f"{name}: assisted decoding breaks the +1 rule on {text!r}: {assisted[:6]} vs {expected[:6]}",
+            )
     acc = _acceptance(stats)
     for key, value in acc.items():
         record_property(key, value)
     if not acc["steps"] or acc["accept_rate"] < ACCEPT_RATE_MIN or acc["accept_len"] < ACCEPT_LEN_MIN:
-        raise CheckFailure("acceptance", f"{name}: constructed pair accepts too little: {acc} (bars: rate >= "
-                                         f"{ACCEPT_RATE_MIN}, accept length >= {ACCEPT_LEN_MIN} of "
-                                         f"{DRAFT_TOKENS + 1})")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: constructed pair accepts too little: {acc} (bars: rate >= "
+            f"{ACCEPT_RATE_MIN}, accept length >= {ACCEPT_LEN_MIN} of "
+            f"{DRAFT_TOKENS + 1})",
+        )
 
 
 @pytest.mark.check("weights")
@@ -350,8 +395,11 @@ def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
     if not rerouted:
         raise CheckFailure("harness", "re-randomised routers chose the same experts: the check proved nothing")
     if diff > 1e-4:
-        raise CheckFailure("weights", f"moe-26b-a4b logits changed by {diff:.3g} when routing changed: its experts "
-                                      "do not share weights (rebuild the tiny pair: MTPMATRIX_TINY_DIR)")
+        raise CheckFailure(
+            "weights",
+            f"moe-26b-a4b logits changed by {diff:.3g} when routing changed: its experts "
+            "do not share weights (rebuild the tiny pair: MTPMATRIX_TINY_DIR)",
+        )
 
 
 @pytest.mark.check("acceptance")
@@ -371,19 +419,28 @@ def test_witness_drafts_at_transformers_phase(generations, record_property, name
     record_property("first_round_drafted", first["drafted"])
     record_property("first_round_accepted", first["accepted"])
     if not later["steps"] or later["accept_rate"] < ACCEPT_RATE_MIN or later["accept_len"] < ACCEPT_LEN_MIN:
-        raise CheckFailure("acceptance", f"{name}: transformers accepts too little from the reference witness: "
-                                         f"{later} (rounds after the first; bars: rate >= {ACCEPT_RATE_MIN}, accept "
-                                         f"length >= {ACCEPT_LEN_MIN} of {DRAFT_TOKENS + 1}); has transformers moved "
-                                         f"its draft query?")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: transformers accepts too little from the reference witness: "
+            f"{later} (rounds after the first; bars: rate >= {ACCEPT_RATE_MIN}, accept "
+            f"length >= {ACCEPT_LEN_MIN} of {DRAFT_TOKENS + 1}); has transformers moved "
+            f"its draft query?",
+        )
     # The first round after prefill is seeded from the prompt's last hidden state: a wrong one shows only there.
     if not first["steps"] or first["accept_rate"] < ACCEPT_RATE_MIN:
-        raise CheckFailure("acceptance", f"{name}: transformers drafts the first round after prefill from the wrong "
-                                         f"hidden state: the reference witness accepts {first['accepted']}/"
-                                         f"{first['drafted']} drafts there, {later['accept_rate']} of them after")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: transformers drafts the first round after prefill from the wrong "
+            f"hidden state: the reference witness accepts {first['accepted']}/"
+            f"{first['drafted']} drafts there, {later['accept_rate']} of them after",
+        )
 
 
-WITNESS_VARIANTS = [pytest.param(n, v, id=f"{n}-{v}") for v in ("witness", "witness-sglang-phase", "decoy",
-                                                                "decoy-sglang-phase") for n in PAIR_NAMES]
+WITNESS_VARIANTS = [
+    pytest.param(n, v, id=f"{n}-{v}")
+    for v in ("witness", "witness-sglang-phase", "decoy", "decoy-sglang-phase")
+    for n in PAIR_NAMES
+]
 
 
 @pytest.mark.check("acceptance")
@@ -406,26 +463,41 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     text = json.loads((build_tiny_pair(name, variant).target / "config.json").read_text())["text_config"]
     prompts = torch.tensor(id_prompts(text["vocab_size"])[:WITNESS_PROMPTS])
     with torch.inference_mode():
-        seqs = target.generate(prompts, max_new_tokens=MAX_NEW_TOKENS // 2, do_sample=False,
-                               attention_mask=torch.ones_like(prompts))
+        seqs = target.generate(
+            prompts, max_new_tokens=MAX_NEW_TOKENS // 2, do_sample=False, attention_mask=torch.ones_like(prompts)
+        )
     expected = prompts[:, -1:] + torch.arange(1, MAX_NEW_TOKENS // 2 + 1)
     if not torch.equal(seqs[:, PROMPT_LEN:], expected % text["vocab_size"]):
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
     steps = 5
     # intact and every ablation drafted together (one target forward, one stacked assistant batch per step)
     drafted = witness_harness.draft_rounds_each(
-        target, assistant, seqs, text, (None, *witness_harness.ABLATIONS), steps=steps, start=PROMPT_LEN,
-        draft_phase=phase, ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None)
+        target,
+        assistant,
+        seqs,
+        text,
+        (None, *witness_harness.ABLATIONS),
+        steps=steps,
+        start=PROMPT_LEN,
+        draft_phase=phase,
+        ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None,
+    )
     intact = drafted[None]
     record_property("intact", json.dumps(intact))
     base = sum(intact["step_accuracy"]) / steps
     if variant.startswith("decoy") and intact["decoys_ranked"] != 1.0:
-        raise CheckFailure("acceptance", f"{name}: intact {variant} ranks decoy first / right second at only "
-                                         f"{intact['decoys_ranked']} of its decoy inputs")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: intact {variant} ranks decoy first / right second at only "
+            f"{intact['decoys_ranked']} of its decoy inputs",
+        )
     if base < WITNESS_INTACT_MIN:
-        raise CheckFailure("acceptance", f"{name}: intact {variant} drafts only {base:.2f} right at draft phase "
-                                         f"{phase:+d} (per step {intact['step_accuracy']}); needs >= "
-                                         f"{WITNESS_INTACT_MIN}")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: intact {variant} drafts only {base:.2f} right at draft phase "
+            f"{phase:+d} (per step {intact['step_accuracy']}); needs >= "
+            f"{WITNESS_INTACT_MIN}",
+        )
     blind = []
     for ablation in witness_harness.ABLATIONS:
         got = drafted[ablation]
@@ -437,8 +509,11 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
         if hit > WITNESS_ABLATED_MAX_SHARE * ref:
             blind.append(f"{ablation} {hit:.2f}")
     if blind:
-        raise CheckFailure("acceptance", f"{name}: {variant} drafter still drafts right with a broken input "
-                                         f"(accuracy vs intact {base:.2f}): {', '.join(blind)}")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: {variant} drafter still drafts right with a broken input "
+            f"(accuracy vs intact {base:.2f}): {', '.join(blind)}",
+        )
 
 
 @pytest.mark.check("mismatch")
@@ -462,24 +537,33 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_pro
         ids = torch.tensor([list(plan[i].prompt) for i in idx])
         try:
             with torch.inference_mode():
-                out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                      temperature=group.temperature, top_k=group.top_k, top_p=group.top_p,
-                                      max_new_tokens=sampled.REFERENCE_TOKENS,
-                                      min_new_tokens=sampled.REFERENCE_TOKENS)
+                out = target.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=True,
+                    temperature=group.temperature,
+                    top_k=group.top_k,
+                    top_p=group.top_p,
+                    max_new_tokens=sampled.REFERENCE_TOKENS,
+                    min_new_tokens=sampled.REFERENCE_TOKENS,
+                )
         except Exception as exc:
-            raise CheckFailure("crash", f"{name}: sampled generate failed: {type(exc).__name__}: {exc} "
-                                        f"(at {_deepest_frame(exc)})") from exc
+            raise CheckFailure(
+                "crash", f"{name}: sampled generate failed: {type(exc).__name__}: {exc} (at {_deepest_frame(exc)})"
+            ) from exc
         for row, i in enumerate(idx):
-            outputs[i] = out[row, ids.shape[1]:].tolist()
-    check = sampled.check_outputs([r.prompt for r in plan], [outputs[i] for i in range(len(plan))],
-                                  target.config.get_text_config().vocab_size)
+            outputs[i] = out[row, ids.shape[1] :].tolist()
+    check = sampled.check_outputs(
+        [r.prompt for r in plan], [outputs[i] for i in range(len(plan))], target.config.get_text_config().vocab_size
+    )
     record_property("sampled_offsets", check.n)
     record_property("sampled_requests", len(plan))
     record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
     record_property("sampled_p_value", check.p_value)
     if not check.passed:
-        raise CheckFailure("mismatch", f"{name}: transformers' sampling differs from the closed form: "
-                                       f"{check.summary()}")
+        raise CheckFailure(
+            "mismatch", f"{name}: transformers' sampling differs from the closed form: {check.summary()}"
+        )
 
 
 @pytest.mark.check("weights")
@@ -498,8 +582,14 @@ def test_sampled_drafter_proposes_another_order(load_pair, name):
     hidden, kv = target_states(target, ids)
     use = {t: idx[-1] for t, idx in physical_kv_layers(target.config.get_text_config().to_dict()).items()}
     with torch.inference_mode():
-        logits, _ = _assist(assistant, target.get_input_embeddings(), ids[:, -1:], hidden[:, -1:],
-                            {t: kv[i] for t, i in use.items()}, torch.full((len(ids), 1), ids.shape[1] - 1))
+        logits, _ = _assist(
+            assistant,
+            target.get_input_embeddings(),
+            ids[:, -1:],
+            hidden[:, -1:],
+            {t: kv[i] for t, i in use.items()},
+            torch.full((len(ids), 1), ids.shape[1] - 1),
+        )
     top = logits[:, 0].topk(len(sampled.OFFSETS), dim=-1).indices
     want = tuple(d for _, d in sorted(zip(sampled.DRAFT_LOGITS, sampled.OFFSETS), reverse=True))
     got = {tuple(((top[b] - ids[b, -1]) % sampled.RING_SIZE).tolist()) for b in range(len(ids))}
@@ -539,13 +629,23 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
         g = r.group
         try:
             with torch.inference_mode():
-                out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
-                                      do_sample=True, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
-                                      max_new_tokens=r.new_tokens, min_new_tokens=r.new_tokens)
+                out = target.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    assistant_model=assistant,
+                    do_sample=True,
+                    temperature=g.temperature,
+                    top_k=g.top_k,
+                    top_p=g.top_p,
+                    max_new_tokens=r.new_tokens,
+                    min_new_tokens=r.new_tokens,
+                )
         except Exception as exc:
-            raise CheckFailure("crash", f"dense-31b: assisted sampled generate failed: {type(exc).__name__}: {exc} "
-                                        f"(at {_deepest_frame(exc)})") from exc
-        outputs.append(out[0, ids.shape[1]:].tolist())
+            raise CheckFailure(
+                "crash",
+                f"dense-31b: assisted sampled generate failed: {type(exc).__name__}: {exc} (at {_deepest_frame(exc)})",
+            ) from exc
+        outputs.append(out[0, ids.shape[1] :].tolist())
     check = sampled.check_outputs([r.prompt for r in plan], outputs, target.config.get_text_config().vocab_size)
     record_property("sampled_offsets", check.n)
     record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
@@ -557,8 +657,9 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
     record_property("sampled_share_offset_1", round(check.counts[1] / max(1, check.n), 4))
     record_property("sampled_share_offset_3", round(check.counts[3] / max(1, check.n), 4))
     if not check.passed:
-        raise CheckFailure("mismatch", f"dense-31b: transformers' assisted sampling differs from the closed form: "
-                                       f"{check.summary()}")
+        raise CheckFailure(
+            "mismatch", f"dense-31b: transformers' assisted sampling differs from the closed form: {check.summary()}"
+        )
 
 
 @pytest.mark.check("acceptance")
@@ -592,9 +693,15 @@ def test_decoy_chain_meets_prediction_in_transformers(generations, record_proper
     if not rejected:
         raise CheckFailure("harness", f"{name}: no round met a decoy input: the check proved nothing")
     if later:
-        raise CheckFailure("acceptance", f"{name}: transformers' assisted generation misses the decoy prediction in "
-                                         f"{len(later)}/{len(stats)} rounds after the first; first: {later[0]}")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: transformers' assisted generation misses the decoy prediction in "
+            f"{len(later)}/{len(stats)} rounds after the first; first: {later[0]}",
+        )
     if first:
-        raise CheckFailure("acceptance", f"{name}: transformers drafts the first round after prefill from the wrong "
-                                         f"hidden state: the decoy witness's first rounds miss the prediction "
-                                         f"({len(first)}/{len(results)}; first: {first[0]}), later rounds meet it")
+        raise CheckFailure(
+            "acceptance",
+            f"{name}: transformers drafts the first round after prefill from the wrong "
+            f"hidden state: the decoy witness's first rounds miss the prediction "
+            f"({len(first)}/{len(results)}; first: {first[0]}), later rounds meet it",
+        )

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import pytest
 
-from mtpmatrix.core import settings
-from mtpmatrix.core import smoke_servers
+from mtpmatrix.core import settings, smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving import client
+from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.compat import meta_fields, sglang_compat
-from mtpmatrix.serving.runs import replay_run
-from mtpmatrix.core.kinds import CheckFailure
 
 pytestmark = pytest.mark.smoke
 
@@ -117,18 +116,23 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
 
     run = _run(smoke_runs, name, record_property)
     fields = meta_fields.documented_fields()
-    draft_tokens = find_arg(run.server_info_before or {}, "speculative_num_draft_tokens",
-                            settings.DRAFT_TOKENS[run.spec.topk])
+    draft_tokens = find_arg(
+        run.server_info_before or {}, "speculative_num_draft_tokens", settings.DRAFT_TOKENS[run.spec.topk]
+    )
     metas = run.all_meta  # every request the server answered counts in /server_info
     record_property("meta_fields", list(fields))
-    found = [meta_fields.disagreements(m, fields=fields, draft_tokens=int(draft_tokens), steps=settings.NUM_STEPS)
-             for m in metas]
+    found = [
+        meta_fields.disagreements(m, fields=fields, draft_tokens=int(draft_tokens), steps=settings.NUM_STEPS)
+        for m in metas
+    ]
     bad = [(i, why) for i, why in enumerate(found) if why]
     record_property("requests_disagreeing", f"{len(bad)}/{len(metas)}")
     if bad:
         i, why = bad[0]
-        raise CheckFailure("accounting", f"{len(bad)}/{len(metas)} responses' speculative fields disagree; first "
-                                         f"(request {i}): {'; '.join(why)}")
+        raise CheckFailure(
+            "accounting",
+            f"{len(bad)}/{len(metas)} responses' speculative fields disagree; first (request {i}): {'; '.join(why)}",
+        )
     server_side = spec_stats(run.server_info_after or {})
     if server_side is None:
         raise CheckFailure("accounting", "/server_info has no avg_spec_accept_length")
@@ -154,14 +158,24 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     if got >= floor:
         return
     # the sglang-phase witness at the same topk tells a phase difference from a broken hand-off
-    gate = [client.accept_length_from_meta(r.id_meta) for r in smoke_runs.values()
-            if r.spec.pair == "witness-sglang-phase" and r.spec.topk == run.spec.topk]
+    gate = [
+        client.accept_length_from_meta(r.id_meta)
+        for r in smoke_runs.values()
+        if r.spec.pair == "witness-sglang-phase" and r.spec.topk == run.spec.topk
+    ]
     gate_ok = bool(gate) and gate[0] is not None and gate[0] >= floor
-    why = (f"; the witness built for sglang's phase accepts {gate[0]:.2f}: sglang's draft query reads the last "
-           f"accepted key at phase {witness.sglang_draft_phase():+d}, transformers' at "
-           f"{witness.REFERENCE_DRAFT_PHASE:+d}" if gate_ok else "")
-    raise CheckFailure("acceptance", f"draft query is not at transformers' RoPE phase: the transformers-phase "
-                                     f"witness accepts {got:.2f} per verify (floor {floor}){why}")
+    why = (
+        f"; the witness built for sglang's phase accepts {gate[0]:.2f}: sglang's draft query reads the last "
+        f"accepted key at phase {witness.sglang_draft_phase():+d}, transformers' at "
+        f"{witness.REFERENCE_DRAFT_PHASE:+d}"
+        if gate_ok
+        else ""
+    )
+    raise CheckFailure(
+        "acceptance",
+        f"draft query is not at transformers' RoPE phase: the transformers-phase "
+        f"witness accepts {got:.2f} per verify (floor {floor}){why}",
+    )
 
 
 @pytest.mark.check("acceptance")
@@ -179,9 +193,16 @@ def test_decoy_accept_matches_prediction(smoke_runs, name, record_property):
     if len(run.id_meta) != len(prompts):
         raise CheckFailure("crash", f"{len(run.id_meta)} responses for {len(prompts)} prompts")
     topk = run.spec.topk
-    predicted = [decoy.predicted_counters(p, topk=topk, steps=settings.NUM_STEPS,
-                                          draft_tokens=settings.DRAFT_TOKENS[topk],
-                                          max_new_tokens=smoke.MAX_NEW_TOKENS) for p in prompts]
+    predicted = [
+        decoy.predicted_counters(
+            p,
+            topk=topk,
+            steps=settings.NUM_STEPS,
+            draft_tokens=settings.DRAFT_TOKENS[topk],
+            max_new_tokens=smoke.MAX_NEW_TOKENS,
+        )
+        for p in prompts
+    ]
     record_property("predicted_accept_lengths", [p["accept_length"] for p in predicted])
     record_property("accept_lengths", [client.accept_length_from_meta([m]) for m in run.id_meta])
     misses = [(i, decoy.counter_mismatches(p, m)) for i, (p, m) in enumerate(zip(predicted, run.id_meta))]
@@ -189,9 +210,12 @@ def test_decoy_accept_matches_prediction(smoke_runs, name, record_property):
     if misses:
         i, what = misses[0]
         moved = smoke.phase_moved(run.spec, smoke_runs)
-        raise CheckFailure("acceptance", (f"{moved}; " if moved else "") + f"{len(misses)}/{len(prompts)} requests "
-                                         f"miss the decoy prediction at topk {topk}; first: prompt ends "
-                                         f"{prompts[i][-1]}: {'; '.join(what)}")
+        raise CheckFailure(
+            "acceptance",
+            (f"{moved}; " if moved else "") + f"{len(misses)}/{len(prompts)} requests "
+            f"miss the decoy prediction at topk {topk}; first: prompt ends "
+            f"{prompts[i][-1]}: {'; '.join(what)}",
+        )
 
 
 @pytest.mark.check("acceptance")
@@ -202,8 +226,11 @@ def test_topk_batch_served_together(smoke_runs, name, record_property):
     biggest = smoke.max_running_requests(run.log_text)
     record_property("max_running_requests", biggest)
     if biggest < smoke.WITNESS_MIN_BATCH:
-        raise CheckFailure("harness", f"largest logged batch had {biggest} requests; the tier needs >= "
-                                      f"{smoke.WITNESS_MIN_BATCH} in one batch at topk {run.spec.topk}")
+        raise CheckFailure(
+            "harness",
+            f"largest logged batch had {biggest} requests; the tier needs >= "
+            f"{smoke.WITNESS_MIN_BATCH} in one batch at topk {run.spec.topk}",
+        )
 
 
 @pytest.mark.check("mismatch")
@@ -218,8 +245,11 @@ def test_exact_pair_follows_rule(smoke_runs, name, record_property):
     record_property("rule_sequences_ok", f"{len(prompts) - len(bad)}/{len(prompts)}")
     if bad:
         i = bad[0]
-        raise CheckFailure("mismatch", f"{len(bad)}/{len(prompts)} sequences break next=token+1; first: prompt "
-                                       f"ends {prompts[i][-1]}, got {run.id_outputs[i][:8]}...")
+        raise CheckFailure(
+            "mismatch",
+            f"{len(bad)}/{len(prompts)} sequences break next=token+1; first: prompt "
+            f"ends {prompts[i][-1]}, got {run.id_outputs[i][:8]}...",
+        )
 
 
 @pytest.mark.check("mismatch")
@@ -232,10 +262,16 @@ def test_random_pair_agrees_with_no_mtp(smoke_runs, name, record_property):
     ref = _run(smoke_runs, "random-nomtp", record_property)
     run = _run(smoke_runs, name, record_property)
     pairs = list(zip(ref.id_outputs, run.id_outputs))
-    if (not pairs or len(ref.id_outputs) != len(run.id_outputs)
-            or any(len(x) != smoke.MAX_NEW_TOKENS for pair in pairs for x in pair)):
-        raise CheckFailure("crash", f"output counts/lengths differ: {len(ref.id_outputs)} vs {len(run.id_outputs)} "
-                                    f"sequences of {smoke.MAX_NEW_TOKENS} tokens expected")
+    if (
+        not pairs
+        or len(ref.id_outputs) != len(run.id_outputs)
+        or any(len(x) != smoke.MAX_NEW_TOKENS for pair in pairs for x in pair)
+    ):
+        raise CheckFailure(
+            "crash",
+            f"output counts/lengths differ: {len(ref.id_outputs)} vs {len(run.id_outputs)} "
+            f"sequences of {smoke.MAX_NEW_TOKENS} tokens expected",
+        )
     same_tokens = sum(x == y for a, b in pairs for x, y in zip(a, b))
     divs = smoke.divergences(ref, run)
     real = [d for d in divs if not d.near_tie]
@@ -246,10 +282,13 @@ def test_random_pair_agrees_with_no_mtp(smoke_runs, name, record_property):
     record_property("divergence_mtp_ranks", [d.mtp_rank for d in divs])
     if real:
         d = real[0]
-        raise CheckFailure("mismatch", f"{len(real)}/{len(pairs)} sequences diverge from no-MTP beyond a near-tie; "
-                                       f"first: seq {d.sequence} pos {d.position} no-MTP {d.reference_token} vs "
-                                       f"MTP {d.mtp_token} (rank {d.mtp_rank or f'>{smoke.TOP_LOGPROBS}'} there), logprob gap "
-                                       f"{d.gap_nats} (> {smoke.NEAR_TIE_NATS})")
+        raise CheckFailure(
+            "mismatch",
+            f"{len(real)}/{len(pairs)} sequences diverge from no-MTP beyond a near-tie; "
+            f"first: seq {d.sequence} pos {d.position} no-MTP {d.reference_token} vs "
+            f"MTP {d.mtp_token} (rank {d.mtp_rank or f'>{smoke.TOP_LOGPROBS}'} there), logprob gap "
+            f"{d.gap_nats} (> {smoke.NEAR_TIE_NATS})",
+        )
 
 
 @pytest.mark.check("mismatch")
@@ -266,8 +305,11 @@ def test_sampled_distribution_matches_closed_form(smoke_runs, name, record_prope
     plan = run.sampled_requests
     short = [i for i, (r, out) in enumerate(zip(plan, run.sampled_outputs)) if len(out) != r.new_tokens]
     if not plan or len(run.sampled_outputs) != len(plan) or short:
-        raise CheckFailure("crash", f"{len(run.sampled_outputs)} sampled outputs for {len(plan)} requests, "
-                                    f"{len(short)} not of {sampled.NEW_TOKENS} tokens")
+        raise CheckFailure(
+            "crash",
+            f"{len(run.sampled_outputs)} sampled outputs for {len(plan)} requests, "
+            f"{len(short)} not of {sampled.NEW_TOKENS} tokens",
+        )
     check = sampled.check_outputs([r.prompt for r in plan], run.sampled_outputs, run.vocab_size)
     info = run.server_info_after or {}
     record_property("sampled_offsets", check.n)
@@ -283,8 +325,11 @@ def test_sampled_distribution_matches_closed_form(smoke_runs, name, record_prope
         record_property("sampled_accept_length", client.accept_length_from_meta(run.sampled_meta))
     if check.off_support:
         r, pos, prev, tok = check.first_off_support
-        raise CheckFailure("mismatch", f"{check.off_support} sampled tokens off the kept offsets "
-                                       f"{list(sampled.KEPT_OFFSETS)} (probability 0 under the closed form); first: "
-                                       f"request {r} position {pos}: {prev} -> {tok}; {check.summary()}")
+        raise CheckFailure(
+            "mismatch",
+            f"{check.off_support} sampled tokens off the kept offsets "
+            f"{list(sampled.KEPT_OFFSETS)} (probability 0 under the closed form); first: "
+            f"request {r} position {pos}: {prev} -> {tok}; {check.summary()}",
+        )
     if not check.passed:
         raise CheckFailure("mismatch", f"sampled token distribution differs from the closed form: {check.summary()}")

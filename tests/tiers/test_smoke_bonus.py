@@ -38,12 +38,17 @@ def test_bonus_tokens_match_closed_form(smoke_runs, name, record_property):
         raise CheckFailure("harness", f"{len(exchanges)} {bonus.NAME} exchanges for {len(planned)} planned requests")
     failed = [x for x in exchanges if x.error]
     if failed:
-        raise CheckFailure("crash", f"{len(failed)}/{len(exchanges)} {bonus.NAME} requests failed; first "
-                                    f"{failed[0].label} {failed[0].payload['sampling_params']}: {failed[0].error}")
+        raise CheckFailure(
+            "crash",
+            f"{len(failed)}/{len(exchanges)} {bonus.NAME} requests failed; first "
+            f"{failed[0].label} {failed[0].payload['sampling_params']}: {failed[0].error}",
+        )
     short = [x.label for x, p in zip(exchanges, planned) if len(x.output_ids) != p.new_tokens]
     if short:
-        raise CheckFailure("crash", f"{len(short)} {bonus.NAME} outputs not of their max_new_tokens "
-                                    f"{bonus.NEW_TOKENS}, first {short[0]}")
+        raise CheckFailure(
+            "crash",
+            f"{len(short)} {bonus.NAME} outputs not of their max_new_tokens {bonus.NEW_TOKENS}, first {short[0]}",
+        )
     check = pb.check_streams(bonus.streams(exchanges), run.vocab_size)
     steps = [bonus.full_steps(x.meta) for x in exchanges]
     verify = sum(v for v, _ in steps if v is not None)
@@ -60,13 +65,18 @@ def test_bonus_tokens_match_closed_form(smoke_runs, name, record_property):
     record_property("bonus_all_drafts_accepted_steps", full if run.spec.topk else None)
     if check.deviations:
         label, pos, prev, tok, due = check.first_deviation
-        raise CheckFailure("mismatch", f"{check.deviations}/{len(exchanges)} bonus requests leave the region's chains "
-                                       f"(probability <= 2.4e-11 per token under a correct sampler); first: {label} "
-                                       f"position {pos}: {prev} -> {tok}, due {due}; {check.summary()}")
+        raise CheckFailure(
+            "mismatch",
+            f"{check.deviations}/{len(exchanges)} bonus requests leave the region's chains "
+            f"(probability <= 2.4e-11 per token under a correct sampler); first: {label} "
+            f"position {pos}: {prev} -> {tok}, due {due}; {check.summary()}",
+        )
     if not check.passed:
-        raise CheckFailure("mismatch", f"bonus-position tokens do not follow the spread closed form: "
-                                       f"{check.summary()}")
+        raise CheckFailure("mismatch", f"bonus-position tokens do not follow the spread closed form: {check.summary()}")
     if run.spec.topk and full < check.n_bonus:
-        raise CheckFailure("acceptance", f"{full} verify steps accepted all {pb.STEPS} drafts for {check.n_bonus} "
-                                         f"bonus positions ({verify} verify steps): the drafter left the region's "
-                                         f"chains, so those tokens were not bonus tokens; {check.summary()}")
+        raise CheckFailure(
+            "acceptance",
+            f"{full} verify steps accepted all {pb.STEPS} drafts for {check.n_bonus} "
+            f"bonus positions ({verify} verify steps): the drafter left the region's "
+            f"chains, so those tokens were not bonus tokens; {check.summary()}",
+        )

@@ -16,9 +16,11 @@ pytestmark = pytest.mark.smoke
 SPECS = list(smoke_servers.collection_options().specs)
 WITNESS = [s for s in SPECS if s.pair == features.WITNESS_PAIR]
 SAMPLED = [s for s in SPECS if s.pair == features.SAMPLED_PAIR and not features.deterministic(s)]
-UPSTREAM = {"min-new-tokens-released": "sglang-mtp-verify-penalty-state",
-            "repetition-boost": "sglang-mtp-verify-penalty-state",
-            "min-p": "sglang-mtp-verify-ignores-min-p"}
+UPSTREAM = {
+    "min-new-tokens-released": "sglang-mtp-verify-penalty-state",
+    "repetition-boost": "sglang-mtp-verify-penalty-state",
+    "min-p": "sglang-mtp-verify-ignores-min-p",
+}
 
 
 def _exchange(run, label):
@@ -32,8 +34,9 @@ def _exchange(run, label):
 
 
 @pytest.mark.check("mismatch")
-@pytest.mark.parametrize("name,feature", [pytest.param(s.name, f, id=f"{s.name}-{f}")
-                                          for s in WITNESS for f in features.WITNESS_FEATURES])
+@pytest.mark.parametrize(
+    "name,feature", [pytest.param(s.name, f, id=f"{s.name}-{f}") for s in WITNESS for f in features.WITNESS_FEATURES]
+)
 def test_feature_matches_no_mtp(smoke_runs, name, feature, record_property):
     """Witness, greedy, one request per feature: the output meets the feature's own exact prediction
     (features.predicted: logit_bias -100 removes the chain's 4th token; min_new_tokens 32 masks the stop token at
@@ -50,8 +53,9 @@ def test_feature_matches_no_mtp(smoke_runs, name, feature, record_property):
     record_property("repeated_tokens", features.repeats(got))
     record_property("finish_reason", ex.meta.get("finish_reason"))
     if run.spec.topk:
-        record_property("accept_length", round(len(got) / ex.meta["spec_verify_ct"], 4)
-                        if ex.meta.get("spec_verify_ct") else None)
+        record_property(
+            "accept_length", round(len(got) / ex.meta["spec_verify_ct"], 4) if ex.meta.get("spec_verify_ct") else None
+        )
     upstream = f" (predicted for intact sglang: docs/upstream/{UPSTREAM[feature]}.md)" if feature in UPSTREAM else ""
     own = features.predicted(feature, got)
     if own:
@@ -85,8 +89,9 @@ def test_min_p_matches_closed_form(smoke_runs, name, record_property):
     outputs = [x.output_ids for x in exchanges]
     short = [x.label for x in exchanges if len(x.output_ids) != features.MIN_P_NEW_TOKENS]
     if short:
-        raise CheckFailure("crash", f"{len(short)} min_p requests not of {features.MIN_P_NEW_TOKENS} tokens: "
-                                    f"{short[:3]}")
+        raise CheckFailure(
+            "crash", f"{len(short)} min_p requests not of {features.MIN_P_NEW_TOKENS} tokens: {short[:3]}"
+        )
     check = sampled.check_outputs([x.payload["input_ids"] for x in exchanges], outputs, run.vocab_size)
     record_property("min_p_offsets", check.n)
     record_property("min_p_counts", {str(d): c for d, c in check.counts.items()})
@@ -96,9 +101,12 @@ def test_min_p_matches_closed_form(smoke_runs, name, record_property):
     upstream = f" (predicted for intact sglang: docs/upstream/{UPSTREAM['min-p']}.md)" if run.spec.topk else ""
     if check.off_support:
         r, pos, prev, tok = check.first_off_support
-        raise CheckFailure("mismatch", f"{check.off_support} min_p-sampled tokens off the kept offsets "
-                                       f"{list(sampled.KEPT_OFFSETS)} (min_p {features.MIN_P} cuts the rest: "
-                                       f"probability 0); first: request min-p-{r} position {pos}: {prev} -> {tok} "
-                                       f"(offset {sampled.offset_of(prev, tok)}); {check.summary()}{upstream}")
+        raise CheckFailure(
+            "mismatch",
+            f"{check.off_support} min_p-sampled tokens off the kept offsets "
+            f"{list(sampled.KEPT_OFFSETS)} (min_p {features.MIN_P} cuts the rest: "
+            f"probability 0); first: request min-p-{r} position {pos}: {prev} -> {tok} "
+            f"(offset {sampled.offset_of(prev, tok)}); {check.summary()}{upstream}",
+        )
     if not check.passed:
         raise CheckFailure("mismatch", f"min_p-sampled offsets differ from the closed form: {check.summary()}")

@@ -41,11 +41,13 @@ def test_logprobs_match_no_mtp(smoke_runs, name, record_property):
     record_property("tolerance_nats", round(logprobs.TOLERANCE_NATS, 4))
     record_property("own_floor_nats", round(logprobs.OWN_FLOOR, 4))
     record_property("token_logprobs", {x.label: [lp for lp, _t in logprobs.token_logprobs(x.meta)] for x in exchanges})
-    record_property("reference_token_logprobs",
-                    {x.label: [lp for lp, _t in logprobs.token_logprobs(x.meta)] for x in ref.values()})
+    record_property(
+        "reference_token_logprobs", {x.label: [lp for lp, _t in logprobs.token_logprobs(x.meta)] for x in ref.values()}
+    )
     if len(exchanges) != len(logprobs.requests(run.spec, run.vocab_size)):
-        raise CheckFailure("crash", f"{len(exchanges)} logprob exchanges, "
-                                    f"{len(logprobs.requests(run.spec, run.vocab_size))} sent")
+        raise CheckFailure(
+            "crash", f"{len(exchanges)} logprob exchanges, {len(logprobs.requests(run.spec, run.vocab_size))} sent"
+        )
     problems = []
     for ex in exchanges:
         own = logprobs.own_problems(ex)
@@ -71,9 +73,10 @@ def test_input_logprobs_at_prefill(smoke_runs, name, record_property):
     logprobs in the target's own extend forward, untouched by MTP (module docstring)."""
     run = replay_run(smoke_runs[name], record_property)
     exchanges = run.exchanges(logprobs.NAME)
-    record_property("input_token_logprobs",
-                    {x.label: [lp for lp, _t in logprobs.token_logprobs(x.meta, "input_token_logprobs")]
-                     for x in exchanges})
+    record_property(
+        "input_token_logprobs",
+        {x.label: [lp for lp, _t in logprobs.token_logprobs(x.meta, "input_token_logprobs")] for x in exchanges},
+    )
     if not exchanges:
         raise CheckFailure("crash", "no logprob exchanges collected")
     problems = logprobs.input_problems(exchanges)

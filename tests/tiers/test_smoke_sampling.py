@@ -20,8 +20,9 @@ pytestmark = pytest.mark.smoke
 OPTIONS = smoke_servers.collection_options()
 SAMPLED = [s.name for s in OPTIONS.specs if s.pair == "sampled"]
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
-SEEDED = [s.name for s in OPTIONS.specs if s.pair == "sampled"
-          and DETERMINISTIC_FLAG in (*s.mode_args, *OPTIONS.extra_args)]
+SEEDED = [
+    s.name for s in OPTIONS.specs if s.pair == "sampled" and DETERMINISTIC_FLAG in (*s.mode_args, *OPTIONS.extra_args)
+]
 
 
 def _family(run):
@@ -29,12 +30,17 @@ def _family(run):
 
     exchanges = run.exchanges(mixed_sampling.NAME)
     if len(exchanges) != len(mixed_sampling.plan()):
-        raise CheckFailure("harness", f"{len(exchanges)} {mixed_sampling.NAME} exchanges for "
-                                      f"{len(mixed_sampling.plan())} planned requests")
+        raise CheckFailure(
+            "harness",
+            f"{len(exchanges)} {mixed_sampling.NAME} exchanges for {len(mixed_sampling.plan())} planned requests",
+        )
     failed = [x for x in exchanges if x.error]
     if failed:
-        raise CheckFailure("crash", f"{len(failed)}/{len(exchanges)} {mixed_sampling.NAME} requests failed; first "
-                                    f"{failed[0].label} {failed[0].payload['sampling_params']}: {failed[0].error}")
+        raise CheckFailure(
+            "crash",
+            f"{len(failed)}/{len(exchanges)} {mixed_sampling.NAME} requests failed; first "
+            f"{failed[0].label} {failed[0].payload['sampling_params']}: {failed[0].error}",
+        )
     return exchanges
 
 
@@ -52,9 +58,12 @@ def test_mixed_greedy_follows_chain(smoke_runs, name, record_property):
     record_property("greedy_requests", n)
     record_property("greedy_off_chain", len(bad))
     if bad:
-        raise CheckFailure("mismatch", f"{len(bad)}/{n} greedy requests batched with sampled ones leave the greedy "
-                                       f"chain (next = previous + {mixed_sampling.GREEDY_OFFSET} on the ring); first: "
-                                       f"{bad[0]}")
+        raise CheckFailure(
+            "mismatch",
+            f"{len(bad)}/{n} greedy requests batched with sampled ones leave the greedy "
+            f"chain (next = previous + {mixed_sampling.GREEDY_OFFSET} on the ring); first: "
+            f"{bad[0]}",
+        )
 
 
 @pytest.mark.check("mismatch")
@@ -74,24 +83,41 @@ def test_sampled_structure_matches_closed_form(smoke_runs, name, record_property
     wanted = [r.new_tokens for r in plan] + [p.new_tokens for p, _ in mixed_sampling.sampled_streams(exchanges)]
     short = [s[0] for s, n in zip(streams, wanted) if len(s[3]) != n]
     if not plan or len(run.sampled_outputs) != len(plan) or short:
-        raise CheckFailure("crash", f"{len(run.sampled_outputs)} plan outputs for {len(plan)} requests; "
-                                    f"{len(short)} sampled outputs not of their max_new_tokens, first {short[:1]}")
+        raise CheckFailure(
+            "crash",
+            f"{len(run.sampled_outputs)} plan outputs for {len(plan)} requests; "
+            f"{len(short)} sampled outputs not of their max_new_tokens, first {short[:1]}",
+        )
     check = structure.check_streams(streams, run.vocab_size)
     record_property("structure_offsets", check.n)
     record_property("structure_off_support", check.off_support)
-    record_property("structure_tests", {t.name: {"chi2": None if t.statistic != t.statistic else round(t.statistic, 2),
-                                                 "df": t.df, "p": t.p_value, "strata": t.strata, "dropped": t.dropped}
-                                        for t in check.tests})
+    record_property(
+        "structure_tests",
+        {
+            t.name: {
+                "chi2": None if t.statistic != t.statistic else round(t.statistic, 2),
+                "df": t.df,
+                "p": t.p_value,
+                "strata": t.strata,
+                "dropped": t.dropped,
+            }
+            for t in check.tests
+        },
+    )
     record_property("structure_test_alpha", structure.TEST_ALPHA)
     if check.off_support:
         label, pos, prev, tok, group = check.first_off_support
-        raise CheckFailure("mismatch", f"{check.off_support} sampled tokens off their group's kept offsets "
-                                       f"(probability 0 under its closed form); first: {label} ({group}) position "
-                                       f"{pos}: {prev} -> {tok}; {check.summary()}")
+        raise CheckFailure(
+            "mismatch",
+            f"{check.off_support} sampled tokens off their group's kept offsets "
+            f"(probability 0 under its closed form); first: {label} ({group}) position "
+            f"{pos}: {prev} -> {tok}; {check.summary()}",
+        )
     if not check.passed:
         names = ", ".join(t.name for t in check.failed)
-        raise CheckFailure("mismatch", f"sampled tokens show structure the closed form forbids ({names}): "
-                                       f"{check.summary()}")
+        raise CheckFailure(
+            "mismatch", f"sampled tokens show structure the closed form forbids ({names}): {check.summary()}"
+        )
 
 
 @pytest.mark.check("mismatch")
@@ -108,9 +134,12 @@ def test_seeded_repeats_identical(smoke_runs, name, record_property):
     info = run.server_info_after or run.server_info_before or {}
     record_property("enable_deterministic_inference", info.get("enable_deterministic_inference"))
     if not info.get("enable_deterministic_inference"):
-        raise CheckFailure("harness", f"/server_info reports enable_deterministic_inference="
-                                      f"{info.get('enable_deterministic_inference')!r} though {DETERMINISTIC_FLAG} was "
-                                      f"passed: the seeded check cannot run")
+        raise CheckFailure(
+            "harness",
+            f"/server_info reports enable_deterministic_inference="
+            f"{info.get('enable_deterministic_inference')!r} though {DETERMINISTIC_FLAG} was "
+            f"passed: the seeded check cannot run",
+        )
     pairs = mixed_sampling.repeat_pairs(_family(run))
     differ = [(a, b) for a, b in pairs if a is None or a.output_ids != b.output_ids]
     record_property("seeded_pairs", len(pairs))
@@ -121,10 +150,15 @@ def test_seeded_repeats_identical(smoke_runs, name, record_property):
         a, b = differ[0]
         if a is None:
             raise CheckFailure("harness", f"{b.label}: its original request is missing")
-        pos = next((i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y),
-                   min(len(a.output_ids), len(b.output_ids)))
-        raise CheckFailure("mismatch", f"{len(differ)}/{len(pairs)} identical seeded requests (same prompt, "
-                                       f"sampling_seed {b.payload['sampling_params'].get('sampling_seed')}) differ "
-                                       f"under {DETERMINISTIC_FLAG}; first: {a.label} vs {b.label} from position "
-                                       f"{pos}: "
-                                       f"{a.output_ids[pos:pos + 6]} vs {b.output_ids[pos:pos + 6]}")
+        pos = next(
+            (i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y),
+            min(len(a.output_ids), len(b.output_ids)),
+        )
+        raise CheckFailure(
+            "mismatch",
+            f"{len(differ)}/{len(pairs)} identical seeded requests (same prompt, "
+            f"sampling_seed {b.payload['sampling_params'].get('sampling_seed')}) differ "
+            f"under {DETERMINISTIC_FLAG}; first: {a.label} vs {b.label} from position "
+            f"{pos}: "
+            f"{a.output_ids[pos : pos + 6]} vs {b.output_ids[pos : pos + 6]}",
+        )

@@ -41,8 +41,11 @@ def _judge_outputs(smoke_runs, name, record_property, kind: str, what: str) -> N
     record_property(f"{kind}_requests_wrong", [label for label, _ in bad])
     if bad:
         label, problems = bad[0]
-        raise CheckFailure("mismatch", f"{len(bad)}/{len(seen) or len(bad)} {what} requests end wrong; first: "
-                                       f"{label} {problems[0]}{'; '.join(problems[1:])}")
+        raise CheckFailure(
+            "mismatch",
+            f"{len(bad)}/{len(seen) or len(bad)} {what} requests end wrong; first: "
+            f"{label} {problems[0]}{'; '.join(problems[1:])}",
+        )
 
 
 @pytest.mark.check("mismatch")
@@ -80,8 +83,9 @@ def test_finished_request_counters_agree(smoke_runs, name, record_property):
     fields = draft_tokens = None
     if run.spec.topk:
         fields = meta_fields.documented_fields()
-        draft_tokens = int(find_arg(run.server_info_before or {}, "speculative_num_draft_tokens",
-                                    settings.DRAFT_TOKENS[run.spec.topk]))
+        draft_tokens = int(
+            find_arg(run.server_info_before or {}, "speculative_num_draft_tokens", settings.DRAFT_TOKENS[run.spec.topk])
+        )
     by_label = {x.label: x for x in run.exchanges(stops.NAME)}
     bad, counters = [], {}
     for case in stops.cases(run.vocab_size):
@@ -89,16 +93,21 @@ def test_finished_request_counters_agree(smoke_runs, name, record_property):
         if x is None:
             bad.append((case.label, ["no exchange: the tier did not send this request"]))
             continue
-        counters[case.label] = {k: x.meta.get(k) for k in ("completion_tokens", "spec_verify_ct",
-                                                           "spec_num_correct_drafts", "spec_correct_drafts_histogram")}
+        counters[case.label] = {
+            k: x.meta.get(k)
+            for k in ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "spec_correct_drafts_histogram")
+        }
         problems = stops.accounting_problems(case, x, fields=fields, draft_tokens=draft_tokens)
         if problems:
             bad.append((case.label, problems))
     record_property("stops_counters", counters)
     if bad:
         label, problems = bad[0]
-        raise CheckFailure("accounting", f"{len(bad)}/{len(counters) or len(bad)} stop/length requests contradict "
-                                         f"their own counters; first: {label}: {'; '.join(problems)}")
+        raise CheckFailure(
+            "accounting",
+            f"{len(bad)}/{len(counters) or len(bad)} stop/length requests contradict "
+            f"their own counters; first: {label}: {'; '.join(problems)}",
+        )
 
 
 @pytest.mark.check("acceptance")
@@ -116,8 +125,11 @@ def test_witness_counters_match_prediction(smoke_runs, name, record_property):
     by_label = {x.label: x for x in run.exchanges(stops.NAME)}
     requests += [(c.label, c.n, by_label[c.label].meta) for c in stops.cases(vocab) if c.label in by_label]
     if len(run.id_meta) != smoke.N_ID_PROMPTS or len(by_label) != len(stops.cases(vocab)):
-        raise CheckFailure("crash", f"{len(run.id_meta)} id responses for {smoke.N_ID_PROMPTS} prompts, "
-                                    f"{len(by_label)} stop/length exchanges for {len(stops.cases(vocab))} requests")
+        raise CheckFailure(
+            "crash",
+            f"{len(run.id_meta)} id responses for {smoke.N_ID_PROMPTS} prompts, "
+            f"{len(by_label)} stop/length exchanges for {len(stops.cases(vocab))} requests",
+        )
     record_property("predicted_verify_steps", {label: stops.verify_steps(n) for label, n, _ in requests})
     record_property("verify_steps", {label: m.get("spec_verify_ct") for label, _n, m in requests})
     misses = [(label, stops.counter_problems(n, m)) for label, n, m in requests]
@@ -125,6 +137,9 @@ def test_witness_counters_match_prediction(smoke_runs, name, record_property):
     if misses:
         label, what = misses[0]
         moved = smoke.phase_moved(run.spec, smoke_runs)
-        raise CheckFailure("acceptance", (f"{moved}; " if moved else "") + f"{len(misses)}/{len(requests)} requests "
-                                         f"miss the witness's exact counters (every draft accepted); first: {label}: "
-                                         f"{'; '.join(what)}")
+        raise CheckFailure(
+            "acceptance",
+            (f"{moved}; " if moved else "") + f"{len(misses)}/{len(requests)} requests "
+            f"miss the witness's exact counters (every draft accepted); first: {label}: "
+            f"{'; '.join(what)}",
+        )

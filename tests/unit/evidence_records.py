@@ -20,10 +20,14 @@ def write_junit(path: Path, checks: list[dict]) -> None:
         f, name = c["id"].split("::", 1)
         tag = _JUNIT_TAG.get(c["outcome"])
         inner = f'<{tag} message="x" />' if tag else ""
-        cases.append(f'<testcase classname="x" name={quoteattr(name)} file={quoteattr(f)} time="0.1">{inner}'
-                     "</testcase>")
-    Path(path).write_text('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
-                          + "".join(cases) + "</testsuite></testsuites>")
+        cases.append(
+            f'<testcase classname="x" name={quoteattr(name)} file={quoteattr(f)} time="0.1">{inner}</testcase>'
+        )
+    Path(path).write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+        + "".join(cases)
+        + "</testsuite></testsuites>"
+    )
 
 
 def whole(record: dict) -> dict:
@@ -35,8 +39,11 @@ def whole(record: dict) -> dict:
         if not checks or entry.get("verdict") != "passed" or any(c["outcome"] != "passed" for c in checks):
             continue
         have = {c["id"] for c in checks}
-        extra = [{"id": i, "tier": tier, "outcome": "passed", "seconds": 0.1, "metrics": {}}
-                 for i in (expected_checks.load(expected_checks.FILE) or {}).get(tier, ()) if i not in have]
+        extra = [
+            {"id": i, "tier": tier, "outcome": "passed", "seconds": 0.1, "metrics": {}}
+            for i in (expected_checks.load(expected_checks.FILE) or {}).get(tier, ())
+            if i not in have
+        ]
         entry["checks"] = checks + extra
         collected = (record.get("selection") or {}).get("collected")
         if isinstance(collected, dict):
@@ -56,9 +63,16 @@ def stamp_row(row_dir: Path, suite: dict | None = None, complete_cpu_tiers: bool
     tiers = record.get("tiers") or {}
     checks = [c for t in tiers.values() for c in t.get("checks") or []]
     if checks:
-        atomic_write_json(Path(row_dir) / "tiers.json", {"schema": record.get("schema"), "fingerprint": suite,
-                                                         "tiers": tiers, "selection": record.get("selection"),
-                                                         "versions": record.get("versions") or {}})
+        atomic_write_json(
+            Path(row_dir) / "tiers.json",
+            {
+                "schema": record.get("schema"),
+                "fingerprint": suite,
+                "tiers": tiers,
+                "selection": record.get("selection"),
+                "versions": record.get("versions") or {},
+            },
+        )
         write_junit(Path(row_dir) / "junit.xml", checks)
     return record
 
@@ -66,16 +80,26 @@ def stamp_row(row_dir: Path, suite: dict | None = None, complete_cpu_tiers: bool
 def stamp(run_dir: Path, rows: list[str] | None = None, complete_cpu_tiers: bool = False) -> None:
     """Stamp every row folder of ``run_dir`` and write the run's manifest planning them (``rows``: plan these)."""
     suite = fingerprint.describe()
-    records = {f.parent.name: stamp_row(f.parent, suite, complete_cpu_tiers)
-               for f in sorted(Path(run_dir).glob("*/row.json"))}
+    records = {
+        f.parent.name: stamp_row(f.parent, suite, complete_cpu_tiers) for f in sorted(Path(run_dir).glob("*/row.json"))
+    }
     plan = {rid: manifest.planned_row(rec["row"]) for rid, rec in records.items()}
     for rid in rows or []:
         plan.setdefault(rid, {"pins": {}})
     overrides = sorted({o for rec in records.values() for o in rec.get("overrides") or []})
-    atomic_write_json(manifest.path(run_dir), {
-        "schema": manifest.SCHEMA, "run_id": Path(run_dir).name, "created": manifest.now(), "fingerprint": suite,
-        "invocation": {"argv": ["nox"], "overrides": overrides, "knobs": {}}, "rows": plan, "not_run": {},
-        "resumed": []})
+    atomic_write_json(
+        manifest.path(run_dir),
+        {
+            "schema": manifest.SCHEMA,
+            "run_id": Path(run_dir).name,
+            "created": manifest.now(),
+            "fingerprint": suite,
+            "invocation": {"argv": ["nox"], "overrides": overrides, "knobs": {}},
+            "rows": plan,
+            "not_run": {},
+            "resumed": [],
+        },
+    )
 
 
 def stamp_all(results: Path) -> None:
@@ -98,8 +122,9 @@ def define_expected(monkeypatch, folder: Path, ids: dict[str, list[str]]) -> Pat
     return path
 
 
-H200_RECORD = (Path(__file__).resolve().parents[2] / "docs" / "runs"
-               / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json")
+H200_RECORD = (
+    Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json"
+)
 REQUEST_SURFACE_RECORD = H200_RECORD.with_name("2026-12-02b-h200-sglang-0.5.17-request-surface-baseline.json")
 INVOCATION_ID = "0123456789abcdef"
 
@@ -118,8 +143,9 @@ def h200_record() -> dict:
     have = {c["id"] for c in smoke["checks"]}
     later = {c["id"]: c for c in json.loads(REQUEST_SURFACE_RECORD.read_text())["tiers"]["smoke"]["checks"]}
     grown = [i for i in expected_checks.load()["smoke"] if i not in have]
-    smoke["checks"] += [later.get(i) or {"id": i, "tier": "smoke", "outcome": "passed", "seconds": 0.1, "metrics": {}}
-                        for i in grown]
+    smoke["checks"] += [
+        later.get(i) or {"id": i, "tier": "smoke", "outcome": "passed", "seconds": 0.1, "metrics": {}} for i in grown
+    ]
     collected = data["selection"]["collected"]
     collected["smoke"] = list(collected.get("smoke", [])) + grown
     return data
@@ -137,6 +163,9 @@ def write_box(out: Path, data: dict, pytest_args=("--tiers", "smoke"), knobs=Non
     write_junit(out / "junit.xml", [c for t in data["tiers"].values() for c in t["checks"]])
     (out / "pytest.log").write_text("61 passed\n")
     (out / "env.txt").write_text("2026-12-01T21:00:00Z\nNVIDIA H200, 143771 MiB, 580.159.04\n")
-    (out / "invocation.json").write_text(json.dumps({"invocation_id": INVOCATION_ID, "tests": ["tests/tiers"],
-                                                     "pytest_args": list(pytest_args), "knobs": knobs}))
+    (out / "invocation.json").write_text(
+        json.dumps(
+            {"invocation_id": INVOCATION_ID, "tests": ["tests/tiers"], "pytest_args": list(pytest_args), "knobs": knobs}
+        )
+    )
     return out

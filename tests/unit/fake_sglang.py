@@ -32,11 +32,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeState:
-    def __init__(self, *, delay: float = 0.0, fail: dict | None = None, responder: Callable | None = None,
-                 server_info: dict | None = None, legacy_server_info: bool = False, accept_length: float = 2.0,
-                 completion_tokens: int = 8, starting_for: float = 0.0, flush_refusals: int = 0,
-                 drop_connection: set | None = None, before_answer: Callable[[], object] | None = None,
-                 ready_file: str | None = None):
+    def __init__(
+        self,
+        *,
+        delay: float = 0.0,
+        fail: dict | None = None,
+        responder: Callable | None = None,
+        server_info: dict | None = None,
+        legacy_server_info: bool = False,
+        accept_length: float = 2.0,
+        completion_tokens: int = 8,
+        starting_for: float = 0.0,
+        flush_refusals: int = 0,
+        drop_connection: set | None = None,
+        before_answer: Callable[[], object] | None = None,
+        ready_file: str | None = None,
+    ):
         self.delay = delay
         self.fail = dict(fail or {})  # request number (0-based, arrival order) -> HTTP status
         self.drop_connection = set(drop_connection or ())  # request numbers answered by closing the socket
@@ -62,9 +73,14 @@ class FakeState:
     def info(self) -> dict:
         if self.server_info is not None:
             return self.server_info
-        return {"model_path": "fake", "speculative_algorithm": "FROZEN_KV_MTP", "speculative_eagle_topk": 1,
-                "disable_cuda_graph": False, "version": "0.0.fake",
-                "internal_states": [{"avg_spec_accept_length": self.accept_length}]}
+        return {
+            "model_path": "fake",
+            "speculative_algorithm": "FROZEN_KV_MTP",
+            "speculative_eagle_topk": 1,
+            "disable_cuda_graph": False,
+            "version": "0.0.fake",
+            "internal_states": [{"avg_spec_accept_length": self.accept_length}],
+        }
 
 
 def make_handler(state: FakeState):
@@ -134,12 +150,20 @@ def make_handler(state: FakeState):
                 self.connection.shutdown(2)
                 return
             if k in state.fail:
-                return self._send(state.fail[k], {"error": {"message": f"injected failure #{k}",
-                                                            "type": "BadRequest", "code": state.fail[k]}})
+                return self._send(
+                    state.fail[k],
+                    {"error": {"message": f"injected failure #{k}", "type": "BadRequest", "code": state.fail[k]}},
+                )
             text = state.responder(payload) if state.responder else f"echo {k}"
             ct = state.completion_tokens
-            meta = {"id": f"req-{k}", "finish_reason": {"type": "length", "length": ct},
-                    "prompt_tokens": 5, "completion_tokens": ct, "cached_tokens": 0, "e2e_latency": state.delay}
+            meta = {
+                "id": f"req-{k}",
+                "finish_reason": {"type": "length", "length": ct},
+                "prompt_tokens": 5,
+                "completion_tokens": ct,
+                "cached_tokens": 0,
+                "e2e_latency": state.delay,
+            }
             if state.accept_length:
                 verify = max(1, round(ct / state.accept_length))
                 meta.update(spec_verify_ct=verify, spec_accept_length=ct / verify)
@@ -148,8 +172,9 @@ def make_handler(state: FakeState):
     return Handler
 
 
-def gsm8k_responder(lines: list[dict], right: Callable[[int], bool] = lambda index: True,
-                    num_shots: int = 5) -> Callable[[dict], str]:
+def gsm8k_responder(
+    lines: list[dict], right: Callable[[int], bool] = lambda index: True, num_shots: int = 5
+) -> Callable[[dict], str]:
     """A /generate responder for GSM8K prompts (mtpmatrix.tiers.gsm8k's layout, few-shot prefix from the first
     ``num_shots`` lines): the gold answer for evaluated question ``index`` where ``right(index)``, else gold + 1."""
     golds: dict[str, tuple[int, str]] = {}
@@ -164,18 +189,28 @@ def gsm8k_responder(lines: list[dict], right: Callable[[int], bool] = lambda ind
     return respond
 
 
-def server_info(model_path: str = "google/gemma-4-E4B-it", topk: int | None = 1, accept_length: float | None = 2.5,
-                **extra) -> dict:
+def server_info(
+    model_path: str = "google/gemma-4-E4B-it", topk: int | None = 1, accept_length: float | None = 2.5, **extra
+) -> dict:
     """/server_info as sglang 0.5.17 answers it (the fields the tiers read): resolved speculative args for ``topk``
     (None: no speculative decoding), CUDA graphs on, the accept length under internal_states."""
     from mtpmatrix.core import settings
 
-    info = {"model_path": model_path, "tp_size": 1, "disable_cuda_graph": False, "version": "0.5.17",
-            "speculative_algorithm": None, "internal_states": [{}]}
+    info = {
+        "model_path": model_path,
+        "tp_size": 1,
+        "disable_cuda_graph": False,
+        "version": "0.5.17",
+        "speculative_algorithm": None,
+        "internal_states": [{}],
+    }
     if topk is not None:
-        info.update(settings.expected_resolution(topk) if topk in settings.DRAFT_TOKENS else
-                    {"speculative_algorithm": settings.SPEC_ALGORITHM_RESOLVED, "speculative_eagle_topk": topk},
-                    speculative_draft_model_path=model_path + "-assistant")
+        info.update(
+            settings.expected_resolution(topk)
+            if topk in settings.DRAFT_TOKENS
+            else {"speculative_algorithm": settings.SPEC_ALGORITHM_RESOLVED, "speculative_eagle_topk": topk},
+            speculative_draft_model_path=model_path + "-assistant",
+        )
         if accept_length is not None:
             info["internal_states"] = [{"avg_spec_accept_length": accept_length}]
     info.update(extra)
@@ -236,8 +271,12 @@ def main(argv=None) -> None:
     ap.add_argument("--exit-always", action="store_true", help="exit 1 at every launch (a broken release)")
 
     ap.add_argument("--ready-file", default=None, help="/health answers 503 until this file exists")
-    ap.add_argument("--rendezvous", default=None, metavar="DIR",
-                    help="before binding: leave a file in DIR, then wait until --rendezvous-count stubs have")
+    ap.add_argument(
+        "--rendezvous",
+        default=None,
+        metavar="DIR",
+        help="before binding: leave a file in DIR, then wait until --rendezvous-count stubs have",
+    )
     ap.add_argument("--rendezvous-count", type=int, default=1)
     args, _unknown = ap.parse_known_args(argv)
     if args.ignore_sigterm:

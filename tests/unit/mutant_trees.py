@@ -51,8 +51,9 @@ def payload_for(tmp_path: Path, mutant=TOY_MUTANT, pkg="toypkg") -> tuple[Path, 
 
 
 def py(code: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def hook_env(*paths: Path, payload: Path | None = None) -> dict:
@@ -97,10 +98,16 @@ json.dump({"tiers": {"smoke": {"verdict": "failed" if fail else "passed", "check
 
 
 TOY_CAT = (
-    C.Mutant("value-two", "accounting", "VALUE 1 -> 2", (C.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),),
-             servers=("w",)),
-    C.Mutant("comment-only", "positions", "a comment: changes nothing observable",
-             (C.Site("toypkg.mod", "def where():\n", "def where():  # mutated\n"),), servers=("w",)),
+    C.Mutant(
+        "value-two", "accounting", "VALUE 1 -> 2", (C.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),), servers=("w",)
+    ),
+    C.Mutant(
+        "comment-only",
+        "positions",
+        "a comment: changes nothing observable",
+        (C.Site("toypkg.mod", "def where():\n", "def where():  # mutated\n"),),
+        servers=("w",),
+    ),
     C.Mutant("elsewhere", "handoff", "absent here", (C.Site("toypkg.v1", "x", "y"),), servers=("w",)),
 )
 
@@ -114,8 +121,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_stub(tmp_path, stub_env, argv, **kw):
     pkg, command = stub_env
     lines: list[str] = []
-    rc = M.run(parse(["--out", str(tmp_path / "out"), *argv]), catalogue=TOY_CAT, pkg_dir=pkg, command=command,
-               known_servers=["w"], gpu_check=False, cpus=6, poll=0.05, log=lines.append, **kw)
+    rc = M.run(
+        parse(["--out", str(tmp_path / "out"), *argv]),
+        catalogue=TOY_CAT,
+        pkg_dir=pkg,
+        command=command,
+        known_servers=["w"],
+        gpu_check=False,
+        cpus=6,
+        poll=0.05,
+        log=lines.append,
+        **kw,
+    )
     record = json.loads((tmp_path / "out" / "mutants.json").read_text())
     return rc, record, "\n".join(lines)
 
@@ -202,13 +219,24 @@ _BRP_FILE = "sglang/srt/managers/scheduler_components/batch_result_processor.py"
 
 
 RELEASE_FORMS = {
-    "0.5.13": {_SPEC + "spec_utils.py": _SPU_TEXT, _BRP_FILE: _BRP_TEXT, _SPEC + "eagle_info.py": _V1_VERIFY,
-               _SPEC + "eagle_info_v2.py": _V1_VERIFY.replace(
-                   "            req.spec_num_correct_drafts += num_correct_drafts_this_req\n", "")},
-    "0.5.17": {_SPEC + "spec_utils.py": _SPU_TEXT, _BRP_FILE: _BRP_TEXT,
-               _SPEC + "eagle_utils.py": _V2_SAMPLE.replace("SOFTMAX", _SOFTMAX_0517)},
-    "0.5.23": {_SPEC + "spec_utils.py": _SPU_TEXT, _BRP_FILE: _BRP_TEXT,
-               _SPEC + "eagle_utils.py": _V2_SAMPLE.replace("SOFTMAX", _SOFTMAX_0523)},
+    "0.5.13": {
+        _SPEC + "spec_utils.py": _SPU_TEXT,
+        _BRP_FILE: _BRP_TEXT,
+        _SPEC + "eagle_info.py": _V1_VERIFY,
+        _SPEC + "eagle_info_v2.py": _V1_VERIFY.replace(
+            "            req.spec_num_correct_drafts += num_correct_drafts_this_req\n", ""
+        ),
+    },
+    "0.5.17": {
+        _SPEC + "spec_utils.py": _SPU_TEXT,
+        _BRP_FILE: _BRP_TEXT,
+        _SPEC + "eagle_utils.py": _V2_SAMPLE.replace("SOFTMAX", _SOFTMAX_0517),
+    },
+    "0.5.23": {
+        _SPEC + "spec_utils.py": _SPU_TEXT,
+        _BRP_FILE: _BRP_TEXT,
+        _SPEC + "eagle_utils.py": _V2_SAMPLE.replace("SOFTMAX", _SOFTMAX_0523),
+    },
 }
 
 

@@ -12,15 +12,23 @@ RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 SMOKE_RUN = json.loads((RUNS / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json").read_text())
 DRAFT_PHASE = "sglang-gemma4-mtp-draft-rope-phase"
 HARNESS_CHECK = "tests/tiers/test_smoke.py::test_topk_batch_served_together[witness-mtp-topk3]"
-HARNESS_FAILURE = {"kind": "harness", "type": "CheckFailure",
-                   "message": "the smoke tier never batched 4 requests at topk 3",
-                   "frame": None, "raised_at": "tests/tiers/test_smoke.py:201 in test_topk_batch_served_together"}
+HARNESS_FAILURE = {
+    "kind": "harness",
+    "type": "CheckFailure",
+    "message": "the smoke tier never batched 4 requests at topk 3",
+    "frame": None,
+    "raised_at": "tests/tiers/test_smoke.py:201 in test_topk_batch_served_together",
+}
 
 
 def selection(tiers: dict) -> dict:
     """A session that ran exactly the given checks, without narrowing (so no tier is partial for its selection)."""
-    return {"args": [], "knobs": {}, "paths": [],
-            "collected": {name: [c["id"] for c in t.get("checks") or []] for name, t in tiers.items()}}
+    return {
+        "args": [],
+        "knobs": {},
+        "paths": [],
+        "collected": {name: [c["id"] for c in t.get("checks") or []] for name, t in tiers.items()},
+    }
 
 
 def smoke_tier(*, harness_error: bool = False, tagged: bool = True) -> dict:
@@ -46,8 +54,14 @@ def smoke_record(versions: dict, **kw) -> dict:
     """A finished row record whose only tier is the recorded smoke tier (``smoke_tier``), at ``versions``."""
     tiers = {"smoke": smoke_tier(**kw)}
     verdict = "error" if kw.get("harness_error") else "passed"
-    return {"verdict": verdict, "versions": dict(versions), "install": {"verdict": "passed", "seconds": 10.0},
-            "suite": {"seconds": 300.0}, "selection": selection(tiers), "tiers": tiers}
+    return {
+        "verdict": verdict,
+        "versions": dict(versions),
+        "install": {"verdict": "passed", "seconds": 10.0},
+        "suite": {"seconds": 300.0},
+        "selection": selection(tiers),
+        "tiers": tiers,
+    }
 
 
 # --- the reference tier of the 0.5.17 row across transformers releases (README: nox -s bisect -- transformers
@@ -55,24 +69,36 @@ def smoke_record(versions: dict, **kw) -> dict:
 
 REF = "tests/tiers/test_reference.py::"
 CANDIDATE_CRASH = {
-    "kind": "crash", "type": "CheckFailure",
+    "kind": "crash",
+    "type": "CheckFailure",
     "message": "e-series: generate failed on 'Hello world, count: 1 2 3': TypeError: SinglePositionMultiTokenCandidate"
-               "Generator.__init__() missing 2 required positional arguments: 'input_ids' and 'model_kwargs' (at "
-               "transformers/generation/utils.py:1338 in _get_candidate_generator)",
+    "Generator.__init__() missing 2 required positional arguments: 'input_ids' and 'model_kwargs' (at "
+    "transformers/generation/utils.py:1338 in _get_candidate_generator)",
     "frame": "transformers/generation/utils.py:2976 in generate",
-    "raised_at": "transformers/utils/deprecation.py:171 in wrapped_func"}
+    "raised_at": "transformers/utils/deprecation.py:171 in wrapped_func",
+}
 FIRST_ROUND_DRAFT = {
-    "kind": "acceptance", "type": "CheckFailure",
+    "kind": "acceptance",
+    "type": "CheckFailure",
     "message": "e-series: transformers drafts the first round after prefill from the wrong hidden state: the reference "
-               "witness accepts 0/12 drafts there, 1.0 of them after",
-    "frame": None, "raised_at": "tests/tiers/test_reference.py:358 in test_witness_drafts_at_transformers_phase"}
+    "witness accepts 0/12 drafts there, 1.0 of them after",
+    "frame": None,
+    "raised_at": "tests/tiers/test_reference.py:358 in test_witness_drafts_at_transformers_phase",
+}
 ASSISTED_SAMPLING = {
-    "kind": "mismatch", "type": "CheckFailure",
+    "kind": "mismatch",
+    "type": "CheckFailure",
     "message": "dense-31b: transformers' assisted sampling differs from the closed form: 1536 offsets; ...",
-    "frame": None, "raised_at": "tests/tiers/test_reference.py:538 in "
-                                "test_sampled_assisted_generation_matches_closed_form"}
-SAMPLING_METRICS = {"sampled_offsets": 1536, "sampled_counts": {"1": 889, "3": 344, "7": 303},
-                    "sampled_off_support": 0, "sampled_share_offset_1": 0.5788, "sampled_share_offset_3": 0.224}
+    "frame": None,
+    "raised_at": "tests/tiers/test_reference.py:538 in test_sampled_assisted_generation_matches_closed_form",
+}
+SAMPLING_METRICS = {
+    "sampled_offsets": 1536,
+    "sampled_counts": {"1": 889, "3": 344, "7": 303},
+    "sampled_off_support": 0,
+    "sampled_share_offset_1": 0.5788,
+    "sampled_share_offset_3": 0.224,
+}
 
 
 def reference_record(transformers: str) -> dict:
@@ -85,18 +111,34 @@ def reference_record(transformers: str) -> dict:
     crash = Version("5.18") <= v < Version("5.20")
 
     def chk(name, failure=None, metrics=None):
-        return {"id": REF + name, "tier": "reference", "outcome": "failed" if failure else "passed",
-                "seconds": 1.0, "metrics": metrics or {}, **({"failure": dict(failure)} if failure else {})}
+        return {
+            "id": REF + name,
+            "tier": "reference",
+            "outcome": "failed" if failure else "passed",
+            "seconds": 1.0,
+            "metrics": metrics or {},
+            **({"failure": dict(failure)} if failure else {}),
+        }
 
     checks = [
         chk("test_greedy_with_assistant_equals_greedy[e-series]", CANDIDATE_CRASH if crash else None),
-        chk("test_witness_drafts_at_transformers_phase[e-series]",
+        chk(
+            "test_witness_drafts_at_transformers_phase[e-series]",
             CANDIDATE_CRASH if crash else FIRST_ROUND_DRAFT if v < Version("5.17") else None,
-            {"first_round_drafted": 12, "first_round_accepted": 0} if v < Version("5.17") else None),
-        chk("test_sampled_assisted_generation_matches_closed_form", CANDIDATE_CRASH if crash else ASSISTED_SAMPLING,
-            None if crash else SAMPLING_METRICS),
+            {"first_round_drafted": 12, "first_round_accepted": 0} if v < Version("5.17") else None,
+        ),
+        chk(
+            "test_sampled_assisted_generation_matches_closed_form",
+            CANDIDATE_CRASH if crash else ASSISTED_SAMPLING,
+            None if crash else SAMPLING_METRICS,
+        ),
         chk("test_sampled_closed_form_matches_transformers_sampling[e-series]"),
     ]
     tiers = {"reference": {"verdict": "failed", "checks": checks}}
-    return {"verdict": "failed", "versions": {"sglang": "0.5.17", "transformers": transformers},
-            "install": {"verdict": "passed"}, "selection": selection(tiers), "tiers": tiers}
+    return {
+        "verdict": "failed",
+        "versions": {"sglang": "0.5.17", "transformers": transformers},
+        "install": {"verdict": "passed"},
+        "selection": selection(tiers),
+        "tiers": tiers,
+    }

@@ -31,7 +31,7 @@ namespace c10 { void something_new() {} }
 """
 C10_CUDA = "namespace c10 { namespace cuda { void device_count() {} } }\n"
 # a non-torch library with versioned symbols, one of them (oddly) in namespace c10
-VERSIONED = "namespace c10 { void thing() {} }\nextern \"C\" void plain_versioned() {}\n"
+VERSIONED = 'namespace c10 { void thing() {} }\nextern "C" void plain_versioned() {}\n'
 VERSION_SCRIPT = "VER_1 { global: *; };\n"
 CUDART12 = 'extern "C" int cudaMalloc(void**, unsigned long) { return 0; }\n'
 EXTENSION = r"""
@@ -87,12 +87,33 @@ def elf(tmp_path_factory):
     # --no-as-needed: keep libc10_cuda.so in DT_NEEDED although this small extension uses none of its symbols
     ext = _gxx(root / "ops.abi3.so", EXTENSION, f"-L{old}", "-ltorch_cpu", "-Wl,--no-as-needed", "-lc10_cuda")
     # found through RUNPATH $ORIGIN/other, as wheels find their bundled libraries
-    ext_versioned = _gxx(root / "ops_versioned.so", EXTENSION, "-DUSE_VERSIONED", f"-L{old}", "-ltorch_cpu",
-                         str(other / "libver.so.1"), "-Wl,-rpath,$ORIGIN/other")
-    ext_cuda = _gxx(root / "ops_cuda.so", EXTENSION, "-DUSE_CUDART", f"-L{old}", "-ltorch_cpu",
-                    str(other / "libcudart.so.12"), "-Wl,-rpath,$ORIGIN/other")
-    return {"root": root, "old": old, "new": new, "other": other, "ext": ext, "ext_versioned": ext_versioned,
-            "ext_cuda": ext_cuda}
+    ext_versioned = _gxx(
+        root / "ops_versioned.so",
+        EXTENSION,
+        "-DUSE_VERSIONED",
+        f"-L{old}",
+        "-ltorch_cpu",
+        str(other / "libver.so.1"),
+        "-Wl,-rpath,$ORIGIN/other",
+    )
+    ext_cuda = _gxx(
+        root / "ops_cuda.so",
+        EXTENSION,
+        "-DUSE_CUDART",
+        f"-L{old}",
+        "-ltorch_cpu",
+        str(other / "libcudart.so.12"),
+        "-Wl,-rpath,$ORIGIN/other",
+    )
+    return {
+        "root": root,
+        "old": old,
+        "new": new,
+        "other": other,
+        "ext": ext,
+        "ext_versioned": ext_versioned,
+        "ext_cuda": ext_cuda,
+    }
 
 
 @pytest.fixture(params=["pyelftools", "readelf"])
@@ -128,31 +149,48 @@ def test_extension_fails_against_a_torch_that_dropped_symbols(elf, reader):
     at::maybe (defined by neither torch) and the libstdc++ references are not."""
     res = abi.check_library(elf["ext"], scope_for(reader, elf["new"]), label="pkg/ops.abi3.so")
     assert res.broken
-    assert res.missing_symbols == ["_ZN3c104impl3cow23materialize_cow_storageERNS_11StorageImplE",
-                                   "_ZN5torch7Library4_defEi"]
+    assert res.missing_symbols == [
+        "_ZN3c104impl3cow23materialize_cow_storageERNS_11StorageImplE",
+        "_ZN5torch7Library4_defEi",
+    ]
     if shutil.which("c++filt"):
-        assert res.missing_demangled == ["c10::impl::cow::materialize_cow_storage(c10::StorageImpl&)",
-                                         "torch::Library::_def(int)"]
+        assert res.missing_demangled == [
+            "c10::impl::cow::materialize_cow_storage(c10::StorageImpl&)",
+            "torch::Library::_def(int)",
+        ]
     # c10_cuda is not shipped by the new torch: a DT_NEEDED torch library it lacks (a CPU build, say)
     assert res.missing_torch_libs == ["libc10_cuda.so"]
-    report = abi.AbiReport(torch_version="2.13.0", torch_cuda="13.0", reader=reader.name, libraries=[res],
-                           seconds=0.1, distributions=["pkg 1.0"])
+    report = abi.AbiReport(
+        torch_version="2.13.0",
+        torch_cuda="13.0",
+        reader=reader.name,
+        libraries=[res],
+        seconds=0.1,
+        distributions=["pkg 1.0"],
+    )
     head, *details = report.failure_message().splitlines()
     assert head.startswith("torch 2.13.0 does not define 2 symbol(s) that 1 native library need: ")
-    assert head.endswith("-- needed by pkg/ops.abi3.so (2); torch 2.13.0 ships no libc10_cuda.so -- needed by "
-                         "pkg/ops.abi3.so")
+    assert head.endswith(
+        "-- needed by pkg/ops.abi3.so (2); torch 2.13.0 ships no libc10_cuda.so -- needed by pkg/ops.abi3.so"
+    )
     if shutil.which("c++filt"):
         assert "need: c10::impl::cow::materialize_cow_storage, torch::Library::_def -- " in head
-        assert details == ["  pkg/ops.abi3.so:", "    c10::impl::cow::materialize_cow_storage(c10::StorageImpl&)",
-                           "    torch::Library::_def(int)"]
+        assert details == [
+            "  pkg/ops.abi3.so:",
+            "    c10::impl::cow::materialize_cow_storage(c10::StorageImpl&)",
+            "    torch::Library::_def(int)",
+        ]
 
 
 def test_torch_symbol_found_in_another_torch_library_counts(elf, reader, tmp_path):
     """The lookup covers every torch library in the scope, not only the one the extension was linked against."""
     newer = tmp_path / "torch_split"
     newer.mkdir()
-    _gxx(newer / "libtorch_cpu.so", NEW_TORCH + OLD_TORCH.replace("namespace at { void kept(int) {} }", ""),
-         soname="libtorch_cpu.so")
+    _gxx(
+        newer / "libtorch_cpu.so",
+        NEW_TORCH + OLD_TORCH.replace("namespace at { void kept(int) {} }", ""),
+        soname="libtorch_cpu.so",
+    )
     shutil.copy(elf["old"] / "libc10_cuda.so", newer)
     assert not abi.check_library(elf["ext"], scope_for(reader, newer)).broken
 
@@ -167,8 +205,11 @@ def test_versioned_references_belong_to_their_library(elf, reader, tmp_path):
     gone = abi.check_library(moved, scope_for(reader, elf["new"]))
     assert gone.absent_libs == ["libver.so.1"]
     # only the two dropped torch symbols, in both cases
-    assert present.missing_symbols == gone.missing_symbols == [
-        "_ZN3c104impl3cow23materialize_cow_storageERNS_11StorageImplE", "_ZN5torch7Library4_defEi"]
+    assert (
+        present.missing_symbols
+        == gone.missing_symbols
+        == ["_ZN3c104impl3cow23materialize_cow_storageERNS_11StorageImplE", "_ZN5torch7Library4_defEi"]
+    )
     # the control: the same name unversioned would have been torch's, and missing
     assert abi.is_torch_symbol(Ref("_ZN3c105thingEv"))
     refs = {r.name: r for r in reader.undefined(elf["ext_versioned"])}
@@ -187,8 +228,10 @@ def test_cuda_runtime_major_must_match_torch(elf, reader):
     assert abi.cuda_mismatches([res], "12.8") == []
 
 
-@pytest.mark.parametrize("soname,major", [("libcudart.so.13", 13), ("libcublasLt.so.12", 12),
-                                          ("libcudart.faf08d9a.so.13", 13), ("libnvrtc.so.13", 13)])
+@pytest.mark.parametrize(
+    "soname,major",
+    [("libcudart.so.13", 13), ("libcublasLt.so.12", 12), ("libcudart.faf08d9a.so.13", 13), ("libnvrtc.so.13", 13)],
+)
 def test_cuda_major_sonames(soname, major):
     assert int(abi.CUDA_MAJOR_SONAME.match(soname).group(2)) == major
 
@@ -201,21 +244,29 @@ def test_sonames_whose_major_is_not_the_cuda_major_are_ignored(soname):
 # ------------------------------------------------------------------------------------------------ names
 
 
-@pytest.mark.parametrize("name,torch", [
-    ("_ZN3c104impl3cow23materialize_cow_storageERNS_11StorageImplE", True),
-    ("_ZNK2at10TensorBase4sizeEl", True),
-    ("_ZTVN3c1011StorageImplE", True),  # vtable
-    ("_Z16THPVariable_WrapRKN2at10TensorBaseE", True),  # global-namespace function of torch's Python bindings
-    ("aoti_torch_get_data_ptr", True),
-    # torchcodec's own constructor, with torch::stable::Tensor in its parameters: torchcodec's to define
-    ("_ZN8facebook10torchcodec12VideoEncoderC1ERKN5torch6stable6TensorEdSt17basic_string_viewIcSt11char_traitsIcE"
-     "ERKNS0_18VideoStreamOptionsE", False),
-    ("_ZNSt6vectorIN3c106IValueESaIS1_EE17_M_realloc_insertIJS1_EEEvN9__gnu_cxx17__normal_iteratorIPS1_S3_EEDpOT_",
-     False),  # a std:: template instantiated with a torch type
-    ("_Z7catalogv", False),  # "at" inside another name
-    ("cuPointerGetAttribute", False),
-    ("PyLong_FromLong", False),
-])
+@pytest.mark.parametrize(
+    "name,torch",
+    [
+        ("_ZN3c104impl3cow23materialize_cow_storageERNS_11StorageImplE", True),
+        ("_ZNK2at10TensorBase4sizeEl", True),
+        ("_ZTVN3c1011StorageImplE", True),  # vtable
+        ("_Z16THPVariable_WrapRKN2at10TensorBaseE", True),  # global-namespace function of torch's Python bindings
+        ("aoti_torch_get_data_ptr", True),
+        # torchcodec's own constructor, with torch::stable::Tensor in its parameters: torchcodec's to define
+        (
+            "_ZN8facebook10torchcodec12VideoEncoderC1ERKN5torch6stable6TensorEdSt17basic_string_viewIcSt11char_traitsIcE"
+            "ERKNS0_18VideoStreamOptionsE",
+            False,
+        ),
+        (
+            "_ZNSt6vectorIN3c106IValueESaIS1_EE17_M_realloc_insertIJS1_EEEvN9__gnu_cxx17__normal_iteratorIPS1_S3_EEDpOT_",
+            False,
+        ),  # a std:: template instantiated with a torch type
+        ("_Z7catalogv", False),  # "at" inside another name
+        ("cuPointerGetAttribute", False),
+        ("PyLong_FromLong", False),
+    ],
+)
 def test_torch_symbol_attribution(name, torch):
     assert abi.is_torch_symbol(Ref(name)) is torch
 
@@ -225,23 +276,40 @@ def test_versioned_reference_is_torch_only_when_its_version_is_torch_s():
     assert abi.is_torch_symbol(Ref("_ZN3c105thingEv", "libc10.so"))
 
 
-@pytest.mark.parametrize("soname,torch", [("libtorch.so", True), ("libtorch_cuda.so", True), ("libc10_cuda.so", True),
-                                          ("libtorch_python.so", True), ("libtorchaudio.abi3.so", False),
-                                          ("libtorchcodec_core4.so", False), ("libc10.so.1", False)])
+@pytest.mark.parametrize(
+    "soname,torch",
+    [
+        ("libtorch.so", True),
+        ("libtorch_cuda.so", True),
+        ("libc10_cuda.so", True),
+        ("libtorch_python.so", True),
+        ("libtorchaudio.abi3.so", False),
+        ("libtorchcodec_core4.so", False),
+        ("libc10.so.1", False),
+    ],
+)
 def test_torch_sonames(soname, torch):
     assert bool(abi.TORCH_SONAME.match(soname)) is torch
 
 
-@pytest.mark.parametrize("filename,other", [("libtorch_c_dlpack_addon_torch26-cpu.so", True),
-                                            ("libtorch_c_dlpack_addon_torch211-cuda.so", False),
-                                            ("common_ops.abi3.so", False), ("libtorchaudio.abi3.so", False)])
+@pytest.mark.parametrize(
+    "filename,other",
+    [
+        ("libtorch_c_dlpack_addon_torch26-cpu.so", True),
+        ("libtorch_c_dlpack_addon_torch211-cuda.so", False),
+        ("common_ops.abi3.so", False),
+        ("libtorchaudio.abi3.so", False),
+    ],
+)
 def test_per_release_builds_for_another_torch_are_recognised(filename, other):
     assert abi.built_for_other_torch(filename, "2.11.0") is other
 
 
 def test_short_name_drops_the_parameter_list():
-    assert abi.short_name("torch::Library::_def(std::variant<c10::OperatorName, c10::FunctionSchema>&&, int)") \
+    assert (
+        abi.short_name("torch::Library::_def(std::variant<c10::OperatorName, c10::FunctionSchema>&&, int)")
         == "torch::Library::_def"
+    )
     assert abi.short_name("c10::foo<void (int)>(int)") == "c10::foo<void (int)>"
     assert abi.short_name("c10::Functor::operator()(int) const") == "c10::Functor::operator()"
 
@@ -282,8 +350,15 @@ def test_quick_needed_scan_agrees_with_the_readers(elf, reader, tmp_path):
     for bad in (script, cut):
         with pytest.raises(ValueError):
             needed(bad)
-    if subprocess.run([GXX, "-m32", "-shared", "-x", "c++", "-", "-o", str(tmp_path / "m32.so"), f"-L{elf['old']}"],
-                      input="int f() { return 1; }", capture_output=True, text=True).returncode == 0:
+    if (
+        subprocess.run(
+            [GXX, "-m32", "-shared", "-x", "c++", "-", "-o", str(tmp_path / "m32.so"), f"-L{elf['old']}"],
+            input="int f() { return 1; }",
+            capture_output=True,
+            text=True,
+        ).returncode
+        == 0
+    ):
         assert needed(tmp_path / "m32.so") == reader.dynamic(tmp_path / "m32.so").needed
 
 
@@ -294,8 +369,10 @@ def _dist(site: Path, name: str, version: str, files: dict[str, Path | str], req
     """A minimal installed distribution: METADATA, RECORD, and its files copied (or written) into ``site``."""
     info = site / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
     for rel, content in files.items():
         dest = site / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -308,17 +385,30 @@ def _dist(site: Path, name: str, version: str, files: dict[str, Path | str], req
 
 def _site(root: Path, elf, torch_folder: Path, torch_version: str, cuda: str | None) -> Path:
     site = root / f"site-{torch_version}"
-    _dist(site, "torch", torch_version,
-          {"torch/__init__.py": "", "torch/version.py":
-           f"from typing import Optional\n__version__ = '{torch_version}'\ncuda: Optional[str] = {cuda!r}\n",
-           **{f"torch/lib/{p.name}": p for p in torch_folder.glob("*.so")}})
+    _dist(
+        site,
+        "torch",
+        torch_version,
+        {
+            "torch/__init__.py": "",
+            "torch/version.py": f"from typing import Optional\n__version__ = '{torch_version}'\ncuda: Optional[str] = {cuda!r}\n",
+            **{f"torch/lib/{p.name}": p for p in torch_folder.glob("*.so")},
+        },
+    )
     _dist(site, "sglang", "0.5.17", {"sglang/__init__.py": ""}, requires=["fake-kernel", "torch"])
-    _dist(site, "fake-kernel", "1.0",
-          {"fake_kernel/__init__.py": "", "fake_kernel/sm90/ops.abi3.so": elf["ext"],
-           "fake_kernel/ops_cuda.so": elf["ext_cuda"],
-           # built for torch 2.6 only: its package never loads it under this torch, so it is not checked
-           "fake_kernel/addon_torch26-cpu.so": elf["ext"]},
-          requires=["torch", 'not-installed; python_version < "3"'])
+    _dist(
+        site,
+        "fake-kernel",
+        "1.0",
+        {
+            "fake_kernel/__init__.py": "",
+            "fake_kernel/sm90/ops.abi3.so": elf["ext"],
+            "fake_kernel/ops_cuda.so": elf["ext_cuda"],
+            # built for torch 2.6 only: its package never loads it under this torch, so it is not checked
+            "fake_kernel/addon_torch26-cpu.so": elf["ext"],
+        },
+        requires=["torch", 'not-installed; python_version < "3"'],
+    )
     _dist(site, "unrelated", "1.0", {"unrelated/ops.so": elf["ext"]})  # not a dependency of sglang
     return site
 
@@ -339,10 +429,13 @@ def test_installed_environment_override_fails(elf, reader, tmp_path):
     assert [r.label for r in rep.broken] == ["fake_kernel/sm90/ops.abi3.so", "fake_kernel/ops_cuda.so"]
     head = rep.failure_message().splitlines()[0]
     assert head.startswith("torch 2.13.0 does not define 2 symbol(s) that 2 native libraries need: ")
-    assert head.endswith("-- needed by fake_kernel/sm90/ops.abi3.so (2), fake_kernel/ops_cuda.so (2); "
-                         "torch 2.13.0 ships no libc10_cuda.so -- needed by fake_kernel/sm90/ops.abi3.so")
+    assert head.endswith(
+        "-- needed by fake_kernel/sm90/ops.abi3.so (2), fake_kernel/ops_cuda.so (2); "
+        "torch 2.13.0 ships no libc10_cuda.so -- needed by fake_kernel/sm90/ops.abi3.so"
+    )
     assert abi.cuda_mismatches(rep.libraries, rep.torch_cuda) == [
-        "fake_kernel/ops_cuda.so needs libcudart.so.12 (CUDA 12)"]
+        "fake_kernel/ops_cuda.so needs libcudart.so.12 (CUDA 12)"
+    ]
 
 
 def test_cpu_torch_has_no_cuda_version(elf, reader, tmp_path):
@@ -364,13 +457,18 @@ def test_no_torch_linked_library_fails_instead_of_passing(elf, reader, tmp_path)
     """sglang's kernels link torch on every release: finding none means nothing was checked against this torch
     (kernels not installed, or unreadable), which must fail the check, never skip it."""
     site = tmp_path / "site"
-    _dist(site, "torch", "2.11.0", {"torch/__init__.py": "", **{f"torch/lib/{p.name}": p
-                                                                   for p in elf["old"].glob("*.so")}})
-    _dist(site, "sglang", "0.5.17", {"sglang/__init__.py": "", "sglang/not_elf.so": "INPUT(-lc)\n"},
-          requires=["torch"])
+    _dist(
+        site,
+        "torch",
+        "2.11.0",
+        {"torch/__init__.py": "", **{f"torch/lib/{p.name}": p for p in elf["old"].glob("*.so")}},
+    )
+    _dist(site, "sglang", "0.5.17", {"sglang/__init__.py": "", "sglang/not_elf.so": "INPUT(-lc)\n"}, requires=["torch"])
     rep = abi.check_installed(reader, path=[str(site)])
     assert rep.libraries == []
     message = rep.failure_message()
-    assert message == ("no native library of sglang or its dependencies links torch (1 shared object(s) seen in "
-                       "1 distribution(s), none linking it): sglang's kernels (sgl_kernel) do on every release, so "
-                       "nothing was checked against torch 2.11.0")
+    assert message == (
+        "no native library of sglang or its dependencies links torch (1 shared object(s) seen in "
+        "1 distribution(s), none linking it): sglang's kernels (sgl_kernel) do on every release, so "
+        "nothing was checked against torch 2.11.0"
+    )

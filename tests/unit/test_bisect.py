@@ -25,6 +25,7 @@ VERSIONS = [f"5.{m}.{p}" for m in range(8, 14) for p in range(3)]  # 18 releases
 
 def fake(first_bad: int | None, uninstallable=(), calls=None):
     """A probe over VERSIONS-like lists: index >= first_bad is bad; some indices do not install."""
+
     def factory(cands):
         def probe(v):
             i = cands.index(v)
@@ -33,12 +34,22 @@ def fake(first_bad: int | None, uninstallable=(), calls=None):
             if i in uninstallable:
                 return bs.Probe(v, bs.UNTESTABLE, f"does not install: resolver conflict: no wheel for {v}")
             if first_bad is not None and i >= first_bad:
-                return bs.Probe(v, bs.BAD, "2 check(s) failed [mismatch]",
-                                {"kind": "mismatch", "type": "CheckFailure", "message": f"tokens differ at 3 ({v})",
-                                 "frame": "transformers/generation/utils.py:2471 in _assisted_decoding",
-                                 "raised_at": "tests/tiers/test_reference.py:61 in test_greedy"})
+                return bs.Probe(
+                    v,
+                    bs.BAD,
+                    "2 check(s) failed [mismatch]",
+                    {
+                        "kind": "mismatch",
+                        "type": "CheckFailure",
+                        "message": f"tokens differ at 3 ({v})",
+                        "frame": "transformers/generation/utils.py:2471 in _assisted_decoding",
+                        "raised_at": "tests/tiers/test_reference.py:61 in test_greedy",
+                    },
+                )
             return bs.Probe(v, bs.GOOD)
+
         return probe
+
     return factory
 
 
@@ -149,10 +160,19 @@ def test_the_search_reports_the_failure_of_the_first_bad_release():
 # --- probe records -> good / bad / untestable / known-only ------------------------------------------------------
 
 REF = "tests/tiers/test_reference.py::"
-LISTED = KnownIssue(id="hf-x", package="transformers", affected=">=5.8.0,<6", tier="reference", component="library",
-                    kind="mismatch", match="tokens differ", checks=("test_k",), summary="s", upstream="u")
-MISMATCH = {"kind": "mismatch", "type": "CheckFailure", "message": "tokens differ at 3", "frame": "f",
-            "raised_at": "r"}
+LISTED = KnownIssue(
+    id="hf-x",
+    package="transformers",
+    affected=">=5.8.0,<6",
+    tier="reference",
+    component="library",
+    kind="mismatch",
+    match="tokens differ",
+    checks=("test_k",),
+    summary="s",
+    upstream="u",
+)
+MISMATCH = {"kind": "mismatch", "type": "CheckFailure", "message": "tokens differ at 3", "frame": "f", "raised_at": "r"}
 
 
 def _chk(name, outcome, failure=None, **kw):
@@ -163,9 +183,13 @@ def _rec(*checks, verdict="passed", collected=None, **tier):
     """A finished probe record of the reference tier at transformers 5.9.0; its session collected ``collected``
     (default: exactly its checks). The stored verdict is whatever the plugin wrote: judging derives it again."""
     ids = [c["id"] for c in checks] if collected is None else [REF + n for n in collected]
-    return {"install": {"verdict": "passed"}, "versions": {"transformers": "5.9.0"}, "verdict": "passed",
-            "selection": {"args": [], "knobs": {}, "paths": [], "collected": {"reference": ids}},
-            "tiers": {"reference": {"verdict": verdict, "checks": list(checks), **tier}}}
+    return {
+        "install": {"verdict": "passed"},
+        "versions": {"transformers": "5.9.0"},
+        "verdict": "passed",
+        "selection": {"args": [], "knobs": {}, "paths": [], "collected": {"reference": ids}},
+        "tiers": {"reference": {"verdict": verdict, "checks": list(checks), **tier}},
+    }
 
 
 def classify(rec, **kw):
@@ -200,20 +224,30 @@ def test_classify_record():
     assert p.status == bs.UNTESTABLE and p.detail == "harness error: KeyError"
     # pytest died before any check could say (no records): proves nothing either way, as in the report
     p = classify(_rec(verdict="error", reason="pytest exited 4 without results", failure_kinds=["crash"]))
-    assert p.status == bs.UNTESTABLE and p.detail == "reference tier error before any check could say: pytest " \
-                                                      "exited 4 without results"
+    assert (
+        p.status == bs.UNTESTABLE
+        and p.detail == "reference tier error before any check could say: pytest exited 4 without results"
+    )
     p = classify(_rec(verdict="skipped", reason="reference tier: transformers 5.7 has no gemma4_assistant"))
     assert p.status == bs.UNTESTABLE and "no gemma4_assistant" in p.detail and not p.fatal
-    p = bs.classify_record({"install": {"verdict": "passed"}, "tiers": {"smoke": {
-        "verdict": "skipped", "reason": "smoke tier: needs 1 CUDA GPU(s), this machine has 0"}}}, "smoke", "v", 1)
+    p = bs.classify_record(
+        {
+            "install": {"verdict": "passed"},
+            "tiers": {"smoke": {"verdict": "skipped", "reason": "smoke tier: needs 1 CUDA GPU(s), this machine has 0"}},
+        },
+        "smoke",
+        "v",
+        1,
+    )
     assert p.fatal and p.detail == "smoke tier skipped: needs 1 CUDA GPU(s), this machine has 0"
 
 
 def test_a_probe_is_judged_again_not_read_from_its_stored_verdicts_and_tags():
     """A probe record's stored verdict and tags are what some earlier run wrote: a failure tagged with an entry
     removed since, or a tier stored as passed around a failing check, is a failure."""
-    removed = _rec(_chk("test_a", "failed", MISMATCH, known_upstream="an-entry-removed-since"),
-                   verdict="known-upstream")
+    removed = _rec(
+        _chk("test_a", "failed", MISMATCH, known_upstream="an-entry-removed-since"), verdict="known-upstream"
+    )
     assert classify(removed).status == bs.BAD
     assert classify(removed, breaking=frozenset({"test_b"})).status == bs.BAD
     assert classify(_rec(_chk("test_a", "failed", MISMATCH), verdict="passed")).status == bs.BAD
@@ -228,8 +262,9 @@ def test_a_harness_error_beside_a_known_upstream_failure_is_untestable():
     rec = smoke_record({"sglang": "0.5.23", "torch": "2.15.0"}, harness_error=True)
     p = bs.classify_record(rec, "smoke", "2.15.0", 1.0)
     assert p.status == bs.UNTESTABLE, p
-    assert p.detail == (f"harness error: the smoke tier never batched 4 requests at topk 3; known upstream "
-                        f"{DRAFT_PHASE} beside it")
+    assert p.detail == (
+        f"harness error: the smoke tier never batched 4 requests at topk 3; known upstream {DRAFT_PHASE} beside it"
+    )
     assert p.known_upstream == [DRAFT_PHASE] and p.breaks == []
 
 
@@ -246,9 +281,16 @@ def test_a_probe_that_fails_only_on_listed_issues_is_its_own_state():
     assert p.status == bs.KNOWN_ONLY and p.detail.endswith("the check(s) that break did not pass here: test_k")
     # the search sets it aside like an untestable release, and says which it was
     status = {"1.0": bs.GOOD, "1.1": bs.KNOWN_ONLY, "1.2": bs.BAD}
-    res = bs.search(list(status), lambda v: bs.Probe(v, status[v], "fails only on listed upstream issues (hf-x)",
-                                                     known_upstream=["hf-x"] if status[v] == bs.KNOWN_ONLY else []),
-                    log=lambda s: None)
+    res = bs.search(
+        list(status),
+        lambda v: bs.Probe(
+            v,
+            status[v],
+            "fails only on listed upstream issues (hf-x)",
+            known_upstream=["hf-x"] if status[v] == bs.KNOWN_ONLY else [],
+        ),
+        log=lambda s: None,
+    )
     assert (res.first_bad, res.last_good, res.ambiguous) == ("1.2", "1.0", ["1.1"])
     text = bs.describe(res, "transformers")
     assert "transformers 1.1: fails only on listed upstream issues (hf-x) (neither good nor bad)" in text
@@ -261,12 +303,14 @@ def test_a_fatal_probe_stops_the_search():
     def probe(v):
         calls.append(v)
         return bs.Probe(v, bs.UNTESTABLE, "smoke tier skipped: needs 1 CUDA GPU(s)", fatal=True)
+
     with pytest.raises(bs.BisectError, match="no release can be tested here"):
         bs.search(VERSIONS, probe, log=lambda s: None)
     assert len(calls) == 1
 
 
 # --- defaults -------------------------------------------------------------------------------------------------
+
 
 def test_default_tier_is_the_cheapest_that_failed_in_the_latest_finished_run(results):
     # 0.5.23 is unfinished in the newest (CPU) run: the run before failed contract and gsm8k
@@ -292,7 +336,8 @@ def test_the_checks_that_break_come_from_the_latest_run_where_the_tier_failed(re
         {"id": c + "test_abi", "outcome": "passed"},
         # a stored tag is some earlier run's: no entry explains this failure today, so it is part of the break
         {"id": c + "test_x", "outcome": "failed", "known_upstream": "hf-x"},
-        {"id": c + "test_h", "outcome": "error", "failure": {"kind": "harness", "message": "KeyError"}}]  # no evidence
+        {"id": c + "test_h", "outcome": "error", "failure": {"kind": "harness", "message": "KeyError"}},
+    ]  # no evidence
     f.write_text(json.dumps(rec))
     assert bs.latest_failing_run(results, "sglang-0.5.23", "contract") == "20261208-090507"
     assert bs.latest_failing_run(results, "sglang-0.5.23", "smoke") is None
@@ -306,6 +351,7 @@ def test_cheapest_order():
 
 # --- the CLI with an injected probe ---------------------------------------------------------------------------
 
+
 def _ns(results, *argv):
     p = argparse.ArgumentParser(parents=[options.parent(run_id="bisect-<UTC timestamp>")])
     bs.add_arguments(p)
@@ -315,10 +361,21 @@ def _ns(results, *argv):
 def test_cli_bisects_with_injected_probe_and_writes_bisect_json(results, capsys):
     rows = load_rows(REPO / "constraints")
     cands = VERSIONS[3:15]
-    ns = _ns(results, "transformers", cands[0], cands[-1], "--row", "sglang-0.5.17", "--tier", "reference",
-             "--run-id", "bisect-test")
-    rc = bs.run(ns, probe_factory=lambda **kw: fake(6, uninstallable={2})(cands), releases=lambda n: VERSIONS,
-                rows=rows)
+    ns = _ns(
+        results,
+        "transformers",
+        cands[0],
+        cands[-1],
+        "--row",
+        "sglang-0.5.17",
+        "--tier",
+        "reference",
+        "--run-id",
+        "bisect-test",
+    )
+    rc = bs.run(
+        ns, probe_factory=lambda **kw: fake(6, uninstallable={2})(cands), releases=lambda n: VERSIONS, rows=rows
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert f"first bad release: transformers {cands[6]} (last good: {cands[5]})" in out
@@ -334,10 +391,13 @@ def test_cli_no_bad_release_exits_1(results, capsys):
     assert "no bad release" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["transformers", "5.9.0", "5.8.0", "--row", "sglang-0.5.17"], "newer than BAD"),
-    (["transformers", "5.8.0", "5.9.0", "--row", "sglang-9.9.9"], "unknown row 'sglang-9.9.9'"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["transformers", "5.9.0", "5.8.0", "--row", "sglang-0.5.17"], "newer than BAD"),
+        (["transformers", "5.8.0", "5.9.0", "--row", "sglang-9.9.9"], "unknown row 'sglang-9.9.9'"),
+    ],
+)
 def test_cli_bad_input_exits_2(results, capsys, argv, words):
     assert bs.run(_ns(results, *argv), probe_factory=lambda: None, releases=lambda n: VERSIONS) == 2
     assert words in capsys.readouterr().err
@@ -364,8 +424,20 @@ def test_every_probe_status_combination_on_three_releases():
 
 # --- the README's transformers bisect, over records as the known-upstream entries describe each release -----------
 
-README_RANGE = ["5.12.1", "5.13.0", "5.13.1", "5.14.0", "5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.16.1", "5.17.0",
-                "5.18.0", "5.19.0"]
+README_RANGE = [
+    "5.12.1",
+    "5.13.0",
+    "5.13.1",
+    "5.14.0",
+    "5.14.1",
+    "5.15.0",
+    "5.15.1",
+    "5.16.0",
+    "5.16.1",
+    "5.17.0",
+    "5.18.0",
+    "5.19.0",
+]
 CANDIDATE = "hf-assisted-generation-gemma4-candidate-generator"
 
 
@@ -380,7 +452,9 @@ def readme_probes(calls: list):
             if known_issue is not None:
                 return bs.classify_for_known(rec, "reference", v, 60.0, None, known_issue)
             return bs.classify_record(rec, "reference", v, 60.0, breaking=breaking)
+
         return probe
+
     return factory
 
 
@@ -389,8 +463,18 @@ def test_the_readme_transformers_bisect_finds_no_new_break_and_names_the_listed_
     a listed upstream issue, so there is no new break to search (every release of the range fails only on listed
     issues: before, each of the 12 was probed and the answer was 'inconclusive')."""
     calls = []
-    ns = _ns(results, "transformers", "5.12.1", "5.19.0", "--row", "sglang-0.5.17", "--tier", "reference",
-             "--run-id", "bisect-readme")
+    ns = _ns(
+        results,
+        "transformers",
+        "5.12.1",
+        "5.19.0",
+        "--row",
+        "sglang-0.5.17",
+        "--tier",
+        "reference",
+        "--run-id",
+        "bisect-readme",
+    )
     rc = bs.run(ns, probe_factory=readme_probes(calls), releases=lambda n: README_RANGE)
     out = capsys.readouterr().out
     assert (rc, calls) == (1, ["5.19.0"]), out
@@ -398,31 +482,50 @@ def test_the_readme_transformers_bisect_finds_no_new_break_and_names_the_listed_
     assert lines == [
         f"no new break to search: BAD transformers 5.19.0 fails reference only on listed upstream issues ({CANDIDATE})",
         f"  a listed upstream issue is not the break searched; where one began: --known {CANDIDATE}",
-        "1 probe(s) over 12 release(s) in 0 s"]
+        "1 probe(s) over 12 release(s) in 0 s",
+    ]
 
 
 def test_the_readme_transformers_bisect_with_known_finds_where_the_listed_crash_began(results, capsys):
     calls = []
-    ns = _ns(results, "transformers", "5.12.1", "5.19.0", "--row", "sglang-0.5.17", "--known", CANDIDATE,
-             "--run-id", "bisect-readme-known")
+    ns = _ns(
+        results,
+        "transformers",
+        "5.12.1",
+        "5.19.0",
+        "--row",
+        "sglang-0.5.17",
+        "--known",
+        CANDIDATE,
+        "--run-id",
+        "bisect-readme-known",
+    )
     rc = bs.run(ns, probe_factory=readme_probes(calls), releases=lambda n: README_RANGE)
     out = capsys.readouterr().out
     assert rc == 0, out
     data = json.loads((results / "bisect-readme-known" / "bisect.json").read_text())
-    assert (data["tier"], data["known"], data["first_bad"], data["last_good"]) == \
-        ("reference", CANDIDATE, "5.18.0", "5.17.0")
+    assert (data["tier"], data["known"], data["first_bad"], data["last_good"]) == (
+        "reference",
+        CANDIDATE,
+        "5.18.0",
+        "5.17.0",
+    )
     assert data["summary"][0] == "first bad release: transformers 5.18.0 (last good: 5.17.0)"
     assert data["summary"][1].startswith("  error: [crash] CheckFailure: e-series: generate failed on 'Hello world")
     # 5.15.0 and 5.16.1 fail only on other listed issues: each still shows the crash is absent (good)
     good = {p["version"]: p["detail"] for p in data["probes"] if p["status"] == bs.GOOD}
-    assert good and all(d.startswith(f"{CANDIDATE} absent: test_greedy_with_assistant_equals_greedy") for d in
-                        good.values())
+    assert good and all(
+        d.startswith(f"{CANDIDATE} absent: test_greedy_with_assistant_equals_greedy") for d in good.values()
+    )
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--known", "no-such-entry"], "unknown known-upstream entry 'no-such-entry'; known: "),
-    (["--known", CANDIDATE, "--tier", "contract"], f"{CANDIDATE} is a reference tier entry, not contract"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--known", "no-such-entry"], "unknown known-upstream entry 'no-such-entry'; known: "),
+        (["--known", CANDIDATE, "--tier", "contract"], f"{CANDIDATE} is a reference tier entry, not contract"),
+    ],
+)
 def test_cli_known_bad_input_exits_2(results, capsys, argv, words):
     ns = _ns(results, "transformers", "5.12.1", "5.19.0", "--row", "sglang-0.5.17", *argv)
     assert bs.run(ns, probe_factory=readme_probes([]), releases=lambda n: README_RANGE) == 2

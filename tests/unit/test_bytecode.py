@@ -51,10 +51,16 @@ def test_listed_files_are_compiled_into_the_suites_folder_and_the_list_is_rewrit
     # a pytest process with the suite's environment: imports pkg.used from the cache, lists what it imported
     suite = tmp_path / "suite"
     suite.mkdir()
-    (suite / "test_x.py").write_text("def test_x():\n    import pkg.unused, pkg.used\n\n"
-                                     "    assert pkg.used.VALUE == 43\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
-                           *pre.pytest_args], env=pre.env, capture_output=True, text=True, cwd=tmp_path)
+    (suite / "test_x.py").write_text(
+        "def test_x():\n    import pkg.unused, pkg.used\n\n    assert pkg.used.VALUE == 43\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite), *pre.pytest_args],
+        env=pre.env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert pyc(prefix, site / "pkg" / "unused.py").is_file()  # compiled by the pytest process: the compiler skips it
 
@@ -85,9 +91,13 @@ def test_turned_off_or_malformed(venv, tmp_path):
 
 
 def test_imported_files_are_the_source_files_in_import_order(tmp_path):
-    fake = {"b": type("M", (), {"__file__": "/site/b/x.py"}), "a": type("M", (), {"__file__": "/site/a.py"}),
-            "ext": type("M", (), {"__file__": "/site/ext.so"}), "builtin": type("M", (), {}),
-            "again": type("M", (), {"__file__": "/site/a.py"})}
+    fake = {
+        "b": type("M", (), {"__file__": "/site/b/x.py"}),
+        "a": type("M", (), {"__file__": "/site/a.py"}),
+        "ext": type("M", (), {"__file__": "/site/ext.so"}),
+        "builtin": type("M", (), {}),
+        "again": type("M", (), {"__file__": "/site/a.py"}),
+    }
     assert imported.imported_files(fake) == ["/site/b/x.py", "/site/a.py"]
 
 
@@ -102,7 +112,8 @@ def test_side_by_side_the_processes_lists_are_compiled_in_turn_and_kept_apart(ve
     pre = bytecode.start(venv, Path(sys.executable), lists, {"PATH": "/bin"}, ["sglang", "reference"])
     pre.compiler.wait()
     assert (pre.folder / "compile.txt").read_text().splitlines() == [
-        str(site / "pkg" / n) for n in ("__init__.py", "used.py", "unused.py")]
+        str(site / "pkg" / n) for n in ("__init__.py", "used.py", "unused.py")
+    ]
     (pre.folder / "imported" / "imported-reference.txt").write_text(f"/usr/lib/python3.11/os.py\n{site}/pkg/x.py\n")
     pre.finish()
     assert (lists / "reference.txt").read_text() == "pkg/x.py\n"
@@ -113,12 +124,22 @@ def test_compile_order_interleaves_the_processes_and_forked_keeps_what_one_alone
     sglang = ["torch/a.py", "sglang/x.py", "torch/b.py", "sglang/y.py"]
     reference = ["torch/a.py", "torch/b.py", "transformers/t.py"]
     # side by side as separate interpreters: each file once, the processes' lists in turn
-    assert bytecode.compile_order([sglang, reference]) == ["torch/a.py", "sglang/x.py", "torch/b.py",
-                                                           "transformers/t.py", "sglang/y.py"]
+    assert bytecode.compile_order([sglang, reference]) == [
+        "torch/a.py",
+        "sglang/x.py",
+        "torch/b.py",
+        "transformers/t.py",
+        "sglang/y.py",
+    ]
     # forked from one interpreter that imports the shared files itself: the others first, in the same order, then
     # the shared ones from the last imported back
-    assert bytecode.compile_order([sglang, reference], forked=True) == ["sglang/x.py", "transformers/t.py",
-                                                                        "sglang/y.py", "torch/b.py", "torch/a.py"]
+    assert bytecode.compile_order([sglang, reference], forked=True) == [
+        "sglang/x.py",
+        "transformers/t.py",
+        "sglang/y.py",
+        "torch/b.py",
+        "torch/a.py",
+    ]
     assert bytecode.compile_order([sglang], forked=True) == sglang  # one process shares nothing
 
 
@@ -129,10 +150,16 @@ def test_a_release_without_lists_uses_the_last_written_of_another_release(venv, 
 
     site = bytecode.site_packages(venv)
     cache = tmp_path / "bytecode"
-    older, newer, other_python = (cache / "sglang-0.5.13-py3.11", cache / "sglang-0.5.17-py3.11",
-                                  cache / "sglang-0.5.23-py3.12")
-    for folder, listed in ((older, "pkg/unused.py\n"), (newer, "pkg/__init__.py\npkg/used.py\n"),
-                           (other_python, "pkg/unused.py\n")):
+    older, newer, other_python = (
+        cache / "sglang-0.5.13-py3.11",
+        cache / "sglang-0.5.17-py3.11",
+        cache / "sglang-0.5.23-py3.12",
+    )
+    for folder, listed in (
+        (older, "pkg/unused.py\n"),
+        (newer, "pkg/__init__.py\npkg/used.py\n"),
+        (other_python, "pkg/unused.py\n"),
+    ):
         folder.mkdir(parents=True)
         (folder / "one-contract.txt").write_text(listed)
     os.utime(older / "one-contract.txt", (1, 1))  # written long ago
@@ -140,8 +167,9 @@ def test_a_release_without_lists_uses_the_last_written_of_another_release(venv, 
     assert bytecode.read_lists(probe, ["one-contract", "one-reference"]) == [["pkg/__init__.py", "pkg/used.py"], []]
     pre = bytecode.start(venv, Path(sys.executable), probe, {"PATH": "/bin"}, ["one-contract"])
     assert pre.compiler.wait() == 0
-    assert (pre.folder / "compile.txt").read_text().splitlines() == [str(site / "pkg" / n)
-                                                                     for n in ("__init__.py", "used.py")]
+    assert (pre.folder / "compile.txt").read_text().splitlines() == [
+        str(site / "pkg" / n) for n in ("__init__.py", "used.py")
+    ]
     (pre.folder / "imported" / "imported-one-contract.txt").write_text(f"{site}/pkg/used.py\n")
     pre.finish()
     assert (probe / "one-contract.txt").read_text() == "pkg/used.py\n"

@@ -96,18 +96,21 @@ def test_a_copy_that_is_not_the_venvs_file_is_never_run(installed, tmp_path):
     sys.pycache_prefix, saved = str(prefix), sys.pycache_prefix
     try:
         assert from_cache.compile_one("pkg/mod.py", str(cache / "archive-v0" / "aaa" / "pkg" / "mod.py"), str(site))
-        assert from_cache.compile_one("pkg/__init__.py", str(cache / "archive-v0" / "bbb" / "pkg" / "__init__.py"),
-                                      str(site))
-        assert not from_cache.compile_one("pkg/mod.py", str(cache / "archive-v0" / "bbb" / "pkg" / "mod.py"),
-                                      str(site))  # there already: skipped
+        assert from_cache.compile_one(
+            "pkg/__init__.py", str(cache / "archive-v0" / "bbb" / "pkg" / "__init__.py"), str(site)
+        )
+        assert not from_cache.compile_one(
+            "pkg/mod.py", str(cache / "archive-v0" / "bbb" / "pkg" / "mod.py"), str(site)
+        )  # there already: skipped
         assert not from_cache.compile_one("pkg/gone.py", str(cache / "pruned.py"), str(site))  # unreadable: skipped
     finally:
         sys.pycache_prefix = saved
     wrong = pyc(prefix, site / "pkg" / "mod.py")
     assert wrong.read_bytes()[4:8] == (3).to_bytes(4, "little")  # flags: hash-based, checked
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", "import pkg.mod; print(pkg.mod.VALUE)"], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import pkg.mod; print(pkg.mod.VALUE)"], env=env, capture_output=True, text=True
+    )
     assert done.stdout.strip() == "2", done.stderr
 
 
@@ -121,19 +124,27 @@ def test_the_right_copy_is_what_the_import_runs(installed, tmp_path):
     finally:
         sys.pycache_prefix = saved
     cached = pyc(prefix, site / "pkg" / "mod.py")
-    cached.write_bytes(cached.read_bytes()[:16] + marshal.dumps(compile("VALUE = 43\n", str(site / "pkg" / "mod.py"),
-                                                                  "exec")))
+    cached.write_bytes(
+        cached.read_bytes()[:16] + marshal.dumps(compile("VALUE = 43\n", str(site / "pkg" / "mod.py"), "exec"))
+    )
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", "import pkg.mod; print(pkg.mod.VALUE, pkg.mod.__file__)"],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import pkg.mod; print(pkg.mod.VALUE, pkg.mod.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.stdout.split() == ["43", str(site / "pkg" / "mod.py")], done.stderr
 
 
 def _start(venv, tmp_path, cache, names=("sglang",)):
     lists, _sources = _recorded(tmp_path, bytecode.site_packages(venv), names)
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
-    return lists, env, bytecode.start_while_installing(venv, Path(sys.executable), lists, env, list(names),
-                                                       _fake_uv(tmp_path, cache))
+    return (
+        lists,
+        env,
+        bytecode.start_while_installing(venv, Path(sys.executable), lists, env, list(names), _fake_uv(tmp_path, cache)),
+    )
 
 
 @pytest.fixture
@@ -222,8 +233,9 @@ def test_a_row_whose_install_fails_leaves_no_worker(installed, tmp_path, monkeyp
     failing.chmod(0o755)
     monkeypatch.setattr(matrix, "find_uv", lambda: str(failing))
     row = load_rows(Path(__file__).resolve().parents[2] / "constraints")[0]
-    record = matrix.run_row(row, venv, matrix.Options(results=tmp_path / "results", tiers="contract"),
-                            log=lambda _m: None)
+    record = matrix.run_row(
+        row, venv, matrix.Options(results=tmp_path / "results", tiers="contract"), log=lambda _m: None
+    )
     assert record["install"]["verdict"] == "failed"
     assert made and made[0] is not None
     assert all(w.returncode is not None for w in made[0].workers) and not made[0].folder.exists()
@@ -239,10 +251,16 @@ def test_nothing_starts_without_what_it_needs(installed, tmp_path):
     # no sources.json (the first row of a release, or one from before this): bytecode.start compiles as before
     assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"], uv) is None
     bytecode.write_sources(lists, site, ["sglang"])
-    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"],
-                                           str(tmp_path / "no-uv")) is None
-    assert bytecode.start_while_installing(venv, Path(sys.executable), lists, {"MTPMATRIX_PRECOMPILE": "0"},
-                                           ["sglang"], uv) is None
+    assert (
+        bytecode.start_while_installing(venv, Path(sys.executable), lists, env, ["sglang"], str(tmp_path / "no-uv"))
+        is None
+    )
+    assert (
+        bytecode.start_while_installing(
+            venv, Path(sys.executable), lists, {"MTPMATRIX_PRECOMPILE": "0"}, ["sglang"], uv
+        )
+        is None
+    )
     assert bytecode.start_while_installing(venv, tmp_path / "no-python", lists, env, ["sglang"], uv) is None
 
 
@@ -264,15 +282,22 @@ def test_a_worker_whose_runner_died_removes_the_folder(installed, tmp_path):
     installing.stop()
     folder = tmp_path / "suite-folder"
     folder.mkdir()
-    spec = {"prefix": str(folder / "pyc"), "site": str(site), "files": LISTED, "sources": str(lists / "sources.json"),
-            "cache": str(cache)}
+    spec = {
+        "prefix": str(folder / "pyc"),
+        "site": str(site),
+        "files": LISTED,
+        "sources": str(lists / "sources.json"),
+        "cache": str(cache),
+    }
     script = Path(from_cache.__file__)
-    runner = ("import json, os, subprocess, sys\n"
-              f"spec = json.loads({json.dumps(spec)!r})\n"
-              f"open({str(tmp_path / 'spec.json')!r}, 'w').write(json.dumps({{**spec, 'runner': os.getpid()}}))\n"
-              f"w = subprocess.Popen([sys.executable, '-I', {str(script)!r}, {str(tmp_path / 'spec.json')!r}, '0',"
-              " '1'], stdin=subprocess.PIPE)\n"
-              "print(w.pid, flush=True)\n")  # exits at once: its end of the worker's input closes with it
+    runner = (
+        "import json, os, subprocess, sys\n"
+        f"spec = json.loads({json.dumps(spec)!r})\n"
+        f"open({str(tmp_path / 'spec.json')!r}, 'w').write(json.dumps({{**spec, 'runner': os.getpid()}}))\n"
+        f"w = subprocess.Popen([sys.executable, '-I', {str(script)!r}, {str(tmp_path / 'spec.json')!r}, '0',"
+        " '1'], stdin=subprocess.PIPE)\n"
+        "print(w.pid, flush=True)\n"
+    )  # exits at once: its end of the worker's input closes with it
     said = subprocess.run([sys.executable, "-c", runner], capture_output=True, text=True, check=True)
     worker = os.pidfd_open(int(said.stdout))
     assert select.select([worker], [], [], 60)[0], "the worker did not end"  # a hang limit: it ends at once

@@ -40,10 +40,13 @@ def unreachable(name):
 def rows(tmp_path):
     d = tmp_path / "constraints"
     (d / "canary").mkdir(parents=True)
-    (d / "sglang-0.5.17.txt").write_text("# python: 3.11\n# torch-backend: pypi\n"
-                                         "sglang==0.5.17\ntransformers==5.12.1\ntorch==2.11.0\n")
-    (d / "sglang-0.5.23.txt").write_text("# python: 3.11\n# torch-backend: pypi\n# tags: latest\n"
-                                         "sglang==0.5.23\ntransformers==5.19.0\ntorch==2.14.1\nsome-extra==1.0\n")
+    (d / "sglang-0.5.17.txt").write_text(
+        "# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\ntransformers==5.12.1\ntorch==2.11.0\n"
+    )
+    (d / "sglang-0.5.23.txt").write_text(
+        "# python: 3.11\n# torch-backend: pypi\n# tags: latest\n"
+        "sglang==0.5.23\ntransformers==5.19.0\ntorch==2.14.1\nsome-extra==1.0\n"
+    )
     return d
 
 
@@ -112,16 +115,19 @@ def test_canary_mode_range_is_checked_against_the_index_before_the_resolver(rows
     assert str(info.value) == "no release of torch satisfies torch>=3 (newest on the index: 2.15.0, 2.14.1, 2.11.0)"
 
 
-@pytest.mark.parametrize("text,where,words", [
-    ("# mode: canary\ntorch>=2\n", ":1", "missing header '# from: ROW'"),
-    ("# from: sglang-9\ntorch>=2\n", ":1", "from 'sglang-9' is not a row"),
-    ("# from: sglang-0.5.17\n# mode: nightly\ntorch>=2\n", ":2", "mode must be one of canary, canary-override"),
-    ("# from: sglang-0.5.17\n# colour: red\ntorch>=2\n", ":2", "unknown header key 'colour'"),
-    ("# from: sglang-0.5.17\ntorch>=2\ntorch<3\n", ":3", "torch floats twice"),
-    ("# from: sglang-0.5.17\ntorch>>2\n", ":2", "not a requirement line"),
-    ("# from: sglang-0.5.17\ntorch>=2; python_version<'3'\n", ":2", "a floating package is a name and a range"),
-    ("# from: sglang-0.5.17\n", "", "no floating package"),
-])
+@pytest.mark.parametrize(
+    "text,where,words",
+    [
+        ("# mode: canary\ntorch>=2\n", ":1", "missing header '# from: ROW'"),
+        ("# from: sglang-9\ntorch>=2\n", ":1", "from 'sglang-9' is not a row"),
+        ("# from: sglang-0.5.17\n# mode: nightly\ntorch>=2\n", ":2", "mode must be one of canary, canary-override"),
+        ("# from: sglang-0.5.17\n# colour: red\ntorch>=2\n", ":2", "unknown header key 'colour'"),
+        ("# from: sglang-0.5.17\ntorch>=2\ntorch<3\n", ":3", "torch floats twice"),
+        ("# from: sglang-0.5.17\ntorch>>2\n", ":2", "not a requirement line"),
+        ("# from: sglang-0.5.17\ntorch>=2; python_version<'3'\n", ":2", "a floating package is a name and a range"),
+        ("# from: sglang-0.5.17\n", "", "no floating package"),
+    ],
+)
 def test_malformed_canary_is_one_line_naming_file_and_line(rows, text, where, words):
     f = write(rows, "bad", text)
     with pytest.raises(RowError) as info:
@@ -162,17 +168,22 @@ def test_unknown_canary_and_bad_budget_are_one_line(rows, tmp_path):
 
 
 def test_the_budget_is_the_session_s_and_pytest_s_args_go_after_a_second_double_dash(rows):
-    assert culprit.split_budget(["--tiers", "contract", "--budget", "60", "--", "-k", "abi", "--budget", "1"]) == \
-        (60.0, ["--tiers", "contract", "--", "-k", "abi", "--budget", "1"])
+    assert culprit.split_budget(["--tiers", "contract", "--budget", "60", "--", "-k", "abi", "--budget", "1"]) == (
+        60.0,
+        ["--tiers", "contract", "--", "-k", "abi", "--budget", "1"],
+    )
     assert culprit.split_budget(["--", "-x"]) == (None, ["--", "-x"])
     write(rows, "t", "# from: sglang-0.5.17\ntransformers>=5.12\n")
     logged = []  # an unknown option is bad input before any release is resolved: one line, no traceback
     assert culprit.main(["t"], ["--budget", "60", "-k", "abi"], constraints=rows, log=logged.append) == 2
-    assert logged == ["error: nox -s gemma4_mtp -- : unknown option -k (pytest options go after a second --: "
-                      "nox -s gemma4_mtp -- -- -k topk3)"]
+    assert logged == [
+        "error: nox -s gemma4_mtp -- : unknown option -k (pytest options go after a second --: "
+        "nox -s gemma4_mtp -- -- -k topk3)"
+    ]
 
 
 # --- releases ----------------------------------------------------------------------------------------------------
+
 
 def test_newest_and_its_errors():
     assert releases.newest("transformers", ">=5.12,<5.20", fetch=fetch) == Version("5.19.0")
@@ -185,19 +196,29 @@ def test_newest_and_its_errors():
 
 def test_untested_lists_releases_newer_than_every_pin_and_the_canaries_that_ran_them(rows, tmp_path):
     results = tmp_path / "results"
-    atomic_write_json(results / "r1" / "c1" / "row.json", {
-        "verdict": "failed", "canary": {"id": "c1"}, "versions": {"torch": "2.15.0", "transformers": "5.19.0"}})
-    atomic_write_json(results / "r1" / "sglang-0.5.23" / "row.json", {  # a pinned row: not a canary
-        "verdict": "passed", "versions": {"transformers": "5.24.0"}})
-    atomic_write_json(results / "r2" / "c2" / "row.json", {"verdict": "pending", "canary": {"id": "c2"},
-                                                           "versions": {"transformers": "5.23.0"}})
+    atomic_write_json(
+        results / "r1" / "c1" / "row.json",
+        {"verdict": "failed", "canary": {"id": "c1"}, "versions": {"torch": "2.15.0", "transformers": "5.19.0"}},
+    )
+    atomic_write_json(
+        results / "r1" / "sglang-0.5.23" / "row.json",
+        {  # a pinned row: not a canary
+            "verdict": "passed",
+            "versions": {"transformers": "5.24.0"},
+        },
+    )
+    atomic_write_json(
+        results / "r2" / "c2" / "row.json",
+        {"verdict": "pending", "canary": {"id": "c2"}, "versions": {"transformers": "5.23.0"}},
+    )
     table = releases.untested(load_rows(rows), results, fetch=fetch)
     by = {e["package"]: e for e in table}
     assert by["sglang"] == {"package": "sglang", "newest_pin": "0.5.23", "newer": []}
     assert [n["version"] for n in by["transformers"]["newer"]] == ["5.23.0", "5.24.0"]
     assert all(n["canaries"] == [] for n in by["transformers"]["newer"])  # pending / pinned rows do not count
-    assert by["torch"]["newer"] == [{"version": "2.15.0",
-                                     "canaries": [{"row": "c1", "run": "r1", "verdict": "failed"}]}]
+    assert by["torch"]["newer"] == [
+        {"version": "2.15.0", "canaries": [{"row": "c1", "run": "r1", "verdict": "failed"}]}
+    ]
     text = "\n".join(releases.lines(table))
     assert "sglang: nothing newer than the rows' pin 0.5.23" in text
     assert "2.15.0 (canaries: c1 failed (run r1))" in text and "5.24.0 (no canary has run it)" in text
@@ -216,21 +237,37 @@ def test_releases_command_is_wired_into_the_cli(tmp_path):
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple"}
-    done = subprocess.run([sys.executable, "-m", "mtpmatrix", "releases"], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "mtpmatrix", "releases"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: index http://127.0.0.1:9/simple is unreachable")
 
 
 # --- the report's canary section -----------------------------------------------------------------------------------
+
 
 def test_report_section_puts_each_canary_next_to_its_pinned_row(rows, tmp_path):
     from mtpmatrix.report import canaries as rc
 
     run = tmp_path / "results" / "r1"
     atomic_write_json(run / "sglang-0.5.17" / "row.json", {"verdict": "passed", "tiers": {}})
-    atomic_write_json(run / "t" / "row.json", {"verdict": "failed", "canary": {
-        "id": "t", "mode": "canary-override", "from": "sglang-0.5.17",
-        "moved": {"transformers": {"from": "5.12.1", "to": "5.24.0"}}}})
+    atomic_write_json(
+        run / "t" / "row.json",
+        {
+            "verdict": "failed",
+            "canary": {
+                "id": "t",
+                "mode": "canary-override",
+                "from": "sglang-0.5.17",
+                "moved": {"transformers": {"from": "5.12.1", "to": "5.24.0"}},
+            },
+        },
+    )
     atomic_write_json(run / "t-and-x" / "row.json", {"verdict": "failed", "canary": {"retry_of": "t"}})
     atomic_write_json(run / "t" / "canary.json", {"summary": ["CULPRIT: transformers 5.13.0 breaks ..."]})
     table = [{"package": "torch", "newest_pin": "2.14.1", "newer": [{"version": "2.15.0", "canaries": []}]}]
@@ -245,7 +282,8 @@ def test_report_section_puts_each_canary_next_to_its_pinned_row(rows, tmp_path):
         raise releases.ReleaseError("index https://fake/simple is unreachable (refused)")
 
     assert "not listed: index https://fake/simple is unreachable (refused)" in rc.markdown(
-        rc.section(run, tmp_path / "results", untested=offline))
+        rc.section(run, tmp_path / "results", untested=offline)
+    )
     # a run without canary rows gets no section and never asks the index
     assert rc.section(run.parent / "none", tmp_path, untested=lambda: pytest.fail("index asked")) is None
 
@@ -257,9 +295,19 @@ def test_html_report_carries_the_canary_section(tmp_path, monkeypatch):
 
     run = tmp_path / "results" / "r1"
     atomic_write_json(run / "sglang-0.5.17" / "row.json", {"verdict": "passed", "tiers": {}})
-    atomic_write_json(run / "t" / "row.json", {"verdict": "failed", "tiers": {}, "canary": {
-        "id": "t", "mode": "canary-override", "from": "sglang-0.5.17",
-        "moved": {"transformers": {"from": "5.12.1", "to": "5.24.0"}}}})
+    atomic_write_json(
+        run / "t" / "row.json",
+        {
+            "verdict": "failed",
+            "tiers": {},
+            "canary": {
+                "id": "t",
+                "mode": "canary-override",
+                "from": "sglang-0.5.17",
+                "moved": {"transformers": {"from": "5.12.1", "to": "5.24.0"}},
+            },
+        },
+    )
     atomic_write_json(run / "t" / "canary.json", {"summary": ["CULPRIT: transformers 5.13.0 breaks ..."]})
     table = [{"package": "torch", "newest_pin": "2.14.1", "newer": [{"version": "2.15.0", "canaries": []}]}]
     real_section = rc.section
@@ -267,7 +315,9 @@ def test_html_report_carries_the_canary_section(tmp_path, monkeypatch):
     _summary, paths = write_report(tmp_path / "results", "r1")
     html = paths["html"].read_text()
     assert "<h2>Canaries</h2>" in html
-    assert ("<tr><td><code>t</code></td><td>canary-override</td><td><code>sglang-0.5.17</code></td>"
-            "<td>transformers 5.12.1 -&gt; 5.24.0</td><td>failed</td><td>passed</td></tr>") in html
+    assert (
+        "<tr><td><code>t</code></td><td>canary-override</td><td><code>sglang-0.5.17</code></td>"
+        "<td>transformers 5.12.1 -&gt; 5.24.0</td><td>failed</td><td>passed</td></tr>"
+    ) in html
     assert "CULPRIT: transformers 5.13.0 breaks ..." in html
     assert "<li>torch: newer than the rows&#39; pin 2.14.1: 2.15.0 (no canary has run it)</li>" in html

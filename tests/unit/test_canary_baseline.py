@@ -18,8 +18,12 @@ pytestmark = pytest.mark.usefixtures("judged_as_collected")
 
 ROW = "sglang-0.5.17"
 IMPORT = "tests/tiers/test_contract.py::test_import[gemma4_mtp]"
-QWEN3_ASR = {"kind": "import", "type": "ValueError", "message": "'qwen3_asr' is already used by a Transformers config",
-             "raised_at": "transformers/models/auto/configuration_auto.py:140 in register"}
+QWEN3_ASR = {
+    "kind": "import",
+    "type": "ValueError",
+    "message": "'qwen3_asr' is already used by a Transformers config",
+    "raised_at": "transformers/models/auto/configuration_auto.py:140 in register",
+}
 
 
 def contract_record(transformers: str, *, breaks: bool, fingerprint: str | None = None, **kw) -> dict:
@@ -29,17 +33,26 @@ def contract_record(transformers: str, *, breaks: bool, fingerprint: str | None 
     if breaks:
         chk["failure"] = dict(QWEN3_ASR)
     tiers = {"contract": {"verdict": chk["outcome"], "checks": [chk]}}
-    return {"verdict": chk["outcome"], "versions": {"sglang": "0.5.17", "transformers": transformers},
-            "install": {"verdict": "passed", "seconds": 5.0},
-            "suite": {"seconds": 30.0, **({"fingerprint": fingerprint} if fingerprint else {})},
-            "selection": {"args": [], "knobs": {}, "paths": [], "collected": {"contract": [IMPORT]}},
-            "tiers": tiers, **kw}
+    return {
+        "verdict": chk["outcome"],
+        "versions": {"sglang": "0.5.17", "transformers": transformers},
+        "install": {"verdict": "passed", "seconds": 5.0},
+        "suite": {"seconds": 30.0, **({"fingerprint": fingerprint} if fingerprint else {})},
+        "selection": {"args": [], "knobs": {}, "paths": [], "collected": {"contract": [IMPORT]}},
+        "tiers": tiers,
+        **kw,
+    }
 
 
-USAGE_ERROR = {"verdict": "error", "versions": {"sglang": "0.5.17", "transformers": "5.12.1"},
-               "install": {"verdict": "passed"}, "suite": {"seconds": 1.0},
-               "tiers": {"contract": {"verdict": "error", "reason": "pytest exited 4 (usage error) without results",
-                                      "checks": []}}}
+USAGE_ERROR = {
+    "verdict": "error",
+    "versions": {"sglang": "0.5.17", "transformers": "5.12.1"},
+    "install": {"verdict": "passed"},
+    "suite": {"seconds": 1.0},
+    "tiers": {
+        "contract": {"verdict": "error", "reason": "pytest exited 4 (usage error) without results", "checks": []}
+    },
+}
 
 
 @pytest.fixture
@@ -52,6 +65,7 @@ def pinned_runs(tmp_path):
             f = RunStore(results, f"r{i}").save_row(ROW, rec)
             os.utime(f, (1000 + i, 1000 + i))
         return results
+
     return write
 
 
@@ -67,8 +81,11 @@ def canary(tmp_path, monkeypatch):
         def run_row(row, venv, opts, log=print):
             tf = next(o.split("==")[1] for o in opts.overrides if o.startswith("transformers=="))
             calls.append(tf)
-            rec = {**opts.record_extra, "overrides": list(opts.overrides),
-                   **contract_record(tf, breaks=order.index(tf) >= order.index(first_bad), fingerprint=fingerprint)}
+            rec = {
+                **opts.record_extra,
+                "overrides": list(opts.overrides),
+                **contract_record(tf, breaks=order.index(tf) >= order.index(first_bad), fingerprint=fingerprint),
+            }
             RunStore(opts.results, opts.run_id).save_row(row.id, rec)
             return rec
 
@@ -81,6 +98,7 @@ def canary(tmp_path, monkeypatch):
         res = Resolution(c, {"transformers": "5.24.0"}, {"transformers": ("5.12.1", "5.24.0")})
         opts = culprit.matrix.Options(run_id="canary-run", results=results, tiers="contract")
         return culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
+
     return go, calls
 
 
@@ -103,8 +121,10 @@ def test_without_a_complete_baseline_the_search_probes_the_pins(pinned_runs, can
     state = go(results)
     text = "\n".join(state["summary"])
     assert state["pinned"]["run"] is None
-    assert ("breaks contract; no complete baseline run of sglang-0.5.17 (no run of it proves contract: 2 passed "
-            "over): the search probes its pins itself") in text
+    assert (
+        "breaks contract; no complete baseline run of sglang-0.5.17 (no run of it proves contract: 2 passed "
+        "over): the search probes its pins itself"
+    ) in text
     assert "CULPRIT: transformers 5.13.0 breaks sglang-0.5.17 contract (last good: 5.12.1)" in text
     assert calls == ["5.24.0", "5.12.1", "5.13.0"]
 
@@ -112,31 +132,39 @@ def test_without_a_complete_baseline_the_search_probes_the_pins(pinned_runs, can
 def test_a_pinned_row_that_breaks_the_tier_too_is_no_baseline_and_its_pins_say_so(pinned_runs, canary):
     """The pinned row's latest run with a verdict on contract broke it: an older pass is not its baseline; the
     search probes the pins, which fail too, and nothing is blamed on the moved package."""
-    results = pinned_runs(contract_record("5.12.1", breaks=False), contract_record("5.12.1", breaks=True),
-                          USAGE_ERROR)
+    results = pinned_runs(contract_record("5.12.1", breaks=False), contract_record("5.12.1", breaks=True), USAGE_ERROR)
     go, calls = canary
     state = go(results, first_bad="5.12.1")
     text = "\n".join(state["summary"])
     assert state["pinned"]["run"] is None and "its latest run with a verdict on contract (r1) breaks it" in text
     assert "CULPRIT" not in text
-    assert ("sglang-0.5.17 fails contract at its own pin too (transformers 5.12.1): nothing to blame on "
-            "transformers") in text
+    assert (
+        "sglang-0.5.17 fails contract at its own pin too (transformers 5.12.1): nothing to blame on transformers"
+    ) in text
 
 
 def test_only_a_run_of_the_same_suite_is_compared(pinned_runs, canary):
-    results = pinned_runs(contract_record("5.12.1", breaks=False, fingerprint="suite-a"),
-                          contract_record("5.12.1", breaks=False, fingerprint="suite-b"),
-                          contract_record("5.12.1", breaks=False))  # no fingerprint: unknown, comparable
+    results = pinned_runs(
+        contract_record("5.12.1", breaks=False, fingerprint="suite-a"),
+        contract_record("5.12.1", breaks=False, fingerprint="suite-b"),
+        contract_record("5.12.1", breaks=False),
+    )  # no fingerprint: unknown, comparable
     go, _ = canary
     assert go(results, fingerprint="suite-a")["pinned"]["run"] == "r2"
     shutil.rmtree(results / "r2")
     assert go(results, fingerprint="suite-a")["pinned"]["run"] == "r0"
 
 
-@pytest.mark.parametrize("record, expected", [
-    ({"suite": {"seconds": 1.0, "fingerprint": "abc"}}, "abc"),
-    ({"suite": {"seconds": 1.0}}, None), ({}, None), ({"suite": None}, None), ({"suite": {"fingerprint": ""}}, None),
-])
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({"suite": {"seconds": 1.0, "fingerprint": "abc"}}, "abc"),
+        ({"suite": {"seconds": 1.0}}, None),
+        ({}, None),
+        ({"suite": None}, None),
+        ({"suite": {"fingerprint": ""}}, None),
+    ],
+)
 def test_a_missing_fingerprint_is_unknown(record, expected):
     assert baseline.suite_fingerprint(record) == expected
     assert baseline.same_suite(record, {"suite": {"fingerprint": "xyz"}}) is (expected in (None, "xyz"))

@@ -51,28 +51,37 @@ def row(tmp_path):
 
 # --- identity ----------------------------------------------------------------------------------------------------
 
+
 def test_a_patch_is_filed_under_the_row_and_its_sha7(patch_file, row):
     cand = candidate.from_options(str(patch_file), None, None)
     assert cand.sha256 == __import__("hashlib").sha256(PATCH.encode()).hexdigest()
     filed = candidate.for_row(cand, row)
     assert filed.id == f"sglang-0.5.17+patch-{cand.sha256[:7]}" and filed.pins == row.pins
-    assert cand.record(row.id) == {"kind": "patch", "path": str(patch_file), "sha256": cand.sha256,
-                                   "base_row": "sglang-0.5.17", "files": ["sglang/srt/x.py"]}
+    assert cand.record(row.id) == {
+        "kind": "patch",
+        "path": str(patch_file),
+        "sha256": cand.sha256,
+        "base_row": "sglang-0.5.17",
+        "files": ["sglang/srt/x.py"],
+    }
     assert candidate.filed_id(row.id, None) == row.id
 
 
 def test_the_fix_patch_declares_its_draft_phase():
     cand = candidate.from_options(str(FIX), None, None)
-    assert cand.draft_phase == 1 and cand.files == ("sglang/srt/models/gemma4_mtp.py",
-                                                   "sglang/srt/speculative/frozen_kv_mtp_utils.py")
+    assert cand.draft_phase == 1 and cand.files == (
+        "sglang/srt/models/gemma4_mtp.py",
+        "sglang/srt/speculative/frozen_kv_mtp_utils.py",
+    )
     assert candidate.suite_env(cand) == {"MTPMATRIX_DRAFT_PHASE": "+1"}
     assert candidate.from_options(str(FIX), None, "+1").draft_phase == 1
     assert "declares Draft-Phase: +1" in one_line(candidate.from_options, str(FIX), None, "-1")
 
 
 def _git(folder: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(folder), "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(folder), "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True, capture_output=True
+    )
 
 
 @pytest.fixture
@@ -90,8 +99,13 @@ def checkout(tmp_path) -> Path:
 def test_a_checkout_is_filed_under_its_commit_and_says_when_dirty(checkout, row):
     head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     cand = candidate.from_options(None, str(checkout), None)
-    assert (cand.kind, cand.commit, cand.dirty, cand.version, cand.sha256) == ("checkout", head.strip(), False,
-                                                                               "0.5.18.dev0", None)
+    assert (cand.kind, cand.commit, cand.dirty, cand.version, cand.sha256) == (
+        "checkout",
+        head.strip(),
+        False,
+        "0.5.18.dev0",
+        None,
+    )
     assert cand.path == str(checkout / "python")
     assert candidate.for_row(cand, row).id == f"sglang-0.5.17+checkout-{head[:7]}"
     (checkout / "python" / "sglang" / "__init__.py").write_text("x = 1\n")
@@ -109,10 +123,14 @@ def test_a_wheel_is_filed_under_its_sha7_and_names_its_version(tmp_path, row):
 
 # --- bad input, before anything installs ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, words", [
-    ("sglang-0.5.18-cp312-cp312-manylinux_2_34_x86_64.whl", "not for sglang-0.5.17's Python 3.11"),
-    ("sglang-0.5.18-cp311-cp311-macosx_14_0_arm64.whl", "not for sglang-0.5.17's Python 3.11"),
-])
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("sglang-0.5.18-cp312-cp312-manylinux_2_34_x86_64.whl", "not for sglang-0.5.17's Python 3.11"),
+        ("sglang-0.5.18-cp311-cp311-macosx_14_0_arm64.whl", "not for sglang-0.5.17's Python 3.11"),
+    ],
+)
 def test_a_wheel_for_another_python_or_platform_is_one_line(tmp_path, row, name, words):
     wheel = tmp_path / name
     wheel.write_bytes(b"x")
@@ -151,8 +169,9 @@ def test_bad_input_is_one_line(tmp_path, patch_file, checkout):
     ]
     for args, words in cases:
         assert words in one_line(candidate.from_options, *args), args
-    assert "both replace the row's sglang" in one_line(candidate.from_options, str(patch_file), None, None,
-                                                        ["sglang==0.5.18"])
+    assert "both replace the row's sglang" in one_line(
+        candidate.from_options, str(patch_file), None, None, ["sglang==0.5.18"]
+    )
 
 
 def test_parse_options_reads_the_candidate(patch_file):
@@ -176,6 +195,7 @@ def test_a_patch_that_touches_nothing_the_tiers_run_warns(tmp_path):
 
 # --- the install ----------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def fake_uv(monkeypatch):
     monkeypatch.setattr(matrix.shutil, "which", lambda name: "/opt/bin/uv" if name == "uv" else None)
@@ -184,8 +204,15 @@ def fake_uv(monkeypatch):
 def test_a_wheel_or_checkout_replaces_the_sglang_pin_and_nothing_else(tmp_path, row, checkout, fake_uv):
     cand = candidate.from_options(None, str(checkout), None)
     cmd = matrix.install_command(row, tmp_path / "v", tmp_path / "c.txt", None, [], cand)
-    assert cmd[-7:] == [str(checkout / "python"), "transformers==5.12.1", "torch==2.11.0", "--reinstall-package",
-                        "sglang", "-e", str(paths.REPO)]
+    assert cmd[-7:] == [
+        str(checkout / "python"),
+        "transformers==5.12.1",
+        "torch==2.11.0",
+        "--reinstall-package",
+        "sglang",
+        "-e",
+        str(paths.REPO),
+    ]
     text = matrix.constraints_text(row, [], cand)
     assert "# sglang==0.5.17  (dropped: the candidate replaces it)" in text and "\ntransformers==5.12.1" in text
     patch = candidate.from_options(str(FIX), None, None)  # a patch keeps the pinned release
@@ -225,9 +252,11 @@ def test_a_hunk_that_does_not_apply_names_the_file_and_hunk_and_writes_nothing(t
 
 def _fake_uv_script(tmp_path: Path) -> Path:
     uv = tmp_path / "uv"
-    uv.write_text("#!/bin/sh\n"
-                  'case "$2" in freeze) printf "sglang==0.5.17\\ntransformers==5.12.1\\ntorch==2.11.0\\n";; esac\n'
-                  '[ "$1" = cache ] && exit 1\nexit 0\n')
+    uv.write_text(
+        "#!/bin/sh\n"
+        'case "$2" in freeze) printf "sglang==0.5.17\\ntransformers==5.12.1\\ntorch==2.11.0\\n";; esac\n'
+        '[ "$1" = cache ] && exit 1\nexit 0\n'
+    )
     uv.chmod(0o755)
     return uv
 
@@ -239,8 +268,12 @@ def test_a_row_whose_patch_does_not_apply_leaves_no_record(tmp_path, site, monke
     monkeypatch.setattr(matrix, "find_uv", lambda: str(_fake_uv_script(tmp_path)))
     monkeypatch.setattr(matrix, "_suite", lambda *a, **k: pytest.fail("the suite ran on an unpatched sglang"))
     row = load_rows(REPO / "constraints")[0]
-    opts = matrix.Options(results=tmp_path / "results", run_id="r", tiers="contract",
-                          candidate=candidate.from_options(str(_write(tmp_path / "p.patch", PATCH)), None, None))
+    opts = matrix.Options(
+        results=tmp_path / "results",
+        run_id="r",
+        tiers="contract",
+        candidate=candidate.from_options(str(_write(tmp_path / "p.patch", PATCH)), None, None),
+    )
     msg = one_line(matrix.run_row, row, tmp_path / "venv", opts, log=lambda m: None)
     assert "sglang/srt/x.py: hunk 1" in msg
     folder = tmp_path / "results" / "r" / opts.candidate.row_id(row.id)
@@ -259,9 +292,12 @@ def test_a_patched_row_records_its_candidate_and_the_files_applied(tmp_path, sit
     monkeypatch.setattr(matrix, "_suite", suite)
     row = load_rows(REPO / "constraints")[0]
     cand = candidate.from_options(str(_write(tmp_path / "p.patch", PATCH)), None, "+1")
-    record = matrix.run_row(row, tmp_path / "venv", matrix.Options(results=tmp_path / "results", run_id="r",
-                                                                   tiers="contract", candidate=cand),
-                            log=lambda m: None)
+    record = matrix.run_row(
+        row,
+        tmp_path / "venv",
+        matrix.Options(results=tmp_path / "results", run_id="r", tiers="contract", candidate=cand),
+        log=lambda m: None,
+    )
     assert "line five" in seen["text"]
     assert record["row"]["id"] == cand.row_id(row.id) and record["row"]["pins"] == row.pins
     assert record["candidate"] == dict(cand.record(row.id), applied=["sglang/srt/x.py"])
@@ -271,13 +307,18 @@ def test_a_patched_row_records_its_candidate_and_the_files_applied(tmp_path, sit
 
 # --- the run's plan ---------------------------------------------------------------------------------------------------
 
+
 def test_the_plan_names_each_row_as_its_candidate(patch_file, tmp_path):
     rows = {r.id: r for r in load_rows(REPO / "constraints")}
     cand = candidate.from_options(str(patch_file), None, None)
     planned = plan.planned(rows, ["sglang-0.5.13", "sglang-0.5.17"], cand)
     assert set(planned) == {f"sglang-0.5.13+{cand.suffix}", f"sglang-0.5.17+{cand.suffix}"}
-    assert planned[f"sglang-0.5.17+{cand.suffix}"]["candidate"] == {"kind": "patch", "sha256": cand.sha256,
-                                                                     "commit": None, "dirty": None}
+    assert planned[f"sglang-0.5.17+{cand.suffix}"]["candidate"] == {
+        "kind": "patch",
+        "sha256": cand.sha256,
+        "commit": None,
+        "dirty": None,
+    }
     assert planned[f"sglang-0.5.17+{cand.suffix}"]["pins"] == rows["sglang-0.5.17"].pins
     assert "candidate" not in plan.planned(rows, ["sglang-0.5.17"])["sglang-0.5.17"]
 
@@ -288,6 +329,7 @@ def test_a_candidate_installs_into_a_venv_of_its_own(tmp_path, patch_file, row, 
     from mtpmatrix.runner import bisect
 
     made = []
+
     def make_venv(r, venv):
         venv.mkdir(parents=True)
         made.append((r.id, venv))
@@ -320,8 +362,10 @@ def test_resume_runs_a_dirty_checkout_again_once_its_change_changed(tmp_path, ch
     rid = first.row_id("sglang-0.5.17")
     opts = matrix.Options(run_id="r", results=tmp_path / "results", candidate=first)
     assert plan.start(opts, rid, plan.planned(rows, ["sglang-0.5.17"], first)) is None
-    atomic_write_json(tmp_path / "results" / "r" / rid / "row.json",
-                      {"row": {"id": rid}, "verdict": "passed", "fingerprint": fingerprint.describe()})
+    atomic_write_json(
+        tmp_path / "results" / "r" / rid / "row.json",
+        {"row": {"id": rid}, "verdict": "passed", "fingerprint": fingerprint.describe()},
+    )
     resumed = matrix.Options(run_id="r", results=tmp_path / "results", resume=True, candidate=first)
     assert "already has a verdict" in plan.start(resumed, rid, plan.planned(rows, ["sglang-0.5.17"], first))
     (checkout / "python" / "sglang" / "__init__.py").write_text("x = 2\n")
@@ -350,10 +394,17 @@ def test_bytecode_compiled_from_the_unpatched_copy_is_never_run(tmp_path, site):
     finally:
         sys.pycache_prefix = was
     assert list(prefix.rglob("x.*.pyc"))
-    fix = _write(tmp_path / "b.patch", "--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n@@ -1 +1 @@\n"
-                                       "-B = 'unpatched'\n+B = 'patched'\n")
+    fix = _write(
+        tmp_path / "b.patch",
+        "--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n@@ -1 +1 @@\n-B = 'unpatched'\n+B = 'patched'\n",
+    )
     candidate.apply_to(candidate.from_options(str(fix), None, None), site, log=lambda m: None)
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", "import sglang.srt.x as x; print(x.B)"], env=env,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sglang.srt.x as x; print(x.B)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.strip() == "patched"

@@ -57,8 +57,13 @@ def served(site: Path, **env) -> subprocess.CompletedProcess:
     """``import sglang.srt.x`` in a python with the hook first on its path and ``env``; prints B."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("MTPMATRIX_")}
     full.update(PYTHONPATH=f"{HOOK_DIR}{os.pathsep}{site}", **env)
-    return subprocess.run([sys.executable, "-c", "import sglang.srt.x as x; print(x.B)"], env=full,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "import sglang.srt.x as x; print(x.B)"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_hook_serves_the_patched_module(site, patch_file):
@@ -78,12 +83,23 @@ def test_the_hook_serves_nothing_for_another_file_or_a_hunk_that_does_not_apply(
 
 
 def run_gpu_box(out: Path, site: Path, *args: str, **env) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k not in ("BUNDLE", "SITE", "TESTS", "GPU_BOX_TIMEOUT", "PATCH",
-                                                              "DRAFT_PHASE") and not k.startswith("MTPMATRIX_")}
-    full.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(site),
-                **env)
-    return subprocess.run(["bash", str(REPO / "tools" / "gpu_box.sh"), str(out), *args], cwd=REPO, env=full,
-                          capture_output=True, text=True, timeout=300)
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("BUNDLE", "SITE", "TESTS", "GPU_BOX_TIMEOUT", "PATCH", "DRAFT_PHASE")
+        and not k.startswith("MTPMATRIX_")
+    }
+    full.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(site), **env
+    )
+    return subprocess.run(
+        ["bash", str(REPO / "tools" / "gpu_box.sh"), str(out), *args],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_gpu_box_records_the_patch_it_serves(tmp_path, site, patch_file):
@@ -91,8 +107,13 @@ def test_gpu_box_records_the_patch_it_serves(tmp_path, site, patch_file):
     done = run_gpu_box(out, site, "--no-such-option", PATCH=str(patch_file))  # pytest's usage error: quick
     assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
     invocation = json.loads((out / schema.INVOCATION_FILE).read_text())
-    assert invocation["patch"] == {"path": str(patch_file), "sha256": SHA, "files": ["sglang/srt/x.py"],
-                                   "draft_phase": 1, "warnings": []}
+    assert invocation["patch"] == {
+        "path": str(patch_file),
+        "sha256": SHA,
+        "files": ["sglang/srt/x.py"],
+        "draft_phase": 1,
+        "warnings": [],
+    }
     assert invocation["knobs"]["MTPMATRIX_PATCH_SHA256"] == SHA
     assert invocation["knobs"]["MTPMATRIX_DRAFT_PHASE"] == "+1"
     assert f"candidate: {patch_file} (sha256 {SHA}) served at import" in (out / schema.ENV_FILE).read_text()
@@ -102,8 +123,9 @@ def test_gpu_box_stops_in_one_line_on_a_patch_that_does_not_apply(tmp_path, site
     (site / "sglang" / "srt" / "x.py").write_text("A = 1\nB = 3\n")
     done = run_gpu_box(tmp_path / "box", site, PATCH=str(patch_file))
     assert done.returncode == 2
-    assert done.stderr.strip().startswith("gpu_box.sh: PATCH=fix.patch: sglang/srt/x.py: hunk 1 (@@ -1,2 +1,2 @@) "
-                                          "does not apply: line 2 is 'B = 3'")
+    assert done.stderr.strip().startswith(
+        "gpu_box.sh: PATCH=fix.patch: sglang/srt/x.py: hunk 1 (@@ -1,2 +1,2 @@) does not apply: line 2 is 'B = 3'"
+    )
     assert done.stderr.strip().count("\n") == 0 and not (tmp_path / "box" / schema.PYTEST_LOG).exists()
 
 
@@ -119,12 +141,19 @@ def box_with_patch(out: Path, sha: str = SHA, knobs_sha: str = SHA, log: str = "
 
 def test_import_files_the_box_run_as_the_candidate(tmp_path):
     results = tmp_path / "results"
-    dest, record = importer.import_run(box_with_patch(tmp_path / "box"), "sglang-0.5.17", results=results,
-                                       run_id="cand")
+    dest, record = importer.import_run(
+        box_with_patch(tmp_path / "box"), "sglang-0.5.17", results=results, run_id="cand"
+    )
     rid = f"sglang-0.5.17+patch-{SHA[:7]}"
     assert dest == results / "cand" / rid and record["row"]["id"] == rid
-    assert record["candidate"] == {"kind": "patch", "path": "/box/fix.patch", "sha256": SHA,
-                                   "files": ["sglang/srt/x.py"], "base_row": "sglang-0.5.17", "draft_phase": 1}
+    assert record["candidate"] == {
+        "kind": "patch",
+        "path": "/box/fix.patch",
+        "sha256": SHA,
+        "files": ["sglang/srt/x.py"],
+        "base_row": "sglang-0.5.17",
+        "draft_phase": 1,
+    }
     plan = json.loads((results / "cand" / "manifest.json").read_text())
     assert plan["rows"][rid]["candidate"]["sha256"] == SHA
     # its patch and declared phase are the candidate's identity: nothing in the settings for the judge to hold
@@ -132,11 +161,16 @@ def test_import_files_the_box_run_as_the_candidate(tmp_path):
     assert not [p for p in found if "MTPMATRIX" in p["what"] or "candidate" in p["what"]], found
 
 
-@pytest.mark.parametrize("box_kw, words", [
-    ({"knobs_sha": "cd" * 32}, "its suite ran with MTPMATRIX_PATCH_SHA256=cdcdcdcdcdcd"),
-    ({"log": "mtpmatrix-mutant: NOT applied: MTPMATRIX_PATCH=/box/fix.patch: sglang/srt/x.py: hunk 1 (pid 7)\n"},
-     "the patch was not served (pytest.log: mtpmatrix-mutant: NOT applied"),
-])
+@pytest.mark.parametrize(
+    "box_kw, words",
+    [
+        ({"knobs_sha": "cd" * 32}, "its suite ran with MTPMATRIX_PATCH_SHA256=cdcdcdcdcdcd"),
+        (
+            {"log": "mtpmatrix-mutant: NOT applied: MTPMATRIX_PATCH=/box/fix.patch: sglang/srt/x.py: hunk 1 (pid 7)\n"},
+            "the patch was not served (pytest.log: mtpmatrix-mutant: NOT applied",
+        ),
+    ],
+)
 def test_import_refuses_a_run_that_did_not_serve_its_patch(tmp_path, capsys, box_kw, words):
     out = box_with_patch(tmp_path / "box", **box_kw)
     assert main(["import", str(out), "--row", "sglang-0.5.17", "--results", str(tmp_path / "r"), "--run-id", "x"]) == 2

@@ -13,8 +13,13 @@ SHA = "ab" * 32
 
 
 def record(candidate=None, versions=None, knobs=None, rid="sglang-0.5.17+x") -> dict:
-    out = {"row": {"id": rid, "pins": dict(PINS)}, "versions": dict(versions or PINS), "tiers": {},
-           "knobs": dict(knobs or {}), "selection": {"knobs": dict(knobs or {}), "args": []}}
+    out = {
+        "row": {"id": rid, "pins": dict(PINS)},
+        "versions": dict(versions or PINS),
+        "tiers": {},
+        "knobs": dict(knobs or {}),
+        "selection": {"knobs": dict(knobs or {}), "args": []},
+    }
     if candidate is not None:
         out["candidate"] = dict(candidate, base_row="sglang-0.5.17")
     return out
@@ -30,16 +35,19 @@ def test_a_wheel_or_checkout_is_held_to_its_own_sglang_version(kind):
     built = {**PINS, "sglang": "0.5.18.dev0"}
     assert problems(record(cand, built)) == []
     assert problems(record(cand, {**built, "sglang": "0.5.18.dev1"})) == [
-        "sglang 0.5.18.dev1 ran, the candidate is 0.5.18.dev0"]
+        "sglang 0.5.18.dev1 ran, the candidate is 0.5.18.dev0"
+    ]
     assert problems(record(cand, PINS)) == ["sglang 0.5.17 ran, the candidate is 0.5.18.dev0"]  # the pin: not it
     # every other pin still holds
-    assert problems(record(cand, {**built, "transformers": "5.19.0"})) == ["transformers 5.19.0 ran, the row pins "
-                                                                            "5.12.1"]
+    assert problems(record(cand, {**built, "transformers": "5.19.0"})) == [
+        "transformers 5.19.0 ran, the row pins 5.12.1"
+    ]
 
 
 def test_a_patch_or_a_plain_row_keeps_the_pin():
     assert problems(record({"kind": "patch", "sha256": SHA}, {**PINS, "sglang": "0.5.18.dev0"})) == [
-        "sglang 0.5.18.dev0 ran, the row pins 0.5.17"]
+        "sglang 0.5.18.dev0 ran, the row pins 0.5.17"
+    ]
     assert problems(record(None, {**PINS, "sglang": "0.5.18.dev0"})) == ["sglang 0.5.18.dev0 ran, the row pins 0.5.17"]
 
 
@@ -62,16 +70,22 @@ def test_a_declared_draft_phase_is_the_candidates_only():
     knobs = {"MTPMATRIX_DRAFT_PHASE": "+1"}
     assert problems(record({"kind": "patch", "sha256": SHA, "draft_phase": 1}, knobs=knobs)) == []
     assert "smoke ran with MTPMATRIX_DRAFT_PHASE=+1: not the qualification suite" in problems(
-        record({"kind": "patch", "sha256": SHA, "draft_phase": -1}, knobs=knobs))
+        record({"kind": "patch", "sha256": SHA, "draft_phase": -1}, knobs=knobs)
+    )
     assert "smoke ran with MTPMATRIX_DRAFT_PHASE=+1: not the qualification suite" in problems(
-        record(None, knobs=knobs, rid="sglang-0.5.17"))
+        record(None, knobs=knobs, rid="sglang-0.5.17")
+    )
 
 
 def test_the_plan_must_name_the_same_candidate():
     cand = {"kind": "patch", "sha256": SHA}
     rec = record(cand)
-    planned = {"rows": {rec["row"]["id"]: manifest.planned_row(rec["row"], candidate=manifest.candidate_identity(
-        rec["candidate"]))}, "invocation": {"overrides": []}}
+    planned = {
+        "rows": {
+            rec["row"]["id"]: manifest.planned_row(rec["row"], candidate=manifest.candidate_identity(rec["candidate"]))
+        },
+        "invocation": {"overrides": []},
+    }
     assert problems(rec, planned) == []
     other = record({"kind": "patch", "sha256": "cd" * 32})
     assert problems(other, planned) == ["the record's candidate is not the one the run planned"]

@@ -36,15 +36,21 @@ def fixed_record(break_topk3: bool = False) -> dict:
         if chk["id"] == TOPK3 and break_topk3:
             chk["outcome"] = "failed"
             chk["metrics"]["accept_length_requests"] = 1.07
-            chk["failure"] = {"kind": "acceptance", "type": "CheckFailure",
-                              "message": "accept length 1.07 outside [5.3333, 5.3333]"}
+            chk["failure"] = {
+                "kind": "acceptance",
+                "type": "CheckFailure",
+                "message": "accept length 1.07 outside [5.3333, 5.3333]",
+            }
     return data
 
 
 def import_candidate(tmp_path: Path, results: Path, run_id: str, data: dict) -> Path:
     out = tmp_path / f"box-{run_id}"
-    write_box(out, data, knobs={"MTPMATRIX_PATCH": "/box/fix.patch", "MTPMATRIX_PATCH_SHA256": SHA,
-                                "MTPMATRIX_DRAFT_PHASE": "+1"})
+    write_box(
+        out,
+        data,
+        knobs={"MTPMATRIX_PATCH": "/box/fix.patch", "MTPMATRIX_PATCH_SHA256": SHA, "MTPMATRIX_DRAFT_PHASE": "+1"},
+    )
     inv = json.loads((out / schema.INVOCATION_FILE).read_text())
     inv["patch"] = {"path": "/box/fix.patch", "sha256": SHA, "files": ["sglang/srt/x.py"], "draft_phase": 1}
     (out / schema.INVOCATION_FILE).write_text(json.dumps(inv))
@@ -53,8 +59,9 @@ def import_candidate(tmp_path: Path, results: Path, run_id: str, data: dict) -> 
 
 
 def import_base(tmp_path: Path, results: Path, run_id: str) -> None:
-    importer.import_run(write_box(tmp_path / f"base-{run_id}", h200_record()), "sglang-0.5.17", results=results,
-                        run_id=run_id)
+    importer.import_run(
+        write_box(tmp_path / f"base-{run_id}", h200_record()), "sglang-0.5.17", results=results, run_id=run_id
+    )
 
 
 @pytest.fixture
@@ -71,20 +78,26 @@ def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
     unchanged = len(h200_record()["tiers"]["smoke"]["checks"]) - 1  # every check but the fixed one
     assert c["counts"] == {"fixed": 1, "broken": 0, "unchanged": unchanged}
     assert [(i["check"], i["before_known_upstream"]) for i in c["fixed"]] == [
-        (PHASE_CHECK, "sglang-gemma4-mtp-draft-rope-phase")]
+        (PHASE_CHECK, "sglang-gemma4-mtp-draft-rope-phase")
+    ]
     assert [k["id"] for k in c["no_longer_applies"]] == ["sglang-gemma4-mtp-draft-rope-phase"]
     assert not s["stale_known_upstream"]  # the release still has it: no "entry can go"
     # --require works as for a release, and the verdict names the candidate
     assert (s["verdict"], s["exit_status"]) == ("required-proven", 0)
     head = report_render.headline(s)
-    assert head.startswith(f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 declared): smoke "
-                           "proven in all 1 rows")
+    assert head.startswith(
+        f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 declared): smoke proven in all 1 rows"
+    )
     md = report_render.render_markdown(s)
     assert f"1 fixed, 0 broken, {unchanged} unchanged (check by check, against sglang-0.5.17)" in md
-    assert ("- 🔺 fixed **smoke** test_draft_phase_matches_transformers[witness-transformers-phase-topk1] (known "
-            "upstream in sglang-0.5.17, passes now)") in md
-    assert ("- 🧹 known upstream `sglang-gemma4-mtp-draft-rope-phase` no longer applies to the candidate: 1 of its "
-            "checks pass (smoke); sglang-0.5.17 still has it") in md
+    assert (
+        "- 🔺 fixed **smoke** test_draft_phase_matches_transformers[witness-transformers-phase-topk1] (known "
+        "upstream in sglang-0.5.17, passes now)"
+    ) in md
+    assert (
+        "- 🧹 known upstream `sglang-gemma4-mtp-draft-rope-phase` no longer applies to the candidate: 1 of its "
+        "checks pass (smoke); sglang-0.5.17 still has it"
+    ) in md
     assert "accept_length_requests: 1.0711 → 5.3333" in md
     assert "can go" not in md
     assert "Candidates" in report_render.render_html(s)
@@ -98,13 +111,20 @@ def test_a_candidate_that_breaks_a_check_fails_and_says_which(tmp_path, results)
     s = report_model.build_summary(results / "both", require=["smoke"])
     (c,) = s["candidates"]
     assert c["base_from"] == "this run" and c["counts"] == {
-        "fixed": 1, "broken": 1, "unchanged": len(h200_record()["tiers"]["smoke"]["checks"]) - 2}
+        "fixed": 1,
+        "broken": 1,
+        "unchanged": len(h200_record()["tiers"]["smoke"]["checks"]) - 2,
+    }
     assert [i["check"] for i in c["broken"]] == [TOPK3]
     assert (s["verdict"], s["exit_status"], s["failing_rows"]) == ("fails", 1, [CAND])
-    assert report_render.headline(s).startswith(f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 "
-                                                f"declared): DOES NOT QUALIFY — 1 of 2 rows failing: {CAND}")
-    assert ("- 🔻 broken **smoke** test_spec_metrics[witness-mtp-topk3]: `acceptance` accept length 1.07 outside"
-            in report_render.render_markdown(s))
+    assert report_render.headline(s).startswith(
+        f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 "
+        f"declared): DOES NOT QUALIFY — 1 of 2 rows failing: {CAND}"
+    )
+    assert (
+        "- 🔻 broken **smoke** test_spec_metrics[witness-mtp-topk3]: `acceptance` accept length 1.07 outside"
+        in report_render.render_markdown(s)
+    )
 
 
 def test_a_candidate_without_its_base_says_how_to_get_one(tmp_path, results):
@@ -118,15 +138,32 @@ def test_a_candidate_without_its_base_says_how_to_get_one(tmp_path, results):
 
 
 def test_unchanged_counts_the_checks_both_ran_the_same_way():
-    base = {"tiers": {"smoke": {"checks": [{"id": "a", "outcome": "passed"}, {"id": "b", "outcome": "failed"},
-                                           {"id": "c", "outcome": "passed"}, {"id": "d", "outcome": "skipped"},
-                                           {"id": "e", "outcome": "skipped"}]}}}
+    base = {
+        "tiers": {
+            "smoke": {
+                "checks": [
+                    {"id": "a", "outcome": "passed"},
+                    {"id": "b", "outcome": "failed"},
+                    {"id": "c", "outcome": "passed"},
+                    {"id": "d", "outcome": "skipped"},
+                    {"id": "e", "outcome": "skipped"},
+                ]
+            }
+        }
+    }
     cur = copy.deepcopy(base)
     cur["tiers"]["smoke"]["checks"][1]["outcome"] = "passed"  # b fixed
     cur["tiers"]["smoke"]["checks"][2]["outcome"] = "failed"  # c broke
     cur["tiers"]["smoke"]["checks"][4]["outcome"] = "passed"  # e ran here only: nothing to compare
-    c = candidates.beside("x+patch-1", cur, {"kind": "patch", "sha256": SHA, "base_row": "x"}, base, "this run",
-                          Path("/nowhere"), Path("/nowhere"))
+    c = candidates.beside(
+        "x+patch-1",
+        cur,
+        {"kind": "patch", "sha256": SHA, "base_row": "x"},
+        base,
+        "this run",
+        Path("/nowhere"),
+        Path("/nowhere"),
+    )
     assert c["counts"] == {"fixed": 1, "broken": 1, "unchanged": 1}  # a; d and e compare nothing
     assert [i["check"] for i in c["fixed"]] == ["b"] and [i["check"] for i in c["broken"]] == ["c"]
 

@@ -19,10 +19,15 @@ from mtpmatrix.faults import catalogue as C
 
 def test_sites_apply_where_the_anchor_is_unique_and_are_na_elsewhere(tmp_path):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
-    m = C.Mutant("seed-first", "handoff", "first instead of last", (
-        C.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]", "return h[0]"),  # this release
-        C.Site("sglang.srt.speculative.worker_v1", "return h[n - 1]", "return h[0]"),  # an older one: absent
-    ))
+    m = C.Mutant(
+        "seed-first",
+        "handoff",
+        "first instead of last",
+        (
+            C.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]", "return h[0]"),  # this release
+            C.Site("sglang.srt.speculative.worker_v1", "return h[n - 1]", "return h[0]"),  # an older one: absent
+        ),
+    )
     app = C.apply(m, pkg)
     assert app.applicable and app.error is None
     assert [s.status for s in app.sites] == ["applied", "no such file"]
@@ -31,11 +36,14 @@ def test_sites_apply_where_the_anchor_is_unique_and_are_na_elsewhere(tmp_path):
     assert "-    return h[n - 1]\n+    return h[0]" in C.diff(app)
 
 
-@pytest.mark.parametrize("site,status", [
-    (C.Site("sglang.srt.speculative.worker_v2", "return h[n]", "return h[0]"), "anchor absent"),
-    (C.Site("sglang.srt.speculative.twice", "x = 1\n", "x = 2\n"), "anchor found 2 times"),
-    (C.Site("sglang.srt.speculative.gone", "x", "y"), "no such file"),
-])
+@pytest.mark.parametrize(
+    "site,status",
+    [
+        (C.Site("sglang.srt.speculative.worker_v2", "return h[n]", "return h[0]"), "anchor absent"),
+        (C.Site("sglang.srt.speculative.twice", "x = 1\n", "x = 2\n"), "anchor found 2 times"),
+        (C.Site("sglang.srt.speculative.gone", "x", "y"), "no such file"),
+    ],
+)
 def test_absent_or_ambiguous_anchor_is_not_applicable(tmp_path, site, status):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
     app = C.apply(C.Mutant("m", "handoff", "m", (site,)), pkg)
@@ -45,22 +53,30 @@ def test_absent_or_ambiguous_anchor_is_not_applicable(tmp_path, site, status):
 
 def test_a_replacement_that_does_not_compile_is_an_error(tmp_path):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
-    app = C.apply(C.Mutant("m", "handoff", "m", (C.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]",
-                                                           "return h[0"),)), pkg)
+    app = C.apply(
+        C.Mutant("m", "handoff", "m", (C.Site("sglang.srt.speculative.worker_v2", "return h[n - 1]", "return h[0"),)),
+        pkg,
+    )
     assert app.applicable and "does not compile" in app.error and "worker_v2.py:2" in app.error
 
 
 def test_overlapping_sites_are_an_error(tmp_path):
     pkg = write_tree(tmp_path, FAKE) / "sglang"
     mod = "sglang.srt.speculative.worker_v2"
-    app = C.apply(C.Mutant("m", "handoff", "m", (C.Site(mod, "return h[n - 1]", "return h[n - 2]"),
-                                                 C.Site(mod, "h[n - 1]", "h[0]"))), pkg)
+    app = C.apply(
+        C.Mutant(
+            "m", "handoff", "m", (C.Site(mod, "return h[n - 1]", "return h[n - 2]"), C.Site(mod, "h[n - 1]", "h[0]"))
+        ),
+        pkg,
+    )
     assert "overlap" in app.error
 
 
 def test_select_and_unknown_ids():
-    assert [m.id for m in C.select("topk-parent-hidden, handoff-block-first")] == ["handoff-block-first",
-                                                                                  "topk-parent-hidden"]
+    assert [m.id for m in C.select("topk-parent-hidden, handoff-block-first")] == [
+        "handoff-block-first",
+        "topk-parent-hidden",
+    ]
     assert len(C.select(None)) == len(C.CATALOGUE)
     with pytest.raises(C.MutantsError, match="unknown mutant.s. nope; known: handoff-block-first"):
         C.select("handoff-block-first,nope")

@@ -15,31 +15,58 @@ from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 from mtpmatrix.faults import catalogue as C
 
 REPO = Path(__file__).resolve().parents[2]
-ORIGINAL = ("handoff-block-first", "handoff-stale-by-one", "kv-layer-first-of-type", "kv-layer-type-swap",
-            "draft-position-ahead", "draft-position-advanced", "topk-parent-hidden", "topk-expand-seed-rows",
-            "topk-expand-kv-rows", "verify-target-row-shift", "accept-count-request", "accept-count-server",
-            "draft-cuda-graph-skipped", "topk-parent-non-first", "verify-accept-all-greedy",
-            "verify-temperature-ignored", "verify-renorm-skipped", "verify-accept-threshold",
-            "metric-correct-drafts-bonus")
+ORIGINAL = (
+    "handoff-block-first",
+    "handoff-stale-by-one",
+    "kv-layer-first-of-type",
+    "kv-layer-type-swap",
+    "draft-position-ahead",
+    "draft-position-advanced",
+    "topk-parent-hidden",
+    "topk-expand-seed-rows",
+    "topk-expand-kv-rows",
+    "verify-target-row-shift",
+    "accept-count-request",
+    "accept-count-server",
+    "draft-cuda-graph-skipped",
+    "topk-parent-non-first",
+    "verify-accept-all-greedy",
+    "verify-temperature-ignored",
+    "verify-renorm-skipped",
+    "verify-accept-threshold",
+    "metric-correct-drafts-bonus",
+)
 SURFACE = {  # mutant -> (category, files patched on 0.5.13, on 0.5.17, on 0.5.23); None: n.a. by design
     "stop-match-at-step-end": ("stops", {"schedule_batch.py"}, {"schedule_batch.py"}, {"schedule_batch.py"}),
     "logprob-row-shift": ("logprobs", {"logprob.py"}, {"logprob_processor.py"}, {"logprob_processor.py"}),
-    "verify-temperature-row0": ("mixed-sampling", {"eagle_info.py", "eagle_info_v2.py"}, {"eagle_utils.py"},
-                                {"eagle_utils.py"}),
-    "sampled-bonus-greedy": ("sampled-bonus", {"eagle_info.py", "eagle_info_v2.py"}, {"eagle_utils.py"},
-                             {"eagle_utils.py"}),
+    "verify-temperature-row0": (
+        "mixed-sampling",
+        {"eagle_info.py", "eagle_info_v2.py"},
+        {"eagle_utils.py"},
+        {"eagle_utils.py"},
+    ),
+    "sampled-bonus-greedy": (
+        "sampled-bonus",
+        {"eagle_info.py", "eagle_info_v2.py"},
+        {"eagle_utils.py"},
+        {"eagle_utils.py"},
+    ),
     "no-overlap-seq-lens-dropped": ("sched-modes", None, {"scheduler.py"}, {"scheduler.py"}),
-    "eager-draft-kv-short": ("sched-modes", {"frozen_kv_mtp_worker.py"}, {"frozen_kv_mtp_worker_v2.py"},
-                             {"frozen_kv_mtp_worker_v2.py"}),
+    "eager-draft-kv-short": (
+        "sched-modes",
+        {"frozen_kv_mtp_worker.py"},
+        {"frozen_kv_mtp_worker_v2.py"},
+        {"frozen_kv_mtp_worker_v2.py"},
+    ),
     "verify-logit-bias-dropped": ("sampling-feats", {"eagle_info.py"}, {"eagle_utils.py"}, {"eagle_utils.py"}),
 }
 RELEASES = ("0.5.13", "0.5.17", "0.5.23")
 
 
 def test_the_original_mutants_stay_first_and_unchanged_in_kind():
-    assert tuple(m.id for m in C.CATALOGUE[:len(ORIGINAL)]) == ORIGINAL
-    assert all(m.na_on == () for m in C.CATALOGUE[:len(ORIGINAL)])
-    assert [m.id for m in C.CATALOGUE[len(ORIGINAL):]] == list(SURFACE)
+    assert tuple(m.id for m in C.CATALOGUE[: len(ORIGINAL)]) == ORIGINAL
+    assert all(m.na_on == () for m in C.CATALOGUE[: len(ORIGINAL)])
+    assert [m.id for m in C.CATALOGUE[len(ORIGINAL) :]] == list(SURFACE)
 
 
 def test_every_surface_class_has_its_category_and_a_complete_entry():
@@ -69,7 +96,7 @@ def test_surface_mutants_launch_the_servers_their_checks_compare():
 
 # --------------------------------------------------------------------------------------------- release forms
 # Excerpts of the installed sources (verbatim lines around each anchor), enough for every site to find its anchor.
-_SB = '''\
+_SB = """\
 class Req:
     def _check_token_based_finish(self, new_accepted_tokens):
         if self.sampling_params.ignore_eos:
@@ -86,26 +113,26 @@ class Req:
                 self.finished_len = matched_pos + 1
                 return True
         return False
-'''
-_LP13 = '''\
+"""
+_LP13 = """\
 def add_output_logprobs_for_spec_v1(batch, res, logits_output=None):
     logits_output.next_token_logprobs = logprobs[
         torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device),
         batch_next_token_ids,
     ]
-'''
-_LP17 = '''\
+"""
+_LP17 = """\
 def compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, speculative_num_steps):
     flat_accept_idx = accept_index.long().reshape(-1)
     gathered_logits = logits_output.next_token_logits[flat_accept_idx]
-'''
-_LP23 = '''\
+"""
+_LP23 = """\
 def compute_spec_logprobs(batch, next_token_logits, predict, accept_index):
     if True:
         flat_accept_idx = accept_index.long().reshape(-1)
         gathered_logits = next_token_logits[flat_accept_idx]
-'''
-_V1 = '''\
+"""
+_V1 = """\
 class EagleVerifyInput:
     def verify(self, batch, logits_output):
         bs = self.retrieve_index.shape[0]
@@ -127,8 +154,8 @@ class EagleVerifyInput:
 
             # Sync sampling results across TP ranks: different GPUs may
             tp_group = None
-'''
-_V2 = '''\
+"""
+_V2 = """\
 def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
     bs = len(batch.seq_lens)
     if sampling_info.logit_bias is not None:
@@ -145,24 +172,24 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
             predicts=predict,  # mutable
             deterministic=True,
         )
-TAIL'''
-_V2_TAIL_17 = '''
+TAIL"""
+_V2_TAIL_17 = """
         # Sync sampling results across TP ranks: different GPUs may
         tp_group = None
-'''
-_V2_TAIL_23 = '''        del (
+"""
+_V2_TAIL_23 = """        del (
             expanded_temperature,
             target_probs,
         )
-'''
-_W = '''\
+"""
+_W = """\
 class FrozenKVMTPDraftWorker:
     def _init_frozen_kv_metadata(self, forward_batch) -> None:
         with self._frozen_kv_target_view(forward_batch):
             self.draft_attn_backend.init_forward_metadata(forward_batch)
         forward_batch.mark_forward_metadata_ready()
-'''
-_SCHED_V2_BRANCH = '''\
+"""
+_SCHED_V2_BRANCH = """\
             elif {cond}:
                 # {label}: drive the V2 worker synchronously (no
                 # future_map relay / on_publish).
@@ -174,8 +201,8 @@ _SCHED_V2_BRANCH = '''\
                 batch.spec_info = batch_result.next_draft_input
                 if batch_result.new_seq_lens is not None:
                     batch.seq_lens = batch_result.new_seq_lens
-'''
-_SCHED_23 = '''\
+"""
+_SCHED_23 = """\
 class Scheduler:
     def run_batch(self, batch):
         if True:
@@ -184,26 +211,35 @@ class Scheduler:
                     new_seq_lens = batch_result.new_seq_lens
                     if new_seq_lens is not None and new_seq_lens is not batch.seq_lens:
                         batch.seq_lens = new_seq_lens
-'''
+"""
 _S = "sglang/srt/"
 FORMS = {
-    "0.5.13": {_S + "managers/schedule_batch.py": _SB, _S + "layers/utils/logprob.py": _LP13,
-               _S + "speculative/eagle_info.py": _V1,
-               _S + "speculative/eagle_info_v2.py": _V1.replace("if sampling_info.logit_bias", "if x"),
-               _S + "speculative/frozen_kv_mtp_worker.py": _W,
-               # 0.5.13's non-overlap V2 branch: a path its Frozen-KV MTP (v1 worker) never takes
-               _S + "managers/scheduler.py": "class Scheduler:\n    def run_batch(self, batch):\n            if a:\n"
-                                             "                pass\n" + _SCHED_V2_BRANCH.format(
-                                                 cond="batch.is_spec_v2", label="Non-overlap V2")},
-    "0.5.17": {_S + "managers/schedule_batch.py": _SB, _S + "layers/logprob_processor.py": _LP17,
-               _S + "speculative/eagle_utils.py": _V2.replace("TAIL", _V2_TAIL_17),
-               _S + "speculative/frozen_kv_mtp_worker_v2.py": _W,
-               _S + "managers/scheduler.py": "class Scheduler:\n    def run_batch(self, batch):\n            if a:\n"
-                                             "                pass\n" + _SCHED_V2_BRANCH.format(
-                                                 cond="not batch.spec_algorithm.is_none()", label="Non-overlap")},
-    "0.5.23": {_S + "managers/schedule_batch.py": _SB, _S + "layers/logprob_processor.py": _LP23,
-               _S + "speculative/eagle_utils.py": _V2.replace("TAIL", _V2_TAIL_23),
-               _S + "speculative/frozen_kv_mtp_worker_v2.py": _W, _S + "managers/scheduler.py": _SCHED_23},
+    "0.5.13": {
+        _S + "managers/schedule_batch.py": _SB,
+        _S + "layers/utils/logprob.py": _LP13,
+        _S + "speculative/eagle_info.py": _V1,
+        _S + "speculative/eagle_info_v2.py": _V1.replace("if sampling_info.logit_bias", "if x"),
+        _S + "speculative/frozen_kv_mtp_worker.py": _W,
+        # 0.5.13's non-overlap V2 branch: a path its Frozen-KV MTP (v1 worker) never takes
+        _S + "managers/scheduler.py": "class Scheduler:\n    def run_batch(self, batch):\n            if a:\n"
+        "                pass\n" + _SCHED_V2_BRANCH.format(cond="batch.is_spec_v2", label="Non-overlap V2"),
+    },
+    "0.5.17": {
+        _S + "managers/schedule_batch.py": _SB,
+        _S + "layers/logprob_processor.py": _LP17,
+        _S + "speculative/eagle_utils.py": _V2.replace("TAIL", _V2_TAIL_17),
+        _S + "speculative/frozen_kv_mtp_worker_v2.py": _W,
+        _S + "managers/scheduler.py": "class Scheduler:\n    def run_batch(self, batch):\n            if a:\n"
+        "                pass\n"
+        + _SCHED_V2_BRANCH.format(cond="not batch.spec_algorithm.is_none()", label="Non-overlap"),
+    },
+    "0.5.23": {
+        _S + "managers/schedule_batch.py": _SB,
+        _S + "layers/logprob_processor.py": _LP23,
+        _S + "speculative/eagle_utils.py": _V2.replace("TAIL", _V2_TAIL_23),
+        _S + "speculative/frozen_kv_mtp_worker_v2.py": _W,
+        _S + "managers/scheduler.py": _SCHED_23,
+    },
 }
 
 
@@ -244,15 +280,22 @@ def test_surface_edits_do_what_they_model(tmp_path):
         assert text.count("sampling_info.temperatures[:1].expand_as(sampling_info.temperatures)") == 1
         text = _patched(tmp_path, "sampled-bonus-greedy", r, verify)
         assert text.count("predict[_last] = target_probs") == 1
-        assert text.index("deterministic=True") < text.index("_full = ") < text.index(
-            "# Sync sampling" if r != "0.5.23" else "del (")  # after the sampling kernel, before the TP sync
-        text = _patched(tmp_path, "eager-draft-kv-short", r,
-                        "frozen_kv_mtp_worker.py" if v1 else "frozen_kv_mtp_worker_v2.py")
+        assert (
+            text.index("deterministic=True")
+            < text.index("_full = ")
+            < text.index("# Sync sampling" if r != "0.5.23" else "del (")
+        )  # after the sampling kernel, before the TP sync
+        text = _patched(
+            tmp_path, "eager-draft-kv-short", r, "frozen_kv_mtp_worker.py" if v1 else "frozen_kv_mtp_worker_v2.py"
+        )
         assert "forward_batch.seq_lens - 1\n            self.draft_attn_backend.init_forward_metadata(" in text
         assert "            forward_batch.seq_lens = _lens\n        forward_batch.mark_forward_metadata_ready" in text
         text = _patched(tmp_path, "logprob-row-shift", r, "logprob.py" if v1 else "logprob_processor.py")
-        assert ("(torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device) - 1).clamp(min=0)"
-                if v1 else "next_token_logits[flat_accept_idx - 1]") in text
+        assert (
+            "(torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device) - 1).clamp(min=0)"
+            if v1
+            else "next_token_logits[flat_accept_idx - 1]"
+        ) in text
     for r in ("0.5.17", "0.5.23"):
         text = _patched(tmp_path, "no-overlap-seq-lens-dropped", r, "scheduler.py")
         assert "new_seq_lens is None" in text and "new_seq_lens is not None" not in text
@@ -304,14 +347,18 @@ def test_greedy_bonus_line_rewrites_only_the_bonus_of_fully_accepted_rows():
     if py is None:
         pytest.skip("no Python with torch here (MTPMATRIX_SGLANG_DIRS, or a row venv under .nox)")
     line = C._GREEDY_BONUS
-    script = textwrap.dedent("""\
+    script = (
+        textwrap.dedent("""\
         import torch
         bs, D, V = 2, 3, 5  # 2 requests, chain of 2 drafts + root, 5 tokens
         target_probs = torch.tensor([[[.1, .2, .3, .4, 0.]] * D] * bs)  # argmax 3 everywhere
         predict = torch.tensor([1, 2, 0, 4, 0, 0], dtype=torch.int32)  # row 0: all accepted, bonus 0 at node 2
         accept_index = torch.tensor([[0, 1, 2], [3, -1, -1]], dtype=torch.int32)  # row 1: first draft rejected
         num_correct_drafts = torch.tensor([2, 0], dtype=torch.int32)
-        """) + line + "print(predict.tolist())\n"
+        """)
+        + line
+        + "print(predict.tolist())\n"
+    )
     out = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "[1, 2, 3, 4, 0, 0]"  # row 0's bonus -> argmax 3; row 1's residual kept

@@ -26,8 +26,14 @@ ROW = "# python: {py}\n# torch-backend: pypi\n# tags: {tags}\n{extra}sglang==0.5
 
 def session(row: str, tags=(), default=True, python="3.11") -> dict:
     name = "gemma4_mtp" if default else "gemma4_mtp_extra"
-    return {"session": f"{name}({row})", "name": name, "description": "...", "python": python, "tags": list(tags),
-            "call_spec": {"row": row}}
+    return {
+        "session": f"{name}({row})",
+        "name": name,
+        "description": "...",
+        "python": python,
+        "tags": list(tags),
+        "call_spec": {"row": row},
+    }
 
 
 LISTING = [
@@ -59,6 +65,7 @@ def ids(matrix: dict) -> list[str]:
 
 # --- shard -------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
 def test_shard_is_in_shard(n):
     all_ids = [r.id for r in load_rows(REPO / "constraints")] + ["x", "a-0", "m"]
@@ -75,13 +82,19 @@ def test_shard_reuses_matrix_in_shard():
 
 # --- selection and GPUs ------------------------------------------------------------------------------------------
 
+
 def test_select_default_rows_only():
     assert [s["call_spec"]["row"] for s in select(LISTING)] == ["a", "b", "c-tp2"]
 
 
 def test_select_include_extra():
-    assert [s["call_spec"]["row"] for s in select(LISTING, include_extra=True)] == \
-        ["a", "b", "c-tp2", "d-cu128", "e-cu130"]
+    assert [s["call_spec"]["row"] for s in select(LISTING, include_extra=True)] == [
+        "a",
+        "b",
+        "c-tp2",
+        "d-cu128",
+        "e-cu130",
+    ]
 
 
 def test_select_tags_like_nox_t():
@@ -94,14 +107,18 @@ def test_select_tags_like_nox_t():
 
 def test_matrix_entries(rows):
     m = build_matrix(LISTING, rows)
-    assert m == {"include": [
-        {"session": "gemma4_mtp(a)", "row": "a", "python": "3.11", "gpus": 1, "runner": "gpu-1"},
-        {"session": "gemma4_mtp(b)", "row": "b", "python": "3.11", "gpus": 1, "runner": "gpu-1"},
-        {"session": "gemma4_mtp(c-tp2)", "row": "c-tp2", "python": "3.11", "gpus": 2, "runner": "gpu-2"},
-    ]}
+    assert m == {
+        "include": [
+            {"session": "gemma4_mtp(a)", "row": "a", "python": "3.11", "gpus": 1, "runner": "gpu-1"},
+            {"session": "gemma4_mtp(b)", "row": "b", "python": "3.11", "gpus": 1, "runner": "gpu-1"},
+            {"session": "gemma4_mtp(c-tp2)", "row": "c-tp2", "python": "3.11", "gpus": 2, "runner": "gpu-2"},
+        ]
+    }
     m = build_matrix(LISTING, rows, tags=["cuda-variant"])
     assert [(e["session"], e["python"]) for e in m["include"]] == [
-        ("gemma4_mtp_extra(d-cu128)", "3.11"), ("gemma4_mtp_extra(e-cu130)", "3.12")]
+        ("gemma4_mtp_extra(d-cu128)", "3.11"),
+        ("gemma4_mtp_extra(e-cu130)", "3.12"),
+    ]
 
 
 def test_tiers_that_need_tp2_get_two_gpus(rows):
@@ -140,6 +157,7 @@ def test_errors(rows):
 
 # --- main ----------------------------------------------------------------------------------------------------------
 
+
 def run_main(args, monkeypatch, capsys, stdin: str | None = None):
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
@@ -152,9 +170,23 @@ def test_main_from_stdin_with_github_output(rows, tmp_path, monkeypatch, capsys)
     gh = tmp_path / "github_output"
     gh.write_text("earlier=1\n")
     constraints = next(iter(rows.values())).path.parent
-    rc, out, err = run_main(["--from-json", "-", "--constraints", str(constraints), "--tags", "latest,ci",
-                             "--max-gpus", "2", "--github-output", str(gh)], monkeypatch, capsys,
-                            stdin=json.dumps(LISTING))
+    rc, out, err = run_main(
+        [
+            "--from-json",
+            "-",
+            "--constraints",
+            str(constraints),
+            "--tags",
+            "latest,ci",
+            "--max-gpus",
+            "2",
+            "--github-output",
+            str(gh),
+        ],
+        monkeypatch,
+        capsys,
+        stdin=json.dumps(LISTING),
+    )
     assert rc == 0 and err == ""
     m = json.loads(out)
     assert ids(m) == ["b", "c-tp2", "e-cu130"]
@@ -163,17 +195,24 @@ def test_main_from_stdin_with_github_output(rows, tmp_path, monkeypatch, capsys)
 
 def test_main_errors_are_one_line(rows, tmp_path, monkeypatch, capsys):
     constraints = next(iter(rows.values())).path.parent
-    rc, out, err = run_main(["--from-json", "-", "--constraints", str(constraints)], monkeypatch, capsys,
-                            stdin="not json")
+    rc, out, err = run_main(
+        ["--from-json", "-", "--constraints", str(constraints)], monkeypatch, capsys, stdin="not json"
+    )
     assert rc == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
     (constraints / "bad.txt").write_text("# python: 3.11\n# torch-backend: cuda\n")
-    rc, out, err = run_main(["--from-json", "-", "--constraints", str(constraints)], monkeypatch, capsys,
-                            stdin=json.dumps(LISTING))
+    rc, out, err = run_main(
+        ["--from-json", "-", "--constraints", str(constraints)], monkeypatch, capsys, stdin=json.dumps(LISTING)
+    )
     assert rc == 2 and err.count("\n") == 1 and f"{constraints / 'bad.txt'}:2:" in err
 
 
-NOX = (f"{shlex.quote(sys.executable)} -m nox" if importlib.util.find_spec("nox") else
-       shlex.quote(shutil.which("nox")) if shutil.which("nox") else None)
+NOX = (
+    f"{shlex.quote(sys.executable)} -m nox"
+    if importlib.util.find_spec("nox")
+    else shlex.quote(shutil.which("nox"))
+    if shutil.which("nox")
+    else None
+)
 
 
 @pytest.mark.nox
@@ -185,16 +224,19 @@ def test_main_runs_nox_on_the_real_project(monkeypatch, capsys):
     assert rc == 0, err
     m = json.loads(out)
     assert ids(m) == [r.id for r in real.values() if r.default]
-    assert all(e["session"] == f"gemma4_mtp({e['row']})" and e["runner"] == f"gpu-{real[e['row']].gpus}"
-               for e in m["include"])
+    assert all(
+        e["session"] == f"gemma4_mtp({e['row']})" and e["runner"] == f"gpu-{real[e['row']].gpus}" for e in m["include"]
+    )
     rc, out, _ = run_main(["--nox", NOX, "--include-extra"], monkeypatch, capsys)
-    assert ids(json.loads(out)) == [r.id for r in real.values() if r.default] + \
-        [r.id for r in real.values() if not r.default]
+    assert ids(json.loads(out)) == [r.id for r in real.values() if r.default] + [
+        r.id for r in real.values() if not r.default
+    ]
     rc, out, _ = run_main(["--nox", NOX, "--tags", "ci"], monkeypatch, capsys)
     assert ids(json.loads(out)) == [r.id for r in real.values() if "ci" in r.tags]
 
 
 # --- the workflow --------------------------------------------------------------------------------------------------
+
 
 def test_workflow_lints_clean_with_actionlint():
     exe = shutil.which("actionlint")
@@ -237,8 +279,9 @@ def test_workflow_row_runs_its_session_and_always_uploads(workflow):
     assert upload["with"]["name"] == "results-${{ matrix.row }}"
     uv = next(s for s in steps if s.get("uses", "").startswith("astral-sh/setup-uv@"))
     assert "uv-cache" in uv["with"]["cache-local-path"]
-    download = next(s for s in workflow["jobs"]["report"]["steps"]
-                    if s.get("uses", "").startswith("actions/download-artifact@"))
+    download = next(
+        s for s in workflow["jobs"]["report"]["steps"] if s.get("uses", "").startswith("actions/download-artifact@")
+    )
     assert download["with"] == {"pattern": "results-*", "path": "results", "merge-multiple": True}
     report = next(s for s in workflow["jobs"]["report"]["steps"] if 'nox -s report -- "$RUN_ID"' in s.get("run", ""))
     assert report["env"]["RUN_ID"] == "${{ github.run_id }}"  # the run id every row wrote under
@@ -251,8 +294,9 @@ def test_workflow_runs_the_canaries_nightly_and_publishes_their_answer(workflow)
     triggers = workflow[True] if True in workflow else workflow["on"]
     assert triggers["schedule"] and triggers["workflow_dispatch"]["inputs"]["canary"]["default"] is False
     for name in ("canary-cpu", "canary-rows"):  # nightly, or on request; never on a pull request
-        assert jobs[name]["if"] == ("github.event_name == 'schedule' || (github.event_name == 'workflow_dispatch' "
-                                    "&& inputs.canary)")
+        assert jobs[name]["if"] == (
+            "github.event_name == 'schedule' || (github.event_name == 'workflow_dispatch' && inputs.canary)"
+        )
     cpu = "\n".join(s.get("run", "") for s in jobs["canary-cpu"]["steps"])
     assert "python -m mtpmatrix releases" in cpu and '"$GITHUB_STEP_SUMMARY"' in cpu
     assert "nox -t canary -- " in cpu and "--tiers contract,reference" in cpu and "--budget" in cpu
@@ -261,19 +305,25 @@ def test_workflow_runs_the_canaries_nightly_and_publishes_their_answer(workflow)
     assert "--tags canary" in matrix and "--tiers smoke" in matrix
     smoke = jobs["canary-smoke"]
     assert smoke["needs"] == "canary-rows" and smoke["runs-on"] == ["self-hosted", "linux", "${{ matrix.runner }}"]
-    assert any('nox -s "$SESSION"' in s.get("run", "") and "--tiers smoke" in s.get("run", "")
-               for s in smoke["steps"])
+    assert any('nox -s "$SESSION"' in s.get("run", "") and "--tiers smoke" in s.get("run", "") for s in smoke["steps"])
 
 
 def test_canary_sessions_are_selected_by_their_tag_only(rows):
-    canary = {"session": "canary(a-torch)", "name": "canary", "description": "...", "python": None,
-              "tags": ["canary"], "call_spec": {"row": "a-torch"}}
+    canary = {
+        "session": "canary(a-torch)",
+        "name": "canary",
+        "description": "...",
+        "python": None,
+        "tags": ["canary"],
+        "call_spec": {"row": "a-torch"},
+    }
     listing = LISTING + [canary]
     assert "a-torch" not in [s["call_spec"]["row"] for s in select(listing, include_extra=True)]
     assert [s["call_spec"]["row"] for s in select(listing, ["canary"])] == ["a-torch"]
     m = build_matrix(listing, {**rows, "a-torch": rows["c-tp2"]}, tags=["canary"])
-    assert m["include"] == [{"session": "canary(a-torch)", "row": "a-torch", "python": "3.11", "gpus": 2,
-                             "runner": "gpu-2"}]  # its pinned row's runner and python
+    assert m["include"] == [
+        {"session": "canary(a-torch)", "row": "a-torch", "python": "3.11", "gpus": 2, "runner": "gpu-2"}
+    ]  # its pinned row's runner and python
 
 
 def test_workflow_actions_pinned_by_major_tag(workflow):

@@ -13,8 +13,9 @@ from mtpmatrix.serving import client
 
 def test_generate_returns_text_output_ids_and_meta():
     with FakeSglang(completion_tokens=6, accept_length=2.0) as fake:
-        out = client.generate(fake.base_url, text="Question: 1+1?\nAnswer:",
-                              sampling_params={"max_new_tokens": 6, "temperature": 0})
+        out = client.generate(
+            fake.base_url, text="Question: 1+1?\nAnswer:", sampling_params={"max_new_tokens": 6, "temperature": 0}
+        )
         assert out["text"] == "echo 0"
         assert out["output_ids"] == list(range(6))
         assert out["meta_info"]["completion_tokens"] == 6
@@ -26,8 +27,12 @@ def test_generate_returns_text_output_ids_and_meta():
 def test_generate_input_ids_logprob_and_extra_fields():
     with FakeSglang() as fake:
         client.generate(fake.base_url, input_ids=[1, 2, 3], return_logprob=True, rid="r1")
-        assert fake.state.payloads[0] == {"input_ids": [1, 2, 3], "sampling_params": {}, "return_logprob": True,
-                                          "rid": "r1"}
+        assert fake.state.payloads[0] == {
+            "input_ids": [1, 2, 3],
+            "sampling_params": {},
+            "return_logprob": True,
+            "rid": "r1",
+        }
     with pytest.raises(ValueError):
         client.generate_payload()
     with pytest.raises(ValueError):
@@ -180,8 +185,12 @@ def test_only_plain_http():
 
 
 def test_accept_length_counts_only_requests_with_verify_steps():
-    metas = [{"completion_tokens": 32, "spec_verify_ct": 6}, {"completion_tokens": 32, "spec_verify_ct": 6},
-             {"completion_tokens": 1}, {"completion_tokens": 1, "spec_verify_ct": 0}]  # done at prefill
+    metas = [
+        {"completion_tokens": 32, "spec_verify_ct": 6},
+        {"completion_tokens": 32, "spec_verify_ct": 6},
+        {"completion_tokens": 1},
+        {"completion_tokens": 1, "spec_verify_ct": 0},
+    ]  # done at prefill
     assert client.accept_length_from_meta(metas) == pytest.approx(5.3333)
     assert client.accept_length_from_meta([{"completion_tokens": 32}]) is None
     assert client.accept_length_from_meta([]) is None

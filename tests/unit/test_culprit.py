@@ -48,14 +48,19 @@ def world(first_bad: dict[str, str], together: tuple[str, ...] = ()):
             if together and set(together) <= moved_now:
                 bad = True
             if bad:
-                return bs.Probe(version, bs.BAD, "1 check(s) failed [import]",
-                                {"kind": "import", "message": f"{package} {version} breaks the import"})
+                return bs.Probe(
+                    version,
+                    bs.BAD,
+                    "1 check(s) failed [import]",
+                    {"kind": "import", "message": f"{package} {version} breaks the import"},
+                )
             return bs.Probe(version, bs.GOOD)
+
         return probe
 
     def candidates(package, good, bad):
         vs = order[package]
-        return vs[vs.index(good):vs.index(bad) + 1]
+        return vs[vs.index(good) : vs.index(bad) + 1]
 
     return probe_for, candidates, calls
 
@@ -68,8 +73,10 @@ def test_one_moved_package_that_breaks_is_bisected_to_its_first_bad_release(row)
     b = c["bisect"]["transformers"]
     assert (b["outcome"], b["first_bad"], b["last_good"]) == ("found", "5.13.0", "5.12.1")
     text = "\n".join(culprit.culprit_lines(c, res))
-    assert "CULPRIT: transformers 5.13.0 breaks sglang-0.5.17 contract (last good: 5.12.1): [import] " \
-           "transformers 5.13.0 breaks the import" in text
+    assert (
+        "CULPRIT: transformers 5.13.0 breaks sglang-0.5.17 contract (last good: 5.12.1): [import] "
+        "transformers 5.13.0 breaks the import" in text
+    )
     # 5.24.0 was probed once (alone), never again by the bisect (known bad)
     assert calls.count(("transformers", "5.24.0", ())) == 1
 
@@ -78,8 +85,7 @@ def test_a_canary_run_that_is_the_single_probe_is_not_run_again(row):
     res = resolution(row, {"transformers": "5.24.0"})
     probe_for, cands, calls = world({"transformers": "5.18.0"})
     known = {"transformers": bs.Probe("5.24.0", bs.BAD, "failed", {"kind": "crash", "message": "x"})}
-    c = culprit.find_culprit(res, "reference", probe_for, cands, culprit.Budget(None), log=lambda m: None,
-                             known=known)
+    c = culprit.find_culprit(res, "reference", probe_for, cands, culprit.Budget(None), log=lambda m: None, known=known)
     assert c["bisect"]["transformers"]["first_bad"] == "5.18.0"
     assert ("transformers", "5.24.0", ()) not in calls
 
@@ -100,8 +106,9 @@ def test_a_break_that_needs_two_packages_is_named_as_such(row, moved):
     probe_for, cands, calls = world({}, together=("transformers", "torch"))
     c = culprit.find_culprit(res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None)
     assert c["bisect"] == {} and c["together"]["packages"] == ["transformers", "torch"]
-    assert "CULPRIT: transformers + torch break sglang-0.5.17 contract only together" in \
-        "\n".join(culprit.culprit_lines(c, res))
+    assert "CULPRIT: transformers + torch break sglang-0.5.17 contract only together" in "\n".join(
+        culprit.culprit_lines(c, res)
+    )
     # with two moved packages the pair is the canary itself: no extra probe
     assert len(calls) == len(moved) + (0 if len(moved) == 2 else 1)
 
@@ -133,7 +140,8 @@ def test_search_known_results_and_stop():
     res = bs.search(TRANSFORMERS, probe, log=lambda m: None, should_stop=lambda: "budget" if calls else None)
     assert res.outcome == "stopped" and len(calls) == 1 and res.stopped == "budget"
     assert bs.describe(res, "transformers")[0] == (  # 5.16.0 passed: nothing bad seen yet
-        "stopped (budget): the first bad release, if any, is one of 5.17.0 .. 5.24.0 (5 release(s))")
+        "stopped (budget): the first bad release, if any, is one of 5.17.0 .. 5.24.0 (5 release(s))"
+    )
 
 
 def judged_tier(outcome: str, tier: str = "contract", kind: str = "import") -> dict:
@@ -146,8 +154,12 @@ def judged_tier(outcome: str, tier: str = "contract", kind: str = "import") -> d
 
 def row_record(tiers: dict, **kw) -> dict:
     """A finished row record whose session collected exactly its checks."""
-    sel = {"args": [], "knobs": {}, "paths": [],
-           "collected": {t: [c["id"] for c in v.get("checks") or []] for t, v in tiers.items()}}
+    sel = {
+        "args": [],
+        "knobs": {},
+        "paths": [],
+        "collected": {t: [c["id"] for c in v.get("checks") or []] for t, v in tiers.items()},
+    }
     return {"verdict": "passed", "install": {"verdict": "passed"}, "selection": sel, "tiers": tiers, **kw}
 
 
@@ -162,15 +174,23 @@ def test_pinned_row_baseline_and_broken_tiers(tmp_path):
     rec("r3", "sglang-0.5.17", {"contract": judged_tier("failed")}, overrides=["torch==2.13.0"])  # a probe
     rec("bisect-x", "sglang-0.5.17", {"contract": judged_tier("failed")})  # not a matrix run
     import os
+
     for i, run in enumerate(["r1", "r2", "r3", "bisect-x"]):
         os.utime(results / run / "sglang-0.5.17" / "row.json", (i, i))
         os.utime(results / run, (i, i))
     base = baseline.pinned_baseline(results, "sglang-0.5.17", ["reference", "contract"])
     assert base.run == "r2" and base.tiers["contract"]["verdict"] == "passed"
     assert baseline.pinned_baseline(results, "nope", ["contract"]).as_dict() == {
-        "row": "nope", "run": None, "tiers": {}, "why": "no finished run of it"}
-    canary = {"contract": judged_tier("failed"), "reference": judged_tier("failed", "reference", "mismatch"),
-              "smoke": {"verdict": "skipped", "checks": []}}
+        "row": "nope",
+        "run": None,
+        "tiers": {},
+        "why": "no finished run of it",
+    }
+    canary = {
+        "contract": judged_tier("failed"),
+        "reference": judged_tier("failed", "reference", "mismatch"),
+        "smoke": {"verdict": "skipped", "checks": []},
+    }
     assert baseline.broken_tiers(canary) == ["reference", "contract"]  # cheapest first
     # a failure of the harness alone, or a tier stored as failed without a failing check, proves nothing
     harness = {"contract": judged_tier("error", kind="harness"), "reference": {"verdict": "failed", "checks": []}}
@@ -179,16 +199,30 @@ def test_pinned_row_baseline_and_broken_tiers(tmp_path):
 
 def test_abi_statement_reads_the_contract_abi_checks():
     def record(outcome, failure=None):
-        return {"versions": {"torch": "2.15.0"}, "tiers": {"contract": {"checks": [
-            {"id": "tests/tiers/test_contract.py::test_torch_abi", "outcome": outcome, "failure": failure,
-             "metrics": {"libraries": 32, "torch_symbols": 2045}},
-            {"id": "tests/tiers/test_contract.py::test_cuda_major", "outcome": "passed"}]}}}
+        return {
+            "versions": {"torch": "2.15.0"},
+            "tiers": {
+                "contract": {
+                    "checks": [
+                        {
+                            "id": "tests/tiers/test_contract.py::test_torch_abi",
+                            "outcome": outcome,
+                            "failure": failure,
+                            "metrics": {"libraries": 32, "torch_symbols": 2045},
+                        },
+                        {"id": "tests/tiers/test_contract.py::test_cuda_major", "outcome": "passed"},
+                    ]
+                }
+            },
+        }
 
     assert culprit.abi_statement(record("passed")) == (
         "torch 2.15.0 does not break sglang's native extensions: the ABI checks pass "
-        "(32 torch-linked libraries, 2045 torch symbols)")
-    assert culprit.abi_statement(record("failed", {"message": "torch 2.15.0 does not define 1 symbol(s)"})) \
-        .startswith("torch 2.15.0 breaks native extensions (contract ABI check): torch 2.15.0 does not define")
+        "(32 torch-linked libraries, 2045 torch symbols)"
+    )
+    assert culprit.abi_statement(record("failed", {"message": "torch 2.15.0 does not define 1 symbol(s)"})).startswith(
+        "torch 2.15.0 breaks native extensions (contract ABI check): torch 2.15.0 does not define"
+    )
     assert culprit.abi_statement({"tiers": {}}) is None
 
 
@@ -202,8 +236,12 @@ def test_publish_appends_to_the_step_summary(tmp_path):
 
 # --- the whole canary, with the installs faked -------------------------------------------------------------------
 
-TORCHAUDIO = {"kind": "import", "type": "RuntimeError", "message": "PyTorch has CUDA version 13.2 whereas TorchAudio "
-              "has CUDA version 13.0", "raised_at": "torchaudio/_extension/utils.py:124 in _check_cuda_version"}
+TORCHAUDIO = {
+    "kind": "import",
+    "type": "RuntimeError",
+    "message": "PyTorch has CUDA version 13.2 whereas TorchAudio has CUDA version 13.0",
+    "raised_at": "torchaudio/_extension/utils.py:124 in _check_cuda_version",
+}
 
 
 @pytest.fixture
@@ -219,20 +257,44 @@ def fake_installs(monkeypatch, tmp_path):
         moved_audio = any(o.startswith("torchaudio==") for o in opts.overrides)
         torch = next((o.split("==")[1] for o in opts.overrides if o.startswith("torch==")), row.pins["torch"])
         fails = torch == "2.15.0" and not moved_audio
-        checks = [{"id": "tests/tiers/test_contract.py::test_torch_abi", "outcome": "passed",
-                   "metrics": {"libraries": 32, "torch_symbols": 2045}},
-                  {"id": "tests/tiers/test_contract.py::test_import[gemma4_mtp]",
-                   "outcome": "failed" if fails else "passed", "failure": TORCHAUDIO if fails else None}]
-        record = {**opts.record_extra, "overrides": list(opts.overrides), "versions": {"torch": torch},
-                  "suite": {"seconds": 60.0},
-                  "verdict": "failed" if fails else "passed",
-                  "install": {"verdict": "passed", "seconds": 12.5,
-                              "held": [{"package": "sglang-kernel", "version": "0.4.10",
-                                                             "why": "kept at sglang's exact pin"}]},
-                  "tiers": {"contract": {"verdict": "failed" if fails else "passed", "checks": checks}},
-                  "blocking_pins": [{"package": "torchaudio", "version": "2.11.0", "pinned_by": "sglang 0.5.23",
-                                     "tier": "contract", "check": checks[1]["id"], "kind": "import",
-                                     "message": TORCHAUDIO["message"]}] if fails else []}
+        checks = [
+            {
+                "id": "tests/tiers/test_contract.py::test_torch_abi",
+                "outcome": "passed",
+                "metrics": {"libraries": 32, "torch_symbols": 2045},
+            },
+            {
+                "id": "tests/tiers/test_contract.py::test_import[gemma4_mtp]",
+                "outcome": "failed" if fails else "passed",
+                "failure": TORCHAUDIO if fails else None,
+            },
+        ]
+        record = {
+            **opts.record_extra,
+            "overrides": list(opts.overrides),
+            "versions": {"torch": torch},
+            "suite": {"seconds": 60.0},
+            "verdict": "failed" if fails else "passed",
+            "install": {
+                "verdict": "passed",
+                "seconds": 12.5,
+                "held": [{"package": "sglang-kernel", "version": "0.4.10", "why": "kept at sglang's exact pin"}],
+            },
+            "tiers": {"contract": {"verdict": "failed" if fails else "passed", "checks": checks}},
+            "blocking_pins": [
+                {
+                    "package": "torchaudio",
+                    "version": "2.11.0",
+                    "pinned_by": "sglang 0.5.23",
+                    "tier": "contract",
+                    "check": checks[1]["id"],
+                    "kind": "import",
+                    "message": TORCHAUDIO["message"],
+                }
+            ]
+            if fails
+            else [],
+        }
         RunStore(opts.results, opts.run_id).save_row(row.id, record)
         return record
 
@@ -254,15 +316,20 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
     assert fake_installs == [
         ("sglang-0.5.23-torch", ("torch==2.15.0",)),  # the canary: torch's single probe too
         ("sglang-0.5.23-torch-2.14.1", ("torch==2.14.1",)),  # the bisect checks the pinned end
-        ("sglang-0.5.23-torch-and-torchaudio", ("torch==2.15.0", "torchaudio==2.11.1"))]  # the retry
+        ("sglang-0.5.23-torch-and-torchaudio", ("torch==2.15.0", "torchaudio==2.11.1")),
+    ]  # the retry
     text = "\n".join(state["summary"])
     assert "held: sglang-kernel 0.4.10 (kept at sglang's exact pin)" in text
     assert "torch 2.15.0 does not break sglang's native extensions: the ABI checks pass" in text
-    assert ("CULPRIT: torch 2.15.0 breaks sglang-0.5.23 contract (last good: 2.14.1): [import] PyTorch has CUDA "
-            "version 13.2 whereas TorchAudio has CUDA version 13.0") in text  # the failure of the canary's own run
-    assert state["summary"][-2] == ("ANSWER: torch==2.15.0 works with sglang-0.5.23 once torchaudio==2.11.1 moves "
-                                    "too (contract=passed): the upgrade is blocked only by sglang 0.5.23's pin "
-                                    "torchaudio==2.11.0")
+    assert (
+        "CULPRIT: torch 2.15.0 breaks sglang-0.5.23 contract (last good: 2.14.1): [import] PyTorch has CUDA "
+        "version 13.2 whereas TorchAudio has CUDA version 13.0"
+    ) in text  # the failure of the canary's own run
+    assert state["summary"][-2] == (
+        "ANSWER: torch==2.15.0 works with sglang-0.5.23 once torchaudio==2.11.1 moves "
+        "too (contract=passed): the upgrade is blocked only by sglang 0.5.23's pin "
+        "torchaudio==2.11.0"
+    )
     assert "BLOCKING PIN: sglang 0.5.23 pins torchaudio==2.11.0, which refuses torch==2.15.0" in text
     assert "  retry with torchaudio==2.11.1: PASSED — contract=passed" in text
     on_disk = json.loads((tmp_path / "results" / "r1" / "sglang-0.5.23-torch" / "canary.json").read_text())
@@ -271,6 +338,7 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
     fake_installs.clear()
     opts.resume = True
     again = culprit.run_canary(res, opts, repo=tmp_path, log=lambda m: None)
+
     def same(lines):  # timings aside: a fake probe takes no time, its record says 72.5 s
         return [ln for ln in lines[:-1] if "probe(s) over" not in ln]
 
@@ -282,25 +350,44 @@ def test_canary_override_reports_the_blocking_pin_and_retries_with_it_moved(tmp_
 
 def test_a_second_broken_tier_is_named_with_the_command_that_searches_it(row, tmp_path):
     res = resolution(row, {"transformers": "5.24.0"})
-    state = {"resolution": "r", "row": {"verdict": "failed", "tiers": "t"}, "broken_tiers": ["reference", "contract"],
-             "culprit": {"tier": "reference", "single": {}, "bisect": {"transformers": {"outcome": "found",
-                         "first_bad": "5.18.0", "last_good": "5.17.0", "probes": [], "summary": []}}},
-             "seconds": 1.0}
+    state = {
+        "resolution": "r",
+        "row": {"verdict": "failed", "tiers": "t"},
+        "broken_tiers": ["reference", "contract"],
+        "culprit": {
+            "tier": "reference",
+            "single": {},
+            "bisect": {
+                "transformers": {
+                    "outcome": "found",
+                    "first_bad": "5.18.0",
+                    "last_good": "5.17.0",
+                    "probes": [],
+                    "summary": [],
+                }
+            },
+        },
+        "seconds": 1.0,
+    }
     lines = culprit.summary_lines(state, res, {})
-    assert ("also breaks contract: searched on reference only: nox -s bisect -- transformers 5.12.1 5.24.0 "
-            "--row sglang-0.5.17 --tier contract") in lines
+    assert (
+        "also breaks contract: searched on reference only: nox -s bisect -- transformers 5.12.1 5.24.0 "
+        "--row sglang-0.5.17 --tier contract"
+    ) in lines
 
 
 def test_a_pinned_row_that_passed_the_tier_is_the_good_end_without_a_probe(row):
     res = resolution(row, {"transformers": "5.24.0"})
     probe_for, cands, calls = world({"transformers": "5.13.0"})
-    c = culprit.find_culprit(res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None,
-                             pins_pass=True)
+    c = culprit.find_culprit(
+        res, "contract", probe_for, cands, culprit.Budget(None), log=lambda m: None, pins_pass=True
+    )
     assert (c["bisect"]["transformers"]["first_bad"], c["bisect"]["transformers"]["last_good"]) == ("5.13.0", "5.12.1")
     assert ("transformers", "5.12.1", ()) not in calls
 
 
 # --- a probe is judged as the report judges it (expected.tier_state of the re-judged record) ---------------------
+
 
 def test_a_harness_error_beside_a_known_upstream_failure_blames_nothing(tmp_path, monkeypatch):
     """Every 0.5.13-0.5.23 smoke run carries the draft-phase known upstream failure. A canary whose smoke tier adds
@@ -312,14 +399,18 @@ def test_a_harness_error_beside_a_known_upstream_failure_blames_nothing(tmp_path
     from mtpmatrix.core.store import RunStore
 
     results = tmp_path / "results"
-    RunStore(results, "20261201-000000").save_row("sglang-0.5.23", smoke_record({"sglang": "0.5.23",
-                                                                                   "torch": "2.14.1"}))
+    RunStore(results, "20261201-000000").save_row(
+        "sglang-0.5.23", smoke_record({"sglang": "0.5.23", "torch": "2.14.1"})
+    )
     calls = []
 
     def run_row(row, venv, opts, log=print):
         calls.append((row.id, tuple(opts.overrides)))
-        record = {**opts.record_extra, "overrides": list(opts.overrides),
-                  **smoke_record({"sglang": "0.5.23", "torch": "2.15.0"}, harness_error=True)}
+        record = {
+            **opts.record_extra,
+            "overrides": list(opts.overrides),
+            **smoke_record({"sglang": "0.5.23", "torch": "2.15.0"}, harness_error=True),
+        }
         RunStore(opts.results, opts.run_id).save_row(row.id, record)
         return record
 
@@ -335,5 +426,7 @@ def test_a_harness_error_beside_a_known_upstream_failure_blames_nothing(tmp_path
     text = "\n".join(state["summary"])
     assert "CULPRIT" not in text, text
     assert state["broken_tiers"] == [] and calls == [("sglang-0.5.23-torch", ("torch==2.15.0",))]
-    assert ("smoke not proven (harness error: the smoke tier never batched 4 requests at topk 3; known upstream "
-            "sglang-gemma4-mtp-draft-rope-phase beside it): nothing to blame on the moved packages") in text
+    assert (
+        "smoke not proven (harness error: the smoke tier never batched 4 requests at topk 3; known upstream "
+        "sglang-gemma4-mtp-draft-rope-phase beside it): nothing to blame on the moved packages"
+    ) in text

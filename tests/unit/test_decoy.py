@@ -56,8 +56,16 @@ def _top(p, k):
     return p[idx], idx
 
 
-def sglang_round(bonus: int, topk: int, steps: int, draft_tokens: int, drafter: Drafter, *,
-                 parent_bug: bool = False, verify_first: bool = False) -> int:
+def sglang_round(
+    bonus: int,
+    topk: int,
+    steps: int,
+    draft_tokens: int,
+    drafter: Drafter,
+    *,
+    parent_bug: bool = False,
+    verify_first: bool = False,
+) -> int:
     """Accepted drafts of one sglang draft + verify round (spec_utils.select_top_k_tokens, eagle_utils.
     organize_draft_results / build_tree_kernel_efficient, greedy tree verify). ``parent_bug``: every beam node is fed
     the output state of the previous level's first beam node (selected_input_index all 0); ``verify_first``: verify
@@ -83,10 +91,12 @@ def sglang_round(bonus: int, topk: int, steps: int, draft_tokens: int, drafter: 
         if i < steps - 1:
             parent_list += [base + int(s) for s in sel]
         fed = [0 if parent_bug else int(s) // topk for s in sel]  # the forward whose output state each is fed
-        beam = [(int(outs[s // topk][0][1][s % topk]), base + int(s), None, (beam[f][0], outs[f][1]))
-                for s, f in zip(sel, fed)]
+        beam = [
+            (int(outs[s // topk][0][1][s % topk]), base + int(s), None, (beam[f][0], outs[f][1]))
+            for s, f in zip(sel, fed)
+        ]
         scores = flat[sel]
-    chosen = sorted(np.argsort(-np.array(cand_scores), kind="stable")[:draft_tokens - 1].tolist())
+    chosen = sorted(np.argsort(-np.array(cand_scores), kind="stable")[: draft_tokens - 1].tolist())
     children: dict[int, list[int]] = {}
     for c in chosen:
         parent = parent_list[c // topk]
@@ -116,8 +126,13 @@ def sglang_request(prompt, topk, steps, draft_tokens, drafter, max_new=smoke.MAX
 def sglang_meta(accepted: list[int], max_new=smoke.MAX_NEW_TOKENS) -> dict:
     """The request's meta_info counters as sglang 0.5.17 fills them (tokenizer_manager, batch_result_processor)."""
     hist = [accepted.count(n) for n in range(max(accepted) + 1)]
-    return {"completion_tokens": max_new, "spec_verify_ct": len(accepted), "spec_num_correct_drafts": sum(accepted),
-            "spec_correct_drafts_histogram": hist, "spec_accept_length": max_new / len(accepted)}
+    return {
+        "completion_tokens": max_new,
+        "spec_verify_ct": len(accepted),
+        "spec_num_correct_drafts": sum(accepted),
+        "spec_correct_drafts_histogram": hist,
+        "spec_accept_length": max_new / len(accepted),
+    }
 
 
 PROMPTS = smoke.id_prompts(V)
@@ -131,31 +146,50 @@ def test_prediction_matches_brute_force_tree(cap, topk, draft_tokens):
     steps = settings.NUM_STEPS
     for prompt in PROMPTS:
         want = sglang_request(prompt, topk, steps, draft_tokens, drafter)
-        got = decoy.request_rounds(prompt, topk=topk, steps=steps, draft_tokens=draft_tokens,
-                                   max_new_tokens=smoke.MAX_NEW_TOKENS)
+        got = decoy.request_rounds(
+            prompt, topk=topk, steps=steps, draft_tokens=draft_tokens, max_new_tokens=smoke.MAX_NEW_TOKENS
+        )
         assert [a for _b, a in got] == want, (prompt[-1], topk, draft_tokens, got, want)
-        predicted = decoy.predicted_counters(prompt, topk=topk, steps=steps, draft_tokens=draft_tokens,
-                                             max_new_tokens=smoke.MAX_NEW_TOKENS)
+        predicted = decoy.predicted_counters(
+            prompt, topk=topk, steps=steps, draft_tokens=draft_tokens, max_new_tokens=smoke.MAX_NEW_TOKENS
+        )
         assert decoy.counter_mismatches(predicted, sglang_meta(want)) == []
         for bonus in range(prompt[-1] + 1, prompt[-1] + smoke.MAX_NEW_TOKENS):
-            assert decoy.round_accepts(bonus, topk=topk, steps=steps, draft_tokens=draft_tokens) == \
-                sglang_round(bonus, topk, steps, draft_tokens, drafter), bonus
+            assert decoy.round_accepts(bonus, topk=topk, steps=steps, draft_tokens=draft_tokens) == sglang_round(
+                bonus, topk, steps, draft_tokens, drafter
+            ), bonus
 
 
 def test_smoke_predictions():
     """The smoke servers' per-request values: topk 1 loses a round or more to the decoys, topk 3 none."""
-    per = {k: [decoy.predicted_accept(p, topk=k, steps=settings.NUM_STEPS, draft_tokens=settings.DRAFT_TOKENS[k],
-                                      max_new_tokens=smoke.MAX_NEW_TOKENS) for p in PROMPTS] for k in (1, 3)}
+    per = {
+        k: [
+            decoy.predicted_accept(
+                p,
+                topk=k,
+                steps=settings.NUM_STEPS,
+                draft_tokens=settings.DRAFT_TOKENS[k],
+                max_new_tokens=smoke.MAX_NEW_TOKENS,
+            )
+            for p in PROMPTS
+        ]
+        for k in (1, 3)
+    }
     assert per[1] == [3.5556, 3.5556, 3.5556, 4.0, 3.5556, 3.5556, 3.5556, 3.5556]
     assert per[3] == [5.3333] * 8  # the plain witness's: the tree recovers every decoy
     depths = {1: set(), 3: set()}
     for k in (1, 3):
         for p in PROMPTS:
-            for bonus, accepted in decoy.request_rounds(p, topk=k, steps=settings.NUM_STEPS,
-                                                        draft_tokens=settings.DRAFT_TOKENS[k],
-                                                        max_new_tokens=smoke.MAX_NEW_TOKENS):
-                depths[k] |= {d for d in range(settings.NUM_STEPS) if decoy.is_decoy_input(bonus + d)
-                              and (k > 1 or d == accepted)}
+            for bonus, accepted in decoy.request_rounds(
+                p,
+                topk=k,
+                steps=settings.NUM_STEPS,
+                draft_tokens=settings.DRAFT_TOKENS[k],
+                max_new_tokens=smoke.MAX_NEW_TOKENS,
+            ):
+                depths[k] |= {
+                    d for d in range(settings.NUM_STEPS) if decoy.is_decoy_input(bonus + d) and (k > 1 or d == accepted)
+                }
     assert depths[1] == depths[3] == set(range(settings.NUM_STEPS))
 
 
@@ -163,8 +197,13 @@ def test_every_topk3_request_passes_a_decoy_where_a_wrong_parent_shows():
     """At topk 3 a node fed another node's parent state shows only past a decoy at depth <= steps - 3 (the right
     node there is its level's second branch; two levels on it drafts): every smoke request has one."""
     for p in PROMPTS:
-        rounds = decoy.request_rounds(p, topk=3, steps=settings.NUM_STEPS, draft_tokens=settings.DRAFT_TOKENS[3],
-                                      max_new_tokens=smoke.MAX_NEW_TOKENS)
+        rounds = decoy.request_rounds(
+            p,
+            topk=3,
+            steps=settings.NUM_STEPS,
+            draft_tokens=settings.DRAFT_TOKENS[3],
+            max_new_tokens=smoke.MAX_NEW_TOKENS,
+        )
         assert any(decoy.is_decoy_input(b + d) for b, _a in rounds for d in range(settings.NUM_STEPS - 2)), p
 
 
@@ -178,11 +217,16 @@ def test_broken_tree_or_verify_misses_the_prediction(bug):
     topk = 3 if bug == "parent_bug" else 1
     missed = missed_by_ratio = 0
     for prompt in PROMPTS:
-        predicted = decoy.predicted_counters(prompt, topk=topk, steps=settings.NUM_STEPS,
-                                             draft_tokens=settings.DRAFT_TOKENS[topk],
-                                             max_new_tokens=smoke.MAX_NEW_TOKENS)
-        meta = sglang_meta(sglang_request(prompt, topk, settings.NUM_STEPS, settings.DRAFT_TOKENS[topk], drafter,
-                                          **{bug: True}))
+        predicted = decoy.predicted_counters(
+            prompt,
+            topk=topk,
+            steps=settings.NUM_STEPS,
+            draft_tokens=settings.DRAFT_TOKENS[topk],
+            max_new_tokens=smoke.MAX_NEW_TOKENS,
+        )
+        meta = sglang_meta(
+            sglang_request(prompt, topk, settings.NUM_STEPS, settings.DRAFT_TOKENS[topk], drafter, **{bug: True})
+        )
         missed += bool(decoy.counter_mismatches(predicted, meta))
         ratio_only = {k: meta[k] for k in ("completion_tokens", "spec_verify_ct")}
         missed_by_ratio += bool(decoy.counter_mismatches(predicted, ratio_only))
@@ -192,8 +236,9 @@ def test_broken_tree_or_verify_misses_the_prediction(bug):
 
 def test_prediction_for_the_wrong_topk_differs():
     for p in PROMPTS:
-        assert decoy.predicted_accept(p, topk=1, steps=5, draft_tokens=6, max_new_tokens=32) != \
-            decoy.predicted_accept(p, topk=3, steps=5, draft_tokens=12, max_new_tokens=32)
+        assert decoy.predicted_accept(p, topk=1, steps=5, draft_tokens=6, max_new_tokens=32) != decoy.predicted_accept(
+            p, topk=3, steps=5, draft_tokens=12, max_new_tokens=32
+        )
 
 
 def test_decoy_inputs_and_tokens():

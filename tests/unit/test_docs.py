@@ -57,7 +57,8 @@ def test_every_environment_variable_is_documented():
     documented = (REPO / "docs" / "variables.md").read_text()
     from mtpmatrix.core import settings
 
-    pair_knobs = {settings.pair_env_key(p, w) for p in settings.PAIRS
-                  for w in ("TARGET", "ASSISTANT", "TP", "THRESHOLD")}
+    pair_knobs = {
+        settings.pair_env_key(p, w) for p in settings.PAIRS for w in ("TARGET", "ASSISTANT", "TP", "THRESHOLD")
+    }
     missing = sorted(v for v in code - pair_knobs if f"`{v}" not in documented and not v.endswith("_"))
     assert not missing, f"docs/variables.md does not list {missing}"

@@ -39,8 +39,10 @@ def test_sglang_phase_servers_that_collapse_beside_a_right_transformers_phase_wi
     monkeypatch.delenv("MTPMATRIX_DRAFT_PHASE", raising=False)
     moved = runs(**{"witness-mtp-topk1": COLLAPSED, "witness-transformers-phase-topk1": ALL_RIGHT})
     why = smoke.phase_moved(SPECS["witness-mtp-topk1"], moved)
-    assert why.startswith("draft phase moved: this server's pair is built for sglang's draft phase -1, while the "
-                          "witness built for transformers' phase +1 accepts 5.33 per verify")
+    assert why.startswith(
+        "draft phase moved: this server's pair is built for sglang's draft phase -1, while the "
+        "witness built for transformers' phase +1 accepts 5.33 per verify"
+    )
     assert smoke.phase_moved(SPECS["decoy-mtp-topk3"], moved) == why
     # a broken hand-off drops the transformers-phase witness too: that is no moved phase
     broken = runs(**{"witness-mtp-topk1": COLLAPSED, "witness-transformers-phase-topk1": COLLAPSED})

@@ -30,8 +30,13 @@ from mtpmatrix.core.rows import load_rows
 from mtpmatrix.tiers import gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
-NOX = ([sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else
-       [shutil.which("nox")] if shutil.which("nox") else None)
+NOX = (
+    [sys.executable, "-m", "nox"]
+    if importlib.util.find_spec("nox")
+    else [shutil.which("nox")]
+    if shutil.which("nox")
+    else None
+)
 if NOX is None:
     pytest.skip("nox is not installed here (pip install -e '.[dev]')", allow_module_level=True)
 pytestmark = pytest.mark.nox  # every test here launches nox
@@ -43,17 +48,30 @@ WRONG_NOMTP = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59}
 
 
 def nox(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NOX", "VIRTUAL_ENV")) and (not k.startswith("MTPMATRIX_")
-                                                             or k == "MTPMATRIX_GSM8K_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NOX", "VIRTUAL_ENV")) and (not k.startswith("MTPMATRIX_") or k == "MTPMATRIX_GSM8K_DIR")
+    }
     env["UV_PYTHON_DOWNLOADS"] = "never"
     return subprocess.run([*NOX, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_row(results: Path, run_id: str, *urls: str) -> subprocess.CompletedProcess:
     server_args = [a for u in urls for a in ("--server-url", u)]
-    return nox("-r", "-s", f"gemma4_mtp({ROW})", "--", "--results", str(results), "--run-id", run_id,
-               "--tiers", "gsm8k", *server_args)
+    return nox(
+        "-r",
+        "-s",
+        f"gemma4_mtp({ROW})",
+        "--",
+        "--results",
+        str(results),
+        "--run-id",
+        run_id,
+        "--tiers",
+        "gsm8k",
+        *server_args,
+    )
 
 
 def report(results: Path, *args: str) -> subprocess.CompletedProcess:
@@ -63,10 +81,20 @@ def report(results: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_path, gsm8k_lines):
     results = tmp_path / "results"
-    with FakeSglang(server_info=server_info(topk=1, accept_length=2.4), accept_length=2.4, delay=0.005,
-                    responder=gsm8k_responder(gsm8k_lines, lambda i: i not in WRONG_1)) as mtp, \
-            FakeSglang(server_info=server_info(topk=None), accept_length=0, delay=0.02,
-                       responder=gsm8k_responder(gsm8k_lines, lambda i: i not in WRONG_NOMTP)) as base:
+    with (
+        FakeSglang(
+            server_info=server_info(topk=1, accept_length=2.4),
+            accept_length=2.4,
+            delay=0.005,
+            responder=gsm8k_responder(gsm8k_lines, lambda i: i not in WRONG_1),
+        ) as mtp,
+        FakeSglang(
+            server_info=server_info(topk=None),
+            accept_length=0,
+            delay=0.02,
+            responder=gsm8k_responder(gsm8k_lines, lambda i: i not in WRONG_NOMTP),
+        ) as base,
+    ):
         first = run_row(results, "e2e-1", mtp.base_url, base.base_url)
         assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
         # the upgrade: some answers change, acceptance drops
@@ -81,8 +109,13 @@ def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_p
     # one seed case of six, served: every check passed, the tier is partial (expected.py), and the row says what
     # the session was asked
     assert rec["verdict"] == "partial" and rec["tiers"]["gsm8k"]["verdict"] == "partial"
-    assert {m["what"] for m in rec["tiers"]["gsm8k"]["missing"]} == {"E4B-topk3", "26B-A4B-topk1", "26B-A4B-topk3",
-                                                                     "31B-topk1", "31B-topk3"}
+    assert {m["what"] for m in rec["tiers"]["gsm8k"]["missing"]} == {
+        "E4B-topk3",
+        "26B-A4B-topk1",
+        "26B-A4B-topk3",
+        "31B-topk1",
+        "31B-topk3",
+    }
     assert rec["selection"]["collected"]["gsm8k"] and rec["knobs"]["MTPMATRIX_ROW"] == ROW
     assert (row / schema.gsm8k_records(CASE)).is_file() and (row / schema.gsm8k_records("E4B-nomtp")).is_file()
     log = (row / schema.PYTEST_LOG).read_text()

@@ -81,12 +81,15 @@ def test_a_row_folder_copied_under_another_name_is_not_that_row(tmp_path, h200):
     assert "the run's manifest does not plan this row" in whys
 
 
-@pytest.mark.parametrize("knob, value", [
-    ("MTPMATRIX_SMOKE_EXTRA_ARGS", "--attention-backend flashinfer"),
-    ("MTPMATRIX_SMOKE_PAIR", "dense-31b"),
-    ("MTPMATRIX_MUTANT", "draft-phase-zero"),
-    ("MTPMATRIX_SOMETHING_NEW", "1"),
-])
+@pytest.mark.parametrize(
+    "knob, value",
+    [
+        ("MTPMATRIX_SMOKE_EXTRA_ARGS", "--attention-backend flashinfer"),
+        ("MTPMATRIX_SMOKE_PAIR", "dense-31b"),
+        ("MTPMATRIX_MUTANT", "draft-phase-zero"),
+        ("MTPMATRIX_SOMETHING_NEW", "1"),
+    ],
+)
 def test_a_knob_that_changes_what_is_tested_is_not_the_qualification_suite(tmp_path, h200, knob, value):
     s = judged(tmp_path, h200, knobs={knob: value})
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
@@ -102,19 +105,29 @@ def test_knobs_at_their_defaults_or_that_only_place_things_change_nothing():
 
 
 def _gsm8k_check(case="31B-topk1", outcome="passed", **metrics) -> dict:
-    return {"id": f"tests/tiers/test_gsm8k.py::test_accuracy[{case}]", "tier": "gsm8k", "outcome": outcome,
-            "seconds": 1.0, "metrics": metrics}
+    return {
+        "id": f"tests/tiers/test_gsm8k.py::test_accuracy[{case}]",
+        "tier": "gsm8k",
+        "outcome": outcome,
+        "seconds": 1.0,
+        "metrics": metrics,
+    }
 
 
 def _record(checks, gpus=2, **extra) -> dict:
-    return {"row": {"id": "sglang-0.5.23", "pins": {"sglang": "0.5.23"}}, "run_id": "r1", "gpus": gpus,
-            "versions": {"sglang": "0.5.23"}, "fingerprint": {"suite": "f"},
-            "tiers": {"gsm8k": {"verdict": "passed", "checks": checks}}, **extra}
+    return {
+        "row": {"id": "sglang-0.5.23", "pins": {"sglang": "0.5.23"}},
+        "run_id": "r1",
+        "gpus": gpus,
+        "versions": {"sglang": "0.5.23"},
+        "fingerprint": {"suite": "f"},
+        "tiers": {"gsm8k": {"verdict": "passed", "checks": checks}},
+        **extra,
+    }
 
 
 def _whys(record, row_dir=None):
-    return [p["what"] for p in judge.judge_row("sglang-0.5.23", record, run_id="r1", manifest=None,
-                                               row_dir=row_dir)]
+    return [p["what"] for p in judge.judge_row("sglang-0.5.23", record, run_id="r1", manifest=None, row_dir=row_dir)]
 
 
 def test_a_server_url_on_another_release_or_tp_is_not_the_row():
@@ -126,37 +139,52 @@ def test_a_server_url_on_another_release_or_tp_is_not_the_row():
 
 
 def _accuracy(**over) -> dict:
-    m = {"score": 0.735, "num_examples": 200, "num_correct": 147, "threshold": 0.65, "wilson95": [0.6698, 0.7913],
-         "records": "gsm8k/E4B-topk1.jsonl"}
+    m = {
+        "score": 0.735,
+        "num_examples": 200,
+        "num_correct": 147,
+        "threshold": 0.65,
+        "wilson95": [0.6698, 0.7913],
+        "records": "gsm8k/E4B-topk1.jsonl",
+    }
     m.update(over)
     return _gsm8k_check("E4B-topk1", **m)
 
 
-@pytest.mark.parametrize("over, why", [
-    ({"score": 0.10, "num_correct": 20}, "passed with score 0.1 against threshold 0.65"),
-    ({"score": float("nan")}, "metric score is not finite"),
-    ({"num_correct": -3}, "not a score"),
-    ({"score": 0.9}, "score 0.9 is not 147/200"),
-    ({"wilson95": [0.1, 0.9]}, "is not the Wilson interval of 147/200"),
-    ({"num_examples": 50, "num_correct": 37, "score": 0.74, "wilson95": None},
-     "200 per-question records with 147 correct, the check claims 37 of 50"),
-])
+@pytest.mark.parametrize(
+    "over, why",
+    [
+        ({"score": 0.10, "num_correct": 20}, "passed with score 0.1 against threshold 0.65"),
+        ({"score": float("nan")}, "metric score is not finite"),
+        ({"num_correct": -3}, "not a score"),
+        ({"score": 0.9}, "score 0.9 is not 147/200"),
+        ({"wilson95": [0.1, 0.9]}, "is not the Wilson interval of 147/200"),
+        (
+            {"num_examples": 50, "num_correct": 37, "score": 0.74, "wilson95": None},
+            "200 per-question records with 147 correct, the check claims 37 of 50",
+        ),
+    ],
+)
 def test_a_passed_accuracy_whose_metrics_contradict_it_proves_nothing(tmp_path, over, why):
     row_dir = tmp_path / "row"
     (row_dir / "gsm8k").mkdir(parents=True)
     (row_dir / "gsm8k" / "E4B-topk1.jsonl").write_text(
-        "".join(json.dumps({"index": i, "correct": i < 147}) + "\n" for i in range(200)))
+        "".join(json.dumps({"index": i, "correct": i < 147}) + "\n" for i in range(200))
+    )
     assert not _whys(_record([_accuracy()]), row_dir=None)  # the untouched check holds
     found = _whys(_record([_accuracy(**over)]), row_dir=row_dir)
     assert any(why in w for w in found), found
 
 
-@pytest.mark.parametrize("edit, why", [
-    (lambda r: r["tiers"]["gsm8k"]["checks"][0].update(outcome="xfailed"), "is not one of passed, failed"),
-    (lambda r: r["tiers"]["gsm8k"]["checks"][0].update(outcome=None), "is not one of passed, failed"),
-    (lambda r: r["tiers"]["gsm8k"]["checks"].append(dict(r["tiers"]["gsm8k"]["checks"][0])), "appears twice"),
-    (lambda r: r["tiers"]["gsm8k"]["checks"][0].pop("id"), "has no id"),
-])
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (lambda r: r["tiers"]["gsm8k"]["checks"][0].update(outcome="xfailed"), "is not one of passed, failed"),
+        (lambda r: r["tiers"]["gsm8k"]["checks"][0].update(outcome=None), "is not one of passed, failed"),
+        (lambda r: r["tiers"]["gsm8k"]["checks"].append(dict(r["tiers"]["gsm8k"]["checks"][0])), "appears twice"),
+        (lambda r: r["tiers"]["gsm8k"]["checks"][0].pop("id"), "has no id"),
+    ],
+)
 def test_records_outside_the_closed_set_are_unreadable_not_passed(edit, why):
     rec = _record([_accuracy()])
     edit(rec)
@@ -210,12 +238,14 @@ def test_records_from_before_fingerprints_are_said_once_per_row(tmp_path, h200):
 
 def _set(path, value):
     """An edit of row.json: the field at ``path`` (keys and list indexes) set to ``value``."""
+
     def edit(rec):
         node = rec
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
         return rec
+
     return edit
 
 
@@ -245,8 +275,10 @@ FIELD_EDITS = {
     "fingerprint a string": _set(("fingerprint",), "abc"),
     "verdict a number": _set(("verdict",), 0),
     "missing a string": _set(("tiers", "smoke", "missing"), "nothing"),
-    "a failure kind a list": lambda rec: next(c for c in rec["tiers"]["smoke"]["checks"] if c.get("failure"))[
-        "failure"].update(kind=["acceptance"]) or rec,
+    "a failure kind a list": lambda rec: (
+        next(c for c in rec["tiers"]["smoke"]["checks"] if c.get("failure"))["failure"].update(kind=["acceptance"])
+        or rec
+    ),
     "a tier reason a number": _set(("tiers", "contract", "reason"), 5),
     "a tier's seconds text": _set(("tiers", "smoke", "seconds"), "slow"),
 }
@@ -264,7 +296,7 @@ def test_no_field_edit_of_a_record_crashes_the_report_or_passes(tmp_path, h200, 
     assert rc in (report_model.EXIT_FAILED, report_model.EXIT_NOT_PROVEN), capsys.readouterr().out
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b"{\"row\": ", b""])
+@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b'{"row": ', b""])
 def test_a_row_json_that_is_not_json_is_unreadable_not_a_crash(tmp_path, h200, content):
     judged(tmp_path, h200)
     (tmp_path / "results" / "r1" / "sglang-0.5.17" / "row.json").write_bytes(content)
@@ -277,8 +309,9 @@ def test_an_edited_per_question_file_is_counted_as_missing_not_a_crash(tmp_path)
     from mtpmatrix.core.store import read_question_records
 
     f = tmp_path / "q.jsonl"
-    f.write_bytes(b'{"index": "q1", "correct": true}\n{"index": 2, "correct": "yes"}\n{"index": 3, "correct": true}'
-                  b'\n\xff\n')
+    f.write_bytes(
+        b'{"index": "q1", "correct": true}\n{"index": 2, "correct": "yes"}\n{"index": 3, "correct": true}\n\xff\n'
+    )
     assert read_question_records(f) == {3: True}
 
 
@@ -288,13 +321,22 @@ def test_junit_entries_of_one_test_say_the_most_they_can(tmp_path):
     from evidence_records import write_junit
 
     f = tmp_path / "junit.xml"
-    write_junit(f, [{"id": "t.py::a", "outcome": "skipped"}, {"id": "t.py::a", "outcome": "passed"},
-                    {"id": "t.py::b", "outcome": "passed"}, {"id": "t.py::b", "outcome": "error"},
-                    {"id": "t.py::c", "outcome": "passed"}, {"id": "t.py::c", "outcome": "skipped"}])
+    write_junit(
+        f,
+        [
+            {"id": "t.py::a", "outcome": "skipped"},
+            {"id": "t.py::a", "outcome": "passed"},
+            {"id": "t.py::b", "outcome": "passed"},
+            {"id": "t.py::b", "outcome": "error"},
+            {"id": "t.py::c", "outcome": "passed"},
+            {"id": "t.py::c", "outcome": "skipped"},
+        ],
+    )
     assert judge.junit_outcomes(f) == {"t.py::a": "passed", "t.py::b": "error", "t.py::c": "passed"}
 
 
 # --- found by an adversarial review (2026-12-02): each of these printed exit 0 or a traceback before its fix ------
+
 
 def _edit_row(run, f):
     row = run / "sglang-0.5.17" / "row.json"
@@ -303,14 +345,26 @@ def _edit_row(run, f):
     row.write_text(json.dumps(rec))
 
 
-@pytest.mark.parametrize("box_edit, row_edit, why", [
-    (lambda d: d["versions"].update(sglang="0.5.18"), lambda r: r["versions"].update(sglang="0.5.17"),
-     "versions of sglang are not the ones tiers.json recorded"),
-    (lambda d: d.update(fingerprint=dict(d["fingerprint"], suite="0" * 64)),
-     lambda r: r["fingerprint"].update(suite=h200_record()["fingerprint"]["suite"]), "row.json names suite"),
-    (lambda d: None, lambda r: r["selection"]["knobs"].update(MTPMATRIX_X="1") or r["selection"]["knobs"].pop(
-        "MTPMATRIX_X"), None),
-])
+@pytest.mark.parametrize(
+    "box_edit, row_edit, why",
+    [
+        (
+            lambda d: d["versions"].update(sglang="0.5.18"),
+            lambda r: r["versions"].update(sglang="0.5.17"),
+            "versions of sglang are not the ones tiers.json recorded",
+        ),
+        (
+            lambda d: d.update(fingerprint=dict(d["fingerprint"], suite="0" * 64)),
+            lambda r: r["fingerprint"].update(suite=h200_record()["fingerprint"]["suite"]),
+            "row.json names suite",
+        ),
+        (
+            lambda d: None,
+            lambda r: r["selection"]["knobs"].update(MTPMATRIX_X="1") or r["selection"]["knobs"].pop("MTPMATRIX_X"),
+            None,
+        ),
+    ],
+)
 def test_row_json_cannot_hide_what_tiers_json_says(tmp_path, h200, box_edit, row_edit, why):
     data = copy.deepcopy(h200)
     box_edit(data)
@@ -328,8 +382,13 @@ def test_row_json_cannot_hide_what_tiers_json_says(tmp_path, h200, box_edit, row
 def test_knobs_edited_out_of_row_json_are_still_in_tiers_json(tmp_path, h200):
     judged(tmp_path, h200, knobs={"MTPMATRIX_SMOKE_EXTRA_ARGS": "--disable-cuda-graph"})
     run = tmp_path / "results" / "r1"
-    _edit_row(run, lambda r: (r["knobs"].pop("MTPMATRIX_SMOKE_EXTRA_ARGS"),
-                              r["selection"]["knobs"].pop("MTPMATRIX_SMOKE_EXTRA_ARGS")))
+    _edit_row(
+        run,
+        lambda r: (
+            r["knobs"].pop("MTPMATRIX_SMOKE_EXTRA_ARGS"),
+            r["selection"]["knobs"].pop("MTPMATRIX_SMOKE_EXTRA_ARGS"),
+        ),
+    )
     s = report_model.build_summary(run, require=["smoke"])
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
     assert any("selection" in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"])
@@ -355,7 +414,10 @@ def test_the_report_never_judges_under_another_definition(tmp_path, h200, monkey
     judged(tmp_path, h200)
     monkeypatch.setenv("MTPMATRIX_EXPECTED_CHECKS", "collected")
     s = report_model.build_summary(tmp_path / "results" / "r1", require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN and "not the project's expected checks" in s["evidence"]["run"][0]
+    assert (
+        s["exit_status"] == report_model.EXIT_NOT_PROVEN
+        and "not the project's expected checks" in s["evidence"]["run"][0]
+    )
 
 
 def test_a_range_override_and_a_name_spelt_otherwise_still_hold_the_versions():

@@ -67,9 +67,11 @@ def test_a_collection_error_is_no_definition(tmp_path):
     from mtpmatrix.core.evidence import expected_checks
 
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do case $a in --mtp-results=*) out=${a#--mtp-results=};; esac; done\n"
-                    "echo '{\"selection\": {\"collected\": {\"smoke\": []}}}' > \"$out\"\n"
-                    "echo 'ERROR tests/tiers/test_smoke_x.py - AttributeError'; exit 2\n")
+    fake.write_text(
+        '#!/bin/sh\nfor a in "$@"; do case $a in --mtp-results=*) out=${a#--mtp-results=};; esac; done\n'
+        'echo \'{"selection": {"collected": {"smoke": []}}}\' > "$out"\n'
+        "echo 'ERROR tests/tiers/test_smoke_x.py - AttributeError'; exit 2\n"
+    )
     fake.chmod(0o755)
     with pytest.raises(expected_checks.ExpectedChecksError, match="exit 2"):
         expected_checks.collect(tmp_path, python=str(fake))

@@ -52,12 +52,22 @@ def test_prepare_refuses_an_unknown_row_in_one_line(tmp_path):
 def test_nox_mutants_session_rejects_an_unknown_row_in_one_line():
     import importlib.util
 
-    nox = [sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else (
-        [shutil.which("nox")] if shutil.which("nox") else None)
+    nox = (
+        [sys.executable, "-m", "nox"]
+        if importlib.util.find_spec("nox")
+        else ([shutil.which("nox")] if shutil.which("nox") else None)
+    )
     if nox is None:
         pytest.skip("nox is not installed here")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MTPMATRIX_", "NOX"))}
-    proc = subprocess.run([*nox, "-s", "mutants", "--", "--row", "nope"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [*nox, "-s", "mutants", "--", "--row", "nope"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "unknown row 'nope'; known: sglang-0.5.13" in proc.stderr

@@ -19,16 +19,28 @@ from mtpmatrix.core import schema
 REPO = Path(__file__).resolve().parents[2]
 BOX_RUN = REPO / "docs" / "runs" / "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json"
 # everything gpu_box.sh writes into OUT (the work folder is its scratch space)
-BOX_FILES = (schema.TIERS_FILE, schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE,
-             "logs.tgz")
+BOX_FILES = (
+    schema.TIERS_FILE,
+    schema.JUNIT_FILE,
+    schema.PYTEST_LOG,
+    schema.ENV_FILE,
+    schema.INVOCATION_FILE,
+    "logs.tgz",
+)
 
 
 def run_gpu_box(out: Path, *pytest_args: str) -> subprocess.CompletedProcess:
     """gpu_box.sh with this interpreter as its python3 (it has the test dependencies), no GPU, no bundle."""
     env = {k: v for k, v in os.environ.items() if k not in ("BUNDLE", "SITE", "TESTS", "GPU_BOX_TIMEOUT")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return subprocess.run(["bash", str(REPO / "tools" / "gpu_box.sh"), str(out), *pytest_args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["bash", str(REPO / "tools" / "gpu_box.sh"), str(out), *pytest_args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture

@@ -22,22 +22,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mini(n=8):
-    return [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = <<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i}"}
-            for i in range(n)]
+    return [
+        {"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = <<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i}"}
+        for i in range(n)
+    ]
 
 
 # --- extraction (sglang's get_answer_value) -------------------------------------------------------------------
-@pytest.mark.parametrize("text,expected", [
-    ("Janet sells 9 eggs.\n#### 18", 18),
-    ("The answer is 1,234.", 1234),  # commas dropped; "1234." -> literal_eval("1234.") == 1234.0
-    ("so -3.5 degrees", -3.5),
-    ("She pays $5.", 5.0),
-    ("no number at all", INV),
-    ("", INV),
-    ("version 1.2.3", 3),  # regex finds "1.2" then "3"; the last wins
-    ("answer 007", INV),  # literal_eval("007") is a SyntaxError in Python 3 -> INVALID, like sglang
-    ("10 apples then 20\n\nQuestion", 20),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Janet sells 9 eggs.\n#### 18", 18),
+        ("The answer is 1,234.", 1234),  # commas dropped; "1234." -> literal_eval("1234.") == 1234.0
+        ("so -3.5 degrees", -3.5),
+        ("She pays $5.", 5.0),
+        ("no number at all", INV),
+        ("", INV),
+        ("version 1.2.3", 3),  # regex finds "1.2" then "3"; the last wins
+        ("answer 007", INV),  # literal_eval("007") is a SyntaxError in Python 3 -> INVALID, like sglang
+        ("10 apples then 20\n\nQuestion", 20),
+    ],
+)
 def test_get_answer_value(text, expected):
     got = gsm8k.get_answer_value(text)
     assert got == expected
@@ -75,8 +80,12 @@ def test_prompts_on_real_test_split(gsm8k_lines):
 
 def test_sampling_params():
     sp = gsm8k.sampling_params(512)
-    assert sp == {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 512,
-                  "stop": ["Question", "Assistant:", "<|separator|>"]}
+    assert sp == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_new_tokens": 512,
+        "stop": ["Question", "Assistant:", "<|separator|>"],
+    }
 
 
 # --- data ----------------------------------------------------------------------------------------------------------
@@ -112,8 +121,13 @@ def _one_byte_off(data: bytes) -> bytes:
 def test_no_test_hard_codes_a_data_path():
     """Data is found through the documented lookup, never at one machine's absolute path."""
     needle = '"/' + "work/shared/"  # an absolute path literal (spelled apart so this line does not hit itself)
-    hits = [f"{f.relative_to(ROOT)}:{i}" for top in ("tests", "src") for f in sorted((ROOT / top).rglob("*.py"))
-            for i, line in enumerate(f.read_text().splitlines(), 1) if needle in line]
+    hits = [
+        f"{f.relative_to(ROOT)}:{i}"
+        for top in ("tests", "src")
+        for f in sorted((ROOT / top).rglob("*.py"))
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if needle in line
+    ]
     assert hits == []
 
 
@@ -244,8 +258,16 @@ def test_run_gsm8k_scores_records_and_errors(tmp_path):
 
     logs = []
     with FakeSglang(responder=responder, fail={3: 500}, completion_tokens=10, accept_length=2.5) as fake:
-        res = gsm8k.run_gsm8k(fake.base_url, num_examples=20, num_shots=5, parallel=4, max_new_tokens=64,
-                              lines=lines, progress_every=5, log=logs.append)
+        res = gsm8k.run_gsm8k(
+            fake.base_url,
+            num_examples=20,
+            num_shots=5,
+            parallel=4,
+            max_new_tokens=64,
+            lines=lines,
+            progress_every=5,
+            log=logs.append,
+        )
         sent = fake.state.payloads
     assert all(p["sampling_params"] == gsm8k.sampling_params(64) for p in sent)
     assert {p["text"] for p in sent} == set(qs)
@@ -261,8 +283,18 @@ def test_run_gsm8k_scores_records_and_errors(tmp_path):
     assert lo < res.score < hi
     assert res.output_tokens == 19 * 10 and res.spec_accept_length == 2.5
     r0 = res.records[0]
-    assert set(r0) >= {"index", "line", "prompt_sha", "response", "extracted", "gold", "correct",
-                       "completion_tokens", "latency_s", "error"}
+    assert set(r0) >= {
+        "index",
+        "line",
+        "prompt_sha",
+        "response",
+        "extracted",
+        "gold",
+        "correct",
+        "completion_tokens",
+        "latency_s",
+        "error",
+    }
     assert [r["index"] for r in res.records] == list(range(20))
     # progress every 5 questions: count, rate and time left, then the score line
     progress = [ln for ln in logs if " questions, " in ln]
@@ -306,8 +338,10 @@ def test_cases_tiny_proof_mode(no_gsm8k_env):
 
 
 def test_cases_from_running_servers_are_gated_like_their_pair(no_gsm8k_env):
-    servers = [served.Served("http://h:1", {}, "E4B", 1, "m", "d", 1, "0.5.17"),
-               served.Served("http://h:2", {}, None, None, "x", None, None, None)]
+    servers = [
+        served.Served("http://h:1", {}, "E4B", 1, "m", "d", 1, "0.5.17"),
+        served.Served("http://h:2", {}, None, None, "x", None, None, None),
+    ]
     e4b, unknown = gsm8k_tier.cases(servers)
     assert (e4b.id, e4b.url, e4b.threshold) == ("E4B-topk1", "http://h:1", settings.resolve_pair("E4B").threshold)
     assert e4b.served == servers[0].as_metric()

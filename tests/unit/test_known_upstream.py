@@ -17,8 +17,9 @@ from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
 from mtpmatrix.core.store import row_verdict
 from mtpmatrix.runner import matrix
 
-RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
-                  "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())
+RUN = json.loads(
+    (Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-matrix1-sglang-0.5.23.json").read_text()
+)
 ISSUE = "hf-assisted-generation-gemma4-candidate-generator"
 
 
@@ -104,19 +105,86 @@ def test_a_session_that_stopped_early_stays_an_error(record):
     assert ref["verdict"] == "error" and row_verdict(record) == "error"
 
 
-@pytest.mark.parametrize("entry, words", [
-    ({"id": "x"}, "missing package, affected, tier, component, kind, match, checks, summary, upstream"),
-    ({"id": "x", "package": "transformers", "affected": "5.19", "tier": "reference", "match": "m", "checks": ["t"],
-      "summary": "s", "upstream": "u", "component": "library", "kind": "crash"}, "Invalid specifier"),
-    ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "gpu", "match": "m", "checks": ["t"],
-      "summary": "s", "upstream": "u", "component": "library", "kind": "crash"}, "unknown tier 'gpu'"),
-    ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "reference", "match": "m", "checks": ["t"],
-      "summary": "s", "upstream": "u", "component": "hf", "kind": "crash"}, "unknown component 'hf'"),
-    ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "reference", "match": "m", "checks": ["t"],
-      "summary": "s", "upstream": "u", "component": "library", "kind": "boom"}, "unknown kind 'boom'"),
-    ({"id": "x", "package": "transformers", "affected": ">=1", "tier": "reference", "match": "(", "checks": ["t"],
-      "summary": "s", "upstream": "u", "color": "red"}, "unknown field(s) color"),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ({"id": "x"}, "missing package, affected, tier, component, kind, match, checks, summary, upstream"),
+        (
+            {
+                "id": "x",
+                "package": "transformers",
+                "affected": "5.19",
+                "tier": "reference",
+                "match": "m",
+                "checks": ["t"],
+                "summary": "s",
+                "upstream": "u",
+                "component": "library",
+                "kind": "crash",
+            },
+            "Invalid specifier",
+        ),
+        (
+            {
+                "id": "x",
+                "package": "transformers",
+                "affected": ">=1",
+                "tier": "gpu",
+                "match": "m",
+                "checks": ["t"],
+                "summary": "s",
+                "upstream": "u",
+                "component": "library",
+                "kind": "crash",
+            },
+            "unknown tier 'gpu'",
+        ),
+        (
+            {
+                "id": "x",
+                "package": "transformers",
+                "affected": ">=1",
+                "tier": "reference",
+                "match": "m",
+                "checks": ["t"],
+                "summary": "s",
+                "upstream": "u",
+                "component": "hf",
+                "kind": "crash",
+            },
+            "unknown component 'hf'",
+        ),
+        (
+            {
+                "id": "x",
+                "package": "transformers",
+                "affected": ">=1",
+                "tier": "reference",
+                "match": "m",
+                "checks": ["t"],
+                "summary": "s",
+                "upstream": "u",
+                "component": "library",
+                "kind": "boom",
+            },
+            "unknown kind 'boom'",
+        ),
+        (
+            {
+                "id": "x",
+                "package": "transformers",
+                "affected": ">=1",
+                "tier": "reference",
+                "match": "(",
+                "checks": ["t"],
+                "summary": "s",
+                "upstream": "u",
+                "color": "red",
+            },
+            "unknown field(s) color",
+        ),
+    ],
+)
 def test_malformed_entries_are_one_line_errors(tmp_path, entry, words):
     f = tmp_path / "k.json"
     f.write_text(json.dumps({"issues": [entry]}))
@@ -128,8 +196,11 @@ def test_malformed_entries_are_one_line_errors(tmp_path, entry, words):
 def test_transformers_5_23_assistant_config_rejection_is_known_upstream():
     """The recorded --with transformers==5.23.0 probe of the 0.5.23 row (reference tier, written before the entry
     existed): every assistant load fails in kv_sharing_modes; the entry tags all of it, 5.24.0 is out of range."""
-    rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
-                      "cpu-20261130-probe-tf5230-sglang-0.5.23.json").read_text())
+    rec = json.loads(
+        (
+            Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-probe-tf5230-sglang-0.5.23.json"
+        ).read_text()
+    )
     assert rec["versions"]["transformers"] == "5.23.0" and rec["verdict"] == "failed"
     fresh = copy.deepcopy(rec)
     known_upstream.apply(rec["tiers"], rec["versions"])
@@ -149,8 +220,11 @@ def test_transformers_5_23_assistant_config_rejection_is_known_upstream():
 
 # --- an entry matches its own signature only: its checks, its failure kind, what the bug leaves in the record ------
 
-SMOKE_RUN = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
-                        "2026-11-30d-h200-sglang-0.5.13-smoke-default.json").read_text())
+SMOKE_RUN = json.loads(
+    (
+        Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json"
+    ).read_text()
+)
 DRAFT_PHASE = "sglang-gemma4-mtp-draft-rope-phase"
 FIRST_ROUND = "hf-gemma4-assistant-first-token-hidden-after-prefill"
 
@@ -183,8 +257,13 @@ def test_the_draft_phase_entry_matches_the_recorded_h200_run():
 def _fail_witness_gate(checks, tier):
     c = checks["test_spec_metrics[witness-mtp-topk1]"]
     c["outcome"] = "failed"
-    c["failure"] = {"kind": "acceptance", "type": "CheckFailure", "message": "accept length 1.02 outside [5.0, 6]",
-                    "frame": None, "raised_at": "tests/tiers/test_smoke.py:130 in test_spec_metrics"}
+    c["failure"] = {
+        "kind": "acceptance",
+        "type": "CheckFailure",
+        "message": "accept length 1.02 outside [5.0, 6]",
+        "frame": None,
+        "raised_at": "tests/tiers/test_smoke.py:130 in test_spec_metrics",
+    }
 
 
 def _drop_witness(checks, tier):
@@ -205,9 +284,17 @@ def _another_check(checks, tier):
     c["failure"] = dict(_phase_check(checks)["failure"], raised_at="tests/tiers/test_smoke.py:1 in test_spec_metrics")
 
 
-@pytest.mark.parametrize("mutate", [_fail_witness_gate, _drop_witness, _accepts_3, _another_kind, _another_check],
-                         ids=["sglang-phase-witness-failed", "sglang-phase-witness-not-run",
-                              "transformers-phase-accepts-3.2", "kind-harness", "unlisted-check"])
+@pytest.mark.parametrize(
+    "mutate",
+    [_fail_witness_gate, _drop_witness, _accepts_3, _another_kind, _another_check],
+    ids=[
+        "sglang-phase-witness-failed",
+        "sglang-phase-witness-not-run",
+        "transformers-phase-accepts-3.2",
+        "kind-harness",
+        "unlisted-check",
+    ],
+)
 def test_the_draft_phase_entry_needs_its_signature(mutate):
     """The message prefix alone is not the bug: the sglang-phase witness beside it must have passed, the
     transformers-phase witness must have accepted near 1, the failure must be the listed check's 'acceptance'."""
@@ -217,27 +304,42 @@ def test_the_draft_phase_entry_needs_its_signature(mutate):
     assert smoke["verdict"] == "failed"
     tagged = [c["id"].split("::")[1] for c in smoke["checks"] if c.get("known_upstream")]
     # the listed check keeps its tag only where its own signature still holds (the unlisted one never gets it)
-    assert tagged == (["test_draft_phase_matches_transformers[witness-transformers-phase-topk1]"]
-                      if mutate is _another_check else [])
+    assert tagged == (
+        ["test_draft_phase_matches_transformers[witness-transformers-phase-topk1]"] if mutate is _another_check else []
+    )
 
 
 def _reference_first_round(metrics: dict) -> dict:
-    chk = {"id": "tests/tiers/test_reference.py::test_witness_drafts_at_transformers_phase[e-series]",
-           "tier": "reference", "outcome": "failed", "seconds": 1.0, "metrics": metrics,
-           "failure": {"kind": "acceptance", "type": "CheckFailure",
-                       "message": "e-series: transformers drafts the first round after prefill from the wrong hidden "
-                                  "state: the reference witness accepts 0/0 drafts there, 1.0 of them after",
-                       "frame": None, "raised_at": "tests/tiers/test_reference.py:358 in "
-                                                   "test_witness_drafts_at_transformers_phase"}}
+    chk = {
+        "id": "tests/tiers/test_reference.py::test_witness_drafts_at_transformers_phase[e-series]",
+        "tier": "reference",
+        "outcome": "failed",
+        "seconds": 1.0,
+        "metrics": metrics,
+        "failure": {
+            "kind": "acceptance",
+            "type": "CheckFailure",
+            "message": "e-series: transformers drafts the first round after prefill from the wrong hidden "
+            "state: the reference witness accepts 0/0 drafts there, 1.0 of them after",
+            "frame": None,
+            "raised_at": "tests/tiers/test_reference.py:358 in test_witness_drafts_at_transformers_phase",
+        },
+    }
     return {"reference": {"verdict": "failed", "checks": [chk]}}
 
 
-@pytest.mark.parametrize("metrics, known", [
-    ({"first_round_drafted": 40, "first_round_accepted": 0}, True),  # the bug: a recorded first round, none accepted
-    ({}, False),  # no first round recorded at all
-    ({"first_round_drafted": 0, "first_round_accepted": 0}, False),  # a first round with nothing drafted
-    ({"first_round_drafted": 40, "first_round_accepted": 12}, False),  # some accepted: a shortfall, not this bug
-])
+@pytest.mark.parametrize(
+    "metrics, known",
+    [
+        (
+            {"first_round_drafted": 40, "first_round_accepted": 0},
+            True,
+        ),  # the bug: a recorded first round, none accepted
+        ({}, False),  # no first round recorded at all
+        ({"first_round_drafted": 0, "first_round_accepted": 0}, False),  # a first round with nothing drafted
+        ({"first_round_drafted": 40, "first_round_accepted": 12}, False),  # some accepted: a shortfall, not this bug
+    ],
+)
 def test_the_first_round_entry_needs_zero_accepted_in_a_recorded_first_round(metrics, known):
     tiers = _reference_first_round(metrics)
     known_upstream.apply(tiers, {"transformers": "5.12.1"})
@@ -262,8 +364,18 @@ def test_stored_tags_are_stripped_and_re_derived(record):
 def test_every_entry_says_whose_bug_it_is():
     for issue in known_upstream.load():
         assert issue.component == ("sglang" if issue.package == "sglang" else "library"), issue.id
-        assert issue.kind in ("import", "abi", "config", "args", "weights", "launch", "crash", "mismatch",
-                              "accuracy", "acceptance"), issue.id
+        assert issue.kind in (
+            "import",
+            "abi",
+            "config",
+            "args",
+            "weights",
+            "launch",
+            "crash",
+            "mismatch",
+            "accuracy",
+            "acceptance",
+        ), issue.id
 
 
 ASSISTED_SAMPLING = "hf-gemma4-assisted-sampling-not-lossless"
@@ -273,28 +385,42 @@ def _assisted_sampling(counts: dict) -> dict:
     """The reference tier's assisted-sampling check as the 0.5.17 row recorded it on 2026-12-01 (transformers
     5.12.1: 889 / 344 / 303 over offsets 1 / 3 / 7), with ``counts`` in its place."""
     n = sum(counts.values())
-    chk = {"id": "tests/tiers/test_reference.py::test_sampled_assisted_generation_matches_closed_form",
-           "tier": "reference", "outcome": "failed", "seconds": 6.9,
-           "metrics": {"sampled_offsets": n, "sampled_counts": {str(k): v for k, v in counts.items()},
-                       "sampled_off_support": 0, "sampled_share_offset_1": round(counts[1] / n, 4),
-                       "sampled_share_offset_3": round(counts[3] / n, 4)},
-           "failure": {"kind": "mismatch", "type": "CheckFailure",
-                       "message": "dense-31b: transformers' assisted sampling differs from the closed form: ...",
-                       "frame": None, "raised_at": "tests/tiers/test_reference.py:536 in "
-                                                   "test_sampled_assisted_generation_matches_closed_form"}}
+    chk = {
+        "id": "tests/tiers/test_reference.py::test_sampled_assisted_generation_matches_closed_form",
+        "tier": "reference",
+        "outcome": "failed",
+        "seconds": 6.9,
+        "metrics": {
+            "sampled_offsets": n,
+            "sampled_counts": {str(k): v for k, v in counts.items()},
+            "sampled_off_support": 0,
+            "sampled_share_offset_1": round(counts[1] / n, 4),
+            "sampled_share_offset_3": round(counts[3] / n, 4),
+        },
+        "failure": {
+            "kind": "mismatch",
+            "type": "CheckFailure",
+            "message": "dense-31b: transformers' assisted sampling differs from the closed form: ...",
+            "frame": None,
+            "raised_at": "tests/tiers/test_reference.py:536 in test_sampled_assisted_generation_matches_closed_form",
+        },
+    }
     return {"reference": {"verdict": "failed", "checks": [chk]}}
 
 
-@pytest.mark.parametrize("counts, known", [
-    ({1: 889, 3: 344, 7: 303}, True),  # the bug, as recorded on transformers 5.8.1 and 5.12.1
-    ({1: 700, 3: 400, 7: 436}, False),  # flatter (temperature ignored): offset 1 under its closed form 0.518
-    ({1: 150, 3: 100, 7: 1286}, False),  # drafts accepted unchecked: the drafter's offset 7 takes over
-    ({1: 820, 3: 460, 7: 256}, False),  # offset 3 near its closed form: not the residual this bug loses
-    ({1: 1536, 3: 0, 7: 0}, False),  # greedy: the argmax every time (offset 1's share 1.0)
-    # temperature applied twice (0.49: 0.594 / 0.277 / 0.129 expected), a draw with offset 3 at 0.268 (a quarter of
-    # such runs fall at or below 0.27)
-    ({1: 925, 3: 412, 7: 199}, False),
-])
+@pytest.mark.parametrize(
+    "counts, known",
+    [
+        ({1: 889, 3: 344, 7: 303}, True),  # the bug, as recorded on transformers 5.8.1 and 5.12.1
+        ({1: 700, 3: 400, 7: 436}, False),  # flatter (temperature ignored): offset 1 under its closed form 0.518
+        ({1: 150, 3: 100, 7: 1286}, False),  # drafts accepted unchecked: the drafter's offset 7 takes over
+        ({1: 820, 3: 460, 7: 256}, False),  # offset 3 near its closed form: not the residual this bug loses
+        ({1: 1536, 3: 0, 7: 0}, False),  # greedy: the argmax every time (offset 1's share 1.0)
+        # temperature applied twice (0.49: 0.594 / 0.277 / 0.129 expected), a draw with offset 3 at 0.268 (a quarter of
+        # such runs fall at or below 0.27)
+        ({1: 925, 3: 412, 7: 199}, False),
+    ],
+)
 def test_the_assisted_sampling_entry_needs_the_argmax_pushed_up_and_offset_3_down(counts, known):
     tiers = _assisted_sampling(counts)
     known_upstream.apply(tiers, {"transformers": "5.12.1"})
@@ -314,8 +440,9 @@ def test_a_record_is_judged_again_by_one_function_the_report_and_bisect_share(re
     record["tiers"]["reference"]["verdict"] = KNOWN_UPSTREAM
     again = expected.rejudge_record(copy.deepcopy(record), issues=[])
     assert again["tiers"]["reference"]["verdict"] == "failed" and again["verdict"] == "failed"
-    assert json.dumps(model.rejudge(copy.deepcopy(record), issues=[]), sort_keys=True) == \
-        json.dumps(again, sort_keys=True)
+    assert json.dumps(model.rejudge(copy.deepcopy(record), issues=[]), sort_keys=True) == json.dumps(
+        again, sort_keys=True
+    )
     listed = expected.rejudge_record(copy.deepcopy(record))
     assert listed["tiers"]["reference"]["known_upstream"][0]["id"] == ISSUE
     unfinished = expected.rejudge_record(dict(copy.deepcopy(record), verdict="pending"), issues=[])
@@ -328,19 +455,25 @@ def _with_metric(case: str, name: str, value: float) -> tuple[dict, dict]:
         rec = _smoke(lambda checks, tier: _phase_check(checks)["metrics"].update({name: value}))
         return rec["tiers"], rec["versions"]
     if case == "first-round":
-        return _reference_first_round({"first_round_drafted": 40, "first_round_accepted": 0, name: value}), \
-            {"transformers": "5.12.1"}
+        return _reference_first_round({"first_round_drafted": 40, "first_round_accepted": 0, name: value}), {
+            "transformers": "5.12.1"
+        }
     tiers = _assisted_sampling({1: 889, 3: 344, 7: 303})
     tiers["reference"]["checks"][0]["metrics"][name] = value
     return tiers, {"transformers": "5.12.1"}
 
 
-@pytest.mark.parametrize("case, name", [("draft-phase", "accept_length_requests"),
-                                        ("first-round", "first_round_drafted"),
-                                        ("first-round", "first_round_accepted"),
-                                        ("assisted-sampling", "sampled_share_offset_1"),
-                                        ("assisted-sampling", "sampled_share_offset_3"),
-                                        ("assisted-sampling", "sampled_off_support")])
+@pytest.mark.parametrize(
+    "case, name",
+    [
+        ("draft-phase", "accept_length_requests"),
+        ("first-round", "first_round_drafted"),
+        ("first-round", "first_round_accepted"),
+        ("assisted-sampling", "sampled_share_offset_1"),
+        ("assisted-sampling", "sampled_share_offset_3"),
+        ("assisted-sampling", "sampled_off_support"),
+    ],
+)
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
 def test_a_non_finite_metric_never_matches(case, name, value):
     """NaN compares false with every bound and an infinity passes a one-sided one: a record whose metric is not a
@@ -352,23 +485,38 @@ def test_a_non_finite_metric_never_matches(case, name, value):
 
 # --- every entry is bounded: a release range that ends, or a signature that bounds every metric on both sides -----
 
+
 def _entry(**kw) -> dict:
-    return {"id": "x", "package": "transformers", "affected": ">=5.8.0", "tier": "reference", "component": "library",
-            "kind": "mismatch", "match": "m", "checks": ["t"], "summary": "s", "upstream": "u", **kw}
+    return {
+        "id": "x",
+        "package": "transformers",
+        "affected": ">=5.8.0",
+        "tier": "reference",
+        "component": "library",
+        "kind": "mismatch",
+        "match": "m",
+        "checks": ["t"],
+        "summary": "s",
+        "upstream": "u",
+        **kw,
+    }
 
 
-@pytest.mark.parametrize("entry, ok", [
-    (_entry(), False),  # open range, no signature
-    (_entry(signature={"metrics": {"a": {"min": 0.5}}}), False),  # open range, a one-sided bound
-    (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}, "b": {"max": 1}}}), False),  # one metric open
-    (_entry(signature={"passed_beside": ["test_y"]}), False),  # open range, no metric at all
-    (_entry(affected=">=5.8.0,!=5.9.0"), False),  # != excludes one release, bounds nothing
-    (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}}}), True),
-    (_entry(affected=">=5.8.0,<5.20.0"), True),
-    (_entry(affected=">=5.8.0,<=5.24.0"), True),
-    (_entry(affected="==5.19.0"), True),
-    (_entry(affected="~=5.19.0"), True),
-])
+@pytest.mark.parametrize(
+    "entry, ok",
+    [
+        (_entry(), False),  # open range, no signature
+        (_entry(signature={"metrics": {"a": {"min": 0.5}}}), False),  # open range, a one-sided bound
+        (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}, "b": {"max": 1}}}), False),  # one metric open
+        (_entry(signature={"passed_beside": ["test_y"]}), False),  # open range, no metric at all
+        (_entry(affected=">=5.8.0,!=5.9.0"), False),  # != excludes one release, bounds nothing
+        (_entry(signature={"metrics": {"a": {"min": 0.5, "max": 0.6}}}), True),
+        (_entry(affected=">=5.8.0,<5.20.0"), True),
+        (_entry(affected=">=5.8.0,<=5.24.0"), True),
+        (_entry(affected="==5.19.0"), True),
+        (_entry(affected="~=5.19.0"), True),
+    ],
+)
 def test_an_entry_needs_an_upper_bound_or_a_two_sided_signature(tmp_path, entry, ok):
     f = tmp_path / "k.json"
     f.write_text(json.dumps({"issues": [entry]}))
@@ -381,12 +529,15 @@ def test_an_entry_needs_an_upper_bound_or_a_two_sided_signature(tmp_path, entry,
     assert msg.startswith(f"{f}: issue 0 (x): unbounded:") and "\n" not in msg
 
 
-@pytest.mark.parametrize("bound, words", [
-    ({"min": float("nan"), "max": 1}, "min nan is not a finite number"),
-    ({"min": 0, "max": float("inf")}, "max inf is not a finite number"),
-    ({"min": "0.5", "max": 1}, "min '0.5' is not a finite number"),
-    ({"min": 0.7, "max": 0.6}, "min 0.7 above max 0.6"),
-])
+@pytest.mark.parametrize(
+    "bound, words",
+    [
+        ({"min": float("nan"), "max": 1}, "min nan is not a finite number"),
+        ({"min": 0, "max": float("inf")}, "max inf is not a finite number"),
+        ({"min": "0.5", "max": 1}, "min '0.5' is not a finite number"),
+        ({"min": 0.7, "max": 0.6}, "min 0.7 above max 0.6"),
+    ],
+)
 def test_a_metric_bound_must_be_a_finite_number(tmp_path, bound, words):
     f = tmp_path / "k.json"
     f.write_text(json.dumps({"issues": [_entry(signature={"metrics": {"a": bound}})]}))
@@ -404,24 +555,34 @@ def test_a_fixed_bug_ends_at_its_fix_and_an_open_one_at_the_newest_release_seen(
         if issue.fixed_in:
             assert (upper[0].operator, upper[0].version) == ("<", issue.fixed_in), issue.id
         else:
-            assert upper[0].operator == "<=" and f"newest release it was seen on: {upper[0].version}" in \
-                issue.summary, issue.id
+            assert (
+                upper[0].operator == "<=" and f"newest release it was seen on: {upper[0].version}" in issue.summary
+            ), issue.id
 
 
 def _recorded_shares_in(bounds: dict, p1: float, p3: float, n: int = 1536) -> float:
     """The probability that the check's recorded shares of offsets 1 and 3 (round(count / n, 4)) fall inside
     ``bounds`` when each of its n offsets is 1 with probability p1, 3 with p3, else 7: the multinomial, summed
     exactly over the counts that round into the bounds."""
+
     def log_binom(k, m, p):
         if p <= 0 or p >= 1:
             return 0.0 if k == (m if p >= 1 else 0) else -math.inf
-        return math.lgamma(m + 1) - math.lgamma(k + 1) - math.lgamma(m - k + 1) + k * math.log(p) + \
-            (m - k) * math.log(1 - p)
+        return (
+            math.lgamma(m + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(m - k + 1)
+            + k * math.log(p)
+            + (m - k) * math.log(1 - p)
+        )
 
     def counts(name, m):
         lo, hi = bounds[name]["min"], bounds[name]["max"]
-        return [c for c in range(max(0, math.floor(lo * n) - 1), min(m, math.ceil(hi * n) + 1) + 1)
-                if lo <= round(c / n, 4) <= hi]
+        return [
+            c
+            for c in range(max(0, math.floor(lo * n) - 1), min(m, math.ceil(hi * n) + 1) + 1)
+            if lo <= round(c / n, 4) <= hi
+        ]
 
     total = 0.0
     for c1 in counts("sampled_share_offset_1", n):
@@ -448,14 +609,21 @@ def test_the_assisted_sampling_bounds_follow_from_the_closed_form():
     residual = {d: max(closed.get(d, 0.0) - q[d], 0.0) for d in sampled.OFFSETS}  # max(p - q, 0)
     bug = {d: (1 - accept) * residual[d] / sum(residual.values()) for d in (1, 3)}
     assert (round(bug[1], 3), round(bug[3], 3), round(accept, 3)) == (0.586, 0.206, 0.208)
-    twice = sampled.token_distribution(VOCAB, sampled.GROUPS[0], "top_k_first", temperature=sampled.TEMPERATURE ** 2)
+    twice = sampled.token_distribution(VOCAB, sampled.GROUPS[0], "top_k_first", temperature=sampled.TEMPERATURE**2)
     ignored = sampled.token_distribution(VOCAB, sampled.GROUPS[0], "top_k_first", temperature=1.0)
     sig = {i.id: i for i in known_upstream.load()}[ASSISTED_SAMPLING].signature["metrics"]
     assert sig["sampled_offsets"] == {"min": 1536, "max": 1536} and sig["sampled_off_support"] == {"min": 0, "max": 0}
-    rate = {name: _recorded_shares_in(sig, p1, p3) for name, (p1, p3) in {
-        "bug": (bug[1], bug[3]), "recorded": (889 / 1536, 344 / 1536), "closed form": (closed[1], closed[3]),
-        "temperature twice": (twice[1], twice[3]), "temperature ignored": (ignored[1], ignored[3]),
-        "greedy": (1.0, 0.0)}.items()}
+    rate = {
+        name: _recorded_shares_in(sig, p1, p3)
+        for name, (p1, p3) in {
+            "bug": (bug[1], bug[3]),
+            "recorded": (889 / 1536, 344 / 1536),
+            "closed form": (closed[1], closed[3]),
+            "temperature twice": (twice[1], twice[3]),
+            "temperature ignored": (ignored[1], ignored[3]),
+            "greedy": (1.0, 0.0),
+        }.items()
+    }
     assert rate["bug"] > 0.998 and rate["recorded"] > 0.9  # the bug matches; so would the recorded shares, as truth
     assert rate["temperature twice"] < 5e-4 and rate["closed form"] < 1e-7 and rate["temperature ignored"] < 1e-12
     assert rate["greedy"] == 0.0

@@ -42,7 +42,7 @@ def imports(path: Path) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
             out.update(f"{base}.{a.name}" for a in node.names)
             out.add(base)
     return {m for m in out if m == "mtpmatrix" or m.startswith("mtpmatrix.")}
@@ -60,8 +60,9 @@ def layer(module: str) -> tuple[int, str]:
     return best
 
 
-MODULES = sorted(p for p in (SRC / "mtpmatrix").rglob("*.py") if "__pycache__" not in p.parts
-                 and "mutant_hook" not in p.parts)  # the hook runs on its own PYTHONPATH, importing no package
+MODULES = sorted(
+    p for p in (SRC / "mtpmatrix").rglob("*.py") if "__pycache__" not in p.parts and "mutant_hook" not in p.parts
+)  # the hook runs on its own PYTHONPATH, importing no package
 
 
 def test_every_module_has_a_layer():

@@ -20,15 +20,21 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("folder", ["tests/tiers", "tests/unit"])
 def test_suite_collects_with_strict_markers(folder):
     """Each folder on its own, as the runner and `nox -s unit` collect them (their test_smoke.py share a name)."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--strict-markers",
-                           "-p", "no:cacheprovider", folder], cwd=REPO, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--strict-markers", "-p", "no:cacheprovider", folder],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def test_plugin_registers_the_suites_markers_without_an_ini(pytester):
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")  # no markers of its own
     pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.session.plugin"]\n')
-    pytester.makepyfile(test_marks="""
+    pytester.makepyfile(
+        test_marks="""
 import pytest
 
 @pytest.mark.contract
@@ -48,7 +54,8 @@ def test_c():
 @pytest.mark.gsm8k
 def test_d():
     pass
-""")
+"""
+    )
     result = pytester.runpytest("--collect-only", "-q")
     assert result.ret == 0, result.stdout.str()
     markers = pytester.runpytest("--markers").stdout.str()

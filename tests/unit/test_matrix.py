@@ -33,10 +33,19 @@ def one_line_error(args) -> str:
 
 # --- parse_options -------------------------------------------------------------------------------------------
 
+
 def test_defaults():
     o = parse_options([])
-    assert o == Options(overrides=[], run_id=None, resume=False, results=Path("results"), tiers=",".join(TIERS),
-                        shard=None, pytest_args=[], offline_check=False)
+    assert o == Options(
+        overrides=[],
+        run_id=None,
+        resume=False,
+        results=Path("results"),
+        tiers=",".join(TIERS),
+        shard=None,
+        pytest_args=[],
+        offline_check=False,
+    )
 
 
 def test_env_defaults(monkeypatch, tmp_path):
@@ -73,8 +82,10 @@ def test_resume_latest(tmp_path):
     o = parse_options(["--resume", "--results", str(results)])
     assert (o.resume, o.run_id) == (True, "20260102-000000")
     # an explicit --run-id is what gets resumed
-    assert parse_options(["--resume", "--run-id", "20260101-000000", "--results", str(results)]).run_id == \
-        "20260101-000000"
+    assert (
+        parse_options(["--resume", "--run-id", "20260101-000000", "--results", str(results)]).run_id
+        == "20260101-000000"
+    )
 
 
 def test_resume_explicit(tmp_path):
@@ -94,44 +105,73 @@ def test_shard_ok(text, shard):
     assert parse_options(["--shard", text]).shard == shard
 
 
-@pytest.mark.parametrize("text,words", [
-    ("0/4", "need 1 <= I <= N"),
-    ("5/4", "need 1 <= I <= N"),
-    ("1/0", "need 1 <= I <= N"),
-    ("x", "wants I/N"),
-    ("1/2/3", "wants I/N"),
-    ("1-4", "wants I/N"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("0/4", "need 1 <= I <= N"),
+        ("5/4", "need 1 <= I <= N"),
+        ("1/0", "need 1 <= I <= N"),
+        ("x", "wants I/N"),
+        ("1/2/3", "wants I/N"),
+        ("1-4", "wants I/N"),
+    ],
+)
 def test_shard_validation(text, words):
     msg = one_line_error(["--shard", text])
     assert "--shard" in msg and words in msg
 
 
 def test_what_follows_a_second_double_dash_goes_to_pytest():
-    o = parse_options(["--with", "transformers==5.20.0", "--no-index-check", "--", "-k", "smoke and not 31B", "-x",
-                       "--maxfail=2", "tests/tiers/test_contract.py::test_resolution", "--tiers", "--"])
+    o = parse_options(
+        [
+            "--with",
+            "transformers==5.20.0",
+            "--no-index-check",
+            "--",
+            "-k",
+            "smoke and not 31B",
+            "-x",
+            "--maxfail=2",
+            "tests/tiers/test_contract.py::test_resolution",
+            "--tiers",
+            "--",
+        ]
+    )
     # everything after it, as given: options of the session's own names and further '--' included
-    assert o.pytest_args == ["-k", "smoke and not 31B", "-x", "--maxfail=2",
-                             "tests/tiers/test_contract.py::test_resolution", "--tiers", "--"]
+    assert o.pytest_args == [
+        "-k",
+        "smoke and not 31B",
+        "-x",
+        "--maxfail=2",
+        "tests/tiers/test_contract.py::test_resolution",
+        "--tiers",
+        "--",
+    ]
     assert o.overrides == ["transformers==5.20.0"] and o.offline_check is True and o.tiers == ",".join(TIERS)
     assert parse_options(["--", "-k", "x"]).pytest_args == ["-k", "x"]
     assert parse_options(["--tiers", "contract", "--"]).pytest_args == []
 
 
-@pytest.mark.parametrize("args, unknown", [
-    (["--apply", "fix.diff"], "--apply"),  # an option this session does not have: never pytest's usage error
-    (["-k", "topk3"], "-k"),  # pytest's own, before the second --
-    (["--tiers", "contract", "-x", "--", "-k", "topk3"], "-x"),
-    (["--resume", "--maxfail=2"], "--maxfail=2"),
-    (["tests/tiers/test_contract.py"], "tests/tiers/test_contract.py"),
-])
+@pytest.mark.parametrize(
+    "args, unknown",
+    [
+        (["--apply", "fix.diff"], "--apply"),  # an option this session does not have: never pytest's usage error
+        (["-k", "topk3"], "-k"),  # pytest's own, before the second --
+        (["--tiers", "contract", "-x", "--", "-k", "topk3"], "-x"),
+        (["--resume", "--maxfail=2"], "--maxfail=2"),
+        (["tests/tiers/test_contract.py"], "tests/tiers/test_contract.py"),
+    ],
+)
 def test_an_unknown_option_before_the_second_double_dash_is_one_line(args, unknown):
     what = "option" if unknown.startswith("-") else "argument"
-    assert one_line_error(args) == (f"nox -s gemma4_mtp -- : unknown {what} {unknown} (pytest options go after a "
-                                    "second --: nox -s gemma4_mtp -- -- -k topk3)")
+    assert one_line_error(args) == (
+        f"nox -s gemma4_mtp -- : unknown {what} {unknown} (pytest options go after a "
+        "second --: nox -s gemma4_mtp -- -- -k topk3)"
+    )
 
 
 # --- install_command ---------------------------------------------------------------------------------------------
+
 
 def row_file(tmp_path, backend="pypi"):
     p = tmp_path / f"row-{backend}.txt"
@@ -172,6 +212,7 @@ def test_install_command_without_uv(tmp_path, monkeypatch):
 
 # --- in_shard ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7])
 def test_in_shard_covers_every_row_exactly_once(n):
     ids = [f"row-{c}" for c in "qwertyuiopa"]  # unsorted on purpose
@@ -186,12 +227,14 @@ def test_in_shard_real_rows_and_order_independence():
     for n in (1, 2, 3, len(ids), len(ids) + 1):
         picked = [rid for i in range(1, n + 1) for rid in ids if in_shard(rid, ids, (i, n))]
         assert sorted(picked) == sorted(ids)
-        assert all(in_shard(r, ids, (i, n)) == in_shard(r, list(reversed(ids)), (i, n))
-                   for r in ids for i in range(1, n + 1))
+        assert all(
+            in_shard(r, ids, (i, n)) == in_shard(r, list(reversed(ids)), (i, n)) for r in ids for i in range(1, n + 1)
+        )
     assert all(in_shard(r, ids, None) for r in ids)
 
 
 # --- preflight ---------------------------------------------------------------------------------------------------
+
 
 def test_preflight_overrides_offline_checks_syntax_only():
     preflight_overrides(["transformers==99.0.0"], skip_index=True)  # not asked: no network
@@ -206,37 +249,55 @@ def test_preflight_overrides_index_error_is_one_line(monkeypatch):
     monkeypatch.setattr(matrix.index, "check_spec", unreachable)
     with pytest.raises(RowError) as info:
         preflight_overrides(["transformers==5.20.0"])
-    assert str(info.value) == ("--with transformers==5.20.0: index http://127.0.0.1:9/simple is unreachable "
-                               "(Connection refused)")
+    assert str(info.value) == (
+        "--with transformers==5.20.0: index http://127.0.0.1:9/simple is unreachable (Connection refused)"
+    )
 
 
 def test_summary_line():
-    rec = {"row": {"id": "r"}, "verdict": "failed",
-           "tiers": {"contract": {"verdict": "failed", "failure_kinds": ["args"]},
-                     "smoke": {"verdict": "skipped", "reason": "needs 1 CUDA GPU(s), this machine has 0"}}}
-    assert matrix.summary_line(rec) == ("r: FAILED — contract=failed [args]; "
-                                        "smoke=skipped (needs 1 CUDA GPU(s), this machine has 0)")
-    rec = {"row": {"id": "r"}, "verdict": "failed",
-           "install": {"verdict": "failed", "failure": {"message": "resolver conflict: x"}}}
+    rec = {
+        "row": {"id": "r"},
+        "verdict": "failed",
+        "tiers": {
+            "contract": {"verdict": "failed", "failure_kinds": ["args"]},
+            "smoke": {"verdict": "skipped", "reason": "needs 1 CUDA GPU(s), this machine has 0"},
+        },
+    }
+    assert matrix.summary_line(rec) == (
+        "r: FAILED — contract=failed [args]; smoke=skipped (needs 1 CUDA GPU(s), this machine has 0)"
+    )
+    rec = {
+        "row": {"id": "r"},
+        "verdict": "failed",
+        "install": {"verdict": "failed", "failure": {"message": "resolver conflict: x"}},
+    }
     assert matrix.summary_line(rec) == "r: FAILED at install: resolver conflict: x"
-    rec = {"row": {"id": "r"}, "verdict": "failed", "tiers": {"contract": {"verdict": "failed"}},
-           "install": {"verdict": "passed", "held": [{"package": "sglang-kernel", "version": "0.4.10"}]},
-           "blocking_pins": [{"package": "torchaudio", "version": "2.11.0", "pinned_by": "sglang 0.5.23"}]}
-    assert matrix.summary_line(rec) == ("r: FAILED — contract=failed; held at sglang's pins: sglang-kernel 0.4.10; "
-                                        "blocking pin(s): sglang 0.5.23 pins torchaudio==2.11.0 (move it too: --with)")
+    rec = {
+        "row": {"id": "r"},
+        "verdict": "failed",
+        "tiers": {"contract": {"verdict": "failed"}},
+        "install": {"verdict": "passed", "held": [{"package": "sglang-kernel", "version": "0.4.10"}]},
+        "blocking_pins": [{"package": "torchaudio", "version": "2.11.0", "pinned_by": "sglang 0.5.23"}],
+    }
+    assert matrix.summary_line(rec) == (
+        "r: FAILED — contract=failed; held at sglang's pins: sglang-kernel 0.4.10; "
+        "blocking pin(s): sglang 0.5.23 pins torchaudio==2.11.0 (move it too: --with)"
+    )
 
 
 def test_overridden_pins_leave_the_constraints_and_the_requirements(tmp_path):
     f = tmp_path / "sglang-0.5.17.txt"
-    f.write_text("# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\nTransformers==5.12.1  # pinned\n"
-                 "torch==2.11.0\n")
+    f.write_text(
+        "# python: 3.11\n# torch-backend: pypi\nsglang==0.5.17\nTransformers==5.12.1  # pinned\ntorch==2.11.0\n"
+    )
     row = parse_row(f)
     text = matrix.constraints_text(row, ["transformers==5.20.0"])
     assert "sglang==0.5.17\n" in text and "torch==2.11.0\n" in text and "# python: 3.11" in text
     assert not [ln for ln in text.splitlines() if ln.lower().startswith("transformers")]
     assert matrix.constraints_text(row, []) == f.read_text()
-    cmd = matrix.install_command(row, tmp_path / "venv", tmp_path / "c.txt", tmp_path / "o.txt",
-                                 ["transformers==5.20.0"])
+    cmd = matrix.install_command(
+        row, tmp_path / "venv", tmp_path / "c.txt", tmp_path / "o.txt", ["transformers==5.20.0"]
+    )
     assert "transformers" in cmd and "transformers==5.12.1" not in cmd and "sglang==0.5.17" in cmd
 
 
@@ -274,11 +335,16 @@ The package `flashinfer-python` requires `nvidia-cudnn-frontend>=1.13`, but `1.1
 
 def test_stranded_by_overrides_names_only_companions_of_an_overridden_package():
     # sglang is a row pin (its torch pin is what the override breaks); flashinfer's problem is not the override's
-    assert matrix.stranded_by_overrides(PIP_CHECK, ["torch==2.11.0"], ["sglang", "transformers", "torch"]) \
-        == ["torchvision"]
+    assert matrix.stranded_by_overrides(PIP_CHECK, ["torch==2.11.0"], ["sglang", "transformers", "torch"]) == [
+        "torchvision"
+    ]
     assert matrix.stranded_by_overrides(PIP_CHECK, ["transformers==5.20.0"], ["sglang", "torch"]) == []
-    assert matrix.stranded_by_overrides("Checked 215 packages\nAll installed packages are compatible\n",
-                                        ["torch==2.11.0"], []) == []
+    assert (
+        matrix.stranded_by_overrides(
+            "Checked 215 packages\nAll installed packages are compatible\n", ["torch==2.11.0"], []
+        )
+        == []
+    )
 
 
 def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
@@ -287,8 +353,11 @@ def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
 
     info = f"{name}-{version}.dist-info"
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
-        whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                     + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        whl.writestr(
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        )
         whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         whl.writestr(f"{info}/RECORD", f"{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
 
@@ -308,8 +377,14 @@ def local_index(tmp_path):
         _wheel(wheels, "base", v, [])
     for v in ("1.0", "2.0", "3.0"):  # companion 3.0 needs a base 3.0 that does not exist
         _wheel(wheels, "companion", v, [f"base=={v}"])
-    env = {**__import__("os").environ, "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(wheels), "UV_OFFLINE": "1",
-           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_PYTHON_DOWNLOADS": "never"}
+    env = {
+        **__import__("os").environ,
+        "UV_NO_INDEX": "1",
+        "UV_FIND_LINKS": str(wheels),
+        "UV_OFFLINE": "1",
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+        "UV_PYTHON_DOWNLOADS": "never",
+    }
     venv = tmp_path / "venv"
     subprocess.run(["uv", "venv", "--python", sys.executable, str(venv)], check=True, capture_output=True, env=env)
     return venv, env
@@ -330,8 +405,14 @@ def test_row_json_records_the_pytest_args_and_every_mtpmatrix_knob_and_nothing_e
     """`nox -s gemma4_mtp -- -- -k topk3` with MTPMATRIX_SMOKE_SERVERS set: both are on the row (a subset selection
     the report must see); no other variable of the environment is."""
     opts = parse_options(["--tiers", "smoke", "--", "-k", "topk3"])
-    env = {"MTPMATRIX_SMOKE_SERVERS": "random-nomtp", "MTPMATRIX_ROW": "sglang-0.5.17", "HF_TOKEN": "hf_secret",
-           "PATH": "/usr/bin"}
+    env = {
+        "MTPMATRIX_SMOKE_SERVERS": "random-nomtp",
+        "MTPMATRIX_ROW": "sglang-0.5.17",
+        "HF_TOKEN": "hf_secret",
+        "PATH": "/usr/bin",
+    }
     got = matrix.suite_invocation(opts, env)
-    assert got == {"pytest_args": ["-k", "topk3"],
-                   "knobs": {"MTPMATRIX_ROW": "sglang-0.5.17", "MTPMATRIX_SMOKE_SERVERS": "random-nomtp"}}
+    assert got == {
+        "pytest_args": ["-k", "topk3"],
+        "knobs": {"MTPMATRIX_ROW": "sglang-0.5.17", "MTPMATRIX_SMOKE_SERVERS": "random-nomtp"},
+    }

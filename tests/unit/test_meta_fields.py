@@ -25,9 +25,15 @@ def response(accepted: list[int], max_new: int = smoke.MAX_NEW_TOKENS, fields=F.
     v, c = len(accepted), sum(accepted)
     n = min(max_new, 1 + c + v)
     proposed = v * (DRAFT_TOKENS - 1)
-    meta = {"completion_tokens": n, "spec_verify_ct": v, "spec_num_correct_drafts": c,
-            "spec_num_proposed_drafts": proposed, "spec_accept_rate": c / proposed, "spec_accept_length": n / v,
-            "spec_correct_drafts_histogram": hist}
+    meta = {
+        "completion_tokens": n,
+        "spec_verify_ct": v,
+        "spec_num_correct_drafts": c,
+        "spec_num_proposed_drafts": proposed,
+        "spec_accept_rate": c / proposed,
+        "spec_accept_length": n / v,
+        "spec_correct_drafts_histogram": hist,
+    }
     for alias, original in F.ALIASES.items():
         if alias in fields:
             meta[alias] = meta[original]
@@ -53,13 +59,16 @@ def test_prefill_only_response_needs_no_fields():
     assert why({"completion_tokens": 1}) == []
 
 
-@pytest.mark.parametrize("field, delta, expect", [
-    ("spec_verify_ct", 1, "spec_accept_length 5.333333333333333 != completion_tokens/spec_verify_ct = 32/7"),
-    ("spec_num_correct_drafts", 1, "histogram accepts 30 drafts, spec_num_correct_drafts 31"),
-    ("spec_num_proposed_drafts", -1, "spec_num_proposed_drafts 29 != spec_verify_ct * (draft tokens - 1) = 6 * 5"),
-    ("completion_tokens", -1, "spec_accept_length 5.333333333333333 != completion_tokens/spec_verify_ct = 31/6"),
-    ("spec_accepted_drafts", -1, "spec_accepted_drafts 29 != spec_num_correct_drafts 30"),
-])
+@pytest.mark.parametrize(
+    "field, delta, expect",
+    [
+        ("spec_verify_ct", 1, "spec_accept_length 5.333333333333333 != completion_tokens/spec_verify_ct = 32/7"),
+        ("spec_num_correct_drafts", 1, "histogram accepts 30 drafts, spec_num_correct_drafts 31"),
+        ("spec_num_proposed_drafts", -1, "spec_num_proposed_drafts 29 != spec_verify_ct * (draft tokens - 1) = 6 * 5"),
+        ("completion_tokens", -1, "spec_accept_length 5.333333333333333 != completion_tokens/spec_verify_ct = 31/6"),
+        ("spec_accepted_drafts", -1, "spec_accepted_drafts 29 != spec_num_correct_drafts 30"),
+    ],
+)
 def test_a_field_miscounted_by_one_fails_and_says_which(field, delta, expect):
     meta = response(WITNESS)
     meta[field] += delta
@@ -88,8 +97,11 @@ def test_the_bonus_counted_as_a_draft_breaks_the_tail_rule():
 def test_tail_rule_both_ends():
     meta = response(RANDOM)  # 31 steps accepting 1 draft in all: 1 + 32 = 33 tokens, 32 kept
     assert why(meta) == []
-    short = dict(meta, completion_tokens=meta["completion_tokens"] + STEPS + 1,
-                 spec_accept_length=(meta["completion_tokens"] + STEPS + 1) / meta["spec_verify_ct"])
+    short = dict(
+        meta,
+        completion_tokens=meta["completion_tokens"] + STEPS + 1,
+        spec_accept_length=(meta["completion_tokens"] + STEPS + 1) / meta["spec_verify_ct"],
+    )
     assert any("outside" in w for w in why(short))  # more tokens served than the steps accepted
     long_ = response([STEPS] * 7)  # 7 steps of 6 for 31 kept tokens: one step too many
     assert any("42 outside [31, 36]" in w for w in why(long_))
@@ -111,9 +123,18 @@ def test_no_verify_count_for_many_tokens():
     assert why({"completion_tokens": 32}) == [f"missing {', '.join(F.SGLANG_META_FIELDS[0][1])} (completion_tokens 32)"]
 
 
-@pytest.mark.parametrize("version, aliases", [("0.5.13", True), ("0.5.17", True), ("0.5.17.post1", True),
-                                              ("0.5.23", False), ("0.5.20", False), ("0.6.0", False),
-                                              ("not-a-version", False)])
+@pytest.mark.parametrize(
+    "version, aliases",
+    [
+        ("0.5.13", True),
+        ("0.5.17", True),
+        ("0.5.17.post1", True),
+        ("0.5.23", False),
+        ("0.5.20", False),
+        ("0.6.0", False),
+        ("not-a-version", False),
+    ],
+)
 def test_documented_fields_by_release(version, aliases):
     fields = F.documented_fields(version)
     assert set(F.CORE_FIELDS) <= set(fields)

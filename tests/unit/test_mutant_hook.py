@@ -41,8 +41,14 @@ def test_hook_serves_the_patched_module_to_a_process_and_its_spawn_child(tmp_pat
     site, payload = payload_for(tmp_path)
     script = tmp_path / "spawn_check.py"
     script.write_text(textwrap.dedent(SPAWN))
-    proc = subprocess.run([sys.executable, str(script)], env=hook_env(site, payload=payload), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=hook_env(site, payload=payload),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["2", "2"]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{C.MARK} value-two serves patched toypkg.mod")]
@@ -54,15 +60,17 @@ def test_hook_without_a_mutant_changes_nothing(tmp_path):
     site, _ = payload_for(tmp_path)
     script = tmp_path / "spawn_check.py"
     script.write_text(textwrap.dedent(SPAWN))
-    proc = subprocess.run([sys.executable, str(script)], env=hook_env(site), cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=hook_env(site), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "1"] and C.MARK not in proc.stderr
 
 
 def test_tracebacks_and_inspect_show_the_patched_text(tmp_path):
     site, payload = payload_for(tmp_path)
-    proc = py("""\
+    proc = py(
+        """\
         import inspect, traceback, toypkg.mod as m
         print(inspect.getsource(m).splitlines()[0])
         try:
@@ -70,7 +78,10 @@ def test_tracebacks_and_inspect_show_the_patched_text(tmp_path):
         except RuntimeError:
             print(traceback.format_exc().strip().splitlines()[-1])
         print(m.__file__)
-        """, hook_env(site, payload=payload), tmp_path)
+        """,
+        hook_env(site, payload=payload),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     first, error, file = proc.stdout.splitlines()
     assert first == "VALUE = 2" and error == "RuntimeError: boom at VALUE=2"
@@ -96,8 +107,11 @@ def test_hook_refuses_a_module_imported_from_elsewhere(tmp_path):
 def test_hook_chains_to_the_sitecustomize_it_shadows(tmp_path):
     site, payload = payload_for(tmp_path)
     other = write_tree(tmp_path / "vendor", {"sitecustomize.py": "import os\nos.environ['CHAINED'] = 'yes'\n"})
-    proc = py("import os, toypkg.mod as m; print(os.environ.get('CHAINED'), m.VALUE)",
-              hook_env(other, site, payload=payload), tmp_path)
+    proc = py(
+        "import os, toypkg.mod as m; print(os.environ.get('CHAINED'), m.VALUE)",
+        hook_env(other, site, payload=payload),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["yes", "2"]
 

@@ -62,9 +62,11 @@ def test_check_against_the_installed_sglang_0_5_17(capsys):
 
 def test_list_and_check_on_a_fake_release(tmp_path, capsys):
     pkg = write_tree(tmp_path, {**FAKE, "sglang/_version.py": "__version__ = version = '9.9.9'\n"}) / "sglang"
-    cat = (C.Mutant("ok", "handoff", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0]"),)),
-           C.Mutant("gone", "positions", "m", (C.Site("sglang.srt.speculative.worker_v1", "h", "g"),)),
-           C.Mutant("bad", "accounting", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0"),)))
+    cat = (
+        C.Mutant("ok", "handoff", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0]"),)),
+        C.Mutant("gone", "positions", "m", (C.Site("sglang.srt.speculative.worker_v1", "h", "g"),)),
+        C.Mutant("bad", "accounting", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0"),)),
+    )
     ns = parse(["--list"])
     assert M.run(ns, catalogue=cat, pkg_dir=pkg) == 0  # --list does not compile
     ns = parse(["--check"])
@@ -109,8 +111,14 @@ def test_failing_baseline_invalidates_the_result(tmp_path, stub_env, monkeypatch
 
 def test_unknown_server_is_one_line_before_anything_runs(tmp_path, stub_env, capsys):
     pkg, command = stub_env
-    rc = M.run(parse(["--servers", "nope", "--out", str(tmp_path / "out")]), catalogue=TOY_CAT, pkg_dir=pkg,
-               command=command, known_servers=["w"], gpu_check=False)
+    rc = M.run(
+        parse(["--servers", "nope", "--out", str(tmp_path / "out")]),
+        catalogue=TOY_CAT,
+        pkg_dir=pkg,
+        command=command,
+        known_servers=["w"],
+        gpu_check=False,
+    )
     assert rc == 2 and not (tmp_path / "out").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "smoke server(s) nope not in this checkout's smoke tier" in err[0]
@@ -119,8 +127,15 @@ def test_unknown_server_is_one_line_before_anything_runs(tmp_path, stub_env, cap
 def test_nothing_applicable_runs_nothing(tmp_path, stub_env):
     pkg, command = stub_env
     lines: list[str] = []
-    rc = M.run(parse(["--mutants", "elsewhere", "--out", str(tmp_path / "out")]), catalogue=TOY_CAT, pkg_dir=pkg,
-               command=command, known_servers=["w"], gpu_check=False, log=lines.append)
+    rc = M.run(
+        parse(["--mutants", "elsewhere", "--out", str(tmp_path / "out")]),
+        catalogue=TOY_CAT,
+        pkg_dir=pkg,
+        command=command,
+        known_servers=["w"],
+        gpu_check=False,
+        log=lines.append,
+    )
     assert rc == 1 and not (tmp_path / "out").exists()
     assert lines[-1].startswith("NOTHING-APPLICABLE")
 
@@ -159,5 +174,7 @@ def test_check_lists_every_mutant_applicable_on_each_row_release(version, capsys
     na = sum(version in m.na_on for m in C.CATALOGUE)  # n.a. by design (Mutant.na_on)
     assert f"{len(C.CATALOGUE) - na} applicable, {na} n.a.; every patched module compiles" in out
     for mutant_id in OFF_CHAIN:
-        assert any(ln.split()[:3] == [mutant_id, C.catalogue_by_id()[mutant_id].category, "applicable"]
-                   for ln in out.splitlines()), mutant_id
+        assert any(
+            ln.split()[:3] == [mutant_id, C.catalogue_by_id()[mutant_id].category, "applicable"]
+            for ln in out.splitlines()
+        ), mutant_id

@@ -15,8 +15,13 @@ import pytest
 from mtpmatrix.core.rows import load_rows
 
 # this interpreter's nox, else the one on PATH (inside `nox -s unit` the venv has no nox, the machine does)
-NOX = ([sys.executable, "-m", "nox"] if importlib.util.find_spec("nox") else
-       [shutil.which("nox")] if shutil.which("nox") else None)
+NOX = (
+    [sys.executable, "-m", "nox"]
+    if importlib.util.find_spec("nox")
+    else [shutil.which("nox")]
+    if shutil.which("nox")
+    else None
+)
 if NOX is None:
     pytest.skip("nox is not installed here (pip install -e '.[dev]')", allow_module_level=True)
 pytestmark = pytest.mark.nox  # every test here launches nox
@@ -75,14 +80,29 @@ def copy_project(tmp_path: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("name,text,line,words", [
-    ("sglang-9.9.9.txt", "# python: 3.11\n# torch-backend: pypi\n# gpu: 2\nsglang==9.9.9\ntransformers==5.12.1\n"
-     "torch==2.11.0\n", 3, "unknown header key 'gpu'"),
-    ("sglang-9.9.9.txt", "# python: 3.11\n# torch-backend: pypi\nsglang==9.9.9\ntransformers>=5.12\n"
-     "torch==2.11.0\n", 4, "must be pinned exactly"),
-    ("sglang-0.5.13.txt", "# python: 3.11\n# torch-backend: pypi\nsglang==0.5.13\ntransformers==5.7.0\n"
-     "torch==2.11.0\n", 4, "predates gemma4_assistant"),
-])
+@pytest.mark.parametrize(
+    "name,text,line,words",
+    [
+        (
+            "sglang-9.9.9.txt",
+            "# python: 3.11\n# torch-backend: pypi\n# gpu: 2\nsglang==9.9.9\ntransformers==5.12.1\ntorch==2.11.0\n",
+            3,
+            "unknown header key 'gpu'",
+        ),
+        (
+            "sglang-9.9.9.txt",
+            "# python: 3.11\n# torch-backend: pypi\nsglang==9.9.9\ntransformers>=5.12\ntorch==2.11.0\n",
+            4,
+            "must be pinned exactly",
+        ),
+        (
+            "sglang-0.5.13.txt",
+            "# python: 3.11\n# torch-backend: pypi\nsglang==0.5.13\ntransformers==5.7.0\ntorch==2.11.0\n",
+            4,
+            "predates gemma4_assistant",
+        ),
+    ],
+)
 def test_malformed_constraints_fail_nox_in_one_line(tmp_path, name, text, line, words):
     proj = copy_project(tmp_path)
     bad = proj / "constraints" / name

@@ -36,8 +36,10 @@ def _opts(tmp_path, **kw):
 
 
 def _finish(opts, row_id, suite=None):
-    atomic_write_json(Path(opts.results) / opts.run_id / row_id / "row.json",
-                      {"row": {"id": row_id}, "verdict": "passed", "fingerprint": suite or fingerprint.describe()})
+    atomic_write_json(
+        Path(opts.results) / opts.run_id / row_id / "row.json",
+        {"row": {"id": row_id}, "verdict": "passed", "fingerprint": suite or fingerprint.describe()},
+    )
 
 
 def test_the_first_row_writes_the_plan_of_every_queued_row(tmp_path, rows):
@@ -79,7 +81,8 @@ def test_a_row_stopped_by_bad_input_is_named_and_cleared_when_it_runs(tmp_path, 
     plan.start(opts, "sglang-0.5.17", plan.planned(table, list(table)))
     plan.not_run(opts, "sglang-0.5.23", "--with transformers==9.9: no such release")
     assert manifest.read(tmp_path / "results" / "run1")["not_run"] == {
-        "sglang-0.5.23": "--with transformers==9.9: no such release"}
+        "sglang-0.5.23": "--with transformers==9.9: no such release"
+    }
     plan.start(opts, "sglang-0.5.23", plan.planned(table, list(table)))
     assert manifest.read(tmp_path / "results" / "run1")["not_run"] == {}
 
@@ -87,8 +90,13 @@ def test_a_row_stopped_by_bad_input_is_named_and_cleared_when_it_runs(tmp_path, 
 def test_the_queued_rows_come_from_nox_and_else_every_row():
     def queued(row):
         return SimpleNamespace(name="gemma4_mtp", func=SimpleNamespace(call_spec={"row": row}))
-    runner = SimpleNamespace(name="gemma4_mtp", manifest=SimpleNamespace(
-        _consumed=[queued("a")], _queue=[queued("b"), SimpleNamespace(name="unit", func=SimpleNamespace())]))
+
+    runner = SimpleNamespace(
+        name="gemma4_mtp",
+        manifest=SimpleNamespace(
+            _consumed=[queued("a")], _queue=[queued("b"), SimpleNamespace(name="unit", func=SimpleNamespace())]
+        ),
+    )
     assert plan.queued_rows(SimpleNamespace(_runner=runner), ["a", "b", "c"]) == ["a", "b"]
     assert plan.queued_rows(SimpleNamespace(), ["a", "b", "c"]) == ["a", "b", "c"]
 

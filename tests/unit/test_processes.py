@@ -13,8 +13,9 @@ from mtpmatrix.serving import processes
 
 
 def test_supported_env_filters_unknown_sglang_names():
-    kept, dropped = processes.supported_env({"SGLANG_KNOWN": "1", "SGLANG_TYPO": "1", "CUDA_VISIBLE_DEVICES": "0"},
-                                         known={"SGLANG_KNOWN"})
+    kept, dropped = processes.supported_env(
+        {"SGLANG_KNOWN": "1", "SGLANG_TYPO": "1", "CUDA_VISIBLE_DEVICES": "0"}, known={"SGLANG_KNOWN"}
+    )
     assert kept == {"SGLANG_KNOWN": "1", "CUDA_VISIBLE_DEVICES": "0"} and dropped == ["SGLANG_TYPO"]
     assert processes.supported_env({"A": "b"}) == ({"A": "b"}, [])
 
@@ -29,27 +30,32 @@ def _fake_sglang_python(tmp_path: Path, environ: str) -> tuple[Path, Path]:
     (pkg / "srt" / "environ.py").write_text(environ)
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(pkg.parent))} "
-                      f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(pkg.parent))} exec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
     return python, pkg
 
 
 def test_sglang_env_names_read_from_installed_sglang(tmp_path):
     # the shape of sglang 0.5.17's srt/environ.py: class attributes named after the variables
-    python, pkg = _fake_sglang_python(tmp_path, textwrap.dedent("""\
+    python, pkg = _fake_sglang_python(
+        tmp_path,
+        textwrap.dedent("""\
         class Envs:
             SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION = EnvBool(True)
             SGL_CHUNKED_PREFIX_CACHE_THRESHOLD = EnvInt(8192)
             # not names: lower case, or no SGLANG_/SGL_ prefix
             sglang_lower = 1
             CUDA_HOME = None
-        """))
+        """),
+    )
     assert processes.sglang_package_dir(str(python)) == pkg
-    assert processes.sglang_env_names(str(python)) == {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
-                                                        "SGL_CHUNKED_PREFIX_CACHE_THRESHOLD"}
-    kept, dropped = processes.supported_env({"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "1", "SGLANG_TYPO": "1"},
-                                            str(python))
+    assert processes.sglang_env_names(str(python)) == {
+        "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
+        "SGL_CHUNKED_PREFIX_CACHE_THRESHOLD",
+    }
+    kept, dropped = processes.supported_env(
+        {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "1", "SGLANG_TYPO": "1"}, str(python)
+    )
     assert kept == {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "1"} and dropped == ["SGLANG_TYPO"]
 
 
@@ -59,19 +65,48 @@ def test_sglang_env_names_without_sglang():
 
 def test_redaction_helpers():
     assert processes.redact_env({"HF_TOKEN": "x", "HUGGING_FACE_HUB_TOKEN": "y", "PATH": "/bin"}) == {
-        "HF_TOKEN": "***", "HUGGING_FACE_HUB_TOKEN": "***", "PATH": "/bin"}
+        "HF_TOKEN": "***",
+        "HUGGING_FACE_HUB_TOKEN": "***",
+        "PATH": "/bin",
+    }
     assert processes.redact_args(["--api-key", "s", "--tp", "2", "--admin-api-key=z"]) == [
-        "--api-key", "***", "--tp", "2", "--admin-api-key=***"]
+        "--api-key",
+        "***",
+        "--tp",
+        "2",
+        "--admin-api-key=***",
+    ]
 
 
 def test_redaction_keeps_token_count_options():
-    args = ["--max-total-tokens", "32768", "--speculative-num-draft-tokens", "6", "--skip-tokenizer-init",
-            "--model-path", "m", "--hf-token", "t", "--api-key=k"]
-    assert processes.redact_args(args) == ["--max-total-tokens", "32768", "--speculative-num-draft-tokens", "6",
-                                        "--skip-tokenizer-init", "--model-path", "m", "--hf-token", "***",
-                                        "--api-key=***"]
+    args = [
+        "--max-total-tokens",
+        "32768",
+        "--speculative-num-draft-tokens",
+        "6",
+        "--skip-tokenizer-init",
+        "--model-path",
+        "m",
+        "--hf-token",
+        "t",
+        "--api-key=k",
+    ]
+    assert processes.redact_args(args) == [
+        "--max-total-tokens",
+        "32768",
+        "--speculative-num-draft-tokens",
+        "6",
+        "--skip-tokenizer-init",
+        "--model-path",
+        "m",
+        "--hf-token",
+        "***",
+        "--api-key=***",
+    ]
     assert processes.redact_env({"TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}) == {
-        "TOKENIZERS_PARALLELISM": "false", "SGLANG_MAX_TOKENS": "1"}
+        "TOKENIZERS_PARALLELISM": "false",
+        "SGLANG_MAX_TOKENS": "1",
+    }
 
 
 def test_free_port_avoids_the_ephemeral_range():

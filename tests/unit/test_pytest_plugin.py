@@ -25,7 +25,7 @@ NO_GPU = "needs 1 CUDA GPU(s), this machine has 0"
 VERSIONS = {"python": "3.11.9", "transformers": "5.18.0", "torch": "2.11.0"}
 
 # One module per tier behaviour the plugin records; line numbers matter only through ``line_of``.
-CHECKS = '''\
+CHECKS = """\
 import time
 
 import pytest
@@ -93,7 +93,7 @@ def test_server():
 
 def test_not_a_tier():
     pass
-'''
+"""
 
 
 def line_of(source: str, text: str) -> int:
@@ -103,8 +103,9 @@ def line_of(source: str, text: str) -> int:
 @pytest.fixture
 def session(pytester, monkeypatch, tmp_path):
     """``run(source, *args, unavailable=..., known=[...]) -> (result, tiers.json or None)``."""
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n"
-                     + "".join(f"    {m}\n" for m in MARKERS))
+    pytester.makeini(
+        "[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n" + "".join(f"    {m}\n" for m in MARKERS)
+    )
     pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.session.plugin"]\n')
     monkeypatch.setattr(environment, "versions", lambda: dict(VERSIONS))
     monkeypatch.setattr(environment, "gpu_count", lambda: 0)
@@ -142,8 +143,13 @@ def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
     assert contract["verdict"] == "failed"
     assert contract["failure_kinds"] == ["harness"]
     checks = _checks(data, "contract")
-    assert list(checks) == ["test_resolves", "test_config_values", "test_needs_broken_fixture", "test_own_bug",
-                            "test_skips_itself"]
+    assert list(checks) == [
+        "test_resolves",
+        "test_config_values",
+        "test_needs_broken_fixture",
+        "test_own_bug",
+        "test_skips_itself",
+    ]
     assert all(c["tier"] == "contract" and c["id"] == f"test_tiers.py::{name}" for name, c in checks.items())
     assert contract["seconds"] == pytest.approx(sum(c["seconds"] for c in checks.values()), abs=0.01)
 
@@ -160,8 +166,12 @@ def test_tiers_json_holds_verdicts_and_check_records(session, pytester):
     assert bad["outcome"] == "failed" and bad["metrics"] == {"layers": 8}
     # a bare assertion is the harness's, whatever the check declares (a break found says so with CheckFailure)
     assert bad["failure"] == {
-        "kind": "harness", "type": "AssertionError", "message": "config resolves to the wrong values", "frame": None,
-        "raised_at": f"{pytester.path / 'test_tiers.py'}:{line_of(CHECKS, 'assert 1 + 1 == 3')} in test_config_values"}
+        "kind": "harness",
+        "type": "AssertionError",
+        "message": "config resolves to the wrong values",
+        "frame": None,
+        "raised_at": f"{pytester.path / 'test_tiers.py'}:{line_of(CHECKS, 'assert 1 + 1 == 3')} in test_config_values",
+    }
 
     setup = checks["test_needs_broken_fixture"]
     assert setup["outcome"] == "error" and setup["metrics"] == {}
@@ -196,15 +206,25 @@ def test_tiers_option_selects_and_skips_with_one_line(session):
     assert tiers["contract"]["verdict"] == "skipped" and tiers["contract"]["reason"] == "contract tier: no sglang here"
     not_selected = "smoke tier not selected (--tiers reference,contract)"
     assert tiers["smoke"]["verdict"] == "skipped" and tiers["smoke"]["reason"] == not_selected
-    assert _checks(data, "smoke")["test_server"] == {"id": "test_tiers.py::test_server", "tier": "smoke",
-                                                     "outcome": "skipped", "seconds": 0.0, "cpu_seconds": 0.0,
-                                                     "metrics": {},
-                                                     "reason": not_selected}
+    assert _checks(data, "smoke")["test_server"] == {
+        "id": "test_tiers.py::test_server",
+        "tier": "smoke",
+        "outcome": "skipped",
+        "seconds": 0.0,
+        "cpu_seconds": 0.0,
+        "metrics": {},
+        "reason": not_selected,
+    }
     # the terminal says the same, one line each
-    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_tiers.py:*: contract tier: no sglang here",
-                                 f"SKIPPED [[]1[]] test_tiers.py:*: {not_selected}"])
-    result.stdout.fnmatch_lines(["mtpmatrix tier reference: available",
-                                 "mtpmatrix tier contract: skip (no sglang here)"])
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED [[]1[]] test_tiers.py:*: contract tier: no sglang here",
+            f"SKIPPED [[]1[]] test_tiers.py:*: {not_selected}",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["mtpmatrix tier reference: available", "mtpmatrix tier contract: skip (no sglang here)"]
+    )
     result.assert_outcomes(passed=2, failed=1, skipped=6)
 
 
@@ -226,12 +246,21 @@ def test_unknown_tier_is_a_usage_error(session, tiers):
     result.stderr.fnmatch_lines([f"ERROR: --tiers: unknown tier(s) {bad}; known: contract, reference, smoke, gsm8k"])
 
 
-KNOWN = {"id": "greedy-bug", "package": "transformers", "affected": ">=5.18.0,<5.20.0", "tier": "reference",
-         "match": r"CheckFailure: outputs differ at token \d", "checks": ["test_greedy"], "summary": "one line",
-         "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0", "component": "library",
-         "kind": "mismatch"}
+KNOWN = {
+    "id": "greedy-bug",
+    "package": "transformers",
+    "affected": ">=5.18.0,<5.20.0",
+    "tier": "reference",
+    "match": r"CheckFailure: outputs differ at token \d",
+    "checks": ["test_greedy"],
+    "summary": "one line",
+    "upstream": "https://example.invalid/pr/1",
+    "fixed_in": "5.20.0",
+    "component": "library",
+    "kind": "mismatch",
+}
 # A reference check that fails the way KNOWN describes; the modules below add their own checks to it.
-GREEDY_FAILS = '''\
+GREEDY_FAILS = """\
 import pytest
 
 from mtpmatrix.core.kinds import CheckFailure
@@ -241,13 +270,16 @@ from mtpmatrix.core.kinds import CheckFailure
 @pytest.mark.check("mismatch")
 def test_greedy():
     raise CheckFailure("mismatch", "outputs differ at token 3")
-'''
-REFERENCE_ONLY = GREEDY_FAILS + '''
+"""
+REFERENCE_ONLY = (
+    GREEDY_FAILS
+    + """
 
 @pytest.mark.reference
 def test_witness():
     pass
-'''
+"""
+)
 
 
 def test_known_upstream_failure_is_tagged_and_does_not_fail_the_tier(session):
@@ -257,13 +289,23 @@ def test_known_upstream_failure_is_tagged_and_does_not_fail_the_tier(session):
     reference = data["tiers"]["reference"]
     assert reference["verdict"] == "known-upstream"
     assert _checks(data, "reference")["test_greedy"]["known_upstream"] == "greedy-bug"
-    assert reference["known_upstream"] == [{
-        "id": "greedy-bug", "package": "transformers", "version": "5.18.0", "summary": "one line",
-        "upstream": "https://example.invalid/pr/1", "fixed_in": "5.20.0", "serving_path": False,
-        "component": "library", "checks": ["test_tiers.py::test_greedy"]}]
+    assert reference["known_upstream"] == [
+        {
+            "id": "greedy-bug",
+            "package": "transformers",
+            "version": "5.18.0",
+            "summary": "one line",
+            "upstream": "https://example.invalid/pr/1",
+            "fixed_in": "5.20.0",
+            "serving_path": False,
+            "component": "library",
+            "checks": ["test_tiers.py::test_greedy"],
+        }
+    ]
     # a listed check that passes inside the affected range: the entry no longer describes this environment
     assert [(e["id"], e["checks"]) for e in reference["stale_known_upstream"]] == [
-        ("witness-bug", ["test_tiers.py::test_witness"])]
+        ("witness-bug", ["test_tiers.py::test_witness"])
+    ]
 
 
 def test_known_upstream_needs_the_affected_release(session, monkeypatch):
@@ -284,16 +326,21 @@ def test_collection_error_marks_every_selected_tier_incomplete(session, pytester
     pytester.makepyfile(test_broken="import no_such_module_here\n")
     result, data = session(REFERENCE_ONLY, "--tiers", "contract,reference")
     assert result.ret == pytest.ExitCode.INTERRUPTED and data["exitstatus"] == int(pytest.ExitCode.INTERRUPTED)
-    reason = ("pytest stopped early (exit 2): 1 collection error(s), first in test_broken.py; "
-              "see the pytest output")
+    reason = "pytest stopped early (exit 2): 1 collection error(s), first in test_broken.py; see the pytest output"
     for tier in ("contract", "reference"):  # nothing ran: an error, never 'skipped' or 'passed'
         entry = data["tiers"][tier]
         assert (entry["verdict"], entry["incomplete"], entry["reason"], entry["failure_kinds"]) == (
-            "error", True, reason, ["harness"])
+            "error",
+            True,
+            reason,
+            ["harness"],
+        )
     assert data["tiers"]["smoke"]["verdict"] == "skipped" and "incomplete" not in data["tiers"]["smoke"]
 
 
-INTERRUPTED = GREEDY_FAILS + '''
+INTERRUPTED = (
+    GREEDY_FAILS
+    + """
 
 @pytest.mark.contract
 def test_first():
@@ -308,7 +355,8 @@ def test_ctrl_c():
 @pytest.mark.contract
 def test_never_reached():
     pass
-'''
+"""
+)
 
 
 def test_interrupted_session_keeps_failures_and_marks_the_rest(session):
@@ -337,13 +385,15 @@ def test_no_results_file_without_the_option(pytester, monkeypatch):
     pytester.makeconftest('pytest_plugins = ["mtpmatrix.tiers.session.plugin"]\n')
     monkeypatch.setattr(environment, "tier_unavailable", lambda tier: None)
     monkeypatch.delenv("MTPMATRIX_RESULTS", raising=False)
-    pytester.makepyfile(test_one=textwrap.dedent('''
+    pytester.makepyfile(
+        test_one=textwrap.dedent("""
         import pytest
 
         @pytest.mark.contract
         def test_x(mtp_results_dir):
             assert mtp_results_dir.is_dir()
-        '''))
+        """)
+    )
     result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning")
     result.assert_outcomes(passed=1)
     assert not list(pytester.path.rglob("tiers.json"))
@@ -356,9 +406,9 @@ def test_no_results_file_without_the_option(pytester, monkeypatch):
 HALF_IMPORTED = {
     # fails once, like sglang under that row: a later step (sglang.launch_server) imported the package again cleanly
     "halfpkg/__init__.py": "import os\nfrom halfpkg.sub.environ import x  # noqa: F401\n"
-                           "flag = os.path.join(os.path.dirname(__file__), 'fail-once')\n"
-                           "if os.path.exists(flag):\n    os.unlink(flag)\n"
-                           "    raise ImportError('halfpkg was built for CUDA 13.0, torch has 13.2')\n",
+    "flag = os.path.join(os.path.dirname(__file__), 'fail-once')\n"
+    "if os.path.exists(flag):\n    os.unlink(flag)\n"
+    "    raise ImportError('halfpkg was built for CUDA 13.0, torch has 13.2')\n",
     "halfpkg/fail-once": "",
     "halfpkg/top.py": "",
     "halfpkg/sub/environ.py": "x = 1\n",
@@ -367,7 +417,7 @@ HALF_IMPORTED = {
     "halfpkg/sub/models/m2.py": "",
     "halfpkg/sub/models/m3.py": "",
 }
-IMPORT_CHAIN = '''\
+IMPORT_CHAIN = """\
 import pytest
 
 from mtpmatrix.tiers.compat import sglang_compat as compat
@@ -393,7 +443,7 @@ def test_import(step, chain):
 @pytest.mark.check("config")
 def test_unrelated():
     return {}["own bug"]
-'''
+"""
 
 
 def test_half_imported_package_failures_point_at_the_failure_that_left_it(session, pytester):
@@ -408,13 +458,16 @@ def test_half_imported_package_failures_point_at_the_failure_that_left_it(sessio
         f = checks[later]["failure"]
         assert f["type"] == "KeyError" and f["kind"] == "import"  # the earlier failure's kind, not 'harness'
         assert f["consequence_of"] == "test_tiers.py::test_import[m1]"
-        assert f["message"] == ("consequence of test_tiers.py::test_import[m1] (import): it left package "
-                                "'halfpkg' half-imported, so importlib raised KeyError: 'halfpkg'")
+        assert f["message"] == (
+            "consequence of test_tiers.py::test_import[m1] (import): it left package "
+            "'halfpkg' half-imported, so importlib raised KeyError: 'halfpkg'"
+        )
     # a KeyError of this project's own, unrelated to the half-imported package, stays harness
     own = checks["test_unrelated"]["failure"]
     assert own["kind"] == "harness" and "consequence_of" not in own
     assert checks["test_import[top]"]["outcome"] == "passed"  # the package imported again: no longer half-imported
     assert data["tiers"]["contract"]["failure_kinds"] == ["harness", "import"]
+
 
 def test_the_session_records_its_selection_and_a_deselected_check_makes_the_tier_partial(session, monkeypatch):
     """tiers.json says what the session was asked (args, -k, MTPMATRIX_* knobs and nothing else of the environment,
@@ -422,8 +475,9 @@ def test_the_session_records_its_selection_and_a_deselected_check_makes_the_tier
     them and the -k that left them out."""
     monkeypatch.setenv("MTPMATRIX_SMOKE_PAIR", "e-series")
     monkeypatch.setenv("NOT_A_KNOB_TOKEN", "secret")
-    source = REFERENCE_ONLY.replace("def test_greedy():\n    raise CheckFailure",
-                                    "def test_greedy():\n    return\n    raise")
+    source = REFERENCE_ONLY.replace(
+        "def test_greedy():\n    raise CheckFailure", "def test_greedy():\n    return\n    raise"
+    )
     _result, data = session(source, "--tiers", "reference", "-k", "witness")
     sel = data["selection"]
     assert sel["keyword"] == "witness" and sel["args"][sel["args"].index("-k") + 1] == "witness"

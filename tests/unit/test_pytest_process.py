@@ -18,7 +18,7 @@ from mtpmatrix.tiers.session import process as pytest_process
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-SUITE = '''
+SUITE = """
 import atexit, gc, os, threading, time
 
 def _at_exit():
@@ -42,7 +42,7 @@ def test_thresholds(record_property):
 
 def test_outcome():
     assert OUTCOME
-'''
+"""
 
 
 def _run(tmp_path: Path, launcher: str, outcome: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -51,10 +51,25 @@ def _run(tmp_path: Path, launcher: str, outcome: str) -> tuple[subprocess.Comple
     (suite / "test_x.py").write_text(SUITE.replace("OUTCOME", outcome))
     results = tmp_path / f"tiers-{launcher}.json"
     junit = tmp_path / f"junit-{launcher}.xml"
-    done = subprocess.run([sys.executable, "-m", launcher, str(suite), "-q", "-p", "no:cacheprovider",
-                           "-p", "mtpmatrix.tiers.session.plugin", f"--mtp-results={results}",
-                           f"--junitxml={junit}"],
-                          env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            launcher,
+            str(suite),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "mtpmatrix.tiers.session.plugin",
+            f"--mtp-results={results}",
+            f"--junitxml={junit}",
+        ],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert junit.is_file() and results.is_file(), done.stdout + done.stderr  # both written at sessionfinish
     json.loads(results.read_text())
     cases = {}  # test name -> (outcome, properties) from pytest's own junit.xml
@@ -80,7 +95,19 @@ def test_ends_as_pytest_does_without_the_teardown(tmp_path, outcome, status):
 
 def test_nothing_collected_keeps_pytests_status(tmp_path):
     (tmp_path / "empty").mkdir()
-    done = subprocess.run([sys.executable, "-m", "mtpmatrix.tiers.session.process", str(tmp_path / "empty"), "-q",
-                           "-p", "no:cacheprovider"], env={**os.environ, "PYTHONPATH": str(SRC)},
-                          capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtpmatrix.tiers.session.process",
+            str(tmp_path / "empty"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 5, done.stdout + done.stderr

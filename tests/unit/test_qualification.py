@@ -34,8 +34,13 @@ def check(tier: str, func: str, case: str | None = None, outcome: str = "passed"
 
 def accuracy_metrics(pair: str, n: int = settings.GSM8K_NUM_EXAMPLES, threshold="seed") -> dict:
     thr = settings.PAIRS[pair].threshold if threshold == "seed" else threshold
-    return {schema.SCORE: 0.9, schema.NUM_EXAMPLES: n, schema.NUM_CORRECT: int(0.9 * n), schema.THRESHOLD: thr,
-            schema.GATED: thr is not None}
+    return {
+        schema.SCORE: 0.9,
+        schema.NUM_EXAMPLES: n,
+        schema.NUM_CORRECT: int(0.9 * n),
+        schema.THRESHOLD: thr,
+        schema.GATED: thr is not None,
+    }
 
 
 def _defined(tier: str, case: str | None = None) -> list[str]:
@@ -49,12 +54,15 @@ def _func(check_id: str) -> str:
 
 def gsm8k_case(pair: str, topk: int, skip: str | None = None, **acc) -> list[dict]:
     case = f"{pair}-topk{topk}"
-    ids = _defined("gsm8k", case) or [f"{FILES['gsm8k']}::{f}[{case}]"
-                                      for f in ("test_args", "test_accuracy", "test_acceptance")]
+    ids = _defined("gsm8k", case) or [
+        f"{FILES['gsm8k']}::{f}[{case}]" for f in ("test_args", "test_accuracy", "test_acceptance")
+    ]
     if skip:
         return [check("gsm8k", _func(i), case, "skipped", reason=skip) for i in ids]
-    metrics = {"test_accuracy": accuracy_metrics(pair, **acc),
-               "test_acceptance": {schema.ACCEPT_LENGTH: 3.1, schema.MIN_ACCEPT_LENGTH: settings.MIN_ACCEPT_LENGTH}}
+    metrics = {
+        "test_accuracy": accuracy_metrics(pair, **acc),
+        "test_acceptance": {schema.ACCEPT_LENGTH: 3.1, schema.MIN_ACCEPT_LENGTH: settings.MIN_ACCEPT_LENGTH},
+    }
     return [check("gsm8k", _func(i), case, metrics=dict(metrics.get(_func(i), {}))) for i in ids]
 
 
@@ -73,25 +81,56 @@ def full_checks() -> dict[str, list[dict]]:
     }
 
 
-def selection(checks: dict[str, list[dict]], *, knobs: dict | None = None, keyword: str = "",
-              collected: dict[str, list[dict]] | None = None, args: list[str] | None = None) -> dict:
+def selection(
+    checks: dict[str, list[dict]],
+    *,
+    knobs: dict | None = None,
+    keyword: str = "",
+    collected: dict[str, list[dict]] | None = None,
+    args: list[str] | None = None,
+) -> dict:
     """What the plugin records of a session: its args, knobs and every check it collected (before -k)."""
-    return {"args": args or ["tests/tiers"], "paths": ["tests/tiers"], "keyword": keyword, "markexpr": "",
-            "deselect": [], "maxfail": 0, "knobs": dict(knobs or {}),
-            "collected": {t: [c["id"] for c in cs] for t, cs in (collected or checks).items()}}
+    return {
+        "args": args or ["tests/tiers"],
+        "paths": ["tests/tiers"],
+        "keyword": keyword,
+        "markexpr": "",
+        "deselect": [],
+        "maxfail": 0,
+        "knobs": dict(knobs or {}),
+        "collected": {t: [c["id"] for c in cs] for t, cs in (collected or checks).items()},
+    }
 
 
-def write_row(results: Path, run_id: str, row_id: str, checks: dict[str, list[dict]], sel: dict | None,
-              versions: dict | None = None, tier_extra: dict | None = None) -> dict:
+def write_row(
+    results: Path,
+    run_id: str,
+    row_id: str,
+    checks: dict[str, list[dict]],
+    sel: dict | None,
+    versions: dict | None = None,
+    tier_extra: dict | None = None,
+) -> dict:
     tiers = {}
     for t in schema.TIERS:
         cs = checks.get(t, [])
         outcomes = [c["outcome"] for c in cs]
-        tiers[t] = {"verdict": schema.worst(outcomes) if cs else "skipped", "seconds": 1.0, "checks": cs,
-                    **(tier_extra or {}).get(t, {})}
-    rec = {"schema": schema.SCHEMA, "row": {"id": row_id, "pins": {}, "python": "3.11"}, "overrides": [],
-           "install": {"verdict": "passed"}, "versions": dict(versions or VERSIONS), "tiers": tiers, "gpus": 2,
-           "verdict": "passed"}
+        tiers[t] = {
+            "verdict": schema.worst(outcomes) if cs else "skipped",
+            "seconds": 1.0,
+            "checks": cs,
+            **(tier_extra or {}).get(t, {}),
+        }
+    rec = {
+        "schema": schema.SCHEMA,
+        "row": {"id": row_id, "pins": {}, "python": "3.11"},
+        "overrides": [],
+        "install": {"verdict": "passed"},
+        "versions": dict(versions or VERSIONS),
+        "tiers": tiers,
+        "gpus": 2,
+        "verdict": "passed",
+    }
     if sel is not None:
         rec["selection"] = sel
     d = results / run_id / row_id
@@ -101,9 +140,12 @@ def write_row(results: Path, run_id: str, row_id: str, checks: dict[str, list[di
         if schema.NUM_CORRECT in m:
             m[schema.RECORDS] = schema.gsm8k_records(schema.check_param(c["id"]))
             (d / m[schema.RECORDS]).parent.mkdir(exist_ok=True)
-            (d / m[schema.RECORDS]).write_text("".join(
-                json.dumps({"index": i, "correct": i < m[schema.NUM_CORRECT]}) + "\n"
-                for i in range(m[schema.NUM_EXAMPLES])))
+            (d / m[schema.RECORDS]).write_text(
+                "".join(
+                    json.dumps({"index": i, "correct": i < m[schema.NUM_CORRECT]}) + "\n"
+                    for i in range(m[schema.NUM_EXAMPLES])
+                )
+            )
     (d / schema.ROW_FILE).write_text(json.dumps(rec))
     stamp(results / run_id)  # the manifest, the suite's fingerprint, tiers.json and junit.xml: evidence that holds
     return rec
@@ -112,14 +154,21 @@ def write_row(results: Path, run_id: str, row_id: str, checks: dict[str, list[di
 def one_gpu_box_checks() -> dict[str, list[dict]]:
     """A 1-GPU box: gsm8k ran E4B topk 1 and 3, the TP-2 pairs skipped; smoke ran one server."""
     checks = full_checks()
-    checks["gsm8k"] = [c for p, k in SEED for c in (
-        gsm8k_case(p, k) if settings.PAIRS[p].tp == 1 else
-        gsm8k_case(p, k, skip=TP2_SKIP.format(pair=p, key=p.upper().replace("-", "_"))))]
+    checks["gsm8k"] = [
+        c
+        for p, k in SEED
+        for c in (
+            gsm8k_case(p, k)
+            if settings.PAIRS[p].tp == 1
+            else gsm8k_case(p, k, skip=TP2_SKIP.format(pair=p, key=p.upper().replace("-", "_")))
+        )
+    ]
     checks["smoke"] = smoke_server(DEFAULT_SMOKE_SERVERS[0].name)
     return checks
 
 
 # --- item 1: expected sets ---------------------------------------------------------------------------------------
+
 
 def test_a_complete_row_qualifies(tmp_path, capsys):
     checks = full_checks()
@@ -140,8 +189,12 @@ def test_one_gpu_box_under_require_is_not_qualified_and_names_the_tp2_cases(tmp_
     # smoke ran with a knob that leaves servers out: not the qualification suite, and every server left out is named
     assert "smoke ran with MTPMATRIX_SMOKE_SERVERS=" in out
     s = json.loads((tmp_path / "box" / "report" / "summary.json").read_text())
-    assert s["tier_verdicts"]["sglang-0.5.17"] == {"contract": "passed", "reference": "passed",
-                                                   "smoke": "not-proven", "gsm8k": "partial"}
+    assert s["tier_verdicts"]["sglang-0.5.17"] == {
+        "contract": "passed",
+        "reference": "passed",
+        "smoke": "not-proven",
+        "gsm8k": "partial",
+    }
     smoke_missing = {m["what"] for m in s["rows"][0]["tiers"]["smoke"]["missing"]}
     assert {x.name for x in DEFAULT_SMOKE_SERVERS[1:]} <= smoke_missing
 
@@ -153,14 +206,17 @@ def test_without_require_a_partial_run_is_partial_not_qualified(tmp_path):
     assert s["verdict"] == "not-proven" and s["exit_status"] == 3 and not s["qualifies"]
 
 
-@pytest.mark.parametrize("case_checks, why", [
-    # the tiny proof pair: reported, never gated
-    (lambda: [c for k in settings.TOPKS for c in gsm8k_case("E4B", k, threshold=None)], "not gated"),
-    # fewer examples than the seed suite
-    (lambda: [c for k in settings.TOPKS for c in gsm8k_case("E4B", k, n=50)], "50 of 200"),
-    # a floor lowered through MTPMATRIX_E4B_THRESHOLD
-    (lambda: [c for k in settings.TOPKS for c in gsm8k_case("E4B", k, threshold=0.1)], "threshold 0.1"),
-])
+@pytest.mark.parametrize(
+    "case_checks, why",
+    [
+        # the tiny proof pair: reported, never gated
+        (lambda: [c for k in settings.TOPKS for c in gsm8k_case("E4B", k, threshold=None)], "not gated"),
+        # fewer examples than the seed suite
+        (lambda: [c for k in settings.TOPKS for c in gsm8k_case("E4B", k, n=50)], "50 of 200"),
+        # a floor lowered through MTPMATRIX_E4B_THRESHOLD
+        (lambda: [c for k in settings.TOPKS for c in gsm8k_case("E4B", k, threshold=0.1)], "threshold 0.1"),
+    ],
+)
 def test_a_seed_case_that_ran_less_than_the_seed_suite_is_not_a_pass(tmp_path, capsys, case_checks, why):
     checks = full_checks()
     checks["gsm8k"] = [c for c in checks["gsm8k"] if "[E4B-" not in c["id"]] + case_checks()
@@ -176,8 +232,7 @@ def test_ungated_tiny_proof_cases_are_no_seed_case(tmp_path, capsys):
     for c in tiny:
         c["id"] = c["id"].replace("E4B-", "tiny-e2e-proof-")
     checks["gsm8k"] = tiny
-    write_row(tmp_path, "r", "sglang-0.5.17", checks,
-              selection(checks, knobs={"MTPMATRIX_GSM8K_PAIR": "tiny:/t:/a"}))
+    write_row(tmp_path, "r", "sglang-0.5.17", checks, selection(checks, knobs={"MTPMATRIX_GSM8K_PAIR": "tiny:/t:/a"}))
     assert main(["report", "r", "--results", str(tmp_path), "--require", "gsm8k"]) == 3
     out = capsys.readouterr().out
     assert "gsm8k ran with MTPMATRIX_GSM8K_PAIR=tiny:/t:/a: not the qualification suite" in out
@@ -190,8 +245,13 @@ def test_ungated_tiny_proof_cases_are_no_seed_case(tmp_path, capsys):
 def test_a_keyword_selection_makes_the_tier_partial(tmp_path, capsys):
     collected = full_checks()
     ran = dict(collected, contract=collected["contract"][:1])  # -k deselected the second contract check
-    write_row(tmp_path, "r", "sglang-0.5.17", ran, selection(ran, keyword="import", collected=collected,
-                                                             args=["tests/tiers", "-k", "import"]))
+    write_row(
+        tmp_path,
+        "r",
+        "sglang-0.5.17",
+        ran,
+        selection(ran, keyword="import", collected=collected, args=["tests/tiers", "-k", "import"]),
+    )
     assert main(["report", "r", "--results", str(tmp_path), "--require", "contract"]) == 3
     out = capsys.readouterr().out
     assert "test_config[e-series]" in out and "-k import" in out
@@ -202,8 +262,12 @@ def test_node_ids_on_the_command_line_make_their_tier_partial(tmp_path, capsys):
     it ran whole; the other tiers, collected from their files, are not touched."""
     checks = full_checks()
     sel = selection(checks)
-    sel["paths"] = ["tests/tiers/test_contract.py::test_import", "tests/tiers/test_reference.py",
-                    "tests/tiers/test_smoke.py", "tests/tiers/test_gsm8k.py"]
+    sel["paths"] = [
+        "tests/tiers/test_contract.py::test_import",
+        "tests/tiers/test_reference.py",
+        "tests/tiers/test_smoke.py",
+        "tests/tiers/test_gsm8k.py",
+    ]
     write_row(tmp_path, "r", "sglang-0.5.17", checks, sel)
     assert main(["report", "r", "--results", str(tmp_path), "--require", "reference,smoke,gsm8k"]) == 0
     assert main(["report", "r", "--results", str(tmp_path), "--require", "contract"]) == 3
@@ -229,19 +293,45 @@ def test_a_skipped_expected_check_is_named_with_its_reason(tmp_path, capsys):
 
 # --- item 2: known upstream re-derived, never trusted -----------------------------------------------------------
 
+
 def test_a_stored_known_upstream_tag_naming_no_entry_does_not_pass_the_row(tmp_path, capsys):
     checks = full_checks()
     bad = checks["reference"][0]
-    bad.update(outcome="failed", known_upstream="no-such-entry",
-               failure={"kind": "mismatch", "type": "CheckFailure", "message": "outputs differ", "frame": None,
-                        "raised_at": None})
-    write_row(tmp_path, "r", "sglang-0.5.17", checks, selection(checks),
-              tier_extra={"reference": {"verdict": schema.KNOWN_UPSTREAM,
-                                        "known_upstream": [{"id": "no-such-entry", "package": "transformers",
-                                                            "version": "5.12.1", "summary": "gone",
-                                                            "upstream": "https://example.invalid",
-                                                            "fixed_in": None, "serving_path": False,
-                                                            "checks": [bad["id"]]}]}})
+    bad.update(
+        outcome="failed",
+        known_upstream="no-such-entry",
+        failure={
+            "kind": "mismatch",
+            "type": "CheckFailure",
+            "message": "outputs differ",
+            "frame": None,
+            "raised_at": None,
+        },
+    )
+    write_row(
+        tmp_path,
+        "r",
+        "sglang-0.5.17",
+        checks,
+        selection(checks),
+        tier_extra={
+            "reference": {
+                "verdict": schema.KNOWN_UPSTREAM,
+                "known_upstream": [
+                    {
+                        "id": "no-such-entry",
+                        "package": "transformers",
+                        "version": "5.12.1",
+                        "summary": "gone",
+                        "upstream": "https://example.invalid",
+                        "fixed_in": None,
+                        "serving_path": False,
+                        "checks": [bad["id"]],
+                    }
+                ],
+            }
+        },
+    )
     assert main(["report", "r", "--results", str(tmp_path)]) == 1
     s = json.loads((tmp_path / "r" / "report" / "summary.json").read_text())
     assert s["tier_verdicts"]["sglang-0.5.17"]["reference"] == "failed" and s["known_upstream"] == []
@@ -258,10 +348,19 @@ def test_the_headline_tells_library_bugs_from_sglang_deviations(tmp_path):
     checks = full_checks()
     checks["reference"] = lib["tiers"]["reference"]["checks"]
     checks["smoke"] = dev["tiers"]["smoke"]["checks"] + [
-        c for s in DEFAULT_SMOKE_SERVERS for c in smoke_server(s.name)
-        if not any(f"[{s.name}]" in d["id"] for d in dev["tiers"]["smoke"]["checks"])]
-    write_row(tmp_path, "r", "sglang-0.5.13", checks, selection(checks),
-              versions=dict(VERSIONS, sglang="0.5.13", transformers="5.19.0"))
+        c
+        for s in DEFAULT_SMOKE_SERVERS
+        for c in smoke_server(s.name)
+        if not any(f"[{s.name}]" in d["id"] for d in dev["tiers"]["smoke"]["checks"])
+    ]
+    write_row(
+        tmp_path,
+        "r",
+        "sglang-0.5.13",
+        checks,
+        selection(checks),
+        versions=dict(VERSIONS, sglang="0.5.13", transformers="5.19.0"),
+    )
     s = report_model.build_summary(tmp_path / "r")
     by_id = {k["id"]: k for k in s["known_upstream"]}
     assert by_id["hf-assisted-generation-gemma4-candidate-generator"]["component"] == "library"

@@ -40,6 +40,7 @@ def _row(summary, rid):
 
 # --- the CLI: files, exit codes ---------------------------------------------------------------------------------
 
+
 def test_failing_run_writes_three_files_and_exits_1(results, capsys):
     assert main(["report", CUR, "--results", str(results)]) == 1
     out = results / CUR / "report"
@@ -47,10 +48,18 @@ def test_failing_run_writes_three_files_and_exits_1(results, capsys):
     data = json.loads((out / "summary.json").read_text())
     assert data["qualifies"] is False
     # the GPU tiers ran a fraction of their expected sets (two smoke servers, one or two GSM8K seed cases): partial
-    assert data["row_verdicts"] == {"sglang-0.5.13": "partial", "sglang-0.5.17": "partial",
-                                    "sglang-0.5.23": "failed", "sglang-0.5.23-cu130": "failed"}
-    assert data["tier_verdicts"]["sglang-0.5.23"] == {"contract": "failed", "reference": "passed",
-                                                      "smoke": "partial", "gsm8k": "failed"}
+    assert data["row_verdicts"] == {
+        "sglang-0.5.13": "partial",
+        "sglang-0.5.17": "partial",
+        "sglang-0.5.23": "failed",
+        "sglang-0.5.23-cu130": "failed",
+    }
+    assert data["tier_verdicts"]["sglang-0.5.23"] == {
+        "contract": "failed",
+        "reference": "passed",
+        "smoke": "partial",
+        "gsm8k": "failed",
+    }
     assert data["regressions"] == []  # no baseline given
     assert "DOES NOT QUALIFY" in capsys.readouterr().out
 
@@ -73,10 +82,13 @@ def test_latest_run_is_the_default_and_bisect_runs_are_not_matrix_runs(results):
     assert (results / CPU / "report" / "report.html").exists()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["report", "20990101-000000"], "no such run '20990101-000000'"),
-    (["report", CUR, "--baseline", "nope"], "no such run 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["report", "20990101-000000"], "no such run '20990101-000000'"),
+        (["report", CUR, "--baseline", "nope"], "no such run 'nope'"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(results, capsys, args, words):
     assert main(args + ["--results", str(results)]) == 2
     err = capsys.readouterr().err
@@ -109,6 +121,7 @@ def test_out_dir_and_github_step_summary(results, tmp_path, monkeypatch):
 
 # --- content --------------------------------------------------------------------------------------------------
 
+
 def test_markdown_table_versions_failures_and_skips(results):
     s = _summary(results, CUR)
     md = report_render.render_markdown(s)
@@ -140,10 +153,20 @@ def test_cpu_run_groups_gpu_skips_and_flags_harness_and_unfinished(results):
 def test_all_skipped_run_does_not_qualify(tmp_path):
     run = tmp_path / "20260101-000000" / "sglang-0.5.17"
     run.mkdir(parents=True)
-    tiers = {t: {"verdict": "skipped", "reason": "no tests collected for this tier", "checks": []}
-             for t in ("contract", "reference", "smoke", "gsm8k")}
-    (run / "row.json").write_text(json.dumps({"row": {"id": "sglang-0.5.17", "pins": {}}, "verdict": "skipped",
-                                              "install": {"verdict": "passed"}, "tiers": tiers}))
+    tiers = {
+        t: {"verdict": "skipped", "reason": "no tests collected for this tier", "checks": []}
+        for t in ("contract", "reference", "smoke", "gsm8k")
+    }
+    (run / "row.json").write_text(
+        json.dumps(
+            {
+                "row": {"id": "sglang-0.5.17", "pins": {}},
+                "verdict": "skipped",
+                "install": {"verdict": "passed"},
+                "tiers": tiers,
+            }
+        )
+    )
     s = report_model.build_summary(run.parent)
     assert s["qualifies"] is False and s["nothing_ran"] is True
     assert "nothing ran" in report_render.render_markdown(s)
@@ -164,20 +187,29 @@ def test_closest_passing_row_from_freeze_and_from_pins(results):
 
 def test_closest_passing_ties_go_to_the_same_sglang():
     target = {"sglang": "0.5.23", "transformers": "5.20.0", "torch": "2.14.1"}
-    cands = {"a-row": {"sglang": "0.5.17", "transformers": "5.20.0", "torch": "2.14.1"},
-             "b-row": {"sglang": "0.5.23", "transformers": "5.19.0", "torch": "2.14.1"}}
-    got = report_model.closest_passing(target, cands, target_sglang="0.5.23",
-                                 sglang_of={"a-row": "0.5.17", "b-row": "0.5.23"})
+    cands = {
+        "a-row": {"sglang": "0.5.17", "transformers": "5.20.0", "torch": "2.14.1"},
+        "b-row": {"sglang": "0.5.23", "transformers": "5.19.0", "torch": "2.14.1"},
+    }
+    got = report_model.closest_passing(
+        target, cands, target_sglang="0.5.23", sglang_of={"a-row": "0.5.17", "b-row": "0.5.23"}
+    )
     assert got["row"] == "b-row" and got["differences"] == [
-        {"package": "transformers", "this": "5.20.0", "other": "5.19.0"}]
+        {"package": "transformers", "this": "5.20.0", "other": "5.19.0"}
+    ]
     assert report_model.closest_passing(target, {}, target_sglang=None, sglang_of={}) is None
 
 
 def test_parse_freeze():
-    text = "Torch==2.11.0\nflash_attn-4==4.0.0b19\n-e file:///x\nsome-pkg @ file:///wheels/s.whl\n" \
-           "gemma4-mtp-matrix @ file:///src/gemma4-mtp-matrix\n# comment\n"
-    assert store.parse_freeze(text) == {"torch": "2.11.0", "flash-attn-4": "4.0.0b19",
-                                         "some-pkg": "file:///wheels/s.whl"}
+    text = (
+        "Torch==2.11.0\nflash_attn-4==4.0.0b19\n-e file:///x\nsome-pkg @ file:///wheels/s.whl\n"
+        "gemma4-mtp-matrix @ file:///src/gemma4-mtp-matrix\n# comment\n"
+    )
+    assert store.parse_freeze(text) == {
+        "torch": "2.11.0",
+        "flash-attn-4": "4.0.0b19",
+        "some-pkg": "file:///wheels/s.whl",
+    }
 
 
 def test_gsm8k_paired_comparison_between_rows(results):
@@ -199,8 +231,10 @@ def test_wilson_from_metrics_or_records(results):
     assert e4b["ci"] == pytest.approx([0.6228, 0.75]) and e4b["n"] == 200
     # one row per case: test_accuracy's score next to test_acceptance's accept length
     assert e4b["accept_length"] == 3.12 and e4b["speedup"] == 1.84
-    assert e4b["checks"] == ["tests/tiers/test_gsm8k.py::test_accuracy[E4B-topk1]",
-                             "tests/tiers/test_gsm8k.py::test_acceptance[E4B-topk1]"]
+    assert e4b["checks"] == [
+        "tests/tiers/test_gsm8k.py::test_accuracy[E4B-topk1]",
+        "tests/tiers/test_gsm8k.py::test_acceptance[E4B-topk1]",
+    ]
     # no interval or count in the metrics: both from the per-question records the check names
     a26 = m[("gsm8k", "26B-A4B-topk1")]
     assert a26["n"] == 200 and a26["ci"] == pytest.approx(list(stats.wilson_interval(96, 200)))
@@ -230,8 +264,19 @@ def test_unknown_and_odd_metrics_do_not_crash(results):
     f = results / CUR / "sglang-0.5.17" / "row.json"
     rec = json.loads(f.read_text())
     chk = rec["tiers"]["smoke"]["checks"][0]
-    chk["metrics"].update({"nested": {"a": 1}, "strings": ["x", "y"], "none": None, "nan": math.nan, "flag": True,
-                           "score": "n/a", "speedup": math.inf, "long": "x" * 500, "wilson95": [0.1]})
+    chk["metrics"].update(
+        {
+            "nested": {"a": 1},
+            "strings": ["x", "y"],
+            "none": None,
+            "nan": math.nan,
+            "flag": True,
+            "score": "n/a",
+            "speedup": math.inf,
+            "long": "x" * 500,
+            "wilson95": [0.1],
+        }
+    )
     rec["tiers"]["gsm8k"]["checks"][0]["metrics"]["records"] = "/nowhere/missing.jsonl"
     f.write_text(json.dumps(rec))
     assert main(["report", CUR, "--results", str(results)]) == 1
@@ -252,8 +297,12 @@ def test_baseline_diff(results):
     assert b["run_id"] == BASE and b["new_rows"] == ["sglang-0.5.23-cu130"] and b["missing_rows"] == []
     rows = {r["row"]: r for r in b["rows"]}
     assert rows["sglang-0.5.23"]["change"] == "worse"
-    assert rows["sglang-0.5.23"]["tiers"]["contract"] == {"before": "passed", "after": "failed", "change": "worse",
-                                                          "label": "new failure"}
+    assert rows["sglang-0.5.23"]["tiers"]["contract"] == {
+        "before": "passed",
+        "after": "failed",
+        "change": "worse",
+        "label": "new failure",
+    }
     assert rows["sglang-0.5.17"]["change"] == "same"
     new = {(i["row"], i["tier"], i["check"]) for i in b["new_failures"]}
     assert ("sglang-0.5.23", "contract", "tests/tiers/test_contract.py::test_server_args_resolution[topk1]") in new
@@ -304,23 +353,52 @@ def test_servers_relaunched_alone_are_listed_once_per_server(tmp_path):
     run.mkdir(parents=True)
     err = "CheckFailure: random-nomtp server exited with code -9 before it was ready (70s after launch)"
     m = {"server_log": "/box/out/work/server-random-nomtp-alone.log", "first_attempt_error": err}
-    checks = [{"id": f"tests/tiers/test_smoke.py::{name}[random-nomtp]", "tier": "smoke", "outcome": "passed",
-               "metrics": dict(m)} for name in ("test_server_serves", "test_spec_metrics")]
-    checks.append({"id": "tests/tiers/test_smoke.py::test_server_serves[random-mtp-topk3]", "tier": "smoke",
-                   "outcome": "passed", "metrics": {"server_log": "/box/out/work/server-random-mtp-topk3.log"}})
+    checks = [
+        {
+            "id": f"tests/tiers/test_smoke.py::{name}[random-nomtp]",
+            "tier": "smoke",
+            "outcome": "passed",
+            "metrics": dict(m),
+        }
+        for name in ("test_server_serves", "test_spec_metrics")
+    ]
+    checks.append(
+        {
+            "id": "tests/tiers/test_smoke.py::test_server_serves[random-mtp-topk3]",
+            "tier": "smoke",
+            "outcome": "passed",
+            "metrics": {"server_log": "/box/out/work/server-random-mtp-topk3.log"},
+        }
+    )
     tiers = {"smoke": {"verdict": "passed", "checks": checks}}
-    (run / "row.json").write_text(json.dumps({"row": {"id": "sglang-0.5.17", "pins": {}}, "verdict": "passed",
-                                              "install": {"verdict": "passed"}, "tiers": tiers}))
+    (run / "row.json").write_text(
+        json.dumps(
+            {
+                "row": {"id": "sglang-0.5.17", "pins": {}},
+                "verdict": "passed",
+                "install": {"verdict": "passed"},
+                "tiers": tiers,
+            }
+        )
+    )
     s = report_model.build_summary(run.parent)
-    entry = {"tier": "smoke", "server": "random-nomtp", "server_log": "server-random-nomtp-alone.log", "error": err,
-             "checks": ["test_server_serves", "test_spec_metrics"], "alone": "passed"}
+    entry = {
+        "tier": "smoke",
+        "server": "random-nomtp",
+        "server_log": "server-random-nomtp-alone.log",
+        "error": err,
+        "checks": ["test_server_serves", "test_spec_metrics"],
+        "alone": "passed",
+    }
     assert _row(s, "sglang-0.5.17")["relaunched"] == [entry]
     assert s["relaunched"] == [dict(entry, row="sglang-0.5.17")]
     md = report_render.render_markdown(s)
     assert "**Relaunched alone**" in md
     # the first error sits next to the server and the checks it stands behind, and how they ended alone
-    assert ("- sglang-0.5.17 · smoke · `random-nomtp`: test_server_serves, test_spec_metrics passed alone "
-            f"(`server-random-nomtp-alone.log`); first error beside other servers: {err}") in md
+    assert (
+        "- sglang-0.5.17 · smoke · `random-nomtp`: test_server_serves, test_spec_metrics passed alone "
+        f"(`server-random-nomtp-alone.log`); first error beside other servers: {err}"
+    ) in md
     html = report_render.render_html(s)
     assert "server-random-nomtp-alone.log" in html and "test_server_serves, test_spec_metrics passed alone" in html
 
@@ -331,9 +409,20 @@ GPU_SKIP = "smoke tier: needs 1 CUDA GPU(s), this machine has 0"
 
 
 def _tier(verdict, reason=None, checks=None):
-    t = {"verdict": verdict, "checks": checks if checks is not None else [
-        {"id": f"tests/tiers/test_x.py::test_{verdict}", "tier": "x", "outcome": verdict, "seconds": 1.0,
-         "metrics": {}}]}
+    t = {
+        "verdict": verdict,
+        "checks": checks
+        if checks is not None
+        else [
+            {
+                "id": f"tests/tiers/test_x.py::test_{verdict}",
+                "tier": "x",
+                "outcome": verdict,
+                "seconds": 1.0,
+                "metrics": {},
+            }
+        ],
+    }
     if reason:
         t["reason"] = reason
     return t
@@ -341,8 +430,12 @@ def _tier(verdict, reason=None, checks=None):
 
 def _filed(tier: str, entry: dict) -> dict:
     """Every made-up check filed under its tier, in a file of its tier (a check id appears once in a row)."""
-    return dict(entry, checks=[dict(c, tier=tier, id=c["id"].replace("test_x.py", f"test_x_{tier}.py"))
-                               for c in entry.get("checks") or []])
+    return dict(
+        entry,
+        checks=[
+            dict(c, tier=tier, id=c["id"].replace("test_x.py", f"test_x_{tier}.py")) for c in entry.get("checks") or []
+        ],
+    )
 
 
 def _run(root, run_id, rows, versions=None):
@@ -350,11 +443,19 @@ def _run(root, run_id, rows, versions=None):
         d = root / run_id / rid
         d.mkdir(parents=True)
         tiers = {t: _filed(t, tv) for t, tv in tiers.items()}
-        rec = {"row": {"id": rid, "pins": {}}, "install": {"verdict": "passed"}, "tiers": tiers,
-               # a session that collected exactly what it recorded: nothing deselected, no knobs
-               "selection": {"args": ["tests/tiers"], "paths": ["tests/tiers"], "knobs": {},
-                             "collected": {t: [c["id"] for c in tv.get("checks") or []] for t, tv in tiers.items()}},
-               "versions": dict(versions or {})}
+        rec = {
+            "row": {"id": rid, "pins": {}},
+            "install": {"verdict": "passed"},
+            "tiers": tiers,
+            # a session that collected exactly what it recorded: nothing deselected, no knobs
+            "selection": {
+                "args": ["tests/tiers"],
+                "paths": ["tests/tiers"],
+                "knobs": {},
+                "collected": {t: [c["id"] for c in tv.get("checks") or []] for t, tv in tiers.items()},
+            },
+            "versions": dict(versions or {}),
+        }
         rec["verdict"] = store.row_verdict(rec)
         (d / "row.json").write_text(json.dumps(rec))
     stamp(root / run_id, complete_cpu_tiers=True)  # the manifest, the fingerprint, tiers.json, junit.xml
@@ -362,8 +463,12 @@ def _run(root, run_id, rows, versions=None):
 
 
 def _cpu_tiers(reference=None):
-    return {"contract": _tier("passed"), "reference": reference or _tier("passed"),
-            "smoke": _tier("skipped", GPU_SKIP, []), "gsm8k": _tier("skipped", GPU_SKIP.replace("smoke", "gsm8k"), [])}
+    return {
+        "contract": _tier("passed"),
+        "reference": reference or _tier("passed"),
+        "smoke": _tier("skipped", GPU_SKIP, []),
+        "gsm8k": _tier("skipped", GPU_SKIP.replace("smoke", "gsm8k"), []),
+    }
 
 
 def test_cpu_only_run_says_what_ran_and_a_release_gate_can_demand_the_gpu_tiers(tmp_path, capsys):
@@ -411,13 +516,17 @@ def test_a_failure_beats_a_missing_tier_and_nothing_run_proves_nothing(tmp_path)
 def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_path):
     from mtpmatrix.core import known_upstream
 
-    rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "runs" /
-                      "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())
+    rec = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-matrix1-sglang-0.5.23.json").read_text()
+    )
     known_upstream.apply(rec["tiers"], rec["versions"])
     for tier in ("contract", "reference"):  # the checks today's suite has that the recorded run did not: passed
         have = {c["id"] for c in rec["tiers"][tier]["checks"]}
-        rec["tiers"][tier]["checks"] += [{"id": i, "tier": tier, "outcome": "passed", "seconds": 0.1, "metrics": {}}
-                                         for i in expected_checks.load()[tier] if i not in have]
+        rec["tiers"][tier]["checks"] += [
+            {"id": i, "tier": tier, "outcome": "passed", "seconds": 0.1, "metrics": {}}
+            for i in expected_checks.load()[tier]
+            if i not in have
+        ]
     ok = json.loads(json.dumps(rec["tiers"]))
     ok["reference"] = _tier("passed")
     # the report derives the tags again from the checks and the row's versions (a stored tag is never trusted)
@@ -440,6 +549,7 @@ def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_pat
 
 # --- jinja2 is the report's own dependency ------------------------------------------------------------------------
 
+
 def test_without_jinja2_the_report_says_what_to_install_in_one_line(results, capsys, monkeypatch):
     from mtpmatrix.report import render
 
@@ -449,8 +559,7 @@ def test_without_jinja2_the_report_says_what_to_install_in_one_line(results, cap
         assert main(["report", CUR, "--results", str(results)]) == report_model.EXIT_BAD_INPUT
     finally:
         render.environment.cache_clear()
-    assert capsys.readouterr().err == \
-        "error: the report needs jinja2: pip install jinja2 (nox -s report installs it)\n"
+    assert capsys.readouterr().err == "error: the report needs jinja2: pip install jinja2 (nox -s report installs it)\n"
     assert not (results / CUR / "report").exists()  # nothing half-written
 
 
@@ -458,6 +567,7 @@ def test_the_package_imports_without_jinja2():
     """Row venvs get the package but not jinja2: `python -m mtpmatrix rows|mutants|bisect` must not need it."""
     src = Path(__file__).resolve().parents[2] / "src"
     code = "import sys; sys.modules['jinja2'] = None; import mtpmatrix.report.cli, mtpmatrix.report.model, mtpmatrix.__main__; print('ok')"
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(src)})
+    got = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)}
+    )
     assert got.stdout == "ok\n", got.stderr

@@ -65,8 +65,12 @@ MALFORMED = [
     ("wildcard pin", HEADER + "sglang==0.5.13\ntransformers==5.8.*\ntorch==2.11.0\n", 6, "pinned exactly"),
     ("two specifiers", HEADER + "sglang==0.5.13\ntransformers==5.8.1\ntorch==2.11.0,<3\n", 7, "pinned exactly"),
     ("bad torch-backend", "# python: 3.11\n# torch-backend: cuda12\n" + PINS, 2, "torch-backend 'cuda12'"),
-    ("old transformers", HEADER + "sglang==0.5.13\ntransformers==5.7.0\ntorch==2.11.0\n", 6,
-     "transformers 5.7.0 predates gemma4_assistant"),
+    (
+        "old transformers",
+        HEADER + "sglang==0.5.13\ntransformers==5.7.0\ntorch==2.11.0\n",
+        6,
+        "transformers 5.7.0 predates gemma4_assistant",
+    ),
     ("duplicate pin", HEADER + PINS + "torch==2.11.0\n", 8, "torch is pinned twice"),
     ("duplicate pin, other spelling", HEADER + PINS + "Torch==2.11.0\n", 8, "pinned twice"),
     ("bad python", "# python: 3.11.7\n# torch-backend: pypi\n" + PINS, 1, "python must look like 3.11"),
@@ -133,12 +137,15 @@ def test_parse_override_ok(spec):
     assert parse_override(spec).specifier
 
 
-@pytest.mark.parametrize("spec,words", [
-    ("transformers", "give a version"),
-    ("transformers=5.20.0", "not a requirement"),
-    ("transformers @ https://example.com/t.whl", "give a version"),
-    ("transformers==5.20.0; python_version<'3.12'", "markers are not supported"),
-])
+@pytest.mark.parametrize(
+    "spec,words",
+    [
+        ("transformers", "give a version"),
+        ("transformers=5.20.0", "not a requirement"),
+        ("transformers @ https://example.com/t.whl", "give a version"),
+        ("transformers==5.20.0; python_version<'3.12'", "markers are not supported"),
+    ],
+)
 def test_parse_override_errors_are_one_line(spec, words):
     with pytest.raises(RowError) as info:
         parse_override(spec)

@@ -77,8 +77,15 @@ def test_false_alarm_rate_exact_at_the_smoke_sample_size():
     n1 = np.arange(int(N * P[0] - 9 * sd[0]), int(N * P[0] + 9 * sd[0]) + 1)[:, None]
     n2 = np.arange(int(N * P[1] - 9 * sd[1]), int(N * P[1] + 9 * sd[1]) + 1)[None, :]
     n3 = N - n1 - n2
-    logpmf = (special.gammaln(N + 1) - special.gammaln(n1 + 1) - special.gammaln(n2 + 1) - special.gammaln(n3 + 1)
-              + n1 * np.log(P[0]) + n2 * np.log(P[1]) + n3 * np.log(P[2]))
+    logpmf = (
+        special.gammaln(N + 1)
+        - special.gammaln(n1 + 1)
+        - special.gammaln(n2 + 1)
+        - special.gammaln(n3 + 1)
+        + n1 * np.log(P[0])
+        + n2 * np.log(P[1])
+        + n3 * np.log(P[2])
+    )
     pmf = np.exp(logpmf)
     assert pmf.sum() == pytest.approx(1.0, abs=1e-9)
     e = N * P
@@ -134,8 +141,9 @@ def test_payload_carries_the_group_and_a_distinct_seed():
     plan = sampled.request_plan()
     bodies = [sampled.payload(r) for r in plan]
     assert len({b["sampling_params"]["sampling_seed"] for b in bodies}) == len(plan)
-    assert {(b["sampling_params"]["top_k"], b["sampling_params"]["top_p"]) for b in bodies} == \
-        {(g.top_k, g.top_p) for g in sampled.GROUPS}
+    assert {(b["sampling_params"]["top_k"], b["sampling_params"]["top_p"]) for b in bodies} == {
+        (g.top_k, g.top_p) for g in sampled.GROUPS
+    }
     assert all(b["sampling_params"]["temperature"] != 1 for b in bodies)
     assert all(sampled.RING_START <= t < sampled.RING_START + sampled.RING_SIZE for r in plan for t in r.prompt)
 
@@ -168,9 +176,14 @@ def test_correct_verify_passes_with_uniform_p_values(topk):
 
 # Which server sees which broken verify (a sibling-order bug needs siblings; the leftover mass of an unscaled residual
 # draw falls on d1 at topk 3, where the residual is mostly d1 anyway, so topk 1 is the server for it).
-DETECTED = [(topk, bug) for topk in (1, 3) for bug in model.BUGS if bug != "none"
-            and not (topk == 1 and bug == "prob_acc_not_summed")
-            and not (topk == 3 and bug == "residual_not_renormalised")]
+DETECTED = [
+    (topk, bug)
+    for topk in (1, 3)
+    for bug in model.BUGS
+    if bug != "none"
+    and not (topk == 1 and bug == "prob_acc_not_summed")
+    and not (topk == 3 and bug == "residual_not_renormalised")
+]
 
 
 @pytest.mark.parametrize("topk,bug", DETECTED, ids=[f"topk{t}-{b}" for t, b in DETECTED])
@@ -221,8 +234,14 @@ def test_smoke_check_on_simulated_servers(tmp_path, bug, topk):
 
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.pair == "sampled" and s.topk == topk)
     prompts, outputs = model.ServerModel(topk, bug).outputs(random.Random(99))
-    run = smoke.SmokeRun(spec=spec, log_path=tmp_path / "server.log", vocab_size=VOCAB, server_info_after={},
-                         sampled_requests=sampled.request_plan(), sampled_outputs=outputs)
+    run = smoke.SmokeRun(
+        spec=spec,
+        log_path=tmp_path / "server.log",
+        vocab_size=VOCAB,
+        server_info_after={},
+        sampled_requests=sampled.request_plan(),
+        sampled_outputs=outputs,
+    )
     assert [list(r.prompt) for r in run.sampled_requests] == [list(p) for p in prompts]
     props = {}
     check = _smoke_check()

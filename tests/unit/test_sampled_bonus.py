@@ -72,17 +72,22 @@ def test_requests_only_for_the_sampled_pair_within_budget():
     assert bonus.NAME in surface.FAMILIES
     assert bonus.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.pair != "sampled"), VOCAB) == []
     reqs = bonus.requests(next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-nomtp"), VOCAB)
-    assert len(reqs) == 16 and all(len(b["input_ids"]) + b["sampling_params"]["max_new_tokens"] <= 512
-                                   for _, b in reqs)
+    assert len(reqs) == 16 and all(len(b["input_ids"]) + b["sampling_params"]["max_new_tokens"] <= 512 for _, b in reqs)
     seeds = {b["sampling_params"]["sampling_seed"] for _, b in reqs}
-    others = {r.seed for r in sampled.request_plan()} | {p.seed for p in mixed_sampling.plan()} | {
-        features.MIN_P_SEED_BASE + i for i in range(features.MIN_P_REQUESTS)}
+    others = (
+        {r.seed for r in sampled.request_plan()}
+        | {p.seed for p in mixed_sampling.plan()}
+        | {features.MIN_P_SEED_BASE + i for i in range(features.MIN_P_REQUESTS)}
+    )
     assert len(seeds) == 16 and not seeds & others
     # 6,144 tokens: 39% of the ring's 15,872 sampled tokens per server (plan, mixed sampling, min_p), but in 1,024
     # verify steps with MTP (6 tokens each), against the ring's > 10,000 (accept length < 1.5)
     tokens = sum(b["sampling_params"]["max_new_tokens"] for _, b in reqs)
-    ring = (sampled.N_REQUESTS * sampled.NEW_TOKENS + 2 * mixed_sampling.N_PER_GROUP * mixed_sampling.NEW_TOKENS
-            + features.MIN_P_REQUESTS * features.MIN_P_NEW_TOKENS)
+    ring = (
+        sampled.N_REQUESTS * sampled.NEW_TOKENS
+        + 2 * mixed_sampling.N_PER_GROUP * mixed_sampling.NEW_TOKENS
+        + features.MIN_P_REQUESTS * features.MIN_P_NEW_TOKENS
+    )
     assert tokens <= 0.4 * ring and tokens / (pb.STEPS + 1) <= 0.1 * ring / 1.5
 
 
@@ -100,8 +105,11 @@ def test_false_alarm_rate_exact_at_the_smoke_sample_size():
         rest = n - sum(grid)
         ok = rest >= 0
         cells = [np.where(ok, rest, 0), *grid]
-        logpmf = special.gammaln(n + 1) - sum(special.gammaln(c + 1) for c in cells) + sum(
-            c * np.log(q) for c, q in zip(cells, kept))
+        logpmf = (
+            special.gammaln(n + 1)
+            - sum(special.gammaln(c + 1) for c in cells)
+            + sum(c * np.log(q) for c, q in zip(cells, kept))
+        )
         stat = sum((c - n * q) ** 2 / (n * q) for c, q in zip(cells, kept))
         return stat[ok].ravel(), np.exp(logpmf[ok]).ravel()
 
@@ -211,13 +219,16 @@ def _fake_run(tmp_path, name, bug="none", full=True):
     return run
 
 
-@pytest.mark.parametrize("name,bug,full,kind", [
-    ("sampled-mtp-topk1", "none", True, None),
-    ("sampled-nomtp", "none", True, None),
-    ("sampled-mtp-topk3", "greedy", True, "mismatch"),
-    ("sampled-mtp-topk1", "chain", True, "mismatch"),
-    ("sampled-mtp-topk1", "none", False, "acceptance"),
-])
+@pytest.mark.parametrize(
+    "name,bug,full,kind",
+    [
+        ("sampled-mtp-topk1", "none", True, None),
+        ("sampled-nomtp", "none", True, None),
+        ("sampled-mtp-topk3", "greedy", True, "mismatch"),
+        ("sampled-mtp-topk1", "chain", True, "mismatch"),
+        ("sampled-mtp-topk1", "none", False, "acceptance"),
+    ],
+)
 def test_smoke_check_on_fake_runs(tmp_path, name, bug, full, kind):
     mod = _smoke_module()
     assert name in mod.SAMPLED
@@ -227,8 +238,7 @@ def test_smoke_check_on_fake_runs(tmp_path, name, bug, full, kind):
     if kind is None:
         fn({name: run}, name, props.__setitem__)
         assert props["bonus_positions"] == 1008
-        assert props["bonus_all_drafts_accepted_steps"] == (16 * 64 if "mtp" in name and "nomtp" not in name
-                                                            else None)
+        assert props["bonus_all_drafts_accepted_steps"] == (16 * 64 if "mtp" in name and "nomtp" not in name else None)
         return
     with pytest.raises(CheckFailure) as err:
         fn({name: run}, name, props.__setitem__)
@@ -239,6 +249,7 @@ def test_smoke_check_on_fake_runs(tmp_path, name, bug, full, kind):
 
 def test_full_steps_reads_the_histogram_or_bounds_from_the_tail_rule():
     assert bonus.full_steps({"completion_tokens": 384}) == (None, None)
-    assert bonus.full_steps({"completion_tokens": 384, "spec_verify_ct": 64,
-                             "spec_correct_drafts_histogram": [0, 0, 0, 0, 0, 64]}) == (64, 64)
+    assert bonus.full_steps(
+        {"completion_tokens": 384, "spec_verify_ct": 64, "spec_correct_drafts_histogram": [0, 0, 0, 0, 0, 64]}
+    ) == (64, 64)
     assert bonus.full_steps({"completion_tokens": 384, "spec_verify_ct": 64}) == (64, 63)

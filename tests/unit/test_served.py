@@ -24,13 +24,16 @@ from mtpmatrix.serving import served
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("url, words", [
-    ("https://h:1", "only plain http"),
-    ("http://user:secret@h:1", "credentials in the URL are not supported"),
-    ("http://h:1/v1", "without a path"),
-    ("http://h", "needs a host and a port"),
-    ("h:30000", "only plain http"),
-])
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("https://h:1", "only plain http"),
+        ("http://user:secret@h:1", "credentials in the URL are not supported"),
+        ("http://h:1/v1", "without a path"),
+        ("http://h", "needs a host and a port"),
+        ("h:30000", "only plain http"),
+    ],
+)
 def test_bad_urls_are_one_line_errors_without_echoing_credentials(url, words):
     with pytest.raises(served.ServedError) as info:
         served.check_url(url)
@@ -42,13 +45,16 @@ def test_check_url_normalises():
     assert served.check_url("http://[::1]:8000") == "http://[::1]:8000"
 
 
-@pytest.mark.parametrize("path, pair", [
-    ("google/gemma-4-E4B-it", "E4B"),
-    ("/hf/hub/models--google--gemma-4-31B-it/snapshots/abc123", "31B"),
-    ("/models/gemma-4-26B-A4B-it/", "26B-A4B"),
-    ("/models/my-finetune", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "path, pair",
+    [
+        ("google/gemma-4-E4B-it", "E4B"),
+        ("/hf/hub/models--google--gemma-4-31B-it/snapshots/abc123", "31B"),
+        ("/models/gemma-4-26B-A4B-it/", "26B-A4B"),
+        ("/models/my-finetune", None),
+        (None, None),
+    ],
+)
 def test_identify_pair(path, pair):
     assert served.identify_pair(path, env={}) == pair
 
@@ -60,14 +66,21 @@ def test_identify_pair_env_override():
 
 
 def test_fetch_describes_what_each_server_serves_no_mtp_first():
-    with FakeSglang(server_info=server_info(topk=3)) as mtp, \
-            FakeSglang(server_info=server_info(topk=None), accept_length=0) as base:
+    with (
+        FakeSglang(server_info=server_info(topk=3)) as mtp,
+        FakeSglang(server_info=server_info(topk=None), accept_length=0) as base,
+    ):
         got = served.fetch_all([mtp.base_url, base.base_url], env={})
         assert [s.case_id for s in got] == ["E4B-nomtp", "E4B-topk3"]
-        assert got[1].as_metric() == {"url": mtp.base_url, "pair": "E4B", "topk": 3,
-                                      "model_path": "google/gemma-4-E4B-it",
-                                      "draft_model_path": "google/gemma-4-E4B-it-assistant", "tp_size": 1,
-                                      "version": "0.5.17"}
+        assert got[1].as_metric() == {
+            "url": mtp.base_url,
+            "pair": "E4B",
+            "topk": 3,
+            "model_path": "google/gemma-4-E4B-it",
+            "draft_model_path": "google/gemma-4-E4B-it-assistant",
+            "tp_size": 1,
+            "version": "0.5.17",
+        }
         with pytest.raises(served.ServedError, match="both serve E4B-topk3"):
             served.fetch_all([mtp.base_url, mtp.base_url], env={})
     with FakeSglang(server_info={"version": "x"}) as odd:
@@ -92,19 +105,40 @@ def test_unreachable_server_fails_before_install_and_before_pytest(tmp_path):
 def _pytest(tmp_path, *args, env=None):
     env = {**os.environ, "MTPMATRIX_GSM8K_NUM_EXAMPLES": "40", **(env or {})}
     env.pop("MTPMATRIX_RESULTS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "tests/tiers", "-p", "no:cacheprovider", "-q",
-                           "--tiers", "gsm8k", f"--mtp-results={tmp_path / 'tiers.json'}", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/tiers",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--tiers",
+            "gsm8k",
+            f"--mtp-results={tmp_path / 'tiers.json'}",
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_gsm8k_tier_against_running_servers(tmp_path, gsm8k_lines):
     """The seed checks against an MTP server and a no-MTP one of the same pair: args, score against E4B's
     threshold, accept length gate, speed-up and McNemar against no-MTP, records and progress where they belong."""
     wrong = {2, 5, 11}
-    with FakeSglang(server_info=server_info(topk=1, accept_length=2.5), accept_length=2.5,
-                    responder=gsm8k_responder(gsm8k_lines, lambda i: i not in wrong)) as mtp, \
-            FakeSglang(server_info=server_info(topk=None), accept_length=0,
-                       responder=gsm8k_responder(gsm8k_lines)) as base:
+    with (
+        FakeSglang(
+            server_info=server_info(topk=1, accept_length=2.5),
+            accept_length=2.5,
+            responder=gsm8k_responder(gsm8k_lines, lambda i: i not in wrong),
+        ) as mtp,
+        FakeSglang(server_info=server_info(topk=None), accept_length=0, responder=gsm8k_responder(gsm8k_lines)) as base,
+    ):
         proc = _pytest(tmp_path, "--server-url", mtp.base_url, "--server-url", base.base_url)
         assert mtp.state.flushes == 0  # a deployment's cache is not ours to flush
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -118,8 +152,13 @@ def test_gsm8k_tier_against_running_servers(tmp_path, gsm8k_lines):
     assert why["31B-topk3"] == "not served: --server-url runs only the cases its servers serve"
     assert tiers["smoke"]["verdict"] == "skipped" and tiers["contract"]["verdict"] == "skipped"
     checks = {c["id"].split("::")[1]: c for c in tiers["gsm8k"]["checks"]}
-    assert set(checks) == {"test_args[E4B-nomtp]", "test_args[E4B-topk1]", "test_accuracy[E4B-nomtp]",
-                           "test_accuracy[E4B-topk1]", "test_acceptance[E4B-topk1]"}
+    assert set(checks) == {
+        "test_args[E4B-nomtp]",
+        "test_args[E4B-topk1]",
+        "test_accuracy[E4B-nomtp]",
+        "test_accuracy[E4B-topk1]",
+        "test_acceptance[E4B-topk1]",
+    }
     acc = checks["test_accuracy[E4B-topk1]"]["metrics"]
     assert acc[schema.SCORE] == 37 / 40 and acc[schema.NUM_EXAMPLES] == 40 and acc[schema.THRESHOLD] == 0.65
     assert acc[schema.WILSON95][0] < 37 / 40 < acc[schema.WILSON95][1]
@@ -131,13 +170,19 @@ def test_gsm8k_tier_against_running_servers(tmp_path, gsm8k_lines):
     assert checks["test_acceptance[E4B-topk1]"]["metrics"][schema.ACCEPT_LENGTH] == 2.5
 
 
-@pytest.mark.parametrize("info, kind, words", [
-    (server_info(topk=1, accept_length=1.2), "acceptance", "avg_spec_accept_length 1.200 < 1.5"),
-    (server_info(topk=1, speculative_num_draft_tokens=4), "args",
-     "speculative_num_draft_tokens: resolved 4, expected 6"),
-    (server_info(topk=2), "args", "speculative_eagle_topk=2"),
-    (server_info(topk=1, disable_cuda_graph=True), "args", "CUDA graph not on"),
-])
+@pytest.mark.parametrize(
+    "info, kind, words",
+    [
+        (server_info(topk=1, accept_length=1.2), "acceptance", "avg_spec_accept_length 1.200 < 1.5"),
+        (
+            server_info(topk=1, speculative_num_draft_tokens=4),
+            "args",
+            "speculative_num_draft_tokens: resolved 4, expected 6",
+        ),
+        (server_info(topk=2), "args", "speculative_eagle_topk=2"),
+        (server_info(topk=1, disable_cuda_graph=True), "args", "CUDA graph not on"),
+    ],
+)
 def test_gsm8k_tier_fails_a_server_that_does_not_meet_the_seed_suite(tmp_path, gsm8k_lines, info, kind, words):
     with FakeSglang(server_info=info, responder=gsm8k_responder(gsm8k_lines)) as fake:
         proc = _pytest(tmp_path, "--server-url", fake.base_url)
@@ -149,8 +194,9 @@ def test_gsm8k_tier_fails_a_server_that_does_not_meet_the_seed_suite(tmp_path, g
 
 
 def test_gsm8k_tier_gates_the_score_on_the_pair_threshold(tmp_path, gsm8k_lines):
-    with FakeSglang(server_info=server_info(topk=1),
-                    responder=gsm8k_responder(gsm8k_lines, lambda i: i % 2 == 0)) as fake:
+    with FakeSglang(
+        server_info=server_info(topk=1), responder=gsm8k_responder(gsm8k_lines, lambda i: i % 2 == 0)
+    ) as fake:
         proc = _pytest(tmp_path, "--server-url", fake.base_url)
     assert proc.returncode == 1
     tiers = json.loads((tmp_path / "tiers.json").read_text())["tiers"]

@@ -18,8 +18,9 @@ FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 
 
 def _fake(tmp_path, *extra, **kw) -> SglangServer:
-    return SglangServer(["--model-path", "fake", *extra], log_path=tmp_path / "server.log",
-                        launcher=[sys.executable, FAKE], **kw)
+    return SglangServer(
+        ["--model-path", "fake", *extra], log_path=tmp_path / "server.log", launcher=[sys.executable, FAKE], **kw
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -60,8 +61,15 @@ def test_progress_lines_while_a_server_starts(tmp_path):
 
     # the stub stays unready (503) until the caller has heard a "starting" line: one is said however fast or slow
     # the stub comes up
-    srv = _fake(tmp_path, "--ready-file", str(started), name="random-nomtp", progress=hear, progress_every=0.4,
-                ready_timeout=HANG)
+    srv = _fake(
+        tmp_path,
+        "--ready-file",
+        str(started),
+        name="random-nomtp",
+        progress=hear,
+        progress_every=0.4,
+        ready_timeout=HANG,
+    )
     with srv:
         pass
     assert lines[0].startswith(f"[random-nomtp] launching on {srv.base_url}, log {tmp_path / 'server.log'}")
@@ -77,8 +85,17 @@ def test_progress_lines_while_a_server_starts(tmp_path):
 
 def test_command_line_shape(tmp_path):
     srv = SglangServer(["--model-path", "m"], python="/x/bin/python", log_path=tmp_path / "l.log", port=31234)
-    assert srv.command == ["/x/bin/python", "-m", "sglang.launch_server", "--model-path", "m",
-                           "--host", "127.0.0.1", "--port", "31234"]
+    assert srv.command == [
+        "/x/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31234",
+    ]
     with pytest.raises(ValueError, match="loopback"):
         SglangServer([], log_path=tmp_path / "l.log", host="0.0.0.0")
     with pytest.raises(ValueError, match="host/port"):
@@ -86,8 +103,10 @@ def test_command_line_shape(tmp_path):
 
 
 def test_early_exit_fails_fast_with_log_tail(tmp_path):
-    script = ("import sys\nfor i in range(60): print('noise', i)\n"
-              "print('RuntimeError: CUDA error: out of memory', flush=True)\nsys.exit(3)")
+    script = (
+        "import sys\nfor i in range(60): print('noise', i)\n"
+        "print('RuntimeError: CUDA error: out of memory', flush=True)\nsys.exit(3)"
+    )
     srv = SglangServer([], log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script], ready_timeout=HANG)
     with pytest.raises(CheckFailure) as ei:
         with srv:
@@ -165,8 +184,12 @@ def test_port_in_use_is_refused(tmp_path):
 def test_secrets_are_redacted_in_log_header(tmp_path):
     script = "import time; time.sleep(0.1)"
     env = {"HF_TOKEN": "hf_supersecret", "MY_API_KEY": "k-123", "CUDA_VISIBLE_DEVICES": "0"}
-    srv = SglangServer(["--api-key", "sk-abc", "--hf-token=tok-xyz", "--model-path", "m"],
-                       log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script], env=env)
+    srv = SglangServer(
+        ["--api-key", "sk-abc", "--hf-token=tok-xyz", "--model-path", "m"],
+        log_path=tmp_path / "s.log",
+        launcher=[sys.executable, "-c", script],
+        env=env,
+    )
     srv.start()
     srv.stop()
     log = (tmp_path / "s.log").read_text()
@@ -178,8 +201,9 @@ def test_secrets_are_redacted_in_log_header(tmp_path):
 def test_env_passed_to_process(tmp_path):
     out = tmp_path / "env.txt"
     script = f"import os; open({str(out)!r}, 'w').write(os.environ.get('MTP_TEST_VAR', '-'))"
-    srv = SglangServer([], log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script],
-                       env={"MTP_TEST_VAR": "yes"})
+    srv = SglangServer(
+        [], log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script], env={"MTP_TEST_VAR": "yes"}
+    )
     srv.start()
     srv.proc.wait(HANG)
     srv.stop()

@@ -33,13 +33,21 @@ def test_chain_names_the_mtp_path():
     ids = [s.id for s in compat.MTP_IMPORT_CHAIN]
     assert len(ids) == len(set(ids))
     mods = {m for s in compat.MTP_IMPORT_CHAIN for m in s.alternatives}
-    for needed in ("sglang.srt.models.gemma4_causal", "sglang.srt.models.gemma4_mm", "sglang.srt.models.gemma4_mtp",
-                   "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner", "sglang.launch_server",
-                   "sglang.srt.entrypoints.http_server", "sglang.srt.layers.attention.triton_backend"):
+    for needed in (
+        "sglang.srt.models.gemma4_causal",
+        "sglang.srt.models.gemma4_mm",
+        "sglang.srt.models.gemma4_mtp",
+        "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner",
+        "sglang.launch_server",
+        "sglang.srt.entrypoints.http_server",
+        "sglang.srt.layers.attention.triton_backend",
+    ):
         assert needed in mods
     worker = next(s for s in compat.MTP_IMPORT_CHAIN if "frozen_kv_mtp_worker" in s.alternatives[0])
-    assert set(worker.alternatives) == {"sglang.srt.speculative.frozen_kv_mtp_worker_v2",
-                                        "sglang.srt.speculative.frozen_kv_mtp_worker"}
+    assert set(worker.alternatives) == {
+        "sglang.srt.speculative.frozen_kv_mtp_worker_v2",
+        "sglang.srt.speculative.frozen_kv_mtp_worker",
+    }
 
 
 def test_one_of_step_imports_what_exists():
@@ -48,8 +56,9 @@ def test_one_of_step_imports_what_exists():
 
 
 def test_missing_step_is_an_import_failure_naming_the_module():
-    step = compat.ImportStep("Frozen-KV MTP worker",
-                             ("mtpmatrix_no_such_pkg.worker_v2", "mtpmatrix_no_such_pkg.worker"))
+    step = compat.ImportStep(
+        "Frozen-KV MTP worker", ("mtpmatrix_no_such_pkg.worker_v2", "mtpmatrix_no_such_pkg.worker")
+    )
     exc = _raised(compat.import_step, step)
     assert isinstance(exc, ModuleNotFoundError)
     assert "mtpmatrix_no_such_pkg.worker_v2 or mtpmatrix_no_such_pkg.worker" in str(exc)
@@ -92,28 +101,42 @@ def test_check_resolution_against_settings():
 def test_require_resolution_is_one_args_failure_naming_every_difference():
     want = settings.expected_resolution(1)
     compat.require_resolution(dict(want), want)  # nothing to say
-    exc = _raised(compat.require_resolution, {**want, "speculative_eagle_topk": 3}, want,
-                  more=["attention_backend: resolved 'fa3', expected 'triton'"])
+    exc = _raised(
+        compat.require_resolution,
+        {**want, "speculative_eagle_topk": 3},
+        want,
+        more=["attention_backend: resolved 'fa3', expected 'triton'"],
+    )
     assert isinstance(exc, CheckFailure) and exc.kind == "args"
-    assert str(exc) == ("speculative_eagle_topk: resolved 3, expected 1; "
-                        "attention_backend: resolved 'fa3', expected 'triton'")
+    assert str(exc) == (
+        "speculative_eagle_topk: resolved 3, expected 1; attention_backend: resolved 'fa3', expected 'triton'"
+    )
 
 
 def _served_info(topk, **extra):
     return {**settings.expected_resolution(topk), "disable_cuda_graph": False, **extra}
 
 
-@pytest.mark.parametrize("info, topk, words", [
-    (_served_info(1), 1, None),
-    ({"server_args": _served_info(3)}, 3, None),  # nested, as 0.5.23 answers
-    (_served_info(1, speculative_num_draft_tokens=4), 1, "/server_info speculative_num_draft_tokens: resolved 4, "
-                                                         "expected 6"),
-    ({k: v for k, v in _served_info(1).items() if k != "speculative_num_steps"}, 1,
-     "/server_info speculative_num_steps: not in /server_info"),
-    (_served_info(1, disable_cuda_graph=True), 1, "CUDA graph not on per /server_info (disabled=True)"),
-    ({k: v for k, v in _served_info(1).items() if k != "disable_cuda_graph"}, 1, "(disabled=None)"),
-    (_served_info(1, speculative_eagle_topk=2), 2, "speculative_eagle_topk=2; the seed suite covers 1, 3"),
-])
+@pytest.mark.parametrize(
+    "info, topk, words",
+    [
+        (_served_info(1), 1, None),
+        ({"server_args": _served_info(3)}, 3, None),  # nested, as 0.5.23 answers
+        (
+            _served_info(1, speculative_num_draft_tokens=4),
+            1,
+            "/server_info speculative_num_draft_tokens: resolved 4, expected 6",
+        ),
+        (
+            {k: v for k, v in _served_info(1).items() if k != "speculative_num_steps"},
+            1,
+            "/server_info speculative_num_steps: not in /server_info",
+        ),
+        (_served_info(1, disable_cuda_graph=True), 1, "CUDA graph not on per /server_info (disabled=True)"),
+        ({k: v for k, v in _served_info(1).items() if k != "disable_cuda_graph"}, 1, "(disabled=None)"),
+        (_served_info(1, speculative_eagle_topk=2), 2, "speculative_eagle_topk=2; the seed suite covers 1, 3"),
+    ],
+)
 def test_check_served_args(info, topk, words):
     recorded = {}
     exc = None
@@ -173,6 +196,7 @@ def _fake_server_args_module(monkeypatch, *, post_init_resolves: bool, with_prep
             return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
     if not post_init_resolves:
+
         def resolve_once(self):
             self._resolved = {**dataclasses.asdict(self), "speculative_algorithm": "FROZEN_KV_MTP"}
 
@@ -182,10 +206,12 @@ def _fake_server_args_module(monkeypatch, *, post_init_resolves: bool, with_prep
     mod = types.ModuleType("sglang.srt.server_args")
     mod.ServerArgs = ServerArgs
     if with_prepare:
+
         def prepare_server_args(argv):
             parser = argparse.ArgumentParser(prog="sglang serve")
             ServerArgs.add_cli_args(parser)
             import logging
+
             logging.basicConfig(level=logging.INFO, force=True)  # what sglang does
             return ServerArgs.from_cli_args(parser.parse_args(argv))
 
@@ -201,6 +227,7 @@ def _fake_server_args_module(monkeypatch, *, post_init_resolves: bool, with_prep
 def test_resolve_both_api_shapes(monkeypatch, shape):
     _fake_server_args_module(monkeypatch, post_init_resolves=shape != "resolve_once", with_prepare=shape == "prepare")
     import logging
+
     handlers = logging.getLogger().handlers[:]
     res = compat.resolve(["--model-path", "m", "--speculative-algorithm", "NEXTN"])
     assert logging.getLogger().handlers == handlers  # prepare_server_args' basicConfig(force=True) is undone

@@ -26,7 +26,7 @@ ALL = ",".join(TIERS)
 
 # contract and reference run here, the GPU tiers skip (as on a CPU row); the plugin reads tier_unavailable through
 # the environment module, so patching it in the suite's conftest reaches every process
-CONFTEST = '''\
+CONFTEST = """\
 from mtpmatrix.serving import environment
 
 environment.tier_unavailable = lambda tier: None if tier in ("contract", "reference") else "needs 1 CUDA GPU(s)"
@@ -37,9 +37,9 @@ pytest_plugins = ["mtpmatrix.tiers.session.plugin"]
 def pytest_configure(config):
     for m in ("contract", "reference", "smoke", "gsm8k", "check(kind): kind"):
         config.addinivalue_line("markers", m)
-'''
+"""
 
-CHECKS = '''\
+CHECKS = """\
 import pytest
 
 from mtpmatrix.core.kinds import CheckFailure
@@ -105,10 +105,11 @@ def test_reference_ok():
 @pytest.mark.smoke
 def test_server():
     pass
-'''
+"""
 
 
 # --- plan ----------------------------------------------------------------------------------------------------
+
 
 def test_plan_splits_the_sglang_tiers_from_the_reference_tier_on_two_cores():
     assert plan(ALL, [], env={}, cores=2) == [SGLANG, REFERENCE]
@@ -116,14 +117,17 @@ def test_plan_splits_the_sglang_tiers_from_the_reference_tier_on_two_cores():
     assert set(SGLANG.tiers) | set(REFERENCE.tiers) == set(TIERS) and not set(SGLANG.tiers) & set(REFERENCE.tiers)
 
 
-@pytest.mark.parametrize("tiers,args,env,cores", [
-    ("contract", [], {}, 2),  # a bisect probe of one tier: nothing to run beside it
-    ("contract,smoke,gsm8k", [], {}, 2),  # one group
-    ("reference", [], {}, 2),
-    (ALL, [], {}, 1),  # one core
-    (ALL, ["-x"], {}, 2),  # the row's own pytest arguments would run twice, with another meaning
-    (ALL, [], {"MTPMATRIX_SIDE_BY_SIDE": "0"}, 2),
-])
+@pytest.mark.parametrize(
+    "tiers,args,env,cores",
+    [
+        ("contract", [], {}, 2),  # a bisect probe of one tier: nothing to run beside it
+        ("contract,smoke,gsm8k", [], {}, 2),  # one group
+        ("reference", [], {}, 2),
+        (ALL, [], {}, 1),  # one core
+        (ALL, ["-x"], {}, 2),  # the row's own pytest arguments would run twice, with another meaning
+        (ALL, [], {"MTPMATRIX_SIDE_BY_SIDE": "0"}, 2),
+    ],
+)
 def test_plan_keeps_one_process(tiers, args, env, cores):
     assert plan(tiers, args, env=env, cores=cores) == []
 
@@ -144,6 +148,7 @@ def test_merge_exitstatus_is_the_worst_part():
 
 # --- real pytest processes -------------------------------------------------------------------------------------
 
+
 def _suite(tmp_path: Path, checks: str = CHECKS) -> Path:
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -153,15 +158,27 @@ def _suite(tmp_path: Path, checks: str = CHECKS) -> Path:
 
 
 def _command(suite: Path, out: Path, module: str = "pytest") -> list[str]:
-    return [sys.executable, "-m", module, str(suite), "-p", "no:cacheprovider", f"--junitxml={out / JUNIT_FILE}",
-            f"--mtp-results={out / TIERS_FILE}", f"--tiers={ALL}"]
+    return [
+        sys.executable,
+        "-m",
+        module,
+        str(suite),
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / JUNIT_FILE}",
+        f"--mtp-results={out / TIERS_FILE}",
+        f"--tiers={ALL}",
+    ]
 
 
 # How the groups' processes start: plain pytest, one process each; through pytest_process, forked from one
 # interpreter that imported what they share (here json: this Python has no torch); or, that import failing, each a
 # fresh interpreter after all. The log's first line from pytest_fork says which.
-LAUNCHES = {"each": ("pytest", None, None), "forked": (pytest_process.__name__, ("json",), "forking 2"),
-            "fresh": (pytest_process.__name__, ("json", "no_such_module_here"), "starting 2")}
+LAUNCHES = {
+    "each": ("pytest", None, None),
+    "forked": (pytest_process.__name__, ("json",), "forking 2"),
+    "fresh": (pytest_process.__name__, ("json", "no_such_module_here"), "starting 2"),
+}
 
 
 @pytest.fixture(params=sorted(LAUNCHES))
@@ -215,8 +232,9 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch, l
     # one tiers.json, junit.xml and pytest.log in the row folder; the parts are gone
     assert sorted(p.name for p in two.iterdir()) == sorted([TIERS_FILE, JUNIT_FILE, PYTEST_LOG])
     cases = ET.parse(two / JUNIT_FILE).getroot().iter("testcase")
-    assert sorted(c.get("name") for c in cases) == sorted(c["id"].split("::")[1] for t in alone["tiers"].values()
-                                                          for c in t["checks"])
+    assert sorted(c.get("name") for c in cases) == sorted(
+        c["id"].split("::")[1] for t in alone["tiers"].values() for c in t["checks"]
+    )
     log = (two / PYTEST_LOG).read_text()
     assert f"-m {SGLANG.marker}" in log and f"-m {REFERENCE.marker}" in log and log.count("short test summary") == 2
     # the reference tier came from both processes: its check of the greedy chains from the sglang group's, in collection order
@@ -230,7 +248,7 @@ def test_side_by_side_leaves_the_records_of_one_process(tmp_path, monkeypatch, l
 
 # Each group's test waits for the other's: it passes only when the two run at the same time. The timeout is the
 # failure path (one process: the first waits in vain), not a margin a passing run depends on.
-HANDSHAKE = '''\
+HANDSHAKE = """\
 import os, time
 from pathlib import Path
 
@@ -255,7 +273,7 @@ def test_contract_meets_reference():
 @pytest.mark.reference
 def test_reference_meets_contract():
     meet("reference", "contract")
-'''
+"""
 
 
 def test_the_groups_run_at_the_same_time(tmp_path, monkeypatch, launch):
@@ -263,8 +281,9 @@ def test_the_groups_run_at_the_same_time(tmp_path, monkeypatch, launch):
     monkeypatch.setenv("HANDSHAKE_DIR", str(tmp_path))
     out = tmp_path / "row"
     out.mkdir()
-    rc = side_by_side.run(_command(suite, out, launch[0]), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path,
-                          echo=False)
+    rc = side_by_side.run(
+        _command(suite, out, launch[0]), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False
+    )
     tiers = json.loads((out / TIERS_FILE).read_text())["tiers"]
     assert rc == 0 and tiers["contract"]["verdict"] == tiers["reference"]["verdict"] == "passed"
 
@@ -272,10 +291,12 @@ def test_the_groups_run_at_the_same_time(tmp_path, monkeypatch, launch):
 def _suite_whose_reference_process_dies(tmp_path: Path) -> Path:
     """A suite whose reference process exits before the plugin writes its part."""
     suite = _suite(tmp_path)
-    (suite / "conftest.py").write_text(CONFTEST + '\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n'
-                                       'def pytest_sessionfinish(session):  # before the plugin writes its part\n'
-                                       '    if session.config.getoption("-m").startswith("reference"):\n'
-                                       '        import os; os._exit(3)\n')
+    (suite / "conftest.py").write_text(
+        CONFTEST + "\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_sessionfinish(session):  # before the plugin writes its part\n"
+        '    if session.config.getoption("-m").startswith("reference"):\n'
+        "        import os; os._exit(3)\n"
+    )
     return suite
 
 
@@ -285,8 +306,9 @@ def test_a_part_without_results_leaves_no_tiers_json(tmp_path, monkeypatch, laun
     suite = _suite_whose_reference_process_dies(tmp_path)
     out = tmp_path / "row"
     out.mkdir()
-    rc = side_by_side.run(_command(suite, out, launch[0]), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path,
-                          echo=False)
+    rc = side_by_side.run(
+        _command(suite, out, launch[0]), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False
+    )
     assert rc == 3 and not (out / TIERS_FILE).exists()
 
 
@@ -297,15 +319,33 @@ def test_an_earlier_suite_s_parts_are_never_merged_into_this_one(tmp_path, monke
     suite = _suite_whose_reference_process_dies(tmp_path)
     out = tmp_path / "row"
     out.mkdir()
-    earlier = {"tiers": {"reference": {"verdict": "passed", "checks": [
-        {"id": "suite/test_tiers.py::test_from_an_earlier_suite", "tier": "reference", "outcome": "passed",
-         "seconds": 0.1}]}}, "versions": {}, "gpus": 0, "seconds": 1.0, "exitstatus": 0}
+    earlier = {
+        "tiers": {
+            "reference": {
+                "verdict": "passed",
+                "checks": [
+                    {
+                        "id": "suite/test_tiers.py::test_from_an_earlier_suite",
+                        "tier": "reference",
+                        "outcome": "passed",
+                        "seconds": 0.1,
+                    }
+                ],
+            }
+        },
+        "versions": {},
+        "gpus": 0,
+        "seconds": 1.0,
+        "exitstatus": 0,
+    }
     REFERENCE.part(out, TIERS_FILE).write_text(json.dumps(earlier))
-    REFERENCE.part(out, JUNIT_FILE).write_text('<testsuite tests="1"><testcase name="test_from_an_earlier_suite"/>'
-                                               '</testsuite>')
+    REFERENCE.part(out, JUNIT_FILE).write_text(
+        '<testsuite tests="1"><testcase name="test_from_an_earlier_suite"/></testsuite>'
+    )
     (out / TIERS_FILE).write_text('{"written by": "an earlier suite"}')
-    rc = side_by_side.run(_command(suite, out, "pytest"), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path,
-                          echo=False)
+    rc = side_by_side.run(
+        _command(suite, out, "pytest"), [SGLANG, REFERENCE], out, _env(monkeypatch), tmp_path, echo=False
+    )
     assert rc == 3 and not (out / TIERS_FILE).exists()
     assert not REFERENCE.part(out, TIERS_FILE).exists() and not REFERENCE.part(out, JUNIT_FILE).exists()
     assert "test_from_an_earlier_suite" not in (out / JUNIT_FILE).read_text()  # the sglang group's cases only
@@ -315,23 +355,28 @@ def test_the_shared_rule_picks_the_checks_of_the_greedy_chains():
     """The sglang process runs every check that reads the reference tier's greedy chains (all their parameters), the
     reference process the sampled checks (the assisted one included), the witness ablations and the rest."""
     ref = "tests/tiers/test_reference.py::"
-    for check in ("test_greedy_with_assistant_equals_greedy[dense-31b]",
-                  "test_greedy_with_assistant_equals_greedy[e-series-decoy]",
-                  "test_constructed_rule_and_acceptance[moe-26b-a4b]",
-                  "test_witness_drafts_at_transformers_phase[e-series]",
-                  "test_decoy_chain_meets_prediction_in_transformers[dense-31b]"):
+    for check in (
+        "test_greedy_with_assistant_equals_greedy[dense-31b]",
+        "test_greedy_with_assistant_equals_greedy[e-series-decoy]",
+        "test_constructed_rule_and_acceptance[moe-26b-a4b]",
+        "test_witness_drafts_at_transformers_phase[e-series]",
+        "test_decoy_chain_meets_prediction_in_transformers[dense-31b]",
+    ):
         assert shared_check("reference", ref + check), check
-    for check in ("test_sampled_assisted_generation_matches_closed_form",
-                  "test_sampled_closed_form_matches_transformers_sampling[dense-31b]",
-                  "test_sampled_drafter_proposes_another_order[moe-26b-a4b]",
-                  "test_witness_drafts_need_each_input[dense-31b-witness]", "test_configs_load[e-series]",
-                  "test_moe_output_does_not_depend_on_routing"):
+    for check in (
+        "test_sampled_assisted_generation_matches_closed_form",
+        "test_sampled_closed_form_matches_transformers_sampling[dense-31b]",
+        "test_sampled_drafter_proposes_another_order[moe-26b-a4b]",
+        "test_witness_drafts_need_each_input[dense-31b-witness]",
+        "test_configs_load[e-series]",
+        "test_moe_output_does_not_depend_on_routing",
+    ):
         assert not shared_check("reference", ref + check), check
     assert not shared_check("contract", "tests/tiers/test_contract.py::test_greedy_with_assistant_equals_greedy")
 
 
 # Each test says it runs (its pid in a file), then blocks until killed: stopping the row must end both processes.
-BLOCKING = '''\
+BLOCKING = """\
 import os
 from pathlib import Path
 
@@ -354,7 +399,7 @@ def test_contract_blocks():
 @pytest.mark.reference
 def test_reference_blocks():
     block("reference")
-'''
+"""
 
 
 def test_stopping_a_forked_suite_ends_every_pytest_process(tmp_path, monkeypatch):
@@ -369,8 +414,9 @@ def test_stopping_a_forked_suite_ends_every_pytest_process(tmp_path, monkeypatch
     out.mkdir()
     cmd = _command(suite, out, pytest_process.__name__)
     groups = [SGLANG, REFERENCE]
-    streams, kill, _wait = side_by_side._start_forked(cmd, [side_by_side._with_paths(cmd, g, out) for g in groups],
-                                                      groups, _env(monkeypatch), tmp_path)
+    streams, kill, _wait = side_by_side._start_forked(
+        cmd, [side_by_side._with_paths(cmd, g, out) for g in groups], groups, _env(monkeypatch), tmp_path
+    )
     pids = []
     deadline = time.monotonic() + 60  # the failure path only: both tests start within seconds
     for name in ("contract", "reference"):
@@ -381,8 +427,9 @@ def test_stopping_a_forked_suite_ends_every_pytest_process(tmp_path, monkeypatch
     kill()
     for stream in streams:  # each pipe ends (EOF) only when every process holding it is gone
         while True:
-            assert select.select([stream], [], [], max(0.0, deadline - time.monotonic()))[0], \
+            assert select.select([stream], [], [], max(0.0, deadline - time.monotonic()))[0], (
                 "a pytest process outlived the stop: its pipe is still open"
+            )
             if not os.read(stream.fileno(), 65536):
                 break
         stream.close()

@@ -60,10 +60,14 @@ def _run(outputs, top=None):
 
 
 def test_divergences_judged_on_reference_logprobs():
-    ref = _run([[1, 2, 3], [4, 5, 6], [7, 8, 9]],
-               top=[[[(-0.1, 1)], [(-0.1, 2)], [(-0.1, 3)]],
-                    [[(-0.1, 4)], [(-0.50, 5), (-0.5039, 50)], [(-0.1, 6)]],  # near-tie at position 1
-                    [[(-0.1, 7)], [(-0.1, 8), (-2.0, 80)], [(-0.1, 9)]]])  # clear winner at position 1
+    ref = _run(
+        [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+        top=[
+            [[(-0.1, 1)], [(-0.1, 2)], [(-0.1, 3)]],
+            [[(-0.1, 4)], [(-0.50, 5), (-0.5039, 50)], [(-0.1, 6)]],  # near-tie at position 1
+            [[(-0.1, 7)], [(-0.1, 8), (-2.0, 80)], [(-0.1, 9)]],
+        ],
+    )  # clear winner at position 1
     mtp = _run([[1, 2, 3], [4, 50, 51], [7, 80, 81]])
     divs = smoke.divergences(ref, mtp)
     assert [(d.sequence, d.position, d.reference_token, d.mtp_token) for d in divs] == [(1, 1, 5, 50), (2, 1, 8, 80)]
@@ -95,12 +99,16 @@ FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 
 
 def _jobs(tmp_path, n=3):
-    return [smoke.SmokeJob(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512)
-            for spec in smoke_servers.SMOKE_SERVERS[:n]]
+    return [
+        smoke.SmokeJob(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512)
+        for spec in smoke_servers.SMOKE_SERVERS[:n]
+    ]
 
 
-@pytest.mark.parametrize("free_mib,want", [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 2), (48 * 1024, 5),
-                                           (80 * 1024, 5), (140 * 1024, 5), (10**7, 5)])
+@pytest.mark.parametrize(
+    "free_mib,want",
+    [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 2), (48 * 1024, 5), (80 * 1024, 5), (140 * 1024, 5), (10**7, 5)],
+)
 def test_launch_parallelism_from_free_memory(free_mib, want):
     assert launch_plan.launch_parallelism(5, free_mib) == want
 
@@ -119,7 +127,8 @@ def test_an_idle_h200_launches_the_default_servers_in_one_wave():
     free once the driver has its share) launches all default servers at once."""
     for free_gib in (125, 139):
         assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == len(
-            smoke_servers.DEFAULT_SMOKE_SERVERS)
+            smoke_servers.DEFAULT_SMOKE_SERVERS
+        )
     assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 2
 
 
@@ -133,8 +142,10 @@ def test_the_wave_follows_the_fraction_the_servers_run_with():
 
 def test_the_launch_budget_divides_the_suite_by_the_first_wave_s_median_launch(tmp_path):
     spec = smoke_servers.SMOKE_SERVERS[0]
-    runs = {f"s{i}": smoke.SmokeRun(spec=spec, log_path=tmp_path / f"s{i}.log", launch_seconds=t)
-            for i, t in enumerate((140.0, 138.0, None, 139.0, 55.0))}
+    runs = {
+        f"s{i}": smoke.SmokeRun(spec=spec, log_path=tmp_path / f"s{i}.log", launch_seconds=t)
+        for i, t in enumerate((140.0, 138.0, None, 139.0, 55.0))
+    }
     budget = launch_plan.launch_budget(runs, first_wave=4, suite_seconds=210.0)
     assert budget["cold_launches"] == [138.0, 139.0, 140.0]  # the failed launch has none; the 5th was warm
     assert budget["cold_launch_seconds"] == 139.0 and budget["ratio"] == 1.51
@@ -152,25 +163,36 @@ def test_launch_parallelism_requested_wins():
 
 def test_smoke_options_defaults_and_values():
     assert smoke_servers.smoke_options({}) == smoke_servers.SmokeOptions()
-    opts = smoke_servers.smoke_options({"MTPMATRIX_SMOKE_PAIR": "moe-26b-a4b", "MTPMATRIX_SMOKE_TP": "2",
-                                "MTPMATRIX_SMOKE_SERVERS": "random-nomtp, random-mtp-topk3",
-                                "MTPMATRIX_SMOKE_PARALLEL": "3",
-                                "MTPMATRIX_SMOKE_EXTRA_ARGS": "--enable-deterministic-inference --foo 'a b'",
-                                "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1"})
+    opts = smoke_servers.smoke_options(
+        {
+            "MTPMATRIX_SMOKE_PAIR": "moe-26b-a4b",
+            "MTPMATRIX_SMOKE_TP": "2",
+            "MTPMATRIX_SMOKE_SERVERS": "random-nomtp, random-mtp-topk3",
+            "MTPMATRIX_SMOKE_PARALLEL": "3",
+            "MTPMATRIX_SMOKE_EXTRA_ARGS": "--enable-deterministic-inference --foo 'a b'",
+            "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1",
+        }
+    )
     assert (opts.pair, opts.tp, opts.parallel, opts.swap_drafters) == ("moe-26b-a4b", 2, 3, True)
     assert [s.name for s in opts.specs] == ["random-nomtp", "random-mtp-topk3"]  # spec order, not env order
     assert opts.extra_args == ("--enable-deterministic-inference", "--foo", "a b")
 
 
-@pytest.mark.parametrize("env,match", [
-    ({"MTPMATRIX_SMOKE_PAIR": "gemma-99b"}, "MTPMATRIX_SMOKE_PAIR='gemma-99b' is not a tiny pair; known: e-series"),
-    ({"MTPMATRIX_SMOKE_TP": "two"}, "MTPMATRIX_SMOKE_TP must be a whole number >= 1, got 'two'"),
-    ({"MTPMATRIX_SMOKE_TP": "0"}, "MTPMATRIX_SMOKE_TP must be a whole number"),
-    ({"MTPMATRIX_SMOKE_PARALLEL": "-2"}, "MTPMATRIX_SMOKE_PARALLEL must be a whole number"),
-    ({"MTPMATRIX_SMOKE_SERVERS": "random-nomtp,random-mtp-topk2"}, "unknown server\\(s\\) random-mtp-topk2; known:"),
-    ({"MTPMATRIX_SMOKE_EXTRA_ARGS": "--foo 'unclosed"}, "does not split like shell words"),
-    ({"MTPMATRIX_SMOKE_EXTRA_ARGS": "--port=1 --tp-size 4"}, "may not set --port=1, --tp-size"),
-])
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"MTPMATRIX_SMOKE_PAIR": "gemma-99b"}, "MTPMATRIX_SMOKE_PAIR='gemma-99b' is not a tiny pair; known: e-series"),
+        ({"MTPMATRIX_SMOKE_TP": "two"}, "MTPMATRIX_SMOKE_TP must be a whole number >= 1, got 'two'"),
+        ({"MTPMATRIX_SMOKE_TP": "0"}, "MTPMATRIX_SMOKE_TP must be a whole number"),
+        ({"MTPMATRIX_SMOKE_PARALLEL": "-2"}, "MTPMATRIX_SMOKE_PARALLEL must be a whole number"),
+        (
+            {"MTPMATRIX_SMOKE_SERVERS": "random-nomtp,random-mtp-topk2"},
+            "unknown server\\(s\\) random-mtp-topk2; known:",
+        ),
+        ({"MTPMATRIX_SMOKE_EXTRA_ARGS": "--foo 'unclosed"}, "does not split like shell words"),
+        ({"MTPMATRIX_SMOKE_EXTRA_ARGS": "--port=1 --tp-size 4"}, "may not set --port=1, --tp-size"),
+    ],
+)
 def test_smoke_options_reject_bad_values_in_one_line(env, match):
     with pytest.raises(ValueError, match=match) as info:
         smoke_servers.smoke_options(env)
@@ -184,13 +206,25 @@ def test_bad_smoke_knob_stops_pytest_before_collection(tmp_path):
 
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "MTPMATRIX_SMOKE_PAIR": "gemma-99b", "PYTHONPATH": str(repo / "src")}
-    out = subprocess.run([sys.executable, "-m", "pytest", "tests/tiers/test_smoke.py", "--tiers", "smoke",
-                          "-p", "no:cacheprovider"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/tiers/test_smoke.py", "--tiers", "smoke", "-p", "no:cacheprovider"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 4  # pytest's usage error
     assert "MTPMATRIX_SMOKE_PAIR='gemma-99b' is not a tiny pair" in out.stderr
     env_other = {**env, "MTPMATRIX_TIERS": "contract"}  # smoke not selected: the knob does not matter
-    out = subprocess.run([sys.executable, "-m", "pytest", "tests/tiers/test_smoke.py", "-q", "-p", "no:cacheprovider"],
-                         cwd=repo, env=env_other, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/tiers/test_smoke.py", "-q", "-p", "no:cacheprovider"],
+        cwd=repo,
+        env=env_other,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "skipped" in out.stdout, out.stdout + out.stderr
 
 
@@ -201,8 +235,7 @@ def test_collect_all_side_by_side(tmp_path):
     # each stub binds its port only once all three stubs run at once (a rendezvous): launched in turn, the first
     # would wait alone and exit 1 ("rendezvous: ..."), failing its run
     side_by_side = [sys.executable, FAKE, "--rendezvous", str(tmp_path / "running"), "--rendezvous-count", "3"]
-    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3, launcher=side_by_side,
-                             progress=said.append)
+    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3, launcher=side_by_side, progress=said.append)
     # progress while it runs: which server, how many are done, how long each took to get ready
     assert said[0] == "[smoke] launching 3 sglang server(s), 3 side by side"
     collected = sorted(ln.split(": ")[0] for ln in said if "collected" in ln)
@@ -222,8 +255,9 @@ def test_failure_beside_others_is_relaunched_alone(tmp_path):
 
     flag = tmp_path / "fail-once"
     flag.touch()
-    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3,
-                             launcher=[sys.executable, FAKE, "--exit-once", str(flag)])
+    runs = smoke.collect_all(
+        _jobs(tmp_path), log_dir=tmp_path, parallel=3, launcher=[sys.executable, FAKE, "--exit-once", str(flag)]
+    )
     relaunched = [r for r in runs.values() if r.first_attempt_error]
     assert len(relaunched) == 1 and "exited with code 1" in relaunched[0].first_attempt_error
     assert all(r.error is None for r in runs.values())
@@ -236,8 +270,9 @@ def test_failure_alone_is_not_retried(tmp_path):
 
     flag = tmp_path / "fail-once"
     flag.touch()
-    runs = smoke.collect_all(_jobs(tmp_path, 1), log_dir=tmp_path, parallel=1,
-                             launcher=[sys.executable, FAKE, "--exit-once", str(flag)])
+    runs = smoke.collect_all(
+        _jobs(tmp_path, 1), log_dir=tmp_path, parallel=1, launcher=[sys.executable, FAKE, "--exit-once", str(flag)]
+    )
     (run,) = runs.values()
     assert run.error is not None and run.first_attempt_error is None
     assert "injected launch failure" in str(run.error)
@@ -274,8 +309,14 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
     said: list[str] = []
     try:
         with pytest.raises(KeyboardInterrupt):  # servers answer but never become ready
-            smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3, ready_timeout=HANG, progress=said.append,
-                              launcher=[sys.executable, FAKE, "--ready-file", str(tmp_path / "never")])
+            smoke.collect_all(
+                _jobs(tmp_path),
+                log_dir=tmp_path,
+                parallel=3,
+                ready_timeout=HANG,
+                progress=said.append,
+                launcher=[sys.executable, FAKE, "--ready-file", str(tmp_path / "never")],
+            )
     finally:
         signal.signal(signal.SIGINT, previous)
     assert len(seen) == 3
@@ -300,20 +341,29 @@ def test_known_sglang_draft_phase_entry_matches_the_check_message():
     from mtpmatrix.core import known_upstream
 
     entry = next(k for k in known_upstream.load() if k.id == "sglang-gemma4-mtp-draft-rope-phase")
-    failure = {"id": "tests/tiers/test_smoke.py::test_draft_phase_matches_transformers[witness-transformers-phase-"
-                     "topk1]", "outcome": "failed", "metrics": {"accept_length_requests": 1.04},
-               "failure": {"kind": "acceptance", "type": "CheckFailure", "message":
-                           "draft query is not at transformers' RoPE phase: the transformers-phase witness accepts "
-                           "1.04 per verify (floor 5.0)"}}
-    gate = [{"id": f"tests/tiers/test_smoke.py::{name}", "outcome": "passed"}
-            for name in entry.signature["passed_beside"]]
+    failure = {
+        "id": "tests/tiers/test_smoke.py::test_draft_phase_matches_transformers[witness-transformers-phase-topk1]",
+        "outcome": "failed",
+        "metrics": {"accept_length_requests": 1.04},
+        "failure": {
+            "kind": "acceptance",
+            "type": "CheckFailure",
+            "message": "draft query is not at transformers' RoPE phase: the transformers-phase witness accepts "
+            "1.04 per verify (floor 5.0)",
+        },
+    }
+    gate = [
+        {"id": f"tests/tiers/test_smoke.py::{name}", "outcome": "passed"} for name in entry.signature["passed_beside"]
+    ]
     assert entry.tier == "smoke" and entry.serving_path and entry.component == "sglang"
     assert entry.matches(failure, [failure, *gate])
     # the message alone is not the bug: without the sglang-phase witness passing beside it, it is something else
     assert not entry.matches(failure, [failure])
     assert entry.applies_to({"sglang": "0.5.17"}) and not entry.applies_to({"sglang": "0.5.24"})
-    assert not entry.matches(dict(failure, failure={"kind": "acceptance", "message": "accept length 1.04 outside "
-                                                                                     "[5.0, 6]"}), [failure, *gate])
+    assert not entry.matches(
+        dict(failure, failure={"kind": "acceptance", "message": "accept length 1.04 outside [5.0, 6]"}),
+        [failure, *gate],
+    )
     # the releases known to deviate are the releases the gate witness is built off the reference phase for
     from mtpmatrix.pairs import witness
 
@@ -322,8 +372,10 @@ def test_known_sglang_draft_phase_entry_matches_the_check_message():
 
 
 def test_max_running_requests_reads_both_log_spellings():
-    log = ("Decode batch. #running-req: 3, #token: 40\n"
-           "Prefill batch. #new-seq: 4, #running-req=7, x\nDecode batch. #running-req: 5, #token: 90\n")
+    log = (
+        "Decode batch. #running-req: 3, #token: 40\n"
+        "Prefill batch. #new-seq: 4, #running-req=7, x\nDecode batch. #running-req: 5, #token: 90\n"
+    )
     assert smoke.max_running_requests(log) == 7
     assert smoke.max_running_requests("no batches logged") == 0
 
@@ -365,11 +417,13 @@ def test_random_pair_is_a_presence_check_that_can_fail():
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "random-mtp-topk3")
     # every draft rejected: 31 verify steps for 31 tokens; speculative decoding ran, which is all it says
     assert smoke.accept_length_problem(spec, _metas([31] * 8)) is None
-    assert smoke.accept_length_problem(spec, []) == ("responses carry no spec_verify_ct (speculative decoding "
-                                                     "did not run)")
+    assert smoke.accept_length_problem(spec, []) == (
+        "responses carry no spec_verify_ct (speculative decoding did not run)"
+    )
     # one request served without a verify step: the pooled value (1.03) alone would hide it
     assert smoke.accept_length_problem(spec, _metas([31] * 7 + [0])) == (
-        "1/8 responses ran no verify step: speculative decoding did not run for them")
+        "1/8 responses ran no verify step: speculative decoding did not run for them"
+    )
     # more than any drafter can accept: the counters are wrong
     assert smoke.accept_length_problem(spec, _metas([4] * 8)).startswith("accept length 8.0 outside [1.0, 5.3333]")
 
@@ -381,8 +435,13 @@ def test_failure_that_repeats_alone_stands_for_the_others(tmp_path):
     import sys
 
     said = []
-    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3,
-                             launcher=[sys.executable, FAKE, "--exit-always"], progress=said.append)
+    runs = smoke.collect_all(
+        _jobs(tmp_path),
+        log_dir=tmp_path,
+        parallel=3,
+        launcher=[sys.executable, FAKE, "--exit-always"],
+        progress=said.append,
+    )
     first, *others = runs.values()
     assert sorted(p.name for p in tmp_path.glob("*-alone.log")) == [f"server-{first.spec.name}-alone.log"]
     assert first.log_path.name.endswith("-alone.log") and "exited with code 1" in first.first_attempt_error
@@ -391,21 +450,32 @@ def test_failure_that_repeats_alone_stands_for_the_others(tmp_path):
         assert run.error.kind == "launch" and run.first_attempt_error is None
         assert run.confirmed_alone_by == first.spec.name
         head = str(run.error).splitlines()[0]
-        assert head.endswith(f"[not relaunched alone: {first.spec.name} failed the same way alone, "
-                             f"{first.log_path.name}]")
+        assert head.endswith(
+            f"[not relaunched alone: {first.spec.name} failed the same way alone, {first.log_path.name}]"
+        )
     assert sum("not relaunched alone" in ln for ln in said) == 2
 
 
 def test_failure_signature_ignores_server_names_and_numbers():
-    a = CheckFailure("launch", "random-nomtp server exited with code 1 before it was ready (35s after "
-                                     "launch): RuntimeError: capture failed at port 30012\nlog: x")
-    b = CheckFailure("launch", "witness-mtp-topk3 server exited with code 1 before it was ready (41s after "
-                                     "launch): RuntimeError: capture failed at port 30020\nlog: y")
+    a = CheckFailure(
+        "launch",
+        "random-nomtp server exited with code 1 before it was ready (35s after "
+        "launch): RuntimeError: capture failed at port 30012\nlog: x",
+    )
+    b = CheckFailure(
+        "launch",
+        "witness-mtp-topk3 server exited with code 1 before it was ready (41s after "
+        "launch): RuntimeError: capture failed at port 30020\nlog: y",
+    )
     assert smoke.failure_signature(a, "random-nomtp") == smoke.failure_signature(b, "witness-mtp-topk3")
-    other = CheckFailure("launch", "witness-mtp-topk3 server exited with code 1 before it was ready (41s "
-                                         "after launch): torch.OutOfMemoryError: CUDA out of memory")
+    other = CheckFailure(
+        "launch",
+        "witness-mtp-topk3 server exited with code 1 before it was ready (41s "
+        "after launch): torch.OutOfMemoryError: CUDA out of memory",
+    )
     assert smoke.failure_signature(other, "witness-mtp-topk3") != smoke.failure_signature(a, "random-nomtp")
     assert smoke.failure_signature(RuntimeError("port in use"), "random-nomtp") is None  # not a server's failure
+
 
 def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_path):
     """A sampled-pair server is sent the greedy requests and the sampled plan, and each answer lands in its own list
@@ -415,14 +485,25 @@ def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_pa
     from mtpmatrix.pairs import sampled
 
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
-    assert {s.name for s in smoke_servers.DEFAULT_SMOKE_SERVERS} >= {"sampled-nomtp", "sampled-mtp-topk1", "sampled-mtp-topk3"}
-    run = smoke.collect(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512, log_dir=tmp_path,
-                        launcher=[sys.executable, FAKE])
+    assert {s.name for s in smoke_servers.DEFAULT_SMOKE_SERVERS} >= {
+        "sampled-nomtp",
+        "sampled-mtp-topk1",
+        "sampled-mtp-topk3",
+    }
+    run = smoke.collect(
+        spec,
+        tmp_path / "target",
+        tmp_path / "assistant",
+        vocab_size=512,
+        log_dir=tmp_path,
+        launcher=[sys.executable, FAKE],
+    )
     assert run.error is None, run.error
     assert len(run.id_outputs) == smoke.N_ID_PROMPTS and len(run.text_outputs) == len(smoke.TEXT_PROMPTS)
     assert run.sampled_requests == sampled.request_plan()
     assert len(run.sampled_outputs) == len(run.sampled_meta) == sampled.N_REQUESTS
     assert smoke.sampled_plan(smoke_servers.SMOKE_SERVERS[0]) == []  # other pairs: greedy requests only
+
 
 def test_decoy_servers_are_exact_and_predicted():
     specs = {s.name: s for s in smoke_servers.SMOKE_SERVERS}

@@ -13,12 +13,15 @@ from mtpmatrix.core import stats
 
 # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3 (Wilson score,
 # no continuity correction), z = 1.96, to 4 decimals.
-@pytest.mark.parametrize("k,n,lo,hi", [
-    (81, 263, 0.2553, 0.3662),
-    (15, 148, 0.0624, 0.1605),
-    (0, 20, 0.0, 0.1611),
-    (1, 29, 0.0061, 0.1718),
-])
+@pytest.mark.parametrize(
+    "k,n,lo,hi",
+    [
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ],
+)
 def test_wilson_matches_newcombe_table(k, n, lo, hi):
     got = stats.wilson_interval(k, n)
     assert got[0] == pytest.approx(lo, abs=6e-5) and got[1] == pytest.approx(hi, abs=6e-5)
@@ -35,8 +38,9 @@ def _wilson_decimal(k, n, z):
     return float(centre - half), float(centre + half)
 
 
-@pytest.mark.parametrize("k,n,z", [(10, 20, 1.96), (130, 200, 1.96), (200, 200, 1.96), (89, 200, 2.576),
-                                   (1, 1319, 1.0)])
+@pytest.mark.parametrize(
+    "k,n,z", [(10, 20, 1.96), (130, 200, 1.96), (200, 200, 1.96), (89, 200, 2.576), (1, 1319, 1.0)]
+)
 def test_wilson_high_precision(k, n, z):
     lo, hi = stats.wilson_interval(k, n, z)
     rlo, rhi = _wilson_decimal(k, n, z)
@@ -53,14 +57,22 @@ def test_wilson_edges():
 
 def _mcnemar_exact(b, c):
     n, m = b + c, min(b, c)
-    return min(Fraction(1), 2 * sum(Fraction(math.comb(n, i), 2 ** n) for i in range(m + 1)))
+    return min(Fraction(1), 2 * sum(Fraction(math.comb(n, i), 2**n) for i in range(m + 1)))
 
 
-@pytest.mark.parametrize("b,c,expected", [
-    (0, 0, 1.0), (3, 3, 1.0), (0, 5, 0.0625), (5, 0, 0.0625), (1, 6, 0.125),  # 2*(1+7)/2^7
-    (2, 8, 0.109375),  # 2*(1+10+45)/1024
-    (0, 1, 1.0), (4, 5, 1.0),
-])
+@pytest.mark.parametrize(
+    "b,c,expected",
+    [
+        (0, 0, 1.0),
+        (3, 3, 1.0),
+        (0, 5, 0.0625),
+        (5, 0, 0.0625),
+        (1, 6, 0.125),  # 2*(1+7)/2^7
+        (2, 8, 0.109375),  # 2*(1+10+45)/1024
+        (0, 1, 1.0),
+        (4, 5, 1.0),
+    ],
+)
 def test_mcnemar_hand_values(b, c, expected):
     assert stats.mcnemar(b, c) == pytest.approx(expected, rel=1e-12)
 
@@ -99,7 +111,7 @@ def test_paired_compare_significant():
     b[:2] = [True, True]  # 18 lost, 20 gained: not significant
     assert not stats.paired_compare(a, b).significant()
     b2 = [False] * 20 + [False] * 20  # 20 lost, 0 gained
-    assert stats.paired_compare(a, b2).p_value == pytest.approx(2 / 2 ** 20)
+    assert stats.paired_compare(a, b2).p_value == pytest.approx(2 / 2**20)
 
 
 def test_speedups():

@@ -87,16 +87,19 @@ def test_save_and_load_row(tmp_path):
     assert s.row_ids() == ["r1"]
 
 
-@pytest.mark.parametrize("record,finished", [
-    (None, False),
-    ({"verdict": "pending"}, False),
-    ({}, False),
-    ({"row": {"id": "r"}}, False),
-    ({"verdict": "passed"}, True),
-    ({"verdict": "failed"}, True),
-    ({"verdict": "error"}, True),
-    ({"verdict": "skipped"}, True),
-])
+@pytest.mark.parametrize(
+    "record,finished",
+    [
+        (None, False),
+        ({"verdict": "pending"}, False),
+        ({}, False),
+        ({"row": {"id": "r"}}, False),
+        ({"verdict": "passed"}, True),
+        ({"verdict": "failed"}, True),
+        ({"verdict": "error"}, True),
+        ({"verdict": "skipped"}, True),
+    ],
+)
 def test_finished_only_with_a_final_verdict(tmp_path, record, finished):
     s = RunStore(tmp_path, "run")
     if record is not None:
@@ -121,24 +124,34 @@ def test_latest_run(tmp_path):
     assert RunStore.latest(tmp_path).run_id == "20260301-000000"
 
 
-@pytest.mark.parametrize("verdicts,expected", [
-    (["passed", "skipped"], "passed"),
-    (["passed", "failed", "error"], "failed"),
-    (["passed", "error"], "error"),
-    (["skipped", "skipped"], "skipped"),
-    (["passed", "pending"], "pending"),
-    (["failed", "pending"], "failed"),
-    ([], "skipped"),
-    ([None, ""], "skipped"),
-])
+@pytest.mark.parametrize(
+    "verdicts,expected",
+    [
+        (["passed", "skipped"], "passed"),
+        (["passed", "failed", "error"], "failed"),
+        (["passed", "error"], "error"),
+        (["skipped", "skipped"], "skipped"),
+        (["passed", "pending"], "pending"),
+        (["failed", "pending"], "failed"),
+        ([], "skipped"),
+        ([None, ""], "skipped"),
+    ],
+)
 def test_worst(verdicts, expected):
     assert worst(verdicts) == expected
 
 
 def test_row_verdict():
     assert row_verdict({"install": {"verdict": "failed"}, "tiers": {"contract": {"verdict": "passed"}}}) == "failed"
-    assert row_verdict({"install": {"verdict": "passed"}, "tiers": {"contract": {"verdict": "passed"},
-                                                                    "smoke": {"verdict": "skipped"}}}) == "passed"
+    assert (
+        row_verdict(
+            {
+                "install": {"verdict": "passed"},
+                "tiers": {"contract": {"verdict": "passed"}, "smoke": {"verdict": "skipped"}},
+            }
+        )
+        == "passed"
+    )
     assert row_verdict({"install": {"verdict": "passed"}, "tiers": {"contract": {"verdict": "error"}}}) == "error"
     assert row_verdict({"install": {"verdict": "passed"}}) == "skipped"
 

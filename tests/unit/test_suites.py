@@ -24,28 +24,44 @@ def stub_env(tmp_path, monkeypatch):
 
 
 def check(name: str, outcome: str, kind: str | None = None, message: str = "") -> dict:
-    rec = {"id": f"tests/tiers/test_smoke.py::{name}", "tier": "smoke", "outcome": outcome, "seconds": 1.0,
-           "metrics": {}}
+    rec = {
+        "id": f"tests/tiers/test_smoke.py::{name}",
+        "tier": "smoke",
+        "outcome": outcome,
+        "seconds": 1.0,
+        "metrics": {},
+    }
     if kind:
         rec["failure"] = {"kind": kind, "type": "CheckFailure", "message": message, "frame": None, "raised_at": None}
     return rec
 
 
 def tiers(*checks, verdict=None, reason=None) -> dict:
-    smoke = {"verdict": verdict or ("failed" if any(c["outcome"] == "failed" for c in checks) else "passed"),
-             "checks": list(checks)}
+    smoke = {
+        "verdict": verdict or ("failed" if any(c["outcome"] == "failed" for c in checks) else "passed"),
+        "checks": list(checks),
+    }
     if reason:
         smoke["reason"] = reason
     return {"tiers": {"smoke": smoke}, "exitstatus": 0}
 
 
 def test_judge_suite():
-    got = S.judge_suite(tiers(check("test_server_serves[w1]", "passed"),
-                              check("test_spec_metrics[w1]", "failed", "acceptance",
-                                    "accept length 1.03 outside [5.0, 6]\nmore detail")))
+    got = S.judge_suite(
+        tiers(
+            check("test_server_serves[w1]", "passed"),
+            check("test_spec_metrics[w1]", "failed", "acceptance", "accept length 1.03 outside [5.0, 6]\nmore detail"),
+        )
+    )
     assert got.status == "failed" and got.passed == 1
-    assert got.failed == [{"id": "tests/tiers/test_smoke.py::test_spec_metrics[w1]", "outcome": "failed",
-                           "kind": "acceptance", "message": "accept length 1.03 outside [5.0, 6]"}]
+    assert got.failed == [
+        {
+            "id": "tests/tiers/test_smoke.py::test_spec_metrics[w1]",
+            "outcome": "failed",
+            "kind": "acceptance",
+            "message": "accept length 1.03 outside [5.0, 6]",
+        }
+    ]
     assert S.judge_suite(tiers(check("a", "passed"), check("b", "passed"))).status == "passed"
     skipped = S.judge_suite(tiers(check("a", "skipped"), verdict="skipped", reason="smoke tier: no GPU"))
     assert skipped.status == "error" and "no GPU" in skipped.reason
@@ -64,14 +80,17 @@ def test_hook_evidence_from_server_logs(tmp_path):
     assert S.hook_evidence(tmp_path, "m1")[1].startswith(f"{C.MARK} m1 NOT applied")
 
 
-@pytest.mark.parametrize("outcome,served,refused,status", [
-    (S.SuiteOutcome("failed", [{"id": "a", "kind": "acceptance"}]), True, None, "killed"),
-    (S.SuiteOutcome("passed", [], 4), True, None, "survived"),
-    (S.SuiteOutcome("failed", [{"id": "a", "kind": "launch"}]), False, None, "error"),  # killed by something else
-    (S.SuiteOutcome("passed", [], 4), True, "NOT applied", "error"),
-    (S.SuiteOutcome("timeout", reason="t"), True, None, "error"),
-    (S.SuiteOutcome("error", reason="no smoke check ran"), True, None, "error"),
-])
+@pytest.mark.parametrize(
+    "outcome,served,refused,status",
+    [
+        (S.SuiteOutcome("failed", [{"id": "a", "kind": "acceptance"}]), True, None, "killed"),
+        (S.SuiteOutcome("passed", [], 4), True, None, "survived"),
+        (S.SuiteOutcome("failed", [{"id": "a", "kind": "launch"}]), False, None, "error"),  # killed by something else
+        (S.SuiteOutcome("passed", [], 4), True, "NOT applied", "error"),
+        (S.SuiteOutcome("timeout", reason="t"), True, None, "error"),
+        (S.SuiteOutcome("error", reason="no smoke check ran"), True, None, "error"),
+    ],
+)
 def test_mutant_status(outcome, served, refused, status):
     assert S.mutant_status(outcome, served, refused)[0] == status
 
@@ -86,10 +105,17 @@ def test_overall_verdict():
 
 
 def test_render_table():
-    rows = [{"id": "baseline", "models": "unpatched sglang 0.5.17", "status": "passed", "seconds": 120.4},
-            {"id": "topk-parent-hidden", "models": "x" * 80, "status": "killed", "seconds": 95.0,
-             "killed_by": "test_spec_metrics[witness-mtp-topk3] (acceptance)"},
-            {"id": "accept-count-server", "models": "m", "status": "n.a.", "seconds": None}]
+    rows = [
+        {"id": "baseline", "models": "unpatched sglang 0.5.17", "status": "passed", "seconds": 120.4},
+        {
+            "id": "topk-parent-hidden",
+            "models": "x" * 80,
+            "status": "killed",
+            "seconds": 95.0,
+            "killed_by": "test_spec_metrics[witness-mtp-topk3] (acceptance)",
+        },
+        {"id": "accept-count-server", "models": "m", "status": "n.a.", "seconds": None},
+    ]
     lines = S.render_table(rows, models_width=20).splitlines()
     assert lines[0].split() == ["mutant", "what", "it", "models", "status", "killed", "by", "s"]
     assert set(lines[1].replace(" ", "")) == {"-"}
@@ -113,8 +139,9 @@ def test_server_cap():
 
 def test_suite_env_puts_the_hook_first_and_names_the_suite(tmp_path):
     base = {"PYTHONPATH": "/tmp/site:src", C.ENV_MUTANT: "stale", "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1"}
-    env = S.suite_env(base, ("a", "b"), tmp_path / "m", tmp_path / "tiny", tmp_path / "m" / "mutant.json",
-                      tmp_path / "cache")
+    env = S.suite_env(
+        base, ("a", "b"), tmp_path / "m", tmp_path / "tiny", tmp_path / "m" / "mutant.json", tmp_path / "cache"
+    )
     assert env["PYTHONPATH"] == f"{C.HOOK_DIR}{os.pathsep}/tmp/site:src"
     assert env[C.ENV_MUTANT] == str(tmp_path / "m" / "mutant.json")
     assert env["MTPMATRIX_SMOKE_SERVERS"] == "a,b" and env["MTPMATRIX_SMOKE_PARALLEL"] == "2"
@@ -127,8 +154,18 @@ def test_suite_env_puts_the_hook_first_and_names_the_suite(tmp_path):
 
 def test_pytest_command_is_the_smoke_suite_with_its_own_results(tmp_path):
     s = S.Suite("m", ("a",), tmp_path, {})
-    assert S.pytest_command(s, "py") == ["py", "-m", "pytest", "tests/tiers", "-p", "no:cacheprovider",
-                                         "--tiers", "smoke", "--mtp-results", str(tmp_path / "tiers.json")]
+    assert S.pytest_command(s, "py") == [
+        "py",
+        "-m",
+        "pytest",
+        "tests/tiers",
+        "-p",
+        "no:cacheprovider",
+        "--tiers",
+        "smoke",
+        "--mtp-results",
+        str(tmp_path / "tiers.json"),
+    ]
 
 
 def test_scheduler_respects_the_server_cap_and_the_warmup(tmp_path, stub_env, monkeypatch):
@@ -138,8 +175,9 @@ def test_scheduler_respects_the_server_cap_and_the_warmup(tmp_path, stub_env, mo
     suites = [S.Suite("baseline", ("a", "b"), out / "baseline", dict(os.environ))]
     suites += [S.Suite(f"m{i}", ("a",), out / f"m{i}", dict(os.environ)) for i in range(4)]
     done: list[str] = []
-    S.Scheduler(suites, cap=2, timeout=60, command=command, log=lambda _: None, poll=0.02,
-                on_done=lambda s: done.append(s.name)).run()
+    S.Scheduler(
+        suites, cap=2, timeout=60, command=command, log=lambda _: None, poll=0.02, on_done=lambda s: done.append(s.name)
+    ).run()
     assert sorted(done) == ["baseline", "m0", "m1", "m2", "m3"]
     spans = {}
     for line in (out / "spans.txt").read_text().splitlines():
@@ -180,8 +218,15 @@ def test_scheduler_times_out_a_hanging_suite(tmp_path, runner_sigint):
     previous = signal.signal(signal.SIGINT, runner_handler)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        S.Scheduler([suite], cap=1, timeout=2, command=lambda s: [sys.executable, str(hang)], log=lambda _: None,
-                    poll=0.05, grace=HANG).run()
+        S.Scheduler(
+            [suite],
+            cap=1,
+            timeout=2,
+            command=lambda s: [sys.executable, str(hang)],
+            log=lambda _: None,
+            poll=0.05,
+            grace=HANG,
+        ).run()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, previous)
@@ -191,8 +236,10 @@ def test_scheduler_times_out_a_hanging_suite(tmp_path, runner_sigint):
 
 def test_leftover_server_groups_are_killed_only_when_they_are_sglang(tmp_path):
     procs = {}
-    for name, code in (("sg", "import time; time.sleep(120)  # sglang.launch_server"),
-                       ("other", "import time; time.sleep(120)")):
+    for name, code in (
+        ("sg", "import time; time.sleep(120)  # sglang.launch_server"),
+        ("other", "import time; time.sleep(120)"),
+    ):
         p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
         procs[name] = p
         (tmp_path / f"server-{name}.log").write_text(f"# command: x\n# pid {p.pid} (process group {p.pid})\nlog\n")
@@ -209,11 +256,19 @@ def test_leftover_server_groups_are_killed_only_when_they_are_sglang(tmp_path):
 def test_a_known_upstream_failure_is_neither_a_kill_nor_a_failed_baseline():
     """H200, sglang 0.5.17 (2026-12-02): intact sglang fails four request-surface checks by known upstream deviations;
     the mutants' baseline read them as failed and left every mutant unrun. Tagged ones count as neither."""
-    known = dict(check("test_min_p_matches_closed_form[s1]", "failed", "mismatch", "95 min_p-sampled tokens off"),
-                 known_upstream="sglang-mtp-verify-ignores-min-p")
+    known = dict(
+        check("test_min_p_matches_closed_form[s1]", "failed", "mismatch", "95 min_p-sampled tokens off"),
+        known_upstream="sglang-mtp-verify-ignores-min-p",
+    )
     baseline = S.judge_suite(tiers(check("a", "passed"), known, verdict="known-upstream"))
     assert baseline.status == "passed" and baseline.failed == [] and baseline.passed == 1
-    mutant = S.judge_suite(tiers(check("a", "passed"), known,
-                                 check("test_stop_ends_the_output_exactly[w1]", "failed", "mismatch", "3/10 stop")))
+    mutant = S.judge_suite(
+        tiers(
+            check("a", "passed"),
+            known,
+            check("test_stop_ends_the_output_exactly[w1]", "failed", "mismatch", "3/10 stop"),
+        )
+    )
     assert mutant.status == "failed" and [f["id"].split("::")[1] for f in mutant.failed] == [
-        "test_stop_ends_the_output_exactly[w1]"]
+        "test_stop_ends_the_output_exactly[w1]"
+    ]

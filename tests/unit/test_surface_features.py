@@ -50,7 +50,7 @@ def witness_answer(label: str, mtp_intact_sglang: bool = False) -> list[int]:
         r = runner_up(want[k - 1])
         return want[:k] + [r + i for i in range(features.MAX_NEW_TOKENS - k)]
     if label == "min-new-tokens-released":
-        return want[:features.STOP_POSITION]
+        return want[: features.STOP_POSITION]
     if label == "repetition-boost":
         return want[:5] + want[1:5] * 6 + want[1:4]
     return want
@@ -71,8 +71,10 @@ def fake_runs(mtp_outputs=None, ref_outputs=None, extra=None):
     for name in ("witness-nomtp", "witness-mtp-topk1"):
         outs = (mtp_outputs if SPEC[name].topk else ref_outputs) or {}
         run = smoke.SmokeRun(spec=SPEC[name], log_path=Path(f"{name}.log"), vocab_size=512)
-        run.surface[features.NAME] = [witness_exchange(label, outs.get(label, witness_answer(label)), SPEC[name].topk)
-                                      for label in features.WITNESS_FEATURES]
+        run.surface[features.NAME] = [
+            witness_exchange(label, outs.get(label, witness_answer(label)), SPEC[name].topk)
+            for label in features.WITNESS_FEATURES
+        ]
         runs[name] = run
     runs.update(extra or {})
     return runs
@@ -111,8 +113,11 @@ def test_min_p_cut_sits_between_d3_and_d4():
     kept = [d for d, r in ratios.items() if r >= features.MIN_P]
     assert tuple(kept) == sampled.KEPT_OFFSETS
     import math
-    margins = [math.log(ratios[sampled.KEPT_OFFSETS[-1]] / features.MIN_P),
-               math.log(features.MIN_P / ratios[sampled.OFFSETS[3]])]
+
+    margins = [
+        math.log(ratios[sampled.KEPT_OFFSETS[-1]] / features.MIN_P),
+        math.log(features.MIN_P / ratios[sampled.OFFSETS[3]]),
+    ]
     assert min(margins) > 0.25
 
 
@@ -136,24 +141,27 @@ def test_min_new_tokens_counting_verify_steps_fails_as_predicted_deviation():
 
 
 def test_min_new_tokens_released_too_early_fails():
-    early = features.chain("min-new-tokens-masked")[:features.STOP_POSITION]
+    early = features.chain("min-new-tokens-masked")[: features.STOP_POSITION]
     with pytest.raises(CheckFailure, match="never the stop token"):
-        run_feature(fake_runs(mtp_outputs={"min-new-tokens-masked": early}), "witness-mtp-topk1",
-                    "min-new-tokens-masked")
+        run_feature(
+            fake_runs(mtp_outputs={"min-new-tokens-masked": early}), "witness-mtp-topk1", "min-new-tokens-masked"
+        )
 
 
 def test_logit_bias_ignored_in_verify_fails():
     with pytest.raises(CheckFailure, match="biased token"):
-        run_feature(fake_runs(mtp_outputs={"logit-bias": features.chain("logit-bias")}), "witness-mtp-topk1",
-                    "logit-bias")
+        run_feature(
+            fake_runs(mtp_outputs={"logit-bias": features.chain("logit-bias")}), "witness-mtp-topk1", "logit-bias"
+        )
 
 
 def test_penalty_corrupting_a_row_fails():
     bad = features.chain("presence-penalty-minus")
     bad[7] = bad[2]
     with pytest.raises(CheckFailure, match="leaving it at output 8"):
-        run_feature(fake_runs(mtp_outputs={"presence-penalty-minus": bad}), "witness-mtp-topk1",
-                    "presence-penalty-minus")
+        run_feature(
+            fake_runs(mtp_outputs={"presence-penalty-minus": bad}), "witness-mtp-topk1", "presence-penalty-minus"
+        )
 
 
 def test_repetition_boost_divergence_fails_and_near_tie_does_not():

@@ -17,8 +17,10 @@ NOMTP = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-nomtp"
 def row(x: int, temperature: float = 1.0, jitter: float = 0.0) -> list[list]:
     """Fake witness row of input token x: x + 1 on top, 4 runner-ups >= GAP below (deterministic per x)."""
     peak = -1e-3 / temperature + jitter
-    others = [(-(logprobs.GAP + 0.3 * k + (x % 5) * 0.01) / temperature + jitter, (x + 37 * k) % 512)
-              for k in range(1, logprobs.TOP_N)]
+    others = [
+        (-(logprobs.GAP + 0.3 * k + (x % 5) * 0.01) / temperature + jitter, (x + 37 * k) % 512)
+        for k in range(1, logprobs.TOP_N)
+    ]
     return [[peak, x + 1, None]] + [[lp, t, None] for lp, t in others]
 
 
@@ -27,11 +29,13 @@ def respond(payload: dict, jitter: float = 0.0) -> dict:
     t = logprobs.temperature_of(payload)
     out = [prompt[-1] + k for k in range(1, logprobs.MAX_NEW_TOKENS + 1)]
     rows = [row(prompt[-1] + i, t, jitter) for i in range(len(out))]
-    meta = {"output_token_logprobs": [[r[0][0], tok, None] for r, tok in zip(rows, out)],
-            "output_top_logprobs": rows,
-            "input_token_logprobs": [[None, prompt[0], None]] + [[row(prompt[p - 1], t)[0][0], prompt[p], None]
-                                                                  for p in range(1, len(prompt))],
-            "input_top_logprobs": [None] + [row(prompt[p - 1], t) for p in range(1, len(prompt))]}
+    meta = {
+        "output_token_logprobs": [[r[0][0], tok, None] for r, tok in zip(rows, out)],
+        "output_top_logprobs": rows,
+        "input_token_logprobs": [[None, prompt[0], None]]
+        + [[row(prompt[p - 1], t)[0][0], prompt[p], None] for p in range(1, len(prompt))],
+        "input_top_logprobs": [None] + [row(prompt[p - 1], t) for p in range(1, len(prompt))],
+    }
     return {"output_ids": out, "meta_info": meta}
 
 
@@ -107,6 +111,7 @@ def test_wrong_logprob_at_bonus_named_as_bonus():
     def bonus_off(label, resp):
         rows = resp["meta_info"]["output_top_logprobs"]
         rows[6] = [[lp - 1.0 if i else lp, t, n] for i, (lp, t, n) in enumerate(rows[6])]
+
     problems = check(exchanges(mutate=bonus_off), exchanges(NOMTP))
     assert problems and "verify step 1, bonus" in problems[0] and "> 0.656" in problems[0]
 
@@ -114,16 +119,19 @@ def test_wrong_logprob_at_bonus_named_as_bonus():
 def test_token_ids_not_output_ids_fail():
     def wrong_ids(label, resp):
         resp["meta_info"]["output_token_logprobs"][3][1] += 1
+
     problems = check(exchanges(mutate=wrong_ids), exchanges(NOMTP))
     assert problems and "names token" in problems[0] and "accepted draft 3" in problems[0]
 
 
 def test_draft_distribution_fails():
     """Rows from a draft head that only scores a few tokens: runner-ups far below the target's."""
+
     def draft_rows(label, resp):
         for r in resp["meta_info"]["output_top_logprobs"][1:]:
             for e in r[1:]:
                 e[0] -= 20.0
+
     assert any("differs by" in p for p in check(exchanges(mutate=draft_rows), exchanges(NOMTP)))
 
 
@@ -137,6 +145,7 @@ def test_unscaled_logprobs_on_sampled_request_fail():
             for i, r in enumerate(resp["meta_info"]["output_top_logprobs"]):
                 x0 = r[0][1] - 1
                 resp["meta_info"]["output_top_logprobs"][i] = row(x0)
+
     problems = check(exchanges(mutate=raw), ref)
     assert problems and problems[0].startswith("scaled-")
 
@@ -144,12 +153,14 @@ def test_unscaled_logprobs_on_sampled_request_fail():
 def test_output_off_chain_fails():
     def off(label, resp):
         resp["output_ids"][10] += 3
+
     assert "leave the +1 chain at output 10" in check(exchanges(mutate=off), exchanges(NOMTP))[0]
 
 
 def test_missing_input_logprobs_fail():
     def drop(label, resp):
         resp["meta_info"]["input_token_logprobs"] = resp["meta_info"]["input_token_logprobs"][-1:]
+
     assert "input logprobs cover tokens" in logprobs.input_problems(exchanges(mutate=drop))[0]
 
 
@@ -157,16 +168,19 @@ def test_input_row_off_by_one_fails():
     def shift(label, resp):
         top = resp["meta_info"]["input_top_logprobs"]
         resp["meta_info"]["input_top_logprobs"] = [None] + top[2:] + [top[-1]]
+
     assert "rank 1" in logprobs.input_problems(exchanges(mutate=shift))[0]
 
 
 def test_verify_rows_disagreeing_with_prefill_fail():
     """An MTP server whose verify rows (outputs) drift from the prefill rows of the same tokens."""
+
     def drift(label, resp):
         if label.startswith("greedy"):
             for r in resp["meta_info"]["output_top_logprobs"][9:]:
                 for e in r[1:]:
                     e[0] += 1.0
+
     problems = logprobs.input_problems(exchanges(mutate=drift))
     assert problems and "against greedy-" in problems[0] and "prefill" in problems[0]
 
@@ -174,6 +188,7 @@ def test_verify_rows_disagreeing_with_prefill_fail():
 def test_first_input_logprob_must_be_empty():
     def fill(label, resp):
         resp["meta_info"]["input_token_logprobs"][0][0] = -1.0
+
     assert "nothing precedes it" in logprobs.input_problems(exchanges(mutate=fill))[0]
 
 

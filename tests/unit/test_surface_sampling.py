@@ -65,9 +65,10 @@ def simulate(rng, fault: str = "none", delta: float = 0.0):
 def pooled_plan_rejects(items) -> bool:
     """The existing pooled chi-square (pairs.sampled.check_outputs) on the plan's tokens."""
     counts = np.zeros(4)
-    for _g, cat in items[:len(PLAN)]:
+    for _g, cat in items[: len(PLAN)]:
         counts += np.bincount(cat, minlength=4)
     from mtpmatrix.core import stats
+
     p = [LAW[sampled.GROUPS[0]][i] for i in range(3)]
     return stats.pearson_chi2(list(counts[:3]), p).p_value < sampled.ALPHA or counts[3] > 0
 
@@ -103,8 +104,9 @@ def test_requests_only_for_the_sampled_pair_within_budget():
     tokens = sum(b["sampling_params"]["max_new_tokens"] for _, b in reqs)
     assert tokens <= 2 * sampled.N_REQUESTS * sampled.NEW_TOKENS - tokens  # under ~2x today's sampled tokens
     assert all(len(b["input_ids"]) + b["sampling_params"]["max_new_tokens"] <= 512 for _, b in reqs)
-    seeds = [b["sampling_params"].get("sampling_seed") for label, b in reqs if not label.startswith(("greedy",
-                                                                                                     "repeat"))]
+    seeds = [
+        b["sampling_params"].get("sampling_seed") for label, b in reqs if not label.startswith(("greedy", "repeat"))
+    ]
     assert len(set(seeds)) == len(seeds) and not set(seeds) & {r.seed for r in PLAN}
     bodies = dict(reqs)
     for i in range(ms.REPEATS):
@@ -134,7 +136,7 @@ def _family_outputs(rng: random.Random, bug: str = "none"):
             for d in model.verify_round(probs, tree, "none", rng, sampled.ring_index(tok)):
                 tok = sampled.next_token(tok, d)
                 out.append(tok)
-        outs[p.label] = out[:p.new_tokens]
+        outs[p.label] = out[: p.new_tokens]
     if bug == "greedy_row_sampled":  # a greedy request's verify row read with a sampled neighbour's parameters
         out = outs["greedy:3"]
         out[10] = sampled.next_token(out[9], sampled.OFFSETS[1])
@@ -208,9 +210,9 @@ def test_correct_verify_model_passes(topk):
 # Each fault: the test aimed at it, the size used, the simulated power of that test (>= 0.9 asserted) and of the
 # pooled plan check (printed: the weakness the new test removes).
 FAULTS = [
-# Sizes: the smallest of a 0.01 grid with simulated power >= 0.9 (60 runs each: alternating 0.82 at 0.03, 1.0 at
-# 0.04; drift 0.63 / 1.0 at 0.03 / 0.04; sticky 0.65 / 0.98 at 0.04 / 0.05; opposite 0.72 / 1.0 at 0.03 / 0.04);
-# the pooled check detects none of them (0.00 at every size).
+    # Sizes: the smallest of a 0.01 grid with simulated power >= 0.9 (60 runs each: alternating 0.82 at 0.03, 1.0 at
+    # 0.04; drift 0.63 / 1.0 at 0.03 / 0.04; sticky 0.65 / 0.98 at 0.04 / 0.05; opposite 0.72 / 1.0 at 0.03 / 0.04);
+    # the pooled check detects none of them (0.00 at every size).
     ("alternating", 0.04, "period6"),  # per-position bias cancelling when pooled: TV 0.04 at every position
     ("drift", 0.04, "position"),  # first half vs second half
     ("sticky", 0.05, "transition"),  # serial correlation, exact marginals: repeat the previous offset w.p. 0.05
@@ -224,8 +226,10 @@ FAULTS = [
 def test_power_against_each_fault(fault, delta, test):
     power, pooled = detection(fault, delta, reps=100, seed=hash(fault) % 1000)
     aimed, _ = detection(fault, delta, reps=100, seed=7, test=test)
-    print(f"{fault} (size {delta}): structure family {power:.2f}, {test} alone {aimed:.2f}, pooled plan check "
-          f"{pooled:.2f}")
+    print(
+        f"{fault} (size {delta}): structure family {power:.2f}, {test} alone {aimed:.2f}, pooled plan check "
+        f"{pooled:.2f}"
+    )
     assert power >= 0.9 and aimed >= 0.9
 
 
@@ -279,21 +283,29 @@ def _fake_run(tmp_path, name, bug="none", deterministic=True, plan_bug="none"):
     rng = random.Random(5)
     _prompts, outputs = model.ServerModel(spec.topk, plan_bug).outputs(rng)
     outs = _family_outputs(rng, bug)
-    run = smoke.SmokeRun(spec=spec, log_path=tmp_path / "server.log", vocab_size=VOCAB,
-                         server_info_after={"enable_deterministic_inference": deterministic},
-                         sampled_requests=PLAN, sampled_outputs=outputs)
+    run = smoke.SmokeRun(
+        spec=spec,
+        log_path=tmp_path / "server.log",
+        vocab_size=VOCAB,
+        server_info_after={"enable_deterministic_inference": deterministic},
+        sampled_requests=PLAN,
+        sampled_outputs=outputs,
+    )
     run.surface = {ms.NAME: _exchanges(outs)}
     return run
 
 
-@pytest.mark.parametrize("check,bug,plan_bug,kind", [
-    ("test_mixed_greedy_follows_chain", "none", "none", None),
-    ("test_mixed_greedy_follows_chain", "greedy_row_sampled", "none", "mismatch"),
-    ("test_sampled_structure_matches_closed_form", "none", "none", None),
-    ("test_sampled_structure_matches_closed_form", "none", "temperature_ignored", "mismatch"),
-    ("test_seeded_repeats_identical", "none", "none", None),
-    ("test_seeded_repeats_identical", "repeat_differs", "none", "mismatch"),
-])
+@pytest.mark.parametrize(
+    "check,bug,plan_bug,kind",
+    [
+        ("test_mixed_greedy_follows_chain", "none", "none", None),
+        ("test_mixed_greedy_follows_chain", "greedy_row_sampled", "none", "mismatch"),
+        ("test_sampled_structure_matches_closed_form", "none", "none", None),
+        ("test_sampled_structure_matches_closed_form", "none", "temperature_ignored", "mismatch"),
+        ("test_seeded_repeats_identical", "none", "none", None),
+        ("test_seeded_repeats_identical", "repeat_differs", "none", "mismatch"),
+    ],
+)
 def test_smoke_checks_on_fake_runs(tmp_path, check, bug, plan_bug, kind):
     """The tier's checks on a fake sampled-mtp-topk1-no-overlap run from the CPU verify model: pass when right,
     'mismatch' naming the request when broken."""

@@ -20,8 +20,15 @@ def test_assistant_template_satisfies_validate_architecture(name, constructed):
     assert at["enable_moe_block"] is False and at["use_double_wide_mlp"] is False
     assert at["num_kv_shared_layers"] == at["num_hidden_layers"] == len(at["layer_types"])
     # the assistant reads the target's last sliding + last full KV: same shapes
-    for k in ("head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads",
-              "attention_k_eq_v", "sliding_window", "vocab_size"):
+    for k in (
+        "head_dim",
+        "global_head_dim",
+        "num_key_value_heads",
+        "num_global_key_value_heads",
+        "attention_k_eq_v",
+        "sliding_window",
+        "vocab_size",
+    ):
         assert at[k] == tt[k], k
     assert set(at["layer_types"]) == set(tt["layer_types"]) == {"sliding_attention", "full_attention"}
     assert tt["layer_types"][-1] == at["layer_types"][-1] == "full_attention"

@@ -63,15 +63,24 @@ def test_an_applied_patch_says_so():
         unidiff.apply(fp, unidiff.apply(fp, SOURCE))
 
 
-@pytest.mark.parametrize("old, new", [
-    ("a/python/sglang/srt/x.py", "b/python/sglang/srt/x.py"),  # git diff in sglang's repository
-    ("python/sglang/srt/x.py", "python/sglang/srt/x.py"),  # git diff --no-prefix
-    ("a/sglang/srt/x.py", "b/sglang/srt/x.py"),  # relative to site-packages (the mutants' patch.diff)
-    ("sglang/srt/x.py\t2026-12-01 10:00:00", "sglang/srt/x.py\t2026-12-02 10:00:00"),  # diff -u, timestamps
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("a/python/sglang/srt/x.py", "b/python/sglang/srt/x.py"),  # git diff in sglang's repository
+        ("python/sglang/srt/x.py", "python/sglang/srt/x.py"),  # git diff --no-prefix
+        ("a/sglang/srt/x.py", "b/sglang/srt/x.py"),  # relative to site-packages (the mutants' patch.diff)
+        ("sglang/srt/x.py\t2026-12-01 10:00:00", "sglang/srt/x.py\t2026-12-02 10:00:00"),  # diff -u, timestamps
+    ],
+)
 def test_path_forms_name_the_same_package_file(old, new):
-    assert only(PATCH.replace("a/python/sglang/srt/x.py\n", old + "\n", 1)
-                .replace("b/python/sglang/srt/x.py\n", new + "\n", 1)).path == "sglang/srt/x.py"
+    assert (
+        only(
+            PATCH.replace("a/python/sglang/srt/x.py\n", old + "\n", 1).replace(
+                "b/python/sglang/srt/x.py\n", new + "\n", 1
+            )
+        ).path
+        == "sglang/srt/x.py"
+    )
 
 
 @pytest.mark.parametrize("path", ["a/srt/x.py", "b/python/other/x.py", "sglang/../etc/passwd", "x.py"])
@@ -97,14 +106,17 @@ def test_no_newline_at_end_of_file():
     assert unidiff.apply(only(text), "old") == "new\n"
 
 
-@pytest.mark.parametrize("text, words", [
-    ("just prose\n", "no file diffs"),
-    ("--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ -1,2 +1,2 @@\n-old\n", "ends early"),
-    ("--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ bad @@\n", "malformed header"),
-    ("--- a/sglang/x.py\n+++ b/sglang/y.py\n@@ -1 +1 @@\n-a\n+b\n", "renames are not supported"),
-    ("diff --git a/sglang/x.so b/sglang/x.so\nGIT binary patch\nliteral 1\n", "binary patches"),
-    (PATCH + PATCH.split("\n\n", 2)[2], "appears twice"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("just prose\n", "no file diffs"),
+        ("--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ -1,2 +1,2 @@\n-old\n", "ends early"),
+        ("--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ bad @@\n", "malformed header"),
+        ("--- a/sglang/x.py\n+++ b/sglang/y.py\n@@ -1 +1 @@\n-a\n+b\n", "renames are not supported"),
+        ("diff --git a/sglang/x.so b/sglang/x.so\nGIT binary patch\nliteral 1\n", "binary patches"),
+        (PATCH + PATCH.split("\n\n", 2)[2], "appears twice"),
+    ],
+)
 def test_malformed_patches_are_one_line(text, words):
     with pytest.raises(unidiff.PatchError, match=words) as info:
         unidiff.parse(text)

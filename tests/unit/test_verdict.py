@@ -78,6 +78,7 @@ def test_assertion_in_our_code_without_declared_kind_is_harness():
 def test_assertion_in_our_code_is_harness_whatever_the_check_declares():
     """README: a failure raised in this project's own code is ``harness``; only a CheckFailure states another kind
     (a check that found a break says so with CheckFailure, never with a bare assert)."""
+
     def ours():
         assert 1 + 1 == 3, "args resolved to EAGLE"
 
@@ -88,10 +89,13 @@ def test_assertion_in_our_code_is_harness_whatever_the_check_declares():
 def test_our_callback_raising_inside_a_library_call_is_harness(tmp_path):
     """sglang calling back into this project's code (a stand-in sampler, an adapter hook) that raises: the bug is
     ours, though the traceback passes through sglang."""
-    mod, _ = fake_library_module(tmp_path, """
+    mod, _ = fake_library_module(
+        tmp_path,
+        """
         def run(callback):
             return callback()
-    """)
+    """,
+    )
 
     def our_callback():
         return {}["prompt"]
@@ -116,14 +120,17 @@ def test_empty_message_falls_back_to_type_name():
 
 
 def test_exception_inside_library_records_first_library_frame(tmp_path):
-    mod, path = fake_library_module(tmp_path, """
+    mod, path = fake_library_module(
+        tmp_path,
+        """
         def outer():
             return inner()
 
 
         def inner():
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-    """)
+    """,
+    )
 
     def our_check():
         mod.outer()
@@ -141,10 +148,14 @@ def test_exception_inside_library_records_first_library_frame(tmp_path):
 
 
 def test_assertion_inside_library_uses_declared_kind(tmp_path):
-    mod, _ = fake_library_module(tmp_path, """
+    mod, _ = fake_library_module(
+        tmp_path,
+        """
         def check_args():
             assert False, "speculative_algorithm is EAGLE"
-    """, package="transformers")
+    """,
+        package="transformers",
+    )
     rec = classify(raised(mod.check_args), default_kind="config")
     assert rec.kind == "config" and rec.frame == "transformers/srt/fake_mod.py:3 in check_args"
 
@@ -178,21 +189,29 @@ def test_classify_install_real_uv_unreachable_index():
     assert "\n" not in rec.message
 
 
-@pytest.mark.parametrize("output,label", [
-    ("error: Because there is no version of sglang==9.9.9 and you require sglang==9.9.9, we can conclude that your "
-     "requirements are unsatisfiable.", "resolver conflict"),
-    ("error: No interpreter found for Python 3.13 in virtual environments", "python missing"),
-    ("error: Failed to build `flash-attn==2.8.0`", "install failed"),
-    ("", "install failed"),
-])
+@pytest.mark.parametrize(
+    "output,label",
+    [
+        (
+            "error: Because there is no version of sglang==9.9.9 and you require sglang==9.9.9, we can conclude that your "
+            "requirements are unsatisfiable.",
+            "resolver conflict",
+        ),
+        ("error: No interpreter found for Python 3.13 in virtual environments", "python missing"),
+        ("error: Failed to build `flash-attn==2.8.0`", "install failed"),
+        ("", "install failed"),
+    ],
+)
 def test_classify_install_labels(output, label):
     assert classify_install(output).message.startswith(label + ":")
 
 
 def test_classify_install_tty_hint_block():
-    out = ("  × No solution found when resolving dependencies:\n"
-           "  ╰─▶ Because sglang==0.5.17 depends on transformers==5.12.1 and you require transformers==5.8.1, we can "
-           "conclude that your requirements are unsatisfiable.\n")
+    out = (
+        "  × No solution found when resolving dependencies:\n"
+        "  ╰─▶ Because sglang==0.5.17 depends on transformers==5.12.1 and you require transformers==5.8.1, we can "
+        "conclude that your requirements are unsatisfiable.\n"
+    )
     msg = classify_install(out).message
     assert msg.startswith("resolver conflict: × No solution found")
     assert "| Because sglang==0.5.17" in msg and "╰" not in msg
@@ -203,9 +222,12 @@ def test_wrapped_library_error_keeps_its_library_frame(tmp_path, monkeypatch):
     pkg = tmp_path / "site-packages" / "transformers"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "wrapped_mod.py").write_text("def generate():\n    return inner()\n\ndef inner():\n    raise TypeError('x')\n")
+    (pkg / "wrapped_mod.py").write_text(
+        "def generate():\n    return inner()\n\ndef inner():\n    raise TypeError('x')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
     import importlib
+
     mod = importlib.import_module("transformers.wrapped_mod")
     try:
         try:
@@ -222,8 +244,11 @@ def test_wrapped_library_error_keeps_its_library_frame(tmp_path, monkeypatch):
 def test_own_code_is_never_a_library_even_under_a_library_named_folder(monkeypatch):
     from mtpmatrix.tiers import verdict
 
-    monkeypatch.setattr(verdict, "_OWN_DIRS", ("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/",
-                                               "/home/u/sglang/gemma4-mtp-matrix/tests/"))
+    monkeypatch.setattr(
+        verdict,
+        "_OWN_DIRS",
+        ("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/", "/home/u/sglang/gemma4-mtp-matrix/tests/"),
+    )
     assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/tiers/smoke.py") is None
     assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/tests/tiers/test_smoke.py") is None
     assert verdict._package_of("/home/u/sglang/python/sglang/srt/server_args.py") == "sglang"  # a real checkout

@@ -34,8 +34,10 @@ from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
 from mtpmatrix.core.store import row_verdict
 
 KNOB_PREFIX = "MTPMATRIX_"
-NOT_RECORDED = ("selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
-                "collected checks are unknown, so it cannot show it ran the whole tier")
+NOT_RECORDED = (
+    "selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
+    "collected checks are unknown, so it cannot show it ran the whole tier"
+)
 SEED_NUM_EXAMPLES = settings.GSM8K_NUM_EXAMPLES
 
 
@@ -46,8 +48,9 @@ def knobs(env) -> dict[str, str]:
 
 def seed_cases() -> dict[str, settings.ModelPair]:
     """{case id: pair} of the GSM8K seed suite (the pairs' settings.py values, before any env override)."""
-    return {settings.gsm8k_case_id(name, k): settings.PAIRS[name] for name in settings.DEFAULT_PAIRS
-            for k in settings.TOPKS}
+    return {
+        settings.gsm8k_case_id(name, k): settings.PAIRS[name] for name in settings.DEFAULT_PAIRS for k in settings.TOPKS
+    }
 
 
 def default_smoke_servers() -> tuple[str, ...]:
@@ -93,12 +96,16 @@ def _gsm8k_case_missing(pair: settings.ModelPair, checks: list[dict], knob: dict
     if m.get("gated") is not True or m.get("threshold") is None:
         return "ran ungated (threshold None): reported, not gated"
     if m.get("num_examples") != SEED_NUM_EXAMPLES:
-        return (f"scored {m.get('num_examples')} of {SEED_NUM_EXAMPLES} questions"
-                + (f" (MTPMATRIX_GSM8K_NUM_EXAMPLES={knob['MTPMATRIX_GSM8K_NUM_EXAMPLES']})"
-                   if knob.get("MTPMATRIX_GSM8K_NUM_EXAMPLES") else ""))
+        return f"scored {m.get('num_examples')} of {SEED_NUM_EXAMPLES} questions" + (
+            f" (MTPMATRIX_GSM8K_NUM_EXAMPLES={knob['MTPMATRIX_GSM8K_NUM_EXAMPLES']})"
+            if knob.get("MTPMATRIX_GSM8K_NUM_EXAMPLES")
+            else ""
+        )
     if m.get("threshold") != pair.threshold:
-        return (f"gated at threshold {m.get('threshold')}, not the seed threshold {pair.threshold} "
-                f"({settings.pair_env_key(pair.name, 'THRESHOLD')})")
+        return (
+            f"gated at threshold {m.get('threshold')}, not the seed threshold {pair.threshold} "
+            f"({settings.pair_env_key(pair.name, 'THRESHOLD')})"
+        )
     tp = knob.get(settings.pair_env_key(pair.name, "TP"))
     if tp and tp != str(pair.tp):
         return f"ran at TP {tp} ({settings.pair_env_key(pair.name, 'TP')}), the seed case is TP {pair.tp}"
@@ -134,11 +141,15 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
     if definition is not None:
         defined = list(definition[tier])
     else:  # a made-up suite judged as collected (expected_checks.AS_COLLECTED): the default servers, the seed cases
-        pool = list((sel.get("collected") or {}).get(tier) or []) if selection is not None else [c.get("id")
-                                                                                              for c in checks]
+        pool = (
+            list((sel.get("collected") or {}).get(tier) or [])
+            if selection is not None
+            else [c.get("id") for c in checks]
+        )
         units = default_smoke_servers() if tier == "smoke" else tuple(seed_cases()) if tier == "gsm8k" else None
-        defined = [i for i in pool if units is None or check_param(i) in units
-                   or (tier == "smoke" and check_param(i) is None)]
+        defined = [
+            i for i in pool if units is None or check_param(i) in units or (tier == "smoke" and check_param(i) is None)
+        ]
     knob = sel.get("knobs") or {}
     nodes = _node_ids(sel, list(collected | set(defined)))
     if nodes:
@@ -159,8 +170,12 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
         if chk is None and selection is not None and i not in collected:
             if tier in ("smoke", "gsm8k") and check_param(i) not in {check_param(c) for c in collected}:
                 continue  # the whole server or case is missing: said once, above
-            out.append((check_param(i) if tier in ("smoke", "gsm8k") and check_param(i) else short_check_id(i),
-                        "not in this session's suite: the expected check was never collected"))
+            out.append(
+                (
+                    check_param(i) if tier in ("smoke", "gsm8k") and check_param(i) else short_check_id(i),
+                    "not in this session's suite: the expected check was never collected",
+                )
+            )
         elif chk is None or chk.get("outcome") == "skipped":
             what = check_param(i) if tier in ("smoke", "gsm8k") and check_param(i) else short_check_id(i)
             out.append((what, _not_run(chk, sel)))
@@ -242,8 +257,11 @@ HARNESS = "harness"
 
 def unexplained_failures(entry: dict) -> list[dict]:
     """The failing checks of a judged tier that no known-upstream entry explains."""
-    return [c for c in entry.get("checks") or [] if isinstance(c, dict) and c.get("outcome") in FAILING
-            and not c.get("known_upstream")]
+    return [
+        c
+        for c in entry.get("checks") or []
+        if isinstance(c, dict) and c.get("outcome") in FAILING and not c.get("known_upstream")
+    ]
 
 
 def tier_state(entry: dict | None) -> str:
@@ -259,8 +277,10 @@ def tier_state(entry: dict | None) -> str:
     if verdict == KNOWN_UPSTREAM:
         return KNOWN_ONLY
     if verdict in FAILING:
-        kinds = {((c.get("failure") or {}).get("kind") if isinstance(c.get("failure"), dict) else None)
-                 for c in unexplained_failures(entry)}
+        kinds = {
+            ((c.get("failure") or {}).get("kind") if isinstance(c.get("failure"), dict) else None)
+            for c in unexplained_failures(entry)
+        }
         if kinds - {HARNESS}:  # an unclassified failure (kind None) counts against the release: never green
             return BROKEN
         return NOT_PROVEN  # harness only, or a tier-level error without checks (pytest died, stopped early)

@@ -47,8 +47,21 @@ from mtpmatrix.core.kinds import KINDS
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, TIERS, short_check_id, worst
 
 FILE = Path(__file__).with_name("known_upstream.json")
-_FIELDS = ("id", "package", "affected", "tier", "component", "kind", "match", "checks", "signature", "summary",
-           "upstream", "fixed_in", "serving_path")
+_FIELDS = (
+    "id",
+    "package",
+    "affected",
+    "tier",
+    "component",
+    "kind",
+    "match",
+    "checks",
+    "signature",
+    "summary",
+    "upstream",
+    "fixed_in",
+    "serving_path",
+)
 _REQUIRED = ("id", "package", "affected", "tier", "component", "kind", "match", "checks", "summary", "upstream")
 COMPONENTS = ("library", "sglang")  # whose bug: a library's (not sglang), or sglang's own serving path
 _SIGNATURE_FIELDS = ("metrics", "passed_beside")
@@ -129,9 +142,13 @@ def load(path: Path | None = None) -> list[KnownIssue]:
         unknown = sorted(set(e) - set(_FIELDS))
         missing = [k for k in _REQUIRED if not e.get(k)]
         if unknown or missing:
-            raise ValueError(f"{where}: " + "; ".join(
-                ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
-                + ([f"missing {', '.join(missing)}"] if missing else [])))
+            raise ValueError(
+                f"{where}: "
+                + "; ".join(
+                    ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+                    + ([f"missing {', '.join(missing)}"] if missing else [])
+                )
+            )
         if e["tier"] not in TIERS:
             raise ValueError(f"{where}: unknown tier {e['tier']!r}; known: {', '.join(TIERS)}")
         if e["component"] not in COMPONENTS:
@@ -140,10 +157,13 @@ def load(path: Path | None = None) -> list[KnownIssue]:
             raise ValueError(f"{where}: unknown kind {e['kind']!r}; known: {', '.join(KINDS)}")
         sig = e.get("signature") or {}
         bad_sig = sorted(set(sig) - set(_SIGNATURE_FIELDS)) if isinstance(sig, dict) else ["(not an object)"]
-        if bad_sig or any(not isinstance(b, dict) or set(b) - {"min", "max"}
-                          for b in (sig.get("metrics") or {}).values()):
-            raise ValueError(f"{where}: signature: unknown field(s) {', '.join(bad_sig) or 'in a metric bound'}; "
-                             f"known: {', '.join(_SIGNATURE_FIELDS)} with min/max bounds")
+        if bad_sig or any(
+            not isinstance(b, dict) or set(b) - {"min", "max"} for b in (sig.get("metrics") or {}).values()
+        ):
+            raise ValueError(
+                f"{where}: signature: unknown field(s) {', '.join(bad_sig) or 'in a metric bound'}; "
+                f"known: {', '.join(_SIGNATURE_FIELDS)} with min/max bounds"
+            )
         for name, b in (sig.get("metrics") or {}).items():
             for side in ("min", "max"):
                 v = b.get(side)
@@ -157,9 +177,11 @@ def load(path: Path | None = None) -> list[KnownIssue]:
         except (InvalidSpecifier, re.error) as exc:
             raise ValueError(f"{where}: {exc}") from None
         if not _bounded_above(affected) and not _two_sided(sig):
-            raise ValueError(f"{where}: unbounded: affected {e['affected']!r} has no upper bound and the signature "
-                             f"does not bound every metric on both sides (end the range at the fix, or at the newest "
-                             f"release it was seen on with '<=')")
+            raise ValueError(
+                f"{where}: unbounded: affected {e['affected']!r} has no upper bound and the signature "
+                f"does not bound every metric on both sides (end the range at the fix, or at the newest "
+                f"release it was seen on with '<=')"
+            )
         out.append(KnownIssue(**{**e, "checks": tuple(e["checks"])}))
     ids = [k.id for k in out]
     if len(set(ids)) != len(ids):
@@ -218,9 +240,16 @@ def apply(tiers: dict, versions: dict, issues: list[KnownIssue] | None = None) -
                 hit.append(chk["id"])
             elif chk.get("outcome") == "passed" and issue.lists(chk["id"]):
                 stale.append(chk["id"])
-        entry = {"id": issue.id, "package": issue.package, "version": versions.get(issue.package),
-                 "component": issue.component, "summary": issue.summary, "upstream": issue.upstream,
-                 "fixed_in": issue.fixed_in, "serving_path": issue.serving_path}
+        entry = {
+            "id": issue.id,
+            "package": issue.package,
+            "version": versions.get(issue.package),
+            "component": issue.component,
+            "summary": issue.summary,
+            "upstream": issue.upstream,
+            "fixed_in": issue.fixed_in,
+            "serving_path": issue.serving_path,
+        }
         if hit:
             tier["known_upstream"] = tier.get("known_upstream", []) + [dict(entry, checks=hit)]
         if stale:
@@ -228,7 +257,11 @@ def apply(tiers: dict, versions: dict, issues: list[KnownIssue] | None = None) -
     for tier in tiers.values():
         bad = [c for c in tier.get("checks") or [] if c.get("outcome") in FAILING]
         # a session that stopped early ('incomplete', pytest_plugin.mark_incomplete) proves nothing either way
-        if (tier.get("verdict") in FAILING and not tier.get("incomplete") and bad
-                and all(c.get("known_upstream") for c in bad)):
+        if (
+            tier.get("verdict") in FAILING
+            and not tier.get("incomplete")
+            and bad
+            and all(c.get("known_upstream") for c in bad)
+        ):
             tier["verdict"] = KNOWN_UPSTREAM
     return tiers

@@ -21,11 +21,18 @@ def parent(*, run_id: str | None = None, overrides: bool = False) -> argparse.Ar
     (dest ``overrides``) when ``overrides``. Built at each call: the results root's default reads the environment
     then."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--results", type=Path, default=results_root(),
-                   help=f"results root (default: results, env {RESULTS_ROOT_ENV})")
+    p.add_argument(
+        "--results", type=Path, default=results_root(), help=f"results root (default: results, env {RESULTS_ROOT_ENV})"
+    )
     if run_id is not None:
         p.add_argument("--run-id", help=f"results/<RUN_ID>/ to write (default: {run_id})")
     if overrides:
-        p.add_argument("--with", dest="overrides", action="append", default=[], metavar="PKG==VER",
-                       help="override a package in every selected row (uv --override); repeatable")
+        p.add_argument(
+            "--with",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="PKG==VER",
+            help="override a package in every selected row (uv --override); repeatable",
+        )
     return p

@@ -78,8 +78,9 @@ class Row:
         }
 
 
-def requirement_lines(path: Path, lines: list[str], header_keys, meta: dict[str, str],
-                      at: dict[str, int]) -> Iterator[tuple[int, str, Requirement]]:
+def requirement_lines(
+    path: Path, lines: list[str], header_keys, meta: dict[str, str], at: dict[str, int]
+) -> Iterator[tuple[int, str, Requirement]]:
     """Walk a row-style constraints file (a row, a canary): fill ``meta`` / ``at`` (key -> line number) from its header,
     the ``# key: value`` comments before the first requirement line, each key one of ``header_keys``; yield every
     requirement line as (line number, text without its trailing comment, Requirement). A malformed line is one
@@ -94,7 +95,9 @@ def requirement_lines(path: Path, lines: list[str], header_keys, meta: dict[str,
             m = _HEADER.match(line)
             if m and not seen_requirement:  # the header is the comment block before the first requirement
                 if m.group(1) not in header_keys:
-                    raise RowError(f"{where}: unknown header key {m.group(1)!r} (known: {', '.join(sorted(header_keys))})")
+                    raise RowError(
+                        f"{where}: unknown header key {m.group(1)!r} (known: {', '.join(sorted(header_keys))})"
+                    )
                 meta[m.group(1)] = m.group(2)
                 at[m.group(1)] = lineno
             continue
@@ -156,16 +159,19 @@ def parse_row(path: Path) -> Row:
         raise RowError(f"{line_of('python')}: python must look like 3.11, got {meta['python']!r}")
     backend = meta["torch-backend"]
     if backend not in TORCH_BACKENDS:
-        raise RowError(f"{line_of('torch-backend')}: torch-backend {backend!r} is not one of "
-                       f"{', '.join(sorted(TORCH_BACKENDS))}")
+        raise RowError(
+            f"{line_of('torch-backend')}: torch-backend {backend!r} is not one of {', '.join(sorted(TORCH_BACKENDS))}"
+        )
     for p in REQUIRED_PINS:
         try:
             Version(pins[p])
         except InvalidVersion as exc:
             raise RowError(f"{line_of(p)}: {exc}") from None
     if Version(pins["transformers"]) < Version(MIN_TRANSFORMERS):
-        raise RowError(f"{line_of('transformers')}: transformers {pins['transformers']} predates gemma4_assistant "
-                       f"(needs >= {MIN_TRANSFORMERS})")
+        raise RowError(
+            f"{line_of('transformers')}: transformers {pins['transformers']} predates gemma4_assistant "
+            f"(needs >= {MIN_TRANSFORMERS})"
+        )
     default = meta.get("default", "true").lower()
     if default not in ("true", "false"):
         raise RowError(f"{line_of('default')}: default must be true or false, got {default!r}")

@@ -63,6 +63,7 @@ VERDICTS = ("failed", "error", "pending", UNPROVEN, PARTIAL, KNOWN_UPSTREAM, "pa
 # the same two words).
 FAILING = ("failed", "error")
 
+
 def comma_list(text: str | None) -> list[str]:
     """A comma-separated knob or flag (tiers, server names, tags, mutant ids, pair names) as names, in order, blanks
     dropped. Validating the names is the caller's business (each knows what it may accept)."""
@@ -83,7 +84,7 @@ def short_check_id(check_id: str) -> str:
 def check_param(check_id: str) -> str | None:
     """What a check ran on: its parameter (``E4B-topk1``, a smoke server's name), None for an unparametrised check."""
     short = short_check_id(check_id)
-    return short[short.index("[") + 1:-1] if short.endswith("]") and "[" in short else None
+    return short[short.index("[") + 1 : -1] if short.endswith("]") and "[" in short else None
 
 
 def server_log(name: str) -> str:
@@ -119,9 +120,18 @@ RECORD_FIELDS = (
     "index",  # position among the evaluated questions (sglang's idx); the key for per-question comparisons
     "line",  # position in test.jsonl (num_shots + index)
     "prompt_sha",  # first 16 hex digits of the prompt's SHA-256: two runs asked the same thing
-    "question", "response", "extracted", "invalid", "gold",
+    "question",
+    "response",
+    "extracted",
+    "invalid",
+    "gold",
     "correct",  # bool: extracted == gold
-    "completion_tokens", "latency_s", "finish_reason", "spec_verify_ct", "spec_accept_length", "error",
+    "completion_tokens",
+    "latency_s",
+    "finish_reason",
+    "spec_verify_ct",
+    "spec_accept_length",
+    "error",
 )
 
 

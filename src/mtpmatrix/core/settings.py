@@ -29,31 +29,45 @@ NO_DRAFT_ACCEPT_LENGTH = 1.0
 
 # --- common server arguments (the seed suite's) --------------------------------------------------------------
 COMMON_ARGS = (
-    "--attention-backend", "triton",
-    "--dtype", "bfloat16",
-    "--mem-fraction-static", "0.55",
-    "--max-running-requests", "16",
-    "--context-length", "2048",
-    "--max-total-tokens", "32768",
+    "--attention-backend",
+    "triton",
+    "--dtype",
+    "bfloat16",
+    "--mem-fraction-static",
+    "0.55",
+    "--max-running-requests",
+    "16",
+    "--context-length",
+    "2048",
+    "--max-total-tokens",
+    "32768",
     "--skip-server-warmup",
 )
 # The smoke tier serves tiny pairs: same path, smaller everything, so launch + CUDA-graph capture stay fast and
 # several servers can share one GPU.
 SMOKE_ARGS = (
-    "--attention-backend", "triton",
-    "--dtype", "bfloat16",
+    "--attention-backend",
+    "triton",
+    "--dtype",
+    "bfloat16",
     # sglang keeps (1 - this) x the memory free at its start out of its static pool and fails its launch when less
     # than that is still free after loading: this fraction is the room every other server launching beside it may
     # take (launch_plan.launch_parallelism). The pool itself is capped by --max-total-tokens, so a larger fraction costs
     # nothing; 0.35 lets the 11 default servers (<= 3.5 GiB each) launch in one wave on an idle H200.
-    "--mem-fraction-static", "0.35",
-    "--max-running-requests", "8",
-    "--context-length", "512",
-    "--max-total-tokens", "8192",
-    "--cuda-graph-max-bs", "8",
+    "--mem-fraction-static",
+    "0.35",
+    "--max-running-requests",
+    "8",
+    "--context-length",
+    "512",
+    "--max-total-tokens",
+    "8192",
+    "--cuda-graph-max-bs",
+    "8",
     # sglang folds spec counters into avg_spec_accept_length only at decode-log time (every 40 decode steps by
     # default); a constructed pair finishes its requests in fewer steps than that, so log every step.
-    "--decode-log-interval", "1",
+    "--decode-log-interval",
+    "1",
     "--skip-server-warmup",
 )
 
@@ -83,12 +97,25 @@ PAIRS: dict[str, ModelPair] = {
     p.name: p
     for p in (
         ModelPair("E4B", "google/gemma-4-E4B-it", "google/gemma-4-E4B-it-assistant", tp=1, threshold=0.65),
-        ModelPair("26B-A4B", "google/gemma-4-26B-A4B-it", "google/gemma-4-26B-A4B-it-assistant", tp=2,
-                  threshold=0.415, extra_args=("--enable-deterministic-inference",),
-                  notes="0.445 observed - 0.03"),
+        ModelPair(
+            "26B-A4B",
+            "google/gemma-4-26B-A4B-it",
+            "google/gemma-4-26B-A4B-it-assistant",
+            tp=2,
+            threshold=0.415,
+            extra_args=("--enable-deterministic-inference",),
+            notes="0.445 observed - 0.03",
+        ),
         ModelPair("31B", "google/gemma-4-31B-it", "google/gemma-4-31B-it-assistant", tp=2, threshold=0.75),
-        ModelPair("E2B", "google/gemma-4-E2B-it", "google/gemma-4-E2B-it-assistant", tp=1, threshold=None,
-                  optional=True, notes="threshold to calibrate"),
+        ModelPair(
+            "E2B",
+            "google/gemma-4-E2B-it",
+            "google/gemma-4-E2B-it-assistant",
+            tp=1,
+            threshold=None,
+            optional=True,
+            notes="threshold to calibrate",
+        ),
     )
 }
 DEFAULT_PAIRS = tuple(n for n, p in PAIRS.items() if not p.optional)
@@ -131,16 +158,28 @@ def mtp_args(assistant: str, topk: int) -> list[str]:
     if topk not in DRAFT_TOKENS:
         raise ValueError(f"topk {topk} has no draft-token count; known: {sorted(DRAFT_TOKENS)}")
     return [
-        "--speculative-algorithm", SPEC_ALGORITHM_CLI,
-        "--speculative-draft-model-path", str(assistant),
-        "--speculative-num-steps", str(NUM_STEPS),
-        "--speculative-eagle-topk", str(topk),
-        "--speculative-num-draft-tokens", str(DRAFT_TOKENS[topk]),
+        "--speculative-algorithm",
+        SPEC_ALGORITHM_CLI,
+        "--speculative-draft-model-path",
+        str(assistant),
+        "--speculative-num-steps",
+        str(NUM_STEPS),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-num-draft-tokens",
+        str(DRAFT_TOKENS[topk]),
     ]
 
 
-def server_args(model: str, *, assistant: str | None = None, topk: int | None = None, tp: int = 1,
-                base: tuple[str, ...] = COMMON_ARGS, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+def server_args(
+    model: str,
+    *,
+    assistant: str | None = None,
+    topk: int | None = None,
+    tp: int = 1,
+    base: tuple[str, ...] = COMMON_ARGS,
+    extra: tuple[str, ...] | list[str] = (),
+) -> list[str]:
     """Arguments of ``sglang.launch_server`` (without host/port): model, TP, common args, MTP args, extras."""
     args = ["--model-path", str(model), "--tp-size", str(tp), *base]
     if assistant is not None:

@@ -35,8 +35,12 @@ from __future__ import annotations
 SHARED_MARK = "shared_reference"
 SHARED_TIER = "reference"
 # the checks that read tests/tiers/test_reference.py's ``generations`` (every parameter of each)
-SHARED_FUNCTIONS = ("test_greedy_with_assistant_equals_greedy", "test_constructed_rule_and_acceptance",
-                    "test_witness_drafts_at_transformers_phase", "test_decoy_chain_meets_prediction_in_transformers")
+SHARED_FUNCTIONS = (
+    "test_greedy_with_assistant_equals_greedy",
+    "test_constructed_rule_and_acceptance",
+    "test_witness_drafts_at_transformers_phase",
+    "test_decoy_chain_meets_prediction_in_transformers",
+)
 
 
 def shared_check(tier: str | None, nodeid: str) -> bool:

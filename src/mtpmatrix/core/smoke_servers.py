@@ -105,6 +105,7 @@ DECOY_SERVERS = ("decoy-mtp-topk1", "decoy-mtp-topk3")  # the decoy witness: off
 @dataclass(frozen=True)
 class SmokeOptions:
     """The smoke tier's environment knobs, checked (see ``smoke_options``)."""
+
     pair: str = "e-series"  # MTPMATRIX_SMOKE_PAIR: tiny pair family
     tp: int = 1  # MTPMATRIX_SMOKE_TP
     specs: tuple[SmokeServerSpec, ...] = DEFAULT_SMOKE_SERVERS  # MTPMATRIX_SMOKE_SERVERS: by name
@@ -133,8 +134,14 @@ def smoke_options(env: dict | None = None) -> SmokeOptions:
     owned = [a for a in extra if a.split("=", 1)[0] in ("--host", "--port", "--model-path", "--tp-size")]
     if owned:
         raise ValueError(f"MTPMATRIX_SMOKE_EXTRA_ARGS may not set {', '.join(owned)}: the tier sets those itself")
-    return SmokeOptions(pair=pair, tp=tp, specs=specs, parallel=_positive_int(env, "MTPMATRIX_SMOKE_PARALLEL"),
-                        extra_args=extra, swap_drafters=env.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1")
+    return SmokeOptions(
+        pair=pair,
+        tp=tp,
+        specs=specs,
+        parallel=_positive_int(env, "MTPMATRIX_SMOKE_PARALLEL"),
+        extra_args=extra,
+        swap_drafters=env.get("MTPMATRIX_SMOKE_SWAP_DRAFTERS") == "1",
+    )
 
 
 def collection_options() -> SmokeOptions:

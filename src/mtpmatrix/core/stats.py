@@ -107,9 +107,14 @@ def paired_compare(a: Sequence[bool] | Mapping[int, bool], b: Sequence[bool] | M
     only_a = [i for i, x, y in pairs if x and not y]
     only_b = [i for i, x, y in pairs if y and not x]
     return PairedComparison(
-        n=len(pairs), correct_a=sum(x for _, x, _ in pairs), correct_b=sum(y for _, _, y in pairs),
-        both_correct=sum(x and y for _, x, y in pairs), both_wrong=sum(not x and not y for _, x, y in pairs),
-        only_a=only_a, only_b=only_b, p_value=mcnemar(len(only_a), len(only_b)),
+        n=len(pairs),
+        correct_a=sum(x for _, x, _ in pairs),
+        correct_b=sum(y for _, _, y in pairs),
+        both_correct=sum(x and y for _, x, y in pairs),
+        both_wrong=sum(not x and not y for _, x, y in pairs),
+        only_a=only_a,
+        only_b=only_b,
+        p_value=mcnemar(len(only_a), len(only_b)),
     )
 
 
@@ -125,7 +130,6 @@ def latency_speedup(baseline_s: float, candidate_s: float) -> float | None:
     if baseline_s is None or candidate_s is None or baseline_s <= 0 or candidate_s <= 0:
         return None
     return baseline_s / candidate_s
-
 
 
 # --- chi-square goodness of fit ---------------------------------------------------------------------------------
@@ -249,7 +253,7 @@ def min_detectable_tv(probs: Sequence[float], n: int, alpha: float, power: float
     k = len(probs)
     lam = detectable_noncentrality(k - 1, alpha, power)
     best = 0.0
-    for mask in range(1, 2 ** k - 1):
+    for mask in range(1, 2**k - 1):
         ps = sum(p for i, p in enumerate(probs) if mask >> i & 1)
         best = max(best, ps * (1 - ps))
     return math.sqrt(lam / n * best)

@@ -39,8 +39,7 @@ def row_files(run_dir: Path) -> list[Path]:
 def is_matrix_run(path: Path) -> bool:
     """A folder that holds at least one ``<row>/row.json`` and is not a bisect or CI run (nor hidden)."""
     path = Path(path)
-    return (path.is_dir() and not path.name.startswith((".", *SIDE_RUN_PREFIXES))
-            and bool(row_files(path)))
+    return path.is_dir() and not path.name.startswith((".", *SIDE_RUN_PREFIXES)) and bool(row_files(path))
 
 
 def latest_run_id(results: Path) -> str | None:
@@ -49,8 +48,7 @@ def latest_run_id(results: Path) -> str | None:
     results = Path(results)
     if not results.is_dir():
         return None
-    runs = [(max(f.stat().st_mtime for f in row_files(p)), p.name)
-            for p in results.iterdir() if is_matrix_run(p)]
+    runs = [(max(f.stat().st_mtime for f in row_files(p)), p.name) for p in results.iterdir() if is_matrix_run(p)]
     return max(runs)[1] if runs else None
 
 
@@ -70,8 +68,9 @@ def find_run(results: Path, run_id: str | None) -> Path:
     run_dir = results / run_id
     if not run_dir.is_dir():
         known = sorted(p.name for p in results.iterdir() if is_matrix_run(p))[-5:] if results.is_dir() else []
-        raise StoreError(f"no such run {run_id!r} under {results}/" + (f" (latest: {', '.join(known)})" if known
-                                                                          else ""))
+        raise StoreError(
+            f"no such run {run_id!r} under {results}/" + (f" (latest: {', '.join(known)})" if known else "")
+        )
     if not row_files(run_dir):
         raise StoreError(f"run {run_id!r} ({run_dir}) has no rows (no */{ROW_FILE})")
     return run_dir
@@ -111,8 +110,12 @@ def read_question_records(path: Path) -> dict[int, bool]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("index"), int) and not isinstance(rec["index"], bool) \
-                    and isinstance(rec.get("correct"), bool):
+            if (
+                isinstance(rec, dict)
+                and isinstance(rec.get("index"), int)
+                and not isinstance(rec["index"], bool)
+                and isinstance(rec.get("correct"), bool)
+            ):
                 out[rec["index"]] = rec["correct"]
     return out
 

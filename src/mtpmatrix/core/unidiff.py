@@ -72,15 +72,17 @@ def package_path(raw: str) -> str:
     if path.startswith('"'):
         raise PatchError(f"{path}: quoted file names are not supported")
     for prefix in ("a/", "b/", ""):
-        rest = path[len(prefix):] if path.startswith(prefix) else None
+        rest = path[len(prefix) :] if path.startswith(prefix) else None
         if rest is None:
             continue
         if rest.startswith(f"python/{PACKAGE}/"):
-            rest = rest[len("python/"):]
+            rest = rest[len("python/") :]
         if rest.startswith(f"{PACKAGE}/") and ".." not in rest.split("/"):
             return rest
-    raise PatchError(f"{path}: not a file of sglang (name it python/sglang/... as git diff in sglang's repository "
-                     "gives it, or sglang/... relative to site-packages)")
+    raise PatchError(
+        f"{path}: not a file of sglang (name it python/sglang/... as git diff in sglang's repository "
+        "gives it, or sglang/... relative to site-packages)"
+    )
 
 
 def _count(text: str | None) -> int:
@@ -192,7 +194,7 @@ def _find(have: list[str], block: list[str], expected: int, start: int) -> int |
     expected = min(max(expected, start), last)
     for delta in range(0, max(expected - start, last - expected) + 1):
         for at in (expected - delta, expected + delta) if delta else (expected,):
-            if start <= at <= last and have[at:at + n] == block:
+            if start <= at <= last and have[at : at + n] == block:
                 return at
     return None
 
@@ -218,9 +220,14 @@ def apply(fp: FilePatch, original: str | None) -> str | None:
         if at is None:
             where = min(max(expected, 0), max(len(have) - 1, 0))
             already = _find(have, h.new, expected, pos) is not None and h.new != block
-            raise PatchError(f"{fp.path}: hunk {h.number} ({h.header}) does not apply: "
-                             + ("its result is there already (applied before?)" if already
-                                else _first_difference(have, block, where)))
+            raise PatchError(
+                f"{fp.path}: hunk {h.number} ({h.header}) does not apply: "
+                + (
+                    "its result is there already (applied before?)"
+                    if already
+                    else _first_difference(have, block, where)
+                )
+            )
         shift = at - (h.old_start - (1 if block else 0))
         out += have[pos:at] + h.new
         pos = at + len(block)

@@ -27,8 +27,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.core.smoke_servers import DECOY_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS  # defined once, in smoke
 from mtpmatrix.core.schema import comma_list
+from mtpmatrix.core.smoke_servers import DECOY_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS  # defined once, in smoke
 
 HOOK_DIR = Path(__file__).resolve().parent / "mutant_hook"
 ENV_MUTANT = "MTPMATRIX_MUTANT"  # read by mutant_hook/sitecustomize.py
@@ -72,6 +72,7 @@ class MutantsError(Exception):
 @dataclass(frozen=True)
 class Site:
     """Replace ``anchor`` (which must occur exactly once) by ``replacement`` in ``module``."""
+
     module: str
     anchor: str
     replacement: str
@@ -107,25 +108,28 @@ _SCHED = "sglang.srt.managers.scheduler"
 _LP13 = "sglang.srt.layers.utils.logprob"  # 0.5.13: add_output_logprobs_for_spec_v1 (the v1 worker's logprobs)
 _LP17 = "sglang.srt.layers.logprob_processor"  # 0.5.17 compute_spec_v2_logprobs, 0.5.23 compute_spec_logprobs
 
-_SELECT_LAST = ("* self.speculative_num_draft_tokens\n"
-                "            + batch_result.accept_lens\n"
-                "            - 1\n")
-_EXPAND = ("    forward_batch.req_pool_indices = forward_batch.req_pool_indices.repeat_interleave(\n"
-           "        topk, dim=0\n"
-           "    )\n"
-           "    forward_batch.seq_lens = forward_batch.seq_lens.repeat_interleave(topk, dim=0)\n"
-           "    if forward_batch.seq_lens_cpu is not None:\n"
-           "        forward_batch.seq_lens_cpu = forward_batch.seq_lens_cpu.repeat_interleave(\n"
-           "            topk, dim=0\n"
-           "        )\n")
-_LOOP_POSITIONS = ("            forward_batch.spec_info.hidden_states = hidden_states\n"
-                   "            self._set_positions(forward_batch)\n")
+_SELECT_LAST = "* self.speculative_num_draft_tokens\n            + batch_result.accept_lens\n            - 1\n"
+_EXPAND = (
+    "    forward_batch.req_pool_indices = forward_batch.req_pool_indices.repeat_interleave(\n"
+    "        topk, dim=0\n"
+    "    )\n"
+    "    forward_batch.seq_lens = forward_batch.seq_lens.repeat_interleave(topk, dim=0)\n"
+    "    if forward_batch.seq_lens_cpu is not None:\n"
+    "        forward_batch.seq_lens_cpu = forward_batch.seq_lens_cpu.repeat_interleave(\n"
+    "            topk, dim=0\n"
+    "        )\n"
+)
+_LOOP_POSITIONS = (
+    "            forward_batch.spec_info.hidden_states = hidden_states\n"
+    "            self._set_positions(forward_batch)\n"
+)
 _SHIFT_TARGET = "; target_predict = torch.cat([target_predict[:, 1:], target_predict[:, -1:]], dim=1)\n"
 _SWAP_TYPE = '{"sliding_attention": "full_attention", "full_attention": "sliding_attention"}.get(t, t)'
 # Greedy verify that takes every draft: the target's prediction at each chain position replaced by the next draft
 # (topk 1 layout: position 0 the last verified token, 1..steps the drafts), the bonus from the target's last row.
-_ACCEPT_ALL = ("; target_predict = torch.cat([candidates[:, 1:].to(target_predict.dtype), target_predict[:, -1:]], "
-               "dim=1)\n")
+_ACCEPT_ALL = (
+    "; target_predict = torch.cat([candidates[:, 1:].to(target_predict.dtype), target_predict[:, -1:]], dim=1)\n"
+)
 
 # Smoke servers the request-surface mutants need (smoke_servers.SMOKE_SERVERS; tests/unit/test_catalogue_surface.py checks
 # the names): the no-MTP references that the MTP-equals-no-MTP checks compare with, and the servers of a mode no
@@ -140,283 +144,503 @@ WITNESS_EAGER = ("witness-mtp-topk3-eager", WITNESS_SERVERS[1])
 # request whose drafts were all accepted (num_correct_drafts == accept_index width - 1), overwrite the last output
 # token (predict at the last accepted node, accept_index[i, num_correct_drafts]) with the argmax of that node's
 # target distribution (tree_speculative_sampling_target_only samples it from relu(target - 0) = target).
-_GREEDY_BONUS = ("_full = num_correct_drafts == accept_index.shape[1] - 1; "
-                 "_last = accept_index[torch.arange(bs, device=predict.device), num_correct_drafts.long()]"
-                 ".long()[_full]; "
-                 "predict[_last] = target_probs.reshape(-1, target_probs.shape[-1])[_last].argmax(dim=-1)"
-                 ".to(predict.dtype)\n")
+_GREEDY_BONUS = (
+    "_full = num_correct_drafts == accept_index.shape[1] - 1; "
+    "_last = accept_index[torch.arange(bs, device=predict.device), num_correct_drafts.long()]"
+    ".long()[_full]; "
+    "predict[_last] = target_probs.reshape(-1, target_probs.shape[-1])[_last].argmax(dim=-1)"
+    ".to(predict.dtype)\n"
+)
 _SAMPLE_END_17 = "            deterministic=True,\n        )\n\n        # Sync sampling results across TP ranks"
-_SAMPLE_END_13 = ("                deterministic=True,\n            )\n\n"
-                  "            # Sync sampling results across TP ranks")
+_SAMPLE_END_13 = (
+    "                deterministic=True,\n            )\n\n            # Sync sampling results across TP ranks"
+)
 _SAMPLE_END_23 = "        del (\n            expanded_temperature,\n"
 # 0.5.17's non-overlap scheduler branch for the spec-v2 worker (Scheduler.run_batch): after _forward_isolation
 # restores the batch, it re-applies the draft input and the advanced seq_lens. 0.5.13 has the same lines under
 # ``elif batch.is_spec_v2`` (a path its Frozen-KV MTP, a v1 worker, never takes): the comment line keeps it out.
-_NO_OVERLAP_17 = ("                # Non-overlap: drive the V2 worker synchronously (no\n"
-                  "                # future_map relay / on_publish).\n"
-                  "                resolve_forward_inputs(batch, self.future_map)\n"
-                  "                with self._forward_isolation(batch, overlap=False):\n"
-                  "                    batch_result = self.model_worker.forward_batch_generation(batch)\n"
-                  "                # The isolation restore reverted the worker's in-forward SB edits;\n"
-                  "                # re-apply what must carry to the next iter.\n"
-                  "                batch.spec_info = batch_result.next_draft_input\n"
-                  "                if batch_result.new_seq_lens is not None:\n")
-_EAGER_META = ("        with self._frozen_kv_target_view(forward_batch):\n"
-               "            self.draft_attn_backend.init_forward_metadata(forward_batch)\n")
-_EAGER_SHORT = ("        with self._frozen_kv_target_view(forward_batch):\n"
-                "            _lens, forward_batch.seq_lens = forward_batch.seq_lens, forward_batch.seq_lens - 1\n"
-                "            self.draft_attn_backend.init_forward_metadata(forward_batch)\n"
-                "            forward_batch.seq_lens = _lens\n")
+_NO_OVERLAP_17 = (
+    "                # Non-overlap: drive the V2 worker synchronously (no\n"
+    "                # future_map relay / on_publish).\n"
+    "                resolve_forward_inputs(batch, self.future_map)\n"
+    "                with self._forward_isolation(batch, overlap=False):\n"
+    "                    batch_result = self.model_worker.forward_batch_generation(batch)\n"
+    "                # The isolation restore reverted the worker's in-forward SB edits;\n"
+    "                # re-apply what must carry to the next iter.\n"
+    "                batch.spec_info = batch_result.next_draft_input\n"
+    "                if batch_result.new_seq_lens is not None:\n"
+)
+_EAGER_META = (
+    "        with self._frozen_kv_target_view(forward_batch):\n"
+    "            self.draft_attn_backend.init_forward_metadata(forward_batch)\n"
+)
+_EAGER_SHORT = (
+    "        with self._frozen_kv_target_view(forward_batch):\n"
+    "            _lens, forward_batch.seq_lens = forward_batch.seq_lens, forward_batch.seq_lens - 1\n"
+    "            self.draft_attn_backend.init_forward_metadata(forward_batch)\n"
+    "            forward_batch.seq_lens = _lens\n"
+)
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
-        "handoff-block-first", "handoff",
+        "handoff-block-first",
+        "handoff",
         "drafter seeded with the target hidden state of the verify block's first position, not the last accepted",
-        (Site(_W2, _SELECT_LAST, "* self.speculative_num_draft_tokens\n"
-                                 "            + 0 * batch_result.accept_lens\n"
-                                 "            + 0\n"),
-         Site(_FKU, "        draft_input.hidden_states[last_indices],\n",
-              "        draft_input.hidden_states[last_indices - counts + 1],\n")),
-        expect="test_spec_metrics (acceptance collapses, output stays right)"),
+        (
+            Site(
+                _W2,
+                _SELECT_LAST,
+                "* self.speculative_num_draft_tokens\n            + 0 * batch_result.accept_lens\n            + 0\n",
+            ),
+            Site(
+                _FKU,
+                "        draft_input.hidden_states[last_indices],\n",
+                "        draft_input.hidden_states[last_indices - counts + 1],\n",
+            ),
+        ),
+        expect="test_spec_metrics (acceptance collapses, output stays right)",
+    ),
     Mutant(
-        "handoff-stale-by-one", "handoff",
+        "handoff-stale-by-one",
+        "handoff",
         "drafter seeded with the hidden state one accepted position before the last (stale by one step)",
-        (Site(_W2, _SELECT_LAST, "* self.speculative_num_draft_tokens\n"
-                                 "            + batch_result.accept_lens\n"
-                                 "            - 1 - (batch_result.accept_lens > 1).to(batch_result.accept_lens.dtype)"
-                                 "\n"),
-         Site(_FKU, "        draft_input.hidden_states[last_indices],\n",
-              "        draft_input.hidden_states[last_indices - (counts > 1).long()],\n")),
-        servers=TOPK1, expect="test_spec_metrics"),
+        (
+            Site(
+                _W2,
+                _SELECT_LAST,
+                "* self.speculative_num_draft_tokens\n"
+                "            + batch_result.accept_lens\n"
+                "            - 1 - (batch_result.accept_lens > 1).to(batch_result.accept_lens.dtype)"
+                "\n",
+            ),
+            Site(
+                _FKU,
+                "        draft_input.hidden_states[last_indices],\n",
+                "        draft_input.hidden_states[last_indices - (counts > 1).long()],\n",
+            ),
+        ),
+        servers=TOPK1,
+        expect="test_spec_metrics",
+    ),
     Mutant(
-        "kv-layer-first-of-type", "kv-binding",
+        "kv-layer-first-of-type",
+        "kv-binding",
         "each assistant layer reads the KV of the first target layer of its type instead of the last",
         (Site(_G4, "for i in (L - 2, L - 1)}", "for i in reversed(range(L))}"),),
-        servers=TOPK1, expect="test_spec_metrics (only where the first and last KV owner of a type differ: "
-                              "sliding in the tiny pairs)"),
+        servers=TOPK1,
+        expect="test_spec_metrics (only where the first and last KV owner of a type differ: sliding in the tiny pairs)",
+    ),
     Mutant(
-        "kv-layer-type-swap", "kv-binding",
+        "kv-layer-type-swap",
+        "kv-binding",
         "sliding assistant layers read the full-attention KV and vice versa",
         (Site(_G4, "            physical[i] = by_type[t]\n", f"            physical[i] = by_type[{_SWAP_TYPE}]\n"),),
-        servers=TOPK1, expect="test_server_serves (head dims differ: likely a launch crash), else test_spec_metrics"),
+        servers=TOPK1,
+        expect="test_server_serves (head dims differ: likely a launch crash), else test_spec_metrics",
+    ),
     Mutant(
-        "draft-position-ahead", "positions",
+        "draft-position-ahead",
+        "positions",
         "RoPE position of every draft step one ahead of the last written target slot",
-        (Site(_FKU, "positions = torch.clamp(seq_lens - 1, min=0).to(torch.int64)",
-              "positions = torch.clamp(seq_lens, min=0).to(torch.int64)"),),
-        servers=TOPK1, expect="test_spec_metrics"),
+        (
+            Site(
+                _FKU,
+                "positions = torch.clamp(seq_lens - 1, min=0).to(torch.int64)",
+                "positions = torch.clamp(seq_lens, min=0).to(torch.int64)",
+            ),
+        ),
+        servers=TOPK1,
+        expect="test_spec_metrics",
+    ),
     Mutant(
-        "draft-position-advanced", "positions",
+        "draft-position-advanced",
+        "positions",
         "RoPE position advanced per draft step (Frozen-KV MTP keeps the last target slot for every step)",
-        (Site(_W2, _LOOP_POSITIONS, _LOOP_POSITIONS[:-1] + "; forward_batch.positions.add_(i + 1)\n"),
-         Site(_W1, _LOOP_POSITIONS, _LOOP_POSITIONS[:-1] + "; forward_batch.positions.add_(i + 1)\n")),
-        servers=TOPK1, expect="test_spec_metrics (steps after the first draft go wrong)"),
+        (
+            Site(_W2, _LOOP_POSITIONS, _LOOP_POSITIONS[:-1] + "; forward_batch.positions.add_(i + 1)\n"),
+            Site(_W1, _LOOP_POSITIONS, _LOOP_POSITIONS[:-1] + "; forward_batch.positions.add_(i + 1)\n"),
+        ),
+        servers=TOPK1,
+        expect="test_spec_metrics (steps after the first draft go wrong)",
+    ),
     Mutant(
-        "topk-parent-hidden", "tree-parent",
+        "topk-parent-hidden",
+        "tree-parent",
         "at topk > 1 each new draft node continues from the hidden state of the next sibling, not its parent",
-        (Site(_SPU, "selected_input_index = flat_cs // topk + batch_offsets",
-              "selected_input_index = (flat_cs // topk + 1) % topk + batch_offsets"),),
-        servers=TOPK3, expect="test_spec_metrics[witness-mtp-topk3]"),
+        (
+            Site(
+                _SPU,
+                "selected_input_index = flat_cs // topk + batch_offsets",
+                "selected_input_index = (flat_cs // topk + 1) % topk + batch_offsets",
+            ),
+        ),
+        servers=TOPK3,
+        expect="test_spec_metrics[witness-mtp-topk3]",
+    ),
     Mutant(
-        "topk-expand-seed-rows", "batch-expansion",
+        "topk-expand-seed-rows",
+        "batch-expansion",
         "at topk > 1 the seed hidden states are tiled (repeat) instead of repeated per request (repeat_interleave)",
-        (Site(_W2, "seed_prev_hidden = target_hidden.repeat_interleave(self.topk, dim=0)",
-              "seed_prev_hidden = target_hidden.repeat(self.topk, 1)"),
-         Site(_W1, "seed_prev_hidden = target_hidden.repeat_interleave(self.topk, dim=0)",
-              "seed_prev_hidden = target_hidden.repeat(self.topk, 1)")),
-        servers=TOPK3, expect="test_spec_metrics[witness-mtp-topk3] (needs > 1 request per batch)"),
+        (
+            Site(
+                _W2,
+                "seed_prev_hidden = target_hidden.repeat_interleave(self.topk, dim=0)",
+                "seed_prev_hidden = target_hidden.repeat(self.topk, 1)",
+            ),
+            Site(
+                _W1,
+                "seed_prev_hidden = target_hidden.repeat_interleave(self.topk, dim=0)",
+                "seed_prev_hidden = target_hidden.repeat(self.topk, 1)",
+            ),
+        ),
+        servers=TOPK3,
+        expect="test_spec_metrics[witness-mtp-topk3] (needs > 1 request per batch)",
+    ),
     Mutant(
-        "topk-expand-kv-rows", "batch-expansion",
+        "topk-expand-kv-rows",
+        "batch-expansion",
         "at topk > 1 the draft rows read the KV and positions of other requests (repeat vs repeat_interleave)",
-        (Site(_FKU, _EXPAND, _EXPAND.replace(".repeat_interleave(\n", ".repeat(\n")
-              .replace("topk, dim=0\n", "topk\n").replace(".repeat_interleave(topk, dim=0)", ".repeat(topk)")),),
-        servers=TOPK3, expect="test_spec_metrics[witness-mtp-topk3] (needs > 1 request per batch)"),
+        (
+            Site(
+                _FKU,
+                _EXPAND,
+                _EXPAND.replace(".repeat_interleave(\n", ".repeat(\n")
+                .replace("topk, dim=0\n", "topk\n")
+                .replace(".repeat_interleave(topk, dim=0)", ".repeat(topk)"),
+            ),
+        ),
+        servers=TOPK3,
+        expect="test_spec_metrics[witness-mtp-topk3] (needs > 1 request per batch)",
+    ),
     Mutant(
-        "verify-target-row-shift", "lossy-verify",
+        "verify-target-row-shift",
+        "lossy-verify",
         "verification reads the target's prediction one tree row late, so it commits tokens the target would not "
         "have produced",
-        (Site(_EAU, "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)\n",
-              "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)" + _SHIFT_TARGET),
-         Site(_EAI, "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
-              "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _SHIFT_TARGET),
-         Site(_EAI2, "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
-              "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _SHIFT_TARGET)),
-        expect="the witness rule check (mismatch), and test_spec_metrics"),
+        (
+            Site(
+                _EAU,
+                "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)\n",
+                "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)" + _SHIFT_TARGET,
+            ),
+            Site(
+                _EAI,
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _SHIFT_TARGET,
+            ),
+            Site(
+                _EAI2,
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _SHIFT_TARGET,
+            ),
+        ),
+        expect="the witness rule check (mismatch), and test_spec_metrics",
+    ),
     Mutant(
-        "accept-count-request", "accounting",
+        "accept-count-request",
+        "accounting",
         "each verify step counted twice in the per-request spec_verify_ct (accept length per request halves)",
-        (Site(_EAI, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n"),
-         Site(_BRP, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n")),
-        servers=TOPK1, expect="test_spec_metrics (per-request accept length under the floor, and off the "
-                              "server's avg_spec_accept_length); test_meta_info_fields_agree (histogram counts half "
-                              "the verify steps)"),
+        (
+            Site(_EAI, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n"),
+            Site(_BRP, "req.spec_verify_ct += 1\n", "req.spec_verify_ct += 2\n"),
+        ),
+        servers=TOPK1,
+        expect="test_spec_metrics (per-request accept length under the floor, and off the "
+        "server's avg_spec_accept_length); test_meta_info_fields_agree (histogram counts half "
+        "the verify steps)",
+    ),
     Mutant(
-        "accept-count-server", "accounting",
+        "accept-count-server",
+        "accounting",
         "the scheduler's forward count behind avg_spec_accept_length counted twice (server-side average halves)",
         (Site(_MRP, "self.spec_num_forward_ct += bs\n", "self.spec_num_forward_ct += 2 * bs\n"),),
-        servers=TOPK1, expect="test_spec_metrics and test_meta_info_fields_agree (avg_spec_accept_length "
-                              "inconsistent with per-request numbers)"),
+        servers=TOPK1,
+        expect="test_spec_metrics and test_meta_info_fields_agree (avg_spec_accept_length "
+        "inconsistent with per-request numbers)",
+    ),
     Mutant(
-        "draft-cuda-graph-skipped", "cuda-graph",
+        "draft-cuda-graph-skipped",
+        "cuda-graph",
         "the Frozen-KV draft CUDA graph is never captured (the draft loop silently runs eagerly)",
-        (Site(_W2, 'logger.info("Capture Frozen-KV MTP draft cuda graph begin.")', "return"),
-         Site(_W1, 'logger.info("Capture Frozen-KV MTP draft cuda graph begin.")', "return")),
-        servers=TOPK1, expect="test_cuda_graphs_captured (no draft capture line)"),
+        (
+            Site(_W2, 'logger.info("Capture Frozen-KV MTP draft cuda graph begin.")', "return"),
+            Site(_W1, 'logger.info("Capture Frozen-KV MTP draft cuda graph begin.")', "return"),
+        ),
+        servers=TOPK1,
+        expect="test_cuda_graphs_captured (no draft capture line)",
+    ),
     Mutant(
-        "topk-parent-non-first", "tree-parent",
+        "topk-parent-non-first",
+        "tree-parent",
         "at topk > 1 a draft node whose parent is not its step's first-ranked node continues from the first-ranked "
         "node's hidden state (nodes under the first branch stay right)",
-        (Site(_SPU, "selected_input_index = flat_cs // topk + batch_offsets",
-              "selected_input_index = (flat_cs // topk).clamp(max=0) + batch_offsets"),),
-        servers=DECOY_TOPK3, expect="test_decoy_accept_matches_prediction[decoy-mtp-topk3] (acceptance: the path "
-                                    "through the second-ranked branch drafts wrong; the witness stays on branch 0)"),
+        (
+            Site(
+                _SPU,
+                "selected_input_index = flat_cs // topk + batch_offsets",
+                "selected_input_index = (flat_cs // topk).clamp(max=0) + batch_offsets",
+            ),
+        ),
+        servers=DECOY_TOPK3,
+        expect="test_decoy_accept_matches_prediction[decoy-mtp-topk3] (acceptance: the path "
+        "through the second-ranked branch drafts wrong; the witness stays on branch 0)",
+    ),
     Mutant(
-        "verify-accept-all-greedy", "lossy-verify",
+        "verify-accept-all-greedy",
+        "lossy-verify",
         "greedy verify accepts every draft without comparing it with the target's argmax (topk 1 chain)",
-        (Site(_EAU, "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)\n",
-              "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)" + _ACCEPT_ALL),
-         Site(_EAI, "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
-              "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _ACCEPT_ALL),
-         Site(_EAI2, "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
-              "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _ACCEPT_ALL)),
-        servers=DECOY_TOPK1, expect="test_exact_pair_follows_rule[decoy-mtp-topk1] (mismatch: the decoys reach the "
-                                    "output), test_decoy_accept_matches_prediction"),
+        (
+            Site(
+                _EAU,
+                "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)\n",
+                "target_predict = target_predict.reshape(bs, verify_input.draft_token_num)" + _ACCEPT_ALL,
+            ),
+            Site(
+                _EAI,
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _ACCEPT_ALL,
+            ),
+            Site(
+                _EAI2,
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)\n",
+                "target_predict = target_predict.reshape(bs, self.draft_token_num)" + _ACCEPT_ALL,
+            ),
+        ),
+        servers=DECOY_TOPK1,
+        expect="test_exact_pair_follows_rule[decoy-mtp-topk1] (mismatch: the decoys reach the "
+        "output), test_decoy_accept_matches_prediction",
+    ),
     Mutant(
-        "verify-temperature-ignored", "sampled-verify",
+        "verify-temperature-ignored",
+        "sampled-verify",
         "sampled verify builds the target distribution at temperature 1 whatever the request asked",
-        (Site(_EAU, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1"),  # 0.5.17
-         Site(_EAU, "next_token_logits, temperatures=expanded_temperature\n",  # 0.5.23: sampling_softmax(...)
-              "next_token_logits, temperatures=torch.ones_like(expanded_temperature)\n"),
-         Site(_EAI, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1"),  # 0.5.13
-         Site(_EAI2, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1")),
-        servers=SAMPLED_MTP, expect="test_sampled_distribution_matches_closed_form (mismatch)"),
+        (
+            Site(_EAU, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1"),  # 0.5.17
+            Site(
+                _EAU,
+                "next_token_logits, temperatures=expanded_temperature\n",  # 0.5.23: sampling_softmax(...)
+                "next_token_logits, temperatures=torch.ones_like(expanded_temperature)\n",
+            ),
+            Site(_EAI, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1"),  # 0.5.13
+            Site(_EAI2, "next_token_logits / expanded_temperature, dim=-1", "next_token_logits, dim=-1"),
+        ),
+        servers=SAMPLED_MTP,
+        expect="test_sampled_distribution_matches_closed_form (mismatch)",
+    ),
     Mutant(
-        "verify-renorm-skipped", "sampled-verify",
+        "verify-renorm-skipped",
+        "sampled-verify",
         "sampled verify skips the top-k and top-p renormalisation of the target distribution",
-        tuple(Site(m, f"target_probs = top_{x}_renorm_prob(", f"target_probs = (lambda probs, _{x}s: probs)(")
-              for m in (_EAU, _EAI, _EAI2) for x in ("k", "p")),
-        servers=SAMPLED_MTP, expect="test_sampled_distribution_matches_closed_form (mismatch: tokens outside "
-                                    "top-k/top-p appear, the kept ones lose mass)"),
+        tuple(
+            Site(m, f"target_probs = top_{x}_renorm_prob(", f"target_probs = (lambda probs, _{x}s: probs)(")
+            for m in (_EAU, _EAI, _EAI2)
+            for x in ("k", "p")
+        ),
+        servers=SAMPLED_MTP,
+        expect="test_sampled_distribution_matches_closed_form (mismatch: tokens outside "
+        "top-k/top-p appear, the kept ones lose mass)",
+    ),
     Mutant(
-        "verify-accept-threshold", "sampled-verify",
+        "verify-accept-threshold",
+        "sampled-verify",
         "sampled verify accepts a draft when the coin is under twice its target probability (threshold_acc "
         "halved: the kernel accepts when coin <= prob_acc / threshold_acc)",
-        (Site(_EAU, "threshold_acc=get_spec().speculative_accept_threshold_acc,",
-              "threshold_acc=0.5 * get_spec().speculative_accept_threshold_acc,"),
-         Site(_EAI, "threshold_acc=get_global_server_args().speculative_accept_threshold_acc,",
-              "threshold_acc=0.5 * get_global_server_args().speculative_accept_threshold_acc,"),
-         Site(_EAI2, "threshold_acc=get_global_server_args().speculative_accept_threshold_acc,",
-              "threshold_acc=0.5 * get_global_server_args().speculative_accept_threshold_acc,")),
-        servers=SAMPLED_MTP, expect="test_sampled_distribution_matches_closed_form (mismatch: the drafter's "
-                                    "tokens are over-represented)"),
+        (
+            Site(
+                _EAU,
+                "threshold_acc=get_spec().speculative_accept_threshold_acc,",
+                "threshold_acc=0.5 * get_spec().speculative_accept_threshold_acc,",
+            ),
+            Site(
+                _EAI,
+                "threshold_acc=get_global_server_args().speculative_accept_threshold_acc,",
+                "threshold_acc=0.5 * get_global_server_args().speculative_accept_threshold_acc,",
+            ),
+            Site(
+                _EAI2,
+                "threshold_acc=get_global_server_args().speculative_accept_threshold_acc,",
+                "threshold_acc=0.5 * get_global_server_args().speculative_accept_threshold_acc,",
+            ),
+        ),
+        servers=SAMPLED_MTP,
+        expect="test_sampled_distribution_matches_closed_form (mismatch: the drafter's tokens are over-represented)",
+    ),
     Mutant(
-        "metric-correct-drafts-bonus", "metric-fields",
+        "metric-correct-drafts-bonus",
+        "metric-fields",
         "each request's spec_num_correct_drafts also counts the bonus token of every verify step (the response's "
         "accept rate and draft count off by one per step; verify count, accept length and the server counter right)",
-        (Site(_BRP, "req.spec_num_correct_drafts += num_correct_drafts\n",
-              "req.spec_num_correct_drafts += num_correct_drafts + 1\n"),
-         Site(_EAI, "req.spec_num_correct_drafts += num_correct_drafts_this_req\n",
-              "req.spec_num_correct_drafts += num_correct_drafts_this_req + 1\n")),
-        servers=TOPK1, expect="test_meta_info_fields_agree (accounting: histogram and tail rule disagree with "
-                              "spec_num_correct_drafts; test_spec_metrics does not read it)"),
+        (
+            Site(
+                _BRP,
+                "req.spec_num_correct_drafts += num_correct_drafts\n",
+                "req.spec_num_correct_drafts += num_correct_drafts + 1\n",
+            ),
+            Site(
+                _EAI,
+                "req.spec_num_correct_drafts += num_correct_drafts_this_req\n",
+                "req.spec_num_correct_drafts += num_correct_drafts_this_req + 1\n",
+            ),
+        ),
+        servers=TOPK1,
+        expect="test_meta_info_fields_agree (accounting: histogram and tail rule disagree with "
+        "spec_num_correct_drafts; test_spec_metrics does not read it)",
+    ),
     # ----------------------------------------------------------------------------- the request surface
     # Each is reached only by requests the smoke tier's own never send (its greedy requests set ignore_eos, ask no
     # logprobs, no logit_bias; its sampled plan runs one temperature), or only in a mode one server runs.
     Mutant(
-        "stop-match-at-step-end", "stops",
+        "stop-match-at-step-end",
+        "stops",
         "the token-based finish check puts a stop / EOS matched inside a verify step's accepted run at the step's "
         "last token (finished_len), so the accepted tokens after the stop stay in the output",
-        (Site(_SB, "matched_pos = len(self.output_ids) - len(new_accepted_tokens) + i\n",
-              "matched_pos = len(self.output_ids) - 1\n"),),  # Req._check_token_based_finish, 0.5.13-0.5.23
+        (
+            Site(
+                _SB,
+                "matched_pos = len(self.output_ids) - len(new_accepted_tokens) + i\n",
+                "matched_pos = len(self.output_ids) - 1\n",
+            ),
+        ),  # Req._check_token_based_finish, 0.5.13-0.5.23
         servers=WITNESS_SURFACE,
         expect="the stops family's check on witness-mtp-topk1/topk3 (output must end at the stop token; MTP must "
-               "equal witness-nomtp): a stop mid-run keeps up to 5 more chain tokens. No-MTP steps accept one "
-               "token (unchanged); the tier's own requests set ignore_eos, so _check_token_based_finish returns "
-               "before the loop and no old check reaches it"),
+        "equal witness-nomtp): a stop mid-run keeps up to 5 more chain tokens. No-MTP steps accept one "
+        "token (unchanged); the tier's own requests set ignore_eos, so _check_token_based_finish returns "
+        "before the loop and no old check reaches it",
+    ),
     Mutant(
-        "logprob-row-shift", "logprobs",
+        "logprob-row-shift",
+        "logprobs",
         "the logprobs of a verify step's accepted tokens are read from the logits row one node earlier (each "
         "accepted token scored under its predecessor's next-token distribution)",
-        (Site(_LP17, "    gathered_logits = logits_output.next_token_logits[flat_accept_idx]\n",  # 0.5.17
-              "    gathered_logits = logits_output.next_token_logits[flat_accept_idx - 1]\n"),
-         Site(_LP17, "        gathered_logits = next_token_logits[flat_accept_idx]\n",  # 0.5.23
-              "        gathered_logits = next_token_logits[flat_accept_idx - 1]\n"),
-         Site(_LP13, "        torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device),\n",  # 0.5.13
-              "        (torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device) - 1).clamp(min=0),"
-              "\n")),
+        (
+            Site(
+                _LP17,
+                "    gathered_logits = logits_output.next_token_logits[flat_accept_idx]\n",  # 0.5.17
+                "    gathered_logits = logits_output.next_token_logits[flat_accept_idx - 1]\n",
+            ),
+            Site(
+                _LP17,
+                "        gathered_logits = next_token_logits[flat_accept_idx]\n",  # 0.5.23
+                "        gathered_logits = next_token_logits[flat_accept_idx - 1]\n",
+            ),
+            Site(
+                _LP13,
+                "        torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device),\n",  # 0.5.13
+                "        (torch.arange(len(batch_next_token_ids), device=batch.sampling_info.device) - 1).clamp(min=0),"
+                "\n",
+            ),
+        ),
         servers=WITNESS_SURFACE,
         expect="the logprobs family's check (output_token_logprobs of MTP vs witness-nomtp): the witness puts "
-               "its next token ~20 nats above the rest, so every verify-step token's logprob drops from ~0 to "
-               "about -20 (0.5.17 / 0.5.23 also shift top_logprobs). Only return_logprob requests run this code: "
-               "the old checks ask logprobs of the no-MTP servers alone"),
+        "its next token ~20 nats above the rest, so every verify-step token's logprob drops from ~0 to "
+        "about -20 (0.5.17 / 0.5.23 also shift top_logprobs). Only return_logprob requests run this code: "
+        "the old checks ask logprobs of the no-MTP servers alone",
+    ),
     Mutant(
-        "verify-temperature-row0", "mixed-sampling",
+        "verify-temperature-row0",
+        "mixed-sampling",
         "sampled verify applies the first request's temperature to every row of the batch (index [0] instead of "
         "per row)",
-        (Site(_EAU, "sampling_info.temperatures, verify_input.draft_token_num, dim=0\n",  # 0.5.17, 0.5.23
-              "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), verify_input.draft_token_num, "
-              "dim=0\n"),
-         Site(_EAI, "sampling_info.temperatures, self.draft_token_num, dim=0\n",  # 0.5.13
-              "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), self.draft_token_num, dim=0\n"),
-         Site(_EAI2, "sampling_info.temperatures, self.draft_token_num, dim=0\n",
-              "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), self.draft_token_num, dim=0\n")),
+        (
+            Site(
+                _EAU,
+                "sampling_info.temperatures, verify_input.draft_token_num, dim=0\n",  # 0.5.17, 0.5.23
+                "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), verify_input.draft_token_num, "
+                "dim=0\n",
+            ),
+            Site(
+                _EAI,
+                "sampling_info.temperatures, self.draft_token_num, dim=0\n",  # 0.5.13
+                "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), self.draft_token_num, dim=0\n",
+            ),
+            Site(
+                _EAI2,
+                "sampling_info.temperatures, self.draft_token_num, dim=0\n",
+                "sampling_info.temperatures[:1].expand_as(sampling_info.temperatures), self.draft_token_num, dim=0\n",
+            ),
+        ),
         servers=SAMPLED_MTP + (SAMPLED_NOMTP,),
         expect="the mixed-sampling family's check (groups of different temperatures in flight together, each "
-               "held to its own closed form): a group then comes out at another group's temperature. The old "
-               "sampled plan runs one temperature (0.7), so it is blind except for the few sampled rows that "
-               "share a batch with a greedy request first in the batch (temperature 1.0)"),
+        "held to its own closed form): a group then comes out at another group's temperature. The old "
+        "sampled plan runs one temperature (0.7), so it is blind except for the few sampled rows that "
+        "share a batch with a greedy request first in the batch (temperature 1.0)",
+    ),
     Mutant(
-        "sampled-bonus-greedy", "sampled-bonus",
+        "sampled-bonus-greedy",
+        "sampled-bonus",
         "after a sampled verify step that accepts every draft, the bonus token is the target's argmax instead of "
         "a sample from the target distribution",
-        (Site(_EAU, _SAMPLE_END_17, _SAMPLE_END_17.replace("\n\n", "\n" + " " * 8 + _GREEDY_BONUS + "\n", 1)),
-         Site(_EAU, _SAMPLE_END_23, " " * 8 + _GREEDY_BONUS + _SAMPLE_END_23),
-         Site(_EAI, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1)),
-         Site(_EAI2, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1))),
+        (
+            Site(_EAU, _SAMPLE_END_17, _SAMPLE_END_17.replace("\n\n", "\n" + " " * 8 + _GREEDY_BONUS + "\n", 1)),
+            Site(_EAU, _SAMPLE_END_23, " " * 8 + _GREEDY_BONUS + _SAMPLE_END_23),
+            Site(_EAI, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1)),
+            Site(_EAI2, _SAMPLE_END_13, _SAMPLE_END_13.replace("\n\n", "\n" + " " * 12 + _GREEDY_BONUS + "\n", 1)),
+        ),
         servers=SAMPLED_MTP,
         expect="test_bonus_tokens_match_closed_form[sampled-mtp-topk1/topk3] (mismatch): in the sampled pair's "
-               "second region every verify step accepts all five drafts, so every 6th token is a bonus token "
-               "(1,008 per server), and each comes back as the spread law's most likely start (probability 0.59 / "
-               "0.46 under the closed form: chi-square p ~1e-200). The ring's checks barely see it: there all "
-               "five drafts are accepted in < 0.4 % of steps at topk 1 and a few percent at topk 3"),
+        "second region every verify step accepts all five drafts, so every 6th token is a bonus token "
+        "(1,008 per server), and each comes back as the spread law's most likely start (probability 0.59 / "
+        "0.46 under the closed form: chi-square p ~1e-200). The ring's checks barely see it: there all "
+        "five drafts are accepted in < 0.4 % of steps at topk 1 and a few percent at topk 3",
+    ),
     Mutant(
-        "no-overlap-seq-lens-dropped", "sched-modes",
+        "no-overlap-seq-lens-dropped",
+        "sched-modes",
         "the non-overlap scheduler does not carry the verify step's advanced seq_lens into the next iteration "
         "(the condition around the re-apply after the forward isolation inverted), so the drafter plans its "
         "positions and frozen KV over the prefill length for the rest of the request",
-        (Site(_SCHED, _NO_OVERLAP_17, _NO_OVERLAP_17.replace("is not None:\n", "is None:\n")),  # 0.5.17
-         Site(_SCHED, "if new_seq_lens is not None and new_seq_lens is not batch.seq_lens:\n",  # 0.5.23
-              "if new_seq_lens is None and new_seq_lens is not batch.seq_lens:\n")),
-        servers=DECOY_NO_OVERLAP, na_on=("0.5.13",),
+        (
+            Site(_SCHED, _NO_OVERLAP_17, _NO_OVERLAP_17.replace("is not None:\n", "is None:\n")),  # 0.5.17
+            Site(
+                _SCHED,
+                "if new_seq_lens is not None and new_seq_lens is not batch.seq_lens:\n",  # 0.5.23
+                "if new_seq_lens is None and new_seq_lens is not batch.seq_lens:\n",
+            ),
+        ),
+        servers=DECOY_NO_OVERLAP,
+        na_on=("0.5.13",),
         expect="test_decoy_accept_matches_prediction[decoy-mtp-topk3-no-overlap] and test_spec_metrics there "
-               "(drafts read the KV of the prompt's last token: acceptance collapses; the output stays right, the "
-               "target's next token depends on the current token only), while decoy-mtp-topk3 (overlap "
-               "scheduler, future_map relay) passes. n.a. on 0.5.13: its Frozen-KV MTP is the v1 worker"),
+        "(drafts read the KV of the prompt's last token: acceptance collapses; the output stays right, the "
+        "target's next token depends on the current token only), while decoy-mtp-topk3 (overlap "
+        "scheduler, future_map relay) passes. n.a. on 0.5.13: its Frozen-KV MTP is the v1 worker",
+    ),
     Mutant(
-        "eager-draft-kv-short", "sched-modes",
+        "eager-draft-kv-short",
+        "sched-modes",
         "the eager (non-CUDA-graph) draft plans its frozen-KV attention over seq_lens - 1 target slots (the rope "
         "position's seq_lens - 1 taken for the KV length), so it never reads the last accepted token's KV",
         (Site(_W2, _EAGER_META, _EAGER_SHORT), Site(_W1, _EAGER_META, _EAGER_SHORT)),
         servers=WITNESS_EAGER,
         expect="test_spec_metrics[witness-mtp-topk3-eager] (the witness drafter's query peaks on the last "
-               "accepted token's key: without it the draft is wrong, acceptance drops below the exact floor in "
-               "the batches above --cuda-graph-max-bs 2), while witness-mtp-topk3 (every batch <= 8 replays the "
-               "captured graph, whose metadata comes from _init_frozen_kv_metadata_replay_cuda_graph) passes"),
+        "accepted token's key: without it the draft is wrong, acceptance drops below the exact floor in "
+        "the batches above --cuda-graph-max-bs 2), while witness-mtp-topk3 (every batch <= 8 replays the "
+        "captured graph, whose metadata comes from _init_frozen_kv_metadata_replay_cuda_graph) passes",
+    ),
     Mutant(
-        "verify-logit-bias-dropped", "sampling-feats",
+        "verify-logit-bias-dropped",
+        "sampling-feats",
         "verify adds logit_bias out of place (add instead of add_), so the bias never reaches the target logits "
         "it verifies against",
-        (Site(_EAU, "    if sampling_info.logit_bias is not None:\n        next_token_logits.add_(\n",  # 0.5.17/23
-              "    if sampling_info.logit_bias is not None:\n        next_token_logits.add(\n"),
-         Site(_EAI, "            if sampling_info.logit_bias is not None:\n"  # 0.5.13
-                    "                logits_output.next_token_logits.add_(\n",
-              "            if sampling_info.logit_bias is not None:\n"
-              "                logits_output.next_token_logits.add(\n")),
+        (
+            Site(
+                _EAU,
+                "    if sampling_info.logit_bias is not None:\n        next_token_logits.add_(\n",  # 0.5.17/23
+                "    if sampling_info.logit_bias is not None:\n        next_token_logits.add(\n",
+            ),
+            Site(
+                _EAI,
+                "            if sampling_info.logit_bias is not None:\n"  # 0.5.13
+                "                logits_output.next_token_logits.add_(\n",
+                "            if sampling_info.logit_bias is not None:\n"
+                "                logits_output.next_token_logits.add(\n",
+            ),
+        ),
         servers=WITNESS_SURFACE,
         expect="the sampling-features family's logit_bias check (greedy witness, MTP vs witness-nomtp): a bias "
-               "that moves the argmax off the chain changes no-MTP's output, while MTP's verify keeps accepting "
-               "the chain after the first (prefill-sampled) token. The old requests send no logit_bias "
-               "(sampling_info.logit_bias is None)"),
+        "that moves the argmax off the chain changes no-MTP's output, while MTP's verify keeps accepting "
+        "the chain after the first (prefill-sampled) token. The old requests send no logit_bias "
+        "(sampling_info.logit_bias is None)",
+    ),
 )
 
 
@@ -451,8 +675,9 @@ class SiteResult:
 
     @property
     def status(self) -> str:
-        return {-1: "no such file", 0: "anchor absent", 1: "applied"}.get(self.count, f"anchor found {self.count} "
-                                                                                    "times")
+        return {-1: "no such file", 0: "anchor absent", 1: "applied"}.get(
+            self.count, f"anchor found {self.count} times"
+        )
 
     @property
     def applied(self) -> bool:
@@ -462,6 +687,7 @@ class SiteResult:
 @dataclass
 class Application:
     """A mutant against one installed sglang: which sites applied, and the patched modules."""
+
     mutant: Mutant
     sites: list[SiteResult]
     modules: dict[str, dict] = field(default_factory=dict)  # name -> origin, rel, sha256, original, patched
@@ -501,14 +727,21 @@ def apply(mutant: Mutant, pkg_dir: Path) -> Application:
         app.sites.append(SiteResult(site, rel, count))
         if count != 1:
             continue
-        mod = app.modules.setdefault(site.module, {
-            "origin": str(path), "rel": rel, "sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
-            "original": original, "patched": original})
+        mod = app.modules.setdefault(
+            site.module,
+            {
+                "origin": str(path),
+                "rel": rel,
+                "sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
+                "original": original,
+                "patched": original,
+            },
+        )
         if mod["patched"].count(site.anchor) != 1:
             app.error = f"{rel}: sites of {mutant.id} overlap (anchor no longer unique after an earlier site)"
             continue
         mod["patched"] = mod["patched"].replace(site.anchor, site.replacement, 1)
-    for name, mod in app.modules.items():
+    for mod in app.modules.values():
         if mod["patched"] == mod["original"]:
             app.error = app.error or f"{mod['rel']}: the replacement leaves the module unchanged"
         try:
@@ -520,16 +753,25 @@ def apply(mutant: Mutant, pkg_dir: Path) -> Application:
 
 def hook_payload(app: Application) -> dict:
     """What mutant_hook/sitecustomize.py reads from $MTPMATRIX_MUTANT."""
-    return {"mutant": app.mutant.id,
-            "modules": {name: {"origin": m["origin"], "sha256": m["sha256"], "source": m["patched"]}
-                        for name, m in app.modules.items()}}
+    return {
+        "mutant": app.mutant.id,
+        "modules": {
+            name: {"origin": m["origin"], "sha256": m["sha256"], "source": m["patched"]}
+            for name, m in app.modules.items()
+        },
+    }
 
 
 def diff(app: Application) -> str:
     out = []
     for m in app.modules.values():
-        out += difflib.unified_diff(m["original"].splitlines(keepends=True), m["patched"].splitlines(keepends=True),
-                                    fromfile=f"a/{m['rel']}", tofile=f"b/{m['rel']}", n=2)
+        out += difflib.unified_diff(
+            m["original"].splitlines(keepends=True),
+            m["patched"].splitlines(keepends=True),
+            fromfile=f"a/{m['rel']}",
+            tofile=f"b/{m['rel']}",
+            n=2,
+        )
     return "".join(out)
 
 
@@ -545,12 +787,15 @@ def sglang_version(pkg_dir: Path) -> str | None:
     pkg_dir = Path(pkg_dir)
     for name in ("_version.py", "version.py"):
         try:
-            m = re.search(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
-                          (pkg_dir / name).read_text(encoding="utf-8"), re.M)
+            m = re.search(
+                r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
+                (pkg_dir / name).read_text(encoding="utf-8"),
+                re.M,
+            )
         except OSError:
             continue
         if m:
             return m.group(1)
     for d in sorted(pkg_dir.parent.glob("sglang-*.dist-info")):
-        return d.name[len("sglang-"):-len(".dist-info")]
+        return d.name[len("sglang-") : -len(".dist-info")]
     return None

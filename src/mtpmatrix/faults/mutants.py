@@ -53,25 +53,51 @@ from mtpmatrix.faults.suites import (
 
 # --------------------------------------------------------------------------------------------- the command
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--list", action="store_true",
-                   help="only show the catalogue against the installed sglang (applicable / n.a.); no GPU")
-    p.add_argument("--check", action="store_true",
-                   help="like --list, and check that every patched module compiles; exit 1 if one does not")
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="only show the catalogue against the installed sglang (applicable / n.a.); no GPU",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="like --list, and check that every patched module compiles; exit 1 if one does not",
+    )
     p.add_argument("--mutants", metavar="ID,ID", help="run only these mutants (default: all)")
     p.add_argument("--out", type=Path, help="output folder (default: results/mutants-<UTC timestamp>)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per suite (default %(default)s)")
-    p.add_argument("--budget", type=float, help="seconds for the whole run: suites not started by then are "
-                                                "recorded as not run, running ones are interrupted")
-    p.add_argument("--servers", metavar="NAME,NAME",
-                   help="smoke servers for the baseline and every mutant (default: each mutant's own)")
-    p.add_argument("--max-servers", type=int, help="servers launching at once (default: one per "
-                                                   f"{CORES_PER_SERVER} cores, capped by free GPU memory)")
-    p.add_argument("--cache-dir", type=Path, help="shared TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR parent "
-                                                  "(default: the libraries' per-user defaults)")
-    p.add_argument("--no-warmup", dest="warmup", action="store_false",
-                   help="start every suite at once instead of after the baseline's first server is ready")
-    p.add_argument("--sglang-dir", type=Path, help="an sglang package folder to read instead of the importable one "
-                                                   "(--list/--check only)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        help="seconds for the whole run: suites not started by then are "
+        "recorded as not run, running ones are interrupted",
+    )
+    p.add_argument(
+        "--servers",
+        metavar="NAME,NAME",
+        help="smoke servers for the baseline and every mutant (default: each mutant's own)",
+    )
+    p.add_argument(
+        "--max-servers",
+        type=int,
+        help=f"servers launching at once (default: one per {CORES_PER_SERVER} cores, capped by free GPU memory)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="shared TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR parent (default: the libraries' per-user defaults)",
+    )
+    p.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="start every suite at once instead of after the baseline's first server is ready",
+    )
+    p.add_argument(
+        "--sglang-dir",
+        type=Path,
+        help="an sglang package folder to read instead of the importable one (--list/--check only)",
+    )
 
 
 def _servers(ns, mutant: Mutant) -> tuple[str, ...]:
@@ -83,8 +109,10 @@ def _servers(ns, mutant: Mutant) -> tuple[str, ...]:
 def check_servers(names, known) -> None:
     unknown = sorted({n for n in names if n not in known})
     if unknown:
-        raise MutantsError(f"smoke server(s) {', '.join(unknown)} not in this checkout's smoke tier "
-                           f"(smoke_servers.SMOKE_SERVERS: {', '.join(known)}); pass --servers")
+        raise MutantsError(
+            f"smoke server(s) {', '.join(unknown)} not in this checkout's smoke tier "
+            f"(smoke_servers.SMOKE_SERVERS: {', '.join(known)}); pass --servers"
+        )
 
 
 def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compile_check: bool) -> int:
@@ -95,8 +123,10 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
         status = "applicable" if a.applicable else "n.a."
         if compile_check and a.error:
             status, bad = "BROKEN", bad + 1
-        print(f"{a.mutant.id:<{width}}  {a.mutant.category:<15}  {status:<10}  "
-              f"{a.error if compile_check and a.error else a.reason()}")
+        print(
+            f"{a.mutant.id:<{width}}  {a.mutant.category:<15}  {status:<10}  "
+            f"{a.error if compile_check and a.error else a.reason()}"
+        )
     n_app = sum(a.applicable for a in apps)
     tail = f"{n_app} applicable, {len(apps) - n_app} n.a."
     if compile_check:
@@ -105,14 +135,34 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
     return 1 if bad else 0
 
 
-def run(ns: argparse.Namespace, *, catalogue: tuple[Mutant, ...] = CATALOGUE, pkg_dir: Path | None = None,
-        command=pytest_command, known_servers=None, gpu_check: bool = True, cpus: int | None = None,
-        free_mib: int | None = None, poll: float = 1.0, log=print) -> int:
+def run(
+    ns: argparse.Namespace,
+    *,
+    catalogue: tuple[Mutant, ...] = CATALOGUE,
+    pkg_dir: Path | None = None,
+    command=pytest_command,
+    known_servers=None,
+    gpu_check: bool = True,
+    cpus: int | None = None,
+    free_mib: int | None = None,
+    poll: float = 1.0,
+    log=print,
+) -> int:
     """The ``mutants`` subcommand. The keywords exist for tests: another catalogue, an sglang folder, a stand-in
     for the pytest command, the smoke server names, no GPU probe, a CPU count."""
     try:
-        return _run(ns, catalogue=catalogue, pkg_dir=pkg_dir, command=command, known_servers=known_servers,
-                    gpu_check=gpu_check, cpus=cpus, free_mib=free_mib, poll=poll, log=log)
+        return _run(
+            ns,
+            catalogue=catalogue,
+            pkg_dir=pkg_dir,
+            command=command,
+            known_servers=known_servers,
+            gpu_check=gpu_check,
+            cpus=cpus,
+            free_mib=free_mib,
+            poll=poll,
+            log=log,
+        )
     except MutantsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -129,8 +179,10 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         raise MutantsError("--sglang-dir is for --list/--check; a run uses the importable sglang")
     pkg_dir = ns.sglang_dir or pkg_dir or find_sglang()
     if pkg_dir is None or not Path(pkg_dir).is_dir():
-        raise MutantsError(f"no sglang here ({ns.sglang_dir or sys.executable}): run inside a row venv "
-                           "(nox -s mutants -- --row ROW) or with PYTHONPATH naming an sglang bundle")
+        raise MutantsError(
+            f"no sglang here ({ns.sglang_dir or sys.executable}): run inside a row venv "
+            "(nox -s mutants -- --row ROW) or with PYTHONPATH naming an sglang bundle"
+        )
     pkg_dir = Path(pkg_dir)
     version = sglang_version(pkg_dir)
     apps = [apply(m, pkg_dir) for m in chosen]
@@ -165,7 +217,6 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         free_mib = gpu_free_mib()
     cap = server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)
 
-
     out = Path(ns.out or results_root() / new_run_id(kind=MUTANTS)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tiny = Path(os.environ.get("MTPMATRIX_TINY_DIR") or out / "tiny").resolve()
@@ -187,17 +238,27 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         by_suite[s.name] = a
 
     record = {
-        "kind": "mutants", "schema": 1, "sglang": {"version": version, "path": str(pkg_dir)},
-        "started": now(), "finished": None, "seconds": None, "host": {"cpus": cpus or os.cpu_count()},
-        "max_servers": cap, "timeout": ns.timeout, "budget": ns.budget, "out": str(out),
+        "kind": "mutants",
+        "schema": 1,
+        "sglang": {"version": version, "path": str(pkg_dir)},
+        "started": now(),
+        "finished": None,
+        "seconds": None,
+        "host": {"cpus": cpus or os.cpu_count()},
+        "max_servers": cap,
+        "timeout": ns.timeout,
+        "budget": ns.budget,
+        "out": str(out),
         "baseline": {"status": "pending", "servers": list(suites[0].servers), "dir": str(suites[0].folder)},
         "mutants": [_mutant_entry(a, _servers(ns, a.mutant), out, version) for a in apps],
         "verdict": "pending",
     }
     entries = {m["id"]: m for m in record["mutants"]}
     t0 = time.monotonic()
-    log(f"[mutants] sglang {version} at {pkg_dir}; {len(applicable)} applicable of {len(apps)}; baseline on "
-        f"{', '.join(union)}; up to {cap} servers at once; results in {out}")
+    log(
+        f"[mutants] sglang {version} at {pkg_dir}; {len(applicable)} applicable of {len(apps)}; baseline on "
+        f"{', '.join(union)}; up to {cap} servers at once; results in {out}"
+    )
 
     def save() -> None:
         record["seconds"] = round(time.monotonic() - t0, 1)
@@ -210,10 +271,18 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         outcome = judge_suite(tiers, suite.exitstatus, suite.timed_out)
         if suite.name == "baseline":
             entry = record["baseline"]
-            entry.update(status=outcome.status, seconds=suite.seconds, checks=outcome.failed, passed=outcome.passed,
-                         reason=outcome.reason)
-            line = outcome.status + (f" ({outcome.reason})" if outcome.reason else "") + (
-                f" - {killed_by(outcome.failed)}" if outcome.failed else "")
+            entry.update(
+                status=outcome.status,
+                seconds=suite.seconds,
+                checks=outcome.failed,
+                passed=outcome.passed,
+                reason=outcome.reason,
+            )
+            line = (
+                outcome.status
+                + (f" ({outcome.reason})" if outcome.reason else "")
+                + (f" - {killed_by(outcome.failed)}" if outcome.failed else "")
+            )
             if outcome.status != "passed":
                 sched.stop_new = True
                 line += "; result invalid, no further suites started"
@@ -221,15 +290,22 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
             entry = entries[suite.name]
             served, refused = hook_evidence(suite.folder, suite.name)
             status, reason = mutant_status(outcome, served, refused)
-            entry.update(status=status, reason=reason, seconds=suite.seconds, checks=outcome.failed,
-                         killed_by=killed_by(outcome.failed) if status == "killed" else "", passed=outcome.passed)
+            entry.update(
+                status=status,
+                reason=reason,
+                seconds=suite.seconds,
+                checks=outcome.failed,
+                killed_by=killed_by(outcome.failed) if status == "killed" else "",
+                passed=outcome.passed,
+            )
             line = status + (f" by {entry['killed_by']}" if status == "killed" else f" ({reason})" if reason else "")
         log(f"[mutants] done  {suite.name}: {line} ({suite.seconds:.0f} s)")
         save()
 
     save()
-    sched = Scheduler(suites, cap, ns.timeout, budget=ns.budget, warmup=ns.warmup, command=command, log=log,
-                      on_done=done, poll=poll)
+    sched = Scheduler(
+        suites, cap, ns.timeout, budget=ns.budget, warmup=ns.warmup, command=command, log=log, on_done=done, poll=poll
+    )
     interrupted = False
 
     def _terminate(signum, frame):  # a wrapper's SIGTERM stops the suites like Ctrl-C does
@@ -250,14 +326,22 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         if s.name == "baseline":
             record["baseline"].update(status="not-run")
         else:
-            entries[s.name].update(status="not-run", reason="not started (baseline failed, budget spent or "
-                                                            "interrupted)")
+            entries[s.name].update(
+                status="not-run", reason="not started (baseline failed, budget spent or interrupted)"
+            )
     verdict, rc = overall(record["baseline"], record["mutants"])
     record.update(verdict="interrupted" if interrupted else verdict, finished=now())
     record["exit"] = 130 if interrupted else rc
     save()
-    rows = [{"id": "baseline", "models": f"unpatched sglang {version}", "status": record["baseline"]["status"],
-             "killed_by": "", "seconds": record["baseline"].get("seconds")}] + record["mutants"]
+    rows = [
+        {
+            "id": "baseline",
+            "models": f"unpatched sglang {version}",
+            "status": record["baseline"]["status"],
+            "killed_by": "",
+            "seconds": record["baseline"].get("seconds"),
+        }
+    ] + record["mutants"]
     log("")
     log(render_table(rows))
     log("")
@@ -272,20 +356,32 @@ def _verdict_line(verdict: str, record: dict) -> str:
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     if verdict == "invalid":
         b = record["baseline"]
-        return (f"RESULT INVALID: the unpatched baseline did not pass ({b['status']}"
-                f"{': ' + b['reason'] if b.get('reason') else ''}"
-                f"{'; ' + killed_by(b.get('checks') or []) if b.get('checks') else ''}); {summary}")
+        return (
+            f"RESULT INVALID: the unpatched baseline did not pass ({b['status']}"
+            f"{': ' + b['reason'] if b.get('reason') else ''}"
+            f"{'; ' + killed_by(b.get('checks') or []) if b.get('checks') else ''}); {summary}"
+        )
     return f"{verdict.upper()}: {summary}"
 
 
 def _mutant_entry(a: Application, servers: tuple[str, ...], out: Path, version: str | None) -> dict:
     m = a.mutant
     return {
-        "id": m.id, "category": m.category, "models": m.models, "expect": m.expect, "sglang": version,
-        "status": "pending" if a.applicable else "n.a.", "reason": "" if a.applicable else a.reason(),
-        "files": a.files, "sites": [{"module": s.site.module, "file": s.file, "anchor": s.site.anchor,
-                                     "status": s.status} for s in a.sites],
-        "servers": list(servers), "checks": [], "killed_by": "", "seconds": None,
+        "id": m.id,
+        "category": m.category,
+        "models": m.models,
+        "expect": m.expect,
+        "sglang": version,
+        "status": "pending" if a.applicable else "n.a.",
+        "reason": "" if a.applicable else a.reason(),
+        "files": a.files,
+        "sites": [
+            {"module": s.site.module, "file": s.file, "anchor": s.site.anchor, "status": s.status} for s in a.sites
+        ],
+        "servers": list(servers),
+        "checks": [],
+        "killed_by": "",
+        "seconds": None,
         "dir": str(out / m.id) if a.applicable else None,
     }
 

@@ -47,7 +47,7 @@ class SuiteOutcome:
 
 def _first_line(text: str, limit: int = 200) -> str:
     line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def judge_suite(tiers: dict | None, exitstatus: int | None = None, timed_out: bool = False) -> SuiteOutcome:
@@ -67,16 +67,23 @@ def judge_suite(tiers: dict | None, exitstatus: int | None = None, timed_out: bo
             # failure of the baseline (H200, 0.5.17: min_p in verify, stop order, min_new_tokens per verify step)
             continue
         f = c.get("failure") or {}
-        failed.append({"id": c.get("id", "?"), "outcome": c["outcome"], "kind": f.get("kind", "?"),
-                       "message": _first_line(f.get("message", ""))})
+        failed.append(
+            {
+                "id": c.get("id", "?"),
+                "outcome": c["outcome"],
+                "kind": f.get("kind", "?"),
+                "message": _first_line(f.get("message", "")),
+            }
+        )
     passed = sum(c.get("outcome") == "passed" for c in checks)
     if failed:
         if all(f["kind"] == "harness" for f in failed):  # this project's own bug: never a verdict on sglang
             return SuiteOutcome("error", failed, passed, "only harness failures: " + failed[0]["message"])
         return SuiteOutcome("failed", failed, passed)
     if not passed:
-        return SuiteOutcome("error", [], 0, "no smoke check ran: " + _first_line(smoke.get("reason") or
-                                                                                 "smoke tier missing"))
+        return SuiteOutcome(
+            "error", [], 0, "no smoke check ran: " + _first_line(smoke.get("reason") or "smoke tier missing")
+        )
     if smoke.get("verdict") in FAILING:  # e.g. pytest stopped early after some checks passed
         return SuiteOutcome("error", [], passed, _first_line(smoke.get("reason") or "smoke tier did not finish"))
     return SuiteOutcome("passed", [], passed)
@@ -142,13 +149,14 @@ def render_table(rows: list[dict], models_width: int = 58) -> str:
     for r in rows:
         models = r.get("models", "")
         if len(models) > models_width:
-            models = models[:models_width - 3] + "..."
+            models = models[: models_width - 3] + "..."
         secs = r.get("seconds")
-        body.append((r["id"], models, r["status"], r.get("killed_by") or "-",
-                     "-" if secs is None else f"{secs:.0f}"))
+        body.append((r["id"], models, r["status"], r.get("killed_by") or "-", "-" if secs is None else f"{secs:.0f}"))
     widths = [max(len(head[i]), *(len(b[i]) for b in body)) if body else len(head[i]) for i in range(5)]
-    fmt = lambda cols: "  ".join(c.ljust(w) if i < 4 else c.rjust(w)  # noqa: E731
-                                 for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
+
+    def fmt(cols) -> str:
+        return "  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
+
     return "\n".join([fmt(head), fmt(tuple("-" * w for w in widths)), *(fmt(b) for b in body)])
 
 
@@ -187,17 +195,34 @@ class Suite:
 
 
 def pytest_command(suite: Suite, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "pytest", SUITE, "-p", "no:cacheprovider", "--tiers", "smoke",
-            "--mtp-results", str(suite.folder / "tiers.json")]
+    return [
+        python,
+        "-m",
+        "pytest",
+        SUITE,
+        "-p",
+        "no:cacheprovider",
+        "--tiers",
+        "smoke",
+        "--mtp-results",
+        str(suite.folder / "tiers.json"),
+    ]
 
 
-def suite_env(base: dict, servers: tuple[str, ...], folder: Path, tiny_dir: Path, payload: Path | None,
-              cache_dir: Path | None) -> dict[str, str]:
+def suite_env(
+    base: dict, servers: tuple[str, ...], folder: Path, tiny_dir: Path, payload: Path | None, cache_dir: Path | None
+) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k != ENV_MUTANT}
     env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])])
-    env.update({"MTPMATRIX_SMOKE_SERVERS": ",".join(servers), "MTPMATRIX_SMOKE_PARALLEL": str(len(servers)),
-                "MTPMATRIX_TINY_DIR": str(tiny_dir), "MTPMATRIX_RESULTS": str(folder / "tiers.json"),
-                "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "MTPMATRIX_SMOKE_SERVERS": ",".join(servers),
+            "MTPMATRIX_SMOKE_PARALLEL": str(len(servers)),
+            "MTPMATRIX_TINY_DIR": str(tiny_dir),
+            "MTPMATRIX_RESULTS": str(folder / "tiers.json"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.pop("MTPMATRIX_SMOKE_SWAP_DRAFTERS", None)
     if cache_dir is not None:  # else each library's per-user default, which every suite shares anyway
         env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
@@ -246,9 +271,22 @@ class Scheduler:
     """Runs suites side by side under a cap on concurrently launched servers, the first one (the baseline) alone
     until one of its servers is ready (tiny pairs built once, Triton/inductor caches warm for the rest)."""
 
-    def __init__(self, suites: list[Suite], cap: int, timeout: float, *, budget: float | None = None,
-                 warmup: bool = True, command=pytest_command, log=print, on_done=None, poll: float = 1.0,
-                 grace: float = 45.0, heartbeat: float = 60.0, min_suite: float = MIN_SUITE_SECONDS):
+    def __init__(
+        self,
+        suites: list[Suite],
+        cap: int,
+        timeout: float,
+        *,
+        budget: float | None = None,
+        warmup: bool = True,
+        command=pytest_command,
+        log=print,
+        on_done=None,
+        poll: float = 1.0,
+        grace: float = 45.0,
+        heartbeat: float = 60.0,
+        min_suite: float = MIN_SUITE_SECONDS,
+    ):
         self.queue = list(suites)
         self.suites = list(suites)
         self.cap, self.timeout, self.budget, self.warmup = cap, timeout, budget, warmup
@@ -291,12 +329,21 @@ class Scheduler:
         if self.budget is not None:
             limit = min(limit, self.budget - (suite.started - self.t0))
         suite.deadline = suite.started + max(1.0, limit)
-        suite.proc = subprocess.Popen(self.command(suite), cwd=REPO, env=suite.env, stdin=subprocess.DEVNULL,
-                                      stdout=suite.log_fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                      preexec_fn=_sigint_at_default)
+        suite.proc = subprocess.Popen(
+            self.command(suite),
+            cwd=REPO,
+            env=suite.env,
+            stdin=subprocess.DEVNULL,
+            stdout=suite.log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_sigint_at_default,
+        )
         self.running.append(suite)
-        self.log(f"[mutants] start {suite.name} ({', '.join(suite.servers)}; {self._busy()}/{self.cap} server "
-                 f"slots busy; {self._elapsed():.0f} s elapsed)")
+        self.log(
+            f"[mutants] start {suite.name} ({', '.join(suite.servers)}; {self._busy()}/{self.cap} server "
+            f"slots busy; {self._elapsed():.0f} s elapsed)"
+        )
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -336,8 +383,10 @@ class Scheduler:
         try:
             while self.queue or self.running:
                 if self.budget is not None and self.queue and self.budget - self._elapsed() < self.min_suite:
-                    self.log(f"[mutants] less than {self.min_suite:.0f} s of the {self.budget:.0f} s budget left: "
-                             f"{len(self.queue)} suite(s) not run")
+                    self.log(
+                        f"[mutants] less than {self.min_suite:.0f} s of the {self.budget:.0f} s budget left: "
+                        f"{len(self.queue)} suite(s) not run"
+                    )
                     self.not_run += self.queue
                     self.queue.clear()
                 while self.queue and self._may_start(self.queue[0]):
@@ -352,8 +401,10 @@ class Scheduler:
                             self.on_done(suite)
                 if time.monotonic() - last_beat >= self.heartbeat and self.running:
                     last_beat = time.monotonic()
-                    self.log(f"[mutants] {self._elapsed():.0f} s: running {', '.join(s.name for s in self.running)}"
-                             f"; {len(self.queue)} queued")
+                    self.log(
+                        f"[mutants] {self._elapsed():.0f} s: running {', '.join(s.name for s in self.running)}"
+                        f"; {len(self.queue)} queued"
+                    )
                 if self.queue or self.running:
                     time.sleep(self.poll)
         except KeyboardInterrupt:

@@ -75,5 +75,6 @@ def prepare(rows: dict, posargs: list[str], nox_dir: Path, environ: dict | None 
     env = {k: v for k, v in environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     python = matrix.venv_python(venv)
     env.update(VIRTUAL_ENV=str(venv), PATH=f"{python.parent}{os.pathsep}{environ.get('PATH', '')}")
-    return MutantsVenv(row_id=row_id, venv=venv, commands=commands,
-                       mutants=[str(python), "-m", "mtpmatrix", "mutants", *rest], env=env)
+    return MutantsVenv(
+        row_id=row_id, venv=venv, commands=commands, mutants=[str(python), "-m", "mtpmatrix", "mutants", *rest], env=env
+    )

@@ -105,15 +105,18 @@ def chain_accepts(bonus: int, drafts: int) -> int:
 def round_accepts(bonus: int, *, topk: int, steps: int, draft_tokens: int) -> int:
     """Drafts sglang's verify accepts in one round from ``bonus`` (module docstring, "What sglang does")."""
     if topk < 1 or steps < 1 or draft_tokens < 2:
-        raise ValueError(f"topk {topk}, steps {steps}, draft_tokens {draft_tokens}: need topk, steps >= 1 and "
-                         f"draft_tokens >= 2")
+        raise ValueError(
+            f"topk {topk}, steps {steps}, draft_tokens {draft_tokens}: need topk, steps >= 1 and draft_tokens >= 2"
+        )
     if topk == 1:
         if draft_tokens != steps + 1:
             raise ValueError(f"topk 1 drafts a chain of steps + 1 = {steps + 1} tokens, not {draft_tokens}")
         return chain_accepts(bonus, steps)
     if MIN_GAP < steps:
-        raise ValueError(f"the decoy inputs are {MIN_GAP} apart: more than one per round of {steps} steps is "
-                         f"outside what the construction's margins were derived for")
+        raise ValueError(
+            f"the decoy inputs are {MIN_GAP} apart: more than one per round of {steps} steps is "
+            f"outside what the construction's margins were derived for"
+        )
     ranked = 0  # tree nodes that outrank the next right node
     for level in range(steps):
         ranked += 1 + is_decoy_input(bonus + level)
@@ -122,8 +125,9 @@ def round_accepts(bonus: int, *, topk: int, steps: int, draft_tokens: int) -> in
     return steps
 
 
-def request_rounds(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int,
-                   max_new_tokens: int) -> list[tuple[int, int]]:
+def request_rounds(
+    prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int, max_new_tokens: int
+) -> list[tuple[int, int]]:
     """(bonus token, accepted drafts) of every verify step sglang runs for a greedy request on ``prompt_ids``."""
     if max_new_tokens < 1 or not prompt_ids:
         raise ValueError("need a prompt and max_new_tokens >= 1")
@@ -136,18 +140,20 @@ def request_rounds(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens
     return rounds
 
 
-def predicted_verify_steps(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int,
-                           max_new_tokens: int) -> int:
+def predicted_verify_steps(
+    prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int, max_new_tokens: int
+) -> int:
     """sglang's spec_verify_ct for the request."""
-    return len(request_rounds(prompt_ids, topk=topk, steps=steps, draft_tokens=draft_tokens,
-                              max_new_tokens=max_new_tokens))
+    return len(
+        request_rounds(prompt_ids, topk=topk, steps=steps, draft_tokens=draft_tokens, max_new_tokens=max_new_tokens)
+    )
 
 
-def predicted_accept(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int,
-                     max_new_tokens: int) -> float:
+def predicted_accept(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int, max_new_tokens: int) -> float:
     """The request's accept length as sglang reports it: completion tokens / spec_verify_ct."""
-    verify = predicted_verify_steps(prompt_ids, topk=topk, steps=steps, draft_tokens=draft_tokens,
-                                    max_new_tokens=max_new_tokens)
+    verify = predicted_verify_steps(
+        prompt_ids, topk=topk, steps=steps, draft_tokens=draft_tokens, max_new_tokens=max_new_tokens
+    )
     return round(max_new_tokens / verify, 4) if verify else float("nan")
 
 
@@ -174,11 +180,16 @@ def drafter_probabilities(codes, decoys: list[int], tokens, cap: float | None) -
     p_right = p.gather(1, right[:, None])[:, 0]
     ranked = p.sort(dim=-1, descending=True).values
     plain, dec = ~is_decoy, is_decoy
-    return {"right_min_plain": float(p_right[plain].min()), "second_max_plain": float(ranked[plain, 1].max()),
-            "decoy_min": float(p[dec, decoys[0]].min()), "decoy_max": float(p[dec, decoys[0]].max()),
-            "right_min_decoy": float(p_right[dec].min()), "third_max_decoy": float(ranked[dec, 2].max()),
-            "decoy_ranked_first": bool((p[dec, decoys[0]] > p_right[dec]).all()),
-            "right_ranked_second": bool((p_right[dec] >= ranked[dec, 1]).all())}
+    return {
+        "right_min_plain": float(p_right[plain].min()),
+        "second_max_plain": float(ranked[plain, 1].max()),
+        "decoy_min": float(p[dec, decoys[0]].min()),
+        "decoy_max": float(p[dec, decoys[0]].max()),
+        "right_min_decoy": float(p_right[dec].min()),
+        "third_max_decoy": float(ranked[dec, 2].max()),
+        "decoy_ranked_first": bool((p[dec, decoys[0]] > p_right[dec]).all()),
+        "right_ranked_second": bool((p_right[dec] >= ranked[dec, 1]).all()),
+    }
 
 
 def damped_logit_bound(sq: float) -> float:
@@ -196,8 +207,12 @@ def tree_margins(probs: dict, damped_bound: float, scored_tokens: int, steps: in
     right_path = probs["right_min_decoy"] * probs["right_min_plain"] ** (steps - 1)
     garbage = probs["decoy_max"] * math.exp(2 * damped_bound) / scored_tokens
     third = max(probs["third_max_decoy"], probs["second_max_plain"])
-    return {"right_path_min": right_path, "under_decoy_max": garbage, "third_choice_max": third,
-            "margin_nats": math.log(right_path / max(garbage, third))}
+    return {
+        "right_path_min": right_path,
+        "under_decoy_max": garbage,
+        "third_choice_max": third,
+        "margin_nats": math.log(right_path / max(garbage, third)),
+    }
 
 
 # --------------------------------------------------------------------------------------- the weights
@@ -206,6 +221,7 @@ def tree_margins(probs: dict, damped_bound: float, scored_tokens: int, steps: in
 @dataclass
 class DecoyExtension:
     """What ``make_witness(extension=...)`` adds for the decoy witness (module docstring)."""
+
     centroid: bool
     backbone_parts = (("switch", 2 + N_DECOYS),)  # filler, decoy select x N_DECOYS, damper
     assistant_parts = (("filler", 1), ("damper", 1))
@@ -217,7 +233,7 @@ class DecoyExtension:
 
     @property
     def extra_sq(self) -> float:
-        return self.filler ** 2
+        return self.filler**2
 
     def decoys(self, vocab: int, cluster_of) -> list[int]:
         first = vocab - 1
@@ -273,41 +289,60 @@ class DecoyExtension:
         assistant.lm_head.weight.copy_(head)
         assistant.model.embed_tokens.weight.copy_(head)  # tied
 
-        bound = damped_logit_bound(R ** 2 * lay.assistant)
+        bound = damped_logit_bound(R**2 * lay.assistant)
         head_ = getattr(assistant, "masked_embedding", None)  # centroid head: scores its top-k clusters only
         scored = head_.centroid_intermediate_top_k * head_.vocab_size_per_centroid if cluster_of is not None else V
-        report = {"decoy_tokens": decoys, "period": DECOY_PERIOD, "offsets": list(DECOY_OFFSETS),
-                  "decoy_logit": DECOY_LOGIT, "damper": DAMPER, "damped_logit_bound": round(bound, 4)}
+        report = {
+            "decoy_tokens": decoys,
+            "period": DECOY_PERIOD,
+            "offsets": list(DECOY_OFFSETS),
+            "decoy_logit": DECOY_LOGIT,
+            "damper": DAMPER,
+            "damped_logit_bound": round(bound, 4),
+        }
         for name, cap in (("softcap", SOFTCAP), ("raw", None)):  # sglang's plain head / centroid head, transformers
             inputs = [t for t in range(V) if t not in decoys and (t + 1) % V not in decoys]
             probs = drafter_probabilities(ctx["codes"], decoys, inputs, cap)
-            report[name] = {k: round(v, 6) if isinstance(v, float) else v for k, v in
-                            {**probs, **tree_margins(probs, bound, scored, steps=settings.NUM_STEPS)}.items()}
+            report[name] = {
+                k: round(v, 6) if isinstance(v, float) else v
+                for k, v in {**probs, **tree_margins(probs, bound, scored, steps=settings.NUM_STEPS)}.items()
+            }
         return {"decoy": report}
 
 
 def make_decoy(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int) -> dict:
     """The witness construction with ``DecoyExtension`` (module docstring); returns the marker's numbers."""
-    return make_witness(target, assistant, t_cfg, a_cfg, gen, phase=phase,
-                        extension=DecoyExtension(centroid=bool(a_cfg.get("use_ordered_embeddings"))))
+    return make_witness(
+        target,
+        assistant,
+        t_cfg,
+        a_cfg,
+        gen,
+        phase=phase,
+        extension=DecoyExtension(centroid=bool(a_cfg.get("use_ordered_embeddings"))),
+    )
 
 
 # --------------------------------------------------------------------------------------- the smoke gate
 
 
-def predicted_counters(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int,
-                       max_new_tokens: int) -> dict:
+def predicted_counters(prompt_ids: list[int], *, topk: int, steps: int, draft_tokens: int, max_new_tokens: int) -> dict:
     """What sglang's meta_info must say for the request: completion_tokens, spec_verify_ct, the accept length
     (their ratio), spec_num_correct_drafts (drafts accepted over all verify steps, the last one's overshoot
     included: sglang counts accept_lens - 1 per step uncapped) and spec_correct_drafts_histogram (verify steps by
     drafts accepted)."""
-    rounds = request_rounds(prompt_ids, topk=topk, steps=steps, draft_tokens=draft_tokens,
-                            max_new_tokens=max_new_tokens)
+    rounds = request_rounds(
+        prompt_ids, topk=topk, steps=steps, draft_tokens=draft_tokens, max_new_tokens=max_new_tokens
+    )
     accepted = [a for _b, a in rounds]
     histogram = [accepted.count(n) for n in range(max(accepted) + 1)] if accepted else []
-    return {"completion_tokens": max_new_tokens, "spec_verify_ct": len(rounds),
-            "accept_length": round(max_new_tokens / len(rounds), 4) if rounds else None,
-            "spec_num_correct_drafts": sum(accepted), "spec_correct_drafts_histogram": histogram}
+    return {
+        "completion_tokens": max_new_tokens,
+        "spec_verify_ct": len(rounds),
+        "accept_length": round(max_new_tokens / len(rounds), 4) if rounds else None,
+        "spec_num_correct_drafts": sum(accepted),
+        "spec_correct_drafts_histogram": histogram,
+    }
 
 
 # meta_info spellings of the same counter across releases (the first present is read)
@@ -323,9 +358,11 @@ def counter_mismatches(predicted: dict, meta: dict) -> list[str]:
     got = accept_length_from_meta([meta])
     out = []
     if got != predicted["accept_length"]:
-        out.append(f"accept length {got} (completion {meta.get('completion_tokens')} / verify "
-                   f"{meta.get('spec_verify_ct')}) != predicted {predicted['accept_length']} "
-                   f"({predicted['completion_tokens']} / {predicted['spec_verify_ct']})")
+        out.append(
+            f"accept length {got} (completion {meta.get('completion_tokens')} / verify "
+            f"{meta.get('spec_verify_ct')}) != predicted {predicted['accept_length']} "
+            f"({predicted['completion_tokens']} / {predicted['spec_verify_ct']})"
+        )
     key = next((k for k in _CORRECT_DRAFTS if meta.get(k) is not None), None)
     if key and meta[key] != predicted["spec_num_correct_drafts"]:
         out.append(f"{key} {meta[key]} != predicted {predicted['spec_num_correct_drafts']}")

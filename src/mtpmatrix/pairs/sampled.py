@@ -149,8 +149,14 @@ def _logits(vocab: int, logits=TARGET_LOGITS, other=OTHER_LOGIT) -> list[float]:
     return out
 
 
-def token_distribution(vocab: int, group: SamplingGroup, order: str = "joint", temperature: float | None = None,
-                       apply_top_k: bool = True, apply_top_p: bool = True) -> dict:
+def token_distribution(
+    vocab: int,
+    group: SamplingGroup,
+    order: str = "joint",
+    temperature: float | None = None,
+    apply_top_k: bool = True,
+    apply_top_p: bool = True,
+) -> dict:
     """Float64 next-token distribution after a ring token, as {offset: probability, "other": probability of every
     token off the four offsets}, with its top-p margins. ``order``: "joint" (sglang's sampler: top-k and top-p both on
     the temperature softmax) or "top_k_first" (verify, transformers: top-p on the top-k-renormalised distribution).
@@ -166,7 +172,7 @@ def token_distribution(vocab: int, group: SamplingGroup, order: str = "joint", t
     if apply_top_k and group.top_k < vocab:
         if p[ranked[group.top_k - 1]] == p[ranked[group.top_k]]:
             raise ValueError(f"top_k {group.top_k} falls on a tie")
-        kept = set(ranked[:group.top_k])
+        kept = set(ranked[: group.top_k])
     margin = math.inf
     if apply_top_p and group.top_p < 1:
         base = [i for i in ranked if i in kept] if order == "top_k_first" else ranked
@@ -199,8 +205,9 @@ def closed_form(vocab: int) -> dict[int, float]:
         for order in ("joint", "top_k_first"):
             dist = token_distribution(vocab, group, order)
             if dist["top_p_margin"] < BOUNDARY_MARGIN:
-                raise ValueError(f"{group.name} ({order}): top_p {group.top_p} within {dist['top_p_margin']:.3f} "
-                                 f"of a cumulative sum")
+                raise ValueError(
+                    f"{group.name} ({order}): top_p {group.top_p} within {dist['top_p_margin']:.3f} of a cumulative sum"
+                )
             kept = {d: dist[d] for d in KEPT_OFFSETS}
             if dist["other"] or any(dist[d] for d in OFFSETS if d not in KEPT_OFFSETS):
                 raise ValueError(f"{group.name} ({order}) keeps more than offsets {KEPT_OFFSETS}: {dist}")
@@ -228,9 +235,15 @@ class SampledRequest:
 
 def request_plan(n: int = N_REQUESTS, new_tokens: int = NEW_TOKENS) -> list[SampledRequest]:
     """``n`` token-id prompts on the ring (their last tokens cover the ring), the groups alternating."""
-    return [SampledRequest(prompt=tuple(RING_START + (5 * i + 3 * j) % RING_SIZE for j in range(PROMPT_LEN)),
-                           group=GROUPS[i % len(GROUPS)], seed=SEED_BASE + i, new_tokens=new_tokens)
-            for i in range(n)]
+    return [
+        SampledRequest(
+            prompt=tuple(RING_START + (5 * i + 3 * j) % RING_SIZE for j in range(PROMPT_LEN)),
+            group=GROUPS[i % len(GROUPS)],
+            seed=SEED_BASE + i,
+            new_tokens=new_tokens,
+        )
+        for i in range(n)
+    ]
 
 
 def payload(req: SampledRequest) -> dict:
@@ -239,9 +252,17 @@ def payload(req: SampledRequest) -> dict:
     one gets seed 42, so requests with equal prompts would draw the same coins and stop being independent. Each
     request therefore carries its own seed, always."""
     g = req.group
-    return {"input_ids": list(req.prompt),
-            "sampling_params": {"temperature": g.temperature, "top_k": g.top_k, "top_p": g.top_p,
-                                "max_new_tokens": req.new_tokens, "ignore_eos": True, "sampling_seed": req.seed}}
+    return {
+        "input_ids": list(req.prompt),
+        "sampling_params": {
+            "temperature": g.temperature,
+            "top_k": g.top_k,
+            "top_p": g.top_p,
+            "max_new_tokens": req.new_tokens,
+            "ignore_eos": True,
+            "sampling_seed": req.seed,
+        },
+    }
 
 
 # ---------------------------------------------------------------------------------------------- the check
@@ -263,11 +284,14 @@ class DistributionCheck:
         return self.off_support == 0 and self.p_value >= ALPHA
 
     def summary(self) -> str:
-        freq = ", ".join(f"{d}: {self.counts[d] / max(1, self.n):.4f} (closed form {self.expected[d]:.4f})"
-                         for d in KEPT_OFFSETS)
-        return (f"{self.n} offsets; {freq}; off the kept set: {self.off_support}; chi-square {self.statistic:.2f} "
-                f"(df {len(KEPT_OFFSETS) - 1}), p = {self.p_value:.3g} (alpha {ALPHA:g}); detectable TV "
-                f"{self.detectable_tv:.3f} at power {POWER}")
+        freq = ", ".join(
+            f"{d}: {self.counts[d] / max(1, self.n):.4f} (closed form {self.expected[d]:.4f})" for d in KEPT_OFFSETS
+        )
+        return (
+            f"{self.n} offsets; {freq}; off the kept set: {self.off_support}; chi-square {self.statistic:.2f} "
+            f"(df {len(KEPT_OFFSETS) - 1}), p = {self.p_value:.3g} (alpha {ALPHA:g}); detectable TV "
+            f"{self.detectable_tv:.3f} at power {POWER}"
+        )
 
 
 def count_offsets(prompts, outputs) -> tuple[Counter, int, tuple | None]:
@@ -294,9 +318,16 @@ def check_outputs(prompts, outputs, vocab: int) -> DistributionCheck:
     if sum(counts.values()) == 0:
         return DistributionCheck(n, dict(counts), off, first, expected, math.inf, 0.0, math.inf)
     res = stats.pearson_chi2([counts[d] for d in KEPT_OFFSETS], [expected[d] for d in KEPT_OFFSETS])
-    return DistributionCheck(n=n, counts={d: counts[d] for d in KEPT_OFFSETS}, off_support=off,
-                             first_off_support=first, expected=expected, statistic=res.statistic,
-                             p_value=res.p_value, detectable_tv=detectable_tv(max(1, n), vocab))
+    return DistributionCheck(
+        n=n,
+        counts={d: counts[d] for d in KEPT_OFFSETS},
+        off_support=off,
+        first_off_support=first,
+        expected=expected,
+        statistic=res.statistic,
+        p_value=res.p_value,
+        detectable_tv=detectable_tv(max(1, n), vocab),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -307,7 +338,7 @@ def _exact_bf16(x: float) -> bool:
     if x == 0:
         return True
     m, e = math.frexp(abs(x))  # x = m * 2^e, 0.5 <= m < 1
-    return (m * 2 ** 8).is_integer() and -125 <= e <= 128
+    return (m * 2**8).is_integer() and -125 <= e <= 128
 
 
 def check_exact(hidden: int) -> float:
@@ -333,13 +364,17 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
     V, H = text["vocab_size"], text["hidden_size"]
     A = a_cfg["text_config"]["hidden_size"]
     if text.get("final_logit_softcapping") != SOFTCAP:
-        raise ValueError(f"sampled pair assumes final_logit_softcapping {SOFTCAP}, template has "
-                         f"{text.get('final_logit_softcapping')}")
+        raise ValueError(
+            f"sampled pair assumes final_logit_softcapping {SOFTCAP}, template has "
+            f"{text.get('final_logit_softcapping')}"
+        )
     if 1 + RING_SIZE > min(H, A) or RING_START + RING_SIZE > V:
         raise ValueError(f"sampled pair: ring of {RING_SIZE} at {RING_START} does not fit (H {H}, A {A}, V {V})")
     if not bonus.fits(H, A, V):
-        raise ValueError(f"sampled pair: region 2 ({bonus.R2_SIZE} tokens at {bonus.R2_START}, hidden dims from "
-                         f"{bonus.DIM_BASE}) does not fit (H {H}, A {A}, V {V})")
+        raise ValueError(
+            f"sampled pair: region 2 ({bonus.R2_SIZE} tokens at {bonus.R2_START}, hidden dims from "
+            f"{bonus.DIM_BASE}) does not fit (H {H}, A {A}, V {V})"
+        )
     h = check_exact(H)
     f_of = [(t - RING_START) % RING_SIZE for t in range(V)]
 
@@ -358,7 +393,7 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
             Wa[j, 1 + (g - d) % RING_SIZE] = (dl - DRAFT_OTHER_LOGIT) / ha
     # assistant: the token half of its input is sqrt(H) * E[t]; dims 0 and 1 + f go to the same assistant dims
     P = torch.zeros(A, 2 * H)
-    scale = 1.0 / (H ** 0.5 * EMBED_VALUE)
+    scale = 1.0 / (H**0.5 * EMBED_VALUE)
     P[torch.arange(1 + RING_SIZE), torch.arange(1 + RING_SIZE)] = scale
     # region 2 (pairs.sampled_bonus): other tokens and hidden dims, the ring's entries untouched
     bonus.write_target(E, W, h)
@@ -378,10 +413,18 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
             for f in range(RING_SIZE):
                 for d in OFFSETS:
                     cw[cluster_of[RING_START + (f + d) % RING_SIZE], 1 + f] += 1.0
-            if int((cw[:, 1:1 + RING_SIZE] > 0).sum(0).max()) > a_cfg["centroid_intermediate_top_k"]:
+            if int((cw[:, 1 : 1 + RING_SIZE] > 0).sum(0).max()) > a_cfg["centroid_intermediate_top_k"]:
                 raise ValueError("sampled pair: the offsets' tokens span more clusters than the centroid head keeps")
             bonus.write_centroids(cw, cluster_of, a_cfg["centroid_intermediate_top_k"])
             assistant.masked_embedding.centroids.weight.copy_(cw)
-    return {"sampled": {"ring_start": RING_START, "ring_size": RING_SIZE, "offsets": list(OFFSETS),
-                        "target_logits": list(TARGET_LOGITS), "draft_logits": list(DRAFT_LOGITS),
-                        "normed_hidden": h, "bonus": bonus.marker()}}
+    return {
+        "sampled": {
+            "ring_start": RING_START,
+            "ring_size": RING_SIZE,
+            "offsets": list(OFFSETS),
+            "target_logits": list(TARGET_LOGITS),
+            "draft_logits": list(DRAFT_LOGITS),
+            "normed_hidden": h,
+            "bonus": bonus.marker(),
+        }
+    }

@@ -100,8 +100,10 @@ MAX_TEMPERATURE = 1.5  # the highest temperature any request on the sampled serv
 SUCCESSOR = {c[i]: c[i + 1] for c in CHAINS for i in range(STEPS - 1)} | {c[-1]: SPREAD for c in CHAINS}
 START_INDEX = {s: j for j, s in enumerate(STARTS)}
 
-GROUPS = (SamplingGroup("bonus T0.6 k4", top_k=4, top_p=1.0, temperature=0.6),
-          SamplingGroup("bonus T1.4 k3", top_k=3, top_p=1.0, temperature=1.4))
+GROUPS = (
+    SamplingGroup("bonus T0.6 k4", top_k=4, top_p=1.0, temperature=0.6),
+    SamplingGroup("bonus T1.4 k3", top_k=3, top_p=1.0, temperature=1.4),
+)
 ALPHA = 1e-4  # the check's false-alarm rate on one server
 # The chi-square's p-value threshold: Pearson's tail at 1e-4 is 1.21e-4 exactly at 504 tokens per group (cells down
 # to 24 expected), so the threshold is lowered until the exact rate is <= ALPHA: 9.85e-5 (tests/unit/test_sampled_bonus.py)
@@ -137,7 +139,7 @@ def spread_law(vocab: int, group: SamplingGroup, temperature: float | None = Non
     order = sorted(range(N_STARTS), key=lambda i: -z[i])
     if group.top_k < N_STARTS and z[order[group.top_k - 1]] == z[order[group.top_k]]:
         raise ValueError(f"{group.name}: top_k {group.top_k} falls on a tie")
-    kept = set(order[:group.top_k])
+    kept = set(order[: group.top_k])
     m = max(z)
     w = [math.exp(v - m) if i in kept else 0.0 for i, v in enumerate(z)]
     s = sum(w)
@@ -188,9 +190,12 @@ class BonusCheck:
             n = max(1, sum(c))
             freq = ", ".join(f"{x / n:.3f} vs {p:.3f}" for x, p in zip(c, self.laws[name]))
             parts.append(f"{name}: n {sum(c)}, starts {freq}")
-        return (f"{self.n_bonus} bonus-position tokens (+{self.n_first} prefill); " + "; ".join(parts)
-                + f"; chi-square {self.statistic:.2f} df {self.df}, p = {self.p_value:.3g} (rejects below {P_THRESHOLD:g}: "
-                f"false-alarm rate {ALPHA:g})")
+        return (
+            f"{self.n_bonus} bonus-position tokens (+{self.n_first} prefill); "
+            + "; ".join(parts)
+            + f"; chi-square {self.statistic:.2f} df {self.df}, p = {self.p_value:.3g} (rejects below {P_THRESHOLD:g}: "
+            f"false-alarm rate {ALPHA:g})"
+        )
 
 
 def read_stream(prev: int, out, law) -> tuple[list[tuple[int, int]], tuple | None]:
@@ -201,7 +206,12 @@ def read_stream(prev: int, out, law) -> tuple[list[tuple[int, int]], tuple | Non
         if prev == SPREAD:
             j = START_INDEX.get(tok)
             if j is None or law[j] == 0:
-                return spread, (pos, prev, tok, f"a start of the group's kept set {[STARTS[i] for i in range(N_STARTS) if law[i] > 0]}")
+                return spread, (
+                    pos,
+                    prev,
+                    tok,
+                    f"a start of the group's kept set {[STARTS[i] for i in range(N_STARTS) if law[i] > 0]}",
+                )
             spread.append((pos, j))
         elif SUCCESSOR.get(prev) != tok:
             return spread, (pos, prev, tok, SUCCESSOR.get(prev, "a region-2 chain (previous token is off it)"))
@@ -239,9 +249,18 @@ def check_streams(streams, vocab: int) -> BonusCheck:
         stat += res.statistic
         df += len(kept) - 1
     p = stats.chi2_sf(stat, df) if df else 1.0
-    return BonusCheck(n_bonus=sum(map(sum, counts.values())), n_first=n_first, counts=counts, laws=laws,
-                      deviations=deviations, first_deviation=first, misaligned=misaligned, statistic=stat, df=df,
-                      p_value=p)
+    return BonusCheck(
+        n_bonus=sum(map(sum, counts.values())),
+        n_first=n_first,
+        counts=counts,
+        laws=laws,
+        deviations=deviations,
+        first_deviation=first,
+        misaligned=misaligned,
+        statistic=stat,
+        df=df,
+        p_value=p,
+    )
 
 
 def power(vocab: int, n_per_group: int, fault) -> float:
@@ -311,6 +330,13 @@ def write_centroids(cw, cluster_of, top_k: int) -> None:
 
 
 def marker() -> dict:
-    return {"r2_start": R2_START, "r2_size": R2_SIZE, "spread": SPREAD, "chains": [list(c) for c in CHAINS],
-            "chain_logit": CHAIN_LOGIT, "spread_logits": list(SPREAD_LOGITS), "draft_chain_logit": DRAFT_CHAIN_LOGIT,
-            "draft_spread_logits": list(DRAFT_SPREAD_LOGITS)}
+    return {
+        "r2_start": R2_START,
+        "r2_size": R2_SIZE,
+        "spread": SPREAD,
+        "chains": [list(c) for c in CHAINS],
+        "chain_logit": CHAIN_LOGIT,
+        "spread_logits": list(SPREAD_LOGITS),
+        "draft_chain_logit": DRAFT_CHAIN_LOGIT,
+        "draft_spread_logits": list(DRAFT_SPREAD_LOGITS),
+    }

@@ -43,7 +43,7 @@ BUGS = {
     "residual_not_renormalised": "residual drawn with u, not u * sum: the leftover mass falls to the last valid id",
     "rejected_not_removed": "residual drawn from p, rejected drafts left in",
     "row_one_position_early": "after an accepted draft, the residual/bonus token is drawn from the row of the "
-                              "position before (the target's distribution given the wrong previous token)",
+    "position before (the target's distribution given the wrong previous token)",
 }
 
 
@@ -83,13 +83,14 @@ def draft_tree(topk: int) -> list[tuple[int, int]]:
                 nodes.append((score + logq[d], parent, d))
                 cand.append((score + logq[d], len(nodes) - 1))
         beams = sorted(cand, key=lambda c: -c[0])[:topk]
-    keep = sorted(sorted(range(len(nodes)), key=lambda i: -nodes[i][0])[:settings.DRAFT_TOKENS[topk] - 1])
+    keep = sorted(sorted(range(len(nodes)), key=lambda i: -nodes[i][0])[: settings.DRAFT_TOKENS[topk] - 1])
     index = {old: new for new, old in enumerate(keep)}
     return [(index.get(nodes[i][1], -1) if nodes[i][1] >= 0 else -1, nodes[i][2]) for i in keep]
 
 
-def verify_round(p: list[float], tree: list[tuple[int, int]], bug: str, rng: random.Random,
-                 ring_index: int) -> list[int]:
+def verify_round(
+    p: list[float], tree: list[tuple[int, int]], bug: str, rng: random.Random, ring_index: int
+) -> list[int]:
     """One verify: the offsets it emits (accepted drafts, then the residual or bonus token)."""
     children: dict[int, list[int]] = {}
     for i, (parent, _d) in enumerate(tree):
@@ -141,8 +142,9 @@ class ServerModel:
     topk: int | None  # None: the no-MTP server (normal sampler, top-k and top-p jointly)
     bug: str = "none"
 
-    def outputs(self, rng: random.Random, n_requests: int = sampled.N_REQUESTS,
-                new_tokens: int = sampled.NEW_TOKENS) -> tuple[list, list]:
+    def outputs(
+        self, rng: random.Random, n_requests: int = sampled.N_REQUESTS, new_tokens: int = sampled.NEW_TOKENS
+    ) -> tuple[list, list]:
         """(prompts, outputs) of the smoke request plan, as token ids."""
         plan = sampled.request_plan(n_requests, new_tokens)
         tree = draft_tree(self.topk) if self.topk else None
@@ -164,7 +166,7 @@ class ServerModel:
                     tok = sampled.next_token(tok, d)
                     out.append(tok)
             prompts.append(req.prompt)
-            outputs.append(out[:req.new_tokens])
+            outputs.append(out[: req.new_tokens])
         return prompts, outputs
 
 

@@ -129,11 +129,20 @@ class StructureCheck:
         return [t for t in self.tests if not t.passed]
 
     def summary(self) -> str:
-        parts = [(f"{t.name}: chi2 {t.statistic:.1f} df {t.df} p {t.p_value:.3g}" if t.df else
-                  f"{t.name}: exact p {t.p_value:.3g} (Bonferroni over {t.strata} groups)")
-                 + (f" (worst {t.worst})" if not t.passed and t.worst else "") for t in self.tests]
-        return (f"{self.n} offsets, {self.off_support} off the kept offsets; " + "; ".join(parts)
-                + f"; each test at alpha {TEST_ALPHA:.3g} (family {FAMILY_ALPHA:g}, Bonferroni over {len(TESTS)})")
+        parts = [
+            (
+                f"{t.name}: chi2 {t.statistic:.1f} df {t.df} p {t.p_value:.3g}"
+                if t.df
+                else f"{t.name}: exact p {t.p_value:.3g} (Bonferroni over {t.strata} groups)"
+            )
+            + (f" (worst {t.worst})" if not t.passed and t.worst else "")
+            for t in self.tests
+        ]
+        return (
+            f"{self.n} offsets, {self.off_support} off the kept offsets; "
+            + "; ".join(parts)
+            + f"; each test at alpha {TEST_ALPHA:.3g} (family {FAMILY_ALPHA:g}, Bonferroni over {len(TESTS)})"
+        )
 
 
 def _chi2_strata(name, groups, laws, names, keys, cats, key_names) -> TestResult:
@@ -164,8 +173,10 @@ def _chi2_strata(name, groups, laws, names, keys, cats, key_names) -> TestResult
             df += int(kept.sum()) - 1
             strata += 1
             if s > worst[0]:
-                freq = ", ".join(f"{sampled.OFFSETS[i]}: {counts[i] / counts.sum():.3f} vs {law[i]:.3f}"
-                                 for i in np.flatnonzero(kept))
+                freq = ", ".join(
+                    f"{sampled.OFFSETS[i]}: {counts[i] / counts.sum():.3f} vs {law[i]:.3f}"
+                    for i in np.flatnonzero(kept)
+                )
                 worst = (s, f"{names[g]} {label}: n {int(counts.sum())}, {freq}")
     p = stats.chi2_sf(stat, df) if df else 1.0
     return TestResult(name, stat, df, p, strata, dropped, worst[1])
@@ -249,8 +260,11 @@ def check_categories(items, vocab: int) -> StructureCheck:
     later = on & (pos >= 1)
     specs = {
         "group": (later, np.zeros_like(pos), lambda k: "all positions >= 1"),
-        "position": (later, pos // POSITION_BLOCK,
-                     lambda k: f"positions {k * POSITION_BLOCK}-{k * POSITION_BLOCK + POSITION_BLOCK - 1}"),
+        "position": (
+            later,
+            pos // POSITION_BLOCK,
+            lambda k: f"positions {k * POSITION_BLOCK}-{k * POSITION_BLOCK + POSITION_BLOCK - 1}",
+        ),
         "period6": (later, pos % 6, lambda k: f"positions = {k} mod 6"),
         "transition": (later & (prev >= 0), prev, lambda k: f"after offset {sampled.OFFSETS[k]}"),
         "depth": (later, run % 6, lambda k: f"depth {k}" + (" (bonus at topk 1)" if k == 5 else "")),
@@ -266,8 +280,11 @@ def check_categories(items, vocab: int) -> StructureCheck:
         pg = exact_chi2_p(counts, laws[gi])
         ps.append(pg)
         if pg == min(ps):
-            freq = ", ".join(f"{sampled.OFFSETS[i]}: {int(counts[i])} vs {laws[gi][i] * counts.sum():.1f}"
-                             for i in range(len(counts)) if laws[gi][i] > 0)
+            freq = ", ".join(
+                f"{sampled.OFFSETS[i]}: {int(counts[i])} vs {laws[gi][i] * counts.sum():.1f}"
+                for i in range(len(counts))
+                if laws[gi][i] > 0
+            )
             worst = f"{names[gi]}: n {int(counts.sum())}, {freq}"
     p_first = min(1.0, len(ps) * min(ps)) if ps else 1.0
     check.tests.append(TestResult("first", float("nan"), 0, p_first, len(ps), 0, worst))

@@ -84,14 +84,30 @@ SLIDING_WINDOW = 64  # small, so sglang prompts > 64 tokens exercise SWA; transf
 # Token ids: Gemma's fixed low ids, then the multimodal / chat markers, then 256 byte-fallback tokens, then ASCII.
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = {
-    "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3,
-    "<|image>": 4, "<image|>": 5, "<|image|>": 6, "<|video|>": 7,
-    "<|audio>": 8, "<audio|>": 9, "<|audio|>": 10,
-    "<|turn>": 11, "<turn|>": 12, "<mask>": 13,
+    "<pad>": 0,
+    "<eos>": 1,
+    "<bos>": 2,
+    "<unk>": 3,
+    "<|image>": 4,
+    "<image|>": 5,
+    "<|image|>": 6,
+    "<|video|>": 7,
+    "<|audio>": 8,
+    "<audio|>": 9,
+    "<|audio|>": 10,
+    "<|turn>": 11,
+    "<turn|>": 12,
+    "<mask>": 13,
 }
 MM_TOKEN_IDS = {
-    "boi_token_id": 4, "eoi_token_id": 5, "image_token_id": 6, "video_token_id": 7,
-    "boa_token_id": 8, "eoa_token_index": 9, "eoa_token_id": 9, "audio_token_id": 10,
+    "boi_token_id": 4,
+    "eoi_token_id": 5,
+    "image_token_id": 6,
+    "video_token_id": 7,
+    "boa_token_id": 8,
+    "eoa_token_index": 9,
+    "eoa_token_id": 9,
+    "audio_token_id": 10,
 }
 END_OF_TURN_ID = 12
 CHAT_TEMPLATE = (
@@ -150,20 +166,46 @@ def _text(**over) -> dict:
 
 _VISION = {
     "model_type": "gemma4_vision",
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "num_key_value_heads": 2, "head_dim": 16, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 4096, "attention_bias": False, "attention_dropout": 0.0,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 100.0}, "pooling_kernel_size": 3, "patch_size": 16,
-    "position_embedding_size": 1024, "use_clipped_linears": False, "standardize": False, "initializer_range": 0.02,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
+    "pooling_kernel_size": 3,
+    "patch_size": 16,
+    "position_embedding_size": 1024,
+    "use_clipped_linears": False,
+    "standardize": False,
+    "initializer_range": 0.02,
     "dtype": DTYPE,
 }
 _AUDIO = {
     "model_type": "gemma4_audio",
-    "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_act": "silu",
-    "subsampling_conv_channels": [8, 4], "conv_kernel_size": 5, "residual_weight": 0.5, "attention_chunk_size": 12,
-    "attention_context_left": 13, "attention_context_right": 0, "attention_logit_cap": 50.0,
-    "attention_invalid_logits_value": -1.0e9, "use_clipped_linears": True, "rms_norm_eps": 1e-6,
-    "gradient_clipping": 1e10, "output_proj_dims": 64, "initializer_range": 0.02, "dtype": DTYPE,
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "hidden_act": "silu",
+    "subsampling_conv_channels": [8, 4],
+    "conv_kernel_size": 5,
+    "residual_weight": 0.5,
+    "attention_chunk_size": 12,
+    "attention_context_left": 13,
+    "attention_context_right": 0,
+    "attention_logit_cap": 50.0,
+    "attention_invalid_logits_value": -1.0e9,
+    "use_clipped_linears": True,
+    "rms_norm_eps": 1e-6,
+    "gradient_clipping": 1e10,
+    "output_proj_dims": 64,
+    "initializer_range": 0.02,
+    "dtype": DTYPE,
 }
 
 _S, _F = "sliding_attention", "full_attention"
@@ -174,16 +216,29 @@ _E_LAYERS = _DENSE_LAYERS + [_S, _F]  # the last two are KV-shared (num_kv_share
 
 _TARGET_TEXT = {
     "e-series": _text(
-        num_hidden_layers=8, layer_types=_E_LAYERS, num_attention_heads=2, num_key_value_heads=1,
-        hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=2,
+        num_hidden_layers=8,
+        layer_types=_E_LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=VOCAB,
+        num_kv_shared_layers=2,
         use_double_wide_mlp=True,
     ),
     "moe-26b-a4b": _text(
-        num_hidden_layers=6, layer_types=_DENSE_LAYERS, intermediate_size=128, num_global_key_value_heads=1, attention_k_eq_v=True, enable_moe_block=True,
-        num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+        num_hidden_layers=6,
+        layer_types=_DENSE_LAYERS,
+        intermediate_size=128,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        enable_moe_block=True,
+        num_experts=8,
+        top_k_experts=2,
+        moe_intermediate_size=32,
     ),
-    "dense-31b": _text(num_hidden_layers=6, layer_types=_DENSE_LAYERS, num_global_key_value_heads=1,
-                       attention_k_eq_v=True),
+    "dense-31b": _text(
+        num_hidden_layers=6, layer_types=_DENSE_LAYERS, num_global_key_value_heads=1, attention_k_eq_v=True
+    ),
 }
 
 # Assistant-side knobs; everything attention-shaped is copied from the target text config.
@@ -192,9 +247,20 @@ _ASSISTANT = {
     "moe-26b-a4b": {"use_ordered_embeddings": False, "num_centroids": 16, "centroid_intermediate_top_k": 4},
     "dense-31b": {"use_ordered_embeddings": False, "num_centroids": 16, "centroid_intermediate_top_k": 4},
 }
-_COPIED_FROM_TARGET = ("vocab_size", "num_key_value_heads", "head_dim", "global_head_dim",
-                       "num_global_key_value_heads", "attention_k_eq_v", "sliding_window", "rope_parameters",
-                       "max_position_embeddings", "final_logit_softcapping", "hidden_activation", "rms_norm_eps")
+_COPIED_FROM_TARGET = (
+    "vocab_size",
+    "num_key_value_heads",
+    "head_dim",
+    "global_head_dim",
+    "num_global_key_value_heads",
+    "attention_k_eq_v",
+    "sliding_window",
+    "rope_parameters",
+    "max_position_embeddings",
+    "final_logit_softcapping",
+    "hidden_activation",
+    "rms_norm_eps",
+)
 
 
 # witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.pairs.witness, "Draft phase")
@@ -233,8 +299,11 @@ def target_template(name: str, variant: str | bool = "random") -> dict:
 def assistant_template(name: str, variant: str | bool = "random") -> dict:
     tgt = _TARGET_TEXT[name]
     text = _text(
-        hidden_size=ASSISTANT_HIDDEN, intermediate_size=128, num_hidden_layers=2,
-        layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=2,
+        hidden_size=ASSISTANT_HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        num_kv_shared_layers=2,
         num_attention_heads=2 * tgt["num_key_value_heads"],
         **{k: copy.deepcopy(tgt[k]) for k in _COPIED_FROM_TARGET},
     )
@@ -265,15 +334,27 @@ class PairPaths:
 def pair_hash(name: str, variant: str | bool, seed: int) -> str:
     variant = variant_name(variant)
     # a witness pair is also rebuilt whenever its construction changes
-    sources = {"witness": ("witness.py", "weights.py"), "decoy": ("witness.py", "decoy.py", "weights.py"),
-               "sampled": ("sampled.py", "sampled_bonus.py", "weights.py")}.get(variant.split("-")[0], ())
+    sources = {
+        "witness": ("witness.py", "weights.py"),
+        "decoy": ("witness.py", "decoy.py", "weights.py"),
+        "sampled": ("sampled.py", "sampled_bonus.py", "weights.py"),
+    }.get(variant.split("-")[0], ())
     witness_src = b"".join(Path(__file__).with_name(f).read_bytes() for f in sources)
     phase = phase_of_variant(variant) if sources and variant != "sampled" else None  # follows the installed sglang
-    blob = json.dumps({"code": CODE_VERSION, "variant": variant, "witness": hashlib.sha256(witness_src).hexdigest(),
-                       "phase": phase,
-                       "target": target_template(name, variant),
-                       "assistant": assistant_template(name, variant), "seed": seed,
-                       "tokenizer": SPECIAL_TOKENS, "generation": generation_config()}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "code": CODE_VERSION,
+            "variant": variant,
+            "witness": hashlib.sha256(witness_src).hexdigest(),
+            "phase": phase,
+            "target": target_template(name, variant),
+            "assistant": assistant_template(name, variant),
+            "seed": seed,
+            "tokenizer": SPECIAL_TOKENS,
+            "generation": generation_config(),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -302,16 +383,22 @@ def _has_model_classes() -> bool:
     return True
 
 
-def build_pair(name: str, root: Path, *, variant: str | bool = "random", constructed: bool | None = None,
-               seed: int = 0) -> PairPaths:
+def build_pair(
+    name: str, root: Path, *, variant: str | bool = "random", constructed: bool | None = None, seed: int = 0
+) -> PairPaths:
     """Build (or reuse) the tiny pair ``name`` under ``root``; see the module docstring."""
     if name not in PAIR_NAMES:
         raise ValueError(f"unknown tiny pair {name!r}; known: {', '.join(PAIR_NAMES)}")
     root = Path(root)
     variant = variant_name(constructed if constructed is not None else variant)
     dest = root / (name + ("" if variant == "random" else f"-{variant}"))
-    paths = PairPaths(name=name, target=dest / "target", assistant=dest / "assistant",
-                      constructed=variant == "constructed", variant=variant)
+    paths = PairPaths(
+        name=name,
+        target=dest / "target",
+        assistant=dest / "assistant",
+        constructed=variant == "constructed",
+        variant=variant,
+    )
     digest = pair_hash(name, variant, seed)
     if _usable(dest, digest):
         return paths
@@ -347,10 +434,18 @@ def _write_json(path: Path, obj: dict) -> None:
 def _build_into(folder: Path, name: str, variant: str, seed: int) -> dict:
     t_dir, a_dir = folder / "target", folder / "assistant"
     t_cfg, a_cfg = target_template(name, variant), assistant_template(name, variant)
-    marker: dict = {"name": name, "variant": variant, "constructed": variant == "constructed", "seed": seed,
-                    "code_version": CODE_VERSION,
-                    "dtype": DTYPE, "weights": False, "weights_error": None, "processor": False,
-                    "processor_error": None}
+    marker: dict = {
+        "name": name,
+        "variant": variant,
+        "constructed": variant == "constructed",
+        "seed": seed,
+        "code_version": CODE_VERSION,
+        "dtype": DTYPE,
+        "weights": False,
+        "weights_error": None,
+        "processor": False,
+        "processor_error": None,
+    }
     try:
         import transformers
 
@@ -399,15 +494,27 @@ def _make_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token=None))
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
-                                                       special_tokens=[("<bos>", BOS_ID)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", BOS_ID)]
+    )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-        mask_token="<mask>", padding_side="left", chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
         extra_special_tokens={
-            "image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
-            "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>",
-            "sot_token": "<|turn>", "eot_token": "<turn|>",
+            "image_token": "<|image|>",
+            "boi_token": "<|image>",
+            "eoi_token": "<image|>",
+            "audio_token": "<|audio|>",
+            "boa_token": "<|audio>",
+            "eoa_token": "<audio|>",
+            "sot_token": "<|turn>",
+            "eot_token": "<turn|>",
         },
     )
 
@@ -420,13 +527,17 @@ def _save_processor(tokenizer, folder: Path) -> None:
         Gemma4VideoProcessor,
     )
 
-    proc = Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=Gemma4ImageProcessor(),
-                           tokenizer=tokenizer, video_processor=Gemma4VideoProcessor(), chat_template=CHAT_TEMPLATE)
+    proc = Gemma4Processor(
+        feature_extractor=Gemma4AudioFeatureExtractor(),
+        image_processor=Gemma4ImageProcessor(),
+        tokenizer=tokenizer,
+        video_processor=Gemma4VideoProcessor(),
+        chat_template=CHAT_TEMPLATE,
+    )
     proc.save_pretrained(folder)
 
 
-def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path, variant: str,
-                  seed: int) -> dict:
+def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path, variant: str, seed: int) -> dict:
     import torch
     from transformers import (
         Gemma4AssistantConfig,

@@ -90,7 +90,9 @@ NUISANCE_READOUT = 1.0  # how strongly the output head reads the nuisance dims (
 ALPHA = 4.0
 BETA = 4.0
 LOGIT_PEAK = 20.0  # target and assistant logits at the argmax (below the 30.0 softcap)
-SCORE_GAIN = 112.0  # attention score at the peak offset: margins of ~20 (sliding) / ~15 (full) nats, see position_margin
+SCORE_GAIN = (
+    112.0  # attention score at the peak offset: margins of ~20 (sliding) / ~15 (full) nats, see position_margin
+)
 # Draft phase = the draft query's RoPE position minus that of the last accepted token's key (module docstring).
 REFERENCE_DRAFT_PHASE = 1  # transformers: query at the bonus token's position, keys at 0-based positions
 # sglang releases -> the draft phase they draft at (Gemma4ForConditionalGeneration target: keys at position + 1,
@@ -139,6 +141,7 @@ def _consecutive(parts: list[tuple[str, int]], start: int = 1) -> dict[str, slic
 class Layout:
     """Which dims of the target hidden (backbone) and of the assistant hidden hold what. Dim 0 of each holds the
     constant (``b_const`` / ``a_const``); the named parts follow in this order."""
+
     backbone: int
     assistant: int
     centroids: int  # 0 without a centroid head
@@ -148,21 +151,39 @@ class Layout:
     b_const = a_const = 0
 
     def __post_init__(self):
-        backbone = _consecutive([("own", D_CODE), ("next", D_CODE), ("anchor_s", D_ANCHOR), ("anchor_f", D_ANCHOR),
-                                 ("cluster", self.centroids), *self.extra_backbone])
-        assistant = _consecutive([("code", D_CODE), ("nuisance", D_NUISANCE), ("keep_s", D_ANCHOR),
-                                  ("keep_f", D_ANCHOR), ("cluster", self.centroids), *self.extra_assistant])
+        backbone = _consecutive(
+            [
+                ("own", D_CODE),
+                ("next", D_CODE),
+                ("anchor_s", D_ANCHOR),
+                ("anchor_f", D_ANCHOR),
+                ("cluster", self.centroids),
+                *self.extra_backbone,
+            ]
+        )
+        assistant = _consecutive(
+            [
+                ("code", D_CODE),
+                ("nuisance", D_NUISANCE),
+                ("keep_s", D_ANCHOR),
+                ("keep_f", D_ANCHOR),
+                ("cluster", self.centroids),
+                *self.extra_assistant,
+            ]
+        )
         for prefix, parts in (("b_", backbone), ("a_", assistant)):
             for name, sl in parts.items():
                 object.__setattr__(self, prefix + name, sl)  # frozen: set once, here
-        object.__setattr__(self, "_ends", (max(sl.stop for sl in backbone.values()),
-                                           max(sl.stop for sl in assistant.values())))
+        object.__setattr__(
+            self, "_ends", (max(sl.stop for sl in backbone.values()), max(sl.stop for sl in assistant.values()))
+        )
 
     def check(self) -> None:
         b_end, a_end = self._ends
         if b_end > self.backbone or a_end > self.assistant:
-            raise ValueError(f"witness layout does not fit: backbone {b_end}/{self.backbone}, "
-                             f"assistant {a_end}/{self.assistant}")
+            raise ValueError(
+                f"witness layout does not fit: backbone {b_end}/{self.backbone}, assistant {a_end}/{self.assistant}"
+            )
 
 
 # Sizes of the assistant residual's parts (their squares add up to the residual's squared norm after the two
@@ -271,8 +292,9 @@ def position_margin(inv_freq, amps, gain: float, max_offset: int = 600) -> float
     return float(s[0] - s[1:].max())
 
 
-def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE,
-                 extension=None) -> dict:
+def make_witness(
+    target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE, extension=None
+) -> dict:
     """Overwrite the weights of freshly initialised fp32 ``target`` / ``assistant`` with the witness construction,
     its assistant built for draft ``phase`` (module docstring).
 
@@ -292,18 +314,26 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
     A = a_cfg["text_config"]["hidden_size"]
     centroid = bool(a_cfg.get("use_ordered_embeddings"))
     C = a_cfg["num_centroids"] if centroid else 0
-    lay = Layout(backbone=H, assistant=A, centroids=C, extra_backbone=tuple(getattr(extension, "backbone_parts", ())),
-                 extra_assistant=tuple(getattr(extension, "assistant_parts", ())))
+    lay = Layout(
+        backbone=H,
+        assistant=A,
+        centroids=C,
+        extra_backbone=tuple(getattr(extension, "backbone_parts", ())),
+        extra_assistant=tuple(getattr(extension, "assistant_parts", ())),
+    )
     lay.check()
-    u = H ** 0.5
+    u = H**0.5
 
     codes = spherical_code(V, D_CODE, gen)
     anchor_s = torch.randn(V, D_ANCHOR, generator=gen)
     anchor_s = anchor_s / anchor_s.norm(dim=1, keepdim=True)
     anchor_f = torch.randn(V, D_ANCHOR, generator=gen)
     anchor_f = anchor_f / anchor_f.norm(dim=1, keepdim=True)
-    L = (orthogonal_columns(D_NUISANCE, D_CODE, gen) if D_NUISANCE >= D_CODE
-         else orthogonal_columns(D_CODE, D_NUISANCE, gen).T)
+    L = (
+        orthogonal_columns(D_NUISANCE, D_CODE, gen)
+        if D_NUISANCE >= D_CODE
+        else orthogonal_columns(D_CODE, D_NUISANCE, gen).T
+    )
     M_s = orthogonal_columns(D_NUISANCE, D_ANCHOR, gen)
     M_f = orthogonal_columns(D_NUISANCE, D_ANCHOR, gen)
     readout = torch.randn(V, D_NUISANCE, generator=gen)
@@ -312,7 +342,7 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
 
     # --- target embedding: constant, own code, next code, anchors, cluster of t+1 (centroid head) --------------
     parts = 4 + (1 if centroid else 0) + (extension.embed_parts if extension else 0)
-    s_part = ((1.0 - EMBED_CONST ** 2) / parts) ** 0.5
+    s_part = ((1.0 - EMBED_CONST**2) / parts) ** 0.5
     E = torch.zeros(V, H)
     E[:, lay.b_const] = EMBED_CONST
     E[:, lay.b_own] = s_part * codes
@@ -336,20 +366,41 @@ def make_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = 
         target.lm_head.weight.copy_(head)
         lm.norm.weight.fill_(1.0)
         _witness_target_layers(lm, text, lay, gen)
-        ctx["R"] = _witness_assistant(assistant, a_cfg, text, lay, codes, readout, L, M_s, M_f, s_part, u, phase,
-                                      extension.extra_sq if extension else 0.0)
+        ctx["R"] = _witness_assistant(
+            assistant,
+            a_cfg,
+            text,
+            lay,
+            codes,
+            readout,
+            L,
+            M_s,
+            M_f,
+            s_part,
+            u,
+            phase,
+            extension.extra_sq if extension else 0.0,
+        )
         extra = extension.apply(target, assistant, ctx) if extension else {}
 
     h_dim_s, inv_s = rope_inv_freq(text, "sliding_attention")
     h_dim_f, inv_f = rope_inv_freq(text, "full_attention")
-    return {"witness": {
-        "code_margin": round(code_margin(codes), 4),
-        "position_margin_sliding_nats": round(position_margin(inv_s, pair_amplitudes(inv_s), SCORE_GAIN,
-                                                              text["sliding_window"]), 2),
-        "position_margin_full_nats": round(position_margin(inv_f, pair_amplitudes(inv_f), SCORE_GAIN, 512), 2),
-        "alpha": ALPHA, "beta": BETA, "d_code": D_CODE, "d_nuisance": D_NUISANCE, "d_anchor": D_ANCHOR,
-        "draft_phase": phase,
-    }, **extra}
+    return {
+        "witness": {
+            "code_margin": round(code_margin(codes), 4),
+            "position_margin_sliding_nats": round(
+                position_margin(inv_s, pair_amplitudes(inv_s), SCORE_GAIN, text["sliding_window"]), 2
+            ),
+            "position_margin_full_nats": round(position_margin(inv_f, pair_amplitudes(inv_f), SCORE_GAIN, 512), 2),
+            "alpha": ALPHA,
+            "beta": BETA,
+            "d_code": D_CODE,
+            "d_nuisance": D_NUISANCE,
+            "d_anchor": D_ANCHOR,
+            "draft_phase": phase,
+        },
+        **extra,
+    }
 
 
 def physical_kv_layers(text: dict) -> dict[str, list[int]]:
@@ -384,13 +435,13 @@ def _witness_target_layers(lm, text: dict, lay: Layout, gen) -> None:
         for h in range(kv_heads):
             base = h * head_dim
             # position-only key: the constant dim feeds the rotating pairs' first components
-            k[base:base + rot, lay.b_const] = amps * (K_POS_SCALE_SHARED if alt else 1.0)
+            k[base : base + rot, lay.b_const] = amps * (K_POS_SCALE_SHARED if alt else 1.0)
             # value: dims that RoPE leaves alone when the value shares the key projection
             vstart = base + _value_offset(head_dim, rot, alt)
             if i == owners[ltype]:
-                v[vstart:vstart + D_ANCHOR, anchor] = torch.eye(D_ANCHOR)
+                v[vstart : vstart + D_ANCHOR, anchor] = torch.eye(D_ANCHOR)
             else:  # a layer sglang must not bind: its value carries something that never cancels
-                v[vstart:vstart + D_ANCHOR, lay.b_own] = orthogonal_columns(D_CODE, D_ANCHOR, gen).T
+                v[vstart : vstart + D_ANCHOR, lay.b_own] = orthogonal_columns(D_CODE, D_ANCHOR, gen).T
         if alt:
             attn.k_proj.weight.copy_(k + v)
         else:
@@ -411,8 +462,9 @@ def _value_offset(head_dim: int, rotating_pairs: int, shared_with_key: bool) -> 
     return rotating_pairs
 
 
-def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M_s, M_f, s_part, u,
-                       phase: int, extra_sq: float = 0.0) -> float:
+def _witness_assistant(
+    assistant, a_cfg, text, lay: Layout, codes, readout, L, M_s, M_f, s_part, u, phase: int, extra_sq: float = 0.0
+) -> float:
     """Write the assistant's weights; returns R, the RMS of its final residual at an intact step."""
     import torch
 
@@ -421,21 +473,26 @@ def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M
     # pre_projection: input [sqrt(H) E[t] (token half), r (recurrent half)]; see the module docstring
     P = torch.zeros(A, 2 * H)
     tok, rec = 0, H
-    P[lay.a_code, tok + lay.b_next.start: tok + lay.b_next.stop] = torch.eye(D_CODE) / (u * s_part)
-    P[lay.a_nuisance, tok + lay.b_own.start: tok + lay.b_own.stop] = ALPHA * L / (u * s_part)
-    P[lay.a_nuisance, rec + lay.b_next.start: rec + lay.b_next.stop] = -ALPHA * L / (u * s_part)
-    P[lay.a_nuisance, rec + lay.b_anchor_s.start: rec + lay.b_anchor_s.stop] = BETA * M_s / (u * s_part)
-    P[lay.a_nuisance, rec + lay.b_anchor_f.start: rec + lay.b_anchor_f.stop] = BETA * M_f / (u * s_part)
-    P[lay.a_keep_s, rec + lay.b_anchor_s.start: rec + lay.b_anchor_s.stop] = KAPPA_KEEP * torch.eye(D_ANCHOR) / (u * s_part)
-    P[lay.a_keep_f, rec + lay.b_anchor_f.start: rec + lay.b_anchor_f.stop] = KAPPA_KEEP * torch.eye(D_ANCHOR) / (u * s_part)
+    P[lay.a_code, tok + lay.b_next.start : tok + lay.b_next.stop] = torch.eye(D_CODE) / (u * s_part)
+    P[lay.a_nuisance, tok + lay.b_own.start : tok + lay.b_own.stop] = ALPHA * L / (u * s_part)
+    P[lay.a_nuisance, rec + lay.b_next.start : rec + lay.b_next.stop] = -ALPHA * L / (u * s_part)
+    P[lay.a_nuisance, rec + lay.b_anchor_s.start : rec + lay.b_anchor_s.stop] = BETA * M_s / (u * s_part)
+    P[lay.a_nuisance, rec + lay.b_anchor_f.start : rec + lay.b_anchor_f.stop] = BETA * M_f / (u * s_part)
+    P[lay.a_keep_s, rec + lay.b_anchor_s.start : rec + lay.b_anchor_s.stop] = (
+        KAPPA_KEEP * torch.eye(D_ANCHOR) / (u * s_part)
+    )
+    P[lay.a_keep_f, rec + lay.b_anchor_f.start : rec + lay.b_anchor_f.stop] = (
+        KAPPA_KEEP * torch.eye(D_ANCHOR) / (u * s_part)
+    )
     P[lay.a_const, rec + lay.b_const] = KAPPA_CONST / (u * EMBED_CONST)
     if lay.centroids:
-        P[lay.a_cluster, tok + lay.b_cluster.start: tok + lay.b_cluster.stop] = \
+        P[lay.a_cluster, tok + lay.b_cluster.start : tok + lay.b_cluster.stop] = (
             ZETA_CLUSTER * torch.eye(lay.centroids) / (u * s_part)
+        )
     assistant.pre_projection.weight.copy_(P)
 
     # after both cancellations the residual is [KAPPA_CONST, c(t+1), KAPPA_KEEP n_s, KAPPA_KEEP n_f, ZETA onehot]
-    sq = KAPPA_CONST ** 2 + 1.0 + 2 * KAPPA_KEEP ** 2 + (ZETA_CLUSTER ** 2 if lay.centroids else 0.0) + extra_sq
+    sq = KAPPA_CONST**2 + 1.0 + 2 * KAPPA_KEEP**2 + (ZETA_CLUSTER**2 if lay.centroids else 0.0) + extra_sq
     R = (sq / A) ** 0.5  # its RMS: the final norm divides by this
 
     a_text = a_cfg["text_config"]
@@ -449,12 +506,14 @@ def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M
         # pair i of the query is rotated back by w_i * phase, so q.k peaks on the key ``phase`` positions back
         back = inv * phase
         for h in range(n_heads):
-            q[h * head_dim: h * head_dim + len(inv), lay.a_const] = amps * torch.cos(back)
-            q[h * head_dim + head_dim // 2: h * head_dim + head_dim // 2 + len(inv), lay.a_const] = -amps * torch.sin(back)
+            q[h * head_dim : h * head_dim + len(inv), lay.a_const] = amps * torch.cos(back)
+            q[h * head_dim + head_dim // 2 : h * head_dim + head_dim // 2 + len(inv), lay.a_const] = -amps * torch.sin(
+                back
+            )
         attn.q_proj.weight.copy_(q)
         # q is normalised to RMS 1 over the head (norm sqrt(head_dim), all in the rotating pairs' first components),
         # the key's position part has norm key_position_norm: score(d) = SCORE_GAIN * sum_i a_i^2 cos(w_i d)
-        attn.q_norm.weight.fill_(SCORE_GAIN / (head_dim ** 0.5 * key_position_norm(text, ltype, s_part)))
+        attn.q_norm.weight.fill_(SCORE_GAIN / (head_dim**0.5 * key_position_norm(text, ltype, s_part)))
         # o_proj: each head's value dims that carry the anchor -> minus the anchor's image in the code dims
         o = torch.zeros(A, n_heads * head_dim)
         rot = len(inv)
@@ -462,11 +521,11 @@ def _witness_assistant(assistant, a_cfg, text, lay: Layout, codes, readout, L, M
         M = M_s if ltype == "sliding_attention" else M_f
         for h in range(n_heads):
             vstart = h * head_dim + _value_offset(head_dim, rot, alt)
-            o[lay.a_nuisance, vstart:vstart + D_ANCHOR] = -M / n_heads
+            o[lay.a_nuisance, vstart : vstart + D_ANCHOR] = -M / n_heads
         attn.o_proj.weight.copy_(o)
         # post-attention RMSNorm rescales the o_proj output (norm ~ |M n|, all in the code dims) to RMS 1 over A
         # dims, i.e. norm sqrt(A): this weight makes it exactly BETA * M n
-        layer.post_attention_layernorm.weight.fill_(BETA / A ** 0.5)
+        layer.post_attention_layernorm.weight.fill_(BETA / A**0.5)
         layer.input_layernorm.weight.fill_(1.0)
         layer.mlp.down_proj.weight.zero_()
     am.norm.weight.fill_(1.0)
@@ -497,6 +556,6 @@ def key_position_norm(text: dict, ltype: str, s_part: float) -> float:
     head_dim, _inv = rope_inv_freq(text, ltype)
     u = text["hidden_size"] ** 0.5
     if not (text.get("attention_k_eq_v") and ltype == "full_attention"):
-        return head_dim ** 0.5
+        return head_dim**0.5
     pos, anchor = u * EMBED_CONST * K_POS_SCALE_SHARED, u * s_part
-    return head_dim ** 0.5 * pos / (pos ** 2 + anchor ** 2) ** 0.5
+    return head_dim**0.5 * pos / (pos**2 + anchor**2) ** 0.5

@@ -36,8 +36,18 @@ def target_states(target, ids):
     return hidden, kv
 
 
-def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: int, ablation: str | None = None,
-                 draft_phase: int = REFERENCE_DRAFT_PHASE, ranked_second=None):
+def draft_rounds(
+    target,
+    assistant,
+    ids,
+    text: dict,
+    *,
+    steps: int = 5,
+    start: int,
+    ablation: str | None = None,
+    draft_phase: int = REFERENCE_DRAFT_PHASE,
+    ranked_second=None,
+):
     """Draft ``steps`` tokens (greedy chain, the Frozen-KV seeding: bonus token + the target's hidden state at the
     last accepted position) from every bonus position ``P`` in ``start .. len - steps - 1`` of the known greedy
     sequences ``ids`` [batch, len], the query at ``draft_phase`` positions after the last accepted token's key (the
@@ -50,12 +60,31 @@ def draft_rounds(target, assistant, ids, text: dict, *, steps: int = 5, start: i
     follows, whatever its rank), a draft counts as right when the target's token is its first choice or, at those
     inputs, its second behind a wrong first; ``decoys_ranked`` is the share of those inputs where it was so.
     """
-    return draft_rounds_each(target, assistant, ids, text, (ablation,), steps=steps, start=start,
-                             draft_phase=draft_phase, ranked_second=ranked_second)[ablation]
+    return draft_rounds_each(
+        target,
+        assistant,
+        ids,
+        text,
+        (ablation,),
+        steps=steps,
+        start=start,
+        draft_phase=draft_phase,
+        ranked_second=ranked_second,
+    )[ablation]
 
 
-def draft_rounds_each(target, assistant, ids, text: dict, ablations, *, steps: int = 5, start: int,
-                      draft_phase: int = REFERENCE_DRAFT_PHASE, ranked_second=None) -> dict:
+def draft_rounds_each(
+    target,
+    assistant,
+    ids,
+    text: dict,
+    ablations,
+    *,
+    steps: int = 5,
+    start: int,
+    draft_phase: int = REFERENCE_DRAFT_PHASE,
+    ranked_second=None,
+) -> dict:
     """``{ablation: draft_rounds(..., ablation=ablation)}`` for each of ``ablations`` (None: intact), computed
     together: one target forward for all of them, and each draft step one assistant forward whose batch stacks every
     ablation's rows (plus one for the sibling ablation's extra state). Each row sees only its own request's inputs,
@@ -106,7 +135,7 @@ def draft_rounds_each(target, assistant, ids, text: dict, ablations, *, steps: i
             kv = {t: (torch.cat(k), torch.cat(v)) for t, (k, v) in kvs.items()}
             position_ids = torch.cat(poss)
             truth_rows = ids.repeat(n, 1)
-            token, state = truth_rows[:, P:P + 1], torch.cat(hs)
+            token, state = truth_rows[:, P : P + 1], torch.cat(hs)
             ok_so_far = torch.ones(n * B, dtype=torch.bool)
             n_lead = torch.zeros(n * B)
             prev = None  # (logits, state) of the forward that drafted ``token``, for the sibling ablation
@@ -115,9 +144,14 @@ def draft_rounds_each(target, assistant, ids, text: dict, ablations, *, steps: i
                     top2 = prev[0][sibling].topk(2, dim=-1).indices  # the parent's best alternative to its token
                     alt = torch.where(top2[..., 0] == token[sibling], top2[..., 1], top2[..., 0])
                     state = state.clone()
-                    state[sibling] = _assist(assistant, embed, alt, prev[1][sibling],
-                                             {t: (kk[sibling], vv[sibling]) for t, (kk, vv) in kv.items()},
-                                             position_ids[sibling])[1]
+                    state[sibling] = _assist(
+                        assistant,
+                        embed,
+                        alt,
+                        prev[1][sibling],
+                        {t: (kk[sibling], vv[sibling]) for t, (kk, vv) in kv.items()},
+                        position_ids[sibling],
+                    )[1]
                 logits, new_state = _assist(assistant, embed, token, state, kv, position_ids)
                 prev = (logits, state)
                 truth = truth_rows[:, P + 1 + k]
@@ -144,8 +178,11 @@ def draft_rounds_each(target, assistant, ids, text: dict, ablations, *, steps: i
     out = {}
     for a in cases:
         acc = (correct[a] / max(1, rounds)).tolist()
-        out[a] = {"rounds": rounds, "step_accuracy": [round(x, 4) for x in acc],
-                  "accepted_drafts": round(float(torch.cat(leading[a]).mean()), 4) if leading[a] else None}
+        out[a] = {
+            "rounds": rounds,
+            "step_accuracy": [round(x, 4) for x in acc],
+            "accepted_drafts": round(float(torch.cat(leading[a]).mean()), 4) if leading[a] else None,
+        }
         if ranked_second is not None:
             d = decoys[a]
             out[a]["decoys_ranked"] = round(d[1] / d[0], 4) if d[0] else None

@@ -34,13 +34,19 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
         except (OSError, ValueError):
             state = {}
         state = state if isinstance(state, dict) else {}
-        canaries.append({
-            "id": rid, "mode": c.get("mode"), "from": c.get("from"),
-            "moved": {p: f"{m.get('from') or '-'} -> {m.get('to')}" for p, m in (c.get("moved") or {}).items()},
-            "resolved": c.get("resolved") or {}, "verdict": rec.get("verdict"),
-            "from_verdict": base.get("verdict"), "from_run": (state.get("pinned") or {}).get("run"),
-            "answer": state.get("summary") or [],
-        })
+        canaries.append(
+            {
+                "id": rid,
+                "mode": c.get("mode"),
+                "from": c.get("from"),
+                "moved": {p: f"{m.get('from') or '-'} -> {m.get('to')}" for p, m in (c.get("moved") or {}).items()},
+                "resolved": c.get("resolved") or {},
+                "verdict": rec.get("verdict"),
+                "from_verdict": base.get("verdict"),
+                "from_run": (state.get("pinned") or {}).get("run"),
+                "answer": state.get("summary") or [],
+            }
+        )
     if not canaries:
         return None
     out = {"canaries": canaries, "untested": None, "untested_error": None, "untested_lines": []}
@@ -70,11 +76,17 @@ def pinned_text(c: dict) -> str:
 
 
 def markdown(sec: dict) -> str:
-    lines = ["", "## Canaries", "", "| canary | mode | floats from | moved | verdict | pinned row |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Canaries",
+        "",
+        "| canary | mode | floats from | moved | verdict | pinned row |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in sec["canaries"]:
-        lines.append(f"| `{c['id']}` | {c['mode']} | `{c['from']}` | {moved_text(c)} | {c['verdict']} | "
-                     f"{pinned_text(c)} |")
+        lines.append(
+            f"| `{c['id']}` | {c['mode']} | `{c['from']}` | {moved_text(c)} | {c['verdict']} | {pinned_text(c)} |"
+        )
     for c in sec["canaries"]:
         if c["answer"]:
             lines += ["", f"**{c['id']}**", "", "```", *c["answer"], "```"]

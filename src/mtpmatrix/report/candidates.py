@@ -26,8 +26,11 @@ def candidate_of(record: dict | None) -> dict | None:
 def describe(cand: dict) -> str:
     """'patch 1a2b3c4 on sglang-0.5.17', 'wheel 1a2b3c4 (sglang 0.5.18.dev0)', 'checkout 1a2b3c4-dirty ...'."""
     kind = cand.get("kind") or "candidate"
-    ident = (cand.get("commit") or "")[:7] + ("-dirty" if cand.get("dirty") else "") if kind == "checkout" \
+    ident = (
+        (cand.get("commit") or "")[:7] + ("-dirty" if cand.get("dirty") else "")
+        if kind == "checkout"
         else (cand.get("sha256") or "")[:7]
+    )
     version = f" (sglang {cand['version']})" if cand.get("version") else ""
     phase = cand.get("draft_phase")
     declared = f", draft phase {phase:+d} declared" if isinstance(phase, int) else ""
@@ -40,8 +43,9 @@ def headline_text(rows: dict[str, dict]) -> str:
     return f"candidate{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
 
 
-def section(run_dir: Path, rows: dict[str, dict], baseline_dir: Path | None = None,
-            baseline_rows: dict[str, dict] | None = None) -> list[dict]:
+def section(
+    run_dir: Path, rows: dict[str, dict], baseline_dir: Path | None = None, baseline_rows: dict[str, dict] | None = None
+) -> list[dict]:
     """One entry per candidate row of the run (``rows``: judged records), set beside its base release."""
     out = []
     for rid, rec in sorted(rows.items()):
@@ -60,18 +64,29 @@ def section(run_dir: Path, rows: dict[str, dict], baseline_dir: Path | None = No
     return out
 
 
-def beside(rid: str, rec: dict, cand: dict, base: dict | None, where: str | None, run_dir: Path,
-           base_dir: Path | None) -> dict:
+def beside(
+    rid: str, rec: dict, cand: dict, base: dict | None, where: str | None, run_dir: Path, base_dir: Path | None
+) -> dict:
     """A candidate against its base release's record, check by check."""
-    entry = {"row": rid, "candidate": cand, "describe": describe(cand), "base_row": cand["base_row"],
-             "base_from": where, "verdict": rec.get("verdict"),
-             "no_longer_applies": [dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items()
-                                   for k in e.get("stale_known_upstream") or []]}
+    entry = {
+        "row": rid,
+        "candidate": cand,
+        "describe": describe(cand),
+        "base_row": cand["base_row"],
+        "base_from": where,
+        "verdict": rec.get("verdict"),
+        "no_longer_applies": [
+            dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items() for k in e.get("stale_known_upstream") or []
+        ],
+    }
     if base is None:
-        entry["missing_base"] = (f"no record of {cand['base_row']} in this run or a baseline: run the base release "
-                                 "beside the candidate (same --run-id), or give --baseline RUN_ID")
-        entry.update(counts={FIXED: 0, BROKEN: 0, UNCHANGED: 0}, fixed=[], broken=[], new_failures=[], tiers={},
-                     metric_deltas=[])
+        entry["missing_base"] = (
+            f"no record of {cand['base_row']} in this run or a baseline: run the base release "
+            "beside the candidate (same --run-id), or give --baseline RUN_ID"
+        )
+        entry.update(
+            counts={FIXED: 0, BROKEN: 0, UNCHANGED: 0}, fixed=[], broken=[], new_failures=[], tiers={}, metric_deltas=[]
+        )
         return entry
     cmp = compare.compare_row(rid, rec, base, run_dir / rid, Path(base_dir) / cand["base_row"])
     fixed = cmp["fixed"]
@@ -81,15 +96,28 @@ def beside(rid: str, rec: dict, cand: dict, base: dict | None, where: str | None
     before = {c["id"]: c.get("outcome") for e in (base.get("tiers") or {}).values() for c in e.get("checks") or []}
     moved = {i["check"] for i in fixed + broken}
     # checks both ran (a check skipped on either side compares nothing) that pass or fail on both sides
-    unchanged = [c["id"] for e in (rec.get("tiers") or {}).values() for c in e.get("checks") or []
-                 if before.get(c["id"], "skipped") != "skipped" and c.get("outcome") != "skipped"
-                 and c["id"] not in moved and (c.get("outcome") in FAILING) == (before[c["id"]] in FAILING)]
+    unchanged = [
+        c["id"]
+        for e in (rec.get("tiers") or {}).values()
+        for c in e.get("checks") or []
+        if before.get(c["id"], "skipped") != "skipped"
+        and c.get("outcome") != "skipped"
+        and c["id"] not in moved
+        and (c.get("outcome") in FAILING) == (before[c["id"]] in FAILING)
+    ]
     # what a candidate changes, not how long a check took: timings stay in the baseline comparison's table
-    deltas = sorted((d for d in cmp["metric_deltas"] if "seconds" not in d["metric"]),
-                    key=lambda d: d["check"] not in moved)  # the moved checks' first
-    entry.update(counts={FIXED: len(fixed), BROKEN: len(broken), UNCHANGED: len(unchanged)}, fixed=fixed,
-                 broken=broken, new_failures=unmatched, tiers=cmp["entry"]["tiers"], base_verdict=base.get("verdict"),
-                 metric_deltas=deltas)
+    deltas = sorted(
+        (d for d in cmp["metric_deltas"] if "seconds" not in d["metric"]), key=lambda d: d["check"] not in moved
+    )  # the moved checks' first
+    entry.update(
+        counts={FIXED: len(fixed), BROKEN: len(broken), UNCHANGED: len(unchanged)},
+        fixed=fixed,
+        broken=broken,
+        new_failures=unmatched,
+        tiers=cmp["entry"]["tiers"],
+        base_verdict=base.get("verdict"),
+        metric_deltas=deltas,
+    )
     return entry
 
 
@@ -101,33 +129,44 @@ def markdown(items: list[dict]) -> str:
     for c in items:
         base = f"**{c['base_row']}**" + (f" ({c['base_from']})" if c.get("base_from") else "")
         files = c["candidate"].get("files") or []
-        lines.append(f"**{c['row']}**: {c['describe']}" + (f"; files {', '.join(files)}" if files else "")
-                     + f" — against {base}")
+        lines.append(
+            f"**{c['row']}**: {c['describe']}" + (f"; files {', '.join(files)}" if files else "") + f" — against {base}"
+        )
         lines.append("")
         if c.get("missing_base"):
             lines += [f"- ❔ {c['missing_base']}", ""]
         else:
             n = c["counts"]
-            lines += [f"{n[FIXED]} fixed, {n[BROKEN]} broken, {n[UNCHANGED]} unchanged (check by check, against "
-                      f"{c['base_row']})", ""]
+            lines += [
+                f"{n[FIXED]} fixed, {n[BROKEN]} broken, {n[UNCHANGED]} unchanged (check by check, against "
+                f"{c['base_row']})",
+                "",
+            ]
             changed = [(t, v) for t, v in c["tiers"].items() if v.get("change") != "same"]
             if changed:
                 lines += ["| tier | base | candidate | change |", "|---|---|---|---|"]
-                lines += [f"| {t} | {v['before'] or '—'} | {v['after'] or '—'} | {v['change']} ({v['label']}) |"
-                          for t, v in changed] + [""]
+                lines += [
+                    f"| {t} | {v['before'] or '—'} | {v['after'] or '—'} | {v['change']} ({v['label']}) |"
+                    for t, v in changed
+                ] + [""]
         for i in c["fixed"]:
             was = "known upstream" if i.get("before_known_upstream") else i["before"]
-            lines.append(f"- 🔺 fixed **{i['tier']}** {short_check(i['check'])} ({was} in {c['base_row']}, "
-                         "passes now)")
+            lines.append(f"- 🔺 fixed **{i['tier']}** {short_check(i['check'])} ({was} in {c['base_row']}, passes now)")
         for i in c["broken"]:
-            lines.append(f"- 🔻 broken **{i['tier']}** {short_check(i['check'])}: `{i.get('kind') or '?'}` "
-                         + " ".join(str(i.get("message") or "").split())[:240])
+            lines.append(
+                f"- 🔻 broken **{i['tier']}** {short_check(i['check'])}: `{i.get('kind') or '?'}` "
+                + " ".join(str(i.get("message") or "").split())[:240]
+            )
         for i in c["new_failures"]:
-            lines.append(f"- ❌ fails, not run in {c['base_row']}: **{i['tier']}** {short_check(i['check'] or '')}: "
-                         f"`{i.get('kind') or '?'}` " + " ".join(str(i.get("message") or "").split())[:240])
+            lines.append(
+                f"- ❌ fails, not run in {c['base_row']}: **{i['tier']}** {short_check(i['check'] or '')}: "
+                f"`{i.get('kind') or '?'}` " + " ".join(str(i.get("message") or "").split())[:240]
+            )
         for k in c["no_longer_applies"]:
-            lines.append(f"- 🧹 known upstream `{k['id']}` no longer applies to the candidate: {len(k['checks'])} of "
-                         f"its checks pass ({k['tier']}); {c['base_row']} still has it")
+            lines.append(
+                f"- 🧹 known upstream `{k['id']}` no longer applies to the candidate: {len(k['checks'])} of "
+                f"its checks pass ({k['tier']}); {c['base_row']} still has it"
+            )
         for d in c["metric_deltas"][:SHOWN_DELTAS]:
             lines.append(f"- {d['tier']} {short_check(d['check'])} {d['metric']}: {d['before']} → {d['after']}")
         if len(c["metric_deltas"]) > SHOWN_DELTAS:

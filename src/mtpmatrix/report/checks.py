@@ -11,8 +11,14 @@ from mtpmatrix.core import schema
 from mtpmatrix.core.store import read_question_records, records_file
 
 # Metrics shown in their own columns (schema.py names); the rest lands in "other", shortened.
-COLUMN_METRICS = (schema.SCORE, schema.WILSON95, schema.NUM_EXAMPLES, schema.ACCEPT_LENGTH, schema.SPEEDUP,
-                  schema.RECORDS)
+COLUMN_METRICS = (
+    schema.SCORE,
+    schema.WILSON95,
+    schema.NUM_EXAMPLES,
+    schema.ACCEPT_LENGTH,
+    schema.SPEEDUP,
+    schema.RECORDS,
+)
 
 
 short_check = schema.short_check_id

@@ -25,8 +25,14 @@ def parse_require(text: str | None) -> list[str]:
     return tiers
 
 
-def write_report(results: Path, run_id: str | None = None, *, baseline: str | None = None,
-                 out: Path | None = None, require: list[str] | tuple[str, ...] = ()) -> tuple[dict, dict[str, Path]]:
+def write_report(
+    results: Path,
+    run_id: str | None = None,
+    *,
+    baseline: str | None = None,
+    out: Path | None = None,
+    require: list[str] | tuple[str, ...] = (),
+) -> tuple[dict, dict[str, Path]]:
     """Build and write the report; returns (summary, {"md": ..., "html": ..., "json": ...})."""
     render.environment()  # no jinja2: say so before reading anything
     run_dir = find_run(results, run_id)
@@ -55,15 +61,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="results/<RUN_ID>/ (default: the latest run)")
     p.add_argument("--baseline", metavar="RUN_ID", help="compare with this earlier run")
     p.add_argument("--out", type=Path, help="write here instead of results/<RUN_ID>/report/")
-    p.add_argument("--require", metavar="TIERS", default="",
-                   help="release gate: exit 3 unless these tiers are complete (their whole expected set ran and "
-                        "passed) in every row, e.g. smoke,gsm8k")
+    p.add_argument(
+        "--require",
+        metavar="TIERS",
+        default="",
+        help="release gate: exit 3 unless these tiers are complete (their whole expected set ran and "
+        "passed) in every row, e.g. smoke,gsm8k",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
     try:
-        summary, paths = write_report(ns.results, ns.run_id, baseline=ns.baseline, out=ns.out,
-                                      require=parse_require(ns.require))
+        summary, paths = write_report(
+            ns.results, ns.run_id, baseline=ns.baseline, out=ns.out, require=parse_require(ns.require)
+        )
     except (ReportError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

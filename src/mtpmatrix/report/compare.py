@@ -41,7 +41,7 @@ def paired_across_rows(run_dir: Path, rows: dict[str, dict]) -> list[dict]:
     for key in keys:
         have = [rid for rid in sorted(per_row) if key in per_row[rid]]
         for i, a in enumerate(have):
-            for b in have[i + 1:]:
+            for b in have[i + 1 :]:
                 cmp = paired_comparison(per_row[a][key]["questions"], per_row[b][key]["questions"])
                 out.append({"key": key, "row_a": a, "row_b": b, **cmp})
     for rid in sorted(per_row):
@@ -91,8 +91,12 @@ def compare_row(rid: str, cur: dict | None, base: dict | None, cur_dir: Path, ba
     if cur and (cur.get("install") or {}).get("verdict") == "failed":
         ib = ((base or {}).get("install") or {}).get("verdict")
         d, lab = _change(ib, "failed")
-        entry["tiers"]["install"] = {"before": ib, "after": "failed", "change": d,
-                                     "label": "install fails" if d == "worse" else lab}
+        entry["tiers"]["install"] = {
+            "before": ib,
+            "after": "failed",
+            "change": d,
+            "label": "install fails" if d == "worse" else lab,
+        }
     for tier in [t for t in TIERS if t in ctiers or t in btiers]:
         tb, ta = (btiers.get(tier) or {}).get("verdict"), (ctiers.get(tier) or {}).get("verdict")
         d, lab = _change(tb, ta)
@@ -102,20 +106,41 @@ def compare_row(rid: str, cur: dict | None, base: dict | None, cur_dir: Path, ba
             old = bchecks.get(c["id"])
             ob, oa = (old or {}).get("outcome"), c.get("outcome")
             f = c.get("failure") or {}
-            item = {"row": rid, "tier": tier, "check": c["id"], "before": ob, "after": oa,
-                    "before_known_upstream": (old or {}).get("known_upstream"),
-                    "kind": f.get("kind"), "message": f.get("message"), "frame": first_frame(f)}
+            item = {
+                "row": rid,
+                "tier": tier,
+                "check": c["id"],
+                "before": ob,
+                "after": oa,
+                "before_known_upstream": (old or {}).get("known_upstream"),
+                "kind": f.get("kind"),
+                "message": f.get("message"),
+                "frame": first_frame(f),
+            }
             if oa in FAILING and ob not in FAILING and not c.get("known_upstream"):
                 new_failures.append(item)
             elif ob in FAILING and oa == "passed":
                 fixed.append(item)
             if old:
                 deltas += _metric_deltas(rid, tier, c["id"], old.get("metrics") or {}, c.get("metrics") or {})
-    if cur and (cur.get("install") or {}).get("verdict") == "failed" and (
-            (base or {}).get("install") or {}).get("verdict") != "failed":
+    if (
+        cur
+        and (cur.get("install") or {}).get("verdict") == "failed"
+        and ((base or {}).get("install") or {}).get("verdict") != "failed"
+    ):
         f = cur["install"].get("failure") or {}
-        new_failures.append({"row": rid, "tier": "install", "check": None, "before": "passed" if base else None,
-                             "after": "failed", "kind": "install", "message": f.get("message"), "frame": None})
+        new_failures.append(
+            {
+                "row": rid,
+                "tier": "install",
+                "check": None,
+                "before": "passed" if base else None,
+                "after": "failed",
+                "kind": "install",
+                "message": f.get("message"),
+                "frame": None,
+            }
+        )
     if cur and base:
         qa = question_records(base, base_dir)
         qb = question_records(cur, cur_dir)
@@ -142,8 +167,13 @@ def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_
     used = set(matched.values())
     for rid in sorted(set(cur_rows) | (set(base_rows) - used)):
         bid = matched.get(rid, rid)
-        one = compare_row(rid, cur_rows.get(rid), base_rows.get(bid) if bid else None, Path(cur_dir) / rid,
-                          Path(base_dir) / (bid or rid))
+        one = compare_row(
+            rid,
+            cur_rows.get(rid),
+            base_rows.get(bid) if bid else None,
+            Path(cur_dir) / rid,
+            Path(base_dir) / (bid or rid),
+        )
         if bid not in (None, rid):
             one["entry"]["base_row"] = bid
         rows_out.append(one["entry"])
@@ -151,10 +181,15 @@ def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_
         fixed += one["fixed"]
         deltas += one["metric_deltas"]
         paired += one["paired"]
-    return {"rows": rows_out, "new_failures": new_failures, "fixed": fixed, "metric_deltas": deltas,
-            "paired": paired,
-            "new_rows": sorted(rid for rid, bid in matched.items() if bid is None),
-            "missing_rows": sorted(set(base_rows) - used - set(cur_rows))}
+    return {
+        "rows": rows_out,
+        "new_failures": new_failures,
+        "fixed": fixed,
+        "metric_deltas": deltas,
+        "paired": paired,
+        "new_rows": sorted(rid for rid, bid in matched.items() if bid is None),
+        "missing_rows": sorted(set(base_rows) - used - set(cur_rows)),
+    }
 
 
 def _metric_deltas(rid: str, tier: str, check: str, before: dict, after: dict) -> list[dict]:
@@ -162,8 +197,17 @@ def _metric_deltas(rid: str, tier: str, check: str, before: dict, after: dict) -
     out = []
     for name in sorted(set(before) & set(after), key=lambda n: (n not in COLUMN_METRICS, n)):
         if is_number(before[name]) and is_number(after[name]) and before[name] != after[name]:
-            out.append({"row": rid, "tier": tier, "check": check, "metric": name,
-                        "before": before[name], "after": after[name], "delta": after[name] - before[name]})
+            out.append(
+                {
+                    "row": rid,
+                    "tier": tier,
+                    "check": check,
+                    "metric": name,
+                    "before": before[name],
+                    "after": after[name],
+                    "delta": after[name] - before[name],
+                }
+            )
     return out
 
 
@@ -171,7 +215,17 @@ def regressions(base: dict) -> list[dict]:
     """What a baseline comparison holds against this run: new failures, and GSM8K cases whose accuracy dropped
     significantly (McNemar p < ALPHA) on the same questions."""
     out = [dict(r, why="new failure") for r in base["new_failures"]]
-    out += [{"row": p["row"], "tier": "gsm8k", "check": p["key"], "why": "significant accuracy drop",
-             "before": p["a_correct"] / p["n"], "after": p["b_correct"] / p["n"], "p_value": p["p_value"]}
-            for p in base["paired"] if p["n"] and p["p_value"] < ALPHA and p["b_correct"] < p["a_correct"]]
+    out += [
+        {
+            "row": p["row"],
+            "tier": "gsm8k",
+            "check": p["key"],
+            "why": "significant accuracy drop",
+            "before": p["a_correct"] / p["n"],
+            "after": p["b_correct"] / p["n"],
+            "p_value": p["p_value"],
+        }
+        for p in base["paired"]
+        if p["n"] and p["p_value"] < ALPHA and p["b_correct"] < p["a_correct"]
+    ]
     return out

@@ -41,6 +41,7 @@ class ReportError(ValueError):
 # reading a run: every verdict derived again
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def rejudge(record: dict, issues=None) -> dict:
     """expected.rejudge_record: the one re-judging of a row record, shared with bisect and the canary."""
     return expected.rejudge_record(record, issues)
@@ -57,8 +58,11 @@ def read_judged_run(run_dir: Path) -> dict[str, dict]:
         raise ReportError(f"known upstream issues: {exc}") from None
     out = {}
     for rid, rec in read_run(run_dir).items():
-        problems = (rec.get("unreadable") if isinstance(rec, dict) and rec.get("unreadable")
-                    else record_shapes.shape_problems(rec))
+        problems = (
+            rec.get("unreadable")
+            if isinstance(rec, dict) and rec.get("unreadable")
+            else record_shapes.shape_problems(rec)
+        )
         out[rid] = record_shapes.shell(rid, problems) if problems else rejudge(rec, issues)
     return out
 
@@ -66,6 +70,7 @@ def read_judged_run(run_dir: Path) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------------------------------
 # one row
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
     """One row per (tier, case) with the metrics of all its checks: a GSM8K case's score and interval (test_accuracy)
@@ -77,8 +82,9 @@ def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
             if not metrics:
                 continue
             key = (tier_name, case_of(chk["id"]))
-            g = groups.setdefault(key, {"tier": tier_name, "case": key[1], "checks": [], "outcome": "passed",
-                                        "metrics": {}})
+            g = groups.setdefault(
+                key, {"tier": tier_name, "case": key[1], "checks": [], "outcome": "passed", "metrics": {}}
+            )
             g["checks"].append(chk["id"])
             if chk.get("outcome") in FAILING:
                 g["outcome"] = chk["outcome"]
@@ -88,8 +94,13 @@ def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
 
 def _metric_row(group: dict, qrecords: dict[str, dict]) -> dict:
     metrics = group["metrics"]
-    out: dict = {"check": group["checks"][0], "checks": group["checks"], "short": group["case"],
-                 "tier": group["tier"], "outcome": group["outcome"]}
+    out: dict = {
+        "check": group["checks"][0],
+        "checks": group["checks"],
+        "short": group["case"],
+        "tier": group["tier"],
+        "outcome": group["outcome"],
+    }
     score = metrics.get(schema.SCORE)
     qs = qrecords.get(group["case"], {}).get("questions") if group["tier"] == "gsm8k" else None
     if is_number(score):
@@ -124,8 +135,17 @@ def _relaunched(record: dict) -> list[dict]:
             m = chk.get("metrics") or {}
             if m.get("first_attempt_error"):
                 log = Path(str(m.get(schema.SERVER_LOG) or chk["id"])).name
-                entry = seen.setdefault(log, {"tier": tier_name, "server": case_of(chk["id"]), "server_log": log,
-                                              "error": m["first_attempt_error"], "checks": [], "alone": "passed"})
+                entry = seen.setdefault(
+                    log,
+                    {
+                        "tier": tier_name,
+                        "server": case_of(chk["id"]),
+                        "server_log": log,
+                        "error": m["first_attempt_error"],
+                        "checks": [],
+                        "alone": "passed",
+                    },
+                )
                 entry["checks"].append(short_check(chk["id"]).split("[", 1)[0])
                 if chk.get("outcome") in FAILING:
                     entry["alone"] = "failed"
@@ -141,23 +161,52 @@ def _tier_summary(tier: dict) -> dict:
     for c in checks:
         if c.get("outcome") in FAILING and not c.get("known_upstream"):  # known upstream bugs are listed apart
             f = c.get("failure") or {}
-            failures.append({"check": c["id"], "short": short_check(c["id"]), "outcome": c["outcome"],
-                             "kind": f.get("kind"), "type": f.get("type"), "message": f.get("message"),
-                             "frame": f.get("frame"), "raised_at": f.get("raised_at")})
+            failures.append(
+                {
+                    "check": c["id"],
+                    "short": short_check(c["id"]),
+                    "outcome": c["outcome"],
+                    "kind": f.get("kind"),
+                    "type": f.get("type"),
+                    "message": f.get("message"),
+                    "frame": f.get("frame"),
+                    "raised_at": f.get("raised_at"),
+                }
+            )
     if tier.get("verdict") in FAILING and not failures:  # e.g. pytest died before writing results
-        failures.append({"check": None, "short": None, "outcome": tier.get("verdict"),
-                         "kind": (tier.get("failure_kinds") or [None])[0], "type": None,
-                         "message": tier.get("reason"), "frame": None, "raised_at": None})
+        failures.append(
+            {
+                "check": None,
+                "short": None,
+                "outcome": tier.get("verdict"),
+                "kind": (tier.get("failure_kinds") or [None])[0],
+                "type": None,
+                "message": tier.get("reason"),
+                "frame": None,
+                "raised_at": None,
+            }
+        )
     kinds = tier.get("failure_kinds") or sorted({f["kind"] for f in failures if f["kind"]})
     groups = group_failures(failures)
-    skipped_checks = [{"check": c["id"], "reason": c.get("reason", "")} for c in checks
-                      if c.get("outcome") == "skipped"]
-    return {"verdict": tier.get("verdict"), "state": expected.tier_state(tier), "unproven": tier.get("unproven", []),
-            "reason": tier.get("reason"), "seconds": tier.get("seconds"),
-            "counts": counts, "failure_kinds": list(kinds), "failures": failures, "failure_groups": groups,
-            "skipped_checks": skipped_checks, "known_upstream": tier.get("known_upstream", []),
-            "stale_known_upstream": tier.get("stale_known_upstream", []),
-            "missing": tier.get("missing", []), "missing_groups": group_missing(tier.get("missing", []))}
+    skipped_checks = [
+        {"check": c["id"], "reason": c.get("reason", "")} for c in checks if c.get("outcome") == "skipped"
+    ]
+    return {
+        "verdict": tier.get("verdict"),
+        "state": expected.tier_state(tier),
+        "unproven": tier.get("unproven", []),
+        "reason": tier.get("reason"),
+        "seconds": tier.get("seconds"),
+        "counts": counts,
+        "failure_kinds": list(kinds),
+        "failures": failures,
+        "failure_groups": groups,
+        "skipped_checks": skipped_checks,
+        "known_upstream": tier.get("known_upstream", []),
+        "stale_known_upstream": tier.get("stale_known_upstream", []),
+        "missing": tier.get("missing", []),
+        "missing_groups": group_missing(tier.get("missing", [])),
+    }
 
 
 def group_missing(missing: list[dict]) -> list[dict]:
@@ -229,13 +278,19 @@ def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dic
         "versions": versions,
         "versions_installed": installed,
         "overrides": list(record.get("overrides") or []),
-        "install": {"verdict": install.get("verdict"), "seconds": install.get("seconds"),
-                    "failure": install.get("failure"), "check_ok": check.get("ok"),
-                    "check_output": check.get("output", [])},
+        "install": {
+            "verdict": install.get("verdict"),
+            "seconds": install.get("seconds"),
+            "failure": install.get("failure"),
+            "check_ok": check.get("ok"),
+            "check_output": check.get("output", []),
+        },
         "tiers": tiers,
         "metrics": metrics,
-        "gsm8k_records": {k: {"path": v["path"], "n": len(v["questions"]),
-                              "correct": sum(v["questions"].values())} for k, v in qrecords.items()},
+        "gsm8k_records": {
+            k: {"path": v["path"], "n": len(v["questions"]), "correct": sum(v["questions"].values())}
+            for k, v in qrecords.items()
+        },
         "logs": logs,
         "started": record.get("started"),
         "finished": record.get("finished"),
@@ -249,8 +304,15 @@ def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dic
 # across rows
 # ---------------------------------------------------------------------------------------------------------------
 
-def closest_passing(target: dict[str, str], candidates: dict[str, dict[str, str]], *, target_sglang: str | None,
-                    sglang_of: dict[str, str | None], keys_only: bool = False) -> dict | None:
+
+def closest_passing(
+    target: dict[str, str],
+    candidates: dict[str, dict[str, str]],
+    *,
+    target_sglang: str | None,
+    sglang_of: dict[str, str | None],
+    keys_only: bool = False,
+) -> dict | None:
     """The candidate with the fewest differing packages; ties go to the same sglang, then to the row id.
 
     ``keys_only``: compare only the packages ``target`` names (the failing row never installed, so only its pins
@@ -267,17 +329,24 @@ def closest_passing(target: dict[str, str], candidates: dict[str, dict[str, str]
         return None
     _, rid, diff = best
     diff.sort(key=lambda n: (MAIN_PACKAGES.index(n) if n in MAIN_PACKAGES else len(MAIN_PACKAGES), n))
-    return {"row": rid, "distance": len(diff),
-            "differences": [{"package": n, "this": target.get(n), "other": candidates[rid].get(n)} for n in diff]}
+    return {
+        "row": rid,
+        "distance": len(diff),
+        "differences": [{"package": n, "this": target.get(n), "other": candidates[rid].get(n)} for n in diff],
+    }
 
 
-def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[str, dict],
-                          baseline_dir: Path | None = None) -> None:
+def _closest_passing_rows(
+    run_dir: Path, rows: dict[str, dict], summaries: dict[str, dict], baseline_dir: Path | None = None
+) -> None:
     """Attach to every failing row the closest passing row: from this run, and, with a baseline, from the
     baseline run too (an upgrade probe re-runs one row, so its nearest good neighbour is usually the baseline's)."""
     freezes = {rid: read_freeze(run_dir / rid) for rid in rows}
-    passing = {rid: (freezes[rid] if freezes[rid] else pins_with_overrides(rows[rid]))
-               for rid, s in summaries.items() if s["verdict"] in ("passed", PARTIAL)}
+    passing = {
+        rid: (freezes[rid] if freezes[rid] else pins_with_overrides(rows[rid]))
+        for rid, s in summaries.items()
+        if s["verdict"] in ("passed", PARTIAL)
+    }
     sglang_of = {rid: summaries[rid]["versions"].get("sglang") for rid in summaries}
     if baseline_dir is not None:
         for rid, rec in read_judged_run(baseline_dir).items():
@@ -293,8 +362,9 @@ def _closest_passing_rows(run_dir: Path, rows: dict[str, dict], summaries: dict[
             continue
         source = "freeze" if freezes[rid] else "pins"
         target = freezes[rid] if freezes[rid] else pins_with_overrides(rows[rid])
-        best = closest_passing(target, passing, target_sglang=sglang_of.get(rid), sglang_of=sglang_of,
-                               keys_only=source == "pins")
+        best = closest_passing(
+            target, passing, target_sglang=sglang_of.get(rid), sglang_of=sglang_of, keys_only=source == "pins"
+        )
         if best:
             best["source"] = source
         s["closest_passing"] = best
@@ -336,23 +406,43 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
         complete = [rid for rid, v in verdict.items() if expected.complete(v)]
         partial = [rid for rid, v in verdict.items() if v == PARTIAL]
         # rows whose tier ran but proves nothing: its records cannot show it, or only the harness failed
-        unproven = [rid for rid, s in summaries.items() if tier in s["tiers"] and rid not in partial
-                    and s["tiers"][tier]["state"] == expected.NOT_PROVEN and verdict[rid] not in ("skipped", None)]
-        not_run = [rid for rid, v in verdict.items() if v in ("skipped", None)
-                   and summaries[rid]["install"]["verdict"] != "failed" and summaries[rid]["verdict"] != UNPROVEN]
-        reasons = [g["reason"] for g in skips if tier in g["tiers"] and set(g["rows"]) & set(not_run)
-                   and not g["checks"]]
+        unproven = [
+            rid
+            for rid, s in summaries.items()
+            if tier in s["tiers"]
+            and rid not in partial
+            and s["tiers"][tier]["state"] == expected.NOT_PROVEN
+            and verdict[rid] not in ("skipped", None)
+        ]
+        not_run = [
+            rid
+            for rid, v in verdict.items()
+            if v in ("skipped", None)
+            and summaries[rid]["install"]["verdict"] != "failed"
+            and summaries[rid]["verdict"] != UNPROVEN
+        ]
+        reasons = [
+            g["reason"] for g in skips if tier in g["tiers"] and set(g["rows"]) & set(not_run) and not g["checks"]
+        ]
         if reasons and all("GPU" in r for r in reasons):
             why = "no GPU"
         elif reasons and all("not selected" in r for r in reasons):
             why = "not selected"
         else:
             why = reasons[0] if reasons else ""
-        out[tier] = {"complete": complete, "partial": partial, "not_run": not_run, "why": why, "unproven": unproven,
-                     "unproven_why": {rid: summaries[rid]["tiers"][tier]["unproven"] or
-                                      [summaries[rid]["tiers"][tier].get("reason") or "the harness failed"]
-                                      for rid in unproven},
-                     "missing": {rid: summaries[rid]["tiers"][tier]["missing_groups"] for rid in partial}}
+        out[tier] = {
+            "complete": complete,
+            "partial": partial,
+            "not_run": not_run,
+            "why": why,
+            "unproven": unproven,
+            "unproven_why": {
+                rid: summaries[rid]["tiers"][tier]["unproven"]
+                or [summaries[rid]["tiers"][tier].get("reason") or "the harness failed"]
+                for rid in unproven
+            },
+            "missing": {rid: summaries[rid]["tiers"][tier]["missing_groups"] for rid in partial},
+        }
     return out
 
 
@@ -361,9 +451,15 @@ def missing_required(summary: dict, tiers=None) -> list[str]:
     set ran and passed, on records that show it -- in every row."""
     status = summary["tier_status"]
     unproven_rows = [r["id"] for r in summary["rows"] if r["verdict"] == UNPROVEN]
-    return [t for t in tiers or summary["required_tiers"] or TIERS
-            if t not in status or status[t]["not_run"] or status[t]["partial"] or status[t]["unproven"]
-            or any(rid not in status[t]["complete"] for rid in unproven_rows)]
+    return [
+        t
+        for t in tiers or summary["required_tiers"] or TIERS
+        if t not in status
+        or status[t]["not_run"]
+        or status[t]["partial"]
+        or status[t]["unproven"]
+        or any(rid not in status[t]["complete"] for rid in unproven_rows)
+    ]
 
 
 def _verdict(summary: dict) -> tuple[str, int]:
@@ -381,8 +477,13 @@ def _verdict(summary: dict) -> tuple[str, int]:
     return "required-proven", EXIT_OK
 
 
-def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: Path | None = None,
-                  require: list[str] | tuple[str, ...] = ()) -> dict:
+def build_summary(
+    run_dir: Path,
+    *,
+    baseline_dir: Path | None = None,
+    out_dir: Path | None = None,
+    require: list[str] | tuple[str, ...] = (),
+) -> dict:
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / REPORT_DIR
     rows = read_judged_run(run_dir)
@@ -400,11 +501,20 @@ def build_summary(run_dir: Path, *, baseline_dir: Path | None = None, out_dir: P
     tiers = [t for t in TIERS if any(t in s["tiers"] for s in summaries.values())] or list(TIERS)
     ran_any = any(t["verdict"] in RAN for s in summaries.values() for t in s["tiers"].values())
     skips = _skip_groups(summaries)
-    known = [dict(k, row=rid, tier=t) for rid, s in summaries.items() for t, tv in s["tiers"].items()
-             for k in tv["known_upstream"]]
+    known = [
+        dict(k, row=rid, tier=t)
+        for rid, s in summaries.items()
+        for t, tv in s["tiers"].items()
+        for k in tv["known_upstream"]
+    ]
     # a candidate that passes a known-upstream entry's checks fixes it; the release still has it (candidates.py)
-    stale = [dict(k, row=rid, tier=t) for rid, s in summaries.items() if not s["candidate"]
-             for t, tv in s["tiers"].items() for k in tv["stale_known_upstream"]]
+    stale = [
+        dict(k, row=rid, tier=t)
+        for rid, s in summaries.items()
+        if not s["candidate"]
+        for t, tv in s["tiers"].items()
+        for k in tv["stale_known_upstream"]
+    ]
     summary = {
         "schema": schema.SCHEMA,
         "run_id": run_dir.name,

@@ -24,15 +24,37 @@ TEMPLATES = Path(__file__).parent / "templates"
 MARKDOWN_TEMPLATE, HTML_TEMPLATE = "report.md.j2", "report.html.j2"
 NO_JINJA2 = "the report needs jinja2: pip install jinja2 (nox -s report installs it)"
 
-SYMBOLS = {"passed": "✅", "failed": "❌", "error": "💥", "skipped": "⏭️", "pending": "⏳",
-           KNOWN_UPSTREAM: "⚠️", PARTIAL: "🟡", UNPROVEN: "❔", None: "—"}
+SYMBOLS = {
+    "passed": "✅",
+    "failed": "❌",
+    "error": "💥",
+    "skipped": "⏭️",
+    "pending": "⏳",
+    KNOWN_UPSTREAM: "⚠️",
+    PARTIAL: "🟡",
+    UNPROVEN: "❔",
+    None: "—",
+}
 # The HTML page uses plain glyphs that every font has (emoji need a color-emoji font the viewer may lack).
-GLYPHS = {"passed": "✓", "failed": "✗", "error": "!", "skipped": "–", "pending": "…", KNOWN_UPSTREAM: "⚠",
-          PARTIAL: "~", UNPROVEN: "?", None: "—"}
+GLYPHS = {
+    "passed": "✓",
+    "failed": "✗",
+    "error": "!",
+    "skipped": "–",
+    "pending": "…",
+    KNOWN_UPSTREAM: "⚠",
+    PARTIAL: "~",
+    UNPROVEN: "?",
+    None: "—",
+}
 # Headline marks: proven, nothing failed but not everything proven, not qualified.
 MARKS = {"qualifies": "✅", "required-proven": "🟡", "not-proven": "❔", "fails": "❌"}
-BANNERS = {"qualifies": ("ok", "✓"), "required-proven": ("partial", "~"), "not-proven": ("bad", "?"),
-           "fails": ("bad", "✗")}
+BANNERS = {
+    "qualifies": ("ok", "✓"),
+    "required-proven": ("partial", "~"),
+    "not-proven": ("bad", "?"),
+    "fails": ("bad", "✗"),
+}
 VERSION_KEYS = (*MAIN_PACKAGES, "python")  # the versions each row shows
 # known_upstream.json's components as the report words them: whose bug, and whether it is sglang's
 COMPONENT_WORDS = {"library": "library bug, not sglang", "sglang": "sglang deviation on its serving path"}
@@ -43,6 +65,7 @@ HTML_LOGS = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.J
 # ---------------------------------------------------------------------------------------------------------------
 # text both formats (and the CLI) share
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def fmt_num(v, digits: int = 3) -> str:
     if isinstance(v, bool):
@@ -62,9 +85,11 @@ def fmt_other(v, limit: int = 60) -> str:
             return f"{len(v)} values, mean {fmt_num(sum(nums) / len(nums))}"
         return f"{len(v)} items"
     if isinstance(v, dict):
-        inner = ", ".join(f"{k} {len(x) if isinstance(x, (list, tuple)) else fmt_other(x, 24)}"
-                          for k, x in v.items()
-                          if is_number(x) or isinstance(x, (str, bool, list, tuple)) or x is None)
+        inner = ", ".join(
+            f"{k} {len(x) if isinstance(x, (list, tuple)) else fmt_other(x, 24)}"
+            for k, x in v.items()
+            if is_number(x) or isinstance(x, (str, bool, list, tuple)) or x is None
+        )
         if not inner:
             return f"{{{len(v)} keys}}"
         return inner if len(inner) <= limit else inner[: limit - 1] + "…"
@@ -140,17 +165,23 @@ def _proven_text(summary: dict) -> str:
     """'CPU checks pass; smoke and gsm8k not run (no GPU)': which tiers ran whole and passed, which ran in part,
     which did not run, why."""
     status, n = summary["tier_status"], len(summary["rows"])
-    full = [t for t in summary["tiers"]
-            if status[t]["complete"] and not status[t]["not_run"] and not status[t]["partial"]]
+    full = [
+        t for t in summary["tiers"] if status[t]["complete"] and not status[t]["not_run"] and not status[t]["partial"]
+    ]
     some = [t for t in summary["tiers"] if t not in full and (status[t]["complete"] or status[t]["partial"])]
     none = [t for t in summary["tiers"] if not status[t]["complete"] and not status[t]["partial"]]
     parts = []
     if full:
-        parts.append("CPU checks pass" if full == [t for t in TIERS if t not in GPU_TIERS]
-                     else f"{_and(full)} pass{'es' if len(full) == 1 else ''}")
+        parts.append(
+            "CPU checks pass"
+            if full == [t for t in TIERS if t not in GPU_TIERS]
+            else f"{_and(full)} pass{'es' if len(full) == 1 else ''}"
+        )
     for t in some:
-        parts.append(f"{t} complete in {len(status[t]['complete'])} of {n} rows" + (
-            f", partial in {_partial_text(status[t])}" if status[t]["partial"] else ""))
+        parts.append(
+            f"{t} complete in {len(status[t]['complete'])} of {n} rows"
+            + (f", partial in {_partial_text(status[t])}" if status[t]["partial"] else "")
+        )
     for t in summary["tiers"]:
         for rid in status[t].get("unproven") or []:
             parts.append(f"{t} not proven in {rid} ({(status[t]['unproven_why'].get(rid) or ['?'])[0]})")
@@ -182,8 +213,10 @@ def _known_text(summary: dict) -> str:
     """The known upstream issues, library bugs (not sglang) apart from sglang deviations on its serving path."""
     k = summary.get("known_upstream") or []
     parts = []
-    for component, words in (("library", "library bug(s), not sglang"),
-                             ("sglang", "sglang deviation(s) on its serving path")):
+    for component, words in (
+        ("library", "library bug(s), not sglang"),
+        ("sglang", "sglang deviation(s) on its serving path"),
+    ):
         ks = [x for x in k if x.get("component", "sglang" if x.get("package") == "sglang" else "library") == component]
         if ks:
             where = sorted({f"{x['row']} {x['tier']}" for x in ks})
@@ -214,15 +247,17 @@ def _evidence_text(summary: dict, limit: int = 3) -> str:
     parts = list(ev["run"])
     for rid, problems in ev["rows"].items():
         whys = list(dict.fromkeys(p["what"] for p in problems))
-        parts.append(f"{rid}: {'; '.join(whys[:limit])}" + (f" (+{len(whys) - limit} more)" if len(whys) > limit
-                                                            else ""))
+        parts.append(
+            f"{rid}: {'; '.join(whys[:limit])}" + (f" (+{len(whys) - limit} more)" if len(whys) > limit else "")
+        )
     return " | ".join(parts)
 
 
 def _rows_text(summary: dict) -> str:
     """'sglang-0.5.17: sglang 0.5.17, transformers 5.12.1, torch 2.11.0': which versions the verdict is about."""
-    return "; ".join(f"{r['id']}: " + ", ".join(f"{p} {r['versions'].get(p) or '?'}" for p in MAIN_PACKAGES)
-                     for r in summary["rows"])
+    return "; ".join(
+        f"{r['id']}: " + ", ".join(f"{p} {r['versions'].get(p) or '?'}" for p in MAIN_PACKAGES) for r in summary["rows"]
+    )
 
 
 def headline(summary: dict) -> str:
@@ -238,12 +273,16 @@ def _headline(summary: dict) -> str:
     counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
     state = summary.get("verdict")
     if state == "qualifies":
-        return (f"QUALIFIES — every tier ran whole and passed in all {n} rows ({_rows_text(summary)}), suite "
-                f"{(summary.get('evidence') or {}).get('suite')}{_known_text(summary)} ({counts})")
+        return (
+            f"QUALIFIES — every tier ran whole and passed in all {n} rows ({_rows_text(summary)}), suite "
+            f"{(summary.get('evidence') or {}).get('suite')}{_known_text(summary)} ({counts})"
+        )
     if state == "required-proven":
-        return (f"{_and(summary['required_tiers'])} proven in all {n} rows ({_rows_text(summary)}), suite "
-                f"{(summary.get('evidence') or {}).get('suite')}, not a release qualification: "
-                f"{_proven_text(summary)}{_known_text(summary)} ({counts})")
+        return (
+            f"{_and(summary['required_tiers'])} proven in all {n} rows ({_rows_text(summary)}), suite "
+            f"{(summary.get('evidence') or {}).get('suite')}, not a release qualification: "
+            f"{_proven_text(summary)}{_known_text(summary)} ({counts})"
+        )
     if state == "not-proven":
         evidence = _evidence_text(summary)
         if summary.get("nothing_ran"):
@@ -262,6 +301,7 @@ def _headline(summary: dict) -> str:
 # the context and the environment
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def view(summary: dict) -> dict:
     """What both templates render: the summary (``s``) and what is derived from it, once."""
     rows = summary["rows"]
@@ -272,8 +312,9 @@ def view(summary: dict) -> dict:
         "metric_rows": [(r["id"], m) for r in rows for m in r["metrics"] if m.get("known")],
         "other_rows": [(r["id"], m) for r in rows for m in r["metrics"] if not m.get("known")],
         # tiers where nothing failed but not the whole expected set ran (expected.py), grouped by why
-        "not_complete": [(r["id"], t, tv["missing_groups"]) for r in rows for t, tv in r["tiers"].items()
-                         if tv["verdict"] == PARTIAL],
+        "not_complete": [
+            (r["id"], t, tv["missing_groups"]) for r in rows for t, tv in r["tiers"].items() if tv["verdict"] == PARTIAL
+        ],
         "hosts": sorted({(r.get("host") or {}).get("hostname", "") for r in rows} - {""}),
         "gpus": sorted({r.get("gpus") for r in rows if r.get("gpus") is not None}),
         "base": None,
@@ -308,18 +349,43 @@ def environment():
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
         # a line holding only a {% tag %} leaves nothing behind, so the templates read like the output
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,  # a misspelt key fails the render instead of vanishing
         finalize=finalize,
     )
-    env.filters.update(fmt_num=fmt_num, fmt_other=fmt_other, score_text=score_text, fmt_p=fmt_p, fmt_dur=fmt_dur,
-                       plural=plural, idx=idx, md=md_escape, skip_where=skip_where, short_check=short_check,
-                       tally=tally, failure_kinds=failure_kinds)
-    env.globals.update(SYMBOLS=SYMBOLS, GLYPHS=GLYPHS, MARKS=MARKS, BANNERS=BANNERS, VERSION_KEYS=VERSION_KEYS,
-                       HTML_LOGS=HTML_LOGS, FAILING=FAILING, KNOWN_UPSTREAM=KNOWN_UPSTREAM, PARTIAL=PARTIAL,
-                       COMPONENT_WORDS=COMPONENT_WORDS, VERDICTS=VERDICTS,
-                       ALPHA=ALPHA, canary_moved=canaries.moved_text, canary_pinned=canaries.pinned_text,
-                       candidates_markdown=candidates.markdown)
+    env.filters.update(
+        fmt_num=fmt_num,
+        fmt_other=fmt_other,
+        score_text=score_text,
+        fmt_p=fmt_p,
+        fmt_dur=fmt_dur,
+        plural=plural,
+        idx=idx,
+        md=md_escape,
+        skip_where=skip_where,
+        short_check=short_check,
+        tally=tally,
+        failure_kinds=failure_kinds,
+    )
+    env.globals.update(
+        SYMBOLS=SYMBOLS,
+        GLYPHS=GLYPHS,
+        MARKS=MARKS,
+        BANNERS=BANNERS,
+        VERSION_KEYS=VERSION_KEYS,
+        HTML_LOGS=HTML_LOGS,
+        FAILING=FAILING,
+        KNOWN_UPSTREAM=KNOWN_UPSTREAM,
+        PARTIAL=PARTIAL,
+        COMPONENT_WORDS=COMPONENT_WORDS,
+        VERDICTS=VERDICTS,
+        ALPHA=ALPHA,
+        canary_moved=canaries.moved_text,
+        canary_pinned=canaries.pinned_text,
+        candidates_markdown=candidates.markdown,
+    )
     return env
 
 

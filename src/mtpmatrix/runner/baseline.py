@@ -51,8 +51,12 @@ class Baseline:
     why: str = ""  # without a baseline: why none is complete, one line
 
     def as_dict(self) -> dict:
-        return {"row": self.row, "run": self.run,
-                "tiers": {t: v.get("verdict") for t, v in self.tiers.items()}, "why": self.why or None}
+        return {
+            "row": self.row,
+            "run": self.run,
+            "tiers": {t: v.get("verdict") for t, v in self.tiers.items()},
+            "why": self.why or None,
+        }
 
 
 def _plain_runs(results: Path, row_id: str):

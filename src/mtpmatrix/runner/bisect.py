@@ -82,8 +82,14 @@ class BisectResult:
 # the search
 # ---------------------------------------------------------------------------------------------------------------
 
-def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[str], None] = print,
-           should_stop: Callable[[], str | None] | None = None, known: dict[str, str] | None = None) -> BisectResult:
+
+def search(
+    candidates: list[str],
+    probe: Callable[[str], Probe],
+    log: Callable[[str], None] = print,
+    should_stop: Callable[[], str | None] | None = None,
+    known: dict[str, str] | None = None,
+) -> BisectResult:
     """Binary search for the first bad release in ``candidates`` (sorted oldest first).
 
     Assumes monotonicity (once bad, bad after). Both ends are unknown at the start (virtual good below the list,
@@ -122,8 +128,11 @@ def search(candidates: list[str], probe: Callable[[str], Probe], log: Callable[[
         res.probes.append(p)
         if p.fatal:
             raise BisectError(f"{candidates[i]}: {p.detail} — no release can be tested here, stopping")
-        log(f"[bisect] {candidates[i]}: {p.status.upper()}" + (f" — {p.detail}" if p.detail else "")
-            + f" ({p.seconds:.0f} s)")
+        log(
+            f"[bisect] {candidates[i]}: {p.status.upper()}"
+            + (f" — {p.detail}" if p.detail else "")
+            + f" ({p.seconds:.0f} s)"
+        )
         if p.status == GOOD:
             lo = i
         elif p.status == BAD:
@@ -171,12 +180,16 @@ def describe(res: BisectResult, package: str, tier: str | None = None) -> list[s
         if untestable:
             out.append(f"  or one of the untestable releases just before it: {', '.join(untestable)}")
         if known_only:
-            out.append("  or one of the releases just before it that fail only on listed upstream issues: "
-                       f"{', '.join(known_only)}")
+            out.append(
+                "  or one of the releases just before it that fail only on listed upstream issues: "
+                f"{', '.join(known_only)}"
+            )
         if p is not None:
             f = p.failure or {}
-            out.append(f"  error: [{f.get('kind') or '?'}] {f.get('type') + ': ' if f.get('type') else ''}"
-                       f"{f.get('message') or p.detail}")
+            out.append(
+                f"  error: [{f.get('kind') or '?'}] {f.get('type') + ': ' if f.get('type') else ''}"
+                f"{f.get('message') or p.detail}"
+            )
             if f.get("frame") or f.get("raised_at"):
                 out.append(f"  first frame: {f.get('frame') or f.get('raised_at')}")
             if p.record:
@@ -185,23 +198,33 @@ def describe(res: BisectResult, package: str, tier: str | None = None) -> list[s
         c = res.candidates
         a = c.index(res.last_good) + 1 if res.last_good in c else 0
         b = c.index(res.first_bad) if res.first_bad in c else len(c) - 1
-        out.append(f"stopped ({res.stopped}): the first bad release{'' if res.first_bad else ', if any,'} is one "
-                   f"of {c[a]} .. {c[b]} ({b - a + 1} release(s))")
+        out.append(
+            f"stopped ({res.stopped}): the first bad release{'' if res.first_bad else ', if any,'} is one "
+            f"of {c[a]} .. {c[b]} ({b - a + 1} release(s))"
+        )
     elif res.outcome == "no-bad":
-        out.append(f"no bad release: every testable release passes, up to {res.last_good}"
-                   + (" (BAD passes here: is the break in another package or tier?)" if res.candidates and
-                      res.last_good == res.candidates[-1] else ""))
+        out.append(
+            f"no bad release: every testable release passes, up to {res.last_good}"
+            + (
+                " (BAD passes here: is the break in another package or tier?)"
+                if res.candidates and res.last_good == res.candidates[-1]
+                else ""
+            )
+        )
     elif res.outcome == "known-only":
         p = res.probes[0]
-        out.append(f"no new break to search: BAD {package} {p.version} fails {tier + ' ' if tier else ''}only on "
-                   f"listed upstream issues ({', '.join(p.known_upstream)})")
+        out.append(
+            f"no new break to search: BAD {package} {p.version} fails {tier + ' ' if tier else ''}only on "
+            f"listed upstream issues ({', '.join(p.known_upstream)})"
+        )
     elif listed:
         out.append("inconclusive: no release in the range showed the break or its absence")
     else:
         out.append("inconclusive: no release in the range could be tested")
     if listed and res.outcome not in ("found", "good-fails"):
-        out.append(f"  a listed upstream issue is not the break searched; where one began: --known "
-                   f"{' | '.join(listed)}")
+        out.append(
+            f"  a listed upstream issue is not the break searched; where one began: --known {' | '.join(listed)}"
+        )
     out.append(f"{len(res.probes)} probe(s) over {len(res.candidates)} release(s) in {_dur(res.seconds)}")
     return out
 
@@ -213,6 +236,7 @@ def _dur(s: float) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # candidates, defaults
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def candidates(package: str, good: str, bad: str, *, releases: Callable | None = None) -> list[str]:
     """Releases GOOD <= v <= BAD from the index (``releases`` is injectable for tests)."""
@@ -245,8 +269,11 @@ def candidates(package: str, good: str, bad: str, *, releases: Callable | None =
 def _row_records(results: Path, row_id: str):
     """(run id, row record) of each matrix run that finished the row, newest first."""
     results = Path(results)
-    runs = sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True) \
-        if results.is_dir() else []
+    runs = (
+        sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True)
+        if results.is_dir()
+        else []
+    )
     for run in runs:
         f = run / row_id / "row.json"
         if not f.exists():
@@ -290,6 +317,7 @@ def default_row(results: Path, rows: list) -> str:
 # the real probe: a fresh venv, the matrix's install and suite
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def make_venv(row, venv: Path) -> Path:
     """A fresh, empty uv venv with the row's Python at ``venv``; BisectError (one line) when uv cannot make it."""
     from mtpmatrix.runner.matrix import find_uv
@@ -304,15 +332,17 @@ def make_venv(row, venv: Path) -> Path:
     made = subprocess.run([uv, "venv", "--python", row.python, str(venv)], capture_output=True, text=True, env=env)
     if made.returncode != 0:
         why = (made.stderr or made.stdout).strip().splitlines()
-        raise BisectError(f"cannot create a Python {row.python} venv for row {row.id}: "
-                          f"{why[-1] if why else 'uv venv failed'}")
+        raise BisectError(
+            f"cannot create a Python {row.python} venv for row {row.id}: {why[-1] if why else 'uv venv failed'}"
+        )
     return venv
 
 
 def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> str:
     """The results folder of one probe: row, package, release, and any companion overrides it carries."""
-    return "-".join([row_id, canonicalize_name(package), version,
-                     *(canonicalize_name(a.replace("==", "-")) for a in also)])
+    return "-".join(
+        [row_id, canonicalize_name(package), version, *(canonicalize_name(a.replace("==", "-")) for a in also)]
+    )
 
 
 def breaking_checks(results: Path, run_id: str | None, row_id: str, tier: str) -> frozenset[str] | None:
@@ -321,10 +351,21 @@ def breaking_checks(results: Path, run_id: str | None, row_id: str, tier: str) -
     return failing_checks(read_json(f), tier) if f is not None and f.exists() else None
 
 
-def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cache: Path,
-               keep_venvs: bool = False, log: Callable[[str], None] = print, also: list[str] = (),
-               reuse: bool = False, breaking: frozenset[str] | None = None,
-               known_issue=None) -> Callable[[str], Probe]:
+def make_probe(
+    row,
+    package: str,
+    tier: str,
+    *,
+    run_id: str,
+    results: Path,
+    cache: Path,
+    keep_venvs: bool = False,
+    log: Callable[[str], None] = print,
+    also: list[str] = (),
+    reuse: bool = False,
+    breaking: frozenset[str] | None = None,
+    known_issue=None,
+) -> Callable[[str], Probe]:
     """A probe that installs ``row`` with ``package==version`` (plus the ``also`` overrides, e.g. a companion a
     canary moved) into a fresh venv and runs ``tier``. With ``reuse``, a probe whose record already has a verdict
     in the run (a resumed canary) is read back instead of run again. Its record is judged again and classified
@@ -357,8 +398,9 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
             return classify(rec, version, spent, path)
         venv = make_venv(row, Path(cache) / row.id / version)
         probe_row = dataclasses.replace(row, id=pid)
-        opts = matrix.Options(overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results),
-                              tiers=tier)
+        opts = matrix.Options(
+            overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results), tiers=tier
+        )
         try:
             record = matrix.run_row(probe_row, venv, opts, log=log)
         finally:
@@ -373,18 +415,27 @@ def make_probe(row, package: str, tier: str, *, run_id: str, results: Path, cach
 # CLI
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("package", metavar="PACKAGE")
     p.add_argument("good", metavar="GOOD", help="a release that works")
     p.add_argument("bad", metavar="BAD", help="a release that breaks")
-    p.add_argument("--row", help="row id (constraints/<ROW>.txt; default: the first failing row of the latest run, "
-                                 "else the 'ci' row)")
-    p.add_argument("--tier", choices=TIERS,
-                   help="tier to re-run (default: the cheapest that failed in the row's latest run, else contract)")
+    p.add_argument(
+        "--row",
+        help="row id (constraints/<ROW>.txt; default: the first failing row of the latest run, else the 'ci' row)",
+    )
+    p.add_argument(
+        "--tier",
+        choices=TIERS,
+        help="tier to re-run (default: the cheapest that failed in the row's latest run, else contract)",
+    )
     p.add_argument("--keep-venvs", action="store_true", help="keep each probe's venv under .cache/bisect/")
-    p.add_argument("--known", metavar="ID",
-                   help="search where known-upstream entry ID began (known_upstream.json), on its tier: a probe is "
-                        "bad where a check shows its signature, good where one of its checks ran and passed")
+    p.add_argument(
+        "--known",
+        metavar="ID",
+        help="search where known-upstream entry ID began (known_upstream.json), on its tier: a probe is "
+        "bad where a check shows its signature, good where one of its checks ran and passed",
+    )
 
 
 def known_issue(issue_id: str, tier: str | None):
@@ -403,8 +454,9 @@ def known_issue(issue_id: str, tier: str | None):
     return issue
 
 
-def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str], Probe]],
-                        log: Callable[[str], None] = print) -> BisectResult:
+def search_from_bad_end(
+    cands: list[str], factory: Callable[..., Callable[[str], Probe]], log: Callable[[str], None] = print
+) -> BisectResult:
     """``search`` for a new break when no recorded run says which checks break: BAD is probed first and what fails
     there (listed upstream issues and the harness aside) is the break searched, so a probe that ran part of the
     tier, or failed only on listed issues, can still be judged by it. A BAD that passes ends the search ('no-bad'),
@@ -416,16 +468,20 @@ def search_from_bad_end(cands: list[str], factory: Callable[..., Callable[[str],
     end = factory(breaking=None)(bad)
     if end.fatal:
         raise BisectError(f"{bad}: {end.detail} — no release can be tested here, stopping")
-    log(f"[bisect] {bad}: {end.status.upper()}" + (f" — {end.detail}" if end.detail else "")
-        + f" ({end.seconds:.0f} s)")
+    log(
+        f"[bisect] {bad}: {end.status.upper()}" + (f" — {end.detail}" if end.detail else "") + f" ({end.seconds:.0f} s)"
+    )
     if end.status == BAD:
         res = search(cands, factory(breaking=frozenset(end.breaks)), log=log, known={bad: BAD})
     elif end.status == UNTESTABLE and len(cands) > 1:
         res = search(cands[:-1], factory(breaking=None), log=log)
         res.candidates = list(cands)
     else:
-        res = BisectResult(candidates=list(cands), last_good=bad if end.status == GOOD else None,
-                           outcome={GOOD: "no-bad", KNOWN_ONLY: "known-only"}.get(end.status, "inconclusive"))
+        res = BisectResult(
+            candidates=list(cands),
+            last_good=bad if end.status == GOOD else None,
+            outcome={GOOD: "no-bad", KNOWN_ONLY: "known-only"}.get(end.status, "inconclusive"),
+        )
     res.probes.insert(0, end)
     res.seconds = time.monotonic() - t0
     return res
@@ -461,21 +517,35 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     run_id = ns.run_id or paths.new_run_id(kind=paths.BISECT)
-    print(f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
-          f"({source}); results in {ns.results / run_id}/")
+    print(
+        f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
+        f"({source}); results in {ns.results / run_id}/"
+    )
     if issue:
-        print(f"[bisect] where {issue.id} began: a probe is bad where a check shows its signature (its affected "
-              f"range aside), good where one of its checks ran and passed")
+        print(
+            f"[bisect] where {issue.id} began: a probe is bad where a check shows its signature (its affected "
+            f"range aside), good where one of its checks ran and passed"
+        )
     elif breaking:
-        print(f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
-              f"{source_run})")
+        print(
+            f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
+            f"{source_run})"
+        )
     else:
         print(f"[bisect] no recorded run where {tier} broke: the BAD end shows which checks break")
 
     def factory(breaking=None, known_issue=None):
-        return make_probe(row, ns.package, tier, run_id=run_id, results=ns.results,
-                          cache=paths.REPO / ".cache" / "bisect", keep_venvs=ns.keep_venvs, breaking=breaking,
-                          known_issue=known_issue)
+        return make_probe(
+            row,
+            ns.package,
+            tier,
+            run_id=run_id,
+            results=ns.results,
+            cache=paths.REPO / ".cache" / "bisect",
+            keep_venvs=ns.keep_venvs,
+            breaking=breaking,
+            known_issue=known_issue,
+        )
 
     factory = probe_factory or factory
     try:
@@ -491,7 +561,17 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     res.seconds = time.monotonic() - t0
     lines = describe(res, ns.package, tier)
     print("\n".join(lines))
-    atomic_write_json(ns.results / run_id / "bisect.json",
-                      {"package": ns.package, "good": ns.good, "bad": ns.bad, "row": row_id, "tier": tier,
-                       "known": issue.id if issue else None, **res.as_dict(), "summary": lines})
+    atomic_write_json(
+        ns.results / run_id / "bisect.json",
+        {
+            "package": ns.package,
+            "good": ns.good,
+            "bad": ns.bad,
+            "row": row_id,
+            "tier": tier,
+            "known": issue.id if issue else None,
+            **res.as_dict(),
+            "summary": lines,
+        },
+    )
     return 0 if res.outcome in ("found", "good-fails") else 1

@@ -55,8 +55,10 @@ def enabled(env: dict | None = None) -> bool:
     """``MTPMATRIX_PRECOMPILE``: unset or "1" on, "0" off; RowError (one line) for anything else."""
     value = (os.environ if env is None else env).get(ENV_KNOB, "").strip()
     if value not in ("", "0", "1"):
-        raise RowError(f"{ENV_KNOB}={value!r}: use 1 (compile the row's imports ahead: during the install and on the "
-                       "spare core) or 0")
+        raise RowError(
+            f"{ENV_KNOB}={value!r}: use 1 (compile the row's imports ahead: during the install and on the "
+            "spare core) or 0"
+        )
     return value != "0"
 
 
@@ -114,7 +116,7 @@ class Prefetch:
         """``path`` relative to the venv's site-packages; None outside it (the standard library, this project)."""
         for root in {os.path.join(str(self.site), ""), os.path.join(os.path.realpath(self.site), "")}:
             if path.startswith(root):
-                return path[len(root):]
+                return path[len(root) :]
         return None
 
 
@@ -151,8 +153,11 @@ def _listed(lists: Path, file: str) -> Path | None:
     if own.is_file():
         return own
     python = lists.name.rpartition("-py")[2]
-    others = [d / file for d in (lists.parent.iterdir() if lists.parent.is_dir() else [])
-              if d != lists and d.name.endswith(f"-py{python}") and (d / file).is_file()]
+    others = [
+        d / file
+        for d in (lists.parent.iterdir() if lists.parent.is_dir() else [])
+        if d != lists and d.name.endswith(f"-py{python}") and (d / file).is_file()
+    ]
     return max(others, key=lambda p: p.stat().st_mtime) if others else None
 
 
@@ -223,8 +228,9 @@ def uv_cache_dir(uv: str, env: dict) -> Path | None:
     return Path(path) if done.returncode == 0 and path else None
 
 
-def start_while_installing(venv: Path, python: Path, lists: Path, env: dict, names: list[str],
-                           uv: str) -> Installing | None:
+def start_while_installing(
+    venv: Path, python: Path, lists: Path, env: dict, names: list[str], uv: str
+) -> Installing | None:
     """Before the row's install: compile the files of the lists ``names`` from their copies in ``uv``'s cache
     (mtpmatrix.runner.bytecode_from_cache: INSTALL_WORKERS processes of the empty venv's Python) into a new suite
     folder. None (bytecode.start then works as before) when turned off, without a venv Python, the last suite's
@@ -238,25 +244,44 @@ def start_while_installing(venv: Path, python: Path, lists: Path, env: dict, nam
     if cache is None:
         return None
     folder = _suite_folder()
-    spec = {"prefix": str(folder / "pyc"), "site": str(site), "files": files, "sources": str(sources),
-            "cache": str(cache), "runner": os.getpid()}
+    spec = {
+        "prefix": str(folder / "pyc"),
+        "site": str(site),
+        "files": files,
+        "sources": str(sources),
+        "cache": str(cache),
+        "runner": os.getpid(),
+    }
     (folder / "from-cache.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("bytecode_from_cache.py")
     installing = Installing(folder=folder, workers=[])
     try:
         for k in range(INSTALL_WORKERS):
             # -I: nothing of the row is installed yet, and nothing of this environment's PYTHONPATH may stand in
-            installing.workers.append(subprocess.Popen(
-                [str(python), "-I", str(script), str(folder / "from-cache.json"), str(k), str(INSTALL_WORKERS)],
-                env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            installing.workers.append(
+                subprocess.Popen(
+                    [str(python), "-I", str(script), str(folder / "from-cache.json"), str(k), str(INSTALL_WORKERS)],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
     except BaseException:
         installing.stop()
         raise
     return installing
 
 
-def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], forked: bool = False,
-          installing: Installing | None = None) -> Prefetch:
+def start(
+    venv: Path,
+    python: Path,
+    lists: Path,
+    env: dict,
+    names: list[str],
+    forked: bool = False,
+    installing: Installing | None = None,
+) -> Prefetch:
     """Start compiling the files of the lists ``names`` (``process_names``) in ``lists`` that are still in the venv,
     in ``compile_order``, in ``venv``'s Python; given the workers ``start_while_installing`` started, stop them and
     compile only what they left, in their folder. The returned Prefetch carries the pytest processes' environment.
@@ -287,10 +312,21 @@ def start(venv: Path, python: Path, lists: Path, env: dict, names: list[str], fo
     if files:
         listing = folder / "compile.txt"
         listing.write_text("".join(f"{f}\n" for f in files))
-        compiler = subprocess.Popen([str(python), "-m", "compileall", "-qq", "-i", str(listing)], env=run_env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return Prefetch(env=run_env, pytest_args=list(PLUGIN_ARGS), folder=folder, lists=lists, names=list(names),
-                    site=site, compiler=compiler)
+        compiler = subprocess.Popen(
+            [str(python), "-m", "compileall", "-qq", "-i", str(listing)],
+            env=run_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    return Prefetch(
+        env=run_env,
+        pytest_args=list(PLUGIN_ARGS),
+        folder=folder,
+        lists=lists,
+        names=list(names),
+        site=site,
+        compiler=compiler,
+    )
 
 
 def _cache_tag(site: Path) -> str:

@@ -75,8 +75,7 @@ def folder_sources(sources: dict, index: dict[str, list[str]]) -> dict[str, str]
 
 def plan(files: list[str], archives: dict[str, str]) -> list[tuple[str, str | None]]:
     """(relative path, its copy in the cache or None) per file, in order."""
-    return [(rel, os.path.join(archives[key], rel) if (key := folder_key(rel)) in archives else None)
-            for rel in files]
+    return [(rel, os.path.join(archives[key], rel) if (key := folder_key(rel)) in archives else None) for rel in files]
 
 
 def compile_one(rel: str, copy: str, site: str) -> bool:
@@ -87,8 +86,17 @@ def compile_one(rel: str, copy: str, site: str) -> bool:
     if os.path.exists(target):
         return False
     try:
-        return py_compile.compile(copy, cfile=target, dfile=path, doraise=False, quiet=2,
-                                  invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH) is not None
+        return (
+            py_compile.compile(
+                copy,
+                cfile=target,
+                dfile=path,
+                doraise=False,
+                quiet=2,
+                invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+            )
+            is not None
+        )
     except OSError:
         return False
 

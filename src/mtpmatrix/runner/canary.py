@@ -52,13 +52,20 @@ class Canary:
         return self.mode == "canary-override"
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "file": str(self.path.name), "from": self.base.id, "mode": self.mode,
-                "floats": dict(self.floats), "description": self.description}
+        return {
+            "id": self.id,
+            "file": str(self.path.name),
+            "from": self.base.id,
+            "mode": self.mode,
+            "floats": dict(self.floats),
+            "description": self.description,
+        }
 
 
 @dataclass
 class Resolution:
     """What a canary resolved to today: every floating package's release, and what moved from the row's pins."""
+
     canary: Canary
     versions: dict[str, str]  # floating package -> release
     moved: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # package -> (row's pin, release)
@@ -68,8 +75,11 @@ class Resolution:
         return [f"{p}=={v}" for p, (_, v) in self.moved.items()]
 
     def as_dict(self) -> dict:
-        return {**self.canary.as_dict(), "resolved": dict(self.versions),
-                "moved": {p: {"from": a, "to": b} for p, (a, b) in self.moved.items()}}
+        return {
+            **self.canary.as_dict(),
+            "resolved": dict(self.versions),
+            "moved": {p: {"from": a, "to": b} for p, (a, b) in self.moved.items()},
+        }
 
 
 def parse_canary(path: Path, rows: dict[str, Row]) -> Canary:
@@ -114,6 +124,7 @@ def load_canaries(constraints: Path, rows: list[Row]) -> dict[str, Canary]:
 # resolution
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def resolve(canary: Canary, *, fetch: releases.Fetch | None = None, compile_=None) -> Resolution:
     """Today's releases for ``canary``. Every range is first checked against the index (one line naming the range
     and the newest releases seen when none fits); ``canary`` mode then asks uv what sglang's requirements allow."""
@@ -140,8 +151,10 @@ def compile_within_sglang(canary: Canary) -> dict[str, str]:
     done = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
     if done.returncode != 0:
         why = " ".join(ln.strip() for ln in done.stderr.splitlines() if ln.strip())[:400] or "uv pip compile failed"
-        raise RowError(f"{canary.id}: no set of releases fits {', '.join(reqs[:len(canary.floats)])} within "
-                       f"{canary.base.id}'s other pins and sglang's requirements: {why}")
+        raise RowError(
+            f"{canary.id}: no set of releases fits {', '.join(reqs[: len(canary.floats)])} within "
+            f"{canary.base.id}'s other pins and sglang's requirements: {why}"
+        )
     return {name: ver for name, ver in compiled_versions(done.stdout).items() if name in canary.floats}
 
 
@@ -159,8 +172,9 @@ def canary_row(res: Resolution, folder: Path) -> Row:
             out.append(f"{name}=={res.versions[name]}  # floats: {name}{c.floats[name] or ' (any)'}")
             continue
         out.append(line)
-    out += [f"{p}=={v}  # floats: {p}{c.floats[p] or ' (any)'}" for p, v in res.versions.items()
-            if p not in c.base.pins]
+    out += [
+        f"{p}=={v}  # floats: {p}{c.floats[p] or ' (any)'}" for p, v in res.versions.items() if p not in c.base.pins
+    ]
     f = folder / f"{c.id}.txt"
     f.write_text("\n".join(out) + "\n")
     return parse_row(f)
@@ -169,9 +183,13 @@ def canary_row(res: Resolution, folder: Path) -> Row:
 def describe_resolution(res: Resolution) -> str:
     c = res.canary
     if not res.moved:
-        return (f"{c.id} ({c.mode} of {c.base.id}): nothing moved, "
-                + ", ".join(f"{p} {v}" for p, v in res.versions.items()) + " are the row's own pins")
-    return (f"{c.id} ({c.mode} of {c.base.id}): "
-            + ", ".join(f"{p} {a or '-'} -> {b}" for p, (a, b) in res.moved.items())
-            + "".join(f", {p} {v} (unmoved)" for p, v in res.versions.items() if p not in res.moved))
-
+        return (
+            f"{c.id} ({c.mode} of {c.base.id}): nothing moved, "
+            + ", ".join(f"{p} {v}" for p, v in res.versions.items())
+            + " are the row's own pins"
+        )
+    return (
+        f"{c.id} ({c.mode} of {c.base.id}): "
+        + ", ".join(f"{p} {a or '-'} -> {b}" for p, (a, b) in res.moved.items())
+        + "".join(f", {p} {v} (unmoved)" for p, v in res.versions.items() if p not in res.moved)
+    )

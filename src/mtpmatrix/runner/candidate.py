@@ -110,8 +110,10 @@ def _sha256(path: Path) -> str:
 # reading the candidate (before anything installs)
 # ---------------------------------------------------------------------------------------------------------------
 
-def from_options(patch: str | None, sglang: str | None, draft_phase: str | None,
-                 overrides: list[str] = ()) -> Candidate | None:
+
+def from_options(
+    patch: str | None, sglang: str | None, draft_phase: str | None, overrides: list[str] = ()
+) -> Candidate | None:
     """The candidate the session options name, None for none; RowError (one line) for bad input."""
     if patch and sglang:
         raise RowError("--patch and --sglang each name a candidate: give one")
@@ -125,8 +127,9 @@ def from_options(patch: str | None, sglang: str | None, draft_phase: str | None,
     cand = read_patch(Path(patch)) if patch else read_sglang(Path(sglang))
     if declared is not None:
         if cand.draft_phase is not None and cand.draft_phase != declared:
-            raise RowError(f"--draft-phase {declared:+d}: the patch declares {DRAFT_PHASE_TRAILER}: "
-                           f"{cand.draft_phase:+d}")
+            raise RowError(
+                f"--draft-phase {declared:+d}: the patch declares {DRAFT_PHASE_TRAILER}: {cand.draft_phase:+d}"
+            )
         cand = dataclasses.replace(cand, draft_phase=declared)
     return cand
 
@@ -143,18 +146,25 @@ def read_patch(path: Path) -> Candidate:
     except unidiff.PatchError as exc:
         raise RowError(f"--patch {path}: {exc}") from None
     phase = unidiff.trailers(text).get(DRAFT_PHASE_TRAILER)
-    return Candidate(PATCH, str(Path(path).resolve()), hashlib.sha256(data).hexdigest(),
-                     files=tuple(fp.path for fp in files),
-                     draft_phase=parse_draft_phase(phase, f"--patch {path}") if phase is not None else None,
-                     patch=tuple(files), warnings=tuple(_untouched(files, path)))
+    return Candidate(
+        PATCH,
+        str(Path(path).resolve()),
+        hashlib.sha256(data).hexdigest(),
+        files=tuple(fp.path for fp in files),
+        draft_phase=parse_draft_phase(phase, f"--patch {path}") if phase is not None else None,
+        patch=tuple(files),
+        warnings=tuple(_untouched(files, path)),
+    )
 
 
 def _untouched(files: list, path: Path) -> list[str]:
     """A warning when the patch touches nothing the tiers run: no file under sglang/srt/."""
     if any(fp.path.startswith("sglang/srt/") for fp in files):
         return []
-    return [f"--patch {path} touches nothing under sglang/srt/ ({', '.join(fp.path for fp in files)}): nothing the "
-            "MTP path imports changes, so the candidate runs as its base release"]
+    return [
+        f"--patch {path} touches nothing under sglang/srt/ ({', '.join(fp.path for fp in files)}): nothing the "
+        "MTP path imports changes, so the candidate runs as its base release"
+    ]
 
 
 def read_sglang(path: Path) -> Candidate:
@@ -196,27 +206,37 @@ def read_checkout(path: Path) -> Candidate:
     """A checkout candidate: its project folder, commit and whether it is dirty (and then the sha256 of the change)."""
     folder = project_folder(path)
     if folder is None:
-        raise RowError(f"--sglang {path}: not an sglang checkout (no python/pyproject.toml or pyproject.toml whose "
-                       "project is sglang)")
+        raise RowError(
+            f"--sglang {path}: not an sglang checkout (no python/pyproject.toml or pyproject.toml whose "
+            "project is sglang)"
+        )
     try:
         head = _git(folder, "rev-parse", "HEAD")
     except (OSError, subprocess.SubprocessError) as exc:
         raise RowError(f"--sglang {path}: git cannot read it ({exc})") from None
     if head.returncode != 0:
-        raise RowError(f"--sglang {path}: not a git checkout (a candidate checkout is named by its commit): build "
-                       "a wheel and give --sglang WHEEL")
+        raise RowError(
+            f"--sglang {path}: not a git checkout (a candidate checkout is named by its commit): build "
+            "a wheel and give --sglang WHEEL"
+        )
     # what the build takes: tracked changes and untracked files under the project folder
     status = _git(folder, "status", "--porcelain", "--", ".").stdout
     change = _git(folder, "diff", "HEAD", "--binary", "--", ".").stdout + status if status.strip() else b""
     project = tomllib.loads((folder / "pyproject.toml").read_text()).get("project") or {}
-    return Candidate(CHECKOUT, str(folder.resolve()), hashlib.sha256(change).hexdigest() if change else None,
-                     commit=head.stdout.decode().strip(), dirty=bool(status.strip()),
-                     version=project.get("version") if "version" not in (project.get("dynamic") or []) else None)
+    return Candidate(
+        CHECKOUT,
+        str(folder.resolve()),
+        hashlib.sha256(change).hexdigest() if change else None,
+        commit=head.stdout.decode().strip(),
+        dirty=bool(status.strip()),
+        version=project.get("version") if "version" not in (project.get("dynamic") or []) else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the candidate's row and install
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def supported_tags(python: str) -> set:
     """The wheel tags a venv of Python ``python`` (the row's, "3.11") on this machine installs."""
@@ -231,8 +251,10 @@ def for_row(cand: Candidate | None, row: Row) -> Row:
         return row
     if cand.kind == WHEEL and not cand.wheel_tags & supported_tags(row.python):
         built = ", ".join(sorted(str(t) for t in cand.wheel_tags))
-        raise RowError(f"--sglang {Path(cand.path).name}: built for {built}, not for {row.id}'s Python {row.python} "
-                       f"on {sys.platform}")
+        raise RowError(
+            f"--sglang {Path(cand.path).name}: built for {built}, not for {row.id}'s Python {row.python} "
+            f"on {sys.platform}"
+        )
     return dataclasses.replace(row, id=cand.row_id(row.id))
 
 
@@ -334,6 +356,7 @@ def suite_env(cand: Candidate | None) -> dict[str, str]:
 # a patch served at import on a GPU box (tools/gpu_box.sh PATCH=FILE)
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def box_patch(path: Path, draft_phase: str | None = None) -> dict:
     """What tools/gpu_box.sh records of ``PATCH=FILE`` (invocation.json's ``patch``), once the patch is shown to
     apply to the sglang this interpreter imports, as the hook (faults/mutant_hook) will serve it: existing .py files
@@ -347,16 +370,23 @@ def box_patch(path: Path, draft_phase: str | None = None) -> dict:
     site = Path(list(spec.submodule_search_locations)[0]).parent
     for fp in cand.patch:
         if fp.kind != "modify" or fp.module is None:
-            raise RowError(f"PATCH={path}: {fp.path}: served at import, a patch may only change existing .py files "
-                           "(give it to nox -s gemma4_mtp -- --patch, which patches the installed files)")
+            raise RowError(
+                f"PATCH={path}: {fp.path}: served at import, a patch may only change existing .py files "
+                "(give it to nox -s gemma4_mtp -- --patch, which patches the installed files)"
+            )
         try:
             unidiff.apply(fp, (site / fp.path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
             raise RowError(f"PATCH={path}: {fp.path}: unreadable ({exc})") from None
         except unidiff.PatchError as exc:
             raise RowError(f"PATCH={Path(path).name}: {exc} (sglang at {site})") from None
-    return {"path": cand.path, "sha256": cand.sha256, "files": list(cand.files), "draft_phase": cand.draft_phase,
-            "warnings": list(cand.warnings)}
+    return {
+        "path": cand.path,
+        "sha256": cand.sha256,
+        "files": list(cand.files),
+        "draft_phase": cand.draft_phase,
+        "warnings": list(cand.warnings),
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -46,16 +46,16 @@ def row_sessions(listing: list[dict]) -> list[dict]:
     return [s for s in listing if s.get("name") in ROW_SESSIONS and (s.get("call_spec") or {}).get("row")]
 
 
-def select(listing: list[dict], tags: list[str] | None = None, include_extra: bool = False,
-           rows: dict[str, Row] | None = None) -> list[dict]:
+def select(
+    listing: list[dict], tags: list[str] | None = None, include_extra: bool = False, rows: dict[str, Row] | None = None
+) -> list[dict]:
     """Row sessions carrying one of ``tags`` (nox's tags, and with ``rows`` the row files' own: the 'ci' row's
     session is not nox-tagged 'ci', so that `nox -t ci` runs the ci_row session instead of the matrix row)."""
     sessions = row_sessions(listing)
     if tags:
         wanted = set(tags)
         row_tags = {rid: set(r.tags) for rid, r in (rows or {}).items()}
-        return [s for s in sessions
-                if wanted & (set(s.get("tags") or ()) | row_tags.get(s["call_spec"]["row"], set()))]
+        return [s for s in sessions if wanted & (set(s.get("tags") or ()) | row_tags.get(s["call_spec"]["row"], set()))]
     return [s for s in sessions if s["name"] == DEFAULT_SESSION or (include_extra and s["name"] == EXTRA_SESSION)]
 
 
@@ -71,10 +71,18 @@ def tier_gpus(tiers: list[str], env: dict | None = None) -> int:
     return need
 
 
-def build_matrix(listing: list[dict], rows: dict[str, Row], *, tags: list[str] | None = None,
-                 tiers: list[str] | None = None, include_extra: bool = False, gpus: int = 1,
-                 max_gpus: int | None = None, env: dict | None = None,
-                 warn=lambda msg: None) -> dict:
+def build_matrix(
+    listing: list[dict],
+    rows: dict[str, Row],
+    *,
+    tags: list[str] | None = None,
+    tiers: list[str] | None = None,
+    include_extra: bool = False,
+    gpus: int = 1,
+    max_gpus: int | None = None,
+    env: dict | None = None,
+    warn=lambda msg: None,
+) -> dict:
     """``{"include": [...]}`` for ``strategy.matrix``; raises RowError on a session whose row file is missing."""
     tiers = tiers or []
     unknown = [t for t in tiers if t not in TIERS]
@@ -90,8 +98,15 @@ def build_matrix(listing: list[dict], rows: dict[str, Row], *, tags: list[str] |
         if max_gpus is not None and n > max_gpus:
             warn(f"{row_id} needs {n} GPUs; capped at --max-gpus {max_gpus} (its TP{n} work cannot run there)")
             n = max_gpus
-        include.append({"session": s["session"], "row": row_id, "python": s.get("python") or rows[row_id].python,
-                        "gpus": n, "runner": f"{RUNNER_PREFIX}{n}"})
+        include.append(
+            {
+                "session": s["session"],
+                "row": row_id,
+                "python": s.get("python") or rows[row_id].python,
+                "gpus": n,
+                "runner": f"{RUNNER_PREFIX}{n}",
+            }
+        )
     return {"include": include}
 
 
@@ -108,13 +123,21 @@ def nox_listing(nox: list[str] | None = None, cwd: Path | None = None) -> list[d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mtpmatrix.runner.ci_matrix", description=__doc__.split("\n\n")[0])
     p.add_argument("--tags", default="", help="comma-separated row tags (default: every default row)")
-    p.add_argument("--tiers", default="", help="tiers the rows will run; with gsm8k (and smoke at "
-                   "MTPMATRIX_SMOKE_TP), rows get runners for that TP size (default: the row files' '# gpus:' alone)")
+    p.add_argument(
+        "--tiers",
+        default="",
+        help="tiers the rows will run; with gsm8k (and smoke at "
+        "MTPMATRIX_SMOKE_TP), rows get runners for that TP size (default: the row files' '# gpus:' alone)",
+    )
     p.add_argument("--gpus", type=int, default=1, help="at least this many GPUs for every row")
     p.add_argument("--max-gpus", type=int, default=None, help="largest runner there is; bigger needs are capped")
     p.add_argument("--include-extra", action="store_true", help="also rows marked 'default: false'")
-    p.add_argument("--from-json", metavar="FILE", help="read the listing from FILE ('-' = stdin) instead of "
-                   "running nox; give it `nox -l --json -s gemma4_mtp gemma4_mtp_extra` for extra rows")
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="read the listing from FILE ('-' = stdin) instead of "
+        "running nox; give it `nox -l --json -s gemma4_mtp gemma4_mtp_extra` for extra rows",
+    )
     p.add_argument("--constraints", type=Path, default=Path("constraints"), help="row files (default: ./constraints)")
     p.add_argument("--nox", default="nox", help="nox command line (default: nox), e.g. 'python -m nox'")
     p.add_argument("--github-output", metavar="FILE", help="also append matrix=... and count=... to FILE")
@@ -127,11 +150,22 @@ def main(argv: list[str] | None = None) -> int:
             listing = nox_listing(nox=shlex.split(a.nox), cwd=a.constraints.resolve().parent)
         rows = {r.id: r for r in load_rows(a.constraints)}
         # a canary runs on its pinned row's runner (gpus, python), selected by its own tags, never its row's
-        rows.update({cid: dataclasses.replace(c.base, id=cid, tags=("canary", *c.tags))
-                     for cid, c in load_canaries(a.constraints, list(rows.values())).items()})
-        result = build_matrix(listing, rows, tags=parse_tiers(a.tags), tiers=parse_tiers(a.tiers),
-                              include_extra=a.include_extra, gpus=a.gpus, max_gpus=a.max_gpus,
-                              warn=lambda m: print(f"::warning::{m}", file=sys.stderr))
+        rows.update(
+            {
+                cid: dataclasses.replace(c.base, id=cid, tags=("canary", *c.tags))
+                for cid, c in load_canaries(a.constraints, list(rows.values())).items()
+            }
+        )
+        result = build_matrix(
+            listing,
+            rows,
+            tags=parse_tiers(a.tags),
+            tiers=parse_tiers(a.tiers),
+            include_extra=a.include_extra,
+            gpus=a.gpus,
+            max_gpus=a.max_gpus,
+            warn=lambda m: print(f"::warning::{m}", file=sys.stderr),
+        )
     except (RowError, json.JSONDecodeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

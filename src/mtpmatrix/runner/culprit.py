@@ -62,21 +62,26 @@ def first_failure(tiers: dict, tier: str) -> dict | None:
 
 def abi_statement(record: dict) -> str | None:
     """Whether the row's torch breaks sglang's native extensions, from the contract tier's ABI checks."""
-    checks = [c for c in ((record.get("tiers") or {}).get("contract") or {}).get("checks") or []
-              if any(a in (c.get("id") or "") for a in ABI_CHECKS)]
+    checks = [
+        c
+        for c in ((record.get("tiers") or {}).get("contract") or {}).get("checks") or []
+        if any(a in (c.get("id") or "") for a in ABI_CHECKS)
+    ]
     if not checks:
         return None
     torch = (record.get("versions") or {}).get("torch", "?")
     bad = [c for c in checks if c.get("outcome") in FAILING]
     if bad:
-        return (f"torch {torch} breaks native extensions (contract ABI check): "
-                + "; ".join((c.get("failure") or {}).get("message", "")[:300] for c in bad))
+        return f"torch {torch} breaks native extensions (contract ABI check): " + "; ".join(
+            (c.get("failure") or {}).get("message", "")[:300] for c in bad
+        )
     ran = [c for c in checks if c.get("outcome") == "passed"]
     if not ran:
         return f"ABI check did not run under torch {torch} ({', '.join(c.get('outcome', '?') for c in checks)})"
     m = next((c.get("metrics") or {} for c in ran if "test_torch_abi" in c.get("id", "")), {})
-    size = f" ({m['libraries']} torch-linked libraries, {m['torch_symbols']} torch symbols)" \
-        if m.get("libraries") else ""
+    size = (
+        f" ({m['libraries']} torch-linked libraries, {m['torch_symbols']} torch symbols)" if m.get("libraries") else ""
+    )
     return f"torch {torch} does not break sglang's native extensions: the ABI checks pass{size}"
 
 
@@ -94,10 +99,17 @@ class Budget:
 # the search (probes injected: tested without installing anything)
 # ---------------------------------------------------------------------------------------------------------------
 
-def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]], Callable[[str], bisect.Probe]],
-                 candidates: Callable[[str, str, str], list[str]], budget: Budget,
-                 log: Callable[[str], None] = print, known: dict[str, bisect.Probe] | None = None,
-                 pins_pass: bool = False) -> dict:
+
+def find_culprit(
+    res: Resolution,
+    tier: str,
+    probe_for: Callable[[str, list[str]], Callable[[str], bisect.Probe]],
+    candidates: Callable[[str, str, str], list[str]],
+    budget: Budget,
+    log: Callable[[str], None] = print,
+    known: dict[str, bisect.Probe] | None = None,
+    pins_pass: bool = False,
+) -> dict:
     """Which moved package breaks ``tier``: single-package probes, then a bisect of each failing one, else pairs.
 
     ``probe_for(package, also)`` returns a probe of the pinned row with ``package==version`` (+ ``also``);
@@ -107,15 +119,21 @@ def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]
     out: dict = {"tier": tier, "single": {}, "bisect": {}, "together": None, "stopped": None}
     bad_alone = []
     for pkg, (_pin, new) in res.moved.items():
-        if (why := budget.spent()):
+        if why := budget.spent():
             out["stopped"] = why
             return out
         p = (known or {}).get(pkg)
         if p is None:
             log(f"[culprit] {pkg} {new} alone on {res.canary.base.id} ({tier})")
             p = probe_for(pkg, [])(new)
-        out["single"][pkg] = {"version": new, "status": p.status, "detail": p.detail, "failure": p.failure,
-                              "record": p.record, "seconds": round(p.seconds, 1)}
+        out["single"][pkg] = {
+            "version": new,
+            "status": p.status,
+            "detail": p.detail,
+            "failure": p.failure,
+            "record": p.record,
+            "seconds": round(p.seconds, 1),
+        }
         if p.status == bisect.BAD:
             bad_alone.append(pkg)
     for pkg in bad_alone:
@@ -128,8 +146,13 @@ def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]
         except bisect.BisectError as exc:
             out["bisect"][pkg] = {"outcome": "error", "summary": [str(exc)]}
             continue
-        found = bisect.search(cands, probe_for(pkg, []), log=log, should_stop=budget.spent,
-                              known={new: bisect.BAD, **({pin: bisect.GOOD} if pins_pass else {})})
+        found = bisect.search(
+            cands,
+            probe_for(pkg, []),
+            log=log,
+            should_stop=budget.spent,
+            known={new: bisect.BAD, **({pin: bisect.GOOD} if pins_pass else {})},
+        )
         found.seconds = max(found.seconds, sum(p.seconds for p in found.probes))  # reused probes keep their time
         out["bisect"][pkg] = {**found.as_dict(), "summary": bisect.describe(found, pkg)}
         if found.outcome == "stopped":
@@ -141,7 +164,7 @@ def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]
             if len(moved) == 2:  # the pair is the canary itself, which failed
                 out["together"] = {"packages": [a, b], "status": bisect.BAD, "detail": "each alone passes"}
                 break
-            if (why := budget.spent()):
+            if why := budget.spent():
                 out["stopped"] = why
                 return out
             p = probe_for(a, [f"{b}=={res.moved[b][1]}"])(res.moved[a][1])
@@ -149,8 +172,11 @@ def find_culprit(res: Resolution, tier: str, probe_for: Callable[[str, list[str]
                 out["together"] = {"packages": [a, b], "status": p.status, "detail": p.detail, "record": p.record}
                 break
         else:
-            out["together"] = {"packages": moved, "status": bisect.BAD,
-                               "detail": "each alone and every pair passes; only all of them together fail"}
+            out["together"] = {
+                "packages": moved,
+                "status": bisect.BAD,
+                "detail": "each alone and every pair passes; only all of them together fail",
+            }
     return out
 
 
@@ -159,22 +185,31 @@ def culprit_lines(c: dict, res: Resolution) -> list[str]:
     row, tier = res.canary.base.id, c["tier"]
     out = []
     for pkg, s in c["single"].items():
-        out.append(f"{pkg} {s['version']} alone on {row}: {s['status'].upper()}" + (f" — {s['detail']}"
-                                                                                     if s["detail"] else ""))
+        out.append(
+            f"{pkg} {s['version']} alone on {row}: {s['status'].upper()}" + (f" — {s['detail']}" if s["detail"] else "")
+        )
     for pkg, b in c["bisect"].items():
         pin = (res.moved.get(pkg) or (None, None))[0]
         if b.get("outcome") == "good-fails" and b.get("first_bad") == pin:  # no baseline: the pins were probed
             out.append(f"{row} fails {tier} at its own pin too ({pkg} {pin}): nothing to blame on {pkg}")
         elif b.get("outcome") in ("found", "good-fails"):
-            f = ((next((p for p in b["probes"] if p["version"] == b["first_bad"]), None) or {}).get("failure")
-                 or (c["single"].get(pkg, {}) if c["single"].get(pkg, {}).get("version") == b["first_bad"] else {})
-                 .get("failure") or {})
-            out.append(f"CULPRIT: {pkg} {b['first_bad']} breaks {row} {tier} (last good: {b['last_good'] or '-'}): "
-                       f"[{f.get('kind') or '?'}] {f.get('message') or ''}".rstrip())
+            f = (
+                (next((p for p in b["probes"] if p["version"] == b["first_bad"]), None) or {}).get("failure")
+                or (c["single"].get(pkg, {}) if c["single"].get(pkg, {}).get("version") == b["first_bad"] else {}).get(
+                    "failure"
+                )
+                or {}
+            )
+            out.append(
+                f"CULPRIT: {pkg} {b['first_bad']} breaks {row} {tier} (last good: {b['last_good'] or '-'}): "
+                f"[{f.get('kind') or '?'}] {f.get('message') or ''}".rstrip()
+            )
         out += [f"  {ln}" for ln in b.get("summary") or []]
     if c.get("together"):
-        out.append(f"CULPRIT: {' + '.join(c['together']['packages'])} break {row} {tier} only together "
-                   f"({c['together']['detail']})")
+        out.append(
+            f"CULPRIT: {' + '.join(c['together']['packages'])} break {row} {tier} only together "
+            f"({c['together']['detail']})"
+        )
     if c.get("stopped"):
         out.append(f"search stopped: {c['stopped']} (resume with --resume to go on)")
     if not out:
@@ -186,11 +221,15 @@ def culprit_lines(c: dict, res: Resolution) -> list[str]:
 # blocking pins: retry with the companion moved too
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def blocker_lines(record: dict, res: Resolution) -> list[str]:
     torch = ", ".join(res.overrides) or "the canary's releases"
-    return [f"BLOCKING PIN: {b['pinned_by']} pins {b['package']}=={b['version']}, which refuses {torch} "
-            f"({b['tier']} {b['check'].split('::')[-1] if b.get('check') else ''}: [{b.get('kind')}] "
-            f"{_clip(b['message'])})" for b in record.get("blocking_pins") or []]
+    return [
+        f"BLOCKING PIN: {b['pinned_by']} pins {b['package']}=={b['version']}, which refuses {torch} "
+        f"({b['tier']} {b['check'].split('::')[-1] if b.get('check') else ''}: [{b.get('kind')}] "
+        f"{_clip(b['message'])})"
+        for b in record.get("blocking_pins") or []
+    ]
 
 
 def _clip(text: str, n: int = 240) -> str:
@@ -205,8 +244,10 @@ def verdict_line(state: dict, res: Resolution) -> str | None:
         return None
     pins = ", ".join(f"{b['package']}=={b['version']}" for b in cleared)
     moved = ", ".join(b["retry"]["companion"] for b in cleared)
-    return (f"ANSWER: {', '.join(res.overrides)} works with {res.canary.base.id} once {moved} moves too "
-            f"({cleared[0]['retry']['tiers']}): the upgrade is blocked only by {cleared[0]['pinned_by']}'s pin {pins}")
+    return (
+        f"ANSWER: {', '.join(res.overrides)} works with {res.canary.base.id} once {moved} moves too "
+        f"({cleared[0]['retry']['tiers']}): the upgrade is blocked only by {cleared[0]['pinned_by']}'s pin {pins}"
+    )
 
 
 def record_seconds(record: dict) -> float:
@@ -215,18 +256,29 @@ def record_seconds(record: dict) -> float:
 
 
 def run_summary(record: dict) -> str:
-    return "; ".join(f"{t}={v['verdict']}" + (f" [{','.join(v.get('failure_kinds') or [])}]"
-                                              if v.get("failure_kinds") else "")
-                     for t, v in (record.get("tiers") or {}).items() if v.get("verdict") != "skipped") \
+    return (
+        "; ".join(
+            f"{t}={v['verdict']}" + (f" [{','.join(v.get('failure_kinds') or [])}]" if v.get("failure_kinds") else "")
+            for t, v in (record.get("tiers") or {}).items()
+            if v.get("verdict") != "skipped"
+        )
         or f"install {((record.get('install') or {}).get('verdict'))}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the whole canary (real installs)
 # ---------------------------------------------------------------------------------------------------------------
 
-def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = paths.REPO, budget_s: float | None = None,
-               log: Callable[[str], None] = print) -> dict:
+
+def run_canary(
+    res: Resolution,
+    opts: matrix.Options,
+    *,
+    repo: Path = paths.REPO,
+    budget_s: float | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Run one resolved canary and, when it breaks a tier its pinned row passes, its culprit search."""
     c: Canary = res.canary
     store = RunStore(opts.results, opts.run_id)
@@ -234,8 +286,12 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = paths.REPO
     state_file = out_dir / CANARY_FILE
     state = read_json(state_file) if opts.resume and state_file.exists() else {}
     before = {k: state.get(k) for k in ("blocking", "seconds")}  # a resumed run keeps what it measured
-    state.update(canary=res.as_dict(), run_id=opts.run_id, resolution=describe_resolution(res),
-                 resumed=bool(opts.resume and before["seconds"] is not None))
+    state.update(
+        canary=res.as_dict(),
+        run_id=opts.run_id,
+        resolution=describe_resolution(res),
+        resumed=bool(opts.resume and before["seconds"] is not None),
+    )
     log(state["resolution"])
     t0 = time.monotonic()
 
@@ -243,34 +299,53 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = paths.REPO
         atomic_write_json(state_file, state)
 
     row = canary_row(res, out_dir / "resolved")
-    copts = matrix.Options(**{**opts.__dict__, "overrides": [*opts.overrides, *(res.overrides if c.override else [])],
-                              "record_extra": {"canary": res.as_dict()}})
+    copts = matrix.Options(
+        **{
+            **opts.__dict__,
+            "overrides": [*opts.overrides, *(res.overrides if c.override else [])],
+            "record_extra": {"canary": res.as_dict()},
+        }
+    )
     # the run plans the canary as resolved: its pins and its overrides (the report judges its record against them)
-    manifest.ensure(store.path, opts.run_id,
-                    {c.id: manifest.planned_row(row.as_dict(), row.path.read_text(), copts.overrides)},
-                    plan.invocation(copts), fingerprint.describe())
+    manifest.ensure(
+        store.path,
+        opts.run_id,
+        {c.id: manifest.planned_row(row.as_dict(), row.path.read_text(), copts.overrides)},
+        plan.invocation(copts),
+        fingerprint.describe(),
+    )
     if opts.resume and store.finished(c.id):
         record = store.load_row(c.id)
         log(f"[{c.id}] reusing its finished row record (--resume)")
     else:
         venv = bisect.make_venv(row, repo / ".nox" / f"canary-{c.id}")
         record = matrix.run_row(row, venv, copts, log=log)
-    state["row"] = {"verdict": record["verdict"], "tiers": run_summary(record), "record": str(out_dir / ROW_FILE),
-                    "seconds": record_seconds(record)}
+    state["row"] = {
+        "verdict": record["verdict"],
+        "tiers": run_summary(record),
+        "record": str(out_dir / ROW_FILE),
+        "seconds": record_seconds(record),
+    }
     state["abi"] = abi_statement(record)
     state["held"] = (record.get("install") or {}).get("held") or []
-    state["moved_unasked"] = [m for m in (record.get("install") or {}).get("moved") or []
-                              if m["why"] != "asked for"]
+    state["moved_unasked"] = [m for m in (record.get("install") or {}).get("moved") or [] if m["why"] != "asked for"]
     canary_tiers = bisect.judged(record).get("tiers") or {}  # judged as the report judges it
     broken = baseline.broken_tiers(canary_tiers)
-    base = baseline.pinned_baseline(opts.results, c.base.id, broken, against=record) if broken \
+    base = (
+        baseline.pinned_baseline(opts.results, c.base.id, broken, against=record)
+        if broken
         else baseline.Baseline(c.base.id)
+    )
     state["pinned"] = base.as_dict()
     state["broken_tiers"] = broken
     # failed without proving anything (a harness failure, pytest stopped early): no release to blame
-    state["not_proven"] = {t: not_proven_why(canary_tiers[t], t) for t in bisect.CHEAPEST if t in canary_tiers
-                           and canary_tiers[t].get("verdict") in FAILING
-                           and expected.tier_state(canary_tiers[t]) == expected.NOT_PROVEN}
+    state["not_proven"] = {
+        t: not_proven_why(canary_tiers[t], t)
+        for t in bisect.CHEAPEST
+        if t in canary_tiers
+        and canary_tiers[t].get("verdict") in FAILING
+        and expected.tier_state(canary_tiers[t]) == expected.NOT_PROVEN
+    }
     save()
 
     budget = Budget(budget_s)
@@ -280,31 +355,56 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = paths.REPO
     breaking = bisect.failing_checks(record, broken[0]) if broken else None
 
     def probe_for(package: str, also: list[str]):
-        return bisect.make_probe(c.base, package, broken[0], run_id=probes_run, results=opts.results,
-                                 cache=repo / ".cache" / "bisect", log=log, also=also, reuse=True,
-                                 breaking=breaking)
+        return bisect.make_probe(
+            c.base,
+            package,
+            broken[0],
+            run_id=probes_run,
+            results=opts.results,
+            cache=repo / ".cache" / "bisect",
+            log=log,
+            also=also,
+            reuse=True,
+            breaking=breaking,
+        )
 
     if broken and res.moved:
         known = {}
         if c.override and len(res.moved) == 1 and not opts.overrides:  # the canary run is that package's probe
-            (pkg, (_, new)), = res.moved.items()
-            known[pkg] = bisect.classify_record(record, broken[0], new, state["row"]["seconds"],
-                                                str(out_dir / ROW_FILE), breaking=breaking)
+            ((pkg, (_, new)),) = res.moved.items()
+            known[pkg] = bisect.classify_record(
+                record, broken[0], new, state["row"]["seconds"], str(out_dir / ROW_FILE), breaking=breaking
+            )
         # only a baseline that passed the tier makes the pins a known good end; else the search probes them
-        state["culprit"] = find_culprit(res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known,
-                                        pins_pass=base.run is not None)
+        state["culprit"] = find_culprit(
+            res, broken[0], probe_for, bisect.candidates, budget, log=log, known=known, pins_pass=base.run is not None
+        )
         save()
     state["blocking"] = []
     for b in (record.get("blocking_pins") or []) if c.override else []:
-        if (why := budget.spent()):
+        if why := budget.spent():
             state["blocking"].append({**b, "retry": {"stopped": why}})
             break
-        done = next((x["retry"] for x in before["blocking"] or () if x.get("package") == b["package"]
-                     and (x.get("retry") or {}).get("record") and Path(x["retry"]["record"]).exists()), None)
+        done = next(
+            (
+                x["retry"]
+                for x in before["blocking"] or ()
+                if x.get("package") == b["package"]
+                and (x.get("retry") or {}).get("record")
+                and Path(x["retry"]["record"]).exists()
+            ),
+            None,
+        )
         if opts.resume and done is not None:
             log(f"[{c.id}] retry with {done.get('companion')}: reusing {done['record']} (--resume)")
-        state["blocking"].append({**b, "retry": done if opts.resume and done is not None else
-                                  retry_with_companion(res, record, b, copts, repo, log)})
+        state["blocking"].append(
+            {
+                **b,
+                "retry": done
+                if opts.resume and done is not None
+                else retry_with_companion(res, record, b, copts, repo, log),
+            }
+        )
         save()
     # wall time over every session of this canary: a resumed one adds what it spent to what was spent before
     state["seconds"] = round((before["seconds"] or 0.0) + time.monotonic() - t0, 1)
@@ -313,8 +413,9 @@ def run_canary(res: Resolution, opts: matrix.Options, *, repo: Path = paths.REPO
     return state
 
 
-def retry_with_companion(res: Resolution, record: dict, blocker: dict, copts: matrix.Options, repo: Path,
-                         log: Callable[[str], None]) -> dict:
+def retry_with_companion(
+    res: Resolution, record: dict, blocker: dict, copts: matrix.Options, repo: Path, log: Callable[[str], None]
+) -> dict:
     """Re-run the canary with the blocking companion moved to the release uv picks next to the overrides."""
     c = res.canary
     pkg = blocker["package"]
@@ -324,21 +425,34 @@ def retry_with_companion(res: Resolution, record: dict, blocker: dict, copts: ma
     except RowError as exc:
         return {"outcome": "no-release", "detail": str(exc)}
     if not moved_to or moved_to[0] == f"{pkg}=={blocker['version']}":
-        return {"outcome": "no-release", "detail": f"no other release of {pkg} fits {', '.join(copts.overrides)} "
-                                                   f"on the index (uv keeps {pkg} {blocker['version']})"}
+        return {
+            "outcome": "no-release",
+            "detail": f"no other release of {pkg} fits {', '.join(copts.overrides)} "
+            f"on the index (uv keeps {pkg} {blocker['version']})",
+        }
     rid = f"{c.id}-and-{canonicalize_name(pkg)}"
-    opts2 = matrix.Options(**{**copts.__dict__, "overrides": [*copts.overrides, *moved_to],
-                              "record_extra": {"canary": {**res.as_dict(), "retry_of": c.id,
-                                                          "companion": moved_to[0]}}})
+    opts2 = matrix.Options(
+        **{
+            **copts.__dict__,
+            "overrides": [*copts.overrides, *moved_to],
+            "record_extra": {"canary": {**res.as_dict(), "retry_of": c.id, "companion": moved_to[0]}},
+        }
+    )
     store = RunStore(copts.results, copts.run_id)
     if copts.resume and store.finished(rid):
         rec2 = store.load_row(rid)
     else:
         rec2 = matrix.run_row(dataclasses.replace(c.base, id=rid), venv, opts2, log=log)
-    return {"outcome": rec2["verdict"], "companion": moved_to[0], "tiers": run_summary(rec2),
-            "abi": abi_statement(rec2), "blocking_pins": rec2.get("blocking_pins") or [],
-            "failure": next((f for t in bisect.CHEAPEST if (f := first_failure(rec2.get("tiers") or {}, t))), None),
-            "record": str(Path(copts.results) / copts.run_id / rid / ROW_FILE), "seconds": record_seconds(rec2)}
+    return {
+        "outcome": rec2["verdict"],
+        "companion": moved_to[0],
+        "tiers": run_summary(rec2),
+        "abi": abi_statement(rec2),
+        "blocking_pins": rec2.get("blocking_pins") or [],
+        "failure": next((f for t in bisect.CHEAPEST if (f := first_failure(rec2.get("tiers") or {}, t))), None),
+        "record": str(Path(copts.results) / copts.run_id / rid / ROW_FILE),
+        "seconds": record_seconds(rec2),
+    }
 
 
 def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
@@ -353,16 +467,22 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
     pinned = state.get("pinned") or {}
     if state["broken_tiers"]:
         tiers = ", ".join(state["broken_tiers"])
-        out.append(f"breaks {tiers} that {c.base.id} passes (run {pinned['run']})" if pinned.get("run") else
-                   f"breaks {tiers}; no complete baseline run of {c.base.id} ({pinned.get('why') or 'none'}): the "
-                   f"search probes its pins itself")
+        out.append(
+            f"breaks {tiers} that {c.base.id} passes (run {pinned['run']})"
+            if pinned.get("run")
+            else f"breaks {tiers}; no complete baseline run of {c.base.id} ({pinned.get('why') or 'none'}): the "
+            f"search probes its pins itself"
+        )
         if state.get("culprit"):
             out += culprit_lines(state["culprit"], res)
         if len(state["broken_tiers"]) > 1:  # one search per canary: the cheapest broken tier's
             first, rest = state["broken_tiers"][0], state["broken_tiers"][1:]
             pkg = next(iter((state.get("culprit") or {}).get("bisect") or res.moved), None)
-            hint = (f": nox -s bisect -- {pkg} {res.moved[pkg][0]} {res.moved[pkg][1]} --row {c.base.id} "
-                    f"--tier {rest[0]}") if pkg in res.moved and res.moved[pkg][0] else ""
+            hint = (
+                (f": nox -s bisect -- {pkg} {res.moved[pkg][0]} {res.moved[pkg][1]} --row {c.base.id} --tier {rest[0]}")
+                if pkg in res.moved and res.moved[pkg][0]
+                else ""
+            )
             out.append(f"also breaks {', '.join(rest)}: searched on {first} only{hint}")
     for tier, why in (state.get("not_proven") or {}).items():
         out.append(f"{tier} not proven ({why}): nothing to blame on the moved packages")
@@ -375,14 +495,17 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
             out.append(f"  retry with {b['package']} moved: {r['detail']}")
         else:
             f = r.get("failure") or {}
-            out.append(f"  retry with {r['companion']}: {r['outcome'].upper()} — {r['tiers']}"
-                       + (f"; first failure [{f.get('kind')}] {_clip(f.get('message', ''))}" if f else ""))
+            out.append(
+                f"  retry with {r['companion']}: {r['outcome'].upper()} — {r['tiers']}"
+                + (f"; first failure [{f.get('kind')}] {_clip(f.get('message', ''))}" if f else "")
+            )
             if r.get("abi"):
                 out.append(f"    {r['abi']}")
-    if (answer := verdict_line(state, res)):
+    if answer := verdict_line(state, res):
         out.append(answer)
-    out.append(f"{c.id}: {state['seconds']:.0f} s in all"
-               + (" (over resumed sessions)" if state.get("resumed") else ""))
+    out.append(
+        f"{c.id}: {state['seconds']:.0f} s in all" + (" (over resumed sessions)" if state.get("resumed") else "")
+    )
     return out
 
 
@@ -397,6 +520,7 @@ def publish(lines: list[str], env: dict | None = None) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # CLI (python -m mtpmatrix canary, nox -t canary)
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def split_budget(posargs: list[str]) -> tuple[float | None, list[str]]:
     """``--budget S`` out of the session arguments; the rest are the matrix's (``matrix.parse_options``), pytest's
@@ -418,8 +542,14 @@ def split_budget(posargs: list[str]) -> tuple[float | None, list[str]]:
     return budget, rest
 
 
-def main(ids: list[str], posargs: list[str], *, run_id: str | None = None, constraints: Path | None = None,
-         log: Callable[[str], None] = print) -> int:
+def main(
+    ids: list[str],
+    posargs: list[str],
+    *,
+    run_id: str | None = None,
+    constraints: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> int:
     """Resolve every selected canary (all before any venv), then run each with its culprit search.
     0: every canary passed; 1: a canary failed (its answer printed and in canary.json); 2: bad input."""
     constraints = constraints or paths.CONSTRAINTS_DIR

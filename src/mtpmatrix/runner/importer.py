@@ -104,7 +104,7 @@ def _row_relative(name: str) -> str | None:
     if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] == "tiny":
         return None
     if len(p.parts) == 1 and p.name.startswith("gsm8k-") and p.suffix == ".jsonl":  # before schema 2
-        return schema.gsm8k_records(p.name[len("gsm8k-"):-len(".jsonl")])
+        return schema.gsm8k_records(p.name[len("gsm8k-") : -len(".jsonl")])
     if p.name == schema.TIERS_FILE and len(p.parts) == 1:
         return None  # OUT/tiers.json is the one that counts
     return str(p)
@@ -178,16 +178,23 @@ def _invocation(out: Path) -> dict:
         raise ImportError_(f"{f}: not an object (a JSON {type(data).__name__})")
     invocation_id = data.get("invocation_id")
     if not isinstance(invocation_id, str) or not invocation_id:
-        raise ImportError_(f"{out}: the box output predates verified invocations (no invocation_id in its "
-                           f"{schema.INVOCATION_FILE}, so nothing shows its {schema.TIERS_FILE} is this run's): re-run "
-                           "it with the current tools/gpu_box.sh")
+        raise ImportError_(
+            f"{out}: the box output predates verified invocations (no invocation_id in its "
+            f"{schema.INVOCATION_FILE}, so nothing shows its {schema.TIERS_FILE} is this run's): re-run "
+            "it with the current tools/gpu_box.sh"
+        )
     if _not_an_object(data.get("knobs")) or _not_strings(data.get("pytest_args")):
-        raise ImportError_(f"{f}: not gpu_box.sh's (its 'knobs' must be an object, its 'pytest_args' a list of "
-                           "strings)")
+        raise ImportError_(
+            f"{f}: not gpu_box.sh's (its 'knobs' must be an object, its 'pytest_args' a list of strings)"
+        )
     patch = data.get("patch")
-    if patch is not None and not (isinstance(patch, dict) and isinstance(patch.get("sha256"), str)
-                                  and len(patch["sha256"]) == 64 and not _not_strings(patch.get("files"))
-                                  and isinstance(patch.get("draft_phase"), (int, type(None)))):
+    if patch is not None and not (
+        isinstance(patch, dict)
+        and isinstance(patch.get("sha256"), str)
+        and len(patch["sha256"]) == 64
+        and not _not_strings(patch.get("files"))
+        and isinstance(patch.get("draft_phase"), (int, type(None)))
+    ):
         raise ImportError_(f"{f}: its 'patch' is not gpu_box.sh's (sha256, files, draft_phase)")
     return data
 
@@ -202,16 +209,23 @@ def candidate_of(out: Path, invocation: dict, data: dict, row_id: str, logs: lis
         return None
     ran = ((data.get("selection") or {}).get("knobs") or {}).get(schema.PATCH_SHA256_ENV)
     if ran != patch["sha256"]:
-        raise ImportError_(f"{out}: {schema.INVOCATION_FILE} names patch {patch['sha256'][:12]}, its suite ran with "
-                           f"{schema.PATCH_SHA256_ENV}={str(ran)[:12]}")
+        raise ImportError_(
+            f"{out}: {schema.INVOCATION_FILE} names patch {patch['sha256'][:12]}, its suite ran with "
+            f"{schema.PATCH_SHA256_ENV}={str(ran)[:12]}"
+        )
     for f in logs:  # pytest.log and each server's: every process that imported sglang
         text = f.read_text(errors="replace") if f.is_file() else ""
         bad = next((ln for ln in text.splitlines() if PATCH_MARK in ln and "NOT applied" in ln), None)
         if bad:
             raise ImportError_(f"{out}: the patch was not served ({f.name}: {bad.strip()[:160]})")
-    return {"kind": "patch", "path": patch.get("path"), "sha256": patch["sha256"], "files": list(patch["files"]),
-            "base_row": row_id, **({"draft_phase": patch["draft_phase"]} if patch.get("draft_phase") is not None
-                                   else {})}
+    return {
+        "kind": "patch",
+        "path": patch.get("path"),
+        "sha256": patch["sha256"],
+        "files": list(patch["files"]),
+        "base_row": row_id,
+        **({"draft_phase": patch["draft_phase"]} if patch.get("draft_phase") is not None else {}),
+    }
 
 
 def verified_evidence(out: Path) -> tuple[dict, dict]:
@@ -220,8 +234,9 @@ def verified_evidence(out: Path) -> tuple[dict, dict]:
     otherwise."""
     for name in REQUIRED_FILES:
         if not (out / name).is_file():
-            raise ImportError_(f"{out}: no {name} (expected a tools/gpu_box.sh output folder whose pytest ran "
-                               "to its end)")
+            raise ImportError_(
+                f"{out}: no {name} (expected a tools/gpu_box.sh output folder whose pytest ran to its end)"
+            )
     tiers_file = out / schema.TIERS_FILE
     data = _read_json(tiers_file)
     why = shape_error(data)
@@ -232,9 +247,11 @@ def verified_evidence(out: Path) -> tuple[dict, dict]:
     recorded = ((data.get("selection") or {}).get("knobs") or {}).get(INVOCATION_KNOB)
     if recorded != expected_id:
         got = f"its {INVOCATION_KNOB} is {recorded!r}" if recorded is not None else f"it records no {INVOCATION_KNOB}"
-        raise ImportError_(f"{out}: {schema.TIERS_FILE} is not from this invocation ({got}; "
-                           f"{schema.INVOCATION_FILE} says {expected_id!r}): another run's (did this run's pytest "
-                           "write none? see pytest.log)")
+        raise ImportError_(
+            f"{out}: {schema.TIERS_FILE} is not from this invocation ({got}; "
+            f"{schema.INVOCATION_FILE} says {expected_id!r}): another run's (did this run's pytest "
+            "write none? see pytest.log)"
+        )
     return data, invocation
 
 
@@ -254,16 +271,16 @@ def remove_dead_stages(run_dir: Path, row_id: str) -> list[Path]:
     prefix = f"{STAGE_PREFIX}{row_id}-"
     removed = []
     for folder in run_dir.iterdir() if run_dir.is_dir() else ():
-        pid = folder.name[len(prefix):]
-        if folder.name.startswith(prefix) and pid.isascii() and pid.isdigit() and int(pid) > 0 \
-                and not _alive(int(pid)):
+        pid = folder.name[len(prefix) :]
+        if folder.name.startswith(prefix) and pid.isascii() and pid.isdigit() and int(pid) > 0 and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
 
 
-def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = None,
-               constraints: Path | None = None) -> tuple[Path, dict]:
+def import_run(
+    out: Path, row_id: str, *, results: Path, run_id: str | None = None, constraints: Path | None = None
+) -> tuple[Path, dict]:
     """Import gpu_box.sh's ``out`` as row ``row_id``; returns (row folder, row record)."""
 
     out = Path(out)
@@ -292,15 +309,22 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
             if (out / name).is_file():
                 shutil.copy2(out / name, stage / name)
         kept = set(_extract_logs(out / LOGS_TGZ, stage)) if (out / LOGS_TGZ).is_file() else set()
-        cand = candidate_of(out, invocation, data, base_id,
-                            [out / schema.PYTEST_LOG, *(stage / k for k in sorted(kept) if k.endswith(".log"))])
+        cand = candidate_of(
+            out,
+            invocation,
+            data,
+            base_id,
+            [out / schema.PYTEST_LOG, *(stage / k for k in sorted(kept) if k.endswith(".log"))],
+        )
         versions = {k: v for k, v in (data.get("versions") or {}).items() if v}
         selection = data.get("selection")
         try:
             tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), selection, versions)
         except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a shape shape_error does not look at
-            raise ImportError_(f"{out / schema.TIERS_FILE}: not a tiers.json of the mtpmatrix pytest plugin "
-                               f"({type(exc).__name__}: {_one_line(exc)})") from None
+            raise ImportError_(
+                f"{out / schema.TIERS_FILE}: not a tiers.json of the mtpmatrix pytest plugin "
+                f"({type(exc).__name__}: {_one_line(exc)})"
+            ) from None
         atomic_write_json(stage / schema.TIERS_FILE, dict(data, tiers=tiers, schema=schema.SCHEMA))
         env_lines, when = _env(out)
         row = dataclasses.replace(rows[base_id], id=row_id)
@@ -315,8 +339,9 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
             "knobs": expected.knobs(invocation.get("knobs") or (selection or {}).get("knobs") or {}),
             "selection": selection,
             "fingerprint": data.get("fingerprint"),  # the suite that wrote the records (evidence/fingerprint.py)
-            "tiers_selected": ",".join(t for t, tv in tiers.items()
-                                       if "not selected" not in str(tv.get("reason") or "")),
+            "tiers_selected": ",".join(
+                t for t, tv in tiers.items() if "not selected" not in str(tv.get("reason") or "")
+            ),
             "started": when,
             "finished": when,
             "host": {"imported_from": str(out.resolve()), "env": env_lines[:12]},
@@ -330,11 +355,23 @@ def import_run(out: Path, row_id: str, *, results: Path, run_id: str | None = No
         atomic_write_json(stage / schema.ROW_FILE, record)
         # the run plans this row as this checkout knows it: its pins, and the suite that will judge it (a box that
         # ran another suite shows up as a record of another suite, evidence/judge.py)
-        manifest.ensure(run_dir, run_id, {row_id: manifest.planned_row(row.as_dict(), row.path.read_text(),
-                                                                        candidate=manifest.candidate_identity(cand))},
-                        {"argv": ["import", str(out), "--row", base_id], "source": "tools/gpu_box.sh",
-                         "overrides": [], "pytest_args": record["pytest_args"], "knobs": record["knobs"]},
-                        fingerprint.describe())
+        manifest.ensure(
+            run_dir,
+            run_id,
+            {
+                row_id: manifest.planned_row(
+                    row.as_dict(), row.path.read_text(), candidate=manifest.candidate_identity(cand)
+                )
+            },
+            {
+                "argv": ["import", str(out), "--row", base_id],
+                "source": "tools/gpu_box.sh",
+                "overrides": [],
+                "pytest_args": record["pytest_args"],
+                "knobs": record["knobs"],
+            },
+            fingerprint.describe(),
+        )
         try:
             os.rename(stage, dest)  # one step: the row appears whole or not at all
         except OSError as exc:  # another import of the row finished first
@@ -352,8 +389,11 @@ def pin_mismatches(record: dict) -> list[str]:
     """Main packages whose version on the box differs from the row's pins (the row may not describe the box)."""
     pins = (record.get("row") or {}).get("pins") or {}
     got = record.get("versions") or {}
-    return [f"{p} {got[p]} (row pins {pins[p]})" for p in ("sglang", "transformers", "torch")
-            if p in pins and got.get(p) and got[p].split("+")[0] != pins[p]]
+    return [
+        f"{p} {got[p]} (row pins {pins[p]})"
+        for p in ("sglang", "transformers", "torch")
+        if p in pins and got.get(p) and got[p].split("+")[0] != pins[p]
+    ]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

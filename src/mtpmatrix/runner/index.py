@@ -40,8 +40,9 @@ def _version_of_file(filename: str, name: str) -> Version | None:
             return None
 
 
-def releases(name: str, *, url: str | None = None, timeout: float = 15.0,
-             include_prereleases: bool = False) -> list[Version]:
+def releases(
+    name: str, *, url: str | None = None, timeout: float = 15.0, include_prereleases: bool = False
+) -> list[Version]:
     """Sorted releases of ``name`` that have at least one non-yanked file."""
     url = (url or index_url()).rstrip("/")
     cname = canonicalize_name(name)

@@ -75,7 +75,7 @@ def split_pytest_args(posargs: list[str]) -> tuple[list[str], list[str]]:
     if "--" not in posargs:
         return list(posargs), []
     i = posargs.index("--")
-    return list(posargs[:i]), list(posargs[i + 1:])
+    return list(posargs[:i]), list(posargs[i + 1 :])
 
 
 def parse_options(posargs: list[str]) -> Options:
@@ -83,16 +83,35 @@ def parse_options(posargs: list[str]) -> Options:
     else this session does not know is a RowError (one line): passed on, pytest would stop with a usage error and
     the row be filed with an ``error`` tier, bad input recorded as evidence."""
     ours, pytest_args = split_pytest_args(posargs)
-    p = _Parser(prog="nox -s gemma4_mtp --", add_help=True,
-                parents=[options.parent(run_id="a UTC timestamp; env MTPMATRIX_RUN_ID", overrides=True)])
-    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="RUN_ID",
-                   help="continue a run, skipping rows that already have a verdict (default: the latest run)")
+    p = _Parser(
+        prog="nox -s gemma4_mtp --",
+        add_help=True,
+        parents=[options.parent(run_id="a UTC timestamp; env MTPMATRIX_RUN_ID", overrides=True)],
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="RUN_ID",
+        help="continue a run, skipping rows that already have a verdict (default: the latest run)",
+    )
     p.add_argument("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)))
     p.add_argument("--shard", type=_shard, help="run only shard I of N (rows in id order, round robin)")
-    p.add_argument("--no-index-check", dest="offline_check", action="store_true",
-                   help="do not ask the index whether --with releases exist before installing")
-    p.add_argument("--server-url", dest="server_urls", action="append", default=[], metavar="URL",
-                   help="run the gsm8k tier against this running sglang server (repeatable; checked before install)")
+    p.add_argument(
+        "--no-index-check",
+        dest="offline_check",
+        action="store_true",
+        help="do not ask the index whether --with releases exist before installing",
+    )
+    p.add_argument(
+        "--server-url",
+        dest="server_urls",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="run the gsm8k tier against this running sglang server (repeatable; checked before install)",
+    )
     p.add_argument("--patch", metavar="FILE", help="a candidate: this unified diff applied to each row's pinned sglang")
     p.add_argument("--sglang", metavar="PATH", help="a candidate: this sglang wheel or checkout instead of the pin")
     p.add_argument("--draft-phase", metavar="N", help="the draft phase the candidate drafts at (e.g. +1)")
@@ -119,9 +138,18 @@ def parse_options(posargs: list[str]) -> Options:
         run_id = run_id or latest.run_id
     if ns.server_urls and "gsm8k" not in tiers:
         raise RowError("--server-url serves the gsm8k tier: add --tiers gsm8k (or a list that has it)")
-    return Options(overrides=ns.overrides, run_id=run_id, resume=resume, results=ns.results, tiers=",".join(tiers),
-                   shard=ns.shard, pytest_args=pytest_args, offline_check=ns.offline_check, server_urls=ns.server_urls,
-                   candidate=candidate.from_options(ns.patch, ns.sglang, ns.draft_phase, ns.overrides))
+    return Options(
+        overrides=ns.overrides,
+        run_id=run_id,
+        resume=resume,
+        results=ns.results,
+        tiers=",".join(tiers),
+        shard=ns.shard,
+        pytest_args=pytest_args,
+        offline_check=ns.offline_check,
+        server_urls=ns.server_urls,
+        candidate=candidate.from_options(ns.patch, ns.sglang, ns.draft_phase, ns.overrides),
+    )
 
 
 def in_shard(row_id: str, all_ids: list[str], shard: tuple[int, int] | None) -> bool:
@@ -161,8 +189,10 @@ def preflight_servers(urls: list[str]) -> list:
     try:  # the client speaks HTTP through requests; nox's own Python has it only if the user installed it
         from mtpmatrix.serving import served
     except ImportError as exc:
-        raise RowError(f"--server-url needs {exc.name or 'requests'} in nox's Python to reach the server before the "
-                       f"row installs: pip install requests") from None
+        raise RowError(
+            f"--server-url needs {exc.name or 'requests'} in nox's Python to reach the server before the "
+            f"row installs: pip install requests"
+        ) from None
     try:
         return served.fetch_all(urls)
     except served.ServedError as exc:
@@ -199,8 +229,14 @@ def find_uv(error: type[Exception] = RowError) -> str:
     return uv
 
 
-def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Path | None,
-                    overrides: list[str] = (), cand: candidate.Candidate | None = None) -> list[str]:
+def install_command(
+    row: Row,
+    venv: Path,
+    constraints: Path,
+    overrides_file: Path | None,
+    overrides: list[str] = (),
+    cand: candidate.Candidate | None = None,
+) -> list[str]:
     """The one install command of a row: sglang (or the candidate's wheel or checkout) + its pins + this package,
     into ``venv``, with uv."""
     uv = find_uv()
@@ -211,8 +247,10 @@ def install_command(row: Row, venv: Path, constraints: Path, overrides_file: Pat
         cmd += ["--torch-backend", row.torch_backend]
     replaced = overridden_names(list(overrides))
     source = candidate.install_source(cand)
-    cmd += [source if name == "sglang" and source else name if name in replaced else f"{name}=={version}"
-            for name, version in row.pins.items()]
+    cmd += [
+        source if name == "sglang" and source else name if name in replaced else f"{name}=={version}"
+        for name, version in row.pins.items()
+    ]
     cmd += [*candidate.install_flags(cand), "-e", str(REPO)]
     return cmd
 
@@ -242,8 +280,9 @@ def stranded_by_overrides(check_output: str, overrides: list[str], pinned: Itera
     return sorted(out)
 
 
-def resolve_companions(row: Row, venv: Path, overrides: list[str], names: list[str], env: dict | None = None,
-                       log: Path | None = None) -> list[str]:
+def resolve_companions(
+    row: Row, venv: Path, overrides: list[str], names: list[str], env: dict | None = None, log: Path | None = None
+) -> list[str]:
     """``name==version`` of each of ``names`` as uv resolves them next to the overrides taken as plain requirements,
     so that each one's own requirement on the overridden packages holds (torch==2.13.0 -> torchvision==0.28.0).
     Raises RowError with uv's first error line when no release fits."""
@@ -251,8 +290,9 @@ def resolve_companions(row: Row, venv: Path, overrides: list[str], names: list[s
     cmd = [uv, "pip", "compile", "-", "--python", str(venv_python(venv)), "--no-header", "--no-annotate"]
     if row.torch_backend != "pypi":  # companions of a CUDA-variant torch come from the same index
         cmd += ["--torch-backend", row.torch_backend]
-    done = subprocess.run(cmd, input="\n".join([*overrides, *names]) + "\n", capture_output=True, text=True,
-                          env=env, cwd=REPO)
+    done = subprocess.run(
+        cmd, input="\n".join([*overrides, *names]) + "\n", capture_output=True, text=True, env=env, cwd=REPO
+    )
     if log is not None:
         log.write_text("$ " + " ".join(cmd) + "\n" + done.stdout + done.stderr)
     if done.returncode != 0:
@@ -277,8 +317,9 @@ def _run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool =
     chunks: list[str] = []
     with open(log, "w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                cwd=REPO, bufsize=1)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO, bufsize=1
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             fh.write(line)
@@ -327,8 +368,9 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     if overrides_file is not None:
         overrides_file.write_text("\n".join(opts.overrides) + "\n")
     # the files the row's suite imported last time, compiled from uv's cache while the install waits on the index
-    installing = bytecode.start_while_installing(venv, venv_python(venv), bytecode.lists_folder(row), env_uv,
-                                                 bytecode.process_names(groups, opts.tiers), cmd[0])
+    installing = bytecode.start_while_installing(
+        venv, venv_python(venv), bytecode.lists_folder(row), env_uv, bytecode.process_names(groups, opts.tiers), cmd[0]
+    )
     try:
         record = _install(row, venv, opts, store, out, cmd, constraints, overrides_file, env_uv, record, log)
         if record["install"]["verdict"] != "passed":  # recorded and saved
@@ -343,14 +385,28 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
             installing.stop()
 
 
-def _install(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, cmd: list[str], constraints: Path,
-             overrides_file: Path | None, env_uv: dict, record: dict, log) -> dict:
+def _install(
+    row: Row,
+    venv: Path,
+    opts: Options,
+    store: RunStore,
+    out: Path,
+    cmd: list[str],
+    constraints: Path,
+    overrides_file: Path | None,
+    env_uv: dict,
+    record: dict,
+    log,
+) -> dict:
     """run_row's install, companions, freeze and check; the record, finished when the install failed."""
     t0 = time.monotonic()
     log(f"[{row.id}] installing: {' '.join(cmd[1:])}")
     rc, output = _run_logged(cmd, out / "install.log", env=env_uv)
-    record["install"] = {"verdict": "passed" if rc == 0 else "failed", "seconds": round(time.monotonic() - t0, 1),
-                         "command": cmd[1:]}
+    record["install"] = {
+        "verdict": "passed" if rc == 0 else "failed",
+        "seconds": round(time.monotonic() - t0, 1),
+        "command": cmd[1:],
+    }
     log(f"[{row.id}] install {record['install']['verdict']} in {record['install']['seconds']}s")
     if rc != 0:
         record["install"]["failure"] = classify_install(output).as_dict()
@@ -360,15 +416,18 @@ def _install(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, cm
     # 1b. packages the overrides stranded (see stranded_by_overrides) follow them: left as resolved, a torchvision
     # built for another torch breaks `import sglang` for a reason that is not the row's
     if opts.overrides:
-        _, check = _run_logged([uv, "pip", "check", "--python", str(venv_python(venv))],
-                               out / "check-overrides.txt", env=env_uv)
+        _, check = _run_logged(
+            [uv, "pip", "check", "--python", str(venv_python(venv))], out / "check-overrides.txt", env=env_uv
+        )
         stranded = stranded_by_overrides(check, opts.overrides, row.pins)
-        stranded = override_rules.hold_sglang_pins(record, venv, opts.overrides, stranded,
-                                                   log=lambda m: log(f"[{row.id}] {m}"))
+        stranded = override_rules.hold_sglang_pins(
+            record, venv, opts.overrides, stranded, log=lambda m: log(f"[{row.id}] {m}")
+        )
         if stranded:
             try:
-                companions = resolve_companions(row, venv, opts.overrides, stranded, env=env_uv,
-                                                log=out / "companions.log")
+                companions = resolve_companions(
+                    row, venv, opts.overrides, stranded, env=env_uv, log=out / "companions.log"
+                )
             except RowError as exc:  # recorded; the suite still runs on what pass 1 installed
                 record["install"]["companions_error"] = str(exc)
                 log(f"[{row.id}] {exc}")
@@ -377,59 +436,102 @@ def _install(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, cm
                 constraints.write_text(constraints_text(row, both, opts.candidate))
                 overrides_file.write_text("\n".join(both) + "\n")
                 cmd2 = install_command(row, venv, constraints, overrides_file, both, opts.candidate)
-                log(f"[{row.id}] the overrides strand {', '.join(stranded)}: installing {', '.join(companions)} "
-                    "with them")
+                log(
+                    f"[{row.id}] the overrides strand {', '.join(stranded)}: installing {', '.join(companions)} "
+                    "with them"
+                )
                 rc, output = _run_logged(cmd2, out / "install-companions.log", env=env_uv)
-                record["install"].update(companions=companions, command=cmd2[1:],
-                                         seconds=round(time.monotonic() - t0, 1))
+                record["install"].update(
+                    companions=companions, command=cmd2[1:], seconds=round(time.monotonic() - t0, 1)
+                )
                 if rc != 0:
                     record["install"]["verdict"] = "failed"
                     record["install"]["failure"] = classify_install(output).as_dict()
                     return _finish(store, row, record)
 
     # 2. what actually got installed
-    rc_f, freeze = _run_logged([uv, "pip", "freeze", "--python", str(venv_python(venv))], out / "freeze.log",
-                               env=env_uv)
-    (out / "freeze.txt").write_text("\n".join(ln for ln in freeze.splitlines() if "==" in ln or " @ " in ln)
-                                    + "\n")
-    rc_c, check = _run_logged([uv, "pip", "check", "--python", str(venv_python(venv))], out / "check.txt",
-                              env=env_uv)
-    record["install"]["check"] = {"ok": rc_c == 0,
-                                  "output": [ln for ln in check.splitlines()[1:] if ln.strip()][:20]}
+    rc_f, freeze = _run_logged(
+        [uv, "pip", "freeze", "--python", str(venv_python(venv))], out / "freeze.log", env=env_uv
+    )
+    (out / "freeze.txt").write_text("\n".join(ln for ln in freeze.splitlines() if "==" in ln or " @ " in ln) + "\n")
+    rc_c, check = _run_logged([uv, "pip", "check", "--python", str(venv_python(venv))], out / "check.txt", env=env_uv)
+    record["install"]["check"] = {"ok": rc_c == 0, "output": [ln for ln in check.splitlines()[1:] if ln.strip()][:20]}
     record["versions"] = _versions_from_freeze(freeze)
     if opts.overrides:  # what the overrides moved beyond what was asked, and why (runner/overrides.py)
-        record["install"]["moved"] = override_rules.moved_by_overrides(row, venv, opts.overrides, record, freeze,
-                                                                       constraints_text(row, []), uv, out, env_uv,
-                                                                       python=venv_python(venv), project=REPO)
+        record["install"]["moved"] = override_rules.moved_by_overrides(
+            row,
+            venv,
+            opts.overrides,
+            record,
+            freeze,
+            constraints_text(row, []),
+            uv,
+            out,
+            env_uv,
+            python=venv_python(venv),
+            project=REPO,
+        )
 
     return record
 
 
-def _suite(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, record: dict, groups: list,
-           installing: bytecode.Installing | None, log) -> dict:
+def _suite(
+    row: Row,
+    venv: Path,
+    opts: Options,
+    store: RunStore,
+    out: Path,
+    record: dict,
+    groups: list,
+    installing: bytecode.Installing | None,
+    log,
+) -> dict:
     """run_row's suite in the installed venv; the finished record."""
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE
     tiers_file.unlink(missing_ok=True)
     # pytest through mtpmatrix.tiers.session.process: rarer full GCs, no interpreter teardown (why: its docstring)
-    pytest_cmd = [str(venv_python(venv)), "-m", "mtpmatrix.tiers.session.process", SUITE, "-p", "no:cacheprovider",
-                  f"--junitxml={out / 'junit.xml'}", f"--mtp-results={tiers_file}", f"--tiers={opts.tiers}",
-                  *(f"--server-url={u}" for u in opts.server_urls), *opts.pytest_args]
-    env_py = {**os.environ, "VIRTUAL_ENV": str(venv),
-              "PATH": f"{venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-              "MTPMATRIX_ROW": row.id, "PYTHONUNBUFFERED": "1", **candidate.suite_env(opts.candidate),
-              # tiny pairs are built once per row (their weights come from the row's transformers) and reused
-              "MTPMATRIX_TINY_DIR": os.environ.get("MTPMATRIX_TINY_DIR") or str(REPO / ".cache" / "tiny" / row.id)}
+    pytest_cmd = [
+        str(venv_python(venv)),
+        "-m",
+        "mtpmatrix.tiers.session.process",
+        SUITE,
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / 'junit.xml'}",
+        f"--mtp-results={tiers_file}",
+        f"--tiers={opts.tiers}",
+        *(f"--server-url={u}" for u in opts.server_urls),
+        *opts.pytest_args,
+    ]
+    env_py = {
+        **os.environ,
+        "VIRTUAL_ENV": str(venv),
+        "PATH": f"{venv_python(venv).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MTPMATRIX_ROW": row.id,
+        "PYTHONUNBUFFERED": "1",
+        **candidate.suite_env(opts.candidate),
+        # tiny pairs are built once per row (their weights come from the row's transformers) and reused
+        "MTPMATRIX_TINY_DIR": os.environ.get("MTPMATRIX_TINY_DIR") or str(REPO / ".cache" / "tiny" / row.id),
+    }
     env_py.pop("PYTHONPATH", None)  # the row venv must see only what the row installed
     record.update(suite_invocation(opts, env_py))
-    log(f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}"
-        + (f" (side by side: {', '.join('+'.join(g.tiers) for g in groups)})" if groups else ""))
+    log(
+        f"[{row.id}] running the suite: {' '.join(pytest_cmd[1:])}"
+        + (f" (side by side: {', '.join('+'.join(g.tiers) for g in groups)})" if groups else "")
+    )
     t0 = time.monotonic()
     # what the workers compiling from uv's cache left, or (without them) the files the row's suite imported last
     # time, compiled on the spare core while pytest starts (bytecode.py)
-    prefetch = bytecode.start(venv, venv_python(venv), bytecode.lists_folder(row), env_py,
-                              bytecode.process_names(groups, opts.tiers),
-                              forked=bool(groups) and side_by_side.forks(pytest_cmd), installing=installing)
+    prefetch = bytecode.start(
+        venv,
+        venv_python(venv),
+        bytecode.lists_folder(row),
+        env_py,
+        bytecode.process_names(groups, opts.tiers),
+        forked=bool(groups) and side_by_side.forks(pytest_cmd),
+        installing=installing,
+    )
     try:
         if groups:  # one pytest process per group of tiers, on their own cores; one merged tiers.json
             rc_p = side_by_side.run(pytest_cmd + prefetch.pytest_args, groups, out, prefetch.env, REPO)
@@ -447,9 +549,16 @@ def _suite(row: Row, venv: Path, opts: Options, store: RunStore, out: Path, reco
         record["versions"].update({k: v for k, v in data.get("versions", {}).items() if v})
         record["gpus"] = data.get("gpus", 0)
     else:  # pytest died before its sessionfinish hook: the harness broke, not sglang
-        record["tiers"] = {t: {"verdict": "error", "reason": f"pytest exited {rc_p} without results (see pytest.log)",
-                               "failure_kinds": ["harness"], "checks": [], "incomplete": True}
-                           for t in parse_tiers(opts.tiers)}
+        record["tiers"] = {
+            t: {
+                "verdict": "error",
+                "reason": f"pytest exited {rc_p} without results (see pytest.log)",
+                "failure_kinds": ["harness"],
+                "checks": [],
+                "incomplete": True,
+            }
+            for t in parse_tiers(opts.tiers)
+        }
     if opts.overrides:
         record["blocking_pins"] = override_rules.blocking_pins_of(record, venv, opts.overrides)
     return _finish(store, row, record)
@@ -484,8 +593,13 @@ def summary_line(record: dict) -> str:
         if t["verdict"] == "skipped" and t.get("reason"):
             s += f" ({t['reason']})"
         elif t["verdict"] == KNOWN_UPSTREAM:
-            s += " (" + "; ".join(f"{k['package']} {k['version']}: {k['id']}, {k['upstream']}"
-                                  for k in t.get("known_upstream", [])) + ")"
+            s += (
+                " ("
+                + "; ".join(
+                    f"{k['package']} {k['version']}: {k['id']}, {k['upstream']}" for k in t.get("known_upstream", [])
+                )
+                + ")"
+            )
         elif t.get("failure_kinds"):
             s += f" [{','.join(t['failure_kinds'])}]"
         if t.get("missing"):  # a partial tier (expected.py): what did not run, first reason
@@ -495,6 +609,9 @@ def summary_line(record: dict) -> str:
         parts.append(s)
     held = [f"{h['package']} {h['version']}" for h in (record.get("install") or {}).get("held") or []]
     blocking = [f"{b['pinned_by']} pins {b['package']}=={b['version']}" for b in record.get("blocking_pins") or []]
-    return (f"{rid}: {record['verdict'].upper()} — " + "; ".join(parts)
-            + (f"; held at sglang's pins: {', '.join(held)}" if held else "")
-            + (f"; blocking pin(s): {', '.join(blocking)} (move it too: --with)" if blocking else ""))
+    return (
+        f"{rid}: {record['verdict'].upper()} — "
+        + "; ".join(parts)
+        + (f"; held at sglang's pins: {', '.join(held)}" if held else "")
+        + (f"; blocking pin(s): {', '.join(blocking)} (move it too: --with)" if blocking else "")
+    )

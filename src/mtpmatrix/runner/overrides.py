@@ -105,8 +105,14 @@ def exact_pins(dists: dict[str, Dist], of: str = PINNER) -> dict[str, str]:
 
 def requirement_on(dist: Dist, target: str) -> str | None:
     """``dist``'s own requirement line on ``target`` (``torch==2.14.1``), if it has one."""
-    return next((f"{req.name}{req.specifier}" for req in _requirements(dist)
-                 if canonicalize_name(req.name) == canonicalize_name(target)), None)
+    return next(
+        (
+            f"{req.name}{req.specifier}"
+            for req in _requirements(dist)
+            if canonicalize_name(req.name) == canonicalize_name(target)
+        ),
+        None,
+    )
 
 
 def split_stranded(stranded: Iterable[str], pins: dict[str, str], asked: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -126,15 +132,28 @@ def held_records(held: list[str], dists: dict[str, Dist], overrides: list[str]) 
         d = dists.get(name)
         pairs = [(o, r) for o in overrides if d and (r := requirement_on(d, Requirement(o).name))]
         unmet = [r for _, r in pairs]
-        out.append({"package": name, "version": d.version if d else None,
-                    "pinned_by": f"{PINNER} {pinner.version}" if pinner else PINNER, "requires": unmet,
-                    "why": f"kept at {PINNER}'s exact pin; its own requirement {', '.join(unmet) or '?'} is left "
-                           f"unmet by {', '.join(o for o, _ in pairs) or ', '.join(overrides)}"})
+        out.append(
+            {
+                "package": name,
+                "version": d.version if d else None,
+                "pinned_by": f"{PINNER} {pinner.version}" if pinner else PINNER,
+                "requires": unmet,
+                "why": f"kept at {PINNER}'s exact pin; its own requirement {', '.join(unmet) or '?'} is left "
+                f"unmet by {', '.join(o for o, _ in pairs) or ', '.join(overrides)}",
+            }
+        )
     return out
 
 
-def resolve_baseline(uv: str, python: Path, constraints_text: str, requirements: list[str], workdir: Path,
-                     env: dict | None = None, torch_backend: str = "pypi") -> dict[str, str] | None:
+def resolve_baseline(
+    uv: str,
+    python: Path,
+    constraints_text: str,
+    requirements: list[str],
+    workdir: Path,
+    env: dict | None = None,
+    torch_backend: str = "pypi",
+) -> dict[str, str] | None:
     """What the row alone resolves to (``uv pip compile``, no overrides): {package: version}; None when uv fails
     (the moved list is then left out, never guessed)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -161,8 +180,15 @@ def compiled_versions(text: str) -> dict[str, str]:
     return out
 
 
-def moved(baseline: dict[str, str], now: dict[str, str], *, asked: Iterable[str], companions: Iterable[str] = (),
-          held: Iterable[str] = (), dists: dict[str, Dist] | None = None) -> list[dict]:
+def moved(
+    baseline: dict[str, str],
+    now: dict[str, str],
+    *,
+    asked: Iterable[str],
+    companions: Iterable[str] = (),
+    held: Iterable[str] = (),
+    dists: dict[str, Dist] | None = None,
+) -> list[dict]:
     """Every package whose version differs from the row alone (or that appeared / went), with why."""
     asked = {canonicalize_name(a) for a in asked}
     companions = {canonicalize_name(c.split("==", 1)[0]) for c in companions}
@@ -203,8 +229,14 @@ def _names(dist_name: str, dists: dict[str, Dist]) -> set[str]:
     return names
 
 
-def blocking_pins(tiers: dict, pins: dict[str, str], *, moved_names: Iterable[str], dists: dict[str, Dist],
-                  pinner_version: str | None = None) -> list[dict]:
+def blocking_pins(
+    tiers: dict,
+    pins: dict[str, str],
+    *,
+    moved_names: Iterable[str],
+    dists: dict[str, Dist],
+    pinner_version: str | None = None,
+) -> list[dict]:
     """Packages sglang pins exactly, that nobody moved, named by a failing check's failure (message or frames):
     the pin, not the upgrade under test, is what refuses (torchaudio 2.11.0 under torch 2.15.0)."""
     skip = {canonicalize_name(m) for m in moved_names} | set(UNDER_TEST)
@@ -219,18 +251,26 @@ def blocking_pins(tiers: dict, pins: dict[str, str], *, moved_names: Iterable[st
             for pkg, ver in candidates.items():
                 if pkg in found:
                     continue
-                if any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", text, re.I)
-                       for n in _names(pkg, dists)):
-                    found[pkg] = {"package": pkg, "version": ver,
-                                  "pinned_by": f"{PINNER} {pinner_version}" if pinner_version else PINNER,
-                                  "tier": tier, "check": check.get("id") or check.get("name"),
-                                  "kind": f.get("kind"), "message": (f.get("message") or "")[:400]}
+                if any(
+                    re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", text, re.I)
+                    for n in _names(pkg, dists)
+                ):
+                    found[pkg] = {
+                        "package": pkg,
+                        "version": ver,
+                        "pinned_by": f"{PINNER} {pinner_version}" if pinner_version else PINNER,
+                        "tier": tier,
+                        "check": check.get("id") or check.get("name"),
+                        "kind": f.get("kind"),
+                        "message": (f.get("message") or "")[:400],
+                    }
     return [found[k] for k in sorted(found)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the hooks matrix.run_row calls (one each: hold, account, blame)
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _asked(overrides: list[str]) -> set[str]:
     return {canonicalize_name(Requirement(o).name) for o in overrides}
@@ -248,25 +288,54 @@ def hold_sglang_pins(record: dict, venv: Path, overrides: list[str], stranded: l
     return movable
 
 
-def moved_by_overrides(row, venv: Path, overrides: list[str], record: dict, freeze: str, row_constraints: str,
-                       uv: str, out: Path, env: dict | None, *, python: Path, project: Path) -> list[dict] | None:
+def moved_by_overrides(
+    row,
+    venv: Path,
+    overrides: list[str],
+    record: dict,
+    freeze: str,
+    row_constraints: str,
+    uv: str,
+    out: Path,
+    env: dict | None,
+    *,
+    python: Path,
+    project: Path,
+) -> list[dict] | None:
     """``moved`` against what the row alone resolves to (its constraints, no overrides; ``python``: the venv's,
     ``project``: this checkout, installed editable as in the row); None when that resolution fails."""
     from mtpmatrix.core.store import parse_freeze
 
-    base = resolve_baseline(uv, python, row_constraints,
-                            [f"{n}=={v}" for n, v in row.pins.items()] + [f"-e {project}"],
-                            out / "baseline", env=env, torch_backend=row.torch_backend)
+    base = resolve_baseline(
+        uv,
+        python,
+        row_constraints,
+        [f"{n}=={v}" for n, v in row.pins.items()] + [f"-e {project}"],
+        out / "baseline",
+        env=env,
+        torch_backend=row.torch_backend,
+    )
     if base is None:
         return None
     install = record.get("install") or {}
-    return moved(base, parse_freeze(freeze), asked=_asked(overrides), companions=install.get("companions") or (),
-                 held=[h["package"] for h in install.get("held") or ()], dists=installed(venv))
+    return moved(
+        base,
+        parse_freeze(freeze),
+        asked=_asked(overrides),
+        companions=install.get("companions") or (),
+        held=[h["package"] for h in install.get("held") or ()],
+        dists=installed(venv),
+    )
 
 
 def blocking_pins_of(record: dict, venv: Path, overrides: list[str]) -> list[dict]:
     dists = installed(venv)
     moved_names = {m["package"] for m in (record.get("install") or {}).get("moved") or ()} | _asked(overrides)
     pinner = dists.get(PINNER)
-    return blocking_pins(record.get("tiers") or {}, exact_pins(dists), moved_names=moved_names, dists=dists,
-                         pinner_version=pinner.version if pinner else None)
+    return blocking_pins(
+        record.get("tiers") or {},
+        exact_pins(dists),
+        moved_names=moved_names,
+        dists=dists,
+        pinner_version=pinner.version if pinner else None,
+    )

@@ -24,9 +24,13 @@ def queued_rows(session, fallback: list[str]) -> list[str]:
     try:
         runner = session._runner  # nox's queue is not public API: read defensively, fall back to every row
         queue = itertools.chain(runner.manifest._consumed, runner.manifest._queue)
-        ids = [s.func.call_spec["row"] for s in queue
-               if s.name == runner.name and isinstance(getattr(s.func, "call_spec", None), dict)
-               and "row" in s.func.call_spec]
+        ids = [
+            s.func.call_spec["row"]
+            for s in queue
+            if s.name == runner.name
+            and isinstance(getattr(s.func, "call_spec", None), dict)
+            and "row" in s.func.call_spec
+        ]
     except (AttributeError, KeyError, TypeError):
         ids = []
     return ids or list(fallback)
@@ -35,15 +39,24 @@ def queued_rows(session, fallback: list[str]) -> list[str]:
 def planned(rows: dict, ids: list[str], cand=None) -> dict[str, dict]:
     """{row id: manifest.planned_row} of ``ids`` (rows: {id: core.rows.Row}); with a candidate
     (runner/candidate.py), each row planned under its candidate's id, with the candidate's identity."""
-    return {candidate.filed_id(rid, cand): manifest.planned_row(rows[rid].as_dict(), rows[rid].path.read_text(),
-                                                                candidate=candidate.identity(cand))
-            for rid in ids if rid in rows}
+    return {
+        candidate.filed_id(rid, cand): manifest.planned_row(
+            rows[rid].as_dict(), rows[rid].path.read_text(), candidate=candidate.identity(cand)
+        )
+        for rid in ids
+        if rid in rows
+    }
 
 
 def invocation(opts) -> dict:
-    return {"argv": list(sys.argv), "tiers": opts.tiers, "overrides": list(opts.overrides),
-            "server_urls": list(opts.server_urls), "pytest_args": list(opts.pytest_args),
-            "knobs": expected.knobs(os.environ)}
+    return {
+        "argv": list(sys.argv),
+        "tiers": opts.tiers,
+        "overrides": list(opts.overrides),
+        "server_urls": list(opts.server_urls),
+        "pytest_args": list(opts.pytest_args),
+        "knobs": expected.knobs(os.environ),
+    }
 
 
 def start(opts, row_id: str, plan: dict[str, dict]) -> str | None:
@@ -101,14 +114,20 @@ def run(ns) -> int:
         ids = schema.comma_list(ns.rows)
         unknown = [r for r in ids if r not in table]
         if unknown or not ids:
-            raise RowError(f"--rows: unknown row(s) {', '.join(unknown) or '(none given)'}; known: "
-                           f"{', '.join(table)}")
+            raise RowError(f"--rows: unknown row(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(table)}")
     except RowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    invocation = {"argv": list(sys.argv), "tiers": ns.tiers, "overrides": list(ns.overrides), "server_urls": [],
-                  "pytest_args": [], "knobs": expected.knobs(os.environ)}
-    f = manifest.write_named(Path(ns.results) / ns.run_id, PIPELINE_PLAN, ns.run_id, planned(table, ids), invocation,
-                             fingerprint.describe())
+    invocation = {
+        "argv": list(sys.argv),
+        "tiers": ns.tiers,
+        "overrides": list(ns.overrides),
+        "server_urls": [],
+        "pytest_args": [],
+        "knobs": expected.knobs(os.environ),
+    }
+    f = manifest.write_named(
+        Path(ns.results) / ns.run_id, PIPELINE_PLAN, ns.run_id, planned(table, ids), invocation, fingerprint.describe()
+    )
     print(f"planned {len(ids)} row(s) of run {ns.run_id}: {f}")
     return 0

@@ -53,9 +53,11 @@ def _tier(record: dict, tier: str, issues=None) -> dict:
 
 def _owned_failures(tier_entry: dict) -> list[dict]:
     """The failing checks no listed issue explains and the harness does not own: what a bisect searches for."""
-    return [c for c in expected.unexplained_failures(tier_entry)
-            if ((c.get("failure") or {}).get("kind") if isinstance(c.get("failure"), dict) else None)
-            != expected.HARNESS]
+    return [
+        c
+        for c in expected.unexplained_failures(tier_entry)
+        if ((c.get("failure") or {}).get("kind") if isinstance(c.get("failure"), dict) else None) != expected.HARNESS
+    ]
 
 
 def failing_checks(record: dict, tier: str, issues=None) -> frozenset[str]:
@@ -95,12 +97,28 @@ def _install_failed(record: dict, version: str, seconds: float, path: str | None
 def _did_not_run(t: dict, tier: str, version: str, seconds: float, path: str | None) -> Probe:
     why = not_proven_why(t, tier)
     # A tier skipped for want of a GPU skips for every release: the machine, not the release, is the problem.
-    return Probe(version, UNTESTABLE, why, None, seconds, path, fatal=t.get("verdict") not in FAILING
-                 and "CUDA GPU" in (t.get("reason") or ""), known_upstream=known_ids(t))
+    return Probe(
+        version,
+        UNTESTABLE,
+        why,
+        None,
+        seconds,
+        path,
+        fatal=t.get("verdict") not in FAILING and "CUDA GPU" in (t.get("reason") or ""),
+        known_upstream=known_ids(t),
+    )
 
 
-def classify_record(record: dict, tier: str, version: str, seconds: float, path: str | None = None, *,
-                    breaking: frozenset[str] | None = None, issues=None) -> Probe:
+def classify_record(
+    record: dict,
+    tier: str,
+    version: str,
+    seconds: float,
+    path: str | None = None,
+    *,
+    breaking: frozenset[str] | None = None,
+    issues=None,
+) -> Probe:
     """good / bad / untestable / known-only from a probe's row record (module docstring). ``breaking``: the checks
     that fail at the bad end (``failing_checks`` of the row's failing run, or of the canary); ``issues``: the
     known-upstream list (default known_upstream.json)."""
@@ -112,8 +130,7 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
     ids = known_ids(t)
     passed = {short_check_id(c["id"]) for c in t.get("checks") or [] if c.get("outcome") == "passed"}
     unseen = sorted((breaking or frozenset()) - passed)
-    kw = dict(seconds=seconds, record=path, breaks=sorted(short_check_id(c["id"]) for c in owned),
-              known_upstream=ids)
+    kw = dict(seconds=seconds, record=path, breaks=sorted(short_check_id(c["id"]) for c in owned), known_upstream=ids)
     if state == expected.BROKEN:
         kinds = sorted({(c.get("failure") or {}).get("kind") for c in owned} - {None})
         first = next((c["failure"] for c in owned if c.get("failure")), None)
@@ -122,29 +139,40 @@ def classify_record(record: dict, tier: str, version: str, seconds: float, path:
         return Probe(version, BAD, detail, first or {"kind": None, "message": t.get("reason")}, **kw)
     if state == expected.PROVEN:
         if unseen:  # the tier held, but without running a check that breaks at the bad end: nothing shown
-            return Probe(version, UNTESTABLE, f"{tier} tier passed without the check(s) that break: "
-                                              f"{', '.join(unseen[:3])}", **kw)
+            return Probe(
+                version,
+                UNTESTABLE,
+                f"{tier} tier passed without the check(s) that break: {', '.join(unseen[:3])}",
+                **kw,
+            )
         return Probe(version, GOOD, **kw)
     if state == expected.KNOWN_ONLY:
         if breaking and not unseen:  # the break searched is absent; only listed bugs failed
-            return Probe(version, GOOD, f"known upstream only ({', '.join(ids)}); the check(s) that break passed",
-                         **kw)
-        why = (f"the check(s) that break did not pass here: {', '.join(unseen[:3])}" if breaking
-               else "which checks break is not known")
-        return Probe(version, KNOWN_ONLY, f"{tier} tier fails only on listed upstream issues ({', '.join(ids)}); "
-                                          f"{why}", **kw)
+            return Probe(version, GOOD, f"known upstream only ({', '.join(ids)}); the check(s) that break passed", **kw)
+        why = (
+            f"the check(s) that break did not pass here: {', '.join(unseen[:3])}"
+            if breaking
+            else "which checks break is not known"
+        )
+        return Probe(
+            version, KNOWN_ONLY, f"{tier} tier fails only on listed upstream issues ({', '.join(ids)}); {why}", **kw
+        )
     if t.get("verdict") == PARTIAL:  # nothing failed; a bisect asks whether the tier breaks, not whether it qualifies
         n = len(t.get("missing") or [])
         if breaking and not unseen:
             return Probe(version, GOOD, f"partial: {n} expected check(s) did not run, none that breaks", **kw)
-        why = (f"the check(s) that break did not run here: {', '.join(unseen[:3])}" if breaking
-               else "which checks break is not known")
+        why = (
+            f"the check(s) that break did not run here: {', '.join(unseen[:3])}"
+            if breaking
+            else "which checks break is not known"
+        )
         return Probe(version, UNTESTABLE, f"partial: {n} expected check(s) did not run; {why}", **kw)
     return _did_not_run(t, tier, version, seconds, path)
 
 
-def classify_for_known(record: dict, tier: str, version: str, seconds: float, path: str | None, issue, *,
-                       issues=None) -> Probe:
+def classify_for_known(
+    record: dict, tier: str, version: str, seconds: float, path: str | None, issue, *, issues=None
+) -> Probe:
     """Where a known-upstream entry (``issue``) began: bad where a check shows its signature (its checks, kind,
     match, metrics and passed_beside; its affected range aside, since the search is for where the range starts),
     good where none does and one of its checks ran and passed, untestable otherwise (another failure breaks the
@@ -153,20 +181,30 @@ def classify_for_known(record: dict, tier: str, version: str, seconds: float, pa
         return p
     t = _tier(record, tier, issues)
     checks = t.get("checks") or []
-    kw = dict(seconds=seconds, record=path, known_upstream=known_ids(t),
-              breaks=sorted(short_check_id(c["id"]) for c in _owned_failures(t)))
+    kw = dict(
+        seconds=seconds,
+        record=path,
+        known_upstream=known_ids(t),
+        breaks=sorted(short_check_id(c["id"]) for c in _owned_failures(t)),
+    )
     hits = [c for c in checks if issue.matches(c, checks)]
     if hits:
         first = next((c["failure"] for c in hits if c.get("failure")), None)
-        return Probe(version, BAD, f"{len(hits)} check(s) show {issue.id}: {(first or {}).get('message')}", first,
-                     **kw)
+        return Probe(version, BAD, f"{len(hits)} check(s) show {issue.id}: {(first or {}).get('message')}", first, **kw)
     owned = _owned_failures(t)
     if expected.tier_state(t) == expected.BROKEN:
         first = next((c["failure"] for c in owned if c.get("failure")), {})
-        return Probe(version, UNTESTABLE, f"fails otherwise, not with {issue.id}'s signature: "
-                                          f"{first.get('message') or t.get('reason')}", **kw)
-    shown = sorted(short_check_id(c["id"]) for c in checks if c.get("outcome") == "passed"
-                   and short_check_id(c["id"]).split("[", 1)[0] in issue.checks)
+        return Probe(
+            version,
+            UNTESTABLE,
+            f"fails otherwise, not with {issue.id}'s signature: {first.get('message') or t.get('reason')}",
+            **kw,
+        )
+    shown = sorted(
+        short_check_id(c["id"])
+        for c in checks
+        if c.get("outcome") == "passed" and short_check_id(c["id"]).split("[", 1)[0] in issue.checks
+    )
     if shown:
         return Probe(version, GOOD, f"{issue.id} absent: {', '.join(shown[:2])} passed", **kw)
     if any(c.get("outcome") in ("passed", *FAILING) for c in checks):

@@ -51,8 +51,7 @@ def newest(name: str, spec: SpecifierSet | str, *, fetch: Fetch | None = None) -
     inside = [v for v in rels if spec.contains(v, prereleases=bool(spec.prereleases))]
     if not inside:
         seen = ", ".join(str(v) for v in reversed(rels[-3:])) or "none"
-        raise ReleaseError(f"no release of {name} satisfies {name}{spec or ' (any)'} "
-                           f"(newest on the index: {seen})")
+        raise ReleaseError(f"no release of {name} satisfies {name}{spec or ' (any)'} (newest on the index: {seen})")
     return inside[-1]
 
 
@@ -79,7 +78,8 @@ def canary_runs(results: Path) -> dict[str, dict[str, list[dict]]]:
             pkg = canonicalize_name(pkg)
             if pkg in WATCHED:
                 out.setdefault(pkg, {}).setdefault(str(ver), []).append(
-                    {"row": f.parent.name, "run": f.parent.parent.name, "verdict": rec["verdict"]})
+                    {"row": f.parent.name, "run": f.parent.parent.name, "verdict": rec["verdict"]}
+                )
     return out
 
 
@@ -90,8 +90,13 @@ def untested(rows, results: Path, *, fetch: Fetch | None = None) -> list[dict]:
     out = []
     for pkg in WATCHED:
         newer = [v for v in fetch_releases(pkg, fetch) if v > pins[pkg]]
-        out.append({"package": pkg, "newest_pin": str(pins[pkg]),
-                    "newer": [{"version": str(v), "canaries": ran.get(pkg, {}).get(str(v), [])} for v in newer]})
+        out.append(
+            {
+                "package": pkg,
+                "newest_pin": str(pins[pkg]),
+                "newer": [{"version": str(v), "canaries": ran.get(pkg, {}).get(str(v), [])} for v in newer],
+            }
+        )
     return out
 
 
@@ -106,8 +111,9 @@ def lines(table: list[dict]) -> list[str]:
             runs = n["canaries"]
             if runs:
                 shown = "; ".join(f"{r['row']} {r['verdict']} (run {r['run']})" for r in runs[-3:])
-                parts.append(f"{n['version']} (canaries: {shown}"
-                             + (f"; +{len(runs) - 3} more" if len(runs) > 3 else "") + ")")
+                parts.append(
+                    f"{n['version']} (canaries: {shown}" + (f"; +{len(runs) - 3} more" if len(runs) > 3 else "") + ")"
+                )
             else:
                 parts.append(f"{n['version']} (no canary has run it)")
         out.append(f"{entry['package']}: newer than the rows' pin {entry['newest_pin']}: " + ", ".join(parts))

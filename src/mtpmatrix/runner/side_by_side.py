@@ -58,8 +58,9 @@ class Group:
 
 # The reference tier needs transformers only; every other tier needs sglang imported (contract) or launched.
 REFERENCE = Group("reference", ("reference",), f"reference and not {SHARED_MARK}")
-SGLANG = Group("sglang", tuple(t for t in TIERS if t != "reference"), f"not reference or {SHARED_MARK}",
-               shares=(SHARED_TIER,))
+SGLANG = Group(
+    "sglang", tuple(t for t in TIERS if t != "reference"), f"not reference or {SHARED_MARK}", shares=(SHARED_TIER,)
+)
 GROUPS = (SGLANG, REFERENCE)
 
 
@@ -169,8 +170,17 @@ def _start_each(cmd, part_cmds, groups, env, cwd):
     procs = []
     try:
         for group, part_cmd in zip(groups, part_cmds):
-            procs.append(subprocess.Popen(part_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          env={**env, PROCESS_ENV: group.name}, cwd=cwd, bufsize=1))
+            procs.append(
+                subprocess.Popen(
+                    part_cmd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env={**env, PROCESS_ENV: group.name},
+                    cwd=cwd,
+                    bufsize=1,
+                )
+            )
     except BaseException:
         for p in procs:
             p.kill()
@@ -182,12 +192,23 @@ def _start_forked(cmd, part_cmds, groups, env, cwd):
     """The groups' pytest processes forked by mtpmatrix.tiers.session.fork from one interpreter (why: its
     docstring), each writing into a pipe of its own; in a process group of their own, killed as one."""
     pipes = [os.pipe() for _ in groups]
-    spec = {"imports": list(pytest_fork.SHARED_IMPORTS),
-            "groups": [{"args": part_cmd[3:], "env": {PROCESS_ENV: group.name}, "fd": w}
-                       for group, part_cmd, (_r, w) in zip(groups, part_cmds, pipes)]}
+    spec = {
+        "imports": list(pytest_fork.SHARED_IMPORTS),
+        "groups": [
+            {"args": part_cmd[3:], "env": {PROCESS_ENV: group.name}, "fd": w}
+            for group, part_cmd, (_r, w) in zip(groups, part_cmds, pipes)
+        ],
+    }
     try:
-        launcher = subprocess.Popen([cmd[0], "-m", pytest_fork.MODULE, json.dumps(spec)], stdout=subprocess.PIPE,
-                                    text=True, env=env, cwd=cwd, pass_fds=[w for _r, w in pipes], process_group=0)
+        launcher = subprocess.Popen(
+            [cmd[0], "-m", pytest_fork.MODULE, json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+            pass_fds=[w for _r, w in pipes],
+            process_group=0,
+        )
     except BaseException:
         for r, w in pipes:
             os.close(r)
@@ -284,8 +305,9 @@ def merge_tiers(parts: list[tuple[Group, dict]], cmd: list[str] | None = None) -
         versions.update({k: v for k, v in data.get("versions", {}).items() if v and k not in versions})
     merged = dict(first)
     # the suite's hash, not the commit beside it: a commit made while the row runs changes no file of the suite
-    suites = {(d.get("fingerprint") or {}).get("suite") if isinstance(d.get("fingerprint"), dict) else None
-              for _, d in parts}
+    suites = {
+        (d.get("fingerprint") or {}).get("suite") if isinstance(d.get("fingerprint"), dict) else None for _, d in parts
+    }
     if len(suites) > 1:  # one venv, one checkout: parts of two suites mean the row's record cannot name its suite
         merged["fingerprint"] = {"suite": None, "error": "the row's processes ran different suites"}
     if "selection" in first:

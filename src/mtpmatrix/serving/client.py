@@ -80,8 +80,14 @@ class _ThreadSession:
             reused = server in self.kept_alive
             self.kept_alive.discard(server)
             try:
-                resp = self.session.request(method, url, data=body, headers=_JSON_HEADERS if body is not None else None,
-                                            timeout=timeout, allow_redirects=False)
+                resp = self.session.request(
+                    method,
+                    url,
+                    data=body,
+                    headers=_JSON_HEADERS if body is not None else None,
+                    timeout=timeout,
+                    allow_redirects=False,
+                )
             except requests.ConnectionError as exc:
                 # A kept-alive connection the server closed while idle breaks on first use: that request goes again
                 # once, on a fresh connection. A fresh connection breaking is the server's doing and stands.
@@ -94,8 +100,7 @@ class _ThreadSession:
             return resp.status_code, resp.content
         raise AssertionError("unreachable")
 
-    def json(self, method: str, base_url: str, path: str, payload: Any = None,
-             timeout: float = DEFAULT_TIMEOUT) -> Any:
+    def json(self, method: str, base_url: str, path: str, payload: Any = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
         status, data = self.send(method, base_url, path, payload, timeout)
         text = data.decode("utf-8", errors="replace")
         if not 200 <= status < 300:
@@ -103,8 +108,9 @@ class _ThreadSession:
         try:
             return json.loads(text)
         except ValueError as exc:
-            raise ClientError(f"{method} {path} -> HTTP {status} with a non-JSON body: {text[:200]!r}",
-                              status, text) from exc
+            raise ClientError(
+                f"{method} {path} -> HTTP {status} with a non-JSON body: {text[:200]!r}", status, text
+            ) from exc
 
     def close(self) -> None:
         self.session.close()
@@ -153,15 +159,21 @@ def _error_message(text: str) -> str:
     return text.strip()[:500]
 
 
-def request(base_url: str, method: str, path: str, payload: Any = None,
-            timeout: float = DEFAULT_TIMEOUT) -> tuple[int, bytes]:
+def request(
+    base_url: str, method: str, path: str, payload: Any = None, timeout: float = DEFAULT_TIMEOUT
+) -> tuple[int, bytes]:
     """One request on this thread's keep-alive session: (status, body bytes). Transport errors and timeouts raise
     requests' exceptions, which are OSErrors."""
     return _thread_session().send(method, base_url, path, payload, timeout)
 
 
-def generate_payload(text: str | None = None, input_ids: list[int] | None = None,
-                     sampling_params: dict | None = None, return_logprob: bool = False, **extra) -> dict:
+def generate_payload(
+    text: str | None = None,
+    input_ids: list[int] | None = None,
+    sampling_params: dict | None = None,
+    return_logprob: bool = False,
+    **extra,
+) -> dict:
     if (text is None) == (input_ids is None):
         raise ValueError("give exactly one of text / input_ids")
     payload: dict = {"text": text} if text is not None else {"input_ids": list(input_ids)}
@@ -172,9 +184,15 @@ def generate_payload(text: str | None = None, input_ids: list[int] | None = None
     return payload
 
 
-def generate(base_url: str, text: str | None = None, input_ids: list[int] | None = None,
-             sampling_params: dict | None = None, return_logprob: bool = False, timeout: float = DEFAULT_TIMEOUT,
-             **extra) -> dict:
+def generate(
+    base_url: str,
+    text: str | None = None,
+    input_ids: list[int] | None = None,
+    sampling_params: dict | None = None,
+    return_logprob: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    **extra,
+) -> dict:
     """POST /generate for one prompt; returns sglang's JSON (``text``, ``output_ids``, ``meta_info``).
 
     ``extra`` goes into the request body as is (e.g. ``rid=...``, ``logprob_start_len=...``).
@@ -242,8 +260,11 @@ def spec_stats(info: dict | None) -> dict | None:
             if isinstance(st, dict) and isinstance(st.get("avg_spec_accept_length"), (int, float)):
                 per_rank.append(float(st["avg_spec_accept_length"]))
     if per_rank:
-        return {"avg_spec_accept_length": sum(per_rank) / len(per_rank), "per_rank": per_rank,
-                "source": "internal_states[0]" if len(per_rank) == 1 else "internal_states[*]"}
+        return {
+            "avg_spec_accept_length": sum(per_rank) / len(per_rank),
+            "per_rank": per_rank,
+            "source": "internal_states[0]" if len(per_rank) == 1 else "internal_states[*]",
+        }
     top = info.get("avg_spec_accept_length")
     if isinstance(top, (int, float)):
         return {"avg_spec_accept_length": float(top), "per_rank": [float(top)], "source": "top level"}
@@ -356,19 +377,29 @@ def summarize(results: list[Result], wall_s: float) -> BatchSummary:
     toks = sum(r.completion_tokens for r in ok)
     lat = sorted(r.latency_s for r in ok)
     return BatchSummary(
-        total=len(results), ok=len(ok), errors=len(results) - len(ok), wall_s=round(wall_s, 3),
-        completion_tokens=toks, output_tokens_per_s=round(toks / wall_s, 2) if wall_s > 0 else 0.0,
+        total=len(results),
+        ok=len(ok),
+        errors=len(results) - len(ok),
+        wall_s=round(wall_s, 3),
+        completion_tokens=toks,
+        output_tokens_per_s=round(toks / wall_s, 2) if wall_s > 0 else 0.0,
         requests_per_s=round(len(results) / wall_s, 2) if wall_s > 0 else 0.0,
-        latency_p50_s=_percentile(lat, 0.5), latency_p90_s=_percentile(lat, 0.9),
+        latency_p50_s=_percentile(lat, 0.5),
+        latency_p90_s=_percentile(lat, 0.9),
         latency_max_s=lat[-1] if lat else None,
         spec_accept_length=accept_length_from_meta(r.meta_info for r in ok),
         first_errors=[f"#{r.index}: {r.error}" for r in results if not r.ok][:5],
     )
 
 
-def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
-              progress: Callable[[int, int, Result], None] | None = None,
-              timeout: float = DEFAULT_TIMEOUT, path: str = "/generate") -> list[Result]:
+def run_batch(
+    base_url: str,
+    requests: Iterable[dict],
+    parallel: int = 128,
+    progress: Callable[[int, int, Result], None] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    path: str = "/generate",
+) -> list[Result]:
     """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``) with ``parallel`` workers.
 
     Each worker thread has its own keep-alive session (one connection). A failing request (HTTP error, timeout,
@@ -402,11 +433,13 @@ def run_batch(base_url: str, requests: Iterable[dict], parallel: int = 128,
                         raise ClientError(f"unexpected /generate answer of type {type(resp).__name__}")
                     res = Result(i, True, time.perf_counter() - t0, response=resp, started_s=t0 - t_batch)
                 except ClientError as exc:
-                    res = Result(i, False, time.perf_counter() - t0, error=str(exc), status=exc.status,
-                                 started_s=t0 - t_batch)
+                    res = Result(
+                        i, False, time.perf_counter() - t0, error=str(exc), status=exc.status, started_s=t0 - t_batch
+                    )
                 except Exception as exc:  # transport errors, timeouts: recorded, the batch goes on
-                    res = Result(i, False, time.perf_counter() - t0, error=_transport_error(exc),
-                                 started_s=t0 - t_batch)
+                    res = Result(
+                        i, False, time.perf_counter() - t0, error=_transport_error(exc), started_s=t0 - t_batch
+                    )
                 results[i] = res
                 if progress is not None:
                     with lock:

@@ -19,8 +19,18 @@ from packaging.version import InvalidVersion, Version
 
 from mtpmatrix.core.settings import MIN_TRANSFORMERS
 
-WATCHED = ("sglang", "sglang-kernel", "sgl-kernel", "transformers", "torch", "triton", "flashinfer-python",
-           "tokenizers", "huggingface-hub", "safetensors")
+WATCHED = (
+    "sglang",
+    "sglang-kernel",
+    "sgl-kernel",
+    "transformers",
+    "torch",
+    "triton",
+    "flashinfer-python",
+    "tokenizers",
+    "huggingface-hub",
+    "safetensors",
+)
 
 
 def version_of(dist: str) -> str | None:

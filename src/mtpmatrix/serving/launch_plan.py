@@ -37,8 +37,9 @@ def mem_fraction(extra_args: tuple[str, ...] | list[str] = ()) -> float:
 SMOKE_MEM_FRACTION = mem_fraction()
 
 
-def launch_parallelism(n_servers: int, free_mib: int | None, requested: int | None = None,
-                       fraction: float = SMOKE_MEM_FRACTION) -> int:
+def launch_parallelism(
+    n_servers: int, free_mib: int | None, requested: int | None = None, fraction: float = SMOKE_MEM_FRACTION
+) -> int:
     """How many smoke servers to launch side by side.
 
     ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise as many as fit in the launch margin
@@ -67,17 +68,28 @@ def launch_budget(runs: dict, first_wave: int, suite_seconds: float) -> dict:
     that started together first (cold caches, side by side, as every launch of a one-wave suite is). A benchmark
     figure, printed and kept beside the server logs; no check fails on it."""
     # a first-wave server relaunched alone (first_attempt_error) was timed alone: not a launch of the wave
-    cold = sorted(r.launch_seconds for r in list(runs.values())[:first_wave]
-                  if r.launch_seconds is not None and not getattr(r, "first_attempt_error", None))
+    cold = sorted(
+        r.launch_seconds
+        for r in list(runs.values())[:first_wave]
+        if r.launch_seconds is not None and not getattr(r, "first_attempt_error", None)
+    )
     median = cold[len(cold) // 2] if cold else None
-    return {"suite_seconds": round(suite_seconds, 1), "servers": len(runs), "first_wave": first_wave,
-            "cold_launch_seconds": median, "cold_launches": cold, "limit": LAUNCH_BUDGET,
-            "ratio": round(suite_seconds / median, 2) if median else None}
+    return {
+        "suite_seconds": round(suite_seconds, 1),
+        "servers": len(runs),
+        "first_wave": first_wave,
+        "cold_launch_seconds": median,
+        "cold_launches": cold,
+        "limit": LAUNCH_BUDGET,
+        "ratio": round(suite_seconds / median, 2) if median else None,
+    }
 
 
 def launch_budget_line(budget: dict) -> str:
     ratio = budget["ratio"]
     verdict = "" if ratio is None else (" (within)" if ratio <= budget["limit"] else " (OVER)")
-    return (f"[smoke] suite {budget['suite_seconds']}s for {budget['servers']} server(s), {budget['first_wave']} "
-            f"launched at once; one cold launch {budget['cold_launch_seconds']}s (median of the first wave); "
-            f"ratio {ratio} / limit {budget['limit']}{verdict}")
+    return (
+        f"[smoke] suite {budget['suite_seconds']}s for {budget['servers']} server(s), {budget['first_wave']} "
+        f"launched at once; one cold launch {budget['cold_launch_seconds']}s (median of the first wave); "
+        f"ratio {ratio} / limit {budget['limit']}{verdict}"
+    )

@@ -97,8 +97,10 @@ def redact_args(args: list[str]) -> list[str]:
 @functools.cache
 def sglang_package_dir(python: str = sys.executable) -> Path | None:
     """Where ``python`` would import sglang from, found without importing it (find_spec runs no package code)."""
-    code = ("import importlib.util as u; s = u.find_spec('sglang'); "
-            "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
+    code = (
+        "import importlib.util as u; s = u.find_spec('sglang'); "
+        "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')"
+    )
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -120,8 +122,9 @@ def sglang_env_names(python: str = sys.executable) -> frozenset[str]:
     return frozenset(names)
 
 
-def supported_env(env: dict[str, str] | None, python: str = sys.executable,
-                  known: frozenset[str] | set[str] | None = None) -> tuple[dict[str, str], list[str]]:
+def supported_env(
+    env: dict[str, str] | None, python: str = sys.executable, known: frozenset[str] | set[str] | None = None
+) -> tuple[dict[str, str], list[str]]:
     """Split ``env`` into (what to pass, dropped names).
 
     SGLANG_* / SGL_* variables are passed only when their name occurs in the installed sglang's envs module (an
@@ -159,7 +162,7 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         # pid (comm) state ppid pgrp ...  -- comm may contain spaces/parens: split after the last ')'
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) >= 3 and fields[0] != "Z" and fields[2] == str(pgid):
             members.append(int(d.name))
     return members

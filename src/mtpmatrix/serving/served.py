@@ -50,8 +50,15 @@ class Served:
 
     def as_metric(self) -> dict:
         """What the server turned out to be (schema.SERVED)."""
-        return {"url": self.url, "pair": self.pair, "topk": self.topk, "model_path": self.model_path,
-                "draft_model_path": self.draft_model_path, "tp_size": self.tp_size, "version": self.version}
+        return {
+            "url": self.url,
+            "pair": self.pair,
+            "topk": self.topk,
+            "model_path": self.model_path,
+            "draft_model_path": self.draft_model_path,
+            "tp_size": self.tp_size,
+            "version": self.version,
+        }
 
 
 def check_url(url: str) -> str:
@@ -90,8 +97,11 @@ def identify_pair(model_path: str | None, env: dict | None = None) -> str | None
     for name in settings.PAIRS:
         target = settings.resolve_pair(name, env).target.rstrip("/")
         repo = target.split("/")[-1]
-        if (mp == target or f"models--{target.replace('/', '--')}" in parts
-                or (parts and parts[-1].lower() == repo.lower())):
+        if (
+            mp == target
+            or f"models--{target.replace('/', '--')}" in parts
+            or (parts and parts[-1].lower() == repo.lower())
+        ):
             return name
     return None
 
@@ -104,11 +114,16 @@ def describe(url: str, info: dict, env: dict | None = None) -> Served:
     """What the server at ``url`` serves, from its /server_info answer ``info``."""
     algo = client.find_arg(info, "speculative_algorithm")
     spec = algo not in (None, "", "NONE")
-    return Served(url=url, info=info, pair=identify_pair(client.find_arg(info, "model_path"), env),
-                  topk=_int(client.find_arg(info, "speculative_eagle_topk")) if spec else None,
-                  model_path=client.find_arg(info, "model_path"),
-                  draft_model_path=client.find_arg(info, "speculative_draft_model_path") if spec else None,
-                  tp_size=_int(client.find_arg(info, "tp_size")), version=client.find_arg(info, "version"))
+    return Served(
+        url=url,
+        info=info,
+        pair=identify_pair(client.find_arg(info, "model_path"), env),
+        topk=_int(client.find_arg(info, "speculative_eagle_topk")) if spec else None,
+        model_path=client.find_arg(info, "model_path"),
+        draft_model_path=client.find_arg(info, "speculative_draft_model_path") if spec else None,
+        tp_size=_int(client.find_arg(info, "tp_size")),
+        version=client.find_arg(info, "version"),
+    )
 
 
 def fetch(url: str, timeout: float = INFO_TIMEOUT, env: dict | None = None) -> Served:

@@ -64,11 +64,22 @@ def _read_tail(path: Path, n: int) -> list[str]:
 class SglangServer:
     """One ``sglang.launch_server`` process tree on a loopback port; a context manager (start + wait_ready)."""
 
-    def __init__(self, args: list[str], *, python: str = sys.executable, log_path: Path,
-                 env: dict | None = None, host: str = "127.0.0.1", port: int | None = None,
-                 ready_timeout: float = 600, launcher: list[str] | None = None, stop_timeout: float = 60,
-                 name: str | None = None, progress: Callable[[str], None] | None = None,
-                 progress_every: float = 30.0):
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        python: str = sys.executable,
+        log_path: Path,
+        env: dict | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        ready_timeout: float = 600,
+        launcher: list[str] | None = None,
+        stop_timeout: float = 60,
+        name: str | None = None,
+        progress: Callable[[str], None] | None = None,
+        progress_every: float = 30.0,
+    ):
         if host not in LOOPBACK_HOSTS:
             raise ValueError(f"SglangServer binds loopback only; got host {host!r}")
         self.args = [str(a) for a in args]
@@ -150,9 +161,15 @@ class SglangServer:
         full_env = {**os.environ, **self.env}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log_fh,
-                                     stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
-                                     close_fds=True)
+        self.proc = subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            close_fds=True,
+        )
         self._log_fh.write(f"# pid {self.proc.pid} (process group {self.proc.pid})\n".encode())
         atexit.register(self._atexit)
         self._say(f"launching on {self.base_url}, log {self.log_path}")
@@ -167,8 +184,7 @@ class SglangServer:
 
     def _fail(self, kind: str, first_line: str, n: int = 40) -> CheckFailure:
         tail = self.log_tail(n)
-        last_err = next((ln.strip() for ln in reversed(tail) if _ERROR_LINE.search(ln) and not ln.startswith("#")),
-                        "")
+        last_err = next((ln.strip() for ln in reversed(tail) if _ERROR_LINE.search(ln) and not ln.startswith("#")), "")
         head = first_line + (f": {last_err[:300]}" if last_err else "")
         body = "\n".join(tail)
         return CheckFailure(kind, f"{head}\nlog: {self.log_path}\n--- last {len(tail)} log lines ---\n{body}")
@@ -194,15 +210,19 @@ class SglangServer:
             rc = self.proc.poll()
             if rc is not None:
                 self._say(f"exited with code {rc} before it was ready ({time.monotonic() - t0:.0f}s)")
-                raise self._fail("launch", f"{self.name} server exited with code {rc} before it was ready "
-                                           f"({time.monotonic() - t0:.0f}s after launch)")
+                raise self._fail(
+                    "launch",
+                    f"{self.name} server exited with code {rc} before it was ready "
+                    f"({time.monotonic() - t0:.0f}s after launch)",
+                )
             remaining = deadline - time.monotonic()
             # given up only once the server was asked at least once: the failure says what it answered, even
             # when this wait began late (a loaded machine, a caller that waited on something else first)
             if remaining <= 0 and asked:
                 self._say(f"not ready after {timeout:.0f}s: giving up")
-                raise self._fail("launch", f"{self.name} server not ready after {timeout:.0f}s "
-                                           f"(last health answer: {last})")
+                raise self._fail(
+                    "launch", f"{self.name} server not ready after {timeout:.0f}s (last health answer: {last})"
+                )
             if time.monotonic() >= next_say:
                 next_say += self.progress_every
                 self._say(f"starting, {time.monotonic() - t0:.0f}s so far (last health answer: {last})")
@@ -214,8 +234,9 @@ class SglangServer:
                     health.pop(0)
                     continue
                 if status == 200:
-                    status, body = client.request(self.base_url, "GET", "/model_info",
-                                                  timeout=min(30.0, max(remaining, 1.0)))
+                    status, body = client.request(
+                        self.base_url, "GET", "/model_info", timeout=min(30.0, max(remaining, 1.0))
+                    )
                     last = f"/model_info -> {status}"
                     if status == 404:  # very old releases
                         status, body = client.request(self.base_url, "GET", "/get_model_info", timeout=30)

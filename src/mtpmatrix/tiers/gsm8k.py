@@ -59,8 +59,10 @@ STOP = ["Question", "Assistant:", "<|separator|>"]
 TEMPERATURE = 0.0
 TOP_P = 1.0
 SPLITS = ("test",)  # sglang scores the test split only: the train split is neither shipped nor read
-URLS = {s: f"https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{s}.jsonl"
-        for s in SPLITS}
+URLS = {
+    s: f"https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{s}.jsonl"
+    for s in SPLITS
+}
 SHIPPED_DIR = Path(__file__).with_name("gsm8k_data")  # {split}.jsonl.gz and the data's LICENSE (MIT, OpenAI)
 _NUMBER = re.compile(r"-?\d+\.?\d*")
 
@@ -102,8 +104,9 @@ def is_offline(offline: bool | None = None, env: dict | None = None) -> bool:
     if offline is not None:
         return offline
     env = os.environ if env is None else env
-    return any(env.get(k, "").strip().lower() in ("1", "true", "yes", "on")
-               for k in ("MTPMATRIX_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(
+        env.get(k, "").strip().lower() in ("1", "true", "yes", "on") for k in ("MTPMATRIX_OFFLINE", "HF_HUB_OFFLINE")
+    )
 
 
 def default_cache_dir() -> Path:
@@ -139,8 +142,10 @@ def _known(split: str) -> None:
 def _checked(data: bytes, split: str, what: str, fix: str) -> bytes:
     got = hashlib.sha256(data).hexdigest()
     if got != settings.GSM8K_SHA256[split]:
-        raise DataError(f"{what} has SHA-256 {got}, expected {settings.GSM8K_SHA256[split]} (not the openai/grade-school-math "
-                        f"{split} split; {fix})")
+        raise DataError(
+            f"{what} has SHA-256 {got}, expected {settings.GSM8K_SHA256[split]} (not the openai/grade-school-math "
+            f"{split} split; {fix})"
+        )
     return data
 
 
@@ -160,8 +165,10 @@ def _write_cache(path: Path, data: bytes) -> None:
     try:
         atomic_write_bytes(path, data)
     except OSError as exc:
-        raise DataError(f"could not write GSM8K {path.name} to {path}: {exc} (set XDG_CACHE_HOME to a writable "
-                        f"folder, or MTPMATRIX_GSM8K_DIR to one holding the file)") from exc
+        raise DataError(
+            f"could not write GSM8K {path.name} to {path}: {exc} (set XDG_CACHE_HOME to a writable "
+            f"folder, or MTPMATRIX_GSM8K_DIR to one holding the file)"
+        ) from exc
 
 
 def _download(split: str, timeout: float = 60.0) -> bytes:
@@ -173,8 +180,13 @@ def _download(split: str, timeout: float = 60.0) -> bytes:
         raise DataError(f"could not download GSM8K {split}.jsonl from {URLS[split]}: {exc}") from exc
 
 
-def data_bytes(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
-               cache_dir: str | Path | None = None) -> bytes:
+def data_bytes(
+    split: str = "test",
+    data_dir: str | Path | None = None,
+    *,
+    offline: bool | None = None,
+    cache_dir: str | Path | None = None,
+) -> bytes:
     """The split's bytes, verified, from the first source in the module docstring's lookup order."""
     _known(split)
     looked = []
@@ -185,8 +197,12 @@ def data_bytes(split: str = "test", data_dir: str | Path | None = None, *, offli
     shipped = shipped_file(split)
     if shipped.is_file():
         # a mismatch here is a broken package, not a different data set: fail rather than fetch around it
-        return _checked(gzip.decompress(shipped.read_bytes()), split, f"{shipped} (decompressed)",
-                        "regenerate it with tools/pack_gsm8k.py")
+        return _checked(
+            gzip.decompress(shipped.read_bytes()),
+            split,
+            f"{shipped} (decompressed)",
+            "regenerate it with tools/pack_gsm8k.py",
+        )
     looked.append(str(shipped))
     cached = _cache_file(split, cache_dir)
     if cached.is_file():
@@ -197,17 +213,25 @@ def data_bytes(split: str = "test", data_dir: str | Path | None = None, *, offli
     else:
         looked.append(str(cached))
     if is_offline(offline):
-        raise DataError(f"GSM8K {split}.jsonl not found (looked for {', '.join(looked)}) and downloading is off "
-                        f"(offline / MTPMATRIX_OFFLINE / HF_HUB_OFFLINE); put the file there or set "
-                        f"MTPMATRIX_GSM8K_DIR")
-    data = _checked(_download(split), split, f"GSM8K {split}.jsonl downloaded from {URLS[split]}",
-                    "refused, nothing cached")
+        raise DataError(
+            f"GSM8K {split}.jsonl not found (looked for {', '.join(looked)}) and downloading is off "
+            f"(offline / MTPMATRIX_OFFLINE / HF_HUB_OFFLINE); put the file there or set "
+            f"MTPMATRIX_GSM8K_DIR"
+        )
+    data = _checked(
+        _download(split), split, f"GSM8K {split}.jsonl downloaded from {URLS[split]}", "refused, nothing cached"
+    )
     _write_cache(cached, data)
     return data
 
 
-def data_file(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
-              cache_dir: str | Path | None = None) -> Path:
+def data_file(
+    split: str = "test",
+    data_dir: str | Path | None = None,
+    *,
+    offline: bool | None = None,
+    cache_dir: str | Path | None = None,
+) -> Path:
     """Path of a verified plain ``{split}.jsonl``, for code that opens the file itself (sglang's run_eval): the
     user's file, else the decompressed copy in the cache, (re)written from data_bytes when it is not that."""
     data = data_bytes(split, data_dir, offline=offline, cache_dir=cache_dir)
@@ -234,11 +258,19 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return _parse_jsonl(fh)
 
 
-def load_split(split: str = "test", data_dir: str | Path | None = None, *, offline: bool | None = None,
-               cache_dir: str | Path | None = None) -> list[dict]:
+def load_split(
+    split: str = "test",
+    data_dir: str | Path | None = None,
+    *,
+    offline: bool | None = None,
+    cache_dir: str | Path | None = None,
+) -> list[dict]:
     # lines split as a text file splits them (str.splitlines would also break at U+2028 and friends)
-    return _parse_jsonl(io.TextIOWrapper(io.BytesIO(data_bytes(split, data_dir, offline=offline,
-                                                               cache_dir=cache_dir)), encoding="utf-8"))
+    return _parse_jsonl(
+        io.TextIOWrapper(
+            io.BytesIO(data_bytes(split, data_dir, offline=offline, cache_dir=cache_dir)), encoding="utf-8"
+        )
+    )
 
 
 # --- prompts ------------------------------------------------------------------------------------------------------
@@ -256,17 +288,25 @@ class Question:
         return hashlib.sha256(self.prompt.encode()).hexdigest()[:16]
 
 
-def build_questions(lines: list[dict], num_examples: int | None = settings.GSM8K_NUM_EXAMPLES,
-                    num_shots: int = settings.GSM8K_NUM_SHOTS) -> list[Question]:
+def build_questions(
+    lines: list[dict], num_examples: int | None = settings.GSM8K_NUM_EXAMPLES, num_shots: int = settings.GSM8K_NUM_SHOTS
+) -> list[Question]:
     """Few-shot prefix from lines[:num_shots], questions from lines[num_shots:num_shots+num_examples]."""
     prefix = get_few_shot_examples(lines, num_shots)
     evald = lines[num_shots:]
     if num_examples is not None:
         evald = evald[:num_examples]
-    return [Question(index=i, line=num_shots + i, question=q["question"],
-                     prompt=prefix + get_one_example(evald, i, include_answer=False),
-                     gold=get_answer_value(q["answer"]), gold_text=q["answer"])
-            for i, q in enumerate(evald)]
+    return [
+        Question(
+            index=i,
+            line=num_shots + i,
+            question=q["question"],
+            prompt=prefix + get_one_example(evald, i, include_answer=False),
+            gold=get_answer_value(q["answer"]),
+            gold_text=q["answer"],
+        )
+        for i, q in enumerate(evald)
+    ]
 
 
 def sampling_params(max_new_tokens: int = settings.GSM8K_MAX_NEW_TOKENS) -> dict:
@@ -312,41 +352,70 @@ def _jsonable_number(v):
     return None if v == INVALID else v
 
 
-def score_results(questions: list[Question], results: list[client.Result], wall_s: float,
-                  num_shots: int, max_new_tokens: int) -> Gsm8kResult:
+def score_results(
+    questions: list[Question], results: list[client.Result], wall_s: float, num_shots: int, max_new_tokens: int
+) -> Gsm8kResult:
     records = []
     for q, r in zip(questions, results):
         text = (r.text or "") if r.ok else ""  # sglang: a failed request is the response ""
         extracted = get_answer_value(text)
         correct = is_correct(extracted, q.gold)
         meta = r.meta_info
-        records.append({
-            "index": q.index, "line": q.line, "prompt_sha": q.prompt_sha, "question": q.question,
-            "response": text, "extracted": _jsonable_number(extracted), "invalid": extracted == INVALID,
-            "gold": _jsonable_number(q.gold), "correct": bool(correct),
-            "completion_tokens": r.completion_tokens, "latency_s": round(r.latency_s, 4),
-            "finish_reason": meta.get("finish_reason"), "spec_verify_ct": meta.get("spec_verify_ct"),
-            "spec_accept_length": meta.get("spec_accept_length"), "error": r.error,
-        })
+        records.append(
+            {
+                "index": q.index,
+                "line": q.line,
+                "prompt_sha": q.prompt_sha,
+                "question": q.question,
+                "response": text,
+                "extracted": _jsonable_number(extracted),
+                "invalid": extracted == INVALID,
+                "gold": _jsonable_number(q.gold),
+                "correct": bool(correct),
+                "completion_tokens": r.completion_tokens,
+                "latency_s": round(r.latency_s, 4),
+                "finish_reason": meta.get("finish_reason"),
+                "spec_verify_ct": meta.get("spec_verify_ct"),
+                "spec_accept_length": meta.get("spec_accept_length"),
+                "error": r.error,
+            }
+        )
     n = len(records)
     k = sum(r["correct"] for r in records)
     summ = client.summarize(results, wall_s)
     return Gsm8kResult(
-        score=k / n if n else 0.0, num_examples=n, num_correct=k,
-        num_invalid=sum(r["invalid"] for r in records), num_errors=summ.errors, num_shots=num_shots,
-        max_new_tokens=max_new_tokens, output_tokens=summ.completion_tokens,
-        output_tokens_per_s=summ.output_tokens_per_s, wall_s=round(wall_s, 3),
-        wilson95=stats.wilson_interval(k, n), spec_accept_length=summ.spec_accept_length, records=records,
+        score=k / n if n else 0.0,
+        num_examples=n,
+        num_correct=k,
+        num_invalid=sum(r["invalid"] for r in records),
+        num_errors=summ.errors,
+        num_shots=num_shots,
+        max_new_tokens=max_new_tokens,
+        output_tokens=summ.completion_tokens,
+        output_tokens_per_s=summ.output_tokens_per_s,
+        wall_s=round(wall_s, 3),
+        wilson95=stats.wilson_interval(k, n),
+        spec_accept_length=summ.spec_accept_length,
+        records=records,
         first_errors=summ.first_errors,
     )
 
 
-def run_gsm8k(base_url: str, num_examples: int = settings.GSM8K_NUM_EXAMPLES,
-              num_shots: int = settings.GSM8K_NUM_SHOTS, parallel: int = settings.GSM8K_PARALLEL,
-              max_new_tokens: int = settings.GSM8K_MAX_NEW_TOKENS, *, lines: list[dict] | None = None,
-              data_dir: str | Path | None = None, offline: bool | None = None, progress_every: int = 25,
-              log: Callable[[str], None] | None = print, timeout: float = client.DEFAULT_TIMEOUT,
-              label: str = "gsm8k") -> Gsm8kResult:
+def run_gsm8k(
+    base_url: str,
+    num_examples: int = settings.GSM8K_NUM_EXAMPLES,
+    num_shots: int = settings.GSM8K_NUM_SHOTS,
+    parallel: int = settings.GSM8K_PARALLEL,
+    max_new_tokens: int = settings.GSM8K_MAX_NEW_TOKENS,
+    *,
+    lines: list[dict] | None = None,
+    data_dir: str | Path | None = None,
+    offline: bool | None = None,
+    progress_every: int = 25,
+    log: Callable[[str], None] | None = print,
+    timeout: float = client.DEFAULT_TIMEOUT,
+    label: str = "gsm8k",
+) -> Gsm8kResult:
     """Run GSM8K against a live server's /generate; every question's record is kept in the result."""
     if lines is None:
         lines = load_split("test", data_dir, offline=offline)
@@ -366,15 +435,19 @@ def run_gsm8k(base_url: str, num_examples: int = settings.GSM8K_NUM_EXAMPLES,
             el = time.perf_counter() - t0
             rate = done / el if el > 0 else 0.0
             eta = f", ~{(total - done) / rate:.0f}s left" if rate and done < total else ""
-            log(f"{label}: {done}/{total} questions, {rate:.1f}/s, {tally['correct']} correct, "
-                f"{tally['errors']} errors, {el:.1f}s{eta}")
+            log(
+                f"{label}: {done}/{total} questions, {rate:.1f}/s, {tally['correct']} correct, "
+                f"{tally['errors']} errors, {el:.1f}s{eta}"
+            )
 
     results = client.run_batch(base_url, payloads, parallel=parallel, progress=progress, timeout=timeout)
     wall = time.perf_counter() - t0
     res = score_results(questions, results, wall, num_shots, max_new_tokens)
     if log:
         lo, hi = res.wilson95
-        log(f"{label}: score {res.score:.3f} ({res.num_correct}/{res.num_examples}, Wilson 95% [{lo:.3f}, {hi:.3f}]), "
+        log(
+            f"{label}: score {res.score:.3f} ({res.num_correct}/{res.num_examples}, Wilson 95% [{lo:.3f}, {hi:.3f}]), "
             f"{res.num_invalid} invalid, {res.num_errors} errors, {res.output_tokens_per_s:.1f} output tok/s, "
-            f"{res.wall_s:.1f}s")
+            f"{res.wall_s:.1f}s"
+        )
     return res

@@ -69,8 +69,19 @@ def served_cases(servers) -> list[Case]:
     out = []
     for s in servers:
         thr = settings.resolve_pair(s.pair).threshold if s.pair else None
-        out.append(Case(s.case_id, s.pair or "served", s.model_path or "", s.draft_model_path or "", s.tp_size or 1,
-                        s.topk, thr, url=s.url, served=s.as_metric()))
+        out.append(
+            Case(
+                s.case_id,
+                s.pair or "served",
+                s.model_path or "",
+                s.draft_model_path or "",
+                s.tp_size or 1,
+                s.topk,
+                thr,
+                url=s.url,
+                served=s.as_metric(),
+            )
+        )
     return out
 
 
@@ -87,27 +98,53 @@ def cases(servers=()) -> list[Case]:
         target, _, assistant = rest.partition(":")
         if kind != "tiny" or not target or not assistant:
             raise ValueError(f"MTPMATRIX_GSM8K_PAIR={tiny!r}: expected tiny:<target_dir>:<assistant_dir>")
-        return [Case(settings.gsm8k_case_id(TINY_PREFIX, k), "tiny", target, assistant, tp=1,
-                     topk=k, threshold=None, tiny=True, target_env="MTPMATRIX_GSM8K_PAIR",
-                     assistant_env="MTPMATRIX_GSM8K_PAIR") for k in topks]
+        return [
+            Case(
+                settings.gsm8k_case_id(TINY_PREFIX, k),
+                "tiny",
+                target,
+                assistant,
+                tp=1,
+                topk=k,
+                threshold=None,
+                tiny=True,
+                target_env="MTPMATRIX_GSM8K_PAIR",
+                assistant_env="MTPMATRIX_GSM8K_PAIR",
+            )
+            for k in topks
+        ]
     names = comma_list(os.environ.get("MTPMATRIX_GSM8K_PAIRS"))
     out = []
     for name in names or settings.DEFAULT_PAIRS:
         pair = settings.resolve_pair(name)
         key = "MTPMATRIX_" + name.upper().replace("-", "_")
         for k in topks:
-            out.append(Case(settings.gsm8k_case_id(name, k), name, pair.target, pair.assistant,
-                            pair.tp, k, pair.threshold, tuple(pair.extra_args),
-                            target_env=f"{key}_TARGET", assistant_env=f"{key}_ASSISTANT"))
+            out.append(
+                Case(
+                    settings.gsm8k_case_id(name, k),
+                    name,
+                    pair.target,
+                    pair.assistant,
+                    pair.tp,
+                    k,
+                    pair.threshold,
+                    tuple(pair.extra_args),
+                    target_env=f"{key}_TARGET",
+                    assistant_env=f"{key}_ASSISTANT",
+                )
+            )
     return out
 
 
 # --- weights: local path or Hugging Face cache, never a download ----------------------------------------------
 def hub_cache_dirs() -> list[Path]:
     env = os.environ
-    dirs = [env.get("HF_HUB_CACHE"), env.get("HUGGINGFACE_HUB_CACHE"),
-            str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None,
-            str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface" / "hub")]
+    dirs = [
+        env.get("HF_HUB_CACHE"),
+        env.get("HUGGINGFACE_HUB_CACHE"),
+        str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None,
+        str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface" / "hub"),
+    ]
     out: list[Path] = []
     for d in dirs:
         if d and Path(d).expanduser() not in out:
@@ -117,7 +154,8 @@ def hub_cache_dirs() -> list[Path]:
 
 def _has_weights(d: Path) -> bool:
     return (d / "config.json").is_file() and (
-        any(d.glob("*.safetensors")) or (d / "model.safetensors.index.json").is_file() or any(d.glob("*.bin")))
+        any(d.glob("*.safetensors")) or (d / "model.safetensors.index.json").is_file() or any(d.glob("*.bin"))
+    )
 
 
 def resolve_weights(ref: str) -> tuple[Path | None, str]:
@@ -173,9 +211,17 @@ def _num_examples() -> int:
 
 
 def _score(url: str, lines: list[dict], say, label: str) -> gsm8k.Gsm8kResult:
-    return gsm8k.run_gsm8k(url, num_examples=_num_examples(), num_shots=settings.GSM8K_NUM_SHOTS,
-                           parallel=settings.GSM8K_PARALLEL, max_new_tokens=settings.GSM8K_MAX_NEW_TOKENS,
-                           lines=lines, log=say, label=label, timeout=3600)
+    return gsm8k.run_gsm8k(
+        url,
+        num_examples=_num_examples(),
+        num_shots=settings.GSM8K_NUM_SHOTS,
+        parallel=settings.GSM8K_PARALLEL,
+        max_new_tokens=settings.GSM8K_MAX_NEW_TOKENS,
+        lines=lines,
+        log=say,
+        label=label,
+        timeout=3600,
+    )
 
 
 def collect_served(case: Case, out_dir: Path, say) -> Gsm8kRun:
@@ -186,8 +232,9 @@ def collect_served(case: Case, out_dir: Path, say) -> Gsm8kRun:
         try:
             return client.server_info(case.url)
         except (OSError, http.client.HTTPException, client.ClientError) as exc:
-            raise CheckFailure("crash", f"{case.url} stopped answering /server_info {when}: "
-                                        f"{type(exc).__name__}: {exc}") from exc
+            raise CheckFailure(
+                "crash", f"{case.url} stopped answering /server_info {when}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     try:
         lines = gsm8k.load_split("test")
@@ -213,8 +260,9 @@ def collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
     run = Gsm8kRun(case)
     n_gpu = gpu_count()
     if n_gpu < case.tp:
-        run.skip = (f"{case.pair} needs TP {case.tp}, this machine has {n_gpu} GPU{'' if n_gpu == 1 else 's'}"
-                    + ("" if case.tiny else f" (MTPMATRIX_{case.pair.upper().replace('-', '_')}_TP overrides)"))
+        run.skip = f"{case.pair} needs TP {case.tp}, this machine has {n_gpu} GPU{'' if n_gpu == 1 else 's'}" + (
+            "" if case.tiny else f" (MTPMATRIX_{case.pair.upper().replace('-', '_')}_TP overrides)"
+        )
         return run
     env = {}
     paths = {}
@@ -235,13 +283,19 @@ def collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
         run.error = exc
         return run
     base = _override(settings.COMMON_ARGS, TINY_ARGS_OVERRIDES) if case.tiny else settings.COMMON_ARGS
-    args = settings.server_args(paths["target"], assistant=paths.get("assistant"), topk=case.topk, tp=case.tp,
-                                base=base, extra=case.extra_args)
+    args = settings.server_args(
+        paths["target"], assistant=paths.get("assistant"), topk=case.topk, tp=case.tp, base=base, extra=case.extra_args
+    )
     run.log_path = out_dir / schema.server_log(f"gsm8k-{case.id}")
     run.records_path = out_dir / schema.gsm8k_records(case.id)
-    server = SglangServer(args, log_path=run.log_path, env=env, name=f"gsm8k {case.id}",
-                          ready_timeout=float(os.environ.get("MTPMATRIX_GSM8K_READY_TIMEOUT") or 1200),
-                          progress=say)
+    server = SglangServer(
+        args,
+        log_path=run.log_path,
+        env=env,
+        name=f"gsm8k {case.id}",
+        ready_timeout=float(os.environ.get("MTPMATRIX_GSM8K_READY_TIMEOUT") or 1200),
+        progress=say,
+    )
     try:
         with server:
             run.launch_seconds = server.ready_seconds

@@ -116,8 +116,12 @@ class SmokeRun:
     def all_meta(self) -> list[dict]:
         """The meta_info of every request the tier sent this server (token ids, text, sampled): what /server_info's
         lifetime counters count."""
-        return self.id_meta + self.text_meta + self.sampled_meta + [
-            x.meta for exchanges in self.surface.values() for x in exchanges]
+        return (
+            self.id_meta
+            + self.text_meta
+            + self.sampled_meta
+            + [x.meta for exchanges in self.surface.values() for x in exchanges]
+        )
 
     def exchanges(self, family: str) -> list:
         """What the request family ``family`` sent this server and got back (surface.Exchange), in its order."""
@@ -149,26 +153,43 @@ def sampled_plan(spec: SmokeServerSpec) -> list:
     return sampled.request_plan()
 
 
-def server_args_for(spec: SmokeServerSpec, target: Path, assistant: Path, tp: int,
-                    extra_args: tuple[str, ...] | list[str] = ()) -> list[str]:
+def server_args_for(
+    spec: SmokeServerSpec, target: Path, assistant: Path, tp: int, extra_args: tuple[str, ...] | list[str] = ()
+) -> list[str]:
     """sglang arguments of one smoke server; ``extra_args`` (MTPMATRIX_SMOKE_EXTRA_ARGS) go last, so they win."""
     extra = ["--load-format", spec.load_format] if spec.load_format != "auto" else []
-    return settings.server_args(target, assistant=assistant if spec.topk else None, topk=spec.topk, tp=tp,
-                                base=settings.SMOKE_ARGS, extra=[*extra, *spec.mode_args, *extra_args])
+    return settings.server_args(
+        target,
+        assistant=assistant if spec.topk else None,
+        topk=spec.topk,
+        tp=tp,
+        base=settings.SMOKE_ARGS,
+        extra=[*extra, *spec.mode_args, *extra_args],
+    )
 
 
 @dataclass(frozen=True)
 class SmokeJob:
     """One server to collect: its spec, the pair folders it serves and the target's vocabulary size."""
+
     spec: SmokeServerSpec
     target: Path
     assistant: Path
     vocab_size: int
 
 
-def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: int = 1,
-                python: str = sys.executable, ready_timeout: float = 420.0, extra_args: tuple[str, ...] = (),
-                launcher: list[str] | None = None, progress=None) -> dict[str, SmokeRun]:
+def collect_all(
+    jobs: list[SmokeJob],
+    *,
+    log_dir: Path,
+    tp: int = 1,
+    parallel: int = 1,
+    python: str = sys.executable,
+    ready_timeout: float = 420.0,
+    extra_args: tuple[str, ...] = (),
+    launcher: list[str] | None = None,
+    progress=None,
+) -> dict[str, SmokeRun]:
     """Collect every job, ``parallel`` servers at a time; relaunch alone any that failed beside others, except one
     that failed like a server whose relaunch alone failed the same way (that failure stands for it).
 
@@ -190,9 +211,21 @@ def collect_all(jobs: list[SmokeJob], *, log_dir: Path, tp: int = 1, parallel: i
     done = [0]
 
     def one(job: SmokeJob, log_name: str) -> SmokeRun:
-        run = collect(job.spec, job.target, job.assistant, vocab_size=job.vocab_size, log_dir=log_dir, tp=tp,
-                      python=python, ready_timeout=ready_timeout, extra_args=extra_args, launcher=launcher,
-                      log_name=log_name, on_start=remember, progress=progress)
+        run = collect(
+            job.spec,
+            job.target,
+            job.assistant,
+            vocab_size=job.vocab_size,
+            log_dir=log_dir,
+            tp=tp,
+            python=python,
+            ready_timeout=ready_timeout,
+            extra_args=extra_args,
+            launcher=launcher,
+            log_name=log_name,
+            on_start=remember,
+            progress=progress,
+        )
         if progress is not None:
             with lock:
                 done[0] += 1
@@ -260,22 +293,41 @@ def _stand_for(run: SmokeRun, confirmed: SmokeRun, progress) -> None:
         progress(f"[smoke] {run.spec.name}: not relaunched alone ({confirmed.spec.name} failed the same way alone)")
 
 
-def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size: int, log_dir: Path,
-            tp: int = 1, python: str = sys.executable, ready_timeout: float = 420.0, extra_args: tuple[str, ...] = (),
-            launcher: list[str] | None = None, log_name: str | None = None, on_start=None,
-            progress=None) -> SmokeRun:
+def collect(
+    spec: SmokeServerSpec,
+    target: Path,
+    assistant: Path,
+    *,
+    vocab_size: int,
+    log_dir: Path,
+    tp: int = 1,
+    python: str = sys.executable,
+    ready_timeout: float = 420.0,
+    extra_args: tuple[str, ...] = (),
+    launcher: list[str] | None = None,
+    log_name: str | None = None,
+    on_start=None,
+    progress=None,
+) -> SmokeRun:
     """Launch one server, exercise it, stop it. Never raises: a failure is kept in ``run.error``.
 
     ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests only); ``on_start(server)`` is called
     once the process exists, before waiting for it.
     """
     from mtpmatrix.serving import client
-    from mtpmatrix.tiers import surface
     from mtpmatrix.serving.server import SglangServer
+    from mtpmatrix.tiers import surface
 
     run = SmokeRun(spec=spec, log_path=Path(log_dir) / (log_name or f"server-{spec.name}.log"), vocab_size=vocab_size)
-    server = SglangServer(server_args_for(spec, target, assistant, tp, extra_args), python=python, log_path=run.log_path,
-                          ready_timeout=ready_timeout, launcher=launcher, name=spec.name, progress=progress)
+    server = SglangServer(
+        server_args_for(spec, target, assistant, tp, extra_args),
+        python=python,
+        log_path=run.log_path,
+        ready_timeout=ready_timeout,
+        launcher=launcher,
+        name=spec.name,
+        progress=progress,
+    )
     t0 = time.monotonic()
     try:
         server.start()
@@ -288,8 +340,7 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
         t1 = time.monotonic()
         # The no-MTP reference also returns its top logprobs, to tell near-ties from real divergences.
         logprob_args = {} if spec.topk else {"return_logprob": True, "top_logprobs_num": TOP_LOGPROBS}
-        reqs = [{"input_ids": p, "sampling_params": sampling_params(), **logprob_args}
-                for p in id_prompts(vocab_size)]
+        reqs = [{"input_ids": p, "sampling_params": sampling_params(), **logprob_args} for p in id_prompts(vocab_size)]
         reqs += [{"text": t, "sampling_params": sampling_params()} for t in TEXT_PROMPTS]
         plan = sampled_plan(spec)
         if plan:
@@ -319,8 +370,9 @@ def collect(spec: SmokeServerSpec, target: Path, assistant: Path, *, vocab_size:
             meta = r.response.get("meta_info", {})
             run.id_meta.append(meta)
             if not spec.topk:
-                run.id_top_logprobs.append([[(e[0], e[1]) for e in pos] for pos in
-                                            meta.get("output_top_logprobs") or []])
+                run.id_top_logprobs.append(
+                    [[(e[0], e[1]) for e in pos] for pos in meta.get("output_top_logprobs") or []]
+                )
         run.text_outputs = [r.response.get("text", "") for r in results[n_ids:n_greedy]]
         run.text_meta = [r.response.get("meta_info", {}) for r in results[n_ids:n_greedy]]
         run.server_info_after = server.server_info()
@@ -362,12 +414,16 @@ def accept_length_problem(spec: SmokeServerSpec, metas: list[dict], steps: int =
     if spec.exact and not spec.phase_reference and not spec.decoy:
         floor = EXACT_PAIR_MIN_ACCEPT[spec.topk]
         if not floor <= got <= ceiling + 1e-4:
-            return (f"accept length {got} outside [{floor}, {ceiling}]: an intact path accepts every draft of this "
-                    f"pair ({MAX_NEW_TOKENS} tokens in {math.ceil((MAX_NEW_TOKENS - 1) / (steps + 1))} verify steps "
-                    f"per request); a broken hand-off loses drafts")
+            return (
+                f"accept length {got} outside [{floor}, {ceiling}]: an intact path accepts every draft of this "
+                f"pair ({MAX_NEW_TOKENS} tokens in {math.ceil((MAX_NEW_TOKENS - 1) / (steps + 1))} verify steps "
+                f"per request); a broken hand-off loses drafts"
+            )
     elif not settings.NO_DRAFT_ACCEPT_LENGTH <= got <= ceiling + 1e-4:
-        return (f"accept length {got} outside [{settings.NO_DRAFT_ACCEPT_LENGTH}, {ceiling}], the range any drafter "
-                f"gives (a verify step keeps 1 to {steps + 1} tokens): the spec counters are wrong")
+        return (
+            f"accept length {got} outside [{settings.NO_DRAFT_ACCEPT_LENGTH}, {ceiling}], the range any drafter "
+            f"gives (a verify step keeps 1 to {steps + 1} tokens): the spec counters are wrong"
+        )
     return None
 
 
@@ -376,8 +432,8 @@ def phase_moved(spec: SmokeServerSpec, runs) -> str | None:
     transformers' phase beside it drafted right: the sglang under test drafts at transformers' phase, not at the one
     these servers were built for (a fixed release still inside SGLANG_DRAFT_PHASES, or a candidate that moves the
     phase without declaring it). None when that is not the story (``runs``: the smoke runs, by server name)."""
-    from mtpmatrix.serving.client import accept_length_from_meta
     from mtpmatrix.pairs import witness
+    from mtpmatrix.serving.client import accept_length_from_meta
 
     if not spec.pair.endswith("-sglang-phase"):
         return None
@@ -386,10 +442,12 @@ def phase_moved(spec: SmokeServerSpec, runs) -> str | None:
     if got is None or got < EXACT_PAIR_MIN_ACCEPT[reference[0].spec.topk]:
         return None
     built, ref = witness.sglang_draft_phase(), witness.REFERENCE_DRAFT_PHASE
-    return (f"draft phase moved: this server's pair is built for sglang's draft phase {built:+d}, while the witness "
-            f"built for transformers' phase {ref:+d} accepts {got:.2f} per verify: this sglang drafts at {ref:+d} "
-            f"(a candidate that moves the phase declares it: 'Draft-Phase: {ref:+d}' in its patch, or "
-            f"--draft-phase {ref:+d})")
+    return (
+        f"draft phase moved: this server's pair is built for sglang's draft phase {built:+d}, while the witness "
+        f"built for transformers' phase {ref:+d} accepts {got:.2f} per verify: this sglang drafts at {ref:+d} "
+        f"(a candidate that moves the phase declares it: 'Draft-Phase: {ref:+d}' in its patch, or "
+        f"--draft-phase {ref:+d})"
+    )
 
 
 @dataclass
@@ -413,8 +471,11 @@ def divergences(reference: SmokeRun, mtp: SmokeRun) -> list[Divergence]:
         pos = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
         if pos is None:
             continue
-        ranked = (reference.id_top_logprobs[s][pos] if s < len(reference.id_top_logprobs)
-                  and pos < len(reference.id_top_logprobs[s]) else [])
+        ranked = (
+            reference.id_top_logprobs[s][pos]
+            if s < len(reference.id_top_logprobs) and pos < len(reference.id_top_logprobs[s])
+            else []
+        )
         top = {tid: lp for lp, tid in ranked}
         gap = top[ref[pos]] - top[got[pos]] if ref[pos] in top and got[pos] in top else None
         rank = next((i + 1 for i, (_lp, tid) in enumerate(ranked) if tid == got[pos]), None)

@@ -62,8 +62,9 @@ def _fmt(fs: traceback.FrameSummary) -> str:
 def first_library_frame(tb: TracebackType | None) -> tuple[str | None, str | None, bool]:
     """(first library frame, innermost frame, whether any frame is inside a library under test)."""
     frames = traceback.extract_tb(tb) if tb else []
-    first = (next((f for f in frames if _package_of(f.filename) in UNDER_TEST), None)
-             or next((f for f in frames if _package_of(f.filename) in LIBRARIES), None))
+    first = next((f for f in frames if _package_of(f.filename) in UNDER_TEST), None) or next(
+        (f for f in frames if _package_of(f.filename) in LIBRARIES), None
+    )
     return (_fmt(first) if first else None, _fmt(frames[-1]) if frames else None, first is not None)
 
 
@@ -131,8 +132,13 @@ def missing_package(exc: BaseException) -> str | None:
     """The package named by importlib's KeyError for a parent gone from sys.modules (raised inside importlib's own
     frozen frames); None for any other failure."""
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    if (isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str) and frames
-            and frames[-1].filename.startswith("<frozen importlib")):
+    if (
+        isinstance(exc, KeyError)
+        and len(exc.args) == 1
+        and isinstance(exc.args[0], str)
+        and frames
+        and frames[-1].filename.startswith("<frozen importlib")
+    ):
         return exc.args[0]
     return None
 
@@ -140,15 +146,23 @@ def missing_package(exc: BaseException) -> str | None:
 def as_consequence(failure: dict, package: str, earlier_id: str, earlier_kind: str) -> dict:
     """``failure`` (a FailureRecord dict) restated as a consequence of the earlier failure that left ``package``
     half-imported: that failure's kind, ``consequence_of`` its check id, and a message that says so."""
-    return dict(failure, kind=earlier_kind, consequence_of=earlier_id,
-                message=f"consequence of {earlier_id} ({earlier_kind}): it left package '{package}' half-imported, "
-                        f"so importlib raised {failure['type']}: {failure['message']}"[:500])
+    return dict(
+        failure,
+        kind=earlier_kind,
+        consequence_of=earlier_id,
+        message=f"consequence of {earlier_id} ({earlier_kind}): it left package '{package}' half-imported, "
+        f"so importlib raised {failure['type']}: {failure['message']}"[:500],
+    )
 
 
 _INSTALL_PATTERNS = (
     (re.compile(r"No solution found|unsatisfiable|conflict", re.I), "resolver conflict"),
-    (re.compile(r"Failed to fetch|Could not connect|dns error|timed out|Connection refused|error sending request", re.I),
-     "index unreachable"),
+    (
+        re.compile(
+            r"Failed to fetch|Could not connect|dns error|timed out|Connection refused|error sending request", re.I
+        ),
+        "index unreachable",
+    ),
     (re.compile(r"not found in the package registry|No matching distribution|was not found", re.I), "not on the index"),
     (re.compile(r"No interpreter found|No Python at|python.*not found", re.I), "python missing"),
 )
@@ -162,7 +176,13 @@ def classify_install(output: str) -> FailureRecord:
     # uv's hint block ("╰─▶ Because ..." on a terminal, "  cause: Because ..." through a pipe, as in run_row)
     # holds the real reason for resolver conflicts, and "cause: Failed to fetch: URL" the index that did not
     # answer: keep the first such line.
-    detail = next((ln.strip(" ╰─▶").removeprefix("cause:").strip() for ln in lines
-                   if "Because" in ln or "╰─▶" in ln or "Failed to fetch" in ln), "")
+    detail = next(
+        (
+            ln.strip(" ╰─▶").removeprefix("cause:").strip()
+            for ln in lines
+            if "Because" in ln or "╰─▶" in ln or "Failed to fetch" in ln
+        ),
+        "",
+    )
     message = f"{why}: {err.strip()}" + (f" | {detail}" if detail and detail not in err else "")
     return FailureRecord(kind="install", type="InstallError", message=message[:800], frame=None, raised_at=None)

@@ -46,8 +46,11 @@ def _load(path: Path) -> dict[str, tuple[str, ...]]:
     except (OSError, ValueError) as exc:
         raise ExpectedChecksError(f"{path}: {exc}") from None
     tiers = raw.get("tiers") if isinstance(raw, dict) else None
-    if not isinstance(tiers, dict) or set(tiers) != set(TIERS) or not all(
-            isinstance(v, list) and all(isinstance(i, str) for i in v) for v in tiers.values()):
+    if (
+        not isinstance(tiers, dict)
+        or set(tiers) != set(TIERS)
+        or not all(isinstance(v, list) and all(isinstance(i, str) for i in v) for v in tiers.values())
+    ):
         raise ExpectedChecksError(f"{path}: want {{'tiers': {{tier: [check id, ...]}}}} for {', '.join(TIERS)}")
     return {t: tuple(tiers[t]) for t in TIERS}
 
@@ -58,19 +61,40 @@ def collect(repo: Path, python: str = sys.executable) -> dict[str, list[str]]:
     env["PYTHONPATH"] = str(Path(repo) / "src")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tiers.json"
-        done = subprocess.run([python, "-m", "pytest", "tests/tiers", "--collect-only", "-q", "-p",
-                               "no:cacheprovider", f"--mtp-results={out}"], cwd=repo, env=env,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                python,
+                "-m",
+                "pytest",
+                "tests/tiers",
+                "--collect-only",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--mtp-results={out}",
+            ],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if not out.is_file() or done.returncode != 0:
             # a module that fails to import is missing from what the plugin records: a definition written from
             # such a collection would quietly drop its checks
-            raise ExpectedChecksError(f"collecting tests/tiers failed (exit {done.returncode}"
-                                      f"{'' if out.is_file() else ', no results'}): "
-                                      f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}")
+            raise ExpectedChecksError(
+                f"collecting tests/tiers failed (exit {done.returncode}"
+                f"{'' if out.is_file() else ', no results'}): "
+                f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}"
+            )
         collected = json.loads(out.read_text())["selection"]["collected"]
     return {t: list(collected.get(t) or []) for t in TIERS}
 
 
 def render(collected: dict[str, list[str]]) -> str:
-    return json.dumps({"about": "the expected checks of each tier: python tools/expected_checks.py --write",
-                       "tiers": collected}, indent=1) + "\n"
+    return (
+        json.dumps(
+            {"about": "the expected checks of each tier: python tools/expected_checks.py --write", "tiers": collected},
+            indent=1,
+        )
+        + "\n"
+    )

@@ -84,8 +84,12 @@ def describe(repo: Path = REPO) -> dict:
     data = data_sha256()
     commit = _git(repo, "rev-parse", "HEAD")
     status = _git(repo, "status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"suite": suite_hash(repo, data), "data": data, "commit": commit,
-            "dirty": None if status is None else bool(status)}
+    return {
+        "suite": suite_hash(repo, data),
+        "data": data,
+        "commit": commit,
+        "dirty": None if status is None else bool(status),
+    }
 
 
 def short(fp: dict | str | None) -> str:

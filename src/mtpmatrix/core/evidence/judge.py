@@ -32,14 +32,30 @@ from mtpmatrix.core.smoke_servers import smoke_options
 
 # Knobs that say where things go, how fast they run or which tiers run (a tier that does not run is 'partial' by
 # itself), never what a check tests.
-KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED = frozenset({
-    "MTPMATRIX_RUN_ID", "MTPMATRIX_RESULTS", "MTPMATRIX_RESULTS_ROOT", "MTPMATRIX_ROW", "MTPMATRIX_TINY_DIR",
-    "MTPMATRIX_SIDE_BY_SIDE", "MTPMATRIX_PRECOMPILE", "MTPMATRIX_SUITE_PROCESS", "MTPMATRIX_IMPORTED_DIR",
-    "MTPMATRIX_INVOCATION_ID", "MTPMATRIX_TIERS", "MTPMATRIX_MAX_GPUS", "MTPMATRIX_FORCE_NO_GPU",
-    "MTPMATRIX_OFFLINE", "MTPMATRIX_GSM8K_DIR",  # the data is checked against its checksum wherever it comes from
-    "MTPMATRIX_GSM8K_READY_TIMEOUT", "MTPMATRIX_GSM8K_BASELINE",  # adds no-MTP cases beside the seed cases
-    "MTPMATRIX_SMOKE_PARALLEL", "MTPMATRIX_PROBE_DIR", "MTPMATRIX_PROBE_LIMIT",
-})
+KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED = frozenset(
+    {
+        "MTPMATRIX_RUN_ID",
+        "MTPMATRIX_RESULTS",
+        "MTPMATRIX_RESULTS_ROOT",
+        "MTPMATRIX_ROW",
+        "MTPMATRIX_TINY_DIR",
+        "MTPMATRIX_SIDE_BY_SIDE",
+        "MTPMATRIX_PRECOMPILE",
+        "MTPMATRIX_SUITE_PROCESS",
+        "MTPMATRIX_IMPORTED_DIR",
+        "MTPMATRIX_INVOCATION_ID",
+        "MTPMATRIX_TIERS",
+        "MTPMATRIX_MAX_GPUS",
+        "MTPMATRIX_FORCE_NO_GPU",
+        "MTPMATRIX_OFFLINE",
+        "MTPMATRIX_GSM8K_DIR",  # the data is checked against its checksum wherever it comes from
+        "MTPMATRIX_GSM8K_READY_TIMEOUT",
+        "MTPMATRIX_GSM8K_BASELINE",  # adds no-MTP cases beside the seed cases
+        "MTPMATRIX_SMOKE_PARALLEL",
+        "MTPMATRIX_PROBE_DIR",
+        "MTPMATRIX_PROBE_LIMIT",
+    }
+)
 MAIN_PACKAGES = ("sglang", "transformers", "torch")
 _ROUNDING = 1e-4  # the gsm8k tier records score and interval to 4 decimals
 
@@ -55,6 +71,7 @@ def _base(version: str | None) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 # settings
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _pair_knob(name: str) -> str | None:
     """The pair a MTPMATRIX_<PAIR>_<WHAT> knob overrides, None when it is no pair knob."""
@@ -116,8 +133,9 @@ def _settings(record: dict) -> list[dict]:
             continue
         for tier in knob_effect(name, value or ""):
             out.append(problem(tier, f"{tier} ran with {name}={value}: not the qualification suite"))
-    changing = {k for k in set(asked) | set(ran) if k not in identity
-                and knob_effect(k, (asked.get(k) or ran.get(k) or ""))}
+    changing = {
+        k for k in set(asked) | set(ran) if k not in identity and knob_effect(k, (asked.get(k) or ran.get(k) or ""))
+    }
     differ = sorted(k for k in changing if asked.get(k) != ran.get(k))
     if record.get("selection") is not None and "knobs" in record and differ:
         out.append(problem(None, f"the session ran with other knobs than it was asked ({', '.join(differ)})"))
@@ -132,6 +150,7 @@ def _settings(record: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 # versions
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def split_overrides(record: dict) -> tuple[dict[str, str], dict]:
     """A record's ``--with`` overrides as ({package: the one release it names}, {package: SpecifierSet of a range}),
@@ -189,8 +208,14 @@ def _versions(record: dict, ran: bool) -> list[dict]:
         have = got.get(name)
         if have and _base(have) != _base(version):
             cand = (record.get("candidate") or {}) if name == "sglang" else {}
-            out.append(problem(None, f"{name} {have} ran, the candidate is {version}" if cand.get("kind") in
-                               ("wheel", "checkout") else f"{name} {have} ran, the row pins {version}"))
+            out.append(
+                problem(
+                    None,
+                    f"{name} {have} ran, the candidate is {version}"
+                    if cand.get("kind") in ("wheel", "checkout")
+                    else f"{name} {have} ran, the row pins {version}",
+                )
+            )
     for name, spec in sorted(split_overrides(record)[1].items()):
         have = got.get(name)
         try:
@@ -206,6 +231,7 @@ def _versions(record: dict, ran: bool) -> list[dict]:
 # served cases, GPUs and metrics
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -216,8 +242,9 @@ def _whole(v) -> bool:
 
 def _accuracy(chk: dict, row_dir: Path | None) -> list[str]:
     m = chk.get("metrics") or {}
-    score, n, correct, thr = (m.get(k) for k in (schema.SCORE, schema.NUM_EXAMPLES, schema.NUM_CORRECT,
-                                                  schema.THRESHOLD))
+    score, n, correct, thr = (
+        m.get(k) for k in (schema.SCORE, schema.NUM_EXAMPLES, schema.NUM_CORRECT, schema.THRESHOLD)
+    )
     if not (_finite(score) and _whole(n) and n > 0 and _whole(correct) and correct <= n):
         return [f"score {score!r}, {correct!r} of {n!r} questions: not a score"]
     out = []
@@ -228,8 +255,13 @@ def _accuracy(chk: dict, row_dir: Path | None) -> list[str]:
     ci = m.get(schema.WILSON95)
     if ci is not None:
         lo, hi = stats.wilson_interval(correct, n)
-        if not (isinstance(ci, list) and len(ci) == 2 and all(_finite(x) for x in ci)
-                and abs(ci[0] - lo) <= _ROUNDING and abs(ci[1] - hi) <= _ROUNDING):
+        if not (
+            isinstance(ci, list)
+            and len(ci) == 2
+            and all(_finite(x) for x in ci)
+            and abs(ci[0] - lo) <= _ROUNDING
+            and abs(ci[1] - hi) <= _ROUNDING
+        ):
             out.append(f"interval {ci!r} is not the Wilson interval of {correct}/{n}")
     rel = m.get(schema.RECORDS)
     if row_dir is not None:
@@ -245,8 +277,9 @@ def _accuracy(chk: dict, row_dir: Path | None) -> list[str]:
                 qs = None
                 out.append(f"per-question records unreadable ({exc})")
             if qs is not None and (len(qs) != n or sum(qs.values()) != correct):
-                out.append(f"{len(qs)} per-question records with {sum(qs.values())} correct, the check claims "
-                           f"{correct} of {n}")
+                out.append(
+                    f"{len(qs)} per-question records with {sum(qs.values())} correct, the check claims {correct} of {n}"
+                )
     return out
 
 
@@ -262,6 +295,7 @@ def _acceptance(chk: dict) -> list[str]:
 
 def _non_finite(chk: dict) -> list[str]:
     """The metrics of ``chk`` that hold a NaN or an infinity anywhere inside them."""
+
     def bad(v) -> bool:
         if isinstance(v, float):
             return not math.isfinite(v)
@@ -270,6 +304,7 @@ def _non_finite(chk: dict) -> list[str]:
         if isinstance(v, (list, tuple)):
             return any(bad(x) for x in v)
         return False
+
     return [f"metric {k} is not finite" for k, v in sorted((chk.get("metrics") or {}).items()) if bad(v)]
 
 
@@ -277,8 +312,9 @@ def _checks(record: dict, row_dir: Path | None) -> list[dict]:
     out = []
     gpus = record.get("gpus") or 0
     sglang = expected_versions(record).get("sglang")
-    cases = {settings.gsm8k_case_id(name, k): pair for name, pair in settings.PAIRS.items()
-             for k in (*settings.TOPKS, None)}
+    cases = {
+        settings.gsm8k_case_id(name, k): pair for name, pair in settings.PAIRS.items() for k in (*settings.TOPKS, None)
+    }
     for tier, entry in (record.get("tiers") or {}).items():
         for chk in entry.get("checks") or []:
             cid, fn = chk["id"], short_check_id(chk["id"]).split("[", 1)[0]
@@ -287,11 +323,21 @@ def _checks(record: dict, row_dir: Path | None) -> list[dict]:
             pair = cases.get(check_param(cid) or "")
             if isinstance(served, dict):
                 if sglang and _base(served.get("version")) != _base(sglang):
-                    out.append(problem(tier, f"{short_check_id(cid)}: served by sglang {served.get('version')}, "
-                                             f"the row is sglang {sglang}"))
+                    out.append(
+                        problem(
+                            tier,
+                            f"{short_check_id(cid)}: served by sglang {served.get('version')}, "
+                            f"the row is sglang {sglang}",
+                        )
+                    )
                 if pair is not None and served.get("tp_size") != pair.tp:
-                    out.append(problem(tier, f"{short_check_id(cid)}: served at TP {served.get('tp_size')}, the "
-                                             f"seed case is TP {pair.tp}"))
+                    out.append(
+                        problem(
+                            tier,
+                            f"{short_check_id(cid)}: served at TP {served.get('tp_size')}, the "
+                            f"seed case is TP {pair.tp}",
+                        )
+                    )
             elif tier == "gsm8k" and pair is not None and chk.get("outcome") == "passed" and gpus < pair.tp:
                 out.append(problem(tier, f"{short_check_id(cid)} passed at TP {pair.tp} on a box with {gpus} GPU(s)"))
             if chk.get("outcome") != "passed":
@@ -324,8 +370,15 @@ def junit_outcomes(path: Path) -> dict[str, str]:
         if not f or not name:
             continue
         tags = {child.tag for child in case}
-        outcome = ("error" if "error" in tags else "failed" if "failure" in tags else "skipped" if "skipped" in tags
-                   else "passed")
+        outcome = (
+            "error"
+            if "error" in tags
+            else "failed"
+            if "failure" in tags
+            else "skipped"
+            if "skipped" in tags
+            else "passed"
+        )
         cid = f"{f}::{name}"
         # a second entry for the same test (a teardown error; the side-by-side processes' parts, where the process
         # that does not run a check skips it): the one that says most stands
@@ -344,45 +397,67 @@ def _same_story(record: dict, written: dict) -> list[dict]:
     out = []
     here, there = (record.get("fingerprint") or {}), (written.get("fingerprint") or {})
     if isinstance(there, dict) and here.get("suite") != there.get("suite"):
-        out.append(problem(None, f"row.json names suite {str(here.get('suite'))[:12]}, {schema.TIERS_FILE} "
-                                 f"{str(there.get('suite'))[:12]}"))
+        out.append(
+            problem(
+                None,
+                f"row.json names suite {str(here.get('suite'))[:12]}, {schema.TIERS_FILE} "
+                f"{str(there.get('suite'))[:12]}",
+            )
+        )
     seen = written.get("versions") if isinstance(written.get("versions"), dict) else {}
     mine = record.get("versions") or {}
     differ = sorted(k for k, v in seen.items() if v and mine.get(k) != v)
     if differ:
-        out.append(problem(None, f"row.json's versions of {', '.join(differ)} are not the ones {schema.TIERS_FILE} "
-                                 "recorded"))
+        out.append(
+            problem(None, f"row.json's versions of {', '.join(differ)} are not the ones {schema.TIERS_FILE} recorded")
+        )
     if _dumps(record.get("selection")) != _dumps(written.get("selection")):
         out.append(problem(None, f"row.json's selection (args, knobs, collected checks) is not {schema.TIERS_FILE}'s"))
-    metrics = {c.get("id"): c.get("metrics") for e in (written.get("tiers") or {}).values() if isinstance(e, dict)
-               for c in e.get("checks") or [] if isinstance(c, dict)}
+    metrics = {
+        c.get("id"): c.get("metrics")
+        for e in (written.get("tiers") or {}).values()
+        if isinstance(e, dict)
+        for c in e.get("checks") or []
+        if isinstance(c, dict)
+    }
     for tier, entry in (record.get("tiers") or {}).items():
         for chk in entry.get("checks") or []:
             if chk["id"] in metrics and _dumps(chk.get("metrics")) != _dumps(metrics[chk["id"]]):
-                out.append(problem(tier, f"row.json's metrics of {short_check_id(chk['id'])} are not "
-                                         f"{schema.TIERS_FILE}'s"))
+                out.append(
+                    problem(tier, f"row.json's metrics of {short_check_id(chk['id'])} are not {schema.TIERS_FILE}'s")
+                )
     return out
 
 
 def _files(record: dict, row_dir: Path) -> list[dict]:
-    checks = {c["id"]: (t, c.get("outcome")) for t, e in (record.get("tiers") or {}).items()
-              for c in e.get("checks") or []}
+    checks = {
+        c["id"]: (t, c.get("outcome")) for t, e in (record.get("tiers") or {}).items() for c in e.get("checks") or []
+    }
     if not checks:
         return []
     out = []
     tiers_file = row_dir / schema.TIERS_FILE
     try:
         data = read_json(tiers_file)
-        written = {c.get("id"): c.get("outcome") for e in (data.get("tiers") or {}).values()
-                   for c in e.get("checks") or [] if isinstance(c, dict)}
+        written = {
+            c.get("id"): c.get("outcome")
+            for e in (data.get("tiers") or {}).values()
+            for c in e.get("checks") or []
+            if isinstance(c, dict)
+        }
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         out.append(problem(None, f"{schema.TIERS_FILE} beside the record is missing or unreadable ({exc})"))
         written = None
     if written is not None:
         for cid, (tier, outcome) in checks.items():
             if written.get(cid) != outcome:
-                out.append(problem(tier, f"row.json says {short_check_id(cid)} {outcome}, {schema.TIERS_FILE} says "
-                                         f"{written.get(cid) or 'nothing'}"))
+                out.append(
+                    problem(
+                        tier,
+                        f"row.json says {short_check_id(cid)} {outcome}, {schema.TIERS_FILE} says "
+                        f"{written.get(cid) or 'nothing'}",
+                    )
+                )
         out += _same_story(record, data)
     try:
         junit = junit_outcomes(row_dir / schema.JUNIT_FILE)
@@ -392,8 +467,13 @@ def _files(record: dict, row_dir: Path) -> list[dict]:
         if outcome == "skipped" and cid not in junit:
             continue  # deselected or not-selected checks may be absent from junit
         if junit.get(cid) != outcome:
-            out.append(problem(tier, f"the record says {short_check_id(cid)} {outcome}, {schema.JUNIT_FILE} says "
-                                     f"{junit.get(cid) or 'nothing'}"))
+            out.append(
+                problem(
+                    tier,
+                    f"the record says {short_check_id(cid)} {outcome}, {schema.JUNIT_FILE} says "
+                    f"{junit.get(cid) or 'nothing'}",
+                )
+            )
     return out
 
 
@@ -401,8 +481,10 @@ def _files(record: dict, row_dir: Path) -> list[dict]:
 # one row
 # ---------------------------------------------------------------------------------------------------------------
 
-def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None,
-              row_dir: Path | None = None) -> list[dict]:
+
+def judge_row(
+    row_id: str, record: dict, *, run_id: str, manifest: dict | None, row_dir: Path | None = None
+) -> list[dict]:
     """Every problem with ``record`` (filed as ``run_id``/``row_id``) as evidence; [] when it shows what it claims.
     ``record`` must have a sound shape (evidence.records.shape_problems)."""
     out: list[dict] = []
@@ -427,8 +509,13 @@ def judge_row(row_id: str, record: dict, *, run_id: str, manifest: dict | None,
             out.append(problem(None, f"overrides {record.get('overrides') or []} are not the run's {asked}"))
         fp = (record.get("fingerprint") or {}).get("suite")
         if ran and fp and fp != (manifest.get("fingerprint") or {}).get("suite"):
-            out.append(problem(None, f"written by suite {str(fp)[:12]}, the run planned suite "
-                                     f"{str((manifest.get('fingerprint') or {}).get('suite'))[:12]}"))
+            out.append(
+                problem(
+                    None,
+                    f"written by suite {str(fp)[:12]}, the run planned suite "
+                    f"{str((manifest.get('fingerprint') or {}).get('suite'))[:12]}",
+                )
+            )
     if ran and not (record.get("fingerprint") or {}).get("suite"):
         out.append(problem(None, "no suite fingerprint: the record cannot say which suite wrote it"))
     out += _versions(record, ran)

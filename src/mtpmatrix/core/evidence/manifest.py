@@ -39,13 +39,20 @@ def candidate_identity(candidate) -> dict | None:
     return {k: candidate.get(k) for k in ("kind", "sha256", "commit", "dirty")}
 
 
-def planned_row(row_dict: dict, constraints_text: str | None = None, overrides: list[str] | None = None,
-                candidate: dict | None = None) -> dict:
+def planned_row(
+    row_dict: dict,
+    constraints_text: str | None = None,
+    overrides: list[str] | None = None,
+    candidate: dict | None = None,
+) -> dict:
     """What the plan fixes of a row (``Row.as_dict()``): its pins, Python, torch build and the constraints file's
     checksum; ``overrides`` where the row has its own (a canary's), else the invocation's apply; a candidate row's
     ``candidate`` (``candidate_identity``)."""
-    out = {"pins": dict(row_dict.get("pins") or {}), "python": row_dict.get("python"),
-           "torch_backend": row_dict.get("torch_backend")}
+    out = {
+        "pins": dict(row_dict.get("pins") or {}),
+        "python": row_dict.get("python"),
+        "torch_backend": row_dict.get("torch_backend"),
+    }
     if overrides is not None:
         out["overrides"] = list(overrides)
     if candidate is not None:
@@ -66,8 +73,11 @@ def _read_file(f: Path) -> dict | None:
         data = read_json(f)
     except (OSError, ValueError) as exc:  # ValueError: bad JSON, bad UTF-8
         raise ManifestError(f"{f}: unreadable ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), dict) or not all(
-            isinstance(v, dict) for v in data["rows"].values()):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("rows"), dict)
+        or not all(isinstance(v, dict) for v in data["rows"].values())
+    ):
         raise ManifestError(f"{f}: not a run manifest (no 'rows' object)")
     return data
 
@@ -81,13 +91,16 @@ def read(run_dir: Path) -> dict | None:
     plans = [(f, d) for f in [path(run_dir), *files] if (d := _read_file(f)) is not None]
     if not plans:
         return None
-    merged = dict(plans[0][1], rows=dict(plans[0][1]["rows"]), not_run=dict(plans[0][1].get("not_run") or {}),
-                  conflicts=[])
+    merged = dict(
+        plans[0][1], rows=dict(plans[0][1]["rows"]), not_run=dict(plans[0][1].get("not_run") or {}), conflicts=[]
+    )
     suite = (merged.get("fingerprint") or {}).get("suite")
     for f, d in plans[1:]:
         if (d.get("fingerprint") or {}).get("suite") != suite:
-            merged["conflicts"].append(f"{f.name} plans suite {str((d.get('fingerprint') or {}).get('suite'))[:12]}, "
-                                       f"{plans[0][0].name} suite {str(suite)[:12]}")
+            merged["conflicts"].append(
+                f"{f.name} plans suite {str((d.get('fingerprint') or {}).get('suite'))[:12]}, "
+                f"{plans[0][0].name} suite {str(suite)[:12]}"
+            )
         for rid, r in d["rows"].items():
             was = merged["rows"].setdefault(rid, r)
             if was.get("pins") != r.get("pins"):
@@ -101,8 +114,16 @@ def ensure(run_dir: Path, run_id: str, rows: dict[str, dict], invocation: dict, 
     invocation, another import into the run) gains the rows it lacks and keeps the rest as planned."""
     current = _read_file(path(run_dir))
     if current is None:
-        current = {"schema": SCHEMA, "run_id": run_id, "created": now(), "fingerprint": fingerprint,
-                   "invocation": invocation, "rows": dict(rows), "not_run": {}, "resumed": []}
+        current = {
+            "schema": SCHEMA,
+            "run_id": run_id,
+            "created": now(),
+            "fingerprint": fingerprint,
+            "invocation": invocation,
+            "rows": dict(rows),
+            "not_run": {},
+            "resumed": [],
+        }
         atomic_write_json(path(run_dir), current)
         return current
     added = {rid: r for rid, r in rows.items() if rid not in current["rows"]}
@@ -122,8 +143,11 @@ def changed_rows(current: dict | None, rows: dict[str, dict]) -> dict[str, str]:
         was = ((current or {}).get("rows") or {}).get(rid)
         if was is None:
             continue
-        diffs = [k for k in ("pins", "python", "torch_backend", "constraints_sha256", "candidate")
-                 if k in was and k in now_row and was[k] != now_row[k]]
+        diffs = [
+            k
+            for k in ("pins", "python", "torch_backend", "constraints_sha256", "candidate")
+            if k in was and k in now_row and was[k] != now_row[k]
+        ]
         if diffs:
             out[rid] = ", ".join(diffs)
     return out
@@ -155,10 +179,22 @@ def clear_not_run(run_dir: Path, row_id: str) -> None:
         atomic_write_json(path(run_dir), current)
 
 
-def write_named(run_dir: Path, name: str, run_id: str, rows: dict[str, dict], invocation: dict,
-                fingerprint: dict) -> Path:
+def write_named(
+    run_dir: Path, name: str, run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: dict
+) -> Path:
     """A pipeline's plan of the whole run, written before any row starts, as ``manifest-<name>.json``."""
     f = Path(run_dir) / f"manifest-{name}.json"
-    atomic_write_json(f, {"schema": SCHEMA, "run_id": run_id, "created": now(), "fingerprint": fingerprint,
-                          "invocation": invocation, "rows": dict(rows), "not_run": {}, "resumed": []})
+    atomic_write_json(
+        f,
+        {
+            "schema": SCHEMA,
+            "run_id": run_id,
+            "created": now(),
+            "fingerprint": fingerprint,
+            "invocation": invocation,
+            "rows": dict(rows),
+            "not_run": {},
+            "resumed": [],
+        },
+    )
     return f

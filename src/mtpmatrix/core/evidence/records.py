@@ -14,8 +14,9 @@ _TEXT_OR_NONE = (str, type(None))
 
 
 def _is_text_map(value) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, _TEXT_OR_NONE)
-                                           for k, v in value.items())
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, _TEXT_OR_NONE) for k, v in value.items()
+    )
 
 
 def _check_problems(tier: str, i: int, chk, seen: set) -> list[str]:
@@ -37,8 +38,11 @@ def _check_problems(tier: str, i: int, chk, seen: set) -> list[str]:
     if "failure" in chk and not isinstance(chk["failure"], dict):
         out.append(f"{where} ({cid}): failure is not an object")
     elif isinstance(chk.get("failure"), dict):
-        bad = sorted(k for k in ("kind", "type", "message", "frame", "raised_at")
-                     if not isinstance(chk["failure"].get(k), _TEXT_OR_NONE))
+        bad = sorted(
+            k
+            for k in ("kind", "type", "message", "frame", "raised_at")
+            if not isinstance(chk["failure"].get(k), _TEXT_OR_NONE)
+        )
         if bad:
             out.append(f"{where} ({cid}): failure {', '.join(bad)} not text")
     if "reason" in chk and not isinstance(chk["reason"], str):

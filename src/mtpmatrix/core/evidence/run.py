@@ -25,21 +25,26 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
         run_problems.append(str(exc))
     else:
         if plan is None:
-            run_problems.append("the run has no manifest: it cannot show which rows it planned, with which pins and "
-                                "which suite (written before runs recorded their plan)")
+            run_problems.append(
+                "the run has no manifest: it cannot show which rows it planned, with which pins and "
+                "which suite (written before runs recorded their plan)"
+            )
     try:
         here = fingerprint.describe()
     except fingerprint.FingerprintError as exc:
         here = None
         run_problems.append(f"this checkout cannot fingerprint its suite ({exc})")
     run_problems += [f"the run's plans disagree: {c}" for c in (plan or {}).get("conflicts") or []]
-    planned_fp = ((plan or {}).get("fingerprint") or {})
+    planned_fp = (plan or {}).get("fingerprint") or {}
     if plan is not None and here is not None and planned_fp.get("suite") != here["suite"]:
-        run_problems.append(f"the run's suite {fingerprint.short(planned_fp)} is not this checkout's "
-                            f"{fingerprint.short(here)}: report it from the commit that ran it")
+        run_problems.append(
+            f"the run's suite {fingerprint.short(planned_fp)} is not this checkout's "
+            f"{fingerprint.short(here)}: report it from the commit that ran it"
+        )
     if os.environ.get(expected_checks.ENV):
-        run_problems.append(f"judged under {expected_checks.ENV}={os.environ[expected_checks.ENV]}: not the project's "
-                            "expected checks")
+        run_problems.append(
+            f"judged under {expected_checks.ENV}={os.environ[expected_checks.ENV]}: not the project's expected checks"
+        )
     by_row: dict[str, list[dict]] = {}
     for rid, rec in rows.items():
         if rec.get("unreadable"):
@@ -55,8 +60,11 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
         rows[rid] = apply_problems(records.shell(rid, []), [judge.problem(None, f"not run: {why}")])
         rows[rid]["row"].update(pins=((plan["rows"][rid] or {}).get("pins") or {}))
         by_row[rid] = [judge.problem(None, f"not run: {why}")]
-    return {"run": run_problems, "rows": {rid: p for rid, p in by_row.items() if p},
-            "suite": fingerprint.short(planned_fp) if planned_fp else None}
+    return {
+        "run": run_problems,
+        "rows": {rid: p for rid, p in by_row.items() if p},
+        "suite": fingerprint.short(planned_fp) if planned_fp else None,
+    }
 
 
 def apply_problems(record: dict, problems: list[dict]) -> dict:

@@ -91,8 +91,10 @@ class MutantFinder(importlib.abc.MetaPathFinder):
                 break
         origin = entry["origin"]
         if normal is None or not normal.origin or not _same_file(normal.origin, origin):
-            _say(f"{self.mutant} NOT applied to {fullname}: this interpreter imports it from "
-                 f"{getattr(normal, 'origin', None)}, the mutant was made from {origin}")
+            _say(
+                f"{self.mutant} NOT applied to {fullname}: this interpreter imports it from "
+                f"{getattr(normal, 'origin', None)}, the mutant was made from {origin}"
+            )
             return None
         try:
             with open(origin, "rb") as fh:
@@ -105,7 +107,8 @@ class MutantFinder(importlib.abc.MetaPathFinder):
             return None
         loader = _PatchedLoader(self.mutant, fullname, origin, entry["source"])
         return importlib.util.spec_from_file_location(
-            fullname, origin, loader=loader, submodule_search_locations=normal.submodule_search_locations)
+            fullname, origin, loader=loader, submodule_search_locations=normal.submodule_search_locations
+        )
 
 
 def _load_unidiff():
@@ -141,8 +144,11 @@ def patch_payload(path, sha256=None):
                 original = fh.read()
         except OSError as exc:
             raise ValueError(f"{fp.path}: {exc}") from None
-        modules[fp.module] = {"origin": origin, "sha256": hashlib.sha256(original).hexdigest(),
-                              "source": unidiff.apply(fp, original.decode("utf-8"))}
+        modules[fp.module] = {
+            "origin": origin,
+            "sha256": hashlib.sha256(original).hexdigest(),
+            "source": unidiff.apply(fp, original.decode("utf-8")),
+        }
     return {"mutant": f"patch-{digest[:7]}", "modules": modules}
 
 

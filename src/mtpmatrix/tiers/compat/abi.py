@@ -80,21 +80,31 @@ TORCH_SONAME = re.compile(r"^lib(?:torch(?:_[a-z_]+)?|c10(?:_[a-z]+)?|caffe2_nvr
 # at, torch, caffe2 or aoti. Only the entity's own name counts: torchcodec's
 # ``facebook::torchcodec::VideoEncoder::VideoEncoder(torch::stable::Tensor const&, ...)`` mentions torch in a
 # parameter type but is torchcodec's to define.
-_TORCH_MANGLED = re.compile(r"^_Z(?:T[VTIS]|Th[n]?\d+_|Tv[n]?\d+_[n]?\d+_|GV)?N?[rVK]*[RO]?"
-                            r"(?:3c10|2at|5torch|6caffe2|4aoti)")
+_TORCH_MANGLED = re.compile(
+    r"^_Z(?:T[VTIS]|Th[n]?\d+_|Tv[n]?\d+_[n]?\d+_|GV)?N?[rVK]*[RO]?"
+    r"(?:3c10|2at|5torch|6caffe2|4aoti)"
+)
 # torch's C ABI (stable ABI shims and the Python bindings), also as the name of a global-namespace C++ function
 # (``_Z16THPVariable_WrapRKN2at10TensorBaseE``).
 _TORCH_C_ABI = re.compile(r"^(?:aoti_torch_|torch_|THP)")
 _GLOBAL_CXX = re.compile(r"^_Z(\d+)")
 # Sonames whose major number is the CUDA major (auditwheel may insert a hash: libcudart.faf08d9a.so.13).
 CUDA_MAJOR_SONAME = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nvJitLink)(?:[.-][0-9a-f]{8})?\.so\.(\d+)$")
-_DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib",
-                 "/usr/local/lib")
+_DEFAULT_DIRS = (
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+    "/usr/local/lib",
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # names
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def is_torch_symbol(ref: Ref) -> bool:
     """Whether an undefined reference is torch's to define (see the module docstring)."""
@@ -103,7 +113,7 @@ def is_torch_symbol(ref: Ref) -> bool:
     name = ref.name
     m = _GLOBAL_CXX.match(name)
     if m:  # a global-namespace function: its source name decides
-        name = name[m.end():m.end() + int(m.group(1))]
+        name = name[m.end() : m.end() + int(m.group(1))]
     return bool(_TORCH_MANGLED.match(name) or _TORCH_C_ABI.match(name))
 
 
@@ -137,12 +147,14 @@ def short_name(demangled: str) -> str:
 # the loader's view
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=1)
 def _system_dirs() -> tuple[str, ...]:
     """The dynamic loader's default search list: ld.so.cache's folders (ldconfig -p), then the usual defaults."""
     dirs: list[str] = []
-    ldconfig = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig")
-                                                 if os.path.exists(p)), None)
+    ldconfig = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None
+    )
     if ldconfig:
         try:
             out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
@@ -170,8 +182,14 @@ class LoadScope:
     (torchcodec's cores, tvm_ffi's libtvm_ffi.so), and the loader then matches the soname already loaded.
     """
 
-    def __init__(self, reader, torch_libs: dict[str, Path], system_dirs: Iterable[str] | None = None,
-                 shipped: dict[str, Path] | None = None, interpreter: Path | None = None):
+    def __init__(
+        self,
+        reader,
+        torch_libs: dict[str, Path],
+        system_dirs: Iterable[str] | None = None,
+        shipped: dict[str, Path] | None = None,
+        interpreter: Path | None = None,
+    ):
         self.reader = reader
         self.torch_libs = dict(torch_libs)
         self.system_dirs = tuple(system_dirs) if system_dirs is not None else _system_dirs()
@@ -240,6 +258,7 @@ class LoadScope:
 # ---------------------------------------------------------------------------------------------------------------
 # one library
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class LibraryResult:
@@ -310,6 +329,7 @@ def cuda_mismatches(results: list[LibraryResult], torch_cuda: str) -> list[str]:
 # the installed environment
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _dists(path: list[str] | None = None) -> dict[str, md.Distribution]:
     out: dict[str, md.Distribution] = {}
     for d in md.distributions(**({"path": path} if path is not None else {})):
@@ -372,8 +392,11 @@ def torch_cuda_version(dist: md.Distribution) -> str | None:
         if f.parts == ("torch", "version.py"):
             tree = ast.parse(Path(dist.locate_file(f)).read_text())
             for node in tree.body:
-                target = node.target if isinstance(node, ast.AnnAssign) else (
-                    node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+                target = (
+                    node.target
+                    if isinstance(node, ast.AnnAssign)
+                    else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+                )
                 if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
                     value = ast.literal_eval(node.value)
                     return str(value) if value else None
@@ -399,9 +422,11 @@ class AbiReport:
         """None when every library loads. Else a first line naming the missing symbols (short names) and the
         libraries that need them (most missing first), then each library group with the full signatures."""
         if not self.libraries:  # an empty check is no pass: there is always one to check (sgl_kernel)
-            return (f"no native library of sglang or its dependencies links torch ({self.shared_objects} shared "
-                    f"object(s) seen in {self.searched} distribution(s), none linking it): sglang's kernels "
-                    f"(sgl_kernel) do on every release, so nothing was checked against torch {self.torch_version}")
+            return (
+                f"no native library of sglang or its dependencies links torch ({self.shared_objects} shared "
+                f"object(s) seen in {self.searched} distribution(s), none linking it): sglang's kernels "
+                f"(sgl_kernel) do on every release, so nothing was checked against torch {self.torch_version}"
+            )
         broken = sorted(self.broken, key=lambda r: (-len(r.missing_symbols) - len(r.missing_torch_libs), r.label))
         if not broken:
             return None
@@ -412,14 +437,18 @@ class AbiReport:
             names = sorted({short_name(d) for r in with_syms for d in r.missing_demangled})
             libs = ", ".join(f"{r.label} ({len(r.missing_symbols)})" for r in with_syms[:4])
             libs += f" and {len(with_syms) - 4} more" if len(with_syms) > 4 else ""  # the first line stays short
-            heads.append(f"torch {self.torch_version} does not define {len(mangled)} symbol(s) that "
-                         f"{len(with_syms)} native librar{'y' if len(with_syms) == 1 else 'ies'} need: "
-                         f"{', '.join(names)} -- needed by {libs}")
+            heads.append(
+                f"torch {self.torch_version} does not define {len(mangled)} symbol(s) that "
+                f"{len(with_syms)} native librar{'y' if len(with_syms) == 1 else 'ies'} need: "
+                f"{', '.join(names)} -- needed by {libs}"
+            )
         with_libs = [r for r in broken if r.missing_torch_libs]
         if with_libs:
             sonames = sorted({s for r in with_libs for s in r.missing_torch_libs})
-            heads.append(f"torch {self.torch_version} ships no {', '.join(sonames)} -- needed by "
-                         + ", ".join(r.label for r in with_libs))
+            heads.append(
+                f"torch {self.torch_version} ships no {', '.join(sonames)} -- needed by "
+                + ", ".join(r.label for r in with_libs)
+            )
         groups: dict[tuple, list[str]] = {}
         for r in with_syms:
             groups.setdefault(tuple(r.missing_demangled), []).append(r.label)
@@ -450,10 +479,16 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
     try:
         closure = [dists[n] for n in dependency_closure(root, dists, stop_at=(TORCH_DIST,)) if n != TORCH_DIST]
         # each RECORD parsed once (``Distribution.files`` parses it again on every call)
-        shared = [[(f, Path(dist.locate_file(f)).resolve()) for f in dist.files or [] if _SHARED_OBJECT.search(f.name)]
-                  for dist in closure]
-        scope = LoadScope(reader, torch_libraries(torch), shipped={f.name: file for fs in shared for f, file in fs},
-                          interpreter=Path(sys.executable).resolve())
+        shared = [
+            [(f, Path(dist.locate_file(f)).resolve()) for f in dist.files or [] if _SHARED_OBJECT.search(f.name)]
+            for dist in closure
+        ]
+        scope = LoadScope(
+            reader,
+            torch_libraries(torch),
+            shipped={f.name: file for fs in shared for f, file in fs},
+            interpreter=Path(sys.executable).resolve(),
+        )
         for dist, files in zip(closure, shared):
             checked = 0
             for f, file in files:
@@ -474,6 +509,13 @@ def check_installed(reader=None, *, root: str = ROOT_DIST, path: list[str] | Non
                 contributing.append(f"{dist.metadata['Name']} {dist.version}")
     finally:
         reader.close()
-    return AbiReport(torch_version=torch_version, torch_cuda=torch_cuda_version(torch), reader=reader.name,
-                     libraries=results, seconds=round(time.monotonic() - t0, 2), distributions=contributing,
-                     shared_objects=seen, searched=len(closure))
+    return AbiReport(
+        torch_version=torch_version,
+        torch_cuda=torch_cuda_version(torch),
+        reader=reader.name,
+        libraries=results,
+        seconds=round(time.monotonic() - t0, 2),
+        distributions=contributing,
+        shared_objects=seen,
+        searched=len(closure),
+    )

@@ -101,6 +101,7 @@ class Dynamic:
 @dataclass(frozen=True)
 class Ref:
     """A strong undefined reference of a library: its name and, for a versioned one, the file the version names."""
+
     name: str
     version_file: str | None = None
 
@@ -272,10 +273,11 @@ class ReadelfReader:
 
 def make_reader(prefer: str | None = None):
     """pyelftools, else readelf; AbiUnavailable (one line) when neither is here. ``prefer`` forces one (tests)."""
-    for kind in ((prefer,) if prefer else ("pyelftools", "readelf")):
+    for kind in (prefer,) if prefer else ("pyelftools", "readelf"):
         try:
             return PyElfReader() if kind == "pyelftools" else ReadelfReader()
         except (ImportError, FileNotFoundError):
             continue
-    raise AbiUnavailable("no ELF reader: neither pyelftools (pip install pyelftools) nor binutils' readelf is "
-                         "available")
+    raise AbiUnavailable(
+        "no ELF reader: neither pyelftools (pip install pyelftools) nor binutils' readelf is available"
+    )

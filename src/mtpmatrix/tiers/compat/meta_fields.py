@@ -33,10 +33,19 @@ from __future__ import annotations
 
 import math
 
-CORE_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
-               "spec_num_proposed_drafts", "spec_correct_drafts_histogram")
-ALIASES = {"spec_accepted_drafts": "spec_num_correct_drafts", "spec_proposed_drafts": "spec_num_proposed_drafts",
-           "spec_accept_histogram": "spec_correct_drafts_histogram"}  # alias -> the field it repeats
+CORE_FIELDS = (
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+)
+ALIASES = {
+    "spec_accepted_drafts": "spec_num_correct_drafts",
+    "spec_proposed_drafts": "spec_num_proposed_drafts",
+    "spec_accept_histogram": "spec_correct_drafts_histogram",
+}  # alias -> the field it repeats
 # sglang releases -> the speculative meta_info fields each response carries (after at least one verify step). Read
 # in 0.5.13, 0.5.17 and 0.5.23 (citations above); 0.5.18-0.5.22 are unread, so they get the fields every read release
 # has, which can only miss an alias, never demand one that is gone. A release outside every range: CORE_FIELDS.
@@ -77,8 +86,10 @@ def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, ste
         out.append(f"spec_accept_length {meta['spec_accept_length']} != completion_tokens/spec_verify_ct = {n}/{v}")
     proposed = v * (draft_tokens - 1)
     if meta["spec_num_proposed_drafts"] != proposed:
-        out.append(f"spec_num_proposed_drafts {meta['spec_num_proposed_drafts']} != spec_verify_ct * "
-                   f"(draft tokens - 1) = {v} * {draft_tokens - 1}")
+        out.append(
+            f"spec_num_proposed_drafts {meta['spec_num_proposed_drafts']} != spec_verify_ct * "
+            f"(draft tokens - 1) = {v} * {draft_tokens - 1}"
+        )
     if proposed and not _close(meta["spec_accept_rate"], c / proposed):
         out.append(f"spec_accept_rate {meta['spec_accept_rate']} != correct/proposed drafts = {c}/{proposed}")
     for alias, original in ALIASES.items():
@@ -91,12 +102,14 @@ def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, ste
     weighted = sum(k * h for k, h in enumerate(hist))
     if weighted != c:
         out.append(f"histogram accepts {weighted} drafts, spec_num_correct_drafts {c}")
-    if any(hist[steps + 1:]):
+    if any(hist[steps + 1 :]):
         out.append(f"histogram has a step accepting more than {steps} drafts: {hist}")
     if not (n - 1 <= c + v <= n - 1 + steps):
-        out.append(f"accepted tokens (correct drafts + verify steps) {c} + {v} = {c + v} outside [{n - 1}, "
-                   f"{n - 1 + steps}], what {n} completion tokens allow (prefill token + accepted, the last step "
-                   f"cut by at most {steps})")
+        out.append(
+            f"accepted tokens (correct drafts + verify steps) {c} + {v} = {c + v} outside [{n - 1}, "
+            f"{n - 1 + steps}], what {n} completion tokens allow (prefill token + accepted, the last step "
+            f"cut by at most {steps})"
+        )
     return out
 
 
@@ -128,6 +141,8 @@ def server_accept_outside(metas: list[dict], avg: float, steps: int) -> str | No
     (``server_accept_bounds``), or None when it agrees or the requests ran no verify step."""
     bounds = server_accept_bounds(metas, steps)
     if bounds and not (bounds[0] - SERVER_BOUNDS_SLACK <= avg <= bounds[1] + SERVER_BOUNDS_SLACK):
-        return (f"/server_info avg_spec_accept_length {avg:.3f} outside [{bounds[0]}, {bounds[1]}], the range the "
-                f"requests' own counters allow")
+        return (
+            f"/server_info avg_spec_accept_length {avg:.3f} outside [{bounds[0]}, {bounds[1]}], the range the "
+            f"requests' own counters allow"
+        )
     return None

@@ -75,8 +75,10 @@ MTP_IMPORT_CHAIN: tuple[ImportStep, ...] = (
     ImportStep("Gemma 4 text model (target trunk)", ("sglang.srt.models.gemma4_causal",)),
     ImportStep("Gemma 4 multimodal model (target)", ("sglang.srt.models.gemma4_mm",)),
     ImportStep("Gemma 4 MTP assistant model (draft)", ("sglang.srt.models.gemma4_mtp",)),
-    ImportStep("Frozen-KV MTP worker", ("sglang.srt.speculative.frozen_kv_mtp_worker_v2",
-                                        "sglang.srt.speculative.frozen_kv_mtp_worker")),
+    ImportStep(
+        "Frozen-KV MTP worker",
+        ("sglang.srt.speculative.frozen_kv_mtp_worker_v2", "sglang.srt.speculative.frozen_kv_mtp_worker"),
+    ),
     ImportStep("Frozen-KV MTP CUDA-graph runner", ("sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner",)),
     ImportStep("triton attention backend", ("sglang.srt.layers.attention.triton_backend",)),
     ImportStep("server entrypoint", ("sglang.launch_server",)),
@@ -102,8 +104,9 @@ def import_step(step: ImportStep) -> list[str]:
     present = [m for m in step.alternatives if module_exists(m)]
     if not present:
         names = " or ".join(step.alternatives)
-        raise ModuleNotFoundError(f"{step.role}: sglang {sglang_version()} has no module {names}",
-                                  name=step.alternatives[0])
+        raise ModuleNotFoundError(
+            f"{step.role}: sglang {sglang_version()} has no module {names}", name=step.alternatives[0]
+        )
     for name in present:
         importlib.import_module(name)
     return present
@@ -187,8 +190,10 @@ def _get_config_fn():
             fn = getattr(importlib.import_module(mod), "get_config", None)
             if fn is not None:
                 return fn
-    raise AdapterError(f"sglang {sglang_version()}: no get_config in sglang.srt.utils.hf_transformers[_utils]; "
-                       "the adapter needs the new config loader's location")
+    raise AdapterError(
+        f"sglang {sglang_version()}: no get_config in sglang.srt.utils.hf_transformers[_utils]; "
+        "the adapter needs the new config loader's location"
+    )
 
 
 def resolve_model_class(architectures: list[str] | None):
@@ -257,15 +262,20 @@ def parse_server_args(argv: list[str]):
             if hasattr(sa_mod, "prepare_server_args"):
                 return sa_mod.prepare_server_args(list(argv))
             if not (hasattr(ServerArgs, "add_cli_args") and hasattr(ServerArgs, "from_cli_args")):
-                raise AdapterError(f"sglang {sglang_version()}: ServerArgs has neither prepare_server_args nor "
-                                   "add_cli_args/from_cli_args")
+                raise AdapterError(
+                    f"sglang {sglang_version()}: ServerArgs has neither prepare_server_args nor "
+                    "add_cli_args/from_cli_args"
+                )
             parser = argparse.ArgumentParser(prog="sglang serve")
             ServerArgs.add_cli_args(parser)
             return ServerArgs.from_cli_args(parser.parse_args(list(argv)))
     except SystemExit as exc:  # argparse rejects the command line with exit(2)
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        raise CheckFailure("args", f"sglang's argument parser rejected the command line (exit {exc.code}): "
-                                   + (lines[-1] if lines else "no message")) from None
+        raise CheckFailure(
+            "args",
+            f"sglang's argument parser rejected the command line (exit {exc.code}): "
+            + (lines[-1] if lines else "no message"),
+        ) from None
 
 
 def _plain_fields(server_args) -> dict[str, Any]:
@@ -274,8 +284,10 @@ def _plain_fields(server_args) -> dict[str, Any]:
     try:  # msgspec Structs (0.5.23's record type) and anything else with __struct_fields__
         return {name: getattr(server_args, name) for name in type(server_args).__struct_fields__}
     except AttributeError:
-        raise AdapterError(f"sglang {sglang_version()}: ServerArgs is neither a dataclass nor a Struct and has "
-                           "no resolved_dict(); the adapter cannot read resolved values") from None
+        raise AdapterError(
+            f"sglang {sglang_version()}: ServerArgs is neither a dataclass nor a Struct and has "
+            "no resolved_dict(); the adapter cannot read resolved values"
+        ) from None
 
 
 def resolve(argv: list[str]) -> Resolution:
@@ -309,8 +321,9 @@ def resolve_server_args(argv: list[str]) -> dict[str, Any]:
     return resolve(argv).values
 
 
-def check_resolution(values: dict[str, Any], expected: dict[str, Any],
-                     missing: str = "not among the resolved ServerArgs fields") -> list[str]:
+def check_resolution(
+    values: dict[str, Any], expected: dict[str, Any], missing: str = "not among the resolved ServerArgs fields"
+) -> list[str]:
     """Differences between resolved ``values`` and ``expected`` (settings.expected_resolution), as lines; a key
     absent from ``values`` is reported with ``missing``."""
     out = []
@@ -324,8 +337,14 @@ def check_resolution(values: dict[str, Any], expected: dict[str, Any],
     return out
 
 
-def require_resolution(values: dict[str, Any], expected: dict[str, Any], *, more: Iterable[str] = (),
-                       missing: str = "not among the resolved ServerArgs fields", where: str = "") -> None:
+def require_resolution(
+    values: dict[str, Any],
+    expected: dict[str, Any],
+    *,
+    more: Iterable[str] = (),
+    missing: str = "not among the resolved ServerArgs fields",
+    where: str = "",
+) -> None:
     """The resolved-args check of every tier (contract: ServerArgs resolved here; smoke and gsm8k: a live server's
     /server_info): raise CheckFailure('args') naming each difference from ``expected`` and each of ``more``."""
     problems = check_resolution(values, expected, missing) + list(more)
@@ -342,15 +361,22 @@ def check_served_args(info: dict, topk: int, record_property) -> None:
     from mtpmatrix.serving.client import cuda_graph_disabled, find_arg
 
     if topk not in settings.DRAFT_TOKENS:  # a --server-url deployment may run any topk
-        raise CheckFailure("args", f"server runs speculative_eagle_topk={topk}; the seed suite covers "
-                                   f"{', '.join(map(str, settings.TOPKS))}")
+        raise CheckFailure(
+            "args",
+            f"server runs speculative_eagle_topk={topk}; the seed suite covers {', '.join(map(str, settings.TOPKS))}",
+        )
     want = settings.expected_resolution(topk)
     got = {k: find_arg(info, k, _ABSENT) for k in want}
     record_property("resolved", json.dumps({k: None if v is _ABSENT else v for k, v in got.items()}))
     disabled = cuda_graph_disabled(info)
     cuda = [] if disabled is False else [f"CUDA graph not on per /server_info (disabled={disabled})"]
-    require_resolution({k: v for k, v in got.items() if v is not _ABSENT}, want, more=cuda,
-                       missing="not in /server_info", where="/server_info ")
+    require_resolution(
+        {k: v for k, v in got.items() if v is not _ABSENT},
+        want,
+        more=cuda,
+        missing="not in /server_info",
+        where="/server_info ",
+    )
 
 
 def spec_worker_class(resolution: Resolution):

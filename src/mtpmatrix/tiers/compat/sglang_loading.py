@@ -54,8 +54,10 @@ def publish_server_args(resolution: Resolution) -> None:
         return
     legacy = getattr(sa_mod, "set_global_server_args_for_scheduler", None)
     if legacy is None:
-        raise AdapterError(f"sglang {sglang_version()}: no set_global_server_args_for_scheduler and no "
-                           "runtime_context.publish(ranks=...)")
+        raise AdapterError(
+            f"sglang {sglang_version()}: no set_global_server_args_for_scheduler and no "
+            "runtime_context.publish(ranks=...)"
+        )
     legacy(resolution.server_args)
 
 
@@ -68,8 +70,9 @@ def init_single_rank(resolution: Resolution, model_config=None) -> None:
     publish_server_args(resolution)
     if _DIST_READY:
         return
-    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                    distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+    ps.init_distributed_environment(
+        world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method=f"tcp://127.0.0.1:{free_port()}"
+    )
     # <= 0.5.17 takes the sizes as arguments; 0.5.23 reads them from the runtime context published above.
     if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
         ps.initialize_model_parallel(tensor_model_parallel_size=1)
@@ -78,8 +81,9 @@ def init_single_rank(resolution: Resolution, model_config=None) -> None:
     # The attention-DP placement the model layers read (0.5.23: get_parallel().attn_tp_rank); the server's
     # bootstrap calls it right after the model-parallel groups. Its signature differs per release.
     dp_mod = "sglang.srt.layers.dp_attention"
-    init_dp = getattr(importlib.import_module(dp_mod), "initialize_dp_attention", None) \
-        if module_exists(dp_mod) else None
+    init_dp = (
+        getattr(importlib.import_module(dp_mod), "initialize_dp_attention", None) if module_exists(dp_mod) else None
+    )
     if init_dp is not None:
         params = inspect.signature(init_dp).parameters
         kwargs = {"server_args": resolution.server_args}
@@ -98,8 +102,10 @@ def _adapter_step(fn, *args):
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        raise AdapterError(f"sglang {sglang_version()}: the adapter's single-rank CPU setup ({fn.__name__}) "
-                           f"failed: {type(exc).__name__}: {first}") from exc
+        raise AdapterError(
+            f"sglang {sglang_version()}: the adapter's single-rank CPU setup ({fn.__name__}) "
+            f"failed: {type(exc).__name__}: {first}"
+        ) from exc
 
 
 def load_models(resolution: Resolution) -> LoadedModels:
@@ -118,15 +124,16 @@ def load_models(resolution: Resolution) -> LoadedModels:
         _adapter_step(publish_server_args, resolution)
         target_cfg = ModelConfig.from_server_args(sa)  # sglang's own config -> model-config step: a real check
         _adapter_step(init_single_rank, resolution, target_cfg)
-        target = get_model(model_config=target_cfg, load_config=LoadConfig(load_format="auto"),
-                           device_config=device)
-        draft_cfg = ModelConfig.from_server_args(sa, model_path=values["speculative_draft_model_path"],
-                                                 is_draft_model=True)
-        assistant = get_model(model_config=draft_cfg, load_config=LoadConfig(load_format="auto"),
-                              device_config=device)
+        target = get_model(model_config=target_cfg, load_config=LoadConfig(load_format="auto"), device_config=device)
+        draft_cfg = ModelConfig.from_server_args(
+            sa, model_path=values["speculative_draft_model_path"], is_draft_model=True
+        )
+        assistant = get_model(model_config=draft_cfg, load_config=LoadConfig(load_format="auto"), device_config=device)
     return LoadedModels(
-        target=target, assistant=assistant,
-        target_class=type(target).__name__, assistant_class=type(assistant).__name__,
+        target=target,
+        assistant=assistant,
+        target_class=type(target).__name__,
+        assistant_class=type(assistant).__name__,
         target_params=sum(p.numel() for p in target.parameters()),
         assistant_params=sum(p.numel() for p in assistant.parameters()),
         seconds=round(time.monotonic() - t0, 3),
@@ -186,25 +193,42 @@ def spot_check(model, folder: str | Path, max_tensors: int = 6) -> list[str]:
     ordering = getattr(model, "token_ordering", None) if getattr(model, "use_ordered_embeddings", False) else None
     checked, problems = 0, []
     with safe_open(str(files[0]), "pt") as fh:
-        keys = [k for k in fh.keys() if k.endswith(("embed_tokens.weight", "q_proj.weight", "pre_projection.weight",
-                                                    "post_projection.weight", "norm.weight"))
-                and "vision" not in k and "audio" not in k]
+        keys = [
+            k
+            for k in fh.keys()
+            if k.endswith(
+                (
+                    "embed_tokens.weight",
+                    "q_proj.weight",
+                    "pre_projection.weight",
+                    "post_projection.weight",
+                    "norm.weight",
+                )
+            )
+            and "vision" not in k
+            and "audio" not in k
+        ]
         for key in keys:
             if checked >= max_tensors:
                 break
             tail = ".".join(key.split(".")[-3:])
             saved = fh.get_tensor(key)
-            candidates = [(n, p) for n, p in params.items()
-                          if n.endswith(tail) and tuple(p.shape) == tuple(saved.shape)]
+            candidates = [
+                (n, p) for n, p in params.items() if n.endswith(tail) and tuple(p.shape) == tuple(saved.shape)
+            ]
             if not candidates:
                 continue
             checked += 1
+
             def same(p):
                 loaded = p.detach().to(saved.dtype).cpu()
                 if torch.equal(loaded, saved):
                     return True
-                return (ordering is not None and key.endswith("embed_tokens.weight")
-                        and torch.equal(loaded, saved[ordering.long().cpu()]))
+                return (
+                    ordering is not None
+                    and key.endswith("embed_tokens.weight")
+                    and torch.equal(loaded, saved[ordering.long().cpu()])
+                )
 
             if not any(same(p) for _, p in candidates):
                 problems.append(f"{key}: loaded values differ from the checkpoint ({candidates[0][0]})")

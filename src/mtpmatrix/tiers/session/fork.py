@@ -31,9 +31,16 @@ from mtpmatrix.tiers.session import process as pytest_process
 
 MODULE = "mtpmatrix.tiers.session.fork"
 # what the reference tier imports (tests/tiers/test_reference.py), all of which the sglang process imports too
-SHARED_IMPORTS = ("pytest", "torch", "transformers", "transformers:AutoConfig", "transformers:AutoTokenizer",
-                  "transformers:Gemma4ForConditionalGeneration", "transformers:Gemma4AssistantForCausalLM",
-                  "transformers.generation.candidate_generator")
+SHARED_IMPORTS = (
+    "pytest",
+    "torch",
+    "transformers",
+    "transformers:AutoConfig",
+    "transformers:AutoTokenizer",
+    "transformers:Gemma4ForConditionalGeneration",
+    "transformers:Gemma4AssistantForCausalLM",
+    "transformers.generation.candidate_generator",
+)
 
 
 def gpu_present() -> bool:
@@ -83,9 +90,11 @@ def main(argv: list[str]) -> int:
     gc.set_threshold(*pytest_process.GC_THRESHOLDS)
     t0, cpu0 = time.monotonic(), time.process_time()
     forked = not gpu_present() and preimport(spec.get("imports", SHARED_IMPORTS))
-    sys.stderr.write(f"{MODULE}: {len(sys.modules)} modules imported in {time.monotonic() - t0:.1f} s "
-                     f"({time.process_time() - cpu0:.1f} s CPU), {'forking' if forked else 'starting'} "
-                     f"{len(groups)} pytest processes\n")
+    sys.stderr.write(
+        f"{MODULE}: {len(sys.modules)} modules imported in {time.monotonic() - t0:.1f} s "
+        f"({time.process_time() - cpu0:.1f} s CPU), {'forking' if forked else 'starting'} "
+        f"{len(groups)} pytest processes\n"
+    )
     # what was imported stays out of every later collection: a collection writes into each object it walks, so
     # the children's collections would copy the whole shared heap page by page (copy on write)
     gc.freeze()

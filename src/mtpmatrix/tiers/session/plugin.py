@@ -48,14 +48,25 @@ _COLLECTED_KEY = pytest.StashKey[dict]()  # {tier: [node ids]}: every check coll
 
 def pytest_addoption(parser):
     group = parser.getgroup("mtpmatrix")
-    group.addoption("--tiers", default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)),
-                    help="comma-separated tiers to run (default: all; env MTPMATRIX_TIERS)")
-    group.addoption("--mtp-results", default=os.environ.get("MTPMATRIX_RESULTS"),
-                    help="write tier verdicts as JSON to this path; server logs and GSM8K records go to its folder "
-                         "(env MTPMATRIX_RESULTS)")
-    group.addoption("--server-url", action="append", default=[], metavar="URL",
-                    help="run the gsm8k tier against this running sglang server instead of launching one "
-                         "(repeatable: add a no-MTP server of the same pair for speed-up and McNemar)")
+    group.addoption(
+        "--tiers",
+        default=os.environ.get("MTPMATRIX_TIERS", ",".join(TIERS)),
+        help="comma-separated tiers to run (default: all; env MTPMATRIX_TIERS)",
+    )
+    group.addoption(
+        "--mtp-results",
+        default=os.environ.get("MTPMATRIX_RESULTS"),
+        help="write tier verdicts as JSON to this path; server logs and GSM8K records go to its folder "
+        "(env MTPMATRIX_RESULTS)",
+    )
+    group.addoption(
+        "--server-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="run the gsm8k tier against this running sglang server instead of launching one "
+        "(repeatable: add a no-MTP server of the same pair for speed-up and McNemar)",
+    )
 
 
 def _tier_of(item) -> str | None:
@@ -208,8 +219,10 @@ def pytest_runtest_makereport(item, call):
         # fixtures, and a tier's time must include it.
         item.stash[_SETUP_SECONDS_KEY] = report.duration
     # One record per test: setup skips/errors, the call, or a teardown error.
-    if report.when == "call" or (report.when == "setup" and not report.passed) or (
-        report.when == "teardown" and report.failed
+    if (
+        report.when == "call"
+        or (report.when == "setup" and not report.passed)
+        or (report.when == "teardown" and report.failed)
     ):
         marker = item.get_closest_marker("check")
         declared = marker.args[0] if marker and marker.args else None
@@ -217,8 +230,9 @@ def pytest_runtest_makereport(item, call):
             "id": item.nodeid,
             "tier": tier,
             "outcome": report.outcome if report.when == "call" or report.skipped else "error",
-            "seconds": round(report.duration + (item.stash.get(_SETUP_SECONDS_KEY, 0.0)
-                                                if report.when == "call" else 0.0), 3),
+            "seconds": round(
+                report.duration + (item.stash.get(_SETUP_SECONDS_KEY, 0.0) if report.when == "call" else 0.0), 3
+            ),
             "cpu_seconds": round(item.stash.get(_CPU_KEY, 0.0), 3),
             "metrics": {k: v for k, v in item.user_properties},
         }
@@ -318,16 +332,19 @@ def pytest_sessionfinish(session, exitstatus):
     # again); then a session that stopped early is an error whatever its checks hit, known upstream ones included
     tiers = expected.judge_tiers(summarize(records), chosen, versions, session.config.stash.get(_KNOWN_KEY, None))
     tiers = mark_incomplete(tiers, _selected_tiers(session.config), exitstatus, _collection_errors(session))
-    atomic_write_json(path, {
-        "schema": SCHEMA,
-        "fingerprint": suite_fingerprint(),  # which suite wrote this: the report refuses another suite's records
-        "tiers": tiers,
-        "selection": chosen,
-        "versions": versions,
-        "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
-        "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
-        "exitstatus": int(exitstatus),
-    })
+    atomic_write_json(
+        path,
+        {
+            "schema": SCHEMA,
+            "fingerprint": suite_fingerprint(),  # which suite wrote this: the report refuses another suite's records
+            "tiers": tiers,
+            "selection": chosen,
+            "versions": versions,
+            "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
+            "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
+            "exitstatus": int(exitstatus),
+        },
+    )
 
 
 def pytest_report_header(config):

@@ -25,6 +25,7 @@ FAMILIES: tuple[str, ...] = ("stops", "logprobs", "features", "mixed_sampling", 
 @dataclass(frozen=True)
 class Exchange:
     """One request of a family and what came back: the response ({} when the request failed) or the error."""
+
     label: str
     payload: dict
     response: dict

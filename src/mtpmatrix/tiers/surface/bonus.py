@@ -37,8 +37,10 @@ class Planned:
 
 
 def plan() -> list[Planned]:
-    return [Planned(f"bonus:{i}", pb.prompt(i, PROMPT_LEN), pb.GROUPS[i % len(pb.GROUPS)], SEED_BASE + i)
-            for i in range(N_REQUESTS)]
+    return [
+        Planned(f"bonus:{i}", pb.prompt(i, PROMPT_LEN), pb.GROUPS[i % len(pb.GROUPS)], SEED_BASE + i)
+        for i in range(N_REQUESTS)
+    ]
 
 
 def bonus_positions(new_tokens: int = NEW_TOKENS) -> int:
@@ -48,9 +50,17 @@ def bonus_positions(new_tokens: int = NEW_TOKENS) -> int:
 
 def payload(p: Planned) -> dict:
     g = p.group
-    return {"input_ids": list(p.prompt),
-            "sampling_params": {"temperature": g.temperature, "top_k": g.top_k, "top_p": g.top_p,
-                                "max_new_tokens": p.new_tokens, "ignore_eos": True, "sampling_seed": p.seed}}
+    return {
+        "input_ids": list(p.prompt),
+        "sampling_params": {
+            "temperature": g.temperature,
+            "top_k": g.top_k,
+            "top_p": g.top_p,
+            "max_new_tokens": p.new_tokens,
+            "ignore_eos": True,
+            "sampling_seed": p.seed,
+        },
+    }
 
 
 def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
@@ -62,8 +72,11 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
 def streams(exchanges) -> list[tuple[str, SamplingGroup, tuple[int, ...], list[int]]]:
     """(label, group, prompt, output ids) of every planned request that came back, for pairs.sampled_bonus."""
     planned = {p.label: p for p in plan()}
-    return [(x.label, planned[x.label].group, planned[x.label].prompt, x.output_ids) for x in exchanges
-            if x.label in planned]
+    return [
+        (x.label, planned[x.label].group, planned[x.label].prompt, x.output_ids)
+        for x in exchanges
+        if x.label in planned
+    ]
 
 
 def full_steps(meta: dict, steps: int = pb.STEPS) -> tuple[int | None, int | None]:

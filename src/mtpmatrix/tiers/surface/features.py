@@ -103,8 +103,12 @@ def _witness_payload(label: str) -> dict:
         params["ignore_eos"] = True
     if label.startswith("min-new-tokens"):
         params["stop_token_ids"] = [want[STOP_POSITION - 1]]  # ignore_eos stays off: it would ignore these too
-    return {"input_ids": witness_prompt(label), "sampling_params": params, "return_logprob": True,
-            "top_logprobs_num": TOP_N}
+    return {
+        "input_ids": witness_prompt(label),
+        "sampling_params": params,
+        "return_logprob": True,
+        "top_logprobs_num": TOP_N,
+    }
 
 
 def min_p_prompt(i: int) -> list[int]:
@@ -116,9 +120,16 @@ def min_p_prompt(i: int) -> list[int]:
 def _min_p_payload(i: int) -> dict:
     from mtpmatrix.pairs import sampled
 
-    return {"input_ids": min_p_prompt(i),
-            "sampling_params": {"temperature": sampled.TEMPERATURE, "min_p": MIN_P, "max_new_tokens": MIN_P_NEW_TOKENS,
-                                "ignore_eos": True, "sampling_seed": MIN_P_SEED_BASE + i}}
+    return {
+        "input_ids": min_p_prompt(i),
+        "sampling_params": {
+            "temperature": sampled.TEMPERATURE,
+            "min_p": MIN_P,
+            "max_new_tokens": MIN_P_NEW_TOKENS,
+            "ignore_eos": True,
+            "sampling_seed": MIN_P_SEED_BASE + i,
+        },
+    }
 
 
 def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
@@ -143,8 +154,10 @@ def min_p_kept_ratios() -> dict[int, float]:
     from mtpmatrix.pairs import sampled
 
     top = sampled.softcap(sampled.TARGET_LOGITS[0])
-    return {d: math.exp((sampled.softcap(x) - top) / sampled.TEMPERATURE)
-            for d, x in zip(sampled.OFFSETS, sampled.TARGET_LOGITS)}
+    return {
+        d: math.exp((sampled.softcap(x) - top) / sampled.TEMPERATURE)
+        for d, x in zip(sampled.OFFSETS, sampled.TARGET_LOGITS)
+    }
 
 
 def predicted(label: str, output: list[int], *, mtp_intact_sglang: bool = False) -> str | None:
@@ -155,31 +168,41 @@ def predicted(label: str, output: list[int], *, mtp_intact_sglang: bool = False)
     if label == "logit-bias":
         k = BIAS_POSITION - 1
         if output[:k] != want[:k] or len(output) != MAX_NEW_TOKENS:
-            return f"expected the chain {want[:k]} then {MAX_NEW_TOKENS - k} more tokens, got {output[:k + 2]}..."
+            return f"expected the chain {want[:k]} then {MAX_NEW_TOKENS - k} more tokens, got {output[: k + 2]}..."
         if want[k] in output:
             return f"biased token {want[k]} (logit_bias {BIAS}) was emitted at output {output.index(want[k]) + 1}"
         return None
     if label == "min-new-tokens-masked":
         stop = want[STOP_POSITION - 1]
-        if output[:STOP_POSITION - 1] != want[:STOP_POSITION - 1] or stop in output or len(output) != MAX_NEW_TOKENS:
-            return (f"expected the chain's first {STOP_POSITION - 1} tokens, never the stop token {stop} "
-                    f"(min_new_tokens {MAX_NEW_TOKENS}), {MAX_NEW_TOKENS} tokens; got {len(output)}: {output[:12]}...")
+        if output[: STOP_POSITION - 1] != want[: STOP_POSITION - 1] or stop in output or len(output) != MAX_NEW_TOKENS:
+            return (
+                f"expected the chain's first {STOP_POSITION - 1} tokens, never the stop token {stop} "
+                f"(min_new_tokens {MAX_NEW_TOKENS}), {MAX_NEW_TOKENS} tokens; got {len(output)}: {output[:12]}..."
+            )
         return None
     if label == "min-new-tokens-released":
         stop = want[STOP_POSITION - 1]
         if mtp_intact_sglang:  # the stop token stays masked: the counter is 2 verify steps, below 8
-            ok = output[:STOP_POSITION - 1] == want[:STOP_POSITION - 1] and stop not in output[:STOP_POSITION]
+            ok = output[: STOP_POSITION - 1] == want[: STOP_POSITION - 1] and stop not in output[:STOP_POSITION]
         else:
             ok = output == want[:STOP_POSITION]
-        return None if ok else (f"expected the chain up to the stop token {stop} at output {STOP_POSITION} "
-                                f"(min_new_tokens {RELEASED_MIN_NEW} tokens precede it), then the end; got "
-                                f"{len(output)} tokens: {output[:12]}{'...' if len(output) > 12 else ''}")
+        return (
+            None
+            if ok
+            else (
+                f"expected the chain up to the stop token {stop} at output {STOP_POSITION} "
+                f"(min_new_tokens {RELEASED_MIN_NEW} tokens precede it), then the end; got "
+                f"{len(output)} tokens: {output[:12]}{'...' if len(output) > 12 else ''}"
+            )
+        )
     if "penalty" in label:
         if output != want:
             first = next((i for i, (a, b) in enumerate(zip(output, want)) if a != b), min(len(output), len(want)))
-            return (f"a penalty on earlier tokens cannot move the witness's peak (margin "
-                    f"{logprobs.PEAK - logprobs.RUNNER_UP - 2:.2f} nats): expected the chain, got {len(output)} "
-                    f"tokens leaving it at output {first + 1}: {output[first:first + 3]}")
+            return (
+                f"a penalty on earlier tokens cannot move the witness's peak (margin "
+                f"{logprobs.PEAK - logprobs.RUNNER_UP - 2:.2f} nats): expected the chain, got {len(output)} "
+                f"tokens leaving it at output {first + 1}: {output[first : first + 3]}"
+            )
         return None
     return None  # repetition-boost: held to no-MTP only
 
@@ -206,7 +229,9 @@ def divergence(label: str, got: list[int], ref_ex) -> str | None:
     if gap is not None and gap <= bound:
         return None
     where = logprobs.position_label(pos)
-    return (f"{label}: output differs from no-MTP at {where}: MTP {got[pos:pos + 3]}, no-MTP {ref[pos:pos + 3]} "
-            f"({len(got)} vs {len(ref)} tokens); no-MTP margin there "
-            f"{f'n/a (MTP token not in its top {TOP_N})' if gap is None else f'{gap:.3f} nats'}"
-            + (f" (near-tie bound {bound:.3f})" if label in TIE_SCALE else ""))
+    return (
+        f"{label}: output differs from no-MTP at {where}: MTP {got[pos : pos + 3]}, no-MTP {ref[pos : pos + 3]} "
+        f"({len(got)} vs {len(ref)} tokens); no-MTP margin there "
+        f"{f'n/a (MTP token not in its top {TOP_N})' if gap is None else f'{gap:.3f} nats'}"
+        + (f" (near-tie bound {bound:.3f})" if label in TIE_SCALE else "")
+    )

@@ -57,8 +57,8 @@ PEAK = softcap(LOGIT_PEAK)  # 17.48
 RUNNER_UP = softcap(LOGIT_PEAK * (1.0 - CODE_MARGIN))  # 9.82: the largest any other token reaches
 GAP = PEAK - RUNNER_UP  # 7.66 nats
 OWN_FLOOR = -math.log1p((VOCAB - 1) * math.exp(-GAP))  # -0.216: the right node's own logprob is above it
-BF16_ULP_16_32 = 2.0 ** -3  # bf16 spacing for |x| in [16, 32)
-LOGIT_ERROR = BF16_ULP_16_32 + BF16_ULP_16_32 + 2.0 ** -8 * LOGIT_PEAK  # GEMM output, softcap, hidden: 0.328
+BF16_ULP_16_32 = 2.0**-3  # bf16 spacing for |x| in [16, 32)
+LOGIT_ERROR = BF16_ULP_16_32 + BF16_ULP_16_32 + 2.0**-8 * LOGIT_PEAK  # GEMM output, softcap, hidden: 0.328
 TOLERANCE_NATS = 2 * LOGIT_ERROR  # 0.656: |logprob(MTP) - logprob(no MTP)| for one entry, temperature 1
 SCALED_TEMPERATURE = 0.5
 REFERENCE_SERVER = "witness-nomtp"
@@ -81,14 +81,24 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
     if spec.pair != PAIR:
         return []
     out = []
-    for label, starts, extra in (("greedy", GREEDY_STARTS, {"temperature": 0.0}),
-                                 ("input", INPUT_STARTS, {"temperature": 0.0}),
-                                 ("scaled", SCALED_STARTS, {"temperature": SCALED_TEMPERATURE, "top_k": 1})):
+    for label, starts, extra in (
+        ("greedy", GREEDY_STARTS, {"temperature": 0.0}),
+        ("input", INPUT_STARTS, {"temperature": 0.0}),
+        ("scaled", SCALED_STARTS, {"temperature": SCALED_TEMPERATURE, "top_k": 1}),
+    ):
         for s in starts:
-            out.append((f"{label}-{s}", {
-                "input_ids": chain_prompt(s),
-                "sampling_params": {**extra, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
-                "return_logprob": True, "top_logprobs_num": TOP_N, "logprob_start_len": 0}))
+            out.append(
+                (
+                    f"{label}-{s}",
+                    {
+                        "input_ids": chain_prompt(s),
+                        "sampling_params": {**extra, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
+                        "return_logprob": True,
+                        "top_logprobs_num": TOP_N,
+                        "logprob_start_len": 0,
+                    },
+                )
+            )
     return out
 
 
@@ -133,12 +143,16 @@ def own_problems(ex) -> list[str]:
     out, meta = ex.output_ids, ex.meta
     if out != want:
         first = next((i for i, (a, b) in enumerate(zip(out, want)) if a != b), min(len(out), len(want)))
-        return [f"{ex.label}: output ids leave the +1 chain at {position_label(first)}: got {out[first:first + 3]}, "
-                f"expected {want[first:first + 3]} ({len(out)} tokens, {MAX_NEW_TOKENS} expected)"]
+        return [
+            f"{ex.label}: output ids leave the +1 chain at {position_label(first)}: got {out[first : first + 3]}, "
+            f"expected {want[first : first + 3]} ({len(out)} tokens, {MAX_NEW_TOKENS} expected)"
+        ]
     tok, top = token_logprobs(meta), top_logprobs(meta)
     if len(tok) != len(out) or len(top) != len(out):
-        return [f"{ex.label}: {len(tok)} output_token_logprobs and {len(top)} output_top_logprobs for {len(out)} "
-                f"output tokens"]
+        return [
+            f"{ex.label}: {len(tok)} output_token_logprobs and {len(top)} output_top_logprobs for {len(out)} "
+            f"output tokens"
+        ]
     problems = []
     floor = OWN_FLOOR / temperature_of(ex.payload)
     for i, ((lp, tid), ranked, o) in enumerate(zip(tok, top, out)):
@@ -148,16 +162,19 @@ def own_problems(ex) -> list[str]:
         elif not ranked or ranked[0][1] != o:
             problems.append(f"{where}: top-1 logprob is token {ranked[0][1] if ranked else None}, the output is {o}")
         elif lp is None or lp < floor:
-            problems.append(f"{where}: token {o} has logprob {lp}, below {floor:.3f} (the right node's own token is "
-                            f"the row's peak; a neighbouring node's reading is <= "
-                            f"{-GAP / temperature_of(ex.payload):.2f})")
+            problems.append(
+                f"{where}: token {o} has logprob {lp}, below {floor:.3f} (the right node's own token is "
+                f"the row's peak; a neighbouring node's reading is <= "
+                f"{-GAP / temperature_of(ex.payload):.2f})"
+            )
         elif abs(ranked[0][0] - lp) > 1e-6:
             problems.append(f"{where}: token logprob {lp} differs from its own top-1 logprob {ranked[0][0]}")
     return problems
 
 
-def compare_rows(label: str, where: str, got: list[tuple[float, int]], ref: list[tuple[float, int]],
-                 tol: float) -> str | None:
+def compare_rows(
+    label: str, where: str, got: list[tuple[float, int]], ref: list[tuple[float, int]], tol: float
+) -> str | None:
     """One position's top logprobs against the reference's: same rank-1 token, every token both list within
     ``tol`` nats. Runner-ups may swap between ranks 2..TOP_N (bf16 near-ties), so only shared ids are compared."""
     if not got or not ref:
@@ -168,8 +185,10 @@ def compare_rows(label: str, where: str, got: list[tuple[float, int]], ref: list
     worst = max(((abs(lp - ref_of[tid]), tid, lp) for lp, tid in got if tid in ref_of), default=None)
     if worst and worst[0] > tol:
         d, tid, lp = worst
-        return (f"{label} {where}: token {tid} logprob {lp:.4f}, no-MTP {ref_of[tid]:.4f}: differs by {d:.3f} > "
-                f"{tol:.3f} nats (bf16 bound; a neighbouring node's reading is off by >= {GAP:.2f})")
+        return (
+            f"{label} {where}: token {tid} logprob {lp:.4f}, no-MTP {ref_of[tid]:.4f}: differs by {d:.3f} > "
+            f"{tol:.3f} nats (bf16 bound; a neighbouring node's reading is off by >= {GAP:.2f})"
+        )
     return None
 
 
@@ -190,8 +209,10 @@ def compare_exchange(ex, ref) -> list[str]:
         if why is None and i < len(tok) and i < len(ref_tok) and None not in (tok[i][0], ref_tok[i][0]):
             d = abs(tok[i][0] - ref_tok[i][0])
             if d > tol:
-                why = (f"{ex.label} {where}: output token logprob {tok[i][0]:.4f}, no-MTP {ref_tok[i][0]:.4f}: "
-                       f"differs by {d:.3f} > {tol:.3f} nats")
+                why = (
+                    f"{ex.label} {where}: output token logprob {tok[i][0]:.4f}, no-MTP {ref_tok[i][0]:.4f}: "
+                    f"differs by {d:.3f} > {tol:.3f} nats"
+                )
         if why:
             problems.append(why)
     return problems
@@ -221,8 +242,10 @@ def input_problems(exchanges) -> list[str]:
         tok = token_logprobs(ex.meta, "input_token_logprobs")
         top = top_logprobs(ex.meta, "input_top_logprobs")
         if [t for _lp, t in tok] != prompt or len(top) != len(prompt):
-            problems.append(f"{ex.label}: input logprobs cover tokens {[t for _lp, t in tok]} ({len(top)} top "
-                            f"rows), the prompt is {prompt}")
+            problems.append(
+                f"{ex.label}: input logprobs cover tokens {[t for _lp, t in tok]} ({len(top)} top "
+                f"rows), the prompt is {prompt}"
+            )
             continue
         if tok[0][0] is not None:
             problems.append(f"{ex.label}: the first prompt token has input logprob {tok[0][0]} (nothing precedes it)")
@@ -232,8 +255,10 @@ def input_problems(exchanges) -> list[str]:
             lp, ranked = tok[p][0], top[p]
             where = f"{ex.label} input {p} (token {prompt[p]} after {prompt[p - 1]})"
             if not ranked or ranked[0][1] != prompt[p] or lp is None or lp < floor:
-                problems.append(f"{where}: logprob {lp}, rank 1 {ranked[0] if ranked else None}: the token is its "
-                                f"row's peak, so rank 1 with logprob >= {floor:.3f}")
+                problems.append(
+                    f"{where}: logprob {lp}, rank 1 {ranked[0] if ranked else None}: the token is its "
+                    f"row's peak, so rank 1 with logprob >= {floor:.3f}"
+                )
                 continue
             if temperature_of(ex.payload) == 1.0 and prompt[p - 1] in rows:
                 src, out_row = rows[prompt[p - 1]]

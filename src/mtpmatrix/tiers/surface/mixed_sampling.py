@@ -79,8 +79,14 @@ def payload(p: Planned) -> dict:
         params = {"temperature": 0.0, "max_new_tokens": p.new_tokens, "ignore_eos": True}
     else:
         g = p.group
-        params = {"temperature": g.temperature, "top_k": g.top_k, "top_p": g.top_p, "max_new_tokens": p.new_tokens,
-                  "ignore_eos": True, "sampling_seed": p.seed}
+        params = {
+            "temperature": g.temperature,
+            "top_k": g.top_k,
+            "top_p": g.top_p,
+            "max_new_tokens": p.new_tokens,
+            "ignore_eos": True,
+            "sampling_seed": p.seed,
+        }
     return {"input_ids": list(p.prompt), "sampling_params": params}
 
 
@@ -122,9 +128,11 @@ def greedy_problems(exchanges) -> tuple[list[str], int]:
             pos = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
             prev = p.prompt[-1] if pos == 0 else want[pos - 1]
             tok = got[pos] if pos < len(got) else None
-            bad.append(f"{x.label} (prompt ends {p.prompt[-1]}): {len(got)} tokens for {len(want)}, first wrong at "
-                       f"position {pos}: {prev} -> {tok} (offset {sampled.offset_of(prev, tok) if tok else None}), "
-                       f"greedy chain {want[pos] if pos < len(want) else None} (offset {GREEDY_OFFSET})")
+            bad.append(
+                f"{x.label} (prompt ends {p.prompt[-1]}): {len(got)} tokens for {len(want)}, first wrong at "
+                f"position {pos}: {prev} -> {tok} (offset {sampled.offset_of(prev, tok) if tok else None}), "
+                f"greedy chain {want[pos] if pos < len(want) else None} (offset {GREEDY_OFFSET})"
+            )
     return bad, n
 
 
@@ -132,12 +140,18 @@ def repeat_pairs(exchanges) -> list[tuple]:
     """(original exchange, repeat exchange) for every repeat copy."""
     by_label = {x.label: x for x in exchanges}
     planned = planned_by_label()
-    return [(by_label.get(planned[x.label].repeat_of), x) for x in exchanges
-            if x.label in planned and planned[x.label].kind == "repeat"]
+    return [
+        (by_label.get(planned[x.label].repeat_of), x)
+        for x in exchanges
+        if x.label in planned and planned[x.label].kind == "repeat"
+    ]
 
 
 def sampled_streams(exchanges) -> list[tuple[Planned, list[int]]]:
     """(planned, output ids) of the hot and cold requests (not the repeats): the family's distribution sample."""
     planned = planned_by_label()
-    return [(planned[x.label], x.output_ids) for x in exchanges
-            if x.label in planned and planned[x.label].kind in ("hot", "cold")]
+    return [
+        (planned[x.label], x.output_ids)
+        for x in exchanges
+        if x.label in planned and planned[x.label].kind in ("hot", "cold")
+    ]

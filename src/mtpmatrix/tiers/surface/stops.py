@@ -93,8 +93,11 @@ def predicted_counters(n: int) -> dict:
     output tokens: every step accepts all NUM_STEPS drafts, the stop cuts none of them from the count."""
     v = verify_steps(n)
     hist = [0] * settings.NUM_STEPS + [v] if v else []
-    return {"spec_verify_ct": v, "spec_num_correct_drafts": settings.NUM_STEPS * v,
-            "spec_correct_drafts_histogram": hist}
+    return {
+        "spec_verify_ct": v,
+        "spec_num_correct_drafts": settings.NUM_STEPS * v,
+        "spec_correct_drafts_histogram": hist,
+    }
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,16 @@ def _str_case(label: str, first_char: str, position: int, stop: str, note: str) 
     text = "".join(token_text(t) for t in out)
     if not text.endswith(stop) or text.count(stop) != 1:
         raise ValueError(f"{label}: stop string {stop!r} must end the output text {text!r} and occur once")
-    return Case(label, "stop", last, position, stop=(stop,), finish=({"type": "stop", "matched": stop},),
-                text=text[:text.find(stop)], note=note)
+    return Case(
+        label,
+        "stop",
+        last,
+        position,
+        stop=(stop,),
+        finish=({"type": "stop", "matched": stop},),
+        text=text[: text.find(stop)],
+        note=note,
+    )
 
 
 def cases(vocab: int) -> list[Case]:
@@ -138,37 +149,118 @@ def cases(vocab: int) -> list[Case]:
     length = ({"type": "length", "length": LIMIT},)
     out = [
         # END_OF_TURN_ID is an EOS only through generation_config: the first token, from the prefill
-        Case("eot-prefill", "stop", _eos_at(1, END_OF_TURN_ID, vocab), 1, finish=stop_tok(END_OF_TURN_ID),
-             note="generation_config EOS 12 as the prefill token"),
+        Case(
+            "eot-prefill",
+            "stop",
+            _eos_at(1, END_OF_TURN_ID, vocab),
+            1,
+            finish=stop_tok(END_OF_TURN_ID),
+            note="generation_config EOS 12 as the prefill token",
+        ),
         # EOS_ID through the wrap 509, 510, 511, 0, 1 (ids >= 366 are <unusedN>, 0 PAD: no special id in a prompt)
-        Case("eos-inside", "stop", _eos_at(10, EOS_ID, vocab), 10, finish=stop_tok(EOS_ID),
-             note="EOS at position 10, step 2 draft 3"),
-        Case("eos-bonus", "stop", _eos_at(13, EOS_ID, vocab), 13, finish=stop_tok(EOS_ID),
-             note="EOS at position 13, step 2 bonus"),
-        Case("stop-token-prefill", "stop", 170, 1, stop_token_ids=(171,), finish=stop_tok(171),
-             note="stop_token_ids at position 1, the prefill token"),
-        Case("stop-token-inside", "stop", 150, 4, stop_token_ids=(154, 160), finish=stop_tok(154),
-             note="stop_token_ids at position 4, step 1 draft 3 (a second id later must not matter)"),
-        Case("stop-token-bonus", "stop", 160, 7, stop_token_ids=(167,), finish=stop_tok(167),
-             note="stop_token_ids at position 7, step 1 bonus"),
+        Case(
+            "eos-inside",
+            "stop",
+            _eos_at(10, EOS_ID, vocab),
+            10,
+            finish=stop_tok(EOS_ID),
+            note="EOS at position 10, step 2 draft 3",
+        ),
+        Case(
+            "eos-bonus",
+            "stop",
+            _eos_at(13, EOS_ID, vocab),
+            13,
+            finish=stop_tok(EOS_ID),
+            note="EOS at position 13, step 2 bonus",
+        ),
+        Case(
+            "stop-token-prefill",
+            "stop",
+            170,
+            1,
+            stop_token_ids=(171,),
+            finish=stop_tok(171),
+            note="stop_token_ids at position 1, the prefill token",
+        ),
+        Case(
+            "stop-token-inside",
+            "stop",
+            150,
+            4,
+            stop_token_ids=(154, 160),
+            finish=stop_tok(154),
+            note="stop_token_ids at position 4, step 1 draft 3 (a second id later must not matter)",
+        ),
+        Case(
+            "stop-token-bonus",
+            "stop",
+            160,
+            7,
+            stop_token_ids=(167,),
+            finish=stop_tok(167),
+            note="stop_token_ids at position 7, step 1 bonus",
+        ),
         _str_case("stop-str-prefill", "+", 1, "+", "stop string on the prefill token"),
         _str_case("stop-str-inside", "5", 16, "CD", "two-token stop string ending at position 16, step 3 draft 3"),
         _str_case("stop-str-bonus", "?", 13, "JK", "two-token stop string ending at position 13, step 2 bonus"),
         # an EOS at 10 and a stop string completed at 12 ('<unk>' is token 3), both in step 2: the EOS comes first
-        Case("eos-before-stop-str", "stop", _eos_at(10, EOS_ID, vocab), 10, stop=("<unk>",),
-             finish=stop_tok(EOS_ID), note="EOS at position 10, a stop string at 12, same verify step"),
+        Case(
+            "eos-before-stop-str",
+            "stop",
+            _eos_at(10, EOS_ID, vocab),
+            10,
+            stop=("<unk>",),
+            finish=stop_tok(EOS_ID),
+            note="EOS at position 10, a stop string at 12, same verify step",
+        ),
         # max_new_tokens not 1 + 6k: cut inside step 2
-        Case("length-mid-step", "length", 180, LIMIT, max_new_tokens=LIMIT, finish=length,
-             note="max_new_tokens 10 inside step 2 (positions 8-13)"),
-        Case("length-one", "length", 185, 1, max_new_tokens=1, finish=({"type": "length", "length": 1},),
-             note="max_new_tokens 1: the prefill token alone"),
-        Case("length-eos-before-limit", "length", _eos_at(9, EOS_ID, vocab), 9, max_new_tokens=LIMIT,
-             finish=stop_tok(EOS_ID), note="EOS at position 9 inside the step that crosses max_new_tokens 10"),
-        Case("length-eos-after-limit", "length", _eos_at(12, EOS_ID, vocab), LIMIT, max_new_tokens=LIMIT,
-             finish=length, note="EOS at position 12, past max_new_tokens 10, in the crossing step"),
+        Case(
+            "length-mid-step",
+            "length",
+            180,
+            LIMIT,
+            max_new_tokens=LIMIT,
+            finish=length,
+            note="max_new_tokens 10 inside step 2 (positions 8-13)",
+        ),
+        Case(
+            "length-one",
+            "length",
+            185,
+            1,
+            max_new_tokens=1,
+            finish=({"type": "length", "length": 1},),
+            note="max_new_tokens 1: the prefill token alone",
+        ),
+        Case(
+            "length-eos-before-limit",
+            "length",
+            _eos_at(9, EOS_ID, vocab),
+            9,
+            max_new_tokens=LIMIT,
+            finish=stop_tok(EOS_ID),
+            note="EOS at position 9 inside the step that crosses max_new_tokens 10",
+        ),
+        Case(
+            "length-eos-after-limit",
+            "length",
+            _eos_at(12, EOS_ID, vocab),
+            LIMIT,
+            max_new_tokens=LIMIT,
+            finish=length,
+            note="EOS at position 12, past max_new_tokens 10, in the crossing step",
+        ),
         # 0.5.13/0.5.17: length (checked first); 0.5.23: stop (tokens first, capped only past the limit)
-        Case("length-eos-at-limit", "length", _eos_at(LIMIT, EOS_ID, vocab), LIMIT, max_new_tokens=LIMIT,
-             finish=length + stop_tok(EOS_ID), note="EOS exactly at max_new_tokens 10"),
+        Case(
+            "length-eos-at-limit",
+            "length",
+            _eos_at(LIMIT, EOS_ID, vocab),
+            LIMIT,
+            max_new_tokens=LIMIT,
+            finish=length + stop_tok(EOS_ID),
+            note="EOS exactly at max_new_tokens 10",
+        ),
     ]
     for c in out:  # the chain must stay clear of EOS / END_OF_TURN / the stop ids before the predicted end
         ends = {EOS_ID, END_OF_TURN_ID, *c.stop_token_ids}
@@ -221,8 +313,10 @@ def output_problems(case: Case, exchange, vocab: int, reference=None) -> list[st
     out = []
     if got != want:
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        out.append(f"output_ids {_short(got)} (len {len(got)}) != predicted {_short(want)} (len {len(want)}), first "
-                   f"difference at position {first + 1} ({where(first + 1)})")
+        out.append(
+            f"output_ids {_short(got)} (len {len(got)}) != predicted {_short(want)} (len {len(want)}), first "
+            f"difference at position {first + 1} ({where(first + 1)})"
+        )
     if not _finish_ok(case, finish):
         out.append(f"finish_reason {finish} != predicted {' or '.join(map(str, case.finish))}")
     if case.text is not None and exchange.response.get("text") != case.text:
@@ -243,12 +337,10 @@ def counter_problems(n: int, meta: dict) -> list[str]:
     verify = meta.get("spec_verify_ct") or 0
     if verify != want["spec_verify_ct"]:
         out.append(f"spec_verify_ct {verify} != predicted {want['spec_verify_ct']}")
-    correct = next((meta[k] for k in ("spec_num_correct_drafts", "spec_accepted_drafts") if meta.get(k) is not None),
-                   0)
+    correct = next((meta[k] for k in ("spec_num_correct_drafts", "spec_accepted_drafts") if meta.get(k) is not None), 0)
     if correct != want["spec_num_correct_drafts"]:
         out.append(f"spec_num_correct_drafts {correct} != predicted {want['spec_num_correct_drafts']}")
-    hist = list(next((meta[k] for k in ("spec_correct_drafts_histogram", "spec_accept_histogram") if meta.get(k)),
-                     []))
+    hist = list(next((meta[k] for k in ("spec_correct_drafts_histogram", "spec_accept_histogram") if meta.get(k)), []))
     while hist and hist[-1] == 0:
         hist.pop()
     if hist != want["spec_correct_drafts_histogram"]:
@@ -256,8 +348,9 @@ def counter_problems(n: int, meta: dict) -> list[str]:
     return out
 
 
-def accounting_problems(case: Case, exchange, *, fields: tuple[str, ...] | None, draft_tokens: int | None,
-                        steps: int = settings.NUM_STEPS) -> list[str]:
+def accounting_problems(
+    case: Case, exchange, *, fields: tuple[str, ...] | None, draft_tokens: int | None, steps: int = settings.NUM_STEPS
+) -> list[str]:
     """What a finished request's response contradicts in itself, whatever the release's conventions: completion
     tokens = len(output_ids) <= max_new_tokens; a length finish used exactly max_new_tokens; a matched stop token
     ends output_ids and is an EOS or a requested stop id; a matched string is a requested one; and (MTP,
@@ -281,8 +374,10 @@ def accounting_problems(case: Case, exchange, *, fields: tuple[str, ...] | None,
             out.append(f"finish_reason {finish} with completion_tokens {n}, max_new_tokens {case.max_new_tokens}")
     elif kind == "stop" and isinstance(matched, int) and not isinstance(matched, bool):
         if not ids or ids[-1] != matched or matched not in {EOS_ID, END_OF_TURN_ID, *case.stop_token_ids}:
-            out.append(f"finish_reason {finish} but output_ids end {ids[-3:]} (stop ids: EOS {EOS_ID}, "
-                       f"{END_OF_TURN_ID}, requested {list(case.stop_token_ids)})")
+            out.append(
+                f"finish_reason {finish} but output_ids end {ids[-3:]} (stop ids: EOS {EOS_ID}, "
+                f"{END_OF_TURN_ID}, requested {list(case.stop_token_ids)})"
+            )
     elif kind == "stop" and isinstance(matched, str):
         if matched not in case.stop:
             out.append(f"finish_reason {finish} matched no requested stop string {list(case.stop)}")
