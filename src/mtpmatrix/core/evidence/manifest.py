@@ -109,21 +109,26 @@ def read(run_dir: Path) -> dict | None:
     return merged
 
 
+def _planned(run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: dict) -> dict:
+    """A manifest as a run plans it, before any row has run."""
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "created": now(),
+        "fingerprint": fingerprint,
+        "invocation": invocation,
+        "rows": dict(rows),
+        "not_run": {},
+        "resumed": [],
+    }
+
+
 def ensure(run_dir: Path, run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: dict) -> dict:
     """The run's manifest, written now if the run has none; an existing one (--resume, the next row of the same nox
     invocation, another import into the run) gains the rows it lacks and keeps the rest as planned."""
     current = _read_file(path(run_dir))
     if current is None:
-        current = {
-            "schema": SCHEMA,
-            "run_id": run_id,
-            "created": now(),
-            "fingerprint": fingerprint,
-            "invocation": invocation,
-            "rows": dict(rows),
-            "not_run": {},
-            "resumed": [],
-        }
+        current = _planned(run_id, rows, invocation, fingerprint)
         atomic_write_json(path(run_dir), current)
         return current
     added = {rid: r for rid, r in rows.items() if rid not in current["rows"]}
@@ -184,17 +189,5 @@ def write_named(
 ) -> Path:
     """A pipeline's plan of the whole run, written before any row starts, as ``manifest-<name>.json``."""
     f = Path(run_dir) / f"manifest-{name}.json"
-    atomic_write_json(
-        f,
-        {
-            "schema": SCHEMA,
-            "run_id": run_id,
-            "created": now(),
-            "fingerprint": fingerprint,
-            "invocation": invocation,
-            "rows": dict(rows),
-            "not_run": {},
-            "resumed": [],
-        },
-    )
+    atomic_write_json(f, _planned(run_id, rows, invocation, fingerprint))
     return f
