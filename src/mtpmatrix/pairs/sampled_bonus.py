@@ -3,8 +3,9 @@ accepts all its drafts and its 6th token is the bonus token, sampled at T > 0 fr
 
 On the ring (pairs.sampled) the drafter proposes the target's third choice, so a verify step accepts all five
 drafts in < 0.4 % of steps and the bonus token sampled after a fully accepted step is effectively never tested.
-This region lives in the same target and drafter (``make_sampled`` calls ``write_target`` / ``write_drafter``), on
-tokens and hidden dimensions the ring does not use, so the ring's weights, logits and outputs do not change.
+This region lives in the same target and drafter (``sampled_weights.make_sampled`` calls ``write_target`` /
+``write_drafter``), on tokens and hidden dimensions the ring does not use, so the ring's weights, logits and outputs
+do not change.
 
 Tokens (``R2_START`` = 480 .. 500, <unused> ids above every id the other requests' prompts use)
 ------------------------------------------------------------------------------------------------
@@ -289,7 +290,7 @@ def check_exact(h: float) -> list[float]:
     bf16 (the ring's sampled.check_exact argument)."""
     entries = [(lg - sampled.OTHER_LOGIT) / h for _t, _s, lg in successor_logits()]
     logits = [CHAIN_LOGIT, *SPREAD_LOGITS]
-    bad = [v for v in (*entries, *logits) if not sampled._exact_bf16(v)]
+    bad = [v for v in (*entries, *logits) if not sampled.exact_bf16(v)]
     if bad:
         raise ValueError(f"sampled pair, region 2: values not exact in bf16 at normed hidden {h}: {bad}")
     return entries

@@ -67,7 +67,7 @@ from pathlib import Path
 
 from mtpmatrix.core.settings import TINY_PAIR_NAMES as PAIR_NAMES
 from mtpmatrix.pairs.decoy import make_decoy
-from mtpmatrix.pairs.sampled import make_sampled
+from mtpmatrix.pairs.sampled_weights import make_sampled
 from mtpmatrix.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 from mtpmatrix.pairs.witness import make_witness, phase_of_variant
 
@@ -337,7 +337,7 @@ def pair_hash(name: str, variant: str | bool, seed: int) -> str:
     sources = {
         "witness": ("witness.py", "weights.py"),
         "decoy": ("witness.py", "decoy.py", "weights.py"),
-        "sampled": ("sampled.py", "sampled_bonus.py", "weights.py"),
+        "sampled": ("sampled.py", "sampled_bonus.py", "sampled_weights.py", "weights.py"),
     }.get(variant.split("-")[0], ())
     witness_src = b"".join(Path(__file__).with_name(f).read_bytes() for f in sources)
     phase = phase_of_variant(variant) if sources and variant != "sampled" else None  # follows the installed sglang
