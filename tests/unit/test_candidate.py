@@ -13,7 +13,7 @@ import pytest
 
 from mtpmatrix.core import paths
 from mtpmatrix.core.rows import RowError, load_rows, parse_row
-from mtpmatrix.runner import candidate, matrix, plan
+from mtpmatrix.runner import candidate, matrix, plan, venvs
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "docs" / "candidates" / "sglang-0.5.17-draft-phase-fix.patch"
@@ -198,7 +198,7 @@ def test_a_patch_that_touches_nothing_the_tiers_run_warns(tmp_path):
 
 @pytest.fixture
 def fake_uv(monkeypatch):
-    monkeypatch.setattr(matrix.shutil, "which", lambda name: "/opt/bin/uv" if name == "uv" else None)
+    monkeypatch.setattr(venvs.shutil, "which", lambda name: "/opt/bin/uv" if name == "uv" else None)
 
 
 def test_a_wheel_or_checkout_replaces_the_sglang_pin_and_nothing_else(tmp_path, row, checkout, fake_uv):
@@ -326,16 +326,16 @@ def test_the_plan_names_each_row_as_its_candidate(patch_file, tmp_path):
 def test_a_candidate_installs_into_a_venv_of_its_own(tmp_path, patch_file, row, monkeypatch):
     """The row's nox venv keeps its pinned release, and the candidate's is one folder down: a patched sglang where a
     row's release is looked for (the mutants' unit tests glob .nox/*sglang-0?5?*) would be read as the release."""
-    from mtpmatrix.runner import bisect
+    from mtpmatrix.runner import venvs
 
     made = []
 
-    def make_venv(r, venv):
+    def make_venv(r, venv, error):
         venv.mkdir(parents=True)
         made.append((r.id, venv))
         return venv
 
-    monkeypatch.setattr(bisect, "make_venv", make_venv)
+    monkeypatch.setattr(venvs, "make_venv", make_venv)
     nox_venv = tmp_path / ".nox" / "gemma4_mtp-sglang-0-5-17"
     assert candidate.own_venv(None, row, nox_venv, tmp_path / ".nox") == nox_venv and not made
     cand = candidate.from_options(str(patch_file), None, None)
@@ -343,10 +343,10 @@ def test_a_candidate_installs_into_a_venv_of_its_own(tmp_path, patch_file, row, 
     assert venv == tmp_path / ".nox" / "candidates" / f"sglang-0.5.17+{cand.suffix}" and made == [(row.id, venv)]
     assert not list((tmp_path / ".nox").glob("*sglang-0?5?*"))  # where a row's release is looked for
 
-    def refuse(r, venv):
-        raise bisect.BisectError("cannot create a Python 3.11 venv for row sglang-0.5.17: no interpreter")
+    def refuse(r, venv, error):
+        raise error("cannot create a Python 3.11 venv for row sglang-0.5.17: no interpreter")
 
-    monkeypatch.setattr(bisect, "make_venv", refuse)
+    monkeypatch.setattr(venvs, "make_venv", refuse)
     assert "no interpreter" in one_line(candidate.own_venv, cand, row, nox_venv, tmp_path / ".nox")
 
 

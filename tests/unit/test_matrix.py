@@ -10,7 +10,7 @@ from mtpmatrix.core import paths
 from mtpmatrix.core.rows import RowError, load_rows, parse_row
 from mtpmatrix.core.schema import TIERS
 from mtpmatrix.core.store import RunStore
-from mtpmatrix.runner import matrix
+from mtpmatrix.runner import matrix, venvs
 from mtpmatrix.runner.matrix import Options, in_shard, install_command, parse_options, preflight_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,7 +181,7 @@ def row_file(tmp_path, backend="pypi"):
 
 @pytest.fixture
 def fake_uv(monkeypatch):
-    monkeypatch.setattr(matrix.shutil, "which", lambda name: "/opt/bin/uv" if name == "uv" else None)
+    monkeypatch.setattr(venvs.shutil, "which", lambda name: "/opt/bin/uv" if name == "uv" else None)
     return "/opt/bin/uv"
 
 
@@ -205,7 +205,7 @@ def test_install_command_overrides_and_torch_backend(tmp_path, fake_uv):
 
 
 def test_install_command_without_uv(tmp_path, monkeypatch):
-    monkeypatch.setattr(matrix.shutil, "which", lambda name: None)
+    monkeypatch.setattr(venvs.shutil, "which", lambda name: None)
     with pytest.raises(RowError, match="uv is not on PATH"):
         install_command(row_file(tmp_path), tmp_path / "v", tmp_path / "c.txt", None)
 

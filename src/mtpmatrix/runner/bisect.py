@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from mtpmatrix.core import expected, paths
 from mtpmatrix.core.atomic import atomic_write_json, read_json
 from mtpmatrix.core.schema import FAILING, TIERS
 from mtpmatrix.core.store import is_matrix_run, latest_run_id, row_files
+from mtpmatrix.runner import venvs
 from mtpmatrix.runner.probe import (  # noqa: F401
     BAD,
     GOOD,
@@ -320,22 +319,7 @@ def default_row(results: Path, rows: list) -> str:
 
 def make_venv(row, venv: Path) -> Path:
     """A fresh, empty uv venv with the row's Python at ``venv``; BisectError (one line) when uv cannot make it."""
-    from mtpmatrix.runner.matrix import find_uv
-
-    uv = find_uv(BisectError)
-    venv = Path(venv)
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)  # UV_PYTHON_DOWNLOADS=never (air-gapped machines) is honoured as set
-    env.pop("VIRTUAL_ENV", None)
-    made = subprocess.run([uv, "venv", "--python", row.python, str(venv)], capture_output=True, text=True, env=env)
-    if made.returncode != 0:
-        why = (made.stderr or made.stdout).strip().splitlines()
-        raise BisectError(
-            f"cannot create a Python {row.python} venv for row {row.id}: {why[-1] if why else 'uv venv failed'}"
-        )
-    return venv
+    return venvs.make_venv(row, venv, BisectError)
 
 
 def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> str:

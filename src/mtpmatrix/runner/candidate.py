@@ -265,12 +265,9 @@ def own_venv(cand: Candidate | None, row: Row, default: Path, nox_dir: Path) -> 
     ``.nox/*sglang-0?5?*``) must not find a candidate's files there. RowError (one line) when uv cannot make it."""
     if cand is None:
         return Path(default)
-    from mtpmatrix.runner.bisect import BisectError, make_venv
+    from mtpmatrix.runner import venvs
 
-    try:
-        return make_venv(row, Path(nox_dir) / "candidates" / cand.row_id(row.id))
-    except BisectError as exc:
-        raise RowError(str(exc)) from None
+    return venvs.make_venv(row, Path(nox_dir) / "candidates" / cand.row_id(row.id), RowError)
 
 
 def dropped_pins(cand: Candidate | None) -> set[str]:

@@ -10,7 +10,6 @@ import argparse
 import os
 import platform
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
 from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
 from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers
 from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
-from mtpmatrix.runner import bytecode, candidate, index, side_by_side
+from mtpmatrix.runner import bytecode, candidate, index, side_by_side, venvs
 from mtpmatrix.runner import overrides as override_rules
 from mtpmatrix.serving import environment
 from mtpmatrix.tiers.verdict import classify_install
@@ -223,10 +222,7 @@ def constraints_text(row: Row, overrides: list[str], cand: candidate.Candidate |
 
 def find_uv(error: type[Exception] = RowError) -> str:
     """uv's path; ``error`` (the caller's one-line error kind) when uv is not on PATH."""
-    uv = shutil.which("uv")
-    if uv is None:
-        raise error("uv is not on PATH: pip install uv (https://docs.astral.sh/uv/)")
-    return uv
+    return venvs.find_uv(error)
 
 
 def install_command(
