@@ -247,20 +247,24 @@ def request_plan(n: int = N_REQUESTS, new_tokens: int = NEW_TOKENS) -> list[Samp
 
 
 def payload(req: SampledRequest) -> dict:
-    """The /generate body. ``sampling_seed`` exists in sglang 0.5.13-0.5.23 but is honoured only with
-    --enable-deterministic-inference (sampling_batch_info: seeds are dropped otherwise); there, a request without
-    one gets seed 42, so requests with equal prompts would draw the same coins and stop being independent. Each
-    request therefore carries its own seed, always."""
-    g = req.group
+    """The /generate body of one request of the plan (``body``)."""
+    return body(req.prompt, req.group, req.new_tokens, req.seed)
+
+
+def body(prompt, group: SamplingGroup, new_tokens: int, seed: int) -> dict:
+    """The /generate body of a sampled request of ``group``. ``sampling_seed`` exists in sglang 0.5.13-0.5.23 but is
+    honoured only with --enable-deterministic-inference (sampling_batch_info: seeds are dropped otherwise); there, a
+    request without one gets seed 42, so requests with equal prompts would draw the same coins and stop being
+    independent. Each request therefore carries its own seed, always."""
     return {
-        "input_ids": list(req.prompt),
+        "input_ids": list(prompt),
         "sampling_params": {
-            "temperature": g.temperature,
-            "top_k": g.top_k,
-            "top_p": g.top_p,
-            "max_new_tokens": req.new_tokens,
+            "temperature": group.temperature,
+            "top_k": group.top_k,
+            "top_p": group.top_p,
+            "max_new_tokens": new_tokens,
             "ignore_eos": True,
-            "sampling_seed": req.seed,
+            "sampling_seed": seed,
         },
     }
 

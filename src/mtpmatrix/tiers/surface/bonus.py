@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtpmatrix.pairs import sampled
 from mtpmatrix.pairs import sampled_bonus as pb
 from mtpmatrix.pairs.sampled import SamplingGroup
 
@@ -49,18 +50,7 @@ def bonus_positions(new_tokens: int = NEW_TOKENS) -> int:
 
 
 def payload(p: Planned) -> dict:
-    g = p.group
-    return {
-        "input_ids": list(p.prompt),
-        "sampling_params": {
-            "temperature": g.temperature,
-            "top_k": g.top_k,
-            "top_p": g.top_p,
-            "max_new_tokens": p.new_tokens,
-            "ignore_eos": True,
-            "sampling_seed": p.seed,
-        },
-    }
+    return sampled.body(p.prompt, p.group, p.new_tokens, p.seed)
 
 
 def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:

@@ -76,18 +76,11 @@ def plan() -> list[Planned]:
 
 def payload(p: Planned) -> dict:
     if p.group is None:
-        params = {"temperature": 0.0, "max_new_tokens": p.new_tokens, "ignore_eos": True}
-    else:
-        g = p.group
-        params = {
-            "temperature": g.temperature,
-            "top_k": g.top_k,
-            "top_p": g.top_p,
-            "max_new_tokens": p.new_tokens,
-            "ignore_eos": True,
-            "sampling_seed": p.seed,
+        return {
+            "input_ids": list(p.prompt),
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": p.new_tokens, "ignore_eos": True},
         }
-    return {"input_ids": list(p.prompt), "sampling_params": params}
+    return sampled.body(p.prompt, p.group, p.new_tokens, p.seed)
 
 
 def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
