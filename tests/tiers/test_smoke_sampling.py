@@ -26,22 +26,10 @@ SEEDED = [
 
 
 def _family(run):
+    from mtpmatrix.tiers import surface
     from mtpmatrix.tiers.surface import mixed_sampling
 
-    exchanges = run.exchanges(mixed_sampling.NAME)
-    if len(exchanges) != len(mixed_sampling.plan()):
-        raise CheckFailure(
-            "harness",
-            f"{len(exchanges)} {mixed_sampling.NAME} exchanges for {len(mixed_sampling.plan())} planned requests",
-        )
-    failed = [x for x in exchanges if x.error]
-    if failed:
-        raise CheckFailure(
-            "crash",
-            f"{len(failed)}/{len(exchanges)} {mixed_sampling.NAME} requests failed; first "
-            f"{failed[0].label} {failed[0].payload['sampling_params']}: {failed[0].error}",
-        )
-    return exchanges
+    return surface.answered(run, mixed_sampling.NAME, len(mixed_sampling.plan()))
 
 
 @pytest.mark.check("mismatch")

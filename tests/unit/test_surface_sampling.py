@@ -332,3 +332,26 @@ def test_seeded_check_needs_the_flag_on_the_server(tmp_path):
     with pytest.raises(CheckFailure) as err:
         _smoke_module().test_seeded_repeats_identical({name: run}, name, {}.__setitem__)
     assert err.value.kind == "harness"
+
+
+def test_answered_wants_every_planned_request_answered():
+    """The sampled families' checks stop on a short collection (harness) or a failed request (crash, with its
+    parameters) before judging any distribution."""
+    from types import SimpleNamespace
+
+    from mtpmatrix.core.kinds import CheckFailure
+    from mtpmatrix.tiers import surface
+
+    ok = surface.Exchange("hot:0", {"sampling_params": {"temperature": 1.5}}, {"output_ids": [1]})
+    bad = surface.Exchange("cold:1", {"sampling_params": {"temperature": 0.35}}, {}, "HTTP 500")
+    run = SimpleNamespace(exchanges=lambda family: {"f": [ok, bad], "g": [ok]}[family])
+    assert surface.answered(run, "g", 1) == [ok]
+    with pytest.raises(CheckFailure) as short:
+        surface.answered(run, "g", 2)
+    assert short.value.kind == "harness" and "1 g exchanges for 2 planned requests" in str(short.value)
+    with pytest.raises(CheckFailure) as failed:
+        surface.answered(run, "f", 2)
+    assert (
+        failed.value.kind == "crash"
+        and "1/2 f requests failed; first cold:1 {'temperature': 0.35}: HTTP 500" in str(failed.value)
+    )

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from mtpmatrix.core.kinds import CheckFailure
+
 # module names under mtpmatrix.tiers.surface, in the order their requests are sent
 FAMILIES: tuple[str, ...] = ("stops", "logprobs", "features", "mixed_sampling", "bonus")
 
@@ -58,3 +60,19 @@ def collate(labelled: list[tuple[str, str, dict]], results: list) -> dict[str, l
     for (family, label, payload), result in zip(labelled, results, strict=True):
         out.setdefault(family, []).append(Exchange(label, payload, result.response or {}, result.error))
     return out
+
+
+def answered(run, family: str, planned: int) -> list[Exchange]:
+    """The family's exchanges on ``run``, every planned request answered: "harness" when the tier collected another
+    number than it planned, "crash" (with the first failed request's parameters) when a request failed."""
+    exchanges = run.exchanges(family)
+    if len(exchanges) != planned:
+        raise CheckFailure("harness", f"{len(exchanges)} {family} exchanges for {planned} planned requests")
+    failed = [x for x in exchanges if x.error]
+    if failed:
+        raise CheckFailure(
+            "crash",
+            f"{len(failed)}/{len(exchanges)} {family} requests failed; first "
+            f"{failed[0].label} {failed[0].payload['sampling_params']}: {failed[0].error}",
+        )
+    return exchanges
