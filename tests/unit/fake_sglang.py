@@ -244,6 +244,26 @@ class FakeSglang:
         self.httpd.server_close()
 
 
+def _scheduler_crash() -> None:
+    """What sglang's log holds when its scheduler dies mid-request: the cause, then the SIGQUIT handler's own
+    traceback chained to it; every open connection then drops."""
+    print(
+        "[t] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "model_runner.py", line 3208, in forward_decode',
+        "RuntimeError: injected scheduler crash (--crash-on-generate)",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "scheduler.py", line 4062, in run_scheduler_process',
+        "KeyboardInterrupt",
+        "[t] SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+        sep="\n",
+        flush=True,
+    )
+    os._exit(1)
+
+
 def rendezvous(folder: str, count: int) -> None:
     """Hold this stub until ``count`` stubs (this one included) have reached this point: proof that they were
     launched side by side. Exits 1 with one line when they never are (launched in turn, the first waits alone)."""
@@ -269,6 +289,11 @@ def main(argv=None) -> None:
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--exit-once", default=None, help="if this file exists: delete it and exit 1 (one failure)")
     ap.add_argument("--exit-always", action="store_true", help="exit 1 at every launch (a broken release)")
+    ap.add_argument(
+        "--crash-on-generate",
+        action="store_true",
+        help="the first /generate kills the server as an sglang scheduler crash does: chained tracebacks, exit",
+    )
 
     ap.add_argument("--ready-file", default=None, help="/health answers 503 until this file exists")
     ap.add_argument(
@@ -305,7 +330,10 @@ def main(argv=None) -> None:
     if args.rendezvous:
         rendezvous(args.rendezvous, args.rendezvous_count)
     time.sleep(args.startup_delay)
-    fake = FakeSglang(args.host, args.port, starting_for=args.starting_for, ready_file=args.ready_file)
+    crash = _scheduler_crash if args.crash_on_generate else None
+    fake = FakeSglang(
+        args.host, args.port, starting_for=args.starting_for, ready_file=args.ready_file, before_answer=crash
+    )
     print(f"fake sglang: serving on {fake.base_url}", flush=True)
     fake.httpd.serve_forever()
 

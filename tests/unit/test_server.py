@@ -11,7 +11,7 @@ from events import HANG, wait_for
 
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving import client, processes
-from mtpmatrix.serving.server import SglangServer
+from mtpmatrix.serving.server import SglangServer, root_exception
 from mtpmatrix.tiers.verdict import classify
 
 FAKE = str(Path(__file__).with_name("fake_sglang.py"))
@@ -118,6 +118,53 @@ def test_early_exit_fails_fast_with_log_tail(tmp_path):
     assert "exited with code 3" in first and "CUDA error: out of memory" in first
     assert "noise 59" in str(exc) and "noise 5\n" not in str(exc)  # only the tail (~40 lines)
     assert classify(exc).kind == "launch"
+
+
+# The shape of an sglang 0.5.13 scheduler crash (H200, 2026-12-02, witness-mtp-topk3-eager): a traceback the server
+# survived first, then the crash, chained to the SIGQUIT handler's own traceback
+SCHEDULER_CRASH = [
+    "[2026-12-02 05:42:35] Can not initialize OpenAIServingResponses, error: Traceback (most recent call last):",
+    '  File "/tmp/site-13/sglang/srt/entrypoints/http_server.py", line 1, in <module>',
+    "ModuleNotFoundError: No module named 'openai_harmony'",
+    "[2026-12-02 05:42:38] Prefill batch, #new-seq: 1",
+    "[2026-12-02 05:42:46] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/tmp/site-13/sglang/srt/model_executor/cuda_graph_buffer_registry.py", line 39, in _foreach_copy',
+    "    torch._foreach_copy_(group_dsts, group_srcs)",
+    "RuntimeError: The size of tensor a (24) must match the size of tensor b (48) at non-singleton dimension 0",
+    "",
+    "During handling of the above exception, another exception occurred:",
+    "",
+    "Traceback (most recent call last):",
+    '  File "/tmp/site-13/sglang/srt/managers/scheduler.py", line 4062, in run_scheduler_process',
+    "KeyboardInterrupt",
+    "[2026-12-02 05:42:46] SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+]
+
+
+def test_root_exception_is_the_first_of_the_last_chain():
+    assert root_exception(SCHEDULER_CRASH) == (
+        "RuntimeError: The size of tensor a (24) must match the size of tensor b (48) at non-singleton dimension 0"
+    )
+    # a log whose only traceback is one the server survived names that one; a log without any names nothing
+    assert root_exception(SCHEDULER_CRASH[:4]) == "ModuleNotFoundError: No module named 'openai_harmony'"
+    assert root_exception(["[t] Capture cuda graph begin", "RuntimeError mentioned in prose"]) == ""
+    # two unrelated crashes: the later one is the server's last word
+    assert root_exception(SCHEDULER_CRASH[4:8] + SCHEDULER_CRASH[:3]).startswith("ModuleNotFoundError")
+
+
+def test_launch_failure_names_the_root_exception_not_the_sigquit(tmp_path):
+    script = "import sys\nprint(*" + repr(SCHEDULER_CRASH) + ", sep=chr(10), flush=True)\nsys.exit(3)"
+    srv = SglangServer([], log_path=tmp_path / "s.log", launcher=[sys.executable, "-c", script], ready_timeout=HANG)
+    with pytest.raises(CheckFailure) as ei:
+        with srv:
+            pass
+    first = str(ei.value).splitlines()[0]
+    assert ei.value.kind == "launch"
+    # the SIGQUIT line is the log's last error-looking line; the cause is the traceback's root
+    assert "exited with code 3" in first and "SIGQUIT" not in first
+    assert first.endswith(
+        "RuntimeError: The size of tensor a (24) must match the size of tensor b (48) at non-singleton dimension 0"
+    )
 
 
 def test_not_ready_before_deadline_is_launch_failure(tmp_path):

@@ -250,6 +250,24 @@ def test_collect_all_side_by_side(tmp_path):
         assert "# command: " in run.log_text
 
 
+def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp_path):
+    import sys
+
+    run = smoke.collect(
+        smoke_servers.SMOKE_SERVERS[0],
+        tmp_path / "target",
+        tmp_path / "assistant",
+        vocab_size=512,
+        log_dir=tmp_path,
+        launcher=[sys.executable, FAKE, "--crash-on-generate"],
+    )
+    assert isinstance(run.error, CheckFailure) and run.error.kind == "crash"
+    first = str(run.error).splitlines()[0]
+    # the requests only saw the connection go; the server log says why (what a known-upstream signature matches)
+    assert "requests failed: " in first and "Connection" in first
+    assert first.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)")
+
+
 def test_failure_beside_others_is_relaunched_alone(tmp_path):
     import sys
 

@@ -45,6 +45,29 @@ from mtpmatrix.serving.processes import (
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 HEALTH_PATHS = ("/health_generate", "/health")
 _ERROR_LINE = re.compile(r"Error|Exception|Traceback|CUDA out of memory|Killed|FAILED|assert", re.I)
+# A traceback's last line as Python prints it ("RuntimeError: ...", "torch.OutOfMemoryError: ..."), no log prefix
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+ROOT_EXCEPTION_LINES = 600  # a scheduler crash's chained tracebacks fit (H200, 0.5.13: ~90 lines)
+
+
+def root_exception(lines: list[str]) -> str:
+    """The exception that started the log's last traceback chain: the first of chained tracebacks, not the SIGQUIT
+    or re-raise that follows it. An earlier, unrelated traceback (sglang logs some it survives, e.g. an optional
+    OpenAI server class) starts its own chain and is passed over. "" when the lines hold no traceback."""
+    root, in_traceback, chained = "", False, False
+    for raw in lines:
+        line = raw.rstrip()
+        if line.endswith("Traceback (most recent call last):"):
+            if not chained:
+                root = ""  # a new chain
+            in_traceback, chained = True, False
+        elif line.startswith(_CHAINED):
+            chained = True
+        elif in_traceback and _EXCEPTION_LINE.match(line):
+            in_traceback = False
+            root = root or line
+    return root
 
 
 def _read_tail(path: Path, n: int) -> list[str]:
@@ -184,8 +207,13 @@ class SglangServer:
 
     def _fail(self, kind: str, first_line: str, n: int = 40) -> CheckFailure:
         tail = self.log_tail(n)
-        last_err = next((ln.strip() for ln in reversed(tail) if _ERROR_LINE.search(ln) and not ln.startswith("#")), "")
-        head = first_line + (f": {last_err[:300]}" if last_err else "")
+        # the message names why the server died: the root exception when a traceback shows one (what a known
+        # upstream signature matches; only once it has exited: a live server's log keeps tracebacks it survived),
+        # else the last line that looks like an error
+        cause = (self.root_exception() if self.returncode is not None else "") or next(
+            (ln.strip() for ln in reversed(tail) if _ERROR_LINE.search(ln) and not ln.startswith("#")), ""
+        )
+        head = first_line + (f": {cause[:300]}" if cause else "")
         body = "\n".join(tail)
         return CheckFailure(kind, f"{head}\nlog: {self.log_path}\n--- last {len(tail)} log lines ---\n{body}")
 
@@ -292,6 +320,22 @@ class SglangServer:
 
     def log_tail(self, n: int = 40) -> list[str]:
         return _read_tail(self.log_path, n)
+
+    def root_exception(self) -> str:
+        """``root_exception`` of this server's log (its last ROOT_EXCEPTION_LINES lines)."""
+        return root_exception(self.log_tail(ROOT_EXCEPTION_LINES))
+
+    def exit_cause(self, wait: float = 30.0) -> str:
+        """Why the server died, once its process has exited ("" while it runs on). Requests cut off by a crash
+        return before the launcher has exited (sglang sleeps before its crash diagnostics): waits up to ``wait``
+        seconds for the exit, an event, not a margin."""
+        if self.proc is None:
+            return ""
+        try:
+            self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return ""
+        return self.root_exception()
 
     # -- teardown
     def stop(self, timeout: float | None = None) -> int | None:

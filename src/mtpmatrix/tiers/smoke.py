@@ -84,6 +84,8 @@ TOP_LOGPROBS = 10
 # has a full batch queued (topk 3 must batch >= WITNESS_MIN_BATCH) without 76 connections opened at once for the
 # sampled plan (H200, sglang 0.5.17: 68/76 such requests came back RemoteDisconnected while the server stalled).
 CLIENT_PARALLEL = 16
+# a request error that says the server went away (client.RequestResult.error text)
+CONNECTION_LOST = ("ConnectionError", "RemoteDisconnected", "Connection refused", "Connection reset")
 
 
 @dataclass
@@ -359,7 +361,12 @@ def collect(
         results = results[:n_planned]
         errors = [r.error for r in results if r.error]
         if errors:
-            raise CheckFailure("crash", f"{len(errors)}/{len(results)} requests failed: {errors[0]}")
+            message = f"{len(errors)}/{len(results)} requests failed: {errors[0]}"
+            if not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST):
+                # the connection went with the server: its log names why (a known upstream signature matches it)
+                cause = server.exit_cause()
+                message += f"; server log: {cause}" if cause else ""
+            raise CheckFailure("crash", message)
         n_ids = n_planned - len(TEXT_PROMPTS) - len(plan)
         n_greedy = n_ids + len(TEXT_PROMPTS)
         run.sampled_requests = plan
