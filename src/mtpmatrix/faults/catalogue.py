@@ -86,9 +86,11 @@ class Mutant:
     sites: tuple[Site, ...]
     servers: tuple[str, ...] = DEFAULT_SERVERS
     expect: str = ""  # the smoke check(s) expected to kill it, and why
-    # releases (x.y.z) whose Frozen-KV MTP path lacks the modelled code: the mutant is n.a. there by design (no
-    # anchor, or one on a path Frozen-KV MTP does not take there) and ``tests`` expect it so
+    # releases (x.y.z) whose Frozen-KV MTP path lacks the modelled code: the mutant is n.a. there by design, said
+    # by ``na_why`` (no anchor, or an anchor on a path Frozen-KV MTP does not take there, or takes so that the edit
+    # changes nothing: an equivalent mutant would "survive" and prove nothing)
     na_on: tuple[str, ...] = ()
+    na_why: str = ""
 
 
 # Modules of the MTP path, by release: 0.5.13 runs Frozen-KV MTP on the non-overlap worker (frozen_kv_mtp_worker,
@@ -502,6 +504,10 @@ CATALOGUE: tuple[Mutant, ...] = (
             ),
         ),  # Req._check_token_based_finish, 0.5.13-0.5.23
         servers=WITNESS_SURFACE,
+        na_on=("0.5.13",),
+        na_why="its Frozen-KV MTP verify appends accepted tokens one at a time and checks finish after each "
+        "(eagle_info.py EagleVerifyInput.verify: update_finish_state() with one new token), so this edit of the "
+        "multi-token position is an identity there (H200, 2026-12-02: survived, all 51 checks passed)",
         expect="the stops family's check on witness-mtp-topk1/topk3 (output must end at the stop token; MTP must "
         "equal witness-nomtp): a stop mid-run keeps up to 5 more chain tokens. No-MTP steps accept one "
         "token (unchanged); the tier's own requests set ignore_eos, so _check_token_based_finish returns "
@@ -599,6 +605,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         ),
         servers=DECOY_NO_OVERLAP,
         na_on=("0.5.13",),
+        na_why="its Frozen-KV MTP is the v1 worker: the spec-v2 scheduler relay this edits does not exist there",
         expect="test_decoy_accept_matches_prediction[decoy-mtp-topk3-no-overlap] and test_spec_metrics there "
         "(drafts read the KV of the prompt's last token: acceptance collapses; the output stays right, the "
         "target's next token depends on the current token only), while decoy-mtp-topk3 (overlap "
@@ -614,6 +621,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         (Site(_W2, _EAGER_META, _EAGER_SHORT),),
         servers=WITNESS_EAGER,
         na_on=("0.5.13",),
+        na_why="its intact eager draft already kills the scheduler (known_upstream.json "
+        "sglang-frozen-kv-mtp-eager-draft-crash), so a fault there has nothing left to break",
         expect="test_spec_metrics[witness-mtp-topk3-eager] (the witness drafter's query peaks on the last "
         "accepted token's key: without it the draft is wrong, acceptance drops below the exact floor in "
         "the batches above --cuda-graph-max-bs 2), while witness-mtp-topk3 (every batch <= 8 replays the "
@@ -696,10 +705,11 @@ class Application:
     sites: list[SiteResult]
     modules: dict[str, dict] = field(default_factory=dict)  # name -> origin, rel, sha256, original, patched
     error: str | None = None  # a patched module that does not compile (a catalogue bug)
+    by_design: str | None = None  # n.a. on this release by design (Mutant.na_on), and why: nothing is patched
 
     @property
     def applicable(self) -> bool:
-        return any(s.applied for s in self.sites)
+        return self.by_design is None and any(s.applied for s in self.sites)
 
     @property
     def files(self) -> list[str]:
@@ -709,12 +719,18 @@ class Application:
         """Why it is not applicable (each site's outcome), or which files it patches."""
         if self.applicable:
             return "patches " + ", ".join(self.files)
+        if self.by_design:
+            return self.by_design
         return "; ".join(f"{s.file}: {s.status}" for s in self.sites)
 
 
 def apply(mutant: Mutant, pkg_dir: Path) -> Application:
     """Apply ``mutant`` to the sources under ``pkg_dir`` (an installed ``sglang`` folder), in memory."""
     pkg_dir = Path(pkg_dir)
+    version = sglang_version(pkg_dir)
+    release = re.match(r"\d+\.\d+\.\d+", version or "")
+    if release and release.group(0) in mutant.na_on:
+        return Application(mutant, [], by_design=f"n.a. by design on sglang {version}: {mutant.na_why}")
     app = Application(mutant, [])
     texts: dict[str, str] = {}
     for site in mutant.sites:
