@@ -180,6 +180,40 @@ def test_server_args(tiny_pair, topk, sglang_chain, record_property):
         raise CheckFailure("args", f"FROZEN_KV_MTP dispatches to {worker.__module__}.{worker.__name__}")
 
 
+@pytest.mark.check("args")
+def test_smoke_server_args(build_tiny_pair, sglang_chain, record_property):
+    """Every default smoke server's own command line (settings.SMOKE_ARGS, its topk, its mode flags, spelled for
+    this release) parses with this release's parser and resolves what it asks: the seed resolution for the MTP
+    servers, its load format and its mode switches. A flag a release renamed fails here, on CPU, naming the flag, not at launch on a
+    GPU: sglang 0.5.23 refuses --cuda-graph-max-bs as ambiguous, so before compat.RENAMED_FLAGS no smoke server
+    launched there. The flags are what is checked: every server gets the e-series random pair's folders."""
+    from mtpmatrix.core import smoke_servers
+    from mtpmatrix.tiers import smoke
+
+    pair = build_tiny_pair("e-series")
+    problems, resolved = [], 0
+    for spec in smoke_servers.DEFAULT_SMOKE_SERVERS:
+        argv = smoke.server_args_for(spec, pair.target, pair.assistant, tp=1)
+        try:
+            values = compat.resolve(argv).values
+        except CheckFailure as exc:  # the release's parser refused the command line
+            problems.append(f"{spec.name}: {str(exc).splitlines()[0]}")
+            continue
+        resolved += 1
+        # the mode switches (bare flags) and the load format must resolve as asked; a numeric limit such as the
+        # eager server's CUDA-graph batch size is only parsed here: the CPU resolution replaces it (0.5.13 resolves
+        # 32 for the eager server's 2, whose batches above 2 ran eager on the H200, 2026-12-02)
+        asked = {k: v for k, v in compat.flag_fields(list(spec.mode_args)).items() if v is True}
+        if spec.load_format != "auto":
+            asked["load_format"] = spec.load_format
+        expected = {**(settings.expected_resolution(spec.topk) if spec.topk else {}), **asked}
+        problems += [f"{spec.name}: {p}" for p in compat.check_resolution(values, expected)]
+    record_property("servers", len(smoke_servers.DEFAULT_SMOKE_SERVERS))
+    record_property("servers_resolved", resolved)
+    if problems:
+        raise CheckFailure("args", "; ".join(problems))
+
+
 # ------------------------------------------------------------------------------------------------ weights
 
 

@@ -159,8 +159,10 @@ def server_args_for(
     spec: SmokeServerSpec, target: Path, assistant: Path, tp: int, extra_args: tuple[str, ...] | list[str] = ()
 ) -> list[str]:
     """sglang arguments of one smoke server; ``extra_args`` (MTPMATRIX_SMOKE_EXTRA_ARGS) go last, so they win."""
+    from mtpmatrix.tiers.compat.sglang_compat import spelled_for_release
+
     extra = ["--load-format", spec.load_format] if spec.load_format != "auto" else []
-    return settings.server_args(
+    argv = settings.server_args(
         target,
         assistant=assistant if spec.topk else None,
         topk=spec.topk,
@@ -168,6 +170,7 @@ def server_args_for(
         base=settings.SMOKE_ARGS,
         extra=[*extra, *spec.mode_args, *extra_args],
     )
+    return spelled_for_release(argv)  # the server runs the sglang this process has installed
 
 
 @dataclass(frozen=True)

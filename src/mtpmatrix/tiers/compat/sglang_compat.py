@@ -136,6 +136,40 @@ def sglang_version() -> str:
     return environment.version_of("sglang") or "?"
 
 
+# Flags a release renamed: (the spelling the suite writes, the first release known to spell it otherwise, that
+# spelling). sglang 0.5.23 split --cuda-graph-max-bs into --cuda-graph-max-bs-decode and -prefill
+# (arg_groups/cuda_graph_hook.py) and its parser refuses the old spelling as ambiguous, so every smoke server failed
+# to launch there. 0.5.18-0.5.22 are not read here: test_contract's test_smoke_server_args parses every smoke
+# server's command line with the row's own parser, so a release that renamed it earlier fails there, on CPU.
+RENAMED_FLAGS = (("--cuda-graph-max-bs", "0.5.23", "--cuda-graph-max-bs-decode"),)
+
+
+def spelled_for_release(argv: list[str], version: str | None = None) -> list[str]:
+    """``argv`` with each RENAMED_FLAGS flag spelled as ``version`` (default: the installed sglang) spells it."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(version or sglang_version())
+    except InvalidVersion:
+        return list(argv)
+    renames = {old: new for old, since, new in RENAMED_FLAGS if release >= Version(since)}
+    return [renames.get(a, a) for a in argv]
+
+
+def flag_fields(argv: list[str]) -> dict[str, Any]:
+    """What each ``--flag [value]`` of ``argv`` asks ServerArgs to resolve: its field and value (True for a bare
+    flag, an int where the value is one)."""
+    out: dict[str, Any] = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        value: Any = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        out[arg[2:].replace("-", "_")] = value
+    return out
+
+
 # --------------------------------------------------------------------------------------------- CPU
 
 
