@@ -6,8 +6,8 @@ forward costs about its layer count. The sampled target's layers write nothing t
 (``weights.zero_residual_writers``): its logits and hidden states are those of its embedding alone, and a layer is
 read only through its K/V, which the assistant takes from the target's last layer of each attention type. A copy
 holding just those layers (dense-31b: layers 4 and 5 of 6) gives the same logits, hidden states and K/V bit for bit,
-so the same drafts, coins and tokens; measured on transformers 5.8.1 and 5.12.1 (the check's 32 requests, the same
-1536 tokens): 17.1 -> 14.0 s and 14.0 -> 11.9 s of CPU, back to back (load ~1.7).
+so the same drafts, coins and tokens; measured on the check's 32 requests (the same 1536 tokens), CPU seconds back to
+back (load ~1.7): transformers 5.12.1 17.1 -> 14.0 and 14.0 -> 11.9, 5.8.1 17.4 -> 14.2 and 13.1 -> 10.8.
 
 ``kv_source_copy`` proves the sameness on the check's own prompts before the check uses the copy (logits, the last
 hidden state and the kept layers' K/V, ``torch.equal``) and returns None when anything differs or the copy cannot be
