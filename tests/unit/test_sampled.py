@@ -253,3 +253,16 @@ def test_smoke_check_on_simulated_servers(tmp_path, bug, topk):
         check({spec.name: run}, spec.name, props.__setitem__)
     print(err.value)
     assert err.value.kind == "mismatch"
+
+
+def test_the_trimmed_target_keeps_the_layers_the_assistant_reads():
+    """sampled_trim keeps the last layer of each attention type: the K/V the assistant is fed (witness's
+    physical_kv_layers binds the same ones), for the dense-31b sampled target that the assisted check runs."""
+    from mtpmatrix.pairs import sampled_trim, tiny
+    from mtpmatrix.pairs.witness import physical_kv_layers
+
+    text = tiny.target_template("dense-31b", "sampled")["text_config"]
+    kept = sampled_trim.kept_layers(text["layer_types"])
+    assert kept == sorted(idx[-1] for idx in physical_kv_layers(text).values())
+    assert [text["layer_types"][i] for i in kept] == ["sliding_attention", "full_attention"]
+    assert len(kept) < text["num_hidden_layers"]
