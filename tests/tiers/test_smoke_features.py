@@ -1,6 +1,7 @@
 """Smoke tier, request family "features" (mtpmatrix.tiers.surface.features): sampling features users set, under
 MTP against no-MTP. Predicted deviations of intact sglang are not excused: they fail here and are written up in
-docs/upstream/ (sglang-mtp-verify-penalty-state.md, sglang-mtp-verify-ignores-min-p.md)."""
+docs/upstream/ (sglang-mtp-verify-penalty-state.md, sglang-mtp-verify-ignores-min-p.md,
+sglang-mtp-verify-skips-custom-logit-processor.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ UPSTREAM = {
     "min-new-tokens-released": "sglang-mtp-verify-penalty-state",
     "repetition-boost": "sglang-mtp-verify-penalty-state",
     "min-p": "sglang-mtp-verify-ignores-min-p",
+    features.CUSTOM: "sglang-mtp-verify-skips-custom-logit-processor",
 }
 
 
@@ -28,7 +30,9 @@ def _exchange(run, label):
     if not found:
         raise CheckFailure("crash", f"no '{label}' exchange collected on {run.spec.name}")
     ex = found[0]
-    if ex.error:  # every feature here exists in sglang 0.5.13-0.5.23 (sampling_params.py): a refusal is a failure
+    # every feature here exists in sglang 0.5.13-0.5.23 (sampling_params.py; custom logit processors behind
+    # --enable-custom-logit-processor, which every witness server sets): a refusal is a failure
+    if ex.error:
         raise CheckFailure("crash", f"'{label}' request failed on {run.spec.name}: {ex.error}")
     return ex
 
@@ -41,7 +45,8 @@ def test_feature_matches_no_mtp(smoke_runs, name, feature, record_property):
     """Witness, greedy, one request per feature: the output meets the feature's own exact prediction
     (features.predicted: logit_bias -100 removes the chain's 4th token; min_new_tokens 32 masks the stop token at
     output 9, min_new_tokens 8 lets it end the request there; +-2 frequency / presence and repetition 2 leave the
-    chain as it is, a margin of 5.66 nats) and, on an MTP server, equals the witness without MTP token for token
+    chain as it is, a margin of 5.66 nats; the custom logit processor puts token 4 + 40 in place of the chain's 4th
+    token, which the chain then follows) and, on an MTP server, equals the witness without MTP token for token
     (repetition 0.1, which repeats tokens while drafts are accepted, has only that). Exact: the witness's argmax
     is >= 7.66 nats clear; where an output has no prediction (past logit_bias's position, repetition-boost) a
     divergence at a no-MTP margin within the bf16 bound (logprobs.TOLERANCE_NATS, scaled by the feature's logit

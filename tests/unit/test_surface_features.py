@@ -53,6 +53,8 @@ def witness_answer(label: str, mtp_intact_sglang: bool = False) -> list[int]:
         return want[: features.STOP_POSITION]
     if label == "repetition-boost":
         return want[:5] + want[1:5] * 6 + want[1:4]
+    if label == features.CUSTOM:  # intact 0.5.17 / 0.5.23 MTP: verify never runs the processor
+        return want if mtp_intact_sglang else features.swapped_chain()
     return want
 
 
@@ -173,7 +175,7 @@ def test_repetition_boost_divergence_fails_and_near_tie_does_not():
     assert "sglang-mtp-verify-penalty-state" in str(err.value)
     # the same divergence where the no-MTP server's own margin is within the bf16 bound: not a deviation
     runs = fake_runs(mtp_outputs={"repetition-boost": bad})
-    ref_ex = runs["witness-nomtp"].surface[features.NAME][-1]
+    ref_ex = next(x for x in runs["witness-nomtp"].surface[features.NAME] if x.label == "repetition-boost")
     ref_ex.meta["output_top_logprobs"][12] = [[-0.5, ref[12], None], [-0.6, 300, None]]
     run_feature(runs, "witness-mtp-topk1", "repetition-boost")
 

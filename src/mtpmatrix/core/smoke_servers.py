@@ -22,8 +22,8 @@ class SmokeServerSpec:
     topk: int | None  # None = no MTP
     load_format: str = "auto"
     default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers
-    # sglang arguments of this server alone (a scheduler or graph mode the others do not run), before
-    # MTPMATRIX_SMOKE_EXTRA_ARGS
+    # sglang arguments of this server alone (a scheduler or graph mode the others do not run, a request feature its
+    # request families need), before MTPMATRIX_SMOKE_EXTRA_ARGS
     mode_args: tuple[str, ...] = ()
 
     @property
@@ -51,6 +51,10 @@ SEEDED_ARGS = ("--enable-deterministic-inference",)
 # batches of up to 8 (--max-running-requests), so most verify and draft steps take the eager path, the rest a graph.
 EAGER_ABOVE_BATCH = 2
 EAGER_ABOVE_ARGS = ("--cuda-graph-max-bs", str(EAGER_ABOVE_BATCH))
+# sglang refuses a request's custom_logit_processor without it (tokenizer_manager, 0.5.13-0.5.23; off by default for
+# security: the string is a pickle the scheduler loads); every server of the witness pair the request surface
+# uses (mtpmatrix.tiers.surface.features: custom-logit-processor) sets it.
+CUSTOM_LOGIT_PROCESSOR_ARGS = ("--enable-custom-logit-processor",)
 # With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
 # docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
 DECOY_IN_DEFAULT_SUITE = True
@@ -65,8 +69,8 @@ SMOKE_SERVERS = (
     # The witness pair needs every hand-off (mtpmatrix.pairs.witness), built for the draft phase sglang uses: any broken
     # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
     # 6.00 of 6 intact; every hand-off mutant of mtpmatrix.faults.catalogue killed, docs/fault-injection.md).
-    SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1),
-    SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3),
+    SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1, mode_args=CUSTOM_LOGIT_PROCESSOR_ARGS),
+    SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3, mode_args=CUSTOM_LOGIT_PROCESSOR_ARGS),
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
     # server's acceptance is reported by its own check, apart from the hand-off gate.
     SmokeServerSpec("witness-transformers-phase-topk1", "witness", 1),
@@ -82,7 +86,7 @@ SMOKE_SERVERS = (
     SmokeServerSpec("decoy-mtp-topk3", "decoy-sglang-phase", 3, default=DECOY_IN_DEFAULT_SUITE),
     # The request surface (mtpmatrix.tiers.surface): the witness without MTP answers every request family the MTP
     # witness servers get (stops, logprobs, sampling features), so each is held to MTP equals no-MTP on one pair.
-    SmokeServerSpec("witness-nomtp", "witness-sglang-phase", None),
+    SmokeServerSpec("witness-nomtp", "witness-sglang-phase", None, mode_args=CUSTOM_LOGIT_PROCESSOR_ARGS),
     # Modes no other server runs: the non-overlap scheduler (0.5.17+: the spec-v1 worker and its verify; 0.5.13's
     # only mode), and the eager draft/verify path (batches above --cuda-graph-max-bs run without CUDA graphs).
     SmokeServerSpec("decoy-mtp-topk3-no-overlap", "decoy-sglang-phase", 3, mode_args=NO_OVERLAP_ARGS),
@@ -91,7 +95,12 @@ SMOKE_SERVERS = (
     # (server_args.DETERMINISTIC_ATTENTION_BACKEND_CHOICES), speculative decoding refuses it only with
     # --speculative-use-rejection-sampling (0.5.17 arg_groups/speculative_hook.py).
     SmokeServerSpec("sampled-mtp-topk1-no-overlap", "sampled", 1, mode_args=(*NO_OVERLAP_ARGS, *SEEDED_ARGS)),
-    SmokeServerSpec("witness-mtp-topk3-eager", "witness-sglang-phase", 3, mode_args=EAGER_ABOVE_ARGS),
+    SmokeServerSpec(
+        "witness-mtp-topk3-eager",
+        "witness-sglang-phase",
+        3,
+        mode_args=(*EAGER_ABOVE_ARGS, *CUSTOM_LOGIT_PROCESSOR_ARGS),
+    ),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
 # What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.

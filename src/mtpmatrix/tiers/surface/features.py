@@ -26,14 +26,18 @@ Which pair tells what, and why (sglang 0.5.13 / 0.5.17 read for every prediction
         own past (each re-walked token is the peak AND a past token: 175 vs <= 98), where the drafter's x + 1
         drafts are accepted: repeats with accepted drafts. No closed form (which earlier token wins depends on
         the code geometry): held to the no-MTP witness only.
+      - ``custom-logit-processor``: a custom logit processor (top_token_swap.TopTokenSwap: where a row's top token
+        is ``token_id``, it and ``instead`` swap logits), ``custom_params`` naming the chain's 4th token (the same
+        accepted draft as logit-bias) and ``instead`` 40 ids past it: the chain's first 3 tokens, then ``instead``
+        (7.66 nats clear) and the chain on from it: exact. sglang refuses the request unless the server runs with
+        ``--enable-custom-logit-processor`` (``managers/tokenizer_manager.py``), which the witness servers set
+        (smoke_servers.CUSTOM_LOGIT_PROCESSOR_ARGS).
   * sampled (temperature 0.7, closed form in mtpmatrix.pairs.sampled): ``min-p``: min_p 0.26 with no top-k /
     top-p keeps offsets d1-d3 (probability ratios to d1: 0.586, 0.344) and cuts d4 (0.201) and every other token:
     the kept set and law of sampled.closed_form exactly, with log-margins of 0.26 nats on both sides of the cut.
-  * custom logit processors: not sent; sglang refuses them unless the server runs with
-    ``--enable-custom-logit-processor`` (0.5.17 ``managers/tokenizer_manager.py``), which no smoke server sets.
 
 What intact sglang is predicted to do under MTP (docs/upstream/sglang-mtp-verify-penalty-state.md,
-docs/upstream/sglang-mtp-verify-ignores-min-p.md):
+docs/upstream/sglang-mtp-verify-ignores-min-p.md, docs/upstream/sglang-mtp-verify-skips-custom-logit-processor.md):
   * penalties and min_new_tokens see one token per verify step: the penalizers are fed only the bonus token
     (0.5.13 ``frozen_kv_mtp_worker.py: FrozenKVMTPWorker.draft`` ``cumulate_output_tokens(spec_info.bonus_tokens)``;
     0.5.17 ``eagle_utils.py: eagle_prepare_for_decode`` -> ``schedule_batch.py:
@@ -43,13 +47,14 @@ docs/upstream/sglang-mtp-verify-ignores-min-p.md):
     verify steps, 2 at the stop token) and runs past it, and ``repetition-boost`` forgets every accepted draft;
   * min_p is not applied in verify (top-k and top-p renormalisation only: 0.5.13 ``EagleVerifyInput.verify``,
     0.5.17 ``eagle_sample``): d4 comes back at ~9% of the verify-sampled tokens;
-  * 0.5.17's verify applies no custom logit processor (``eagle_sample`` has no call; 0.5.13's verify calls
-    ``apply_custom_logit_processor``): untested here (server flag).
+  * 0.5.17's and 0.5.23's verify apply no custom logit processor (``eagle_sample`` has no call; 0.5.13's verify
+    calls ``apply_custom_logit_processor``): ``custom-logit-processor`` is the plain chain under MTP
+    (docs/upstream/sglang-mtp-verify-skips-custom-logit-processor.md).
 """
 
 from __future__ import annotations
 
-from mtpmatrix.tiers.surface import logprobs
+from mtpmatrix.tiers.surface import logprobs, top_token_swap
 
 NAME = "features"
 WITNESS_PAIR = logprobs.PAIR
@@ -58,6 +63,9 @@ MAX_NEW_TOKENS = 32
 TOP_N = 5  # top logprobs at every position: the no-MTP margin where an output diverges
 BIAS_POSITION = 4  # 1-based output position biased away: verify step 1, accepted draft 3
 BIAS = -100.0
+CUSTOM = "custom-logit-processor"
+SWAP_POSITION = BIAS_POSITION  # 1-based output position the processor changes: verify step 1, accepted draft 3
+SWAP_SHIFT = 40  # ``instead`` = the swapped token + 40: past the chain's end, so the chain on from it never meets it
 STOP_POSITION = 9  # 1-based position of the stop token: verify step 2, accepted draft 2
 RELEASED_MIN_NEW = STOP_POSITION - 1  # 8 tokens precede the stop token: no-MTP emits it
 BOOST_PENALTY = 0.1
@@ -78,6 +86,7 @@ WITNESS_FEATURES = {
     "presence-penalty-minus": (next(_STARTS), {"presence_penalty": -2.0, "ignore_eos": True}),
     "repetition-penalty-2": (next(_STARTS), {"repetition_penalty": 2.0, "ignore_eos": True}),
     "repetition-boost": (next(_STARTS), {"repetition_penalty": BOOST_PENALTY, "ignore_eos": True}),
+    CUSTOM: (next(_STARTS), {"ignore_eos": True}),
 }
 # labels with no prediction past a point, held to no-MTP there: a divergence at a bf16 near-tie of the no-MTP
 # server's own (processed) logprobs is no deviation: both tokens are argmaxes within kernel rounding. The bound is
@@ -94,6 +103,21 @@ def chain(label: str, n: int = MAX_NEW_TOKENS) -> list[int]:
     return [last + k for k in range(1, n + 1)]
 
 
+def swap_tokens() -> tuple[int, int]:
+    """(token_id, instead) of the custom-logit-processor request: the chain's token at SWAP_POSITION, and the token
+    the processor puts there."""
+    swapped = chain(CUSTOM)[SWAP_POSITION - 1]
+    return swapped, swapped + SWAP_SHIFT
+
+
+def swapped_chain(n: int = MAX_NEW_TOKENS) -> list[int]:
+    """The witness's greedy output with the processor: the chain up to SWAP_POSITION, then ``instead`` and its
+    chain (next = token + 1 from any token)."""
+    k = SWAP_POSITION - 1
+    _token, instead = swap_tokens()
+    return chain(CUSTOM)[:k] + [instead + i for i in range(n - k)]
+
+
 def _witness_payload(label: str) -> dict:
     start, extra = WITNESS_FEATURES[label]
     params = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, **extra}
@@ -103,11 +127,16 @@ def _witness_payload(label: str) -> dict:
         params["ignore_eos"] = True
     if label.startswith("min-new-tokens"):
         params["stop_token_ids"] = [want[STOP_POSITION - 1]]  # ignore_eos stays off: it would ignore these too
+    processor = {}
+    if label == CUSTOM:
+        params["custom_params"] = top_token_swap.custom_params(*swap_tokens())
+        processor = {"custom_logit_processor": top_token_swap.serialised()}
     return {
         "input_ids": witness_prompt(label),
         "sampling_params": params,
         "return_logprob": True,
         "top_logprobs_num": TOP_N,
+        **processor,
     }
 
 
@@ -172,6 +201,8 @@ def predicted(label: str, output: list[int], *, mtp_intact_sglang: bool = False)
         if want[k] in output:
             return f"biased token {want[k]} (logit_bias {BIAS}) was emitted at output {output.index(want[k]) + 1}"
         return None
+    if label == CUSTOM:
+        return _custom_processor_predicted(output, mtp_intact_sglang)
     if label == "min-new-tokens-masked":
         stop = want[STOP_POSITION - 1]
         if output[: STOP_POSITION - 1] != want[: STOP_POSITION - 1] or stop in output or len(output) != MAX_NEW_TOKENS:
@@ -205,6 +236,25 @@ def predicted(label: str, output: list[int], *, mtp_intact_sglang: bool = False)
             )
         return None
     return None  # repetition-boost: held to no-MTP only
+
+
+def _custom_processor_predicted(output: list[int], mtp_intact_sglang: bool) -> str | None:
+    """The custom-logit-processor request: the swapped chain; intact 0.5.17 / 0.5.23 MTP (no processor in verify):
+    the plain chain. The message for the plain chain is the known-upstream entry's signature."""
+    token, instead = swap_tokens()
+    plain = chain(CUSTOM)
+    if output == (plain if mtp_intact_sglang else swapped_chain()):
+        return None
+    if output == plain:
+        return (
+            f"the processor did not act: output is the unmodified chain, {token} at output {SWAP_POSITION} where "
+            f"the processor puts {instead} (custom_params token_id {token}, instead {instead})"
+        )
+    k = SWAP_POSITION - 1
+    return (
+        f"expected the chain {plain[:k]}, then {instead} in place of {token} and the chain on from it, "
+        f"{MAX_NEW_TOKENS} tokens; got {len(output)}: {output[: k + 3]}..."
+    )
 
 
 def repeats(output: list[int]) -> int:
