@@ -531,3 +531,58 @@ def test_decoy_servers_are_exact_and_predicted():
     assert all(s.default == smoke_servers.DECOY_IN_DEFAULT_SUITE for s in decoys)
     # besides them, only a server of another scheduler or graph mode serves the decoy
     assert all(s.mode_args for s in specs.values() if s.decoy and s.name not in smoke_servers.DECOY_SERVERS)
+
+
+def _issue(**kw):
+    from mtpmatrix.core.known_upstream import KnownIssue
+
+    base = dict(
+        id="sglang-x-crash",
+        package="sglang",
+        affected=">=0.5.13,<0.5.17",
+        tier="smoke",
+        component="sglang",
+        kind="launch",
+        match=r"server exited with code -?\d+ before it was ready \(\d+s after launch\): RuntimeError: shape \(384\)",
+        checks=("test_server_serves[srv-a]", "test_spec_metrics[srv-a]"),
+        summary="s",
+        upstream="u",
+    )
+    return KnownIssue(**{**base, **kw})
+
+
+CRASH = CheckFailure(
+    "launch",
+    "srv-a server exited with code -9 before it was ready (48s after launch): RuntimeError: "
+    "shape (384)\nlog: x\n--- last 40 log lines ---\n...",
+)
+
+
+def test_a_failure_a_known_entry_describes_is_not_relaunched():
+    v13, v17 = {"sglang": "0.5.13"}, {"sglang": "0.5.17"}
+    assert smoke.known_to_fail_alone(CRASH, "srv-a", v13, [_issue()]) == "sglang-x-crash"
+    # anything short of the entry's launch-time signature: relaunched as usual
+    assert smoke.known_to_fail_alone(CRASH, "srv-a", v17, [_issue()]) is None  # another release
+    assert smoke.known_to_fail_alone(CRASH, "srv-b", v13, [_issue()]) is None  # another server
+    assert smoke.known_to_fail_alone(CRASH, "srv-a", v13, [_issue(kind="crash")]) is None
+    assert smoke.known_to_fail_alone(CRASH, "srv-a", v13, [_issue(checks=("test_spec_metrics[srv-a]",))]) is None
+    other = CheckFailure("launch", "srv-a server exited with code -9 before it was ready (48s after launch): OOM")
+    assert smoke.known_to_fail_alone(other, "srv-a", v13, [_issue()]) is None
+    assert smoke.known_to_fail_alone(RuntimeError("x"), "srv-a", v13, [_issue()]) is None
+
+
+def test_collect_all_keeps_a_known_failure_without_the_relaunch(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(smoke, "known_to_fail_alone", lambda err, server, versions: "sglang-x-crash")
+    said = []
+    runs = smoke.collect_all(
+        _jobs(tmp_path, 2),
+        log_dir=tmp_path,
+        parallel=2,
+        launcher=[sys.executable, FAKE, "--exit-always"],
+        progress=said.append,
+    )
+    assert all(r.error is not None and r.known_upstream_no_relaunch == "sglang-x-crash" for r in runs.values())
+    assert not list(tmp_path.glob("*-alone.log")) and not any(r.first_attempt_error for r in runs.values())
+    assert sum("not relaunched alone (failed as sglang-x-crash does)" in ln for ln in said) == 2

@@ -87,8 +87,9 @@ SMOKE_SERVERS = (
     # The request surface (mtpmatrix.tiers.surface): the witness without MTP answers every request family the MTP
     # witness servers get (stops, logprobs, sampling features), so each is held to MTP equals no-MTP on one pair.
     SmokeServerSpec("witness-nomtp", "witness-sglang-phase", None, mode_args=CUSTOM_LOGIT_PROCESSOR_ARGS),
-    # Modes no other server runs: the non-overlap scheduler (0.5.17+: the spec-v1 worker and its verify; 0.5.13's
-    # only mode), and the eager draft/verify path (batches above --cuda-graph-max-bs run without CUDA graphs).
+    # Modes no other server runs: the non-overlap scheduler (0.5.17+: the v2 worker under the non-overlap event
+    # loop; 0.5.13's only mode), and the eager draft/verify path (batches above --cuda-graph-max-bs run without CUDA
+    # graphs).
     SmokeServerSpec("decoy-mtp-topk3-no-overlap", "decoy-sglang-phase", 3, mode_args=NO_OVERLAP_ARGS),
     # ... and seeded: sampling_seed is honoured only under --enable-deterministic-inference (test_smoke_sampling's
     # test_seeded_repeats_identical); triton attention is a deterministic backend in 0.5.13 and 0.5.17

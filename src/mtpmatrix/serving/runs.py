@@ -19,6 +19,8 @@ def replay_run(run, record_property):
         record_property("first_attempt_error", run.first_attempt_error)
     if getattr(run, "confirmed_alone_by", None):  # failed beside others as that server did, and it so alone too
         record_property("confirmed_alone_by", run.confirmed_alone_by)
+    if getattr(run, "known_upstream_no_relaunch", None):  # failed as a known-upstream entry says: not relaunched
+        record_property("known_upstream_no_relaunch", run.known_upstream_no_relaunch)
     if getattr(run, "error", None) is not None:
         raise run.error
     return run

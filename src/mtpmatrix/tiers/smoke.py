@@ -36,6 +36,7 @@ from pathlib import Path
 from mtpmatrix.core import settings
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.core.smoke_servers import SmokeServerSpec
+from mtpmatrix.serving import environment
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -112,6 +113,9 @@ class SmokeRun:
     first_attempt_error: str | None = None  # set when a side-by-side launch failed and this run is the relaunch
     # failed beside others the way this server (named) failed beside them and again alone: not relaunched
     confirmed_alone_by: str | None = None
+    # failed beside others exactly as a known-upstream entry for this server and release says (its kind and message,
+    # the exception a run alone established): not relaunched, the entry's id
+    known_upstream_no_relaunch: str | None = None
     log_text: str = ""
 
     @property
@@ -253,9 +257,16 @@ def collect_all(
             # A failure that repeats alone is no contention: it stands for every server that failed the same way
             # beside the others, so a broken release costs one relaunch, not one per server.
             confirmed: dict[tuple, SmokeRun] = {}  # failure signature -> the relaunch that failed so alone too
+            versions = {"sglang": environment.version_of("sglang")}
             for job in jobs:
                 first = runs[job.spec.name]
                 if first.error is None:
+                    continue
+                known = known_to_fail_alone(first.error, job.spec.name, versions)
+                if known is not None:
+                    first.known_upstream_no_relaunch = known
+                    if progress is not None:
+                        progress(f"[smoke] {job.spec.name}: not relaunched alone (failed as {known} does)")
                     continue
                 signature = failure_signature(first.error, job.spec.name)
                 if signature in confirmed:
@@ -276,6 +287,30 @@ def collect_all(
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     return runs
+
+
+def known_to_fail_alone(error: BaseException | None, server: str, versions: dict, issues=None) -> str | None:
+    """The id of the known-upstream entry this server's failure already matches, by what can be told at launch: the
+    entry lists this server's test_server_serves case, covers this release, and its kind and pattern match the
+    failure. Such an entry was written from a run that relaunched the server alone and saw the same exception (H200,
+    sglang 0.5.13: two crashed servers relaunched one after the other made the suite 2.39 x one cold launch), so
+    a relaunch would repeat it. Whether the failure is reported as that entry is still decided per check, by the
+    whole signature. None: relaunch as usual."""
+    if not isinstance(error, CheckFailure):
+        return None
+    from mtpmatrix.core import known_upstream
+
+    text = f"CheckFailure: {error}"
+    for issue in known_upstream.load() if issues is None else issues:
+        if (
+            issue.tier == "smoke"
+            and issue.kind == error.kind
+            and f"test_server_serves[{server}]" in issue.checks
+            and issue.applies_to(versions)
+            and re.search(issue.match, text) is not None
+        ):
+            return issue.id
+    return None
 
 
 def failure_signature(error: BaseException | None, name: str) -> tuple[str, str] | None:
