@@ -143,6 +143,10 @@ def make_handler(state: FakeState):
             if state.before_answer is not None:
                 try:
                     state.before_answer()
+                except ConnectionAbortedError:  # the server went away under this request: its connection drops
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return None
                 except Exception as exc:  # e.g. a broken barrier: the requests were not all in flight at once
                     return self._send(500, {"error": {"message": f"before_answer: {type(exc).__name__}: {exc}"}})
             if k in state.drop_connection:
@@ -247,6 +251,13 @@ class FakeSglang:
 def _scheduler_crash() -> None:
     """What sglang's log holds when its scheduler dies mid-request: the cause, then the SIGQUIT handler's own
     traceback chained to it; every open connection then drops."""
+    _scheduler_crash_logged(drop=False)
+    os._exit(1)
+
+
+def _scheduler_crash_logged(drop: bool = True) -> None:
+    """The crash's log lines; with ``drop`` the request is answered by a dropped connection (raised: the handler
+    closes it) while the process stays, as sglang's launcher does while it waits for coredumps."""
     print(
         "[t] Scheduler hit an exception: Traceback (most recent call last):",
         '  File "model_runner.py", line 3208, in forward_decode',
@@ -261,7 +272,8 @@ def _scheduler_crash() -> None:
         sep="\n",
         flush=True,
     )
-    os._exit(1)
+    if drop:
+        raise ConnectionAbortedError("scheduler crashed")
 
 
 def rendezvous(folder: str, count: int) -> None:
@@ -289,6 +301,12 @@ def main(argv=None) -> None:
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--exit-once", default=None, help="if this file exists: delete it and exit 1 (one failure)")
     ap.add_argument("--exit-always", action="store_true", help="exit 1 at every launch (a broken release)")
+    ap.add_argument(
+        "--crash-stays",
+        action="store_true",
+        help="with --crash-on-generate: log the crash and drop the request, but keep the process (sglang 0.5.13's "
+        "launcher waits 60 s for CUDA coredumps before it exits)",
+    )
     ap.add_argument(
         "--crash-on-generate",
         action="store_true",
@@ -330,7 +348,9 @@ def main(argv=None) -> None:
     if args.rendezvous:
         rendezvous(args.rendezvous, args.rendezvous_count)
     time.sleep(args.startup_delay)
-    crash = _scheduler_crash if args.crash_on_generate else None
+    crash = None
+    if args.crash_on_generate:
+        crash = _scheduler_crash_logged if args.crash_stays else _scheduler_crash
     fake = FakeSglang(
         args.host, args.port, starting_for=args.starting_for, ready_file=args.ready_file, before_answer=crash
     )

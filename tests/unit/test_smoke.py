@@ -268,6 +268,24 @@ def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp
     assert first.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)")
 
 
+def test_the_cause_is_read_once_the_launcher_logs_the_failure_not_at_its_exit(tmp_path):
+    import sys
+
+    # sglang 0.5.13's launcher logs SIGQUIT, then waits 60 s for CUDA coredumps before it exits: the cause is read
+    # at the SIGQUIT line; this stub never exits on its own, so a harness waiting for the exit would get nothing
+    run = smoke.collect(
+        smoke_servers.SMOKE_SERVERS[0],
+        tmp_path / "target",
+        tmp_path / "assistant",
+        vocab_size=512,
+        log_dir=tmp_path,
+        launcher=[sys.executable, FAKE, "--crash-on-generate", "--crash-stays"],
+    )
+    first = str(run.error).splitlines()[0]
+    assert run.error.kind == "crash" and "requests failed: " in first
+    assert first.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)")
+
+
 def test_failure_beside_others_is_relaunched_alone(tmp_path):
     import sys
 

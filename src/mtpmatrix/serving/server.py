@@ -48,6 +48,8 @@ _ERROR_LINE = re.compile(r"Error|Exception|Traceback|CUDA out of memory|Killed|F
 # A traceback's last line as Python prints it ("RuntimeError: ...", "torch.OutOfMemoryError: ..."), no log prefix
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+# what sglang's launcher logs when a child process (scheduler, detokenizer) failed: its traceback is logged by then
+CHILD_FAILED = ("SIGQUIT received", "Received sigquit from a child process")
 ROOT_EXCEPTION_LINES = 600  # a scheduler crash's chained tracebacks fit (H200, 0.5.13: ~90 lines)
 
 
@@ -325,17 +327,20 @@ class SglangServer:
         """``root_exception`` of this server's log (its last ROOT_EXCEPTION_LINES lines)."""
         return root_exception(self.log_tail(ROOT_EXCEPTION_LINES))
 
-    def exit_cause(self, wait: float = 30.0) -> str:
-        """Why the server died, once its process has exited ("" while it runs on). Requests cut off by a crash
-        return before the launcher has exited (sglang sleeps before its crash diagnostics): waits up to ``wait``
-        seconds for the exit, an event, not a margin."""
+    def exit_cause(self, wait: float = 120.0, poll: float = 0.5) -> str:
+        """Why the server died: its log's root exception, once the log shows that a child failed (sglang's
+        launcher logs SIGQUIT after the child logged its traceback) or the process has exited; "" if neither
+        happens within ``wait`` seconds. Waits on those events, not on the exit alone: after a scheduler crash
+        0.5.13's launcher waits 60 s for CUDA coredumps before it exits (H200, 2026-12-02)."""
         if self.proc is None:
             return ""
-        try:
-            self.proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            return ""
-        return self.root_exception()
+        deadline = time.monotonic() + wait
+        while True:
+            if self.proc.poll() is not None or any(m in ln for ln in self.log_tail(80) for m in CHILD_FAILED):
+                return self.root_exception()
+            if time.monotonic() >= deadline:
+                return ""
+            time.sleep(poll)
 
     # -- teardown
     def stop(self, timeout: float | None = None) -> int | None:
