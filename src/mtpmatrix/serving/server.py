@@ -327,11 +327,12 @@ class SglangServer:
         """``root_exception`` of this server's log (its last ROOT_EXCEPTION_LINES lines)."""
         return root_exception(self.log_tail(ROOT_EXCEPTION_LINES))
 
-    def exit_cause(self, wait: float = 120.0, poll: float = 0.5) -> str:
+    def exit_cause(self, wait: float = 75.0, poll: float = 0.5) -> str:
         """Why the server died: its log's root exception, once the log shows that a child failed (sglang's
         launcher logs SIGQUIT after the child logged its traceback) or the process has exited; "" if neither
         happens within ``wait`` seconds. Waits on those events, not on the exit alone: after a scheduler crash
-        0.5.13's launcher waits 60 s for CUDA coredumps before it exits (H200, 2026-12-02)."""
+        0.5.13's launcher waits 60 s for CUDA coredumps before it exits (H200, 2026-12-02); ``wait`` covers that
+        exit where a release logs no SIGQUIT line, and bounds a server that stalled without dying."""
         if self.proc is None:
             return ""
         deadline = time.monotonic() + wait
