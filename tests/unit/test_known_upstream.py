@@ -630,3 +630,26 @@ def test_the_assisted_sampling_bounds_follow_from_the_closed_form():
     assert rate["bug"] > 0.998 and rate["recorded"] > 0.9  # the bug matches; so would the recorded shares, as truth
     assert rate["temperature twice"] < 5e-4 and rate["closed form"] < 1e-7 and rate["temperature ignored"] < 1e-12
     assert rate["greedy"] == 0.0
+
+
+def test_an_entry_for_a_dead_server_lists_every_check_that_server_runs():
+    """A crash or launch entry that lists a server's test_server_serves case explains that server's death: every
+    check over the server then fails with the same message, so the entry must list each of them (the eager-draft
+    crash once missed the custom-logit-processor case added after it, which then failed unexplained)."""
+    from mtpmatrix.core import known_upstream, smoke_servers
+    from mtpmatrix.core.evidence import expected_checks
+    from mtpmatrix.core.schema import short_check_id
+
+    names = sorted((s.name for s in smoke_servers.SMOKE_SERVERS), key=len, reverse=True)
+
+    def server_of(case_id: str) -> str | None:
+        param = short_check_id(case_id).partition("[")[2].rstrip("]")
+        return next((n for n in names if param == n or param.startswith(n + "-")), None)
+
+    smoke = expected_checks.load()["smoke"]
+    for issue in known_upstream.load():
+        dead = [c[len("test_server_serves[") : -1] for c in issue.checks if c.startswith("test_server_serves[")]
+        for server in dead:
+            runs = {short_check_id(c) for c in smoke if server_of(c) == server}
+            assert runs, (issue.id, server)
+            assert runs <= set(issue.checks), (issue.id, sorted(runs - set(issue.checks)))

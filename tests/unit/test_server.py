@@ -141,15 +141,20 @@ SCHEDULER_CRASH = [
 ]
 
 
-def test_root_exception_is_the_first_of_the_last_chain():
-    assert root_exception(SCHEDULER_CRASH) == (
-        "RuntimeError: The size of tensor a (24) must match the size of tensor b (48) at non-singleton dimension 0"
-    )
-    # a log whose only traceback is one the server survived names that one; a log without any names nothing
-    assert root_exception(SCHEDULER_CRASH[:4]) == "ModuleNotFoundError: No module named 'openai_harmony'"
+def test_root_exception_is_the_first_after_the_last_sign_of_progress():
+    crash = "RuntimeError: The size of tensor a (24) must match the size of tensor b (48) at non-singleton dimension 0"
+    # the survived startup traceback is followed by a prefill line: passed over; the SIGQUIT chain: not the cause
+    assert root_exception(SCHEDULER_CRASH) == crash
+    # a teardown traceback after the crash (another chain) does not replace it
+    teardown = ["Traceback (most recent call last):", '  File "uvicorn.py", line 1', "asyncio.CancelledError"]
+    assert root_exception(SCHEDULER_CRASH + teardown) == crash
+    # a death with no traceback after the server went on (a C++ abort): no cause named, never the survived one
+    abort = ["terminate called after throwing an instance of 'c10::Error'", "  what():  CUDA error"]
+    assert root_exception(SCHEDULER_CRASH[:4] + abort) == ""
+    # exception lines without an Error suffix, and a bare Exception, are named too
+    for last in ("Exception: Capture cuda graph failed", "triton.runtime.errors.OutOfResources: out of resource"):
+        assert root_exception(["[t] x: Traceback (most recent call last):", '  File "a.py", line 1', last]) == last
     assert root_exception(["[t] Capture cuda graph begin", "RuntimeError mentioned in prose"]) == ""
-    # two unrelated crashes: the later one is the server's last word
-    assert root_exception(SCHEDULER_CRASH[4:8] + SCHEDULER_CRASH[:3]).startswith("ModuleNotFoundError")
 
 
 def test_launch_failure_names_the_root_exception_not_the_sigquit(tmp_path):
@@ -268,3 +273,12 @@ def test_auto_port_taken_before_start_is_picked_again(tmp_path):
         with srv:
             assert srv.port != taken
             assert client.health(srv.base_url, timeout=5)
+
+
+def test_exit_cause_of_a_live_healthy_server_is_none_at_once(tmp_path):
+    # requests that lost their connection to a server that did not die (a stall): nothing to wait for; a harness
+    # that waited for an exit here would sit out the whole bound (HANG) instead of the few seconds to a healthy answer
+    srv = _fake(tmp_path)
+    with srv:
+        assert srv.exit_cause(wait=HANG) == ""
+        assert srv.alive()

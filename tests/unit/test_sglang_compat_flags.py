@@ -17,6 +17,12 @@ def test_0_5_23_gets_the_decode_spelling_every_time_the_flag_appears():
     assert out.count("--cuda-graph-max-bs-decode") == 2 and "--cuda-graph-max-bs" not in out
     assert out[3] == "8" and out[-1] == "2" and "--disable-overlap-schedule" in out  # values and others untouched
     assert compat.spelled_for_release(ARGV, "0.5.24.post1") == out
+    assert compat.spelled_for_release(ARGV, "0.5.23rc1") == out == compat.spelled_for_release(ARGV, "0.5.23.dev4")
+    assert compat.spelled_for_release(["--cuda-graph-max-bs=2"], "0.5.23") == ["--cuda-graph-max-bs-decode=2"]
+    assert compat.spelled_for_release(["--cuda-graph-max-bs-prefill", "4"], "0.5.23") == [
+        "--cuda-graph-max-bs-prefill",
+        "4",
+    ]
 
 
 def test_flag_fields_reads_values_and_switches():

@@ -45,28 +45,37 @@ from mtpmatrix.serving.processes import (
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 HEALTH_PATHS = ("/health_generate", "/health")
 _ERROR_LINE = re.compile(r"Error|Exception|Traceback|CUDA out of memory|Killed|FAILED|assert", re.I)
-# A traceback's last line as Python prints it ("RuntimeError: ...", "torch.OutOfMemoryError: ..."), no log prefix
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 # what sglang's launcher logs when a child process (scheduler, detokenizer) failed: its traceback is logged by then
 CHILD_FAILED = ("SIGQUIT received", "Received sigquit from a child process")
+# lines of a server going on: a traceback before one of these was survived (sglang 0.5.13 logs an optional OpenAI
+# class's ModuleNotFoundError at startup and serves on), so it never names why the server later died
+PROGRESS_LINES = (
+    "The server is fired up and ready to roll",
+    "# mtpmatrix: ready",
+    "Prefill batch",
+    "Decode batch",
+    "Uvicorn running on",
+    "Application startup complete",
+)
+HEALTHY_AFTER = 2.0  # seconds after the failed requests: a server still healthy then stalled, it did not die
 ROOT_EXCEPTION_LINES = 600  # a scheduler crash's chained tracebacks fit (H200, 0.5.13: ~90 lines)
 
 
 def root_exception(lines: list[str]) -> str:
-    """The exception that started the log's last traceback chain: the first of chained tracebacks, not the SIGQUIT
-    or re-raise that follows it. An earlier, unrelated traceback (sglang logs some it survives, e.g. an optional
-    OpenAI server class) starts its own chain and is passed over. "" when the lines hold no traceback."""
-    root, in_traceback, chained = "", False, False
+    """The first exception a traceback names after the server's last sign of progress: the crash, not the SIGQUIT
+    handler's traceback chained to it nor a teardown traceback after it, and never a traceback the server survived
+    (one followed by PROGRESS_LINES). A traceback's exception line is its first line after the frames that is not
+    indented and carries no log prefix ("RuntimeError: ...", "Exception: ...", "triton...OutOfResources: ...").
+    "" when no traceback follows the last progress line (a death without one: a C++ abort, a SIGKILL)."""
+    root, in_traceback = "", False
     for raw in lines:
         line = raw.rstrip()
-        if line.endswith("Traceback (most recent call last):"):
-            if not chained:
-                root = ""  # a new chain
-            in_traceback, chained = True, False
-        elif line.startswith(_CHAINED):
-            chained = True
-        elif in_traceback and _EXCEPTION_LINE.match(line):
+        if any(mark in line for mark in PROGRESS_LINES):
+            root, in_traceback = "", False  # whatever came before was survived
+        elif line.endswith("Traceback (most recent call last):"):
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace() and not line.startswith(("[", *_CHAINED)):
             in_traceback = False
             root = root or line
     return root
@@ -210,8 +219,8 @@ class SglangServer:
     def _fail(self, kind: str, first_line: str, n: int = 40) -> CheckFailure:
         tail = self.log_tail(n)
         # the message names why the server died: the root exception when a traceback shows one (what a known
-        # upstream signature matches; only once it has exited: a live server's log keeps tracebacks it survived),
-        # else the last line that looks like an error
+        # upstream signature matches; only once it has exited: a server not ready in time has not died), else the
+        # last line that looks like an error
         cause = (self.root_exception() if self.returncode is not None else "") or next(
             (ln.strip() for ln in reversed(tail) if _ERROR_LINE.search(ln) and not ln.startswith("#")), ""
         )
@@ -335,13 +344,24 @@ class SglangServer:
         exit where a release logs no SIGQUIT line, and bounds a server that stalled without dying."""
         if self.proc is None:
             return ""
-        deadline = time.monotonic() + wait
+        t0 = time.monotonic()
         while True:
             if self.proc.poll() is not None or any(m in ln for ln in self.log_tail(80) for m in CHILD_FAILED):
                 return self.root_exception()
-            if time.monotonic() >= deadline:
+            waited = time.monotonic() - t0
+            if waited >= wait:
+                return ""
+            # a server that still answers its health check a moment on did not die: it stalled (no cause to wait
+            # for; the crash path logs SIGQUIT within milliseconds of dropping its connections)
+            if waited >= HEALTHY_AFTER and self._answers_health():
                 return ""
             time.sleep(poll)
+
+    def _answers_health(self) -> bool:
+        try:
+            return client.request(self.base_url, "GET", "/health", timeout=5.0)[0] == 200
+        except OSError:
+            return False
 
     # -- teardown
     def stop(self, timeout: float | None = None) -> int | None:

@@ -152,8 +152,14 @@ def spelled_for_release(argv: list[str], version: str | None = None) -> list[str
         release = Version(version or sglang_version())
     except InvalidVersion:
         return list(argv)
-    renames = {old: new for old, since, new in RENAMED_FLAGS if release >= Version(since)}
-    return [renames.get(a, a) for a in argv]
+    # by release number: a 0.5.23 pre-release or dev build already has the new spelling
+    renames = {old: new for old, since, new in RENAMED_FLAGS if release.release >= Version(since).release}
+
+    def spelled(arg: str) -> str:
+        flag, eq, value = arg.partition("=")
+        return renames.get(flag, flag) + eq + value if flag in renames else arg
+
+    return [spelled(a) for a in argv]
 
 
 def flag_fields(argv: list[str]) -> dict[str, Any]:
