@@ -95,17 +95,13 @@ def venv_of(row: str) -> Path:
 
 
 def run_row(row: str, results: Path, run_id: str, one_process: bool, tiers: str | None = None) -> dict:
-    env = {
-        **os.environ,
-        "UV_PYTHON_DOWNLOADS": "never",
-        "MTPMATRIX_SIDE_BY_SIDE": "0",
-        "MTPMATRIX_PRECOMPILE": "0" if one_process else "1",
-    }
-    if not one_process:
-        # the row decides as a user's does: side by side where it has two cores, one process on one (--taskset 0);
-        # forcing it on made one core run both processes at once (2.98 x on 2026-12-02)
-        env.pop("MTPMATRIX_SIDE_BY_SIDE")
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "MTPMATRIX_PRECOMPILE": "0" if one_process else "1"}
     env.pop("MTPMATRIX_TIERS", None)
+    # unset, the row decides as a user's does: side by side where it has two cores, one process on one
+    # (--taskset 0); forcing it on made one core run both processes at once (2.98 x on 2026-12-02)
+    env.pop("MTPMATRIX_SIDE_BY_SIDE", None)
+    if one_process:
+        env["MTPMATRIX_SIDE_BY_SIDE"] = "0"
     # the floor's import is timed on both sides of the row and averaged: this machine's speed drifts by a third
     # within minutes (the same import took 22 s and 32 s ten minutes apart), and one side alone carries that drift
     # into the ratio

@@ -20,6 +20,7 @@ from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.schema import FAILING, short_check_id
 from mtpmatrix.faults.catalogue import ENV_MUTANT, HOOK_DIR, MARK
 from mtpmatrix.serving.processes import group_members
+from mtpmatrix.serving.server import LOG_NOTE, READY_NOTE
 
 SUITE = "tests/tiers"  # the smoke checks, in every test module of the suite (--tiers smoke selects them)
 
@@ -33,7 +34,7 @@ CORES_PER_SERVER = 3
 DEFAULT_TIMEOUT = 480  # seconds per suite; a smoke server gets 420 s to become ready
 MIN_SUITE_SECONDS = 90  # with --budget: a suite is not started with less left (a warm one takes ~90 s)
 SERVER_PGID = re.compile(r"^# pid (\d+) \(process group (\d+)\)", re.M)  # SglangServer's log header
-READY_LINE = "# mtpmatrix: ready after"  # SglangServer's log line once a server answers
+READY_LINE = LOG_NOTE + READY_NOTE  # SglangServer's log line once a server answers
 
 
 # --------------------------------------------------------------------------------------------- verdicts

@@ -48,11 +48,13 @@ _ERROR_LINE = re.compile(r"Error|Exception|Traceback|CUDA out of memory|Killed|F
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 # what sglang's launcher logs when a child process (scheduler, detokenizer) failed: its traceback is logged by then
 CHILD_FAILED = ("SIGQUIT received", "Received sigquit from a child process")
+LOG_NOTE = "# mtpmatrix: "  # how this harness's own lines in a server log begin (SglangServer._log)
+READY_NOTE = "ready after"  # the harness's note that the server answered its health check
 # lines of a server going on: a traceback before one of these was survived (sglang 0.5.13 logs an optional OpenAI
 # class's ModuleNotFoundError at startup and serves on), so it never names why the server later died
 PROGRESS_LINES = (
     "The server is fired up and ready to roll",
-    "# mtpmatrix: ready",
+    LOG_NOTE + READY_NOTE,
     "Prefill batch",
     "Decode batch",
     "Uvicorn running on",
@@ -285,7 +287,7 @@ class SglangServer:
                         except ValueError:
                             self.model_info = {}
                         self.ready_seconds = round(time.monotonic() - t0, 3)
-                        self._log(f"ready after {self.ready_seconds}s")
+                        self._log(f"{READY_NOTE} {self.ready_seconds}s")
                         self._say(f"ready after {self.ready_seconds:.0f}s")
                         return self.model_info
             except (OSError, http.client.HTTPException) as exc:
@@ -312,7 +314,7 @@ class SglangServer:
     def _log(self, line: str) -> None:
         try:
             if self._log_fh and not self._log_fh.closed:
-                self._log_fh.write(f"# mtpmatrix: {line}\n".encode())
+                self._log_fh.write(f"{LOG_NOTE}{line}\n".encode())
         except OSError:
             pass
 
