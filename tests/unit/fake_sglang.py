@@ -64,6 +64,9 @@ class FakeState:
         self.lock = threading.Lock()
         self.count = 0
         self.payloads: list[dict] = []
+        # request number -> the most other /generate requests in flight at once while it was (meta_info "fake_peers")
+        self.active: set[int] = set()
+        self.peers: dict[int, int] = {}
         self.connections: set = set()
         self.flushes = 0
 
@@ -132,6 +135,16 @@ def make_handler(state: FakeState):
                 k = state.count
                 state.count += 1
                 state.connections.add(self.client_address)
+                state.active.add(k)
+                for j in state.active:
+                    state.peers[j] = max(state.peers.get(j, 0), len(state.active) - 1)
+            try:
+                return self._generate(k, raw)
+            finally:
+                with state.lock:
+                    state.active.discard(k)
+
+        def _generate(self, k: int, raw: bytes):
             try:
                 payload = json.loads(raw)
             except ValueError:
@@ -168,6 +181,9 @@ def make_handler(state: FakeState):
                 "cached_tokens": 0,
                 "e2e_latency": state.delay,
             }
+            with state.lock:  # out of flight before the answer leaves: the client may send its next request at once
+                state.active.discard(k)
+                meta["fake_peers"] = state.peers.pop(k, 0)
             if state.accept_length:
                 verify = max(1, round(ct / state.accept_length))
                 meta.update(spec_verify_ct=verify, spec_accept_length=ct / verify)

@@ -604,3 +604,52 @@ def test_collect_all_keeps_a_known_failure_without_the_relaunch(tmp_path, monkey
     assert all(r.error is not None and r.known_upstream_no_relaunch == "sglang-x-crash" for r in runs.values())
     assert not list(tmp_path.glob("*-alone.log")) and not any(r.first_attempt_error for r in runs.values())
     assert sum("not relaunched alone (failed as sglang-x-crash does)" in ln for ln in said) == 2
+
+
+def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch):
+    """A witness server's penalty requests (features.ALONE) are sent after every other request, one at a time (a
+    client batch of parallel 1 of its own, after the shared batch returned), and no other request was in flight at
+    any moment of theirs (the fake counts). Lifecycle only: the fake's outputs say nothing about penalties."""
+    import sys
+
+    from mtpmatrix.serving import client
+    from mtpmatrix.tiers.surface import features
+
+    assert features.ALONE == {
+        "frequency-penalty-plus",
+        "frequency-penalty-minus",
+        "presence-penalty-plus",
+        "presence-penalty-minus",
+        "repetition-penalty-2",
+        "repetition-boost",
+    }
+    alone_payloads = [
+        features._witness_payload(label) for label in features.WITNESS_FEATURES if label in features.ALONE
+    ]
+    batches = []
+    real_run_batch = client.run_batch
+
+    def recording_run_batch(base_url, requests, parallel=128, **kw):
+        requests = list(requests)
+        batches.append((requests, parallel))
+        return real_run_batch(base_url, requests, parallel=parallel, **kw)
+
+    monkeypatch.setattr(client, "run_batch", recording_run_batch)
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
+    run = smoke.collect(
+        spec,
+        tmp_path / "target",
+        tmp_path / "assistant",
+        vocab_size=512,
+        log_dir=tmp_path,
+        launcher=[sys.executable, FAKE],
+    )
+    assert run.error is None, run.error
+    (shared, parallel), (last, last_parallel) = batches
+    assert parallel > 1 and not any(p in shared for p in alone_payloads)
+    assert (last, last_parallel) == (alone_payloads, 1)
+    by_label = {x.label: x for x in run.exchanges(features.NAME)}
+    assert set(by_label) == set(features.WITNESS_FEATURES)
+    assert {label: by_label[label].meta["fake_peers"] for label in features.ALONE} == dict.fromkeys(features.ALONE, 0)
+    # each answer is the one to its own payload, also for the requests sent apart
+    assert all(x.payload == features._witness_payload(x.label) for x in by_label.values())

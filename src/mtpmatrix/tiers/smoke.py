@@ -389,13 +389,15 @@ def collect(
             reqs += [payload(r) for r in plan]
         n_planned = len(reqs)
         # every family's requests in the same batch as the rest: mixed request kinds in flight together
-        labelled = surface.requests_for(spec, vocab_size)
+        labelled, alone = surface.split_alone(surface.requests_for(spec, vocab_size))
         reqs += [payload for _family, _label, payload in labelled]
         results = client.run_batch(server.base_url, reqs, parallel=min(len(reqs), CLIENT_PARALLEL))
+        # then one at a time, nothing else in flight: answers that depend on the batches beside them
+        results += client.run_batch(server.base_url, [payload for _family, _label, payload in alone], parallel=1)
         run.request_seconds = round(time.monotonic() - t1, 2)
         # a family's failed request stays with its exchange: whether the release refuses what it asks is that
         # family's check to judge, not a crash of the whole server
-        run.surface = surface.collate(labelled, results[n_planned:])
+        run.surface = surface.collate(labelled + alone, results[n_planned:])
         results = results[:n_planned]
         errors = [r.error for r in results if r.error]
         if errors:

@@ -10,7 +10,14 @@ sampling parameters, seeds). Each family is a module of this package with
                                                 smoke_servers.SmokeServerSpec); [] where the family does not apply
 
 and is listed in FAMILIES. The smoke tier sends every family's requests in the same batch as its own (so request
-kinds are in flight together), and the checks read them back with ``SmokeRun.exchanges(NAME)``.
+kinds are in flight together), and the checks read them back with ``SmokeRun.exchanges(NAME)``. A family may also
+name labels in
+
+    ALONE: frozenset[str]                       requests whose answer on an intact server depends on which other
+                                                requests' batches run beside them: sent after that batch, one at
+                                                a time with nothing else in flight (``split_alone``)
+
+so that the MTP and no-MTP servers answer them on the same schedule and the comparison sees MTP, not timing.
 """
 
 from __future__ import annotations
@@ -52,6 +59,13 @@ def requests_for(spec, vocab_size: int) -> list[tuple[str, str, dict]]:
     for family in families():
         out += [(family.NAME, label, payload) for label, payload in family.requests(spec, vocab_size)]
     return out
+
+
+def split_alone(labelled: list[tuple[str, str, dict]]) -> tuple[list, list]:
+    """(shared, alone): ``requests_for``'s requests split by their families' ALONE labels, each part in order."""
+    alone = {family.NAME: getattr(family, "ALONE", frozenset()) for family in families()}
+    shared = [x for x in labelled if x[1] not in alone[x[0]]]
+    return shared, [x for x in labelled if x[1] in alone[x[0]]]
 
 
 def collate(labelled: list[tuple[str, str, dict]], results: list) -> dict[str, list[Exchange]]:

@@ -88,6 +88,18 @@ WITNESS_FEATURES = {
     "repetition-boost": (next(_STARTS), {"repetition_penalty": BOOST_PENALTY, "ignore_eos": True}),
     CUSTOM: (next(_STARTS), {"ignore_eos": True}),
 }
+# Sent alone (surface.split_alone): a penalizer's history is fed ``req.output_ids[-1]`` when the request's next batch
+# is prepared (0.5.17 ``schedule_batch.py: ScheduleBatch.cumulate_penalty_output_tokens``, with and without MTP).
+# The overlap scheduler prepares that batch before it processes the previous step's result, so the token fed is one
+# step old; after another request's prefill batch ran in between, the result was processed first and the newest
+# token is fed, then fed again at the next step, and the token before it never. Which tokens a penalty sees thus
+# depends on when other requests arrive. Seen on the H200, 0.5.17: repetition-boost equal to no-MTP on every MTP
+# server in one run (suite commit f46c5ed) and [392, 391, 391, ...] against [392, 391, 392, ...] on topk 3 and
+# eager in the next (8cac82d, four more requests per witness server beside it). Alone, a request's steps follow
+# each other on both servers, so the comparison sees what MTP does to penalties, not the arrival timing.
+ALONE = frozenset(
+    label for label, (_start, extra) in WITNESS_FEATURES.items() if any(k.endswith("_penalty") for k in extra)
+)
 # labels with no prediction past a point, held to no-MTP there: a divergence at a bf16 near-tie of the no-MTP
 # server's own (processed) logprobs is no deviation: both tokens are argmaxes within kernel rounding. The bound is
 # logprobs.TOLERANCE_NATS, scaled by how much the feature scales the logits there.
