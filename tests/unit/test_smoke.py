@@ -653,3 +653,37 @@ def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch)
     assert {label: by_label[label].meta["fake_peers"] for label in features.ALONE} == dict.fromkeys(features.ALONE, 0)
     # each answer is the one to its own payload, also for the requests sent apart
     assert all(x.payload == features._witness_payload(x.label) for x in by_label.values())
+
+
+def test_no_request_goes_alone_to_a_server_that_lost_a_connection(tmp_path, monkeypatch):
+    """sglang 0.5.13's server whose scheduler died keeps its HTTP port open for 60 s (the launcher's coredump wait):
+    a request sent there waits for the kill. Seen on the H200 (2026-12-02, witness-mtp-topk3-eager): the penalty
+    requests sent one by one to it after the crash held the suite 59 s longer (1.58 x one cold launch, 1.34 before).
+    After a lost connection none is sent; each is kept with why."""
+    import sys
+
+    from mtpmatrix.serving import client
+    from mtpmatrix.tiers.surface import features
+
+    batches = []
+    real_run_batch = client.run_batch
+
+    def recording_run_batch(base_url, requests, parallel=128, **kw):
+        requests = list(requests)
+        batches.append(len(requests))
+        return real_run_batch(base_url, requests, parallel=parallel, **kw)
+
+    monkeypatch.setattr(client, "run_batch", recording_run_batch)
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
+    run = smoke.collect(
+        spec,
+        tmp_path / "target",
+        tmp_path / "assistant",
+        vocab_size=512,
+        log_dir=tmp_path,
+        launcher=[sys.executable, FAKE, "--crash-on-generate", "--crash-stays"],
+    )
+    assert run.error.kind == "crash" and len(batches) == 1  # the shared batch only
+    alone = [x for x in run.exchanges(features.NAME) if x.label in features.ALONE]
+    assert len(alone) == len(features.ALONE)
+    assert all(x.error.startswith("not sent: the server lost a connection in the batch before (") for x in alone)

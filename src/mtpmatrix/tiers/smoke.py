@@ -392,8 +392,14 @@ def collect(
         labelled, alone = surface.split_alone(surface.requests_for(spec, vocab_size))
         reqs += [payload for _family, _label, payload in labelled]
         results = client.run_batch(server.base_url, reqs, parallel=min(len(reqs), CLIENT_PARALLEL))
-        # then one at a time, nothing else in flight: answers that depend on the batches beside them
-        results += client.run_batch(server.base_url, [payload for _family, _label, payload in alone], parallel=1)
+        # then one at a time, nothing else in flight: answers that depend on the batches beside them; never to a
+        # server that lost a connection (a dying sglang may hold a request until its launcher's kill: 60 s on 0.5.13)
+        lost = [r.error for r in results if r.error and any(c in r.error for c in CONNECTION_LOST)]
+        if lost or not server.alive():
+            why = f"not sent: the server lost a connection in the batch before ({lost[0] if lost else 'it exited'})"
+            results += [client.Result(len(results) + i, False, 0.0, error=why) for i in range(len(alone))]
+        else:
+            results += client.run_batch(server.base_url, [payload for _family, _label, payload in alone], parallel=1)
         run.request_seconds = round(time.monotonic() - t1, 2)
         # a family's failed request stays with its exchange: whether the release refuses what it asks is that
         # family's check to judge, not a crash of the whole server
