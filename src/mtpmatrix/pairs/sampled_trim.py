@@ -45,10 +45,13 @@ def _trimmed(target):
         return None  # a layer read through another's KV, or per-layer inputs: not the sampled dense shape
     types = list(text.layer_types)
     keep = kept_layers(types)
-    config = copy.deepcopy(target.config)
-    lean = config.get_text_config()
-    lean.num_hidden_layers = len(keep)
-    lean.layer_types = [types[i] for i in keep]
+    if getattr(text, "per_layer_config", None):
+        config = _renumbered_config(target.config, keep)
+    else:
+        config = copy.deepcopy(target.config)
+        lean = config.get_text_config()
+        lean.num_hidden_layers = len(keep)
+        lean.layer_types = [types[i] for i in keep]
     trimmed = type(target)(config).to(torch.float32).eval()
     state = {}
     for key, value in target.state_dict().items():
@@ -62,6 +65,20 @@ def _trimmed(target):
     trimmed.load_state_dict(state, strict=True)
     trimmed.generation_config = copy.deepcopy(target.generation_config)
     return trimmed
+
+
+def _renumbered_config(config, keep: list[int]):
+    """``config`` with only the text layers ``keep``, for a transformers (>= 5.19) that keeps per-layer attributes
+    (a full layer's head_dim, KV heads) in ``per_layer_config`` by layer index and derives the layers' shapes from
+    it when the config is built: the overrides follow their layers to the new indices, and the config is built
+    again from its dict (setting the attributes on a built config leaves the shapes of the old indices)."""
+    data = config.to_dict()
+    text = data["text_config"] if "text_config" in data else data
+    text["layer_types"] = [text["layer_types"][i] for i in keep]
+    text["num_hidden_layers"] = len(keep)
+    per = text.get("per_layer_config") or {}
+    text["per_layer_config"] = {str(j): per[str(i)] for j, i in enumerate(keep) if str(i) in per}
+    return type(config).from_dict(data)
 
 
 def _same_outputs(target, trimmed, prompts) -> bool:
