@@ -579,8 +579,8 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, sampled_ve
     steps instead of 128; issue #31) through ``generate(do_sample=True)``, judged by the same check (no offset off
     the kept set; chi-square at 1e-4, TV 0.030 detected at power 0.9). The target generates without the layers
     nothing reads where that is the same bit for bit (``sampled_verifier``; its layers write nothing to the residual
-    stream, so its logits are its embedding's, whatever the layers compute): a third less CPU on dense-31b and
-    moe-26b-a4b, the same tokens."""
+    stream, so its logits are its embedding's, whatever the layers compute): ~40 % less CPU on dense-31b and
+    moe-26b-a4b, the same tokens; e-series, whose layers share KV and take per-layer inputs, runs whole."""
     from mtpmatrix.pairs import sampled
 
     torch = _torch()
