@@ -67,8 +67,13 @@ def _torch():
 @pytest.fixture(scope="session")
 def load_pair(build_tiny_pair):
     """``(name, variant) -> (target, assistant, tokenizer)`` in fp32, loaded once per session and pair (a bool
-    variant, the older spelling of constructed, is the same pair as its name)."""
+    variant, the older spelling of constructed, is the same pair as its name). A model folder whose files are byte
+    for byte those of one already loaded is that model: the witness and decoy pairs built for sglang's draft phase
+    differ from the reference-phase ones in the assistant only (pairs.witness: the phase turns the draft query), so
+    their targets are loaded once (issue #31)."""
     from mtpmatrix.pairs.tiny import variant_name
+
+    loaded: dict[tuple[str, str], object] = {}  # (class, folder_digest) -> the model, loaded without a complaint
 
     @_memo
     def _load(name: str, constructed):
@@ -88,6 +93,10 @@ def load_pair(build_tiny_pair):
             (Gemma4ForConditionalGeneration, paths.target),
             (Gemma4AssistantForCausalLM, paths.assistant),
         ):
+            key = (cls.__name__, _folder_digest(folder))
+            if key in loaded:
+                models.append(loaded[key])
+                continue
             try:
                 model, info = cls.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
             except Exception as exc:
@@ -101,11 +110,59 @@ def load_pair(build_tiny_pair):
             }
             if bad:
                 raise CheckFailure("weights", f"{cls.__name__} from {folder.name}: {bad}")
-            models.append(model.eval())
+            loaded[key] = model.eval()
+            models.append(model)
         tokenizer = AutoTokenizer.from_pretrained(paths.target)
         return models[0], models[1], tokenizer
 
     return lambda name, variant: _load(name, variant_name(variant))
+
+
+def _folder_digest(folder) -> str:
+    """sha256 over the names and bytes of every file in ``folder`` (a tiny pair's model folder: a few MiB)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def greedy_ids():
+    """``(target, prompts, new_tokens) -> ids``: the target's plain greedy ``generate`` on a batch of token-id
+    prompts (prompt and new tokens), run once per session and target model: the witness and decoy variants that
+    share a target (``load_pair``) share its chain."""
+    done: dict = {}
+
+    def _run(target, prompts, new_tokens: int):
+        key = (id(target), tuple(map(tuple, prompts.tolist())), new_tokens)
+        if key not in done:
+            torch = _torch()
+            with torch.inference_mode():
+                ids = target.generate(
+                    prompts, max_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(prompts)
+                )
+            done[key] = (target, ids)  # the model stays referenced, so its id is never another's
+        return done[key][1]
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def sampled_verifier(load_pair):
+    """``(name, prompts) -> model``: the sampled pair's target without the layers nothing reads
+    (``sampled_trim.kv_source_copy``, proven the same bit for bit on the distinct ``prompts``), else the target
+    itself; once per session and pair, for the sampled checks that generate from the target (issue #31)."""
+    from mtpmatrix.pairs import sampled_trim
+
+    @_memo
+    def _verifier(name: str, prompts: tuple):
+        torch = _torch()
+        target = load_pair(name, "sampled")[0]
+        return sampled_trim.kv_source_copy(target, torch.tensor([list(p) for p in prompts])) or target
+
+    return lambda name, prompts: _verifier(name, tuple(dict.fromkeys(tuple(p) for p in prompts)))
 
 
 @contextlib.contextmanager
@@ -445,7 +502,7 @@ WITNESS_VARIANTS = [
 
 @pytest.mark.check("acceptance")
 @pytest.mark.parametrize("name,variant", WITNESS_VARIANTS)
-def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_property, name, variant):
+def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, greedy_ids, record_property, name, variant):
     """The witness assistant is not blind: with the Frozen-KV seeding (bonus token + the target's hidden state at
     the last accepted position, target KV of the bound layers, the query at the draft phase the variant is built
     for) it drafts every token right, and each ablation -- hidden state of the previous position, KV of another
@@ -462,10 +519,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
     target, assistant, _tok = load_pair(name, variant)
     text = json.loads((build_tiny_pair(name, variant).target / "config.json").read_text())["text_config"]
     prompts = torch.tensor(id_prompts(text["vocab_size"])[:WITNESS_PROMPTS])
-    with torch.inference_mode():
-        seqs = target.generate(
-            prompts, max_new_tokens=MAX_NEW_TOKENS // 2, do_sample=False, attention_mask=torch.ones_like(prompts)
-        )
+    seqs = greedy_ids(target, prompts, MAX_NEW_TOKENS // 2)
     expected = prompts[:, -1:] + torch.arange(1, MAX_NEW_TOKENS // 2 + 1)
     if not torch.equal(seqs[:, PROMPT_LEN:], expected % text["vocab_size"]):
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
@@ -518,18 +572,22 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, record_prope
 
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", PAIR_NAMES)
-def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_property, name):
+def test_sampled_closed_form_matches_transformers_sampling(load_pair, sampled_verifier, record_property, name):
     """The sampled pair's closed form (mtpmatrix.pairs.sampled) is what transformers' own sampling of the
     target gives: the smoke tier's sampling groups (temperature 0.7, each group's top-k / top-p) and sample size
     (8192 offsets, as sampled.REFERENCE_REQUESTS x REFERENCE_TOKENS: one wide generate call per group, 16 decode
     steps instead of 128; issue #31) through ``generate(do_sample=True)``, judged by the same check (no offset off
-    the kept set; chi-square at 1e-4, TV 0.030 detected at power 0.9)."""
+    the kept set; chi-square at 1e-4, TV 0.030 detected at power 0.9). The target generates without the layers
+    nothing reads where that is the same bit for bit (``sampled_verifier``; its layers write nothing to the residual
+    stream, so its logits are its embedding's, whatever the layers compute): ~40 % less CPU on dense-31b and
+    moe-26b-a4b, the same tokens; e-series, whose layers share KV and take per-layer inputs, runs whole."""
     from mtpmatrix.pairs import sampled
 
     torch = _torch()
     target, _assistant, _tok = load_pair(name, "sampled")
     plan = sampled.request_plan(sampled.REFERENCE_REQUESTS, sampled.REFERENCE_TOKENS)
     assert len(plan) * sampled.REFERENCE_TOKENS == sampled.N_REQUESTS * sampled.NEW_TOKENS, "not the smoke tier's n"
+    generator = sampled_verifier(name, [r.prompt for r in plan])
     outputs: dict[int, list[int]] = {}
     torch.manual_seed(sampled.SEED_BASE)
     for group in sampled.GROUPS:
@@ -537,7 +595,7 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, record_pro
         ids = torch.tensor([list(plan[i].prompt) for i in idx])
         try:
             with torch.inference_mode():
-                out = target.generate(
+                out = generator.generate(
                     ids,
                     attention_mask=torch.ones_like(ids),
                     do_sample=True,
@@ -604,7 +662,7 @@ ASSISTED_SAMPLED_TOKENS = 48
 
 
 @pytest.mark.check("mismatch")
-def test_sampled_assisted_generation_matches_closed_form(load_pair, record_property):
+def test_sampled_assisted_generation_matches_closed_form(load_pair, sampled_verifier, record_property):
     """transformers' own speculative sampling (``generate(assistant_model=..., do_sample=True)``) on the sampled pair
     keeps the target's closed form (dense-31b; same check as the smoke tier at n = 1536, detectable TV ~0.07).
 
@@ -613,7 +671,7 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
     resamples from max(p - q, 0) as if the draft had been sampled from q = softmax(assistant logits). For this pair
     q(7) = 0.858, so offset 7 is accepted with 0.178/0.858 and the residual loses offset 3's share: predicted first
     tokens 0.586 / 0.206 / 0.208 against the closed form 0.518 / 0.304 / 0.178."""
-    from mtpmatrix.pairs import sampled, sampled_trim
+    from mtpmatrix.pairs import sampled
 
     torch = _torch()
     target, assistant, _tok = load_pair("dense-31b", "sampled")
@@ -622,7 +680,7 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, record_prope
     plan = sampled.request_plan(ASSISTED_SAMPLED_REQUESTS, ASSISTED_SAMPLED_TOKENS)
     # the target without the layers nothing reads, when it is the same bit for bit on these prompts (a sixth less
     # CPU; sampled_trim says why and what it checks); else the pair's own target
-    verifier = sampled_trim.kv_source_copy(target, torch.tensor([list(r.prompt) for r in plan])) or target
+    verifier = sampled_verifier("dense-31b", [r.prompt for r in plan])
     window = _field(target.config.get_text_config(), "sliding_window")
     assert sampled.PROMPT_LEN + ASSISTED_SAMPLED_TOKENS < window
     torch.manual_seed(sampled.SEED_BASE)

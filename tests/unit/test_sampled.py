@@ -4,6 +4,7 @@ smoke tier's sample size, its power, and a CPU model of sglang's verify, correct
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -266,3 +267,32 @@ def test_the_trimmed_target_keeps_the_layers_the_assistant_reads():
     assert kept == sorted(idx[-1] for idx in physical_kv_layers(text).values())
     assert [text["layer_types"][i] for i in kept] == ["sliding_attention", "full_attention"]
     assert len(kept) < text["num_hidden_layers"]
+
+
+def test_a_trimmed_config_renumbers_the_per_layer_overrides():
+    """transformers >= 5.19 keeps a full layer's head_dim / KV heads in ``per_layer_config`` by layer index: the
+    trimmed config carries each kept layer's overrides to its new index and drops the others' (built again from the
+    dict, as the layers' shapes are derived when a config is built)."""
+    from mtpmatrix.pairs import sampled_trim, tiny
+
+    class Config:
+        def __init__(self, data):
+            self.data = data
+
+        def to_dict(self):
+            return json.loads(json.dumps(self.data))
+
+        @classmethod
+        def from_dict(cls, data):
+            return cls(data)
+
+    text = dict(tiny.target_template("dense-31b", "sampled")["text_config"])
+    text["per_layer_config"] = {"2": {"head_dim": 64}, "5": {"head_dim": 64, "num_key_value_heads": 1}}
+    original = Config({"text_config": text, "model_type": "gemma4"})
+    kept = sampled_trim.kept_layers(text["layer_types"])
+    lean = sampled_trim._renumbered_config(original, kept).data
+    assert lean["model_type"] == "gemma4"
+    assert lean["text_config"]["num_hidden_layers"] == 2
+    assert lean["text_config"]["layer_types"] == ["sliding_attention", "full_attention"]
+    assert lean["text_config"]["per_layer_config"] == {"1": {"head_dim": 64, "num_key_value_heads": 1}}
+    assert original.data["text_config"]["num_hidden_layers"] == 6, "the target's own config is left alone"

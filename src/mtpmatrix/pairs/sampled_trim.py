@@ -1,4 +1,4 @@
-"""The sampled pair's target with only the layers anything reads, for transformers' assisted sampling (issue #31).
+"""The sampled pair's target with only the layers anything reads, for transformers' sampling checks (issue #31).
 
 Why: transformers' assisted generation takes one sequence at a time, so the reference tier's assisted-sampling check
 (tests/tiers/test_reference.py) pays ~1,220 verify rounds of Python per layer, and on the tiny pairs a target
@@ -9,9 +9,13 @@ holding just those layers (dense-31b: layers 4 and 5 of 6) gives the same logits
 so the same drafts, coins and tokens; measured on the check's 32 requests (the same 1536 tokens), CPU seconds back to
 back (load ~1.7): transformers 5.12.1 17.1 -> 14.0 and 14.0 -> 11.9, 5.8.1 17.4 -> 14.2 and 13.1 -> 10.8.
 
+The closed-form check of transformers' plain sampling (``test_sampled_closed_form_matches_transformers_sampling``)
+generates from the same copy, for the same reason: its 512-row steps pay per layer in arithmetic, and dense-31b and
+moe-26b-a4b took ~40 % less CPU with the same tokens (0.5.13 and 0.5.17, back to back).
+
 ``kv_source_copy`` proves the sameness on the check's own prompts before the check uses the copy (logits, the last
 hidden state and the kept layers' K/V, ``torch.equal``) and returns None when anything differs or the copy cannot be
-built (a target with per-layer inputs, shared KV or experts; a transformers whose config refuses the change): the
+built (a target with per-layer inputs or shared KV, e-series; a transformers whose config refuses the change): the
 check then runs the pair's own target, so which one ran never changes a record.
 """
 
@@ -45,10 +49,13 @@ def _trimmed(target):
         return None  # a layer read through another's KV, or per-layer inputs: not the sampled dense shape
     types = list(text.layer_types)
     keep = kept_layers(types)
-    config = copy.deepcopy(target.config)
-    lean = config.get_text_config()
-    lean.num_hidden_layers = len(keep)
-    lean.layer_types = [types[i] for i in keep]
+    if getattr(text, "per_layer_config", None):
+        config = _renumbered_config(target.config, keep)
+    else:
+        config = copy.deepcopy(target.config)
+        lean = config.get_text_config()
+        lean.num_hidden_layers = len(keep)
+        lean.layer_types = [types[i] for i in keep]
     trimmed = type(target)(config).to(torch.float32).eval()
     state = {}
     for key, value in target.state_dict().items():
@@ -62,6 +69,20 @@ def _trimmed(target):
     trimmed.load_state_dict(state, strict=True)
     trimmed.generation_config = copy.deepcopy(target.generation_config)
     return trimmed
+
+
+def _renumbered_config(config, keep: list[int]):
+    """``config`` with only the text layers ``keep``, for a transformers (>= 5.19) that keeps per-layer attributes
+    (a full layer's head_dim, KV heads) in ``per_layer_config`` by layer index and derives the layers' shapes from
+    it when the config is built: the overrides follow their layers to the new indices, and the config is built
+    again from its dict (setting the attributes on a built config leaves the shapes of the old indices)."""
+    data = config.to_dict()
+    text = data["text_config"] if "text_config" in data else data
+    text["layer_types"] = [text["layer_types"][i] for i in keep]
+    text["num_hidden_layers"] = len(keep)
+    per = text.get("per_layer_config") or {}
+    text["per_layer_config"] = {str(j): per[str(i)] for j, i in enumerate(keep) if str(i) in per}
+    return type(config).from_dict(data)
 
 
 def _same_outputs(target, trimmed, prompts) -> bool:
