@@ -606,26 +606,13 @@ def test_collect_all_keeps_a_known_failure_without_the_relaunch(tmp_path, monkey
     assert sum("not relaunched alone (failed as sglang-x-crash does)" in ln for ln in said) == 2
 
 
-def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch):
-    """A witness server's penalty requests (features.ALONE) are sent after every other request, one at a time (a
-    client batch of parallel 1 of its own, after the shared batch returned), and no other request was in flight at
-    any moment of theirs (the fake counts). Lifecycle only: the fake's outputs say nothing about penalties."""
+def _collect_witness_recording_batches(tmp_path, monkeypatch, *fake_args):
+    """smoke.collect on witness-mtp-topk1 against the fake server, and the client batches it sent, in order:
+    (payloads, parallel) each."""
     import sys
 
     from mtpmatrix.serving import client
-    from mtpmatrix.tiers.surface import features
 
-    assert features.ALONE == {
-        "frequency-penalty-plus",
-        "frequency-penalty-minus",
-        "presence-penalty-plus",
-        "presence-penalty-minus",
-        "repetition-penalty-2",
-        "repetition-boost",
-    }
-    alone_payloads = [
-        features._witness_payload(label) for label in features.WITNESS_FEATURES if label in features.ALONE
-    ]
     batches = []
     real_run_batch = client.run_batch
 
@@ -642,8 +629,30 @@ def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch)
         tmp_path / "assistant",
         vocab_size=512,
         log_dir=tmp_path,
-        launcher=[sys.executable, FAKE],
+        launcher=[sys.executable, FAKE, *fake_args],
     )
+    return run, batches
+
+
+def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch):
+    """A witness server's penalty requests (features.ALONE) are sent after every other request, one at a time (a
+    client batch of parallel 1 of its own, after the shared batch returned), and no other request was in flight at
+    any moment of theirs (the fake counts). Lifecycle only: the fake's outputs say nothing about penalties."""
+
+    from mtpmatrix.tiers.surface import features
+
+    assert features.ALONE == {
+        "frequency-penalty-plus",
+        "frequency-penalty-minus",
+        "presence-penalty-plus",
+        "presence-penalty-minus",
+        "repetition-penalty-2",
+        "repetition-boost",
+    }
+    alone_payloads = [
+        features._witness_payload(label) for label in features.WITNESS_FEATURES if label in features.ALONE
+    ]
+    run, batches = _collect_witness_recording_batches(tmp_path, monkeypatch)
     assert run.error is None, run.error
     (shared, parallel), (last, last_parallel) = batches
     assert parallel > 1 and not any(p in shared for p in alone_payloads)
@@ -660,29 +669,10 @@ def test_no_request_goes_alone_to_a_server_that_lost_a_connection(tmp_path, monk
     a request sent there waits for the kill. Seen on the H200 (2026-12-02, witness-mtp-topk3-eager): the penalty
     requests sent one by one to it after the crash held the suite 59 s longer (1.58 x one cold launch, 1.34 before).
     After a lost connection none is sent; each is kept with why."""
-    import sys
 
-    from mtpmatrix.serving import client
     from mtpmatrix.tiers.surface import features
 
-    batches = []
-    real_run_batch = client.run_batch
-
-    def recording_run_batch(base_url, requests, parallel=128, **kw):
-        requests = list(requests)
-        batches.append(len(requests))
-        return real_run_batch(base_url, requests, parallel=parallel, **kw)
-
-    monkeypatch.setattr(client, "run_batch", recording_run_batch)
-    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
-    run = smoke.collect(
-        spec,
-        tmp_path / "target",
-        tmp_path / "assistant",
-        vocab_size=512,
-        log_dir=tmp_path,
-        launcher=[sys.executable, FAKE, "--crash-on-generate", "--crash-stays"],
-    )
+    run, batches = _collect_witness_recording_batches(tmp_path, monkeypatch, "--crash-on-generate", "--crash-stays")
     assert run.error.kind == "crash" and len(batches) == 1  # the shared batch only
     alone = [x for x in run.exchanges(features.NAME) if x.label in features.ALONE]
     assert len(alone) == len(features.ALONE)
