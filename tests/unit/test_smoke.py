@@ -98,6 +98,20 @@ def test_server_args_for_specs():
 FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 
 
+def _collect_on_fake(tmp_path, spec, *fake_args):
+    """smoke.collect of ``spec`` against the fake server (tests/unit/fake_sglang.py with ``fake_args``)."""
+    import sys
+
+    return smoke.collect(
+        spec,
+        tmp_path / "target",
+        tmp_path / "assistant",
+        vocab_size=512,
+        log_dir=tmp_path,
+        launcher=[sys.executable, FAKE, *fake_args],
+    )
+
+
 def _jobs(tmp_path, n=3):
     return [
         smoke.SmokeJob(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512)
@@ -251,16 +265,8 @@ def test_collect_all_side_by_side(tmp_path):
 
 
 def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp_path):
-    import sys
 
-    run = smoke.collect(
-        smoke_servers.SMOKE_SERVERS[0],
-        tmp_path / "target",
-        tmp_path / "assistant",
-        vocab_size=512,
-        log_dir=tmp_path,
-        launcher=[sys.executable, FAKE, "--crash-on-generate"],
-    )
+    run = _collect_on_fake(tmp_path, smoke_servers.SMOKE_SERVERS[0], "--crash-on-generate")
     assert isinstance(run.error, CheckFailure) and run.error.kind == "crash"
     first = str(run.error).splitlines()[0]
     # the requests only saw the connection go; the server log says why (what a known-upstream signature matches)
@@ -269,18 +275,10 @@ def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp
 
 
 def test_the_cause_is_read_once_the_launcher_logs_the_failure_not_at_its_exit(tmp_path):
-    import sys
 
     # sglang 0.5.13's launcher logs SIGQUIT, then waits 60 s for CUDA coredumps before it exits: the cause is read
     # at the SIGQUIT line; this stub never exits on its own, so a harness waiting for the exit would get nothing
-    run = smoke.collect(
-        smoke_servers.SMOKE_SERVERS[0],
-        tmp_path / "target",
-        tmp_path / "assistant",
-        vocab_size=512,
-        log_dir=tmp_path,
-        launcher=[sys.executable, FAKE, "--crash-on-generate", "--crash-stays"],
-    )
+    run = _collect_on_fake(tmp_path, smoke_servers.SMOKE_SERVERS[0], "--crash-on-generate", "--crash-stays")
     first = str(run.error).splitlines()[0]
     assert run.error.kind == "crash" and "requests failed: " in first
     assert first.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)")
@@ -516,7 +514,6 @@ def test_failure_signature_ignores_server_names_and_numbers():
 def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_path):
     """A sampled-pair server is sent the greedy requests and the sampled plan, and each answer lands in its own list
     (lifecycle only: the fake server's outputs say nothing about distributions)."""
-    import sys
 
     from mtpmatrix.pairs import sampled
 
@@ -526,14 +523,7 @@ def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_pa
         "sampled-mtp-topk1",
         "sampled-mtp-topk3",
     }
-    run = smoke.collect(
-        spec,
-        tmp_path / "target",
-        tmp_path / "assistant",
-        vocab_size=512,
-        log_dir=tmp_path,
-        launcher=[sys.executable, FAKE],
-    )
+    run = _collect_on_fake(tmp_path, spec)
     assert run.error is None, run.error
     assert len(run.id_outputs) == smoke.N_ID_PROMPTS and len(run.text_outputs) == len(smoke.TEXT_PROMPTS)
     assert run.sampled_requests == sampled.request_plan()
@@ -609,8 +599,6 @@ def test_collect_all_keeps_a_known_failure_without_the_relaunch(tmp_path, monkey
 def _collect_witness_recording_batches(tmp_path, monkeypatch, *fake_args):
     """smoke.collect on witness-mtp-topk1 against the fake server, and the client batches it sent, in order:
     (payloads, parallel) each."""
-    import sys
-
     from mtpmatrix.serving import client
 
     batches = []
@@ -623,14 +611,7 @@ def _collect_witness_recording_batches(tmp_path, monkeypatch, *fake_args):
 
     monkeypatch.setattr(client, "run_batch", recording_run_batch)
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
-    run = smoke.collect(
-        spec,
-        tmp_path / "target",
-        tmp_path / "assistant",
-        vocab_size=512,
-        log_dir=tmp_path,
-        launcher=[sys.executable, FAKE, *fake_args],
-    )
+    run = _collect_on_fake(tmp_path, spec, *fake_args)
     return run, batches
 
 
