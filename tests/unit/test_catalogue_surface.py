@@ -60,6 +60,13 @@ SURFACE = {  # mutant -> (category, files patched on 0.5.13, on 0.5.17, on 0.5.2
         {"frozen_kv_mtp_worker_v2.py"},
     ),
     "verify-logit-bias-dropped": ("sampling-feats", {"eagle_info.py"}, {"eagle_utils.py"}, {"eagle_utils.py"}),
+    "greedy-row-top2-in-mixed-verify": (
+        "mixed-sampling",
+        {"eagle_info.py", "eagle_info_v2.py"},
+        {"eagle_utils.py"},
+        {"eagle_utils.py"},
+    ),
+    "seeded-verify-coins-unseeded": ("seeded", None, {"eagle_utils.py"}, {"eagle_utils.py"}),  # 0.5.13: no seeded coins
 }
 RELEASES = ("0.5.13", "0.5.17", "0.5.23")
 
@@ -148,6 +155,13 @@ class EagleVerifyInput:
             expanded_temperature = torch.repeat_interleave(
                 sampling_info.temperatures, self.draft_token_num, dim=0
             )  # (bs * draft_token_num, 1)
+            if sampling_info.need_top_k_sampling:
+                target_probs = top_k_renorm_prob(
+                    target_probs,
+                    torch.repeat_interleave(
+                        sampling_info.top_ks, self.draft_token_num, dim=0
+                    ),
+                )  # (bs * draft_token_num, vocab_size)
             tree_speculative_sampling_target_only(
                 predicts=predict,  # mutable
                 deterministic=True,
@@ -157,6 +171,14 @@ class EagleVerifyInput:
             tp_group = None
 """
 _V2 = """\
+def _verify_coins(*, sampling_info, seq_lens, draft_token_num, candidates, device):
+    if sampling_info.sampling_seed is not None:
+        return _seeded_verify_coins(
+            sampling_seed=sampling_info.sampling_seed,
+        )
+    coins = torch.rand_like(candidates, dtype=torch.float32, device=device)
+
+
 def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
     bs = len(batch.seq_lens)
     if sampling_info.logit_bias is not None:
@@ -169,6 +191,13 @@ def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
         expanded_temperature = torch.repeat_interleave(
             sampling_info.temperatures, verify_input.draft_token_num, dim=0
         )  # (bs * num_draft_tokens, 1)
+        if sampling_info.need_top_k_sampling:
+            target_probs = top_k_renorm_prob(
+                target_probs,
+                torch.repeat_interleave(
+                    sampling_info.top_ks, verify_input.draft_token_num, dim=0
+                ),
+            )  # (bs * num_draft_tokens, vocab_size)
         sampling_fn(
             predicts=predict,  # mutable
             deterministic=True,
@@ -304,7 +333,12 @@ def test_surface_edits_do_what_they_model(tmp_path):
             if v1
             else "next_token_logits[flat_accept_idx - 1]"
         ) in text
+        text = _patched(tmp_path, "greedy-row-top2-in-mixed-verify", r, verify)
+        assert text.count("sampling_info.top_ks.clamp(min=2), ") == 1 and "sampling_info.top_ks, " not in text
     for r in ("0.5.17", "0.5.23"):
+        text = _patched(tmp_path, "seeded-verify-coins-unseeded", r, "eagle_utils.py")
+        assert "    if False:  # the seeded coins never drawn\n        return _seeded_verify_coins(\n" in text
+        assert "sampling_seed is not None" not in text and "coins = torch.rand_like(" in text  # the unseeded path
         text = _patched(tmp_path, "no-overlap-seq-lens-dropped", r, "scheduler.py")
         assert "new_seq_lens is None" in text and "new_seq_lens is not None" not in text
 

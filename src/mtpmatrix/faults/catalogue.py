@@ -62,6 +62,7 @@ CATEGORIES = {
     "sampled-bonus": "the bonus token of a fully accepted sampled verify step",
     "sched-modes": "code only the non-overlap scheduler or the eager draft path runs",
     "sampling-feats": "sampling features (logit_bias, penalties) applied in verify",
+    "seeded": "the verify coins of seeded (sampling_seed) requests",
 }
 
 
@@ -153,6 +154,7 @@ _GREEDY_BONUS = (
     "predict[_last] = target_probs.reshape(-1, target_probs.shape[-1])[_last].argmax(dim=-1)"
     ".to(predict.dtype)\n"
 )
+_TOP2_13 = "sampling_info.top_ks.clamp(min=2), self.draft_token_num, dim=0\n"
 _SAMPLE_END_17 = "            deterministic=True,\n        )\n\n        # Sync sampling results across TP ranks"
 _SAMPLE_END_13 = (
     "                deterministic=True,\n            )\n\n            # Sync sampling results across TP ranks"
@@ -653,6 +655,51 @@ CATALOGUE: tuple[Mutant, ...] = (
         "that moves the argmax off the chain changes no-MTP's output, while MTP's verify keeps accepting "
         "the chain after the first (prefill-sampled) token. The old requests send no logit_bias "
         "(sampling_info.logit_bias is None)",
+    ),
+    Mutant(
+        "greedy-row-top2-in-mixed-verify",
+        "mixed-sampling",
+        "a sampled verify batch renormalises every row to at least its top 2 tokens (top_ks clamped to >= 2), so a "
+        "greedy request (top_k 1 at temperature 1.0, as sglang stores temperature 0) that shares the batch with "
+        "sampled requests is sampled",
+        (
+            Site(
+                _EAU,
+                "sampling_info.top_ks, verify_input.draft_token_num, dim=0\n",  # 0.5.17, 0.5.23
+                "sampling_info.top_ks.clamp(min=2), verify_input.draft_token_num, dim=0\n",
+            ),
+            Site(_EAI, "sampling_info.top_ks, self.draft_token_num, dim=0\n", _TOP2_13),  # 0.5.13
+            Site(_EAI2, "sampling_info.top_ks, self.draft_token_num, dim=0\n", _TOP2_13),
+        ),
+        servers=SAMPLED_MTP,
+        expect="test_mixed_greedy_follows_chain[sampled-mtp-topk1/topk3] (the mixed family's greedy requests are in "
+        "flight with the hot and cold sampled groups, so their verify takes the sampled branch, where the top 2 "
+        "offsets of the sampled pair at temperature 1.0 are 0.59 / 0.41 (sampled.token_distribution): a greedy "
+        "request leaves the chain within a few tokens). Nothing else sees it: every other greedy request is in an all-greedy batch (argmax "
+        "verify), and every sampled group's top-k is 3 or more",
+    ),
+    Mutant(
+        "seeded-verify-coins-unseeded",
+        "seeded",
+        "verify draws its rejection and final-sampling coins from the global RNG even when the request carries a "
+        "sampling_seed (the seeded branch of _verify_coins never taken), so two identical seeded requests diverge "
+        "at their first sampled verify step",
+        (
+            Site(
+                _EAU,
+                "    if sampling_info.sampling_seed is not None:\n        return _seeded_verify_coins(\n",
+                "    if False:  # the seeded coins never drawn\n        return _seeded_verify_coins(\n",
+            ),
+        ),
+        servers=("sampled-mtp-topk1-no-overlap",),
+        na_on=("0.5.13",),
+        na_why="its verify has no seeded coins at all (docs/upstream/sglang-seeded-verify-coins.md), and its "
+        "--enable-deterministic-inference server dies at CUDA-graph capture "
+        "(sglang-deterministic-inference-gemma4-capture-crash)",
+        expect="test_seeded_repeats_identical[sampled-mtp-topk1-no-overlap] (4 seeded repeats sent beside their "
+        "originals: identical first token from the seeded sampler, then different tokens at the first verify step "
+        "whose coin decides), while the closed-form checks on the same server pass: the coins stay uniform. n.a. "
+        "on 0.5.13: no seeded verify coins to drop",
     ),
 )
 
