@@ -6,12 +6,12 @@ mixed, lossy verification, a wrong accept-length counter, the draft CUDA graph n
 decoy and sampled servers, a tree parent off the first branch, a verify that takes every draft, a sampled verify
 without the request's temperature, top-k/top-p or accept threshold, a miscounted per-request metric field; and, seen
 only by the request families of mtpmatrix.tiers.surface or by one server's scheduler / graph mode, a stop inside an
-accepted run, logprobs of the wrong node, one request's temperature for the whole batch, a greedy bonus token at
-T > 0, a non-overlap scheduler that drops the advanced seq_lens, an eager draft that misses the last KV slot, a verify
-without logit_bias). A mutant is a list of sites, each *module + anchor text + replacement*; every site whose anchor
-occurs exactly once in the installed release is applied (several sites carry one bug across releases, e.g. the
-non-overlap worker of 0.5.13 and the spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this
-release and never counts as killed.
+accepted run, logprobs of the wrong node, one request's temperature for the whole batch, a greedy bonus token
+at T > 0, a non-overlap scheduler that drops the advanced seq_lens, an eager draft that misses the last KV slot, a
+verify without logit_bias, a greedy request sampled in a mixed verify batch, seeded requests' verify coins unseeded).
+A mutant is a list of sites, each *module + anchor text + replacement*; every site whose anchor occurs exactly once in
+the installed release is applied (several sites carry one bug across releases, e.g. the non-overlap worker of 0.5.13
+and the spec-v2 worker of 0.5.17). No site applies: the mutant is "n.a." for this release and never counts as killed.
 
 The installed files are never edited: the patched text goes into ``<out>/<id>/mutant.json`` (``hook_payload``) and
 the hook in ``mutant_hook/sitecustomize.py`` (first on PYTHONPATH for the pytest run and every server process it
@@ -675,8 +675,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         expect="test_mixed_greedy_follows_chain[sampled-mtp-topk1/topk3] (the mixed family's greedy requests are in "
         "flight with the hot and cold sampled groups, so their verify takes the sampled branch, where the top 2 "
         "offsets of the sampled pair at temperature 1.0 are 0.59 / 0.41 (sampled.token_distribution): a greedy "
-        "request leaves the chain within a few tokens). Nothing else sees it: every other greedy request is in an all-greedy batch (argmax "
-        "verify), and every sampled group's top-k is 3 or more",
+        "request leaves the chain within a few tokens). Nothing else sees it: every other greedy request is in an "
+        "all-greedy batch (argmax verify), and every sampled group's top-k is 3 or more",
     ),
     Mutant(
         "seeded-verify-coins-unseeded",
