@@ -53,7 +53,7 @@ SMOKE_ARGS = (
     # sglang keeps (1 - this) x the memory free at its start out of its static pool and fails its launch when less
     # than that is still free after loading: this fraction is the room every other server launching beside it may
     # take (launch_plan.launch_parallelism). The pool itself is capped by --max-total-tokens, so a larger fraction costs
-    # nothing; 0.35 lets the 11 default servers (<= 3.5 GiB each) launch in one wave on an idle H200.
+    # nothing; 0.35 lets the 15 default servers (<= 3.5 GiB each) launch in one wave on an idle H200.
     "--mem-fraction-static",
     "0.35",
     "--max-running-requests",
