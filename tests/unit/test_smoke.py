@@ -265,7 +265,6 @@ def test_collect_all_side_by_side(tmp_path):
 
 
 def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp_path):
-
     run = _collect_on_fake(tmp_path, smoke_servers.SMOKE_SERVERS[0], "--crash-on-generate")
     assert isinstance(run.error, CheckFailure) and run.error.kind == "crash"
     first = str(run.error).splitlines()[0]
@@ -275,7 +274,6 @@ def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp
 
 
 def test_the_cause_is_read_once_the_launcher_logs_the_failure_not_at_its_exit(tmp_path):
-
     # sglang 0.5.13's launcher logs SIGQUIT, then waits 60 s for CUDA coredumps before it exits: the cause is read
     # at the SIGQUIT line; this stub never exits on its own, so a harness waiting for the exit would get nothing
     run = _collect_on_fake(tmp_path, smoke_servers.SMOKE_SERVERS[0], "--crash-on-generate", "--crash-stays")
@@ -514,7 +512,6 @@ def test_failure_signature_ignores_server_names_and_numbers():
 def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_path):
     """A sampled-pair server is sent the greedy requests and the sampled plan, and each answer lands in its own list
     (lifecycle only: the fake server's outputs say nothing about distributions)."""
-
     from mtpmatrix.pairs import sampled
 
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
@@ -619,7 +616,6 @@ def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch)
     """A witness server's penalty requests (features.ALONE) are sent after every other request, one at a time (a
     client batch of parallel 1 of its own, after the shared batch returned), and no other request was in flight at
     any moment of theirs (the fake counts). Lifecycle only: the fake's outputs say nothing about penalties."""
-
     from mtpmatrix.tiers.surface import features
 
     assert features.ALONE == {
@@ -650,7 +646,6 @@ def test_no_request_goes_alone_to_a_server_that_lost_a_connection(tmp_path, monk
     a request sent there waits for the kill. Seen on the H200 (2026-12-02, witness-mtp-topk3-eager): the penalty
     requests sent one by one to it after the crash held the suite 59 s longer (1.58 x one cold launch, 1.34 before).
     After a lost connection none is sent; each is kept with why."""
-
     from mtpmatrix.tiers.surface import features
 
     run, batches = _collect_witness_recording_batches(tmp_path, monkeypatch, "--crash-on-generate", "--crash-stays")
