@@ -91,6 +91,9 @@ def test_runner_kills_a_behaviour_change_and_exits_0(tmp_path, stub_env):
     assert (tmp_path / "out" / "value-two" / "patch.diff").read_text().count("+VALUE = 2") == 1
     assert "[mutants] start baseline" in text and "[mutants] done  value-two: killed by test_spec_metrics[w]" in text
     assert "ALL-KILLED: 1 killed, 1 n.a." in text
+    # the run's wall time against its budget, and what its suites cost one by one (issue #41)
+    seconds = record["baseline"]["seconds"] + killed["seconds"]
+    assert f"wall {record['seconds']:.0f} s (no budget); suites' own seconds {seconds:.0f}, up to " in text
 
 
 def test_runner_reports_a_survivor_and_exits_1(tmp_path, stub_env):
@@ -145,6 +148,9 @@ def test_a_spent_budget_starts_nothing_and_is_no_verdict(tmp_path, stub_env):
     assert rc == 1 and record["verdict"] == "invalid" and record["baseline"]["status"] == "not-run"
     assert {m["status"] for m in record["mutants"]} == {"not-run", "n.a."}
     assert "budget left: 3 suite(s) not run" in text
+    assert (
+        f"wall {record['seconds']:.0f} s of the 5 s budget ({record['seconds'] / 5:.2f}); suites' own seconds 0" in text
+    )
 
 
 def test_a_mutant_on_servers_this_checkout_lacks_stops_in_one_line(tmp_path, capsys):

@@ -346,6 +346,7 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
     log(render_table(rows))
     log("")
     log(_verdict_line(verdict, record))
+    log(_wall_line(record))
     log(f"results: {out / 'mutants.json'}")
     return record["exit"]
 
@@ -362,6 +363,17 @@ def _verdict_line(verdict: str, record: dict) -> str:
             f"{'; ' + killed_by(b.get('checks') or []) if b.get('checks') else ''}); {summary}"
         )
     return f"{verdict.upper()}: {summary}"
+
+
+def _wall_line(record: dict) -> str:
+    """The run's wall time against its budget and the suites' own seconds (issue #41: the catalogue in 10 minutes)."""
+    spent = sum(m["seconds"] or 0 for m in record["mutants"]) + (record["baseline"].get("seconds") or 0)
+    budget = record["budget"]
+    return (
+        f"wall {record['seconds']:.0f} s"
+        + (f" of the {budget:.0f} s budget ({record['seconds'] / budget:.2f})" if budget else " (no budget)")
+        + f"; suites' own seconds {spent:.0f}, up to {record['max_servers']} servers at once"
+    )
 
 
 def _mutant_entry(a: Application, servers: tuple[str, ...], out: Path, version: str | None) -> dict:
