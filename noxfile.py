@@ -185,7 +185,7 @@ def mutants(session: nox.Session) -> None:
     Builds the row's venv (.nox/mutants-<row>) with the matrix's one install command, then runs
     ``python -m mtpmatrix mutants`` inside it; --row defaults to the row tagged 'ci' (mtpmatrix.faults.venv)."""
     from mtpmatrix.faults import venv as mutants_venv
-    from mtpmatrix.faults.catalogue import MutantsError
+    from mtpmatrix.faults.mutation import MutantsError
 
     try:
         plan_ = mutants_venv.prepare(ROWS, session.posargs, Path(__file__).parent / ".nox")

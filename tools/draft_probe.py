@@ -46,7 +46,7 @@ PROBE_SOURCE = 'def _mtpmatrix_draft_probe(W):\n    import os\n    import sys\n\
 
 def write_payload(out: Path) -> int:
     from mtpmatrix.core.atomic import atomic_write_json
-    from mtpmatrix.faults.catalogue import ENV_MUTANT, HOOK_DIR, Mutant, Site, apply, find_sglang, hook_payload
+    from mtpmatrix.faults.mutation import ENV_MUTANT, HOOK_DIR, Mutant, Site, apply, find_sglang, hook_payload
 
     pkg = find_sglang()
     if pkg is None:

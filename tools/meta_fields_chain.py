@@ -22,7 +22,7 @@ import torch
 from sglang.srt.managers.schedule_batch import Req
 
 from mtpmatrix.core import settings
-from mtpmatrix.faults import catalogue
+from mtpmatrix.faults import catalogue, mutation
 from mtpmatrix.tiers.compat import meta_fields
 
 BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
@@ -39,7 +39,7 @@ def settle_module(mutated: bool):
     """The installed batch_result_processor, or its text with metric-correct-drafts-bonus applied."""
     if not mutated:
         return importlib.import_module(BRP)
-    app = catalogue.apply(catalogue.catalogue_by_id()["metric-correct-drafts-bonus"], Path(sglang.__file__).parent)
+    app = mutation.apply(catalogue.catalogue_by_id()["metric-correct-drafts-bonus"], Path(sglang.__file__).parent)
     mod = types.ModuleType(BRP + "_mutant")
     mod.__file__ = app.modules[BRP]["origin"]
     sys.modules[mod.__name__] = mod  # dataclasses look their module up

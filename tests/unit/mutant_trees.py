@@ -12,8 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mtpmatrix.faults import catalogue as C
 from mtpmatrix.faults import mutants as M
+from mtpmatrix.faults import mutation as F
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,15 +38,15 @@ TOY = {
 }
 
 
-TOY_MUTANT = C.Mutant("value-two", "accounting", "VALUE 1 -> 2", (C.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),))
+TOY_MUTANT = F.Mutant("value-two", "accounting", "VALUE 1 -> 2", (F.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),))
 
 
 def payload_for(tmp_path: Path, mutant=TOY_MUTANT, pkg="toypkg") -> tuple[Path, Path]:
     site = write_tree(tmp_path / "site", TOY)
-    app = C.apply(mutant, site / pkg)
+    app = F.apply(mutant, site / pkg)
     assert app.applicable and not app.error, app.reason()
     payload = tmp_path / "mutant.json"
-    payload.write_text(json.dumps(C.hook_payload(app)))
+    payload.write_text(json.dumps(F.hook_payload(app)))
     return site, payload
 
 
@@ -57,10 +57,10 @@ def py(code: str, env: dict, cwd: Path, timeout: float = 120) -> subprocess.Comp
 
 
 def hook_env(*paths: Path, payload: Path | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", C.ENV_MUTANT)}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (C.HOOK_DIR, *paths))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", F.ENV_MUTANT)}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (F.HOOK_DIR, *paths))
     if payload is not None:
-        env[C.ENV_MUTANT] = str(payload)
+        env[F.ENV_MUTANT] = str(payload)
     return env
 
 
@@ -98,17 +98,17 @@ json.dump({"tiers": {"smoke": {"verdict": "failed" if fail else "passed", "check
 
 
 TOY_CAT = (
-    C.Mutant(
-        "value-two", "accounting", "VALUE 1 -> 2", (C.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),), servers=("w",)
+    F.Mutant(
+        "value-two", "accounting", "VALUE 1 -> 2", (F.Site("toypkg.mod", "VALUE = 1\n", "VALUE = 2\n"),), servers=("w",)
     ),
-    C.Mutant(
+    F.Mutant(
         "comment-only",
         "positions",
         "a comment: changes nothing observable",
-        (C.Site("toypkg.mod", "def where():\n", "def where():  # mutated\n"),),
+        (F.Site("toypkg.mod", "def where():\n", "def where():  # mutated\n"),),
         servers=("w",),
     ),
-    C.Mutant("elsewhere", "handoff", "absent here", (C.Site("toypkg.v1", "x", "y"),), servers=("w",)),
+    F.Mutant("elsewhere", "handoff", "absent here", (F.Site("toypkg.v1", "x", "y"),), servers=("w",)),
 )
 
 
@@ -256,6 +256,6 @@ def make_stub_env(tmp_path, monkeypatch):
     stub = tmp_path / "stub.py"
     stub.write_text(STUB)
     monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.delenv(C.ENV_MUTANT, raising=False)
+    monkeypatch.delenv(F.ENV_MUTANT, raising=False)
     command = lambda suite: [sys.executable, str(stub), str(suite.folder), suite.name]  # noqa: E731
     return site / "toypkg", command

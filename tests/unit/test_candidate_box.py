@@ -17,7 +17,7 @@ from evidence_records import h200_record, write_box
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import schema
 from mtpmatrix.core.evidence import judge
-from mtpmatrix.faults.catalogue import HOOK_DIR
+from mtpmatrix.faults.mutation import HOOK_DIR
 from mtpmatrix.runner import importer
 
 REPO = Path(__file__).resolve().parents[2]

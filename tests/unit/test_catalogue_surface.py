@@ -13,6 +13,9 @@ import pytest
 
 from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 from mtpmatrix.faults import catalogue as C
+from mtpmatrix.faults import mutation as F
+from mtpmatrix.faults.catalogue import request_surface
+from mtpmatrix.faults.catalogue import servers as CS
 
 REPO = Path(__file__).resolve().parents[2]
 ORIGINAL = (
@@ -81,15 +84,15 @@ def test_every_surface_class_has_its_category_and_a_complete_entry():
     by_id = C.catalogue_by_id()
     for mid, (category, *_files) in SURFACE.items():
         m = by_id[mid]
-        assert m.category == category and category in C.CATEGORIES, mid
+        assert m.category == category and category in F.CATEGORIES, mid
         assert m.sites and m.models and m.expect and m.servers, mid
-        assert len(C.CATEGORIES[category]) and len(category) <= 15  # the --list column
+        assert len(F.CATEGORIES[category]) and len(category) <= 15  # the --list column
 
 
 def test_surface_mutants_launch_the_servers_their_checks_compare():
     known = {s.name for s in SMOKE_SERVERS}
     by_id = C.catalogue_by_id()
-    assert {C.WITNESS_NOMTP, C.SAMPLED_NOMTP, *C.DECOY_NO_OVERLAP, *C.WITNESS_EAGER} <= known
+    assert {CS.WITNESS_NOMTP, CS.SAMPLED_NOMTP, *CS.DECOY_NO_OVERLAP, *CS.WITNESS_EAGER} <= known
     for mid in SURFACE:
         assert set(by_id[mid].servers) <= known, mid
     # MTP-equals-no-MTP checks need the no-MTP witness in the same suite
@@ -287,7 +290,7 @@ def _tree(root: Path, files: dict[str, str], release: str | None = None) -> Path
 @pytest.mark.parametrize("mutant_id", list(SURFACE))
 def test_surface_mutants_apply_where_intended(tmp_path, release, mutant_id):
     mutant = C.catalogue_by_id()[mutant_id]
-    app = C.apply(mutant, _tree(tmp_path, FORMS[release], release))
+    app = F.apply(mutant, _tree(tmp_path, FORMS[release], release))
     want = SURFACE[mutant_id][1 + RELEASES.index(release)]
     assert not any(s.status.startswith("anchor found") for s in app.sites)  # never ambiguous
     if want is None:
@@ -302,7 +305,7 @@ def test_surface_mutants_apply_where_intended(tmp_path, release, mutant_id):
 
 
 def _patched(tmp_path: Path, mutant_id: str, release: str, file: str) -> str:
-    app = C.apply(C.catalogue_by_id()[mutant_id], _tree(tmp_path / release, FORMS[release]))
+    app = F.apply(C.catalogue_by_id()[mutant_id], _tree(tmp_path / release, FORMS[release]))
     return next(m["patched"] for m in app.modules.values() if m["rel"].endswith(file))
 
 
@@ -388,7 +391,7 @@ def test_greedy_bonus_line_rewrites_only_the_bonus_of_fully_accepted_rows():
     py = _torch_python()
     if py is None:
         pytest.skip("no Python with torch here (MTPMATRIX_SGLANG_DIRS, or a row venv under .nox)")
-    line = C._GREEDY_BONUS
+    line = request_surface._GREEDY_BONUS
     script = (
         textwrap.dedent("""\
         import torch

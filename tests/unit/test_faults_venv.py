@@ -12,7 +12,7 @@ import pytest
 
 from mtpmatrix.core.rows import load_rows
 from mtpmatrix.faults import venv as V
-from mtpmatrix.faults.catalogue import MutantsError
+from mtpmatrix.faults.mutation import MutantsError
 from mtpmatrix.runner import matrix
 
 REPO = Path(__file__).resolve().parents[2]

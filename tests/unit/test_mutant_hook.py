@@ -17,7 +17,7 @@ from mutant_trees import (
     write_tree,
 )
 
-from mtpmatrix.faults import catalogue as C
+from mtpmatrix.faults import mutation as F
 
 SPAWN = """\
     import multiprocessing as mp
@@ -51,7 +51,7 @@ def test_hook_serves_the_patched_module_to_a_process_and_its_spawn_child(tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["2", "2"]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{C.MARK} value-two serves patched toypkg.mod")]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{F.MARK} value-two serves patched toypkg.mod")]
     assert len(lines) == 2 and len({ln.rsplit("pid", 1)[1] for ln in lines}) == 2  # parent and child, each once
     assert (site / "toypkg" / "mod.py").read_text().startswith("VALUE = 1\n")  # the installed file is untouched
 
@@ -64,7 +64,7 @@ def test_hook_without_a_mutant_changes_nothing(tmp_path):
         [sys.executable, str(script)], env=hook_env(site), cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["1", "1"] and C.MARK not in proc.stderr
+    assert proc.stdout.split() == ["1", "1"] and F.MARK not in proc.stderr
 
 
 def test_tracebacks_and_inspect_show_the_patched_text(tmp_path):
@@ -120,4 +120,4 @@ def test_unreadable_payload_is_reported_and_startup_goes_on(tmp_path):
     site, _ = payload_for(tmp_path)
     proc = py("import toypkg.mod as m; print(m.VALUE)", hook_env(site, payload=tmp_path / "missing.json"), tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == "1"
-    assert f"{C.MARK} NOT applied: cannot read {C.ENV_MUTANT}=" in proc.stderr
+    assert f"{F.MARK} NOT applied: cannot read {F.ENV_MUTANT}=" in proc.stderr

@@ -23,6 +23,8 @@ from mutant_trees import (
 from mtpmatrix.__main__ import main
 from mtpmatrix.faults import catalogue as C
 from mtpmatrix.faults import mutants as M
+from mtpmatrix.faults import mutation as F
+from mtpmatrix.faults.catalogue import servers as CS
 
 
 @pytest.fixture
@@ -38,11 +40,11 @@ def test_unknown_mutant_id_is_one_line_and_exit_2(capsys):
 
 def _sglang_017() -> Path | None:
     candidates = [os.environ.get("MTPMATRIX_SGLANG_DIR")]
-    found = C.find_sglang()
+    found = F.find_sglang()
     candidates.append(str(found) if found else None)
     candidates += [str(p) for p in sorted(REPO.glob(".nox/*sglang-0?5?17*/lib/python3*/site-packages/sglang"))]
     for c in candidates:
-        if c and Path(c).is_dir() and C.sglang_version(Path(c)) == "0.5.17":
+        if c and Path(c).is_dir() and F.sglang_version(Path(c)) == "0.5.17":
             return Path(c)
     return None
 
@@ -57,15 +59,15 @@ def test_check_against_the_installed_sglang_0_5_17(capsys):
     na = sum("0.5.17" in m.na_on for m in C.CATALOGUE)  # n.a. by design (Mutant.na_on)
     assert f"{len(C.CATALOGUE) - na} applicable, {na} n.a.; every patched module compiles" in out
     for m in C.CATALOGUE:  # 0.5.17 runs Frozen-KV MTP on the spec-v2 worker: no site may land in the v1 worker
-        assert "frozen_kv_mtp_worker.py" not in " ".join(C.apply(m, pkg).files)
+        assert "frozen_kv_mtp_worker.py" not in " ".join(F.apply(m, pkg).files)
 
 
 def test_list_and_check_on_a_fake_release(tmp_path, capsys):
     pkg = write_tree(tmp_path, {**FAKE, "sglang/_version.py": "__version__ = version = '9.9.9'\n"}) / "sglang"
     cat = (
-        C.Mutant("ok", "handoff", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0]"),)),
-        C.Mutant("gone", "positions", "m", (C.Site("sglang.srt.speculative.worker_v1", "h", "g"),)),
-        C.Mutant("bad", "accounting", "m", (C.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0"),)),
+        F.Mutant("ok", "handoff", "m", (F.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0]"),)),
+        F.Mutant("gone", "positions", "m", (F.Site("sglang.srt.speculative.worker_v1", "h", "g"),)),
+        F.Mutant("bad", "accounting", "m", (F.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0"),)),
     )
     ns = parse(["--list"])
     assert M.run(ns, catalogue=cat, pkg_dir=pkg) == 0  # --list does not compile
@@ -156,7 +158,7 @@ def test_a_spent_budget_starts_nothing_and_is_no_verdict(tmp_path, stub_env):
 def test_a_mutant_on_servers_this_checkout_lacks_stops_in_one_line(tmp_path, capsys):
     pkg = write_tree(tmp_path, RELEASE_FORMS["0.5.17"]) / "sglang"
     ns = parse(["--mutants", "verify-accept-all-greedy", "--out", str(tmp_path / "out")])
-    rc = M.run(ns, pkg_dir=pkg, known_servers=list(C.WITNESS_SERVERS), gpu_check=False)
+    rc = M.run(ns, pkg_dir=pkg, known_servers=list(CS.WITNESS_SERVERS), gpu_check=False)
     assert rc == 2 and not (tmp_path / "out").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "smoke server(s) decoy-mtp-topk1 not in this checkout's smoke tier" in err[0]
@@ -167,7 +169,7 @@ def _row_sglang(version: str) -> Path | None:
     else this checkout's .nox."""
     dirs = [d for d in os.environ.get("MTPMATRIX_SGLANG_DIRS", "").split(os.pathsep) if d]
     dirs += [str(p) for p in sorted(REPO.glob(".nox/*sglang-0?5?*/lib/python3*/site-packages/sglang"))]
-    return next((Path(d) for d in dirs if Path(d).is_dir() and C.sglang_version(Path(d)) == version), None)
+    return next((Path(d) for d in dirs if Path(d).is_dir() and F.sglang_version(Path(d)) == version), None)
 
 
 @pytest.mark.parametrize("version", ["0.5.13", "0.5.17", "0.5.23"])

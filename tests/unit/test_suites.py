@@ -14,7 +14,7 @@ from mutant_trees import (
     make_stub_env,
 )
 
-from mtpmatrix.faults import catalogue as C
+from mtpmatrix.faults import mutation as F
 from mtpmatrix.faults import suites as S
 
 
@@ -73,11 +73,11 @@ def test_judge_suite():
 
 
 def test_hook_evidence_from_server_logs(tmp_path):
-    (tmp_path / "server-w1.log").write_text(f"# pid 1 (process group 1)\n{C.MARK} m1 serves patched x.y (pid 3)\n")
+    (tmp_path / "server-w1.log").write_text(f"# pid 1 (process group 1)\n{F.MARK} m1 serves patched x.y (pid 3)\n")
     assert S.hook_evidence(tmp_path, "m1") == (True, None)
     assert S.hook_evidence(tmp_path, "m2") == (False, None)
-    (tmp_path / "server-w3.log").write_text(f"{C.MARK} m1 NOT applied to x.y: changed (pid 4)\n")
-    assert S.hook_evidence(tmp_path, "m1")[1].startswith(f"{C.MARK} m1 NOT applied")
+    (tmp_path / "server-w3.log").write_text(f"{F.MARK} m1 NOT applied to x.y: changed (pid 4)\n")
+    assert S.hook_evidence(tmp_path, "m1")[1].startswith(f"{F.MARK} m1 NOT applied")
 
 
 @pytest.mark.parametrize(
@@ -138,18 +138,18 @@ def test_server_cap():
 
 
 def test_suite_env_puts_the_hook_first_and_names_the_suite(tmp_path):
-    base = {"PYTHONPATH": "/tmp/site:src", C.ENV_MUTANT: "stale", "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1"}
+    base = {"PYTHONPATH": "/tmp/site:src", F.ENV_MUTANT: "stale", "MTPMATRIX_SMOKE_SWAP_DRAFTERS": "1"}
     env = S.suite_env(
         base, ("a", "b"), tmp_path / "m", tmp_path / "tiny", tmp_path / "m" / "mutant.json", tmp_path / "cache"
     )
-    assert env["PYTHONPATH"] == f"{C.HOOK_DIR}{os.pathsep}/tmp/site:src"
-    assert env[C.ENV_MUTANT] == str(tmp_path / "m" / "mutant.json")
+    assert env["PYTHONPATH"] == f"{F.HOOK_DIR}{os.pathsep}/tmp/site:src"
+    assert env[F.ENV_MUTANT] == str(tmp_path / "m" / "mutant.json")
     assert env["MTPMATRIX_SMOKE_SERVERS"] == "a,b" and env["MTPMATRIX_SMOKE_PARALLEL"] == "2"
     assert env["MTPMATRIX_RESULTS"] == str(tmp_path / "m" / "tiers.json")
     assert env["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
     assert "MTPMATRIX_SMOKE_SWAP_DRAFTERS" not in env
     baseline = S.suite_env(base, ("a",), tmp_path / "b", tmp_path / "tiny", None, None)
-    assert C.ENV_MUTANT not in baseline and "TRITON_CACHE_DIR" not in baseline
+    assert F.ENV_MUTANT not in baseline and "TRITON_CACHE_DIR" not in baseline
 
 
 def test_pytest_command_is_the_smoke_suite_with_its_own_results(tmp_path):

@@ -4,7 +4,7 @@
     python -m mtpmatrix mutants --list | --check     the catalogue against the installed sglang (CPU, seconds)
     python -m mtpmatrix mutants --mutants ID,ID --out DIR --timeout S --budget S
 
-The mutants and how they are applied: ``catalogue``; running the baseline and the mutant suites and judging them:
+The mutants: ``catalogue`` (data); how they are applied: ``mutation``; running the baseline and the mutant suites and judging them:
 ``suites``; this module is the command (and the nox session's helpers). Exit status: 0 only when the baseline
 passes and every applicable mutant is killed; 1 otherwise; 2 on bad input (one line).
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
 from mtpmatrix.core.paths import MUTANTS, new_run_id, now, results_root
 from mtpmatrix.core.schema import comma_list
-from mtpmatrix.faults.catalogue import (
-    CATALOGUE,
+from mtpmatrix.faults.catalogue import CATALOGUE, select
+from mtpmatrix.faults.mutation import (
     Application,
     Mutant,
     MutantsError,
@@ -31,7 +31,6 @@ from mtpmatrix.faults.catalogue import (
     diff,
     find_sglang,
     hook_payload,
-    select,
     sglang_version,
 )
 from mtpmatrix.faults.suites import (

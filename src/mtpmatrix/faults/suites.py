@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.schema import FAILING, short_check_id
-from mtpmatrix.faults.catalogue import ENV_MUTANT, HOOK_DIR, MARK
+from mtpmatrix.faults.mutation import ENV_MUTANT, HOOK_DIR, MARK
 from mtpmatrix.serving.processes import group_members
 from mtpmatrix.serving.server import LOG_NOTE, READY_NOTE
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpmatrix.core.paths import CI_TAG
-from mtpmatrix.faults.catalogue import MutantsError
+from mtpmatrix.faults.mutation import MutantsError
 
 
 @dataclass
