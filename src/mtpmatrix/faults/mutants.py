@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
 from mtpmatrix.core.paths import MUTANTS, new_run_id, now, results_root
@@ -168,14 +169,55 @@ def run(
 
 
 def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, free_mib, poll, log) -> int:
-    chosen = select(ns.mutants, catalogue)
+    """The steps of a run: options, the catalogue against this sglang, (--list/--check stop here), the servers and the
+    box, the suites' folders, the record, the scheduler, the table."""
+    _check_options(ns)
+    pkg_dir, version, apps = _applications(ns, catalogue, pkg_dir)
+    if ns.list or ns.check:
+        return _listing(apps, pkg_dir, version, compile_check=ns.check)
+    applicable = _runnable(apps, pkg_dir, version, log)
+    if not applicable:
+        return 1
+    union = _suite_servers(ns, applicable, known_servers)
+    cap = _server_cap(ns, gpu_check, cpus, free_mib)
+    out = Path(ns.out or results_root() / new_run_id(kind=MUTANTS)).resolve()
+    suites = _suites(ns, out, applicable, union)
+    run = MutantsRun(out, _new_record(ns, apps, version, pkg_dir, out, union, cap, cpus), log)
+    log(
+        f"[mutants] sglang {version} at {pkg_dir}; {len(applicable)} applicable of {len(apps)}; baseline on "
+        f"{', '.join(union)}; up to {cap} servers at once; results in {out}"
+    )
+    run.save()
+    sched = Scheduler(
+        suites,
+        cap,
+        ns.timeout,
+        budget=ns.budget,
+        warmup=ns.warmup,
+        command=command,
+        log=log,
+        on_done=run.done,
+        poll=poll,
+    )
+    run.scheduler = sched
+    interrupted = _schedule(sched)
+    run.finish(sched.not_run, interrupted)
+    _print_table(run.record, version, out, log)
+    return run.record["exit"]
+
+
+def _check_options(ns) -> None:
     if ns.timeout <= 0 or (ns.budget is not None and ns.budget <= 0):
         raise MutantsError("--timeout and --budget must be positive")
     if ns.max_servers is not None and ns.max_servers < 1:
         raise MutantsError("--max-servers must be >= 1")
-    listing = ns.list or ns.check
-    if ns.sglang_dir is not None and not listing:
+    if ns.sglang_dir is not None and not (ns.list or ns.check):
         raise MutantsError("--sglang-dir is for --list/--check; a run uses the importable sglang")
+
+
+def _applications(ns, catalogue, pkg_dir) -> tuple[Path, str | None, list[Application]]:
+    """The chosen mutants applied, in memory, to the sglang at --sglang-dir or the importable one."""
+    chosen = select(ns.mutants, catalogue)
     pkg_dir = ns.sglang_dir or pkg_dir or find_sglang()
     if pkg_dir is None or not Path(pkg_dir).is_dir():
         raise MutantsError(
@@ -184,47 +226,55 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         )
     pkg_dir = Path(pkg_dir)
     version = sglang_version(pkg_dir)
-    apps = [apply(m, pkg_dir) for m in chosen]
-    if listing:
-        return _listing(apps, pkg_dir, version, compile_check=ns.check)
+    return pkg_dir, version, [apply(m, pkg_dir) for m in chosen]
 
+
+def _runnable(apps: list[Application], pkg_dir: Path, version: str | None, log) -> list[Application]:
+    """The applicable mutants; a patched module that does not compile is a catalogue bug (bad input)."""
     broken = [a for a in apps if a.applicable and a.error]
     if broken:
         raise MutantsError(f"mutant {broken[0].mutant.id}: {broken[0].error}")
-    if not any(a.applicable for a in apps):
+    applicable = [a for a in apps if a.applicable]
+    if not applicable:
         _listing(apps, pkg_dir, version, compile_check=False)
         log("NOTHING-APPLICABLE: no selected mutant applies to this sglang release; nothing to run")
-        return 1
+    return applicable
+
+
+def _suite_servers(ns, applicable: list[Application], known_servers) -> list[str]:
+    """The baseline's servers: every server a mutant's suite launches, each once, all known to this checkout."""
     if known_servers is None:
         from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 
         known_servers = [s.name for s in SMOKE_SERVERS]
-    applicable = [a for a in apps if a.applicable]
     union: list[str] = []
     for a in applicable:
         union += [s for s in _servers(ns, a.mutant) if s not in union]
     check_servers(union, known_servers)
+    return union
+
+
+def _server_cap(ns, gpu_check: bool, cpus: int | None, free_mib: int | None) -> int:
     if gpu_check:
-        from mtpmatrix.serving.environment import gpu_missing
+        from mtpmatrix.serving.environment import gpu_free_mib, gpu_missing
 
         why = gpu_missing(1)
         if why:
             raise MutantsError(f"the mutant suites need a GPU: {why} (--list/--check need none)")
-    if free_mib is None and gpu_check:
-        from mtpmatrix.serving.environment import gpu_free_mib
+        if free_mib is None:
+            free_mib = gpu_free_mib()
+    return server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)
 
-        free_mib = gpu_free_mib()
-    cap = server_cap(cpus if cpus is not None else os.cpu_count(), free_mib, ns.max_servers)
 
-    out = Path(ns.out or results_root() / new_run_id(kind=MUTANTS)).resolve()
+def _suites(ns, out: Path, applicable: list[Application], union: list[str]) -> list[Suite]:
+    """The baseline first, then one suite per applicable mutant, each with its folder, hook payload and diff."""
     out.mkdir(parents=True, exist_ok=True)
     tiny = Path(os.environ.get("MTPMATRIX_TINY_DIR") or out / "tiny").resolve()
     cache = ns.cache_dir.resolve() if ns.cache_dir else None
     base_env = dict(os.environ)
-
-    suites = [Suite("baseline", tuple(union), out / "baseline", {})]
-    suites[0].env = suite_env(base_env, suites[0].servers, suites[0].folder, tiny, None, cache)
-    by_suite: dict[str, Application] = {}
+    baseline = Suite("baseline", tuple(union), out / "baseline", {})
+    baseline.env = suite_env(base_env, baseline.servers, baseline.folder, tiny, None, cache)
+    suites = [baseline]
     for a in applicable:
         folder = out / a.mutant.id
         folder.mkdir(parents=True, exist_ok=True)
@@ -234,9 +284,11 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         s = Suite(a.mutant.id, _servers(ns, a.mutant), folder, {})
         s.env = suite_env(base_env, s.servers, folder, tiny, payload, cache)
         suites.append(s)
-        by_suite[s.name] = a
+    return suites
 
-    record = {
+
+def _new_record(ns, apps, version, pkg_dir, out, union, cap, cpus) -> MutantsRecord:
+    return {
         "kind": "mutants",
         "schema": 1,
         "sglang": {"version": version, "path": str(pkg_dir)},
@@ -248,29 +300,50 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
         "timeout": ns.timeout,
         "budget": ns.budget,
         "out": str(out),
-        "baseline": {"status": "pending", "servers": list(suites[0].servers), "dir": str(suites[0].folder)},
+        "baseline": {"status": "pending", "servers": list(union), "dir": str(out / "baseline")},
         "mutants": [_mutant_entry(a, _servers(ns, a.mutant), out, version) for a in apps],
         "verdict": "pending",
     }
-    entries = {m["id"]: m for m in record["mutants"]}
-    t0 = time.monotonic()
-    log(
-        f"[mutants] sglang {version} at {pkg_dir}; {len(applicable)} applicable of {len(apps)}; baseline on "
-        f"{', '.join(union)}; up to {cap} servers at once; results in {out}"
-    )
 
-    def save() -> None:
-        record["seconds"] = round(time.monotonic() - t0, 1)
-        atomic_write_json(out / "mutants.json", record)
 
-    sched: Scheduler | None = None
+class MutantsRecord(TypedDict, total=False):
+    """mutants.json: the run, its baseline and one entry per selected mutant (``_mutant_entry``)."""
 
-    def done(suite: Suite) -> None:
-        tiers = _read_tiers(suite.folder / "tiers.json")
-        outcome = judge_suite(tiers, suite.exitstatus, suite.timed_out)
+    kind: str
+    schema: int
+    sglang: dict
+    started: str
+    finished: str | None
+    seconds: float | None
+    host: dict
+    max_servers: int
+    timeout: float
+    budget: float | None
+    out: str
+    baseline: dict
+    mutants: list[dict]
+    verdict: str
+    exit: int
+
+
+class MutantsRun:
+    """One run's record, kept on disk after every finished suite (mutants.json, written atomically)."""
+
+    def __init__(self, out: Path, record: MutantsRecord, log):
+        self.out, self.record, self.log = out, record, log
+        self.entries = {m["id"]: m for m in record["mutants"]}
+        self.t0 = time.monotonic()
+        self.scheduler: Scheduler | None = None  # set once built: a failed baseline stops it starting more
+
+    def save(self) -> None:
+        self.record["seconds"] = round(time.monotonic() - self.t0, 1)
+        atomic_write_json(self.out / "mutants.json", self.record)
+
+    def done(self, suite: Suite) -> None:
+        """A finished suite judged: the baseline (passed, or the run is invalid) or a mutant (killed or not)."""
+        outcome = judge_suite(_read_tiers(suite.folder / "tiers.json"), suite.exitstatus, suite.timed_out)
         if suite.name == "baseline":
-            entry = record["baseline"]
-            entry.update(
+            self.record["baseline"].update(
                 status=outcome.status,
                 seconds=suite.seconds,
                 checks=outcome.failed,
@@ -283,10 +356,10 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
                 + (f" - {killed_by(outcome.failed)}" if outcome.failed else "")
             )
             if outcome.status != "passed":
-                sched.stop_new = True
+                self.scheduler.stop_new = True
                 line += "; result invalid, no further suites started"
         else:
-            entry = entries[suite.name]
+            entry = self.entries[suite.name]
             served, refused = hook_evidence(suite.folder, suite.name)
             status, reason = mutant_status(outcome, served, refused)
             entry.update(
@@ -298,16 +371,27 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
                 passed=outcome.passed,
             )
             line = status + (f" by {entry['killed_by']}" if status == "killed" else f" ({reason})" if reason else "")
-        log(f"[mutants] done  {suite.name}: {line} ({suite.seconds:.0f} s)")
-        save()
+        self.log(f"[mutants] done  {suite.name}: {line} ({suite.seconds:.0f} s)")
+        self.save()
 
-    save()
-    sched = Scheduler(
-        suites, cap, ns.timeout, budget=ns.budget, warmup=ns.warmup, command=command, log=log, on_done=done, poll=poll
-    )
-    interrupted = False
+    def finish(self, not_run: list[Suite], interrupted: bool) -> None:
+        for s in not_run:
+            if s.name == "baseline":
+                self.record["baseline"].update(status="not-run")
+            else:
+                self.entries[s.name].update(
+                    status="not-run", reason="not started (baseline failed, budget spent or interrupted)"
+                )
+        verdict, rc = overall(self.record["baseline"], self.record["mutants"])
+        self.record.update(verdict="interrupted" if interrupted else verdict, finished=now())
+        self.record["exit"] = 130 if interrupted else rc
+        self.save()
 
-    def _terminate(signum, frame):  # a wrapper's SIGTERM stops the suites like Ctrl-C does
+
+def _schedule(sched: Scheduler) -> bool:
+    """Run every suite; True when interrupted (Ctrl-C, or a wrapper's SIGTERM, which stops the suites alike)."""
+
+    def _terminate(signum, frame):
         raise KeyboardInterrupt
 
     try:
@@ -317,21 +401,14 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
     try:
         sched.run()
     except KeyboardInterrupt:
-        interrupted = True
+        return True
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    for s in sched.not_run:
-        if s.name == "baseline":
-            record["baseline"].update(status="not-run")
-        else:
-            entries[s.name].update(
-                status="not-run", reason="not started (baseline failed, budget spent or interrupted)"
-            )
-    verdict, rc = overall(record["baseline"], record["mutants"])
-    record.update(verdict="interrupted" if interrupted else verdict, finished=now())
-    record["exit"] = 130 if interrupted else rc
-    save()
+    return False
+
+
+def _print_table(record: MutantsRecord, version: str | None, out: Path, log) -> None:
     rows = [
         {
             "id": "baseline",
@@ -344,10 +421,9 @@ def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, fre
     log("")
     log(render_table(rows))
     log("")
-    log(_verdict_line(verdict, record))
+    log(_verdict_line(record["verdict"], record))
     log(_wall_line(record))
     log(f"results: {out / 'mutants.json'}")
-    return record["exit"]
 
 
 def _verdict_line(verdict: str, record: dict) -> str:
