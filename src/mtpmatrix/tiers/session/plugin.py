@@ -34,6 +34,7 @@ from mtpmatrix.core.kinds import KINDS
 from mtpmatrix.core.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.core.side_by_side_rule import SHARED_MARK, shared_check
 from mtpmatrix.serving import environment, served
+from mtpmatrix.tiers.session import known_failures
 from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()
@@ -44,6 +45,8 @@ SERVED_KEY = pytest.StashKey[list]()  # served.Served for every --server-url, re
 _KNOWN_KEY = pytest.StashKey[list]()  # known_upstream.KnownIssue entries, loaded (and checked) at startup
 _HALF_IMPORTED_KEY = pytest.StashKey[dict]()  # package -> (check id, kind) of the failure that left it half-imported
 _COLLECTED_KEY = pytest.StashKey[dict]()  # {tier: [node ids]}: every check collected, before -k/-m/--deselect
+_VERSIONS_KEY = pytest.StashKey[dict]()  # environment.versions(), read at the first failure (known upstream match)
+_TIERS_KEY = pytest.StashKey[dict]()  # the judged tiers, at the session's end (the terminal summary reads them)
 
 
 def pytest_addoption(parser):
@@ -246,8 +249,24 @@ def pytest_runtest_makereport(item, call):
         earlier = next((r for r in records if r["id"] == item.nodeid), None)
         if earlier is not None:  # a teardown error after the call: one record per check, the error stands
             earlier.update(outcome="error", failure=rec.get("failure"))
-            return
-        records.append(rec)
+            rec = earlier
+        else:
+            records.append(rec)
+        if report.failed:  # recorded whole above; what the terminal and junit.xml call it: known_failures.py
+            _known_failure(item, report, rec, records)
+
+
+def _known_failure(item, report, rec: dict, records: list[dict]) -> None:
+    """A failure a known-upstream entry explains reads as pytest's xfail (known_failures.py); any other stays
+    failed. Every failing report is kept for the session's end, which puts the terminal right (reconcile)."""
+    config = item.config
+    config.stash.setdefault(known_failures.FAILING_REPORTS_KEY, {}).setdefault(item.nodeid, []).append(report)
+    if _VERSIONS_KEY not in config.stash:
+        config.stash[_VERSIONS_KEY] = environment.versions()
+    tier_records = [r for r in records if r["tier"] == rec["tier"]]
+    issue = known_failures.match(config.stash.get(_KNOWN_KEY, []), config.stash[_VERSIONS_KEY], rec, tier_records)
+    if issue is not None:
+        known_failures.turn(report, known_failures.reason(issue))
 
 
 def _classify_in_session(item, exc: BaseException, declared: str | None) -> dict:
@@ -323,15 +342,21 @@ def suite_fingerprint() -> dict:
 
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--mtp-results")
-    if not path:
+    if not path and not session.config.stash.get(known_failures.FAILING_REPORTS_KEY, None):
         return
     records = session.config.stash[_RECORDS_KEY]
     versions = environment.versions()
     chosen = selection(session.config)
+    issues = session.config.stash.get(_KNOWN_KEY, None)
     # judged against the expected sets with the known upstream list (the derivation import and the report run
     # again); then a session that stopped early is an error whatever its checks hit, known upstream ones included
-    tiers = expected.judge_tiers(summarize(records), chosen, versions, session.config.stash.get(_KNOWN_KEY, None))
+    tiers = expected.judge_tiers(summarize(records), chosen, versions, issues)
     tiers = mark_incomplete(tiers, _selected_tiers(session.config), exitstatus, _collection_errors(session))
+    # the terminal's xfailed and failed, and the exit status, from the judged tags (pytest prints its summary next)
+    known_failures.reconcile(session, tiers, issues or [])
+    session.config.stash[_TIERS_KEY] = tiers
+    if not path:
+        return
     atomic_write_json(
         path,
         {
@@ -342,9 +367,13 @@ def pytest_sessionfinish(session, exitstatus):
             "versions": versions,
             "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
             "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
-            "exitstatus": int(exitstatus),
+            "exitstatus": int(session.exitstatus),  # known upstream failures are xfails: 0 when only they failed
         },
     )
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    known_failures.terminal_summary(terminalreporter, config.stash.get(_TIERS_KEY, {}))
 
 
 def pytest_report_header(config):
