@@ -25,9 +25,9 @@ from mtpmatrix.core import expected, options, smoke_servers
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
 from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
-from mtpmatrix.core.schema import KNOWN_UPSTREAM, ROW_FILE, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.core.schema import KNOWN_UPSTREAM, PYTEST_LOG, ROW_FILE, TIERS, TIERS_FILE, parse_tiers
 from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
-from mtpmatrix.runner import bytecode, candidate, index, side_by_side, venvs
+from mtpmatrix.runner import bytecode, candidate, console, index, side_by_side, venvs
 from mtpmatrix.runner import overrides as override_rules
 from mtpmatrix.serving import environment
 from mtpmatrix.tiers.verdict import classify_install
@@ -307,8 +307,11 @@ def venv_python(venv: Path) -> Path:
     return Path(venv) / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool = False) -> tuple[int, str]:
-    """Run ``cmd``, stream its output to ``log`` (and stdout when ``echo``); returns (rc, output)."""
+def _run_logged(
+    cmd: list[str], log: Path, env: dict | None = None, echo: bool | console.RowConsole = False
+) -> tuple[int, str]:
+    """Run ``cmd``, stream its output to ``log`` (and every line to stdout when ``echo`` is True, or what a
+    RowConsole keeps); returns (rc, output)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     chunks: list[str] = []
     with open(log, "w") as fh:
@@ -320,7 +323,9 @@ def _run_logged(cmd: list[str], log: Path, env: dict | None = None, echo: bool =
         for line in proc.stdout:
             fh.write(line)
             chunks.append(line)
-            if echo:
+            if isinstance(echo, console.RowConsole):
+                echo.feed(line)
+            elif echo:
                 sys.stdout.write(line)
                 sys.stdout.flush()
         rc = proc.wait()
@@ -528,12 +533,17 @@ def _suite(
         forked=bool(groups) and side_by_side.forks(pytest_cmd),
         installing=installing,
     )
+    # the console gets the lines that matter, the row's pytest.log every line (console.py)
+    shown = console.RowConsole(full=console.verbose(opts.pytest_args, os.environ))
+    if not shown.full:
+        log(f"[{row.id}] pytest's whole output: {out / PYTEST_LOG} ({console.VERBOSE_ENV}=1 or -- -- -v: here too)")
     try:
         if groups:  # one pytest process per group of tiers, on their own cores; one merged tiers.json
-            rc_p = side_by_side.run(pytest_cmd + prefetch.pytest_args, groups, out, prefetch.env, REPO)
+            rc_p = side_by_side.run(pytest_cmd + prefetch.pytest_args, groups, out, prefetch.env, REPO, echo=shown)
         else:
-            rc_p, _ = _run_logged(pytest_cmd + prefetch.pytest_args, out / "pytest.log", env=prefetch.env, echo=True)
+            rc_p, _ = _run_logged(pytest_cmd + prefetch.pytest_args, out / PYTEST_LOG, env=prefetch.env, echo=shown)
     finally:
+        shown.close()
         prefetch.finish()
     record["suite"] = {"exitstatus": rc_p, "seconds": round(time.monotonic() - t0, 1)}
     log(f"[{row.id}] suite finished in {record['suite']['seconds']}s (pytest exit {rc_p})")

@@ -35,6 +35,7 @@ from mtpmatrix.core.atomic import atomic_write_json, read_json
 from mtpmatrix.core.rows import RowError
 from mtpmatrix.core.schema import JUNIT_FILE, PYTEST_LOG, TIERS, TIERS_FILE, parse_tiers
 from mtpmatrix.core.side_by_side_rule import SHARED_MARK, SHARED_TIER
+from mtpmatrix.runner.console import RowConsole
 from mtpmatrix.tiers.session import fork as pytest_fork
 from mtpmatrix.tiers.session import process as pytest_process
 from mtpmatrix.tiers.session.imported import PROCESS_ENV
@@ -121,9 +122,10 @@ def clear_outputs(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, echo: bool = True) -> int:
+def run(cmd: list[str], groups: list[Group], out: Path, env: dict, cwd: Path, echo: bool | RowConsole = True) -> int:
     """Run ``cmd`` (the row's one pytest command) once per group, side by side; merge the parts into the row's
-    tiers.json, junit.xml and pytest.log. Returns the merged exit status (``merge_exitstatus``). Only parts written
+    tiers.json, junit.xml and pytest.log. ``echo``: every line to stdout (True), none, or what a RowConsole keeps
+    (the caller closes it). Returns the merged exit status (``merge_exitstatus``). Only parts written
     by this run are merged (``clear_outputs`` first); a group that wrote none leaves no tiers.json."""
     clear_outputs(out)
     lock = threading.Lock()
@@ -237,11 +239,14 @@ def _start_forked(cmd, part_cmds, groups, env, cwd):
     return streams, kill, wait
 
 
-def _pump(stream, log, prefix: str, lock: threading.Lock, echo: bool) -> None:
+def _pump(stream, log, prefix: str, lock: threading.Lock, echo: bool | RowConsole) -> None:
     with log, stream:
         for line in stream:
             log.write(line)
-            if echo:
+            if isinstance(echo, RowConsole):
+                with lock:
+                    echo.feed(line, prefix)
+            elif echo:
                 with lock:
                     sys.stdout.write(prefix + line)
                     sys.stdout.flush()
