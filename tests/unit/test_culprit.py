@@ -513,6 +513,15 @@ def test_the_first_release_that_cannot_install_is_bisected_by_resolution_alone(r
     text = "\n".join(installable.lines(s))
     assert "CANNOT INSTALL: transformers 5.25.0 on sglang-0.5.17: " + CONFLICT_LINE in text
     assert "first release that cannot install: transformers 5.20.0 (newest that installs: 5.19.0;" in text
+    # a spent --budget stops the search cleanly, names the interval and runs nothing instead
+    spent = iter([None, None, "--budget 15 s spent"])
+    stopped = installable.search(
+        {"transformers": ("5.12.1", "5.25.0")}, row.id, probe_for, cands, lambda: next(spent), log=lambda m: None
+    )
+    assert stopped["installable"] is None and stopped["stopped"] == "--budget 15 s spent"
+    text = "\n".join(installable.lines(stopped))
+    assert "stopped (--budget 15 s spent): the first release that cannot install is one of 5.17.0 .. 5.25.0" in text
+    assert "install search stopped: --budget 15 s spent" in text
     # two moved packages: the one that installs alone stays at its release, the other falls back
     calls.clear()
     moved = {"transformers": ("5.12.1", "5.25.0"), "torch": ("2.11.0", "2.15.0")}

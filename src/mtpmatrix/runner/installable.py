@@ -186,7 +186,10 @@ def search(
             continue
         found = bisect.search(cands, probe_for(pkg), log=log, should_stop=should_stop, known={new: bisect.BAD})
         found.seconds = max(found.seconds, sum(p.seconds for p in found.probes))
-        out["bisect"][pkg] = {**found.as_dict(), "summary": bisect.describe(found, pkg)}
+        said = [
+            ln.replace("first bad release", "first release that cannot install") for ln in bisect.describe(found, pkg)
+        ]
+        out["bisect"][pkg] = {**found.as_dict(), "summary": said}
         if found.outcome == "stopped":
             out["stopped"] = found.stopped
             return out
@@ -261,7 +264,10 @@ def canary_search(
     def probe_for(pkg: str) -> Callable[[str], bisect.Probe]:
         return resolution_probe(c.base, pkg, workdir=workdir)
 
-    return search(res.moved, c.base.id, probe_for, bisect.candidates, should_stop, known=known, log=log)
+    def said(line: str) -> None:  # bisect.search's lines, told apart from the tier search's that follow
+        log(line.replace("[bisect]", "[install]", 1))
+
+    return search(res.moved, c.base.id, probe_for, bisect.candidates, should_stop, known=known, log=said)
 
 
 def installable_id(res: Resolution, fallback: dict[str, str]) -> str:
