@@ -434,7 +434,7 @@ def test_a_harness_error_beside_a_known_upstream_failure_blames_nothing(tmp_path
 
 # --- a canary whose newest release cannot install (issue #39, class 9) -------------------------------------------
 
-# uv 0.x's own words on 2026-12-04 (results/before-install-conflict/sglang-0.5.17-transformers/install.log)
+# uv 0.13.9's own words on 2026-12-04 (results/before-install-conflict/sglang-0.5.17-transformers/install.log)
 UV_CONFLICT = (
     "error: No solution found when resolving dependencies\n"
     "  cause: Because transformers>=5.25.0 depends on kernels>=0.19.1,<0.20 and sglang==0.5.17 depends on "
