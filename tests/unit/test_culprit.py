@@ -666,3 +666,23 @@ def test_an_install_that_fails_for_another_reason_claims_no_culprit(row, tmp_pat
         "failed (install failed: index unreachable: error: Failed to fetch: `https://x/simple`): no culprit "
         "searched — details above and in canary.json"
     )
+
+
+def test_the_session_line_says_when_the_newest_release_that_installs_passes():
+    state = {
+        "row": {"verdict": "failed", "tiers": "install failed: resolver conflict: ..."},
+        "install": {
+            "single": {
+                "transformers": {"version": "5.25.0", "status": "bad", "detail": "cannot install: " + CONFLICT_LINE}
+            },
+            "bisect": {"transformers": {"outcome": "found", "first_bad": "5.25.0", "last_good": "5.24.0"}},
+            "run": {"id": "c-at-transformers-5.24.0", "verdict": "passed"},
+        },
+        "broken_tiers": [],
+        "summary": [],
+    }
+    assert culprit.outcome_line(state, "canary.json") == (
+        f"transformers 5.25.0 cannot install ({CONFLICT_LINE}); first that cannot: transformers 5.25.0, newest that "
+        "installs: 5.24.0; c-at-transformers-5.24.0 passed: nothing breaks at the newest releases that install — "
+        "details above and in canary.json"
+    )

@@ -545,6 +545,9 @@ def outcome_line(state: dict, where: str) -> str:
     for pkg, b in ((state.get("install") or {}).get("bisect") or {}).items():
         if b.get("outcome") == "found":
             parts.append(f"first that cannot: {pkg} {b['first_bad']}, newest that installs: {b['last_good']}")
+    run = (state.get("install") or {}).get("run") or {}
+    if run.get("verdict") and run["verdict"] not in FAILING:
+        parts.append(f"{run['id']} {run['verdict']}: nothing breaks at the newest releases that install")
     summary = state.get("summary") or []
     culprits = [ln.removeprefix("CULPRIT: ") for ln in summary if ln.startswith("CULPRIT: ")]
     if culprits:
