@@ -50,7 +50,7 @@ _SPEC = re.compile(r"^(==|>=)(?P<v>[^,]+)$")
 def is_conflict(failure: dict | None) -> bool:
     """An install failure uv's resolver owns (the release's requirements refuse the row's), not a fault of the
     index or the machine."""
-    return bool(failure) and str(failure.get("message") or "").startswith(RESOLVER_CONFLICT)
+    return failure is not None and str(failure.get("message") or "").startswith(RESOLVER_CONFLICT)
 
 
 def _who(name: str, spec: str, releases: dict[str, str]) -> str:
@@ -88,7 +88,7 @@ def resolve_command(row: Row, cfile: Path, ofile: Path) -> list[str]:
 
 
 def resolution_probe(
-    row: Row, package: str, *, also: list[str] = (), workdir: Path, run=None
+    row: Row, package: str, *, also: tuple[str, ...] = (), workdir: Path, run=None
 ) -> Callable[[str], bisect.Probe]:
     """A bisect probe that asks uv whether ``row`` installs with ``package==version`` (and ``also``): good when it
     resolves, bad on a resolver conflict (its one line in ``detail``), untestable otherwise; fatal when the index
@@ -171,7 +171,7 @@ def search(
         if len(moved) > 1 and all(s["status"] == bisect.GOOD for s in out["single"].values()):
             out["together"] = sorted(moved)
         return out
-    fallback = {p: v for p, (_, v) in moved.items()}
+    fallback: dict[str, str] | None = {p: v for p, (_, v) in moved.items()}
     for pkg in cannot:
         pin, new = moved[pkg]
         if pin is None:
