@@ -131,9 +131,10 @@ CANARY_TAG = "canary"
 @nox.parametrize("row", [nox.param(cid, id=cid) for cid in CANARIES])
 def canary(session: nox.Session, row: str) -> None:
     """One canary row: newest releases in its ranges, the suite, and the culprit when it breaks."""
-    rc = culprit.main([row], session.posargs, run_id=RUN_ID, log=session.log)
+    outcomes: list[str] = []  # what the canary found: the install conflict, the culprit, or none and why
+    rc = culprit.main([row], session.posargs, run_id=RUN_ID, log=session.log, outcomes=outcomes)
     if rc:
-        session.error(f"canary {row}: {'bad input' if rc == 2 else 'breaks (culprit above and in canary.json)'}")
+        session.error(f"canary {outcomes[-1] if rc == 1 and outcomes else f'{row}: bad input'}")
 
 
 @nox.session(venv_backend="uv", tags=[CI_TAG], default=False)

@@ -321,3 +321,29 @@ def test_html_report_carries_the_canary_section(tmp_path, monkeypatch):
     ) in html
     assert "CULPRIT: transformers 5.13.0 breaks ..." in html
     assert "<li>torch: newer than the rows&#39; pin 2.14.1: 2.15.0 (no canary has run it)</li>" in html
+
+
+def test_main_hands_the_session_what_the_canary_found(rows, tmp_path, monkeypatch):
+    """The nox session's last line is main's outcome: it once said "breaks (culprit above and in canary.json)" for a
+    canary that could not install, with no culprit above or in the file."""
+    write(rows, "t", "# from: sglang-0.5.17\n# mode: canary-override\ntransformers>=5.12\n")
+    c = load(rows)["t"]
+    res = cn.Resolution(c, {"transformers": "5.25.0"}, {"transformers": ("5.12.1", "5.25.0")})
+    conflict = "transformers 5.25.0 needs kernels>=0.19.1,<0.20; sglang 0.5.17 requires kernels>=0.14.1,<0.15"
+    state = {
+        "row": {"verdict": "failed", "tiers": "install failed: resolver conflict: ..."},
+        "install": {"single": {"transformers": {"version": "5.25.0", "status": "bad", "detail": conflict}}},
+        "summary": ["the answer"],
+    }
+    monkeypatch.setattr(culprit, "resolve", lambda canary: res)
+    monkeypatch.setattr(culprit, "run_canary", lambda res, opts, budget_s, log: state)
+    outcomes, logged = [], []
+    results = tmp_path / "results"
+    rc = culprit.main(
+        ["t"], ["--results", str(results), "--run-id", "r"], constraints=rows, log=logged.append, outcomes=outcomes
+    )
+    assert rc == 1 and logged == ["the answer"]
+    assert outcomes == [
+        f"t: transformers 5.25.0 cannot install ({conflict}) — details above and in {results / 'r' / 't' / 'canary.json'}"
+    ]
+    assert "culprit" not in outcomes[0]

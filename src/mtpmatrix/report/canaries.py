@@ -41,7 +41,7 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
                 "from": c.get("from"),
                 "moved": {p: f"{m.get('from') or '-'} -> {m.get('to')}" for p, m in (c.get("moved") or {}).items()},
                 "resolved": c.get("resolved") or {},
-                "verdict": rec.get("verdict"),
+                "verdict": (rec["verdict"] + cannot_install(state)) if rec.get("verdict") else rec.get("verdict"),
                 "from_verdict": base.get("verdict"),
                 "from_run": (state.get("pinned") or {}).get("run"),
                 "answer": state.get("summary") or [],
@@ -65,6 +65,17 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
 
         out["untested_lines"] = release_lines(out["untested"])
     return out
+
+
+def cannot_install(state: dict) -> str:
+    """ ", cannot install transformers 5.25.0 (transformers 5.25.0 needs ...; sglang 0.5.17 requires ...)" for a
+    canary whose release uv's resolver refused (canary.json ``install``), else ''."""
+    single = (state.get("install") or {}).get("single") or {}
+    return "".join(
+        f", cannot install {p} {s.get('version')} ({str(s.get('detail') or '').removeprefix('cannot install: ')})"
+        for p, s in single.items()
+        if isinstance(s, dict) and s.get("status") == "bad"
+    )
 
 
 def moved_text(c: dict) -> str:

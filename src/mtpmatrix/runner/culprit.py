@@ -7,6 +7,9 @@ Steps, each recorded in ``results/<run>/<canary>/canary.json`` (atomic; ``--resu
 
 1. resolve the canary (``canary.resolve``: index first, one line on bad input) and run it as a row
    (``matrix.run_row``, the one install helper) in ``.nox/canary-<id>``;
+1b. when the canary cannot install (a resolver conflict): name the conflicting requirements, bisect its releases
+   on install-ability alone (``runner/installable.py``, uv's resolution, no venv) and run the newest that installs
+   as the row whose tiers the next steps read;
 2. judge its record again and read each tier as the report does (expected.tier_state): a tier it breaks is to
    be blamed on the moved packages only against a baseline, the pinned row's latest run that passed it
    (runner/baseline.py; runs that proved nothing are passed over); a tier that failed without proving anything (a
@@ -44,7 +47,7 @@ from mtpmatrix.core.evidence import fingerprint, manifest
 from mtpmatrix.core.rows import RowError, load_rows
 from mtpmatrix.core.schema import FAILING, ROW_FILE
 from mtpmatrix.core.store import RunStore
-from mtpmatrix.runner import baseline, bisect, matrix, plan
+from mtpmatrix.runner import baseline, bisect, installable, matrix, plan
 from mtpmatrix.runner.canary import Canary, Resolution, canary_row, describe_resolution, load_canaries, resolve
 from mtpmatrix.runner.probe import not_proven_why
 from mtpmatrix.runner.releases import ReleaseError
@@ -250,19 +253,17 @@ def verdict_line(state: dict, res: Resolution) -> str | None:
     )
 
 
-def record_seconds(record: dict) -> float:
-    """A row's own install + suite time (what a resumed canary reads back instead of timing the read)."""
-    return round(sum((record.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite")), 1)
+# a row's own install + suite time (what a resumed canary reads back instead of timing the read)
+record_seconds = installable.record_seconds
 
 
 def run_summary(record: dict) -> str:
-    return (
-        "; ".join(
-            f"{t}={v['verdict']}" + (f" [{','.join(v.get('failure_kinds') or [])}]" if v.get("failure_kinds") else "")
-            for t, v in (record.get("tiers") or {}).items()
-            if v.get("verdict") != "skipped"
-        )
-        or f"install {((record.get('install') or {}).get('verdict'))}"
+    return "; ".join(
+        f"{t}={v['verdict']}" + (f" [{','.join(v.get('failure_kinds') or [])}]" if v.get("failure_kinds") else "")
+        for t, v in (record.get("tiers") or {}).items()
+        if v.get("verdict") != "skipped"
+    ) or f"install {((record.get('install') or {}).get('verdict'))}" + (
+        f": {_clip(f['message'])}" if (f := (record.get("install") or {}).get("failure") or {}).get("message") else ""
     )
 
 
@@ -285,7 +286,7 @@ def run_canary(
     out_dir = store.row_dir(c.id)
     state_file = out_dir / CANARY_FILE
     state = read_json(state_file) if opts.resume and state_file.exists() else {}
-    before = {k: state.get(k) for k in ("blocking", "seconds")}  # a resumed run keeps what it measured
+    before = {k: state.get(k) for k in ("blocking", "seconds", "install")}  # a resumed run keeps what it measured
     state.update(
         canary=res.as_dict(),
         run_id=opts.run_id,
@@ -326,6 +327,27 @@ def run_canary(
         "record": str(out_dir / ROW_FILE),
         "seconds": record_seconds(record),
     }
+    budget = Budget(budget_s)
+    probes_run = paths.canary_probes_run(opts.run_id, c.id)
+    # the canary's newest releases cannot install: name why, find the first that cannot, and search the tiers of
+    # the newest that does instead (its run, filed as <canary>-at-<package>-<release>, is what the rest reads)
+    state["install"] = None
+    searched = state["row"]
+    install = record.get("install") or {}
+    if install.get("verdict") == "failed" and installable.is_conflict(install.get("failure")) and res.moved:
+        done = before["install"] if opts.resume and (before["install"] or {}).get("installable") else None
+        if done is not None:
+            log(f"[{c.id}] reusing the install search of {CANARY_FILE} (--resume)")
+        state["install"] = done or installable.canary_search(res, record, opts, probes_run, budget.spent, log=log)
+        save()
+        fallback = state["install"].get("installable")
+        if fallback and (why := budget.spent()):
+            state["install"]["run"] = {"stopped": why}
+        elif fallback:
+            res, record, copts, searched = installable.run_installable(res, fallback, opts, repo, log=log)
+            searched["tiers"] = run_summary(record)
+            state["install"]["run"] = searched
+        save()
     state["abi"] = abi_statement(record)
     state["held"] = (record.get("install") or {}).get("held") or []
     state["moved_unasked"] = [m for m in (record.get("install") or {}).get("moved") or [] if m["why"] != "asked for"]
@@ -347,9 +369,6 @@ def run_canary(
         and expected.tier_state(canary_tiers[t]) == expected.NOT_PROVEN
     }
     save()
-
-    budget = Budget(budget_s)
-    probes_run = paths.canary_probes_run(opts.run_id, c.id)
 
     # what breaks in the canary: a probe counts as good only if it ran these and they passed
     breaking = bisect.failing_checks(record, broken[0]) if broken else None
@@ -373,7 +392,7 @@ def run_canary(
         if c.override and len(res.moved) == 1 and not opts.overrides:  # the canary run is that package's probe
             ((pkg, (_, new)),) = res.moved.items()
             known[pkg] = bisect.classify_record(
-                record, broken[0], new, state["row"]["seconds"], str(out_dir / ROW_FILE), breaking=breaking
+                record, broken[0], new, searched["seconds"], searched["record"], breaking=breaking
             )
         # only a baseline that passed the tier makes the pins a known good end; else the search probes them
         state["culprit"] = find_culprit(
@@ -458,6 +477,13 @@ def retry_with_companion(
 def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
     c = res.canary
     out = [state["resolution"], f"{c.id}: {state['row']['verdict'].upper()} — {state['row']['tiers']}"]
+    if state.get("install"):  # res and record are then the run at the newest releases that install
+        out += installable.lines(state["install"])
+        run = state["install"].get("run") or {}
+        if run.get("stopped"):
+            out.append(f"  the releases that install: not run ({run['stopped']})")
+        elif run:
+            out.append(f"{run['id']}: {run['verdict'].upper()} — {run['tiers']} (the tiers are searched here)")
     for h in state.get("held") or []:
         out.append(f"held: {h['package']} {h['version']} ({h['why']})")
     for m in state.get("moved_unasked") or []:
@@ -509,6 +535,41 @@ def summary_lines(state: dict, res: Resolution, record: dict) -> list[str]:
     return out
 
 
+def outcome_line(state: dict, where: str) -> str:
+    """What the canary found, one line (the nox session's last word): the install conflict it named, the culprit
+    it found, or that it found none and why; ``where``: its canary.json."""
+    parts = []
+    for pkg, one in ((state.get("install") or {}).get("single") or {}).items():
+        if one.get("status") == bisect.BAD:
+            parts.append(f"{pkg} {one['version']} cannot install ({one['detail'].removeprefix('cannot install: ')})")
+    for pkg, b in ((state.get("install") or {}).get("bisect") or {}).items():
+        if b.get("outcome") == "found":
+            parts.append(f"first that cannot: {pkg} {b['first_bad']}, newest that installs: {b['last_good']}")
+    run = (state.get("install") or {}).get("run") or {}
+    if run.get("verdict") and run["verdict"] not in FAILING:
+        parts.append(f"{run['id']} {run['verdict']}: nothing breaks at the newest releases that install")
+    summary = state.get("summary") or []
+    culprits = [ln.removeprefix("CULPRIT: ") for ln in summary if ln.startswith("CULPRIT: ")]
+    if culprits:
+        parts.append("culprit: " + "; ".join(_clip(c, 160) for c in culprits))
+    elif state.get("broken_tiers"):
+        stopped = (state.get("culprit") or {}).get("stopped")
+        parts.append(
+            f"breaks {', '.join(state['broken_tiers'])}: no culprit found" + (f" ({stopped})" if stopped else "")
+        )
+    elif state.get("not_proven"):
+        parts.append(f"{', '.join(state['not_proven'])} not proven: nothing to blame")
+    install = state.get("install") or {}
+    if install.get("stopped"):
+        parts.append(f"install search stopped ({install['stopped']})")
+    elif (install.get("run") or {}).get("stopped"):
+        parts.append(f"the releases that install not run ({install['run']['stopped']})")
+    if not parts:
+        row = state.get("row") or {}
+        parts.append(f"{row.get('verdict', '?')} ({row.get('tiers', '?')}): no culprit searched")
+    return "; ".join(parts) + f" — details above and in {where}"
+
+
 def publish(lines: list[str], env: dict | None = None) -> None:
     """Append the canary's answer to the GitHub step summary when there is one."""
     path = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
@@ -549,9 +610,11 @@ def main(
     run_id: str | None = None,
     constraints: Path | None = None,
     log: Callable[[str], None] = print,
+    outcomes: list[str] | None = None,
 ) -> int:
     """Resolve every selected canary (all before any venv), then run each with its culprit search.
-    0: every canary passed; 1: a canary failed (its answer printed and in canary.json); 2: bad input."""
+    0: every canary passed; 1: a canary failed (its answer printed and in canary.json); 2: bad input.
+    ``outcomes`` gains "<canary>: <outcome_line>" for each canary that failed."""
     constraints = constraints or paths.CONSTRAINTS_DIR
     try:
         canaries = load_canaries(constraints, load_rows(constraints))
@@ -579,6 +642,9 @@ def main(
         publish(state["summary"])
         if state["row"]["verdict"] in FAILING:
             worst = 1
+            if outcomes is not None:
+                where = RunStore(opts.results, opts.run_id).row_dir(res.canary.id) / CANARY_FILE
+                outcomes.append(f"{res.canary.id}: {outcome_line(state, str(where))}")
     return worst
 
 
