@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: mkstemp makes 0600 files, and results/reports must be readable as any other file
@@ -33,10 +34,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: Path, data) -> None:
+def atomic_write_json(path: Path, data: object) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def read_json(path: Path):
+def read_json(path: Path) -> Any:
+    """Whatever the file's JSON holds: a reader checks its shape before taking it as a record (evidence.records)."""
     with open(path) as fh:
         return json.load(fh)

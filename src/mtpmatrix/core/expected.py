@@ -25,13 +25,19 @@ verdicts are never trusted, see known_upstream.apply).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.evidence import expected_checks
+from mtpmatrix.core.record_types import CheckRecord, MissingRecord, RowRecord, Selection, TierRecord, Tiers
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, check_param, short_check_id, worst
 from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
 from mtpmatrix.core.store import row_verdict
+
+if TYPE_CHECKING:
+    from mtpmatrix.core.known_upstream import KnownIssue
 
 KNOB_PREFIX = "MTPMATRIX_"
 NOT_RECORDED = (
@@ -41,7 +47,7 @@ NOT_RECORDED = (
 SEED_NUM_EXAMPLES = settings.GSM8K_NUM_EXAMPLES
 
 
-def knobs(env) -> dict[str, str]:
+def knobs(env: Mapping[str, str]) -> dict[str, str]:
     """The ``MTPMATRIX_*`` variables of ``env``: what a row records of its environment (nothing else: no tokens)."""
     return {k: v for k, v in sorted(env.items()) if k.startswith(KNOB_PREFIX)}
 
@@ -57,7 +63,7 @@ def default_smoke_servers() -> tuple[str, ...]:
     return tuple(s.name for s in DEFAULT_SMOKE_SERVERS)
 
 
-def narrowing(selection: dict) -> str:
+def narrowing(selection: Selection) -> str:
     """How the session deselected collected checks ('-k topk3; -m x; --deselect ...'), '' when it did not."""
     parts = []
     if selection.get("keyword"):
@@ -69,13 +75,13 @@ def narrowing(selection: dict) -> str:
     return "; ".join(parts)
 
 
-def _node_ids(selection: dict, tier_ids: list[str]) -> list[str]:
+def _node_ids(selection: Selection, tier_ids: list[str]) -> list[str]:
     """The node ids (``file::test``) among the session's paths that point into this tier's files."""
     files = {PurePosixPath(i.split("::", 1)[0]).name for i in tier_ids}
     return [p for p in selection.get("paths") or [] if "::" in p and PurePosixPath(p.split("::", 1)[0]).name in files]
 
 
-def _not_run(chk: dict | None, selection: dict) -> str:
+def _not_run(chk: CheckRecord | None, selection: Selection) -> str:
     """Why an expected check did not pass without failing: its skip reason, deselection, or an early stop."""
     if chk is not None:
         return chk.get("reason") or f"{chk.get('outcome')}"
@@ -87,7 +93,9 @@ def _not_run(chk: dict | None, selection: dict) -> str:
     return "never ran (pytest stopped before it)"
 
 
-def _gsm8k_case_missing(pair: settings.ModelPair, checks: list[dict], knob: dict) -> str | None:
+def _gsm8k_case_missing(
+    pair: settings.ModelPair, checks: list[CheckRecord], knob: Mapping[str, str | None]
+) -> str | None:
     """Why a seed case that ran is still not the seed case: ungated, fewer questions, another floor or TP."""
     acc = next((c for c in checks if short_check_id(c["id"]).startswith("test_accuracy[")), None)
     if acc is None or acc.get("outcome") != "passed":
@@ -112,7 +120,7 @@ def _gsm8k_case_missing(pair: settings.ModelPair, checks: list[dict], knob: dict
     return None
 
 
-def _case_not_collected(tier: str, knob: dict, selection: dict) -> str:
+def _case_not_collected(tier: str, knob: Mapping[str, str | None], selection: Selection) -> str:
     if tier == "smoke":
         v = knob.get("MTPMATRIX_SMOKE_SERVERS")
         return f"not selected (MTPMATRIX_SMOKE_SERVERS={v})" if v else "not collected"
@@ -124,7 +132,7 @@ def _case_not_collected(tier: str, knob: dict, selection: dict) -> str:
     return f"not selected (MTPMATRIX_GSM8K_PAIRS={v})" if v else "not collected"
 
 
-def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
+def missing(tier: str, entry: TierRecord, selection: Selection | None) -> list[MissingRecord]:
     """What of ``tier``'s expected set (evidence.expected_checks: defined in the project, not read from what the
     session collected) did not run, or ran less than the seed suite asks: ``[{"what", "why"}]`` (a check, a case or
     server, or the session's selection), in a stable order, without duplicates."""
@@ -133,7 +141,7 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
     out: list[tuple[str, str]] = []
     if selection is None:
         out.append(("selection", NOT_RECORDED))
-        sel: dict = {}
+        sel: Selection = {}
     else:
         sel = selection
     collected = set((sel.get("collected") or {}).get(tier) or [])
@@ -142,9 +150,7 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
         defined = list(definition[tier])
     else:  # a made-up suite judged as collected (expected_checks.AS_COLLECTED): the default servers, the seed cases
         pool = (
-            list((sel.get("collected") or {}).get(tier) or [])
-            if selection is not None
-            else [c.get("id") for c in checks]
+            list((sel.get("collected") or {}).get(tier) or []) if selection is not None else [c["id"] for c in checks]
         )
         units = default_smoke_servers() if tier == "smoke" else tuple(seed_cases()) if tier == "gsm8k" else None
         defined = [
@@ -172,12 +178,12 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
                 continue  # the whole server or case is missing: said once, above
             out.append(
                 (
-                    check_param(i) if tier in ("smoke", "gsm8k") and check_param(i) else short_check_id(i),
+                    (check_param(i) if tier in ("smoke", "gsm8k") else None) or short_check_id(i),
                     "not in this session's suite: the expected check was never collected",
                 )
             )
         elif chk is None or chk.get("outcome") == "skipped":
-            what = check_param(i) if tier in ("smoke", "gsm8k") and check_param(i) else short_check_id(i)
+            what = (check_param(i) if tier in ("smoke", "gsm8k") else None) or short_check_id(i)
             out.append((what, _not_run(chk, sel)))
     if tier == "gsm8k":
         for case, pair in seed_cases().items():
@@ -190,7 +196,7 @@ def missing(tier: str, entry: dict, selection: dict | None) -> list[dict]:
     return [{"what": what, "why": why} for what, why in seen]
 
 
-def judge_tier(tier: str, entry: dict, selection: dict | None) -> dict:
+def judge_tier(tier: str, entry: TierRecord, selection: Selection | None) -> TierRecord:
     """Set ``entry``'s verdict (and ``missing``) from its checks, already tagged by known_upstream.apply.
 
     failed/error: a failure no known-upstream entry explains, or a session that stopped early; skipped: nothing ran;
@@ -220,7 +226,12 @@ def judge_tier(tier: str, entry: dict, selection: dict | None) -> dict:
     return entry
 
 
-def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None) -> dict:
+def judge_tiers(
+    tiers: Tiers,
+    selection: Selection | None,
+    versions: Mapping[str, str | None],
+    issues: list[KnownIssue] | None = None,
+) -> Tiers:
     """Every tier's verdict, derived again from its checks: stored known-upstream tags and verdicts are stripped and
     the current list (``issues``, default known_upstream.json) applied, then each tier judged against its expected
     set. Changes ``tiers`` in place and returns it."""
@@ -232,7 +243,7 @@ def judge_tiers(tiers: dict, selection: dict | None, versions: dict, issues=None
     return tiers
 
 
-def rejudge_record(record: dict, issues=None) -> dict:
+def rejudge_record(record: RowRecord, issues: list[KnownIssue] | None = None) -> RowRecord:
     """A row record with its tier verdicts derived again from its checks, its selection and the known-upstream list
     (``judge_tiers``; ``issues`` default known_upstream.json), and its row verdict from those; an unfinished row
     stays unfinished. What the report, bisect probes and a canary's baseline read. Changes ``record`` in place and
@@ -255,7 +266,7 @@ STATES = (BROKEN, NOT_PROVEN, KNOWN_ONLY, PROVEN)  # worst first
 HARNESS = "harness"
 
 
-def unexplained_failures(entry: dict) -> list[dict]:
+def unexplained_failures(entry: TierRecord) -> list[CheckRecord]:
     """The failing checks of a judged tier that no known-upstream entry explains."""
     return [
         c
@@ -264,7 +275,7 @@ def unexplained_failures(entry: dict) -> list[dict]:
     ]
 
 
-def tier_state(entry: dict | None) -> str:
+def tier_state(entry: TierRecord | None) -> str:
     """The one reading of a judged tier (judge_tier's verdict and its checks) for every decision: BROKEN when a
     failure no known-upstream entry explains is of a kind other than ``harness`` (a harness hiccup beside an sglang
     failure does not hide it); NOT_PROVEN for a session that stopped early, a failure of the harness alone, a
@@ -278,8 +289,7 @@ def tier_state(entry: dict | None) -> str:
         return KNOWN_ONLY
     if verdict in FAILING:
         kinds = {
-            ((c.get("failure") or {}).get("kind") if isinstance(c.get("failure"), dict) else None)
-            for c in unexplained_failures(entry)
+            f.get("kind") if isinstance(f := c.get("failure"), dict) else None for c in unexplained_failures(entry)
         }
         if kinds - {HARNESS}:  # an unclassified failure (kind None) counts against the release: never green
             return BROKEN
@@ -287,7 +297,7 @@ def tier_state(entry: dict | None) -> str:
     return NOT_PROVEN
 
 
-def worst_state(states) -> str:
+def worst_state(states: Iterable[str]) -> str:
     """The worst of ``states`` (STATES order); NOT_PROVEN when there are none."""
     present = set(states)
     return next((s for s in STATES if s in present), NOT_PROVEN)
@@ -298,9 +308,9 @@ def complete(verdict: str | None) -> bool:
     return verdict in ("passed", KNOWN_UPSTREAM)
 
 
-def summarize(records: list[dict]) -> dict:
+def summarize(records: list[CheckRecord]) -> Tiers:
     """Per-tier verdicts from per-test records."""
-    tiers: dict[str, dict] = {}
+    tiers: Tiers = {}
     for tier in TIERS:
         recs = [r for r in records if r["tier"] == tier]
         if not recs:
@@ -308,7 +318,7 @@ def summarize(records: list[dict]) -> dict:
             continue
         outcomes = {"passed": "passed", "failed": "failed", "error": "error", "skipped": "skipped"}
         verdict = worst(outcomes[r["outcome"]] for r in recs)
-        entry = {"verdict": verdict, "seconds": round(sum(r["seconds"] for r in recs), 3), "checks": recs}
+        entry: TierRecord = {"verdict": verdict, "seconds": round(sum(r["seconds"] for r in recs), 3), "checks": recs}
         if verdict == "skipped":
             reasons = sorted({r.get("reason", "") for r in recs})
             entry["reason"] = reasons[0] if len(reasons) == 1 else "; ".join(reasons)

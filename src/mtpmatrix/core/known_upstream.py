@@ -37,13 +37,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from mtpmatrix.core.kinds import KINDS
+from mtpmatrix.core.record_types import CheckRecord, Tiers
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, TIERS, short_check_id, worst
 
 FILE = Path(__file__).with_name("known_upstream.json")
@@ -66,7 +69,10 @@ _REQUIRED = ("id", "package", "affected", "tier", "component", "kind", "match", 
 COMPONENTS = ("library", "sglang")  # whose bug: a library's (not sglang), or sglang's own serving path
 _SIGNATURE_FIELDS = ("metrics", "passed_beside")
 # Tier-level keys apply() derives; whatever a record already holds under them is stripped first.
-DERIVED_KEYS = ("known_upstream", "stale_known_upstream")
+DERIVED_KEYS: tuple[Literal["known_upstream"], Literal["stale_known_upstream"]] = (
+    "known_upstream",
+    "stale_known_upstream",
+)
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,9 @@ class KnownIssue:
     upstream: str
     fixed_in: str | None = None
     serving_path: bool = False  # whether sglang's serving path runs the code in question (the sglang entries: yes)
-    signature: dict | None = None  # {"metrics": {name: {"min"/"max": x}}, "passed_beside": [short check ids]}
+    signature: dict[str, Any] | None = None  # {"metrics": {name: {"min"/"max": x}}, "passed_beside": [short check ids]}
 
-    def applies_to(self, versions: dict) -> bool:
+    def applies_to(self, versions: Mapping[str, str | None]) -> bool:
         v = versions.get(self.package)
         if not v:
             return False
@@ -94,12 +100,12 @@ class KnownIssue:
         except InvalidVersion:
             return False
 
-    def matches(self, check: dict, tier_checks: list[dict] = ()) -> bool:
+    def matches(self, check: CheckRecord, tier_checks: Sequence[CheckRecord] = ()) -> bool:
         """Whether ``check`` failed with this bug's signature; ``tier_checks`` are the other checks of its tier."""
-        f = check.get("failure") or {}
+        f = check.get("failure")
         if check.get("outcome") not in FAILING or not self.lists(check["id"]):
             return False
-        if f.get("kind") != self.kind:
+        if f is None or f.get("kind") != self.kind:
             return False
         # where it was raised counts too: a generic message is only this bug when it comes from the broken code
         text = f"{f.get('type') or ''}: {f.get('message') or ''} (raised at {f.get('raised_at') or '?'})"
@@ -123,7 +129,7 @@ class KnownIssue:
         cases of a parametrised check can show (an MTP server beside its no-MTP reference), by its case."""
         return _function(check_id) in self.checks or short_check_id(check_id) in self.checks
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
@@ -194,7 +200,7 @@ def _bounded_above(spec: SpecifierSet) -> bool:
     return any(s.operator in ("<", "<=", "==", "===", "~=") for s in spec)
 
 
-def _two_sided(signature: dict) -> bool:
+def _two_sided(signature: dict[str, Any]) -> bool:
     """Whether the signature names at least one metric and bounds every one of them below and above."""
     metrics = signature.get("metrics") or {}
     return bool(metrics) and all("min" in b and "max" in b for b in metrics.values())
@@ -205,7 +211,7 @@ def _function(check_id: str) -> str:
     return short_check_id(check_id).split("[", 1)[0]
 
 
-def strip(tiers: dict) -> dict:
+def strip(tiers: Tiers) -> Tiers:
     """Drop every stored known-upstream tag, list and verdict of ``tiers`` (in place): what apply() derives again.
     A tier whose stored verdict was known-upstream goes back to the worst of its failures."""
     for tier in tiers.values():
@@ -218,7 +224,7 @@ def strip(tiers: dict) -> dict:
     return tiers
 
 
-def apply(tiers: dict, versions: dict, issues: list[KnownIssue] | None = None) -> dict:
+def apply(tiers: Tiers, versions: Mapping[str, str | None], issues: list[KnownIssue] | None = None) -> Tiers:
     """Tag the failures of ``tiers`` (tiers.json's ``tiers``) that match a known issue; mark stale entries.
 
     Strips what a record already carries first (``strip``), so the result depends only on the checks and the current

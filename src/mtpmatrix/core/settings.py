@@ -7,6 +7,7 @@ overridden from the environment (see ``resolve_pair``) so GPU boxes with weights
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 # --- environments ---------------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def gsm8k_case_id(pair_name: str, topk: int | None) -> str:
     return f"{pair_name}-{'nomtp' if topk is None else f'topk{topk}'}"
 
 
-def resolve_pair(name: str, env: dict | None = None) -> ModelPair:
+def resolve_pair(name: str, env: Mapping[str, str] | None = None) -> ModelPair:
     """The pair called ``name`` with environment overrides applied.
 
     MTPMATRIX_<PAIR>_TARGET / _ASSISTANT (HF id or local path), _TP, _THRESHOLD, where <PAIR> is E4B, 26B_A4B,

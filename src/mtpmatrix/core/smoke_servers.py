@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mtpmatrix.core.schema import comma_list
@@ -124,7 +125,7 @@ class SmokeOptions:
     swap_drafters: bool = False  # MTPMATRIX_SMOKE_SWAP_DRAFTERS=1: fault injection (wrong drafter)
 
 
-def smoke_options(env: dict | None = None) -> SmokeOptions:
+def smoke_options(env: Mapping[str, str] | None = None) -> SmokeOptions:
     """The smoke knobs from ``env``; ValueError with one line naming the variable and what it accepts."""
     env = os.environ if env is None else env
     pair = env.get("MTPMATRIX_SMOKE_PAIR") or "e-series"
@@ -164,7 +165,7 @@ def collection_options() -> SmokeOptions:
         return SmokeOptions()
 
 
-def _positive_int(env: dict, name: str) -> int | None:
+def _positive_int(env: Mapping[str, str], name: str) -> int | None:
     raw = (env.get(name) or "").strip()
     if not raw:
         return None

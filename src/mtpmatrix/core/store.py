@@ -16,10 +16,11 @@ from packaging.utils import canonicalize_name
 
 from mtpmatrix.core.atomic import atomic_write_json, read_json
 from mtpmatrix.core.paths import SIDE_RUN_PREFIXES
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
 
 
-def row_verdict(row_record: dict) -> str:
+def row_verdict(row_record: RowRecord) -> str:
     """The sglang verdict of a row: the worst of its tiers, where a tier failing only on known upstream issues
     (known_upstream.json) counts as passed (the report lists those issues next to the row) and a 'partial' tier
     (mtpmatrix.core.expected: nothing failed, not everything ran) makes the row partial."""
@@ -76,10 +77,10 @@ def find_run(results: Path, run_id: str | None) -> Path:
     return run_dir
 
 
-def read_run(run_dir: Path) -> dict[str, dict]:
+def read_run(run_dir: Path) -> dict[str, RowRecord]:
     """{row id: row record} of every ``<row>/row.json`` of a run, in row-id order; an unreadable one stands as
     ``{"unreadable": [why]}`` (the report says it proves nothing, evidence.records), hidden folders are skipped."""
-    out = {}
+    out: dict[str, RowRecord] = {}
     for f in row_files(run_dir):  # hidden staging folders (an import under way, or killed) are no rows
         try:
             out[f.parent.name] = read_json(f)
@@ -88,7 +89,7 @@ def read_run(run_dir: Path) -> dict[str, dict]:
     return out
 
 
-def records_file(value, row_dir: Path) -> Path | None:
+def records_file(value: object, row_dir: Path) -> Path | None:
     """The per-question file a RECORDS metric names (row-relative, schema.gsm8k_records), if it is there; paths
     that would leave the row folder name nothing."""
     if not isinstance(value, str) or Path(value).is_absolute() or ".." in Path(value).parts:
@@ -169,22 +170,23 @@ class RunStore:
     def row_ids(self) -> list[str]:
         return [f.parent.name for f in row_files(self.path)]
 
-    def load_row(self, row_id: str) -> dict | None:
+    def load_row(self, row_id: str) -> RowRecord | None:
         f = self.path / row_id / ROW_FILE
-        return read_json(f) if f.exists() else None
+        record: RowRecord | None = read_json(f) if f.exists() else None
+        return record
 
     def finished(self, row_id: str) -> bool:
         """True when the row has a final verdict (what ``--resume`` skips)."""
         rec = self.load_row(row_id)
-        return bool(rec) and rec.get("verdict") not in (None, "pending")
+        return rec is not None and bool(rec) and rec.get("verdict") not in (None, "pending")
 
-    def save_row(self, row_id: str, record: dict) -> Path:
-        record = dict(record)
+    def save_row(self, row_id: str, record: RowRecord) -> Path:
+        record = record.copy()
         record.setdefault("schema", SCHEMA)
         record["run_id"] = self.run_id
         f = self.row_dir(row_id) / ROW_FILE
         atomic_write_json(f, record)
         return f
 
-    def all_rows(self) -> dict[str, dict]:
+    def all_rows(self) -> dict[str, RowRecord | None]:
         return {rid: self.load_row(rid) for rid in self.row_ids()}

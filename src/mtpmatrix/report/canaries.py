@@ -8,6 +8,7 @@ unreachable" when it cannot be), so an ordinary matrix report never needs the ne
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.paths import CONSTRAINTS_DIR
@@ -27,7 +28,7 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
         c = rec.get("canary")
         if not isinstance(c, dict) or c.get("retry_of"):
             continue
-        base = records.get(c.get("from")) or {}
+        base = records.get(c.get("from") or "") or {}
         state_file = run_dir / rid / CANARY_FILE
         try:
             state = read_json(state_file) if state_file.exists() else {}
@@ -49,7 +50,7 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
         )
     if not canaries:
         return None
-    out = {"canaries": canaries, "untested": None, "untested_error": None, "untested_lines": []}
+    out: dict[str, Any] = {"canaries": canaries, "untested": None, "untested_error": None, "untested_lines": []}
     try:
         if untested is None:
             from mtpmatrix.core.rows import load_rows

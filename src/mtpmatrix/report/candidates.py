@@ -10,7 +10,9 @@ entry can go: the release it names still has the bug. The run's "entry can go" l
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.schema import FAILING
 from mtpmatrix.report import compare
 
@@ -18,12 +20,12 @@ FIXED, BROKEN, UNCHANGED = "fixed", "broken", "unchanged"
 SHOWN_DELTAS = 12  # metric changes listed per candidate (summary.json keeps them all)
 
 
-def candidate_of(record: dict | None) -> dict | None:
+def candidate_of(record: RowRecord | None) -> dict[str, Any] | None:
     cand = (record or {}).get("candidate")
     return cand if isinstance(cand, dict) and isinstance(cand.get("base_row"), str) else None
 
 
-def describe(cand: dict) -> str:
+def describe(cand: dict[str, Any]) -> str:
     """'patch 1a2b3c4 on sglang-0.5.17', 'wheel 1a2b3c4 (sglang 0.5.18.dev0)', 'checkout 1a2b3c4-dirty ...'."""
     kind = cand.get("kind") or "candidate"
     ident = (
@@ -37,15 +39,18 @@ def describe(cand: dict) -> str:
     return f"{kind} {ident}{version} on {cand['base_row']}{declared}"
 
 
-def headline_text(rows: dict[str, dict]) -> str:
+def headline_text(rows: dict[str, RowRecord]) -> str:
     """The candidates a verdict is about, for its headline: 'candidate X (patch 1a2b3c4 on sglang-0.5.17)'."""
     names = [f"{rid} ({describe(c)})" for rid, rec in sorted(rows.items()) if (c := candidate_of(rec))]
     return f"candidate{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
 
 
 def section(
-    run_dir: Path, rows: dict[str, dict], baseline_dir: Path | None = None, baseline_rows: dict[str, dict] | None = None
-) -> list[dict]:
+    run_dir: Path,
+    rows: dict[str, RowRecord],
+    baseline_dir: Path | None = None,
+    baseline_rows: dict[str, RowRecord] | None = None,
+) -> list[dict[str, Any]]:
     """One entry per candidate row of the run (``rows``: judged records), set beside its base release."""
     out = []
     for rid, rec in sorted(rows.items()):
@@ -56,7 +61,7 @@ def section(
         here = rows.get(base_id)
         if here is not None and here.get("tiers") and not here.get("unreadable"):
             base, base_dir, where = here, Path(run_dir), "this run"
-        elif baseline_rows and base_id in baseline_rows:
+        elif baseline_rows and baseline_dir is not None and base_id in baseline_rows:
             base, base_dir, where = baseline_rows[base_id], Path(baseline_dir), f"baseline {Path(baseline_dir).name}"
         else:
             base, base_dir, where = None, None, None
@@ -65,10 +70,16 @@ def section(
 
 
 def beside(
-    rid: str, rec: dict, cand: dict, base: dict | None, where: str | None, run_dir: Path, base_dir: Path | None
-) -> dict:
+    rid: str,
+    rec: RowRecord,
+    cand: dict[str, Any],
+    base: RowRecord | None,
+    where: str | None,
+    run_dir: Path,
+    base_dir: Path | None,
+) -> dict[str, Any]:
     """A candidate against its base release's record, check by check."""
-    entry = {
+    entry: dict[str, Any] = {
         "row": rid,
         "candidate": cand,
         "describe": describe(cand),
@@ -79,7 +90,7 @@ def beside(
             dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items() for k in e.get("stale_known_upstream") or []
         ],
     }
-    if base is None:
+    if base is None or base_dir is None:
         entry["missing_base"] = (
             f"no record of {cand['base_row']} in this run or a baseline: run the base release "
             "beside the candidate (same --run-id), or give --baseline RUN_ID"

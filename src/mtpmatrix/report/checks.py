@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from mtpmatrix.core import schema
+from mtpmatrix.core.record_types import FailureRecord, RowRecord
 from mtpmatrix.core.store import read_question_records, records_file
 
 # Metrics shown in their own columns (schema.py names); the rest lands in "other", shortened.
@@ -30,20 +32,20 @@ def case_of(check_id: str) -> str:
     return short_check(check_id) if param is None else param
 
 
-def is_number(v) -> bool:
+def is_number(v: object) -> TypeGuard[float]:
     """A finite int or float (not a bool): what the report may show, compare or average."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def first_frame(failure: dict) -> str | None:
+def first_frame(failure: FailureRecord) -> str | None:
     """Where a failure points: the first library frame, else where it was raised."""
     return failure.get("frame") or failure.get("raised_at")
 
 
-def question_records(record: dict, row_dir: Path) -> dict[str, dict]:
+def question_records(record: RowRecord, row_dir: Path) -> dict[str, dict[str, Any]]:
     """{case: {"path", "questions": {index: correct}}} for every GSM8K case of a row whose check names its
     per-question file (schema.RECORDS)."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for chk in ((record.get("tiers") or {}).get("gsm8k") or {}).get("checks") or []:
         path = records_file((chk.get("metrics") or {}).get(schema.RECORDS), row_dir)
         if path is None:

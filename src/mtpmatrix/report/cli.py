@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mtpmatrix.core import schema
 from mtpmatrix.core.atomic import atomic_write_json, atomic_write_text
+from mtpmatrix.core.record_types import Summary
 from mtpmatrix.core.schema import TIERS
 from mtpmatrix.core.store import StoreError, find_run
 from mtpmatrix.report import canaries, render
@@ -32,7 +33,7 @@ def write_report(
     baseline: str | None = None,
     out: Path | None = None,
     require: list[str] | tuple[str, ...] = (),
-) -> tuple[dict, dict[str, Path]]:
+) -> tuple[Summary, dict[str, Path]]:
     """Build and write the report; returns (summary, {"md": ..., "html": ..., "json": ...})."""
     render.environment()  # no jinja2: say so before reading anything
     run_dir = find_run(results, run_id)
@@ -84,8 +85,8 @@ def run(ns: argparse.Namespace) -> int:
         if r["install"]["verdict"] == "failed":
             cells = "install failed"
         print(f"  {render.GLYPHS.get(r['verdict'], '?')} {r['id']}: {r['verdict']} ({cells})")
-    if summary.get("baseline"):
-        b = summary["baseline"]
+    b = summary["baseline"]
+    if b:
         print(f"  vs {b['run_id']}: {len(b['new_failures'])} new failure(s), {len(b['fixed'])} fixed")
     print(f"report: {paths['html']}\n        {paths['md']}\n        {paths['json']}")
     return summary["exit_status"]

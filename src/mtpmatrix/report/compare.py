@@ -8,15 +8,17 @@ summary.json has always named them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from mtpmatrix.core import stats
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS
 from mtpmatrix.report.checks import COLUMN_METRICS, first_frame, is_number, question_records
 
 ALPHA = 0.05  # McNemar p below this is a significant change (bold in the report; a drop is a regression)
 
 
-def paired_comparison(a: dict[int, bool], b: dict[int, bool]) -> dict:
+def paired_comparison(a: dict[int, bool], b: dict[int, bool]) -> dict[str, Any]:
     """McNemar on the questions both sides answered. right_in_a_only: right in A, wrong in B; right_in_b_only: the
     reverse."""
     cmp = stats.paired_compare(a, b)
@@ -32,7 +34,7 @@ def paired_comparison(a: dict[int, bool], b: dict[int, bool]) -> dict:
     }
 
 
-def paired_across_rows(run_dir: Path, rows: dict[str, dict]) -> list[dict]:
+def paired_across_rows(run_dir: Path, rows: dict[str, RowRecord]) -> list[dict[str, Any]]:
     """Per-question comparisons: the same case in two rows, and within a row each MTP case against the no-MTP case
     of its pair (key ``E4B-nomtp → E4B-topk1``, row A = row B)."""
     per_row = {rid: question_records(rec, run_dir / rid) for rid, rec in rows.items()}
@@ -77,21 +79,27 @@ def _change(before: str | None, after: str | None) -> tuple[str, str]:
     return "same", "same"
 
 
-def compare_row(rid: str, cur: dict | None, base: dict | None, cur_dir: Path, base_dir: Path) -> dict:
+def compare_row(
+    rid: str, cur: RowRecord | None, base: RowRecord | None, cur_dir: Path, base_dir: Path
+) -> dict[str, Any]:
     """One row against its baseline record (``cur_dir``/``base_dir``: their row folders): the row's and each tier's
     change, the checks that now fail (``new_failures``) or now pass (``fixed``), metric deltas and per-question
     comparisons. ``rid`` names the row in what it returns (a candidate compared with its base release keeps its own
     id)."""
-    new_failures, fixed, deltas, paired = [], [], [], []
+    new_failures: list[dict[str, Any]] = []
+    fixed: list[dict[str, Any]] = []
+    deltas: list[dict[str, Any]] = []
+    paired: list[dict[str, Any]] = []
     vb = base.get("verdict") if base else None
     va = cur.get("verdict") if cur else None
     direction, label = _change(vb, va)
-    entry = {"row": rid, "before": vb, "after": va, "change": direction, "label": label, "tiers": {}}
+    tier_changes: dict[str, dict[str, Any]] = {}
+    entry = {"row": rid, "before": vb, "after": va, "change": direction, "label": label, "tiers": tier_changes}
     ctiers, btiers = (cur or {}).get("tiers") or {}, (base or {}).get("tiers") or {}
     if cur and (cur.get("install") or {}).get("verdict") == "failed":
         ib = ((base or {}).get("install") or {}).get("verdict")
         d, lab = _change(ib, "failed")
-        entry["tiers"]["install"] = {
+        tier_changes["install"] = {
             "before": ib,
             "after": "failed",
             "change": d,
@@ -100,7 +108,7 @@ def compare_row(rid: str, cur: dict | None, base: dict | None, cur_dir: Path, ba
     for tier in [t for t in TIERS if t in ctiers or t in btiers]:
         tb, ta = (btiers.get(tier) or {}).get("verdict"), (ctiers.get(tier) or {}).get("verdict")
         d, lab = _change(tb, ta)
-        entry["tiers"][tier] = {"before": tb, "after": ta, "change": d, "label": lab}
+        tier_changes[tier] = {"before": tb, "after": ta, "change": d, "label": lab}
         bchecks = {c["id"]: c for c in (btiers.get(tier) or {}).get("checks") or []}
         for c in (ctiers.get(tier) or {}).get("checks") or []:
             old = bchecks.get(c["id"])
@@ -150,7 +158,7 @@ def compare_row(rid: str, cur: dict | None, base: dict | None, cur_dir: Path, ba
     return {"entry": entry, "new_failures": new_failures, "fixed": fixed, "metric_deltas": deltas, "paired": paired}
 
 
-def base_row_of(rid: str, record: dict | None, base_rows: dict[str, dict]) -> str | None:
+def base_row_of(rid: str, record: RowRecord | None, base_rows: dict[str, RowRecord]) -> str | None:
     """The baseline row ``rid`` is compared with: its own id, or for a candidate without one, its base release's
     (row.json's ``candidate.base_row``)."""
     if rid in base_rows:
@@ -159,10 +167,16 @@ def base_row_of(rid: str, record: dict | None, base_rows: dict[str, dict]) -> st
     return base if isinstance(base, str) and base in base_rows else None
 
 
-def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_rows: dict[str, dict]) -> dict:
+def compare_runs(
+    cur_dir: Path, cur_rows: dict[str, RowRecord], base_dir: Path, base_rows: dict[str, RowRecord]
+) -> dict[str, Any]:
     """Row-, tier- and check-level changes between a baseline run and this run, plus metric deltas. A candidate
     row the baseline lacks is compared with its base release's row there."""
-    rows_out, new_failures, fixed, deltas, paired = [], [], [], [], []
+    rows_out: list[dict[str, Any]] = []
+    new_failures: list[dict[str, Any]] = []
+    fixed: list[dict[str, Any]] = []
+    deltas: list[dict[str, Any]] = []
+    paired: list[dict[str, Any]] = []
     matched = {rid: base_row_of(rid, rec, base_rows) for rid, rec in cur_rows.items()}
     used = set(matched.values())
     for rid in sorted(set(cur_rows) | (set(base_rows) - used)):
@@ -192,7 +206,9 @@ def compare_runs(cur_dir: Path, cur_rows: dict[str, dict], base_dir: Path, base_
     }
 
 
-def _metric_deltas(rid: str, tier: str, check: str, before: dict, after: dict) -> list[dict]:
+def _metric_deltas(
+    rid: str, tier: str, check: str, before: dict[str, Any], after: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Numeric metrics of one check that changed, the column metrics first."""
     out = []
     for name in sorted(set(before) & set(after), key=lambda n: (n not in COLUMN_METRICS, n)):
@@ -211,7 +227,7 @@ def _metric_deltas(rid: str, tier: str, check: str, before: dict, after: dict) -
     return out
 
 
-def regressions(base: dict) -> list[dict]:
+def regressions(base: dict[str, Any]) -> list[dict[str, Any]]:
     """What a baseline comparison holds against this run: new failures, and GSM8K cases whose accuracy dropped
     significantly (McNemar p < ALPHA) on the same questions."""
     out = [dict(r, why="new failure") for r in base["new_failures"]]

@@ -14,16 +14,29 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mtpmatrix.core import expected, schema, stats
 from mtpmatrix.core.evidence import records as record_shapes
 from mtpmatrix.core.evidence import run as evidence_of_run
 from mtpmatrix.core.evidence.judge import pins_with_overrides
+from mtpmatrix.core.record_types import (
+    MissingRecord,
+    RowRecord,
+    RowSummary,
+    Summary,
+    TierRecord,
+    TierSummary,
+)
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 from mtpmatrix.core.store import read_freeze, read_run, row_verdict
 from mtpmatrix.report import candidates, compare
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
+
+if TYPE_CHECKING:
+    from mtpmatrix.core.known_upstream import KnownIssue
 
 REPORT_DIR = "report"  # results/<run-id>/report/ unless --out says otherwise
 LOG_FILES = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.CHECK_FILE, schema.JUNIT_FILE)
@@ -42,12 +55,12 @@ class ReportError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def rejudge(record: dict, issues=None) -> dict:
+def rejudge(record: RowRecord, issues: list[KnownIssue] | None = None) -> RowRecord:
     """expected.rejudge_record: the one re-judging of a row record, shared with bisect and the canary."""
     return expected.rejudge_record(record, issues)
 
 
-def read_judged_run(run_dir: Path) -> dict[str, dict]:
+def read_judged_run(run_dir: Path) -> dict[str, RowRecord]:
     """store.read_run with every row re-judged (``rejudge``): what the report and the baseline comparison read. A
     record whose shape is off (evidence.records) stands as a shell with no tiers and the reason, never a crash."""
     from mtpmatrix.core import known_upstream
@@ -56,7 +69,7 @@ def read_judged_run(run_dir: Path) -> dict[str, dict]:
         issues = known_upstream.load()
     except ValueError as exc:
         raise ReportError(f"known upstream issues: {exc}") from None
-    out = {}
+    out: dict[str, RowRecord] = {}
     for rid, rec in read_run(run_dir).items():
         problems = (
             rec.get("unreadable")
@@ -72,10 +85,10 @@ def read_judged_run(run_dir: Path) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
+def _metric_rows(record: RowRecord, qrecords: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (tier, case) with the metrics of all its checks: a GSM8K case's score and interval (test_accuracy)
     sit next to its accept length (test_acceptance)."""
-    groups: dict[tuple[str, str], dict] = {}
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
     for tier_name in TIERS:
         for chk in ((record.get("tiers") or {}).get(tier_name) or {}).get("checks") or []:
             metrics = chk.get("metrics") or {}
@@ -92,9 +105,9 @@ def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
     return [_metric_row(g, qrecords) for g in groups.values()]
 
 
-def _metric_row(group: dict, qrecords: dict[str, dict]) -> dict:
+def _metric_row(group: dict[str, Any], qrecords: dict[str, dict[str, Any]]) -> dict[str, Any]:
     metrics = group["metrics"]
-    out: dict = {
+    out: dict[str, Any] = {
         "check": group["checks"][0],
         "checks": group["checks"],
         "short": group["case"],
@@ -126,10 +139,10 @@ def _metric_row(group: dict, qrecords: dict[str, dict]) -> dict:
     return out
 
 
-def _relaunched(record: dict) -> list[dict]:
+def _relaunched(record: RowRecord) -> list[dict[str, Any]]:
     """Servers that failed while launched beside others and passed or failed again alone (one entry per log): the
     first error next to the server, the checks over it and how they ended alone ('failed' if any did)."""
-    seen: dict[str, dict] = {}
+    seen: dict[str, dict[str, Any]] = {}
     for tier_name, tier in (record.get("tiers") or {}).items():
         for chk in tier.get("checks") or []:
             m = chk.get("metrics") or {}
@@ -152,12 +165,12 @@ def _relaunched(record: dict) -> list[dict]:
     return list(seen.values())
 
 
-def _tier_summary(tier: dict) -> dict:
+def _tier_summary(tier: TierRecord) -> TierSummary:
     checks = tier.get("checks") or []
     counts: dict[str, int] = {}
     for c in checks:
         counts[c.get("outcome", "?")] = counts.get(c.get("outcome", "?"), 0) + 1
-    failures = []
+    failures: list[dict[str, Any]] = []
     for c in checks:
         if c.get("outcome") in FAILING and not c.get("known_upstream"):  # known upstream bugs are listed apart
             f = c.get("failure") or {}
@@ -179,7 +192,7 @@ def _tier_summary(tier: dict) -> dict:
                 "check": None,
                 "short": None,
                 "outcome": tier.get("verdict"),
-                "kind": (tier.get("failure_kinds") or [None])[0],
+                "kind": next(iter(tier.get("failure_kinds") or []), None),
                 "type": None,
                 "message": tier.get("reason"),
                 "frame": None,
@@ -209,19 +222,19 @@ def _tier_summary(tier: dict) -> dict:
     }
 
 
-def group_missing(missing: list[dict]) -> list[dict]:
+def group_missing(missing: list[MissingRecord]) -> list[dict[str, Any]]:
     """What did not run, one entry per reason: ``{"why", "what": [...]}`` (four TP-2 cases skipped for one reason are
     one line)."""
-    groups: dict[str, dict] = {}
+    groups: dict[str, dict[str, Any]] = {}
     for m in missing:
         groups.setdefault(m["why"], {"why": m["why"], "what": []})["what"].append(m["what"])
     return list(groups.values())
 
 
-def group_failures(failures: list[dict]) -> list[dict]:
+def group_failures(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Failures of the same kind and exception type raised at the same place are one finding (one bug seen from N
     checks); the first one's message and frame stand for the group."""
-    groups: dict[tuple, dict] = {}
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     for f in failures:
         key = (f.get("kind"), f.get("type"), f.get("raised_at") or f.get("frame"), f.get("outcome"))
         g = groups.setdefault(key, dict(f, shorts=[]))
@@ -230,9 +243,9 @@ def group_failures(failures: list[dict]) -> list[dict]:
     return list(groups.values())
 
 
-def _versions(record: dict) -> tuple[dict, bool]:
+def _versions(record: RowRecord) -> tuple[dict[str, str | None], bool]:
     """(versions, whether they were installed): freeze/tiers versions, else the pins the row asked for."""
-    v = dict(record.get("versions") or {})
+    v: dict[str, str | None] = dict(record.get("versions") or {})
     installed = bool(v)
     pins = pins_with_overrides(record)
     for p in MAIN_PACKAGES:
@@ -241,7 +254,7 @@ def _versions(record: dict) -> tuple[dict, bool]:
     return v, installed
 
 
-def row_state(record: dict) -> str:
+def row_state(record: RowRecord) -> str:
     """What a judged row proves (expected.STATES): not proven when its record cannot show it, broken when it did not
     install or a tier broke, else the worst of its tiers."""
     if record.get("verdict") == UNPROVEN:
@@ -252,7 +265,7 @@ def row_state(record: dict) -> str:
     return expected.worst_state(expected.tier_state(t) for t in tiers.values()) if tiers else expected.NOT_PROVEN
 
 
-def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dict:
+def _row_summary(run_dir: Path, row_id: str, record: RowRecord, out_dir: Path) -> RowSummary:
     row_dir = run_dir / row_id
     row = record.get("row") or {}
     versions, installed = _versions(record)
@@ -312,7 +325,7 @@ def closest_passing(
     target_sglang: str | None,
     sglang_of: dict[str, str | None],
     keys_only: bool = False,
-) -> dict | None:
+) -> dict[str, Any] | None:
     """The candidate with the fewest differing packages; ties go to the same sglang, then to the row id.
 
     ``keys_only``: compare only the packages ``target`` names (the failing row never installed, so only its pins
@@ -337,13 +350,13 @@ def closest_passing(
 
 
 def _closest_passing_rows(
-    run_dir: Path, rows: dict[str, dict], summaries: dict[str, dict], baseline_dir: Path | None = None
+    run_dir: Path, rows: dict[str, RowRecord], summaries: dict[str, RowSummary], baseline_dir: Path | None = None
 ) -> None:
     """Attach to every failing row the closest passing row: from this run, and, with a baseline, from the
     baseline run too (an upgrade probe re-runs one row, so its nearest good neighbour is usually the baseline's)."""
     freezes = {rid: read_freeze(run_dir / rid) for rid in rows}
     passing = {
-        rid: (freezes[rid] if freezes[rid] else pins_with_overrides(rows[rid]))
+        rid: (freezes[rid] or pins_with_overrides(rows[rid]))
         for rid, s in summaries.items()
         if s["verdict"] in ("passed", PARTIAL)
     }
@@ -361,7 +374,7 @@ def _closest_passing_rows(
             s["closest_passing"] = None
             continue
         source = "freeze" if freezes[rid] else "pins"
-        target = freezes[rid] if freezes[rid] else pins_with_overrides(rows[rid])
+        target = freezes[rid] or pins_with_overrides(rows[rid])
         best = closest_passing(
             target, passing, target_sglang=sglang_of.get(rid), sglang_of=sglang_of, keys_only=source == "pins"
         )
@@ -370,9 +383,9 @@ def _closest_passing_rows(
         s["closest_passing"] = best
 
 
-def _skip_groups(summaries: dict[str, dict]) -> list[dict]:
+def _skip_groups(summaries: dict[str, RowSummary]) -> list[dict[str, Any]]:
     """Skip reasons, one line each: identical reasons across rows and tiers grouped together."""
-    groups: dict[str, dict] = {}
+    groups: dict[str, dict[str, Any]] = {}
 
     def add(reason: str, row: str, tier: str, checks: int | None) -> None:
         reason = re.sub(rf"^{re.escape(tier)} tier:?\s*", "", (reason or "no reason given").strip())
@@ -396,13 +409,15 @@ def _skip_groups(summaries: dict[str, dict]) -> list[dict]:
     return sorted(groups.values(), key=lambda g: (-len(g["rows"]), g["reason"]))
 
 
-def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]) -> dict[str, dict]:
+def _tier_status(
+    summaries: dict[str, RowSummary], tiers: list[str], skips: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Per tier over all rows: which rows ran it whole (complete: passed or known upstream), which ran part of it
     (partial, with what did not run), which did not run it, and one short reason for those ('no GPU' when every skip
     of the tier says a GPU is missing)."""
     out = {}
     for tier in tiers:
-        verdict = {rid: (s["tiers"].get(tier) or {}).get("verdict") for rid, s in summaries.items()}
+        verdict = {rid: s["tiers"][tier]["verdict"] if tier in s["tiers"] else None for rid, s in summaries.items()}
         complete = [rid for rid, v in verdict.items() if expected.complete(v)]
         partial = [rid for rid, v in verdict.items() if v == PARTIAL]
         # rows whose tier ran but proves nothing: its records cannot show it, or only the harness failed
@@ -446,7 +461,7 @@ def _tier_status(summaries: dict[str, dict], tiers: list[str], skips: list[dict]
     return out
 
 
-def missing_required(summary: dict, tiers=None) -> list[str]:
+def missing_required(summary: Summary, tiers: Iterable[str] | None = None) -> list[str]:
     """The --require'd tiers (``tiers``; all of them without --require) that are not proven -- their whole expected
     set ran and passed, on records that show it -- in every row."""
     status = summary["tier_status"]
@@ -462,7 +477,7 @@ def missing_required(summary: dict, tiers=None) -> list[str]:
     ]
 
 
-def _verdict(summary: dict) -> tuple[str, int]:
+def _verdict(summary: Summary) -> tuple[str, int]:
     """(state, exit status): 'fails' (1) when a row broke on records that show it (a failure of sglang or its
     dependencies, listed upstream bugs aside); 'not-proven' (3) when the run's evidence does not hold (no manifest,
     another suite), a planned row did not run, or a required tier is not proven in every row (partial, skipped,
@@ -483,7 +498,7 @@ def build_summary(
     baseline_dir: Path | None = None,
     out_dir: Path | None = None,
     require: list[str] | tuple[str, ...] = (),
-) -> dict:
+) -> Summary:
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / REPORT_DIR
     rows = read_judged_run(run_dir)
@@ -515,7 +530,7 @@ def build_summary(
         for t, tv in s["tiers"].items()
         for k in tv["stale_known_upstream"]
     ]
-    summary = {
+    summary: Summary = {
         "schema": schema.SCHEMA,
         "run_id": run_dir.name,
         "generated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -544,7 +559,7 @@ def build_summary(
     # never 'qualifies' a release.
     summary["qualifies"] = summary["verdict"] == "qualifies"
     base_rows = read_judged_run(baseline_dir) if baseline_dir is not None else None
-    if baseline_dir is not None:
+    if baseline_dir is not None and base_rows is not None:
         base = compare.compare_runs(run_dir, rows, Path(baseline_dir), base_rows)
         base["run_id"] = Path(baseline_dir).name
         summary["baseline"] = base

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 from mtpmatrix.core import schema
+from mtpmatrix.core.record_types import Summary
 from mtpmatrix.core.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 from mtpmatrix.report import canaries, candidates
 from mtpmatrix.report.checks import is_number, short_check
@@ -161,7 +163,7 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _proven_text(summary: dict) -> str:
+def _proven_text(summary: Summary) -> str:
     """'CPU checks pass; smoke and gsm8k not run (no GPU)': which tiers ran whole and passed, which ran in part,
     which did not run, why."""
     status, n = summary["tier_status"], len(summary["rows"])
@@ -209,7 +211,7 @@ def _partial_text(status: dict, limit: int = 16) -> str:
     return ", ".join(out)
 
 
-def _known_text(summary: dict) -> str:
+def _known_text(summary: Summary) -> str:
     """The known upstream issues, library bugs (not sglang) apart from sglang deviations on its serving path."""
     k = summary.get("known_upstream") or []
     parts = []
@@ -224,7 +226,7 @@ def _known_text(summary: dict) -> str:
     return "".join(f"; {p}" for p in parts)
 
 
-def _not_complete_text(summary: dict) -> str:
+def _not_complete_text(summary: Summary) -> str:
     """The required tiers that are not proven, each with the rows and what did not run or cannot be shown there."""
     status = summary["tier_status"]
     out = []
@@ -241,7 +243,7 @@ def _not_complete_text(summary: dict) -> str:
     return " | ".join(out)
 
 
-def _evidence_text(summary: dict, limit: int = 3) -> str:
+def _evidence_text(summary: Summary, limit: int = 3) -> str:
     """Why the run's evidence does not hold: the run's own problems, then each row's first ones."""
     ev = summary.get("evidence") or {"run": [], "rows": {}}
     parts = list(ev["run"])
@@ -253,21 +255,21 @@ def _evidence_text(summary: dict, limit: int = 3) -> str:
     return " | ".join(parts)
 
 
-def _rows_text(summary: dict) -> str:
+def _rows_text(summary: Summary) -> str:
     """'sglang-0.5.17: sglang 0.5.17, transformers 5.12.1, torch 2.11.0': which versions the verdict is about."""
     return "; ".join(
         f"{r['id']}: " + ", ".join(f"{p} {r['versions'].get(p) or '?'}" for p in MAIN_PACKAGES) for r in summary["rows"]
     )
 
 
-def headline(summary: dict) -> str:
+def headline(summary: Summary) -> str:
     """The verdict in one line: what was proven, what failed, what did not run or cannot be shown; a run of
     candidates names them first (report/candidates.py)."""
     text = _headline(summary)
     return f"{summary['candidate_text']}: {text}" if summary.get("candidate_text") else text
 
 
-def _headline(summary: dict) -> str:
+def _headline(summary: Summary) -> str:
     n = len(summary["rows"])
     c = summary["verdict_counts"]
     counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
@@ -302,10 +304,10 @@ def _headline(summary: dict) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def view(summary: dict) -> dict:
+def view(summary: Summary) -> dict:
     """What both templates render: the summary (``s``) and what is derived from it, once."""
     rows = summary["rows"]
-    out = {
+    out: dict[str, Any] = {
         "s": summary,
         "headline": headline(summary),
         "failing": [r for r in rows if r["verdict"] in FAILING],
@@ -316,7 +318,7 @@ def view(summary: dict) -> dict:
             (r["id"], t, tv["missing_groups"]) for r in rows for t, tv in r["tiers"].items() if tv["verdict"] == PARTIAL
         ],
         "hosts": sorted({(r.get("host") or {}).get("hostname", "") for r in rows} - {""}),
-        "gpus": sorted({r.get("gpus") for r in rows if r.get("gpus") is not None}),
+        "gpus": sorted({r["gpus"] for r in rows if r["gpus"] is not None}),
         "base": None,
     }
     base = summary.get("baseline")
@@ -389,9 +391,9 @@ def environment():
     return env
 
 
-def render_markdown(summary: dict) -> str:
+def render_markdown(summary: Summary) -> str:
     return environment().get_template(MARKDOWN_TEMPLATE).render(view(summary))
 
 
-def render_html(summary: dict) -> str:
+def render_html(summary: Summary) -> str:
     return environment().get_template(HTML_TEMPLATE).render(view(summary))

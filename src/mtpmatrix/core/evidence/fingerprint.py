@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.paths import REPO
+from mtpmatrix.core.record_types import Fingerprint
 
 # (folder, glob) pairs whose files make up the suite, relative to REPO
 SUITE_FILES = (
@@ -44,7 +45,7 @@ class FingerprintError(RuntimeError):
 
 
 def suite_files(repo: Path = REPO) -> list[Path]:
-    files = set()
+    files: set[Path] = set()
     for folder, pattern in SUITE_FILES:
         base = Path(repo) / folder
         files.update(p for p in base.glob(pattern) if p.is_file() and "__pycache__" not in p.parts)
@@ -78,7 +79,7 @@ def _git(repo: Path, *args: str) -> str | None:
 
 
 @functools.cache
-def describe(repo: Path = REPO) -> dict:
+def describe(repo: Path = REPO) -> Fingerprint:
     """``{"suite": hash, "data": sha256, "commit": sha or None, "dirty": bool or None}`` of the suite in ``repo``;
     what tiers.json, row.json and the manifest carry."""
     data = data_sha256()
@@ -92,7 +93,7 @@ def describe(repo: Path = REPO) -> dict:
     }
 
 
-def short(fp: dict | str | None) -> str:
+def short(fp: Fingerprint | str | None) -> str:
     """A fingerprint as people read it: 12 hex digits (and the commit's 9, when known)."""
     if isinstance(fp, dict):
         s = str(fp.get("suite") or "?")[:12]

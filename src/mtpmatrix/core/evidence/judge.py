@@ -24,12 +24,17 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from mtpmatrix.core import schema, settings, stats
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.evidence import manifest as run_manifest
+from mtpmatrix.core.record_types import CheckRecord, Manifest, Problem, RowRecord
 from mtpmatrix.core.schema import TIERS, check_param, short_check_id
 from mtpmatrix.core.smoke_servers import smoke_options
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
 
 # Knobs that say where things go, how fast they run or which tiers run (a tier that does not run is 'partial' by
 # itself), never what a check tests.
@@ -62,7 +67,7 @@ MAIN_PACKAGES = ("sglang", "transformers", "torch")
 _ROUNDING = 1e-4  # the gsm8k tier records score and interval to 4 decimals
 
 
-def problem(tier: str | None, what: str) -> dict:
+def problem(tier: str | None, what: str) -> Problem:
     return {"tier": tier, "what": what}
 
 
@@ -105,7 +110,7 @@ def knob_effect(name: str, value: str) -> tuple[str, ...]:
     return TIERS  # fault injection, or a knob this judge does not know: it may change anything
 
 
-def candidate_knobs(record: dict, knobs: dict) -> set[str]:
+def candidate_knobs(record: RowRecord, knobs: dict) -> set[str]:
     """The knobs of ``knobs`` that are the record's candidate (runner/candidate.py), not settings: the patch the
     fault-injection hook served at import (tools/gpu_box.sh PATCH=) when its sha256 is the candidate's, and the
     draft phase the candidate declares. On any other record they are knobs this judge does not know."""
@@ -124,7 +129,7 @@ def candidate_knobs(record: dict, knobs: dict) -> set[str]:
     return out
 
 
-def _settings(record: dict) -> list[dict]:
+def _settings(record: RowRecord) -> list[Problem]:
     out = []
     sel = record.get("selection") or {}
     asked = record.get("knobs") or {}
@@ -154,13 +159,14 @@ def _settings(record: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def split_overrides(record: dict) -> tuple[dict[str, str], dict]:
+def split_overrides(record: RowRecord) -> tuple[dict[str, str], dict[str, SpecifierSet]]:
     """A record's ``--with`` overrides as ({package: the one release it names}, {package: SpecifierSet of a range}),
     canonical names; a spec that does not parse is neither."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
-    exact, ranges = {}, {}
+    exact: dict[str, str] = {}
+    ranges: dict[str, SpecifierSet] = {}
     for spec in record.get("overrides") or []:
         try:
             req = Requirement(spec)
@@ -175,32 +181,33 @@ def split_overrides(record: dict) -> tuple[dict[str, str], dict]:
     return exact, ranges
 
 
-def pins_with_overrides(record: dict) -> dict[str, str]:
+def pins_with_overrides(record: RowRecord) -> dict[str, str]:
     """The row's pins (canonical names) with every exact ``--with`` override applied."""
     from packaging.utils import canonicalize_name
 
-    pins = {canonicalize_name(k): v for k, v in ((record.get("row") or {}).get("pins") or {}).items()}
+    pins: dict[str, str] = {canonicalize_name(k): v for k, v in ((record.get("row") or {}).get("pins") or {}).items()}
     return {**pins, **split_overrides(record)[0]}
 
 
-def expected_versions(record: dict) -> dict[str, str]:
+def expected_versions(record: RowRecord) -> dict[str, str]:
     """What the row must have installed: ``pins_with_overrides`` less the packages a ``--with`` range frees (judged
     against the range by ``_versions``). A wheel or checkout candidate's sglang is the candidate's version, not the
     pin (every other pin still holds)."""
     ranges = split_overrides(record)[1]
     pins = {k: v for k, v in pins_with_overrides(record).items() if k not in ranges}
-    cand = record.get("candidate") if isinstance(record.get("candidate"), dict) else {}
+    recorded = record.get("candidate")
+    cand: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     if cand.get("kind") in ("wheel", "checkout"):
         pins["sglang"] = cand.get("version") or "(none recorded)"
     return pins
 
 
-def _versions(record: dict, ran: bool) -> list[dict]:
+def _versions(record: RowRecord, ran: bool) -> list[Problem]:
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
     want = expected_versions(record)
-    got = {canonicalize_name(k): v for k, v in (record.get("versions") or {}).items()}
+    got: dict[str, str | None] = {canonicalize_name(k): v for k, v in (record.get("versions") or {}).items()}
     out = []
     if ran:
         for name in MAIN_PACKAGES:
@@ -221,7 +228,7 @@ def _versions(record: dict, ran: bool) -> list[dict]:
     for name, spec in sorted(split_overrides(record)[1].items()):
         have = got.get(name)
         try:
-            inside = have is not None and spec.contains(Version(_base(have)), prereleases=True)
+            inside = have is not None and spec.contains(Version(str(_base(have))), prereleases=True)
         except InvalidVersion:
             inside = False
         if have and not inside:
@@ -234,15 +241,15 @@ def _versions(record: dict, ran: bool) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _finite(v) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _whole(v) -> bool:
+def _whole(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _accuracy(chk: dict, row_dir: Path | None) -> list[str]:
+def _accuracy(chk: CheckRecord, row_dir: Path | None) -> list[str]:
     m = chk.get("metrics") or {}
     score, n, correct, thr = (
         m.get(k) for k in (schema.SCORE, schema.NUM_EXAMPLES, schema.NUM_CORRECT, schema.THRESHOLD)
@@ -285,7 +292,7 @@ def _accuracy(chk: dict, row_dir: Path | None) -> list[str]:
     return out
 
 
-def _acceptance(chk: dict) -> list[str]:
+def _acceptance(chk: CheckRecord) -> list[str]:
     m = chk.get("metrics") or {}
     avg, floor = m.get(schema.ACCEPT_LENGTH), m.get(schema.MIN_ACCEPT_LENGTH)
     if not _finite(avg) or not _finite(floor):
@@ -295,7 +302,7 @@ def _acceptance(chk: dict) -> list[str]:
     return [f"passed with accept length {avg} under its floor {floor}"] if avg < floor else []
 
 
-def _non_finite(chk: dict) -> list[str]:
+def _non_finite(chk: CheckRecord) -> list[str]:
     """The metrics of ``chk`` that hold a NaN or an infinity anywhere inside them."""
 
     def bad(v) -> bool:
@@ -310,7 +317,7 @@ def _non_finite(chk: dict) -> list[str]:
     return [f"metric {k} is not finite" for k, v in sorted((chk.get("metrics") or {}).items()) if bad(v)]
 
 
-def _checks(record: dict, row_dir: Path | None) -> list[dict]:
+def _checks(record: RowRecord, row_dir: Path | None) -> list[Problem]:
     out = []
     gpus = record.get("gpus") or 0
     sglang = expected_versions(record).get("sglang")
@@ -390,7 +397,7 @@ def junit_outcomes(path: Path) -> dict[str, str]:
         cid = f"{f}::{name}"
         # a second entry for the same test (a teardown error; the side-by-side processes' parts, where the process
         # that does not run a check skips it): the one that says most stands
-        if _JUNIT_RANK[outcome] > _JUNIT_RANK.get(out.get(cid), -1):
+        if _JUNIT_RANK[outcome] > _JUNIT_RANK.get(out.get(cid, ""), -1):
             out[cid] = outcome
     return out
 
@@ -399,7 +406,7 @@ def _dumps(value) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _same_story(record: dict, written: dict) -> list[dict]:
+def _same_story(record: RowRecord, written: dict) -> list[Problem]:
     """What row.json says of the session against what the plugin wrote in tiers.json: the suite, the versions it
     saw, the selection (args, knobs, collected) and each check's metrics."""
     out = []
@@ -412,7 +419,8 @@ def _same_story(record: dict, written: dict) -> list[dict]:
                 f"{str(there.get('suite'))[:12]}",
             )
         )
-    seen = written.get("versions") if isinstance(written.get("versions"), dict) else {}
+    versions = written.get("versions")
+    seen = versions if isinstance(versions, dict) else {}
     mine = record.get("versions") or {}
     differ = sorted(k for k, v in seen.items() if v and mine.get(k) != v)
     if differ:
@@ -437,7 +445,7 @@ def _same_story(record: dict, written: dict) -> list[dict]:
     return out
 
 
-def _files(record: dict, row_dir: Path) -> list[dict]:
+def _files(record: RowRecord, row_dir: Path) -> list[Problem]:
     checks = {
         c["id"]: (t, c.get("outcome")) for t, e in (record.get("tiers") or {}).items() for c in e.get("checks") or []
     }
@@ -491,11 +499,11 @@ def _files(record: dict, row_dir: Path) -> list[dict]:
 
 
 def judge_row(
-    row_id: str, record: dict, *, run_id: str, manifest: dict | None, row_dir: Path | None = None
-) -> list[dict]:
+    row_id: str, record: RowRecord, *, run_id: str, manifest: Manifest | None, row_dir: Path | None = None
+) -> list[Problem]:
     """Every problem with ``record`` (filed as ``run_id``/``row_id``) as evidence; [] when it shows what it claims.
     ``record`` must have a sound shape (evidence.records.shape_problems)."""
-    out: list[dict] = []
+    out: list[Problem] = []
     row = record.get("row") or {}
     if row.get("id") != row_id:
         out.append(problem(None, f"row.json names row {row.get('id')!r}, filed as {row_id!r}"))

@@ -16,8 +16,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 from pathlib import Path
+from typing import Any, cast
 
 from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.record_types import Fingerprint, Invocation, Manifest, PlannedRow
 
 FILE = "manifest.json"
 SCHEMA = 1
@@ -31,7 +33,7 @@ def now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def candidate_identity(candidate) -> dict | None:
+def candidate_identity(candidate: object) -> dict[str, Any] | None:
     """What names a candidate (row.json's ``candidate``, runner/candidate.py): its kind, the sha256 of its patch,
     wheel or uncommitted change, a checkout's commit and dirtiness. None for a record without one."""
     if not isinstance(candidate, dict):
@@ -40,15 +42,15 @@ def candidate_identity(candidate) -> dict | None:
 
 
 def planned_row(
-    row_dict: dict,
+    row_dict: dict[str, Any],
     constraints_text: str | None = None,
     overrides: list[str] | None = None,
-    candidate: dict | None = None,
-) -> dict:
+    candidate: dict[str, Any] | None = None,
+) -> PlannedRow:
     """What the plan fixes of a row (``Row.as_dict()``): its pins, Python, torch build and the constraints file's
     checksum; ``overrides`` where the row has its own (a canary's), else the invocation's apply; a candidate row's
     ``candidate`` (``candidate_identity``)."""
-    out = {
+    out: PlannedRow = {
         "pins": dict(row_dict.get("pins") or {}),
         "python": row_dict.get("python"),
         "torch_backend": row_dict.get("torch_backend"),
@@ -66,7 +68,7 @@ def path(run_dir: Path) -> Path:
     return Path(run_dir) / FILE
 
 
-def _read_file(f: Path) -> dict | None:
+def _read_file(f: Path) -> Manifest | None:
     if not f.is_file():
         return None
     try:
@@ -79,10 +81,10 @@ def _read_file(f: Path) -> dict | None:
         or not all(isinstance(v, dict) for v in data["rows"].values())
     ):
         raise ManifestError(f"{f}: not a run manifest (no 'rows' object)")
-    return data
+    return cast(Manifest, data)  # its shape, as far as the readers count on it: checked just above
 
 
-def read(run_dir: Path) -> dict | None:
+def read(run_dir: Path) -> Manifest | None:
     """The run's plan: ``manifest.json`` merged with every ``manifest-<name>.json`` beside it (a pipeline that runs
     each row as its own job plans the run once, ``python -m mtpmatrix plan``, and each job's own manifest is renamed
     so the merged folder keeps them all); None when the run has none; ManifestError when one is unreadable. Plans
@@ -91,9 +93,12 @@ def read(run_dir: Path) -> dict | None:
     plans = [(f, d) for f in [path(run_dir), *files] if (d := _read_file(f)) is not None]
     if not plans:
         return None
-    merged = dict(
-        plans[0][1], rows=dict(plans[0][1]["rows"]), not_run=dict(plans[0][1].get("not_run") or {}), conflicts=[]
-    )
+    merged: Manifest = {
+        **plans[0][1],
+        "rows": dict(plans[0][1]["rows"]),
+        "not_run": dict(plans[0][1].get("not_run") or {}),
+        "conflicts": [],
+    }
     suite = (merged.get("fingerprint") or {}).get("suite")
     for f, d in plans[1:]:
         if (d.get("fingerprint") or {}).get("suite") != suite:
@@ -109,7 +114,7 @@ def read(run_dir: Path) -> dict | None:
     return merged
 
 
-def _planned(run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: dict) -> dict:
+def _planned(run_id: str, rows: dict[str, PlannedRow], invocation: Invocation, fingerprint: Fingerprint) -> Manifest:
     """A manifest as a run plans it, before any row has run."""
     return {
         "schema": SCHEMA,
@@ -123,7 +128,9 @@ def _planned(run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: 
     }
 
 
-def ensure(run_dir: Path, run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: dict) -> dict:
+def ensure(
+    run_dir: Path, run_id: str, rows: dict[str, PlannedRow], invocation: Invocation, fingerprint: Fingerprint
+) -> Manifest:
     """The run's manifest, written now if the run has none; an existing one (--resume, the next row of the same nox
     invocation, another import into the run) gains the rows it lacks and keeps the rest as planned."""
     current = _read_file(path(run_dir))
@@ -141,7 +148,7 @@ def ensure(run_dir: Path, run_id: str, rows: dict[str, dict], invocation: dict, 
     return current
 
 
-def changed_rows(current: dict | None, rows: dict[str, dict]) -> dict[str, str]:
+def changed_rows(current: Manifest | None, rows: dict[str, PlannedRow]) -> dict[str, str]:
     """{row id: what changed} for each planned row whose plan now differs (pins, Python, torch build, constraints)."""
     out = {}
     for rid, now_row in rows.items():
@@ -158,7 +165,7 @@ def changed_rows(current: dict | None, rows: dict[str, dict]) -> dict[str, str]:
     return out
 
 
-def replan(run_dir: Path, rows: dict[str, dict]) -> None:
+def replan(run_dir: Path, rows: dict[str, PlannedRow]) -> None:
     """Plan ``rows`` again (their constraints changed: they run again with the new ones)."""
     current = _read_file(path(run_dir))
     if current is None:
@@ -185,7 +192,12 @@ def clear_not_run(run_dir: Path, row_id: str) -> None:
 
 
 def write_named(
-    run_dir: Path, name: str, run_id: str, rows: dict[str, dict], invocation: dict, fingerprint: dict
+    run_dir: Path,
+    name: str,
+    run_id: str,
+    rows: dict[str, PlannedRow],
+    invocation: Invocation,
+    fingerprint: Fingerprint,
 ) -> Path:
     """A pipeline's plan of the whole run, written before any row starts, as ``manifest-<name>.json``."""
     f = Path(run_dir) / f"manifest-{name}.json"

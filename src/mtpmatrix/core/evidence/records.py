@@ -7,19 +7,20 @@ Outcomes are one closed set (OUTCOMES); a check id appears once in a row.
 
 from __future__ import annotations
 
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.schema import TIERS
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 _TEXT_OR_NONE = (str, type(None))
 
 
-def _is_text_map(value) -> bool:
+def _is_text_map(value: object) -> bool:
     return isinstance(value, dict) and all(
         isinstance(k, str) and isinstance(v, _TEXT_OR_NONE) for k, v in value.items()
     )
 
 
-def _check_problems(tier: str, i: int, chk, seen: set) -> list[str]:
+def _check_problems(tier: str, i: int, chk: object, seen: set[str]) -> list[str]:
     where = f"tiers.{tier}.checks[{i}]"
     if not isinstance(chk, dict):
         return [f"{where} is not an object"]
@@ -54,12 +55,12 @@ def _check_problems(tier: str, i: int, chk, seen: set) -> list[str]:
     return out
 
 
-def tiers_problems(tiers) -> list[str]:
+def tiers_problems(tiers: object) -> list[str]:
     """What is off in a ``tiers`` object (row.json's or tiers.json's)."""
     if not isinstance(tiers, dict):
         return ["tiers is not an object"]
     out = []
-    seen: set = set()
+    seen: set[str] = set()
     for tier, entry in tiers.items():
         if tier not in TIERS:
             out.append(f"unknown tier {tier!r}")
@@ -84,7 +85,7 @@ def tiers_problems(tiers) -> list[str]:
     return out
 
 
-def shape_problems(record) -> list[str]:
+def shape_problems(record: object) -> list[str]:
     """Everything about ``record`` (a row.json) that a reader cannot take as it is; [] when its shape is sound."""
     if not isinstance(record, dict):
         return [f"row.json holds a {type(record).__name__}, not a row record"]
@@ -125,6 +126,6 @@ def shape_problems(record) -> list[str]:
     return out
 
 
-def shell(row_id: str, problems: list[str]) -> dict:
+def shell(row_id: str, problems: list[str]) -> RowRecord:
     """What stands in for a record that cannot be read as one: the row with no tiers, and why."""
     return {"row": {"id": row_id, "pins": {}}, "verdict": "error", "tiers": {}, "unreadable": list(problems)}

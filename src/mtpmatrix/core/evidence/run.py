@@ -8,11 +8,12 @@ import os
 from pathlib import Path
 
 from mtpmatrix.core.evidence import expected_checks, fingerprint, judge, manifest, records
+from mtpmatrix.core.record_types import EvidenceSummary, Fingerprint, Problem, RowRecord
 from mtpmatrix.core.schema import UNPROVEN
 from mtpmatrix.core.store import row_verdict
 
 
-def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
+def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
     """What the run's records prove (evidence.judge), applied to ``rows`` in place: a tier with a problem becomes
     'not-proven' (``unproven``: why), a row with a problem of its own too; a planned row with no record is added as a
     'not-proven' row (not run). Returns ``{"run": [why], "rows": {row id: [problem]}}``."""
@@ -34,9 +35,9 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
     except fingerprint.FingerprintError as exc:
         here = None
         run_problems.append(f"this checkout cannot fingerprint its suite ({exc})")
-    run_problems += [f"the run's plans disagree: {c}" for c in (plan or {}).get("conflicts") or []]
-    planned_fp = (plan or {}).get("fingerprint") or {}
-    if plan is not None and here is not None and planned_fp.get("suite") != here["suite"]:
+    run_problems += [f"the run's plans disagree: {c}" for c in (plan.get("conflicts") or [] if plan else [])]
+    planned_fp: Fingerprint | None = plan.get("fingerprint") if plan else None
+    if plan is not None and here is not None and (planned_fp or {}).get("suite") != here["suite"]:
         run_problems.append(
             f"the run's suite {fingerprint.short(planned_fp)} is not this checkout's "
             f"{fingerprint.short(here)}: report it from the commit that ran it"
@@ -45,7 +46,7 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
         run_problems.append(
             f"judged under {expected_checks.ENV}={os.environ[expected_checks.ENV]}: not the project's expected checks"
         )
-    by_row: dict[str, list[dict]] = {}
+    by_row: dict[str, list[Problem]] = {}
     for rid, rec in rows.items():
         if rec.get("unreadable"):
             found = [judge.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
@@ -55,10 +56,11 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
             found.append(judge.problem(None, "the row folder is a link to another folder"))
         by_row[rid] = found
         apply_problems(rec, found)
-    for rid in sorted(set((plan or {}).get("rows") or {}) - set(rows)):
-        why = ((plan or {}).get("not_run") or {}).get(rid) or "no record: the row's session never wrote one"
+    planned = plan.get("rows") or {} if plan else {}
+    for rid in sorted(set(planned) - set(rows)):
+        why = (plan.get("not_run") or {} if plan else {}).get(rid) or "no record: the row's session never wrote one"
         rows[rid] = apply_problems(records.shell(rid, []), [judge.problem(None, f"not run: {why}")])
-        rows[rid]["row"].update(pins=((plan["rows"][rid] or {}).get("pins") or {}))
+        rows[rid]["row"]["pins"] = (planned[rid] or {}).get("pins") or {}
         by_row[rid] = [judge.problem(None, f"not run: {why}")]
     return {
         "run": run_problems,
@@ -67,7 +69,7 @@ def judge_run(run_dir: Path, rows: dict[str, dict]) -> dict:
     }
 
 
-def apply_problems(record: dict, problems: list[dict]) -> dict:
+def apply_problems(record: RowRecord, problems: list[Problem]) -> RowRecord:
     """Make every tier a problem touches 'not-proven' (why under ``unproven``); a row-level problem touches every tier
     that ran and the row itself."""
     row_level = [p["what"] for p in problems if p["tier"] is None]
