@@ -10,7 +10,9 @@ nox -s gemma4_mtp -- --resume             finish the latest run, skipping rows t
 nox -s gemma4_mtp_extra                   rows marked 'default: false' (CUDA variants from the PyTorch index)
 nox -s unit                               the runner's own unit tests (the 'test' dependency group)
 nox -s lint                               ruff check + ruff format --check
-nox -t ci                                 what CI runs: unit tests, lint + the CPU tiers of the 'ci' row (ci_row)
+nox -s typecheck                          mypy: core/ and report/ against the results records' types
+nox -t ci                                 what CI runs: unit tests, lint, typecheck + the CPU tiers of the 'ci' row
+                                          (ci_row)
 nox -s report -- [RUN_ID]                 Markdown/HTML/JSON summary of a run
 nox -s mutants -- --row ROW [--check]     fault injection in a row's venv (python -m mtpmatrix mutants)
 nox -s gemma4_mtp -- --tiers gsm8k --server-url URL    GSM8K against a running sglang server
@@ -154,6 +156,14 @@ def lint(session: nox.Session) -> None:
     session.install(*nox.project.dependency_groups(nox.project.load_toml(PYPROJECT), "lint"))
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", *LINT_PATHS)
+
+
+@nox.session(venv_backend="uv|virtualenv", tags=[CI_TAG], default=False)
+def typecheck(session: nox.Session) -> None:
+    """mypy over core/ and report/ against the results records' types, mtpmatrix.core.record_types (configuration:
+    pyproject.toml's [tool.mypy])."""
+    session.install(*nox.project.dependency_groups(nox.project.load_toml(PYPROJECT), "typecheck"))
+    session.run("mypy", *session.posargs)
 
 
 # uv where it is (here and the CI's row jobs), else virtualenv: the workflow's report job installs nox alone.

@@ -62,13 +62,13 @@ def test_extra_session_has_the_non_default_rows():
             assert got[r.id]["tags"] == list(r.tags) and got[r.id]["python"] == r.python
 
 
-def test_ci_tag_is_unit_lint_and_the_ci_rows_filed_apart_from_the_matrix():
+def test_ci_tag_is_unit_lint_typecheck_and_the_ci_rows_filed_apart_from_the_matrix():
     """`nox -t ci` runs the ci rows through ci_row (results/ci-<time>/), never the matrix sessions themselves: after
     `nox -s gemma4_mtp` and then `nox -t ci`, the report's default run is still the matrix."""
     got = {s["session"] for s in listing("-t", "ci")}
     ci_rows = {f"ci_row({r.id})" for r in ROWS if "ci" in r.tags}
     assert ci_rows, "no row is tagged ci"
-    assert got == {"unit", "lint"} | ci_rows
+    assert got == {"unit", "lint", "typecheck"} | ci_rows
 
 
 def copy_project(tmp_path: Path) -> Path:

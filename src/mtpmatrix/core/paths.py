@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]  # src/mtpmatrix
@@ -26,7 +27,7 @@ CONSTRAINTS_DIR = REPO / "constraints"
 RESULTS_ROOT_ENV = "MTPMATRIX_RESULTS_ROOT"
 
 
-def results_root(env: dict | None = None) -> Path:
+def results_root(env: Mapping[str, str] | None = None) -> Path:
     """The default results root: $MTPMATRIX_RESULTS_ROOT, else ./results."""
     return Path((os.environ if env is None else env).get(RESULTS_ROOT_ENV) or "results")
 

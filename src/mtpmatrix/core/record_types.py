@@ -18,8 +18,8 @@ from typing import Any, NotRequired, TypedDict
 # --- tiers.json: one record per check ---------------------------------------------------------------------------
 
 
-class FailureRecord(TypedDict, total=False):
-    """A check's classified failure (tiers.verdict.FailureRecord, or the install's classify_install)."""
+class Failure(TypedDict, total=False):
+    """A check's or an install's classified failure (tiers.verdict.FailureRecord.as_dict)."""
 
     kind: str  # core.kinds.KINDS
     type: str  # the exception's type name
@@ -39,7 +39,7 @@ class CheckRecord(TypedDict, total=False):
     metrics: dict[str, Any]  # record_property values; schema's metric names
     cpu_seconds: float  # the process's CPU time in setup and call (absent before it was recorded)
     reason: str  # a skip's reason
-    failure: FailureRecord  # failed or error only
+    failure: Failure  # failed or error only
     known_upstream: str  # the known_upstream.json entry whose signature this failure matches
 
 
@@ -77,7 +77,7 @@ class Selection(TypedDict, total=False):
     markexpr: str
     deselect: list[str]
     maxfail: int
-    knobs: dict[str, str | None]  # every MTPMATRIX_* variable
+    knobs: dict[str, str]  # every MTPMATRIX_* variable
     collected: dict[str, list[str]]  # tier -> the checks collected
 
 
@@ -134,12 +134,12 @@ class InstallRecord(TypedDict, total=False):
     verdict: str  # passed, failed, imported
     seconds: float
     command: list[str]
-    failure: FailureRecord
+    failure: Failure
     check: InstallCheck
     source: str  # imported runs: where the environment came from
     companions: list[str]  # packages installed beside the overrides they were stranded by
     companions_error: str
-    moved: list[dict[str, Any]]  # what the overrides moved beyond what was asked (runner.overrides)
+    moved: list[dict[str, Any]] | None  # what the overrides moved beyond what was asked (runner.overrides)
     held: list[dict[str, Any]]  # sglang pins the overrides would have moved, held (runner.overrides)
 
 
@@ -163,12 +163,12 @@ class RowRecord(TypedDict, total=False):
     overrides: list[str]  # --with requirements
     tiers_selected: str  # --tiers as given
     pytest_args: list[str]  # after a second --
-    knobs: dict[str, str | None]  # the suite's MTPMATRIX_* environment
-    started: str
-    finished: str
+    knobs: dict[str, str]  # the suite's MTPMATRIX_* environment
+    started: str | None  # None: an imported run whose box did not say when
+    finished: str | None
     host: dict[str, Any]
     install: InstallRecord
-    versions: dict[str, str | None]
+    versions: dict[str, str]  # installed versions of the watched packages (freeze.txt, then what the suite saw)
     suite: SuiteRun
     tiers: Tiers
     selection: Selection | None
@@ -203,7 +203,8 @@ class Invocation(TypedDict, total=False):
     overrides: list[str]
     server_urls: list[str]
     pytest_args: list[str]
-    knobs: dict[str, str | None]
+    knobs: dict[str, str]
+    source: str  # an imported run: what ran its suite (tools/gpu_box.sh)
 
 
 class Resumed(TypedDict, total=False):

@@ -17,7 +17,7 @@ Everything is validated up front so a typo fails in one line before any venv is 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from mtpmatrix.core.record_types import RowInfo
 from mtpmatrix.core.schema import comma_list
 from mtpmatrix.core.settings import MIN_TRANSFORMERS
 
@@ -64,7 +65,8 @@ class Row:
     def torch(self) -> str:
         return self.pins["torch"]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> RowInfo:
+        """row.json's ``row``."""
         return {
             "id": self.id,
             "constraints": self.path.name,
@@ -79,7 +81,7 @@ class Row:
 
 
 def requirement_lines(
-    path: Path, lines: list[str], header_keys, meta: dict[str, str], at: dict[str, int]
+    path: Path, lines: list[str], header_keys: Collection[str], meta: dict[str, str], at: dict[str, int]
 ) -> Iterator[tuple[int, str, Requirement]]:
     """Walk a row-style constraints file (a row, a canary): fill ``meta`` / ``at`` (key -> line number) from its header,
     the ``# key: value`` comments before the first requirement line, each key one of ``header_keys``; yield every

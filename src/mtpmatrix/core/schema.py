@@ -27,6 +27,8 @@ folder can move (GPU box -> results store) without rewriting it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 # row.json / tiers.json layout version (2: this module's names, row-relative paths, known-upstream; 3: the session's
 # selection and the 'partial' tier verdict, mtpmatrix.core.expected)
 SCHEMA = 3
@@ -135,7 +137,7 @@ RECORD_FIELDS = (
 )
 
 
-def worst(verdicts) -> str:
+def worst(verdicts: Iterable[str | None]) -> str:
     """The worst verdict among ``verdicts``; 'skipped' only when nothing ran."""
     present = [v for v in verdicts if v]
     for v in VERDICTS:

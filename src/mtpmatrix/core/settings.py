@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 # --- environments ---------------------------------------------------------------------------------------------
 MIN_TRANSFORMERS = "5.8.0"  # the first transformers with gemma4_assistant: rows below it are refused, the tier skips
@@ -142,7 +143,7 @@ def resolve_pair(name: str, env: Mapping[str, str] | None = None) -> ModelPair:
     if name not in PAIRS:
         raise KeyError(f"unknown model pair {name!r}; known: {', '.join(PAIRS)}")
     pair = PAIRS[name]
-    changes: dict = {}
+    changes: dict[str, Any] = {}
     if env.get(pair_env_key(name, "TARGET")):
         changes["target"] = env[pair_env_key(name, "TARGET")]
     if env.get(pair_env_key(name, "ASSISTANT")):
@@ -189,7 +190,7 @@ def server_args(
     return args
 
 
-def expected_resolution(topk: int) -> dict:
+def expected_resolution(topk: int) -> dict[str, Any]:
     """What ServerArgs must hold after resolution for the seed command line with this topk."""
     return {
         "speculative_algorithm": SPEC_ALGORITHM_RESOLVED,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -83,7 +84,7 @@ class PairedComparison:
     def significant(self, alpha: float = 0.05) -> bool:
         return self.p_value < alpha
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(acc_a=self.acc_a, acc_b=self.acc_b, delta=self.delta)
         return d

@@ -7,6 +7,7 @@ unreachable" when it cannot be), so an ordinary matrix report never needs the ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from mtpmatrix.core.store import read_run
 CANARY_FILE = "canary.json"  # written by runner/culprit.py
 
 
-def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
+def section(run_dir: Path, results: Path, *, untested: Callable[[], Any] | None = None) -> dict[str, Any] | None:
     """{"canaries": [...], "untested": [...] | None, "untested_error": str | None}; None without canary rows.
     ``untested``: a callable returning the releases table (tests pass a fake; default asks the index)."""
     run_dir = Path(run_dir)
@@ -68,7 +69,7 @@ def section(run_dir: Path, results: Path, *, untested=None) -> dict | None:
     return out
 
 
-def cannot_install(state: dict) -> str:
+def cannot_install(state: dict[str, Any]) -> str:
     """ ", cannot install transformers 5.25.0 (transformers 5.25.0 needs ...; sglang 0.5.17 requires ...)" for a
     canary whose release uv's resolver refused (canary.json ``install``), else ''."""
     single = (state.get("install") or {}).get("single") or {}
@@ -79,15 +80,15 @@ def cannot_install(state: dict) -> str:
     )
 
 
-def moved_text(c: dict) -> str:
+def moved_text(c: dict[str, Any]) -> str:
     return ", ".join(f"{p} {m}" for p, m in c["moved"].items()) or "nothing (today's newest are the pins)"
 
 
-def pinned_text(c: dict) -> str:
+def pinned_text(c: dict[str, Any]) -> str:
     return c["from_verdict"] or ("not in this run" + (f" (compared with run {c['from_run']})" if c["from_run"] else ""))
 
 
-def markdown(sec: dict) -> str:
+def markdown(sec: dict[str, Any]) -> str:
     lines = [
         "",
         "## Canaries",

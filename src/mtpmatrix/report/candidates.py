@@ -132,7 +132,7 @@ def beside(
     return entry
 
 
-def markdown(items: list[dict]) -> str:
+def markdown(items: list[dict[str, Any]]) -> str:
     """The candidates' section of summary.md."""
     from mtpmatrix.report.checks import short_check
 

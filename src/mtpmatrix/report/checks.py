@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from mtpmatrix.core import schema
-from mtpmatrix.core.record_types import FailureRecord, RowRecord
+from mtpmatrix.core.record_types import Failure, RowRecord
 from mtpmatrix.core.store import read_question_records, records_file
 
 # Metrics shown in their own columns (schema.py names); the rest lands in "other", shortened.
@@ -37,7 +37,7 @@ def is_number(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def first_frame(failure: FailureRecord) -> str | None:
+def first_frame(failure: Failure) -> str | None:
     """Where a failure points: the first library frame, else where it was raised."""
     return failure.get("frame") or failure.get("raised_at")
 

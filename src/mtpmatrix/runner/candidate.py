@@ -38,6 +38,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from mtpmatrix.core import schema, unidiff
 from mtpmatrix.core.evidence import manifest
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import Row, RowError, parse_override
 
 PATCH, WHEEL, CHECKOUT = "patch", "wheel", "checkout"
@@ -285,7 +286,7 @@ def install_flags(cand: Candidate | None) -> list[str]:
     return ["--reinstall-package", "sglang"] if cand is not None and cand.kind == CHECKOUT else []
 
 
-def after_install(cand: Candidate | None, venv: Path, record: dict, log=print) -> None:
+def after_install(cand: Candidate | None, venv: Path, record: RowRecord, log=print) -> None:
     """The candidate in the installed venv: a patch applied to its sglang (RowError naming the file and the hunk),
     a wheel's or checkout's installed version held to the candidate's."""
     if cand is None:

@@ -34,6 +34,7 @@ from mtpmatrix.core import expected, schema
 from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.core.evidence import fingerprint, manifest, records
 from mtpmatrix.core.paths import CONSTRAINTS_DIR, new_run_id
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import RowError, load_rows
 from mtpmatrix.core.store import row_verdict
 
@@ -121,7 +122,7 @@ def _extract_logs(tgz: Path, dest: Path) -> list[str]:
                     continue
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(m) as src, open(target, "wb") as fh:
+                with tar.extractfile(m) as src, open(target, "wb") as fh:  # type: ignore[union-attr]  # m.isfile()
                     shutil.copyfileobj(src, fh)
                 kept.append(rel)
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -280,7 +281,7 @@ def remove_dead_stages(run_dir: Path, row_id: str) -> list[Path]:
 
 def import_run(
     out: Path, row_id: str, *, results: Path, run_id: str | None = None, constraints: Path | None = None
-) -> tuple[Path, dict]:
+) -> tuple[Path, RowRecord]:
     """Import gpu_box.sh's ``out`` as row ``row_id``; returns (row folder, row record)."""
 
     out = Path(out)
@@ -328,14 +329,14 @@ def import_run(
         atomic_write_json(stage / schema.TIERS_FILE, dict(data, tiers=tiers, schema=schema.SCHEMA))
         env_lines, when = _env(out)
         row = dataclasses.replace(rows[base_id], id=row_id)
-        record = {
+        record: RowRecord = {
             "schema": schema.SCHEMA,
             "run_id": run_id,
             "row": row.as_dict(),
             **({"candidate": cand} if cand else {}),
             "overrides": [],
             # what the box was asked (gpu_box.sh's invocation.json; else what its pytest session recorded)
-            "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")),
+            "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")) or [],
             "knobs": expected.knobs(invocation.get("knobs") or (selection or {}).get("knobs") or {}),
             "selection": selection,
             "fingerprint": data.get("fingerprint"),  # the suite that wrote the records (evidence/fingerprint.py)
@@ -385,7 +386,7 @@ def import_run(
     return dest, record
 
 
-def pin_mismatches(record: dict) -> list[str]:
+def pin_mismatches(record: RowRecord) -> list[str]:
     """Main packages whose version on the box differs from the row's pins (the row may not describe the box)."""
     pins = (record.get("row") or {}).get("pins") or {}
     got = record.get("versions") or {}

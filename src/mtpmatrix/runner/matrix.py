@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from mtpmatrix.core import expected, options, smoke_servers
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
 from mtpmatrix.core.schema import KNOWN_UPSTREAM, PYTEST_LOG, ROW_FILE, TIERS, TIERS_FILE, parse_tiers
 from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
@@ -230,7 +231,7 @@ def install_command(
     venv: Path,
     constraints: Path,
     overrides_file: Path | None,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
     cand: candidate.Candidate | None = None,
 ) -> list[str]:
     """The one install command of a row: sglang (or the candidate's wheel or checkout) + its pins + this package,
@@ -336,7 +337,7 @@ def host_info() -> dict:
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()}
 
 
-def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
+def run_row(row: Row, venv: Path, opts: Options, log=print) -> RowRecord:
     """Install ``row`` into ``venv``, record versions, run the suite; returns the saved row record.
 
     Raises nothing for a failing row: the verdict is in the record (the caller decides the exit code).
@@ -352,7 +353,7 @@ def run_row(row: Row, venv: Path, opts: Options, log=print) -> dict:
     groups = side_by_side.plan(opts.tiers, opts.pytest_args)  # a bad MTPMATRIX_SIDE_BY_SIDE: RowError, here
     bytecode.enabled()  # and a bad MTPMATRIX_PRECOMPILE
     env_uv = {**os.environ, "VIRTUAL_ENV": str(venv), "UV_PYTHON_DOWNLOADS": "never"}
-    record = {
+    record: RowRecord = {
         "row": row.as_dict(),
         "overrides": list(opts.overrides),
         "tiers_selected": opts.tiers,
@@ -396,9 +397,9 @@ def _install(
     constraints: Path,
     overrides_file: Path | None,
     env_uv: dict,
-    record: dict,
+    record: RowRecord,
     log,
-) -> dict:
+) -> RowRecord:
     """run_row's install, companions, freeze and check; the record, finished when the install failed."""
     t0 = time.monotonic()
     log(f"[{row.id}] installing: {' '.join(cmd[1:])}")
@@ -434,6 +435,7 @@ def _install(
                 log(f"[{row.id}] {exc}")
             else:
                 both = [*opts.overrides, *companions]
+                assert overrides_file is not None  # there whenever there are overrides (run_row)
                 constraints.write_text(constraints_text(row, both, opts.candidate))
                 overrides_file.write_text("\n".join(both) + "\n")
                 cmd2 = install_command(row, venv, constraints, overrides_file, both, opts.candidate)
@@ -443,7 +445,7 @@ def _install(
                 )
                 rc, output = _run_logged(cmd2, out / "install-companions.log", env=env_uv)
                 record["install"].update(
-                    companions=companions, command=cmd2[1:], seconds=round(time.monotonic() - t0, 1)
+                    {"companions": companions, "command": cmd2[1:], "seconds": round(time.monotonic() - t0, 1)}
                 )
                 if rc != 0:
                     record["install"]["verdict"] = "failed"
@@ -482,11 +484,11 @@ def _suite(
     opts: Options,
     store: RunStore,
     out: Path,
-    record: dict,
+    record: RowRecord,
     groups: list,
     installing: bytecode.Installing | None,
     log,
-) -> dict:
+) -> RowRecord:
     """run_row's suite in the installed venv; the finished record."""
     # 3. the suite, in the row's venv
     tiers_file = out / TIERS_FILE
@@ -570,7 +572,7 @@ def _suite(
     return _finish(store, row, record)
 
 
-def suite_invocation(opts: Options, env: dict) -> dict:
+def suite_invocation(opts: Options, env: dict) -> RowRecord:
     """What the row's suite is asked beyond the row itself, for row.json: the pytest args (after the second --) and
     every MTPMATRIX_* knob of its environment (expected.knobs: nothing outside MTPMATRIX_*)."""
     return {"pytest_args": list(opts.pytest_args), "knobs": expected.knobs(env)}
@@ -581,14 +583,14 @@ def _versions_from_freeze(freeze: str) -> dict[str, str]:
     return {name: ver for name, ver in parse_freeze(freeze).items() if name in wanted}
 
 
-def _finish(store: RunStore, row: Row, record: dict) -> dict:
+def _finish(store: RunStore, row: Row, record: RowRecord) -> RowRecord:
     record["finished"] = now()
     record["verdict"] = row_verdict(record)
     store.save_row(row.id, record)
     return record
 
 
-def summary_line(record: dict) -> str:
+def summary_line(record: RowRecord) -> str:
     """One line per row for the terminal: verdict and each tier's verdict (with skip reason)."""
     rid = record["row"]["id"]
     if record.get("install", {}).get("verdict") == "failed":

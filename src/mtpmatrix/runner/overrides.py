@@ -29,6 +29,7 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import REQUIRED_PINS
 from mtpmatrix.core.schema import FAILING
 
@@ -276,7 +277,7 @@ def _asked(overrides: list[str]) -> set[str]:
     return {canonicalize_name(Requirement(o).name) for o in overrides}
 
 
-def hold_sglang_pins(record: dict, venv: Path, overrides: list[str], stranded: list[str], log=print) -> list[str]:
+def hold_sglang_pins(record: RowRecord, venv: Path, overrides: list[str], stranded: list[str], log=print) -> list[str]:
     """The stranded packages that may follow the overrides; the ones sglang pins exactly are held (recorded in
     ``install.held``) unless asked for."""
     dists = installed(venv)
@@ -292,7 +293,7 @@ def moved_by_overrides(
     row,
     venv: Path,
     overrides: list[str],
-    record: dict,
+    record: RowRecord,
     freeze: str,
     row_constraints: str,
     uv: str,
@@ -328,7 +329,7 @@ def moved_by_overrides(
     )
 
 
-def blocking_pins_of(record: dict, venv: Path, overrides: list[str]) -> list[dict]:
+def blocking_pins_of(record: RowRecord, venv: Path, overrides: list[str]) -> list[dict]:
     dists = installed(venv)
     moved_names = {m["package"] for m in (record.get("install") or {}).get("moved") or ()} | _asked(overrides)
     pinner = dists.get(PINNER)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mtpmatrix.core import expected, paths
 from mtpmatrix.core.evidence import fingerprint, manifest
+from mtpmatrix.core.record_types import Invocation, PlannedRow
 from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import candidate
 
@@ -36,7 +37,7 @@ def queued_rows(session, fallback: list[str]) -> list[str]:
     return ids or list(fallback)
 
 
-def planned(rows: dict, ids: list[str], cand=None) -> dict[str, dict]:
+def planned(rows: dict, ids: list[str], cand=None) -> dict[str, PlannedRow]:
     """{row id: manifest.planned_row} of ``ids`` (rows: {id: core.rows.Row}); with a candidate
     (runner/candidate.py), each row planned under its candidate's id, with the candidate's identity."""
     return {
@@ -48,7 +49,7 @@ def planned(rows: dict, ids: list[str], cand=None) -> dict[str, dict]:
     }
 
 
-def invocation(opts) -> dict:
+def invocation(opts) -> Invocation:
     return {
         "argv": list(sys.argv),
         "tiers": opts.tiers,
@@ -59,7 +60,7 @@ def invocation(opts) -> dict:
     }
 
 
-def start(opts, row_id: str, plan: dict[str, dict]) -> str | None:
+def start(opts, row_id: str, plan: dict[str, PlannedRow]) -> str | None:
     """Write or extend the run's manifest for ``plan`` and say whether --resume may keep ``row_id``'s record: the
     reason to skip it, or None to run it (no record yet, or one whose pins or suite are not the plan's any more)."""
     run_dir = Path(opts.results) / opts.run_id
@@ -118,7 +119,7 @@ def run(ns) -> int:
     except RowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    invocation = {
+    invocation: Invocation = {
         "argv": list(sys.argv),
         "tiers": ns.tiers,
         "overrides": list(ns.overrides),

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import TracebackType
 
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.core.paths import PACKAGE, REPO
+from mtpmatrix.core.record_types import Failure
 
 LIBRARIES = ("sglang", "transformers", "torch", "sgl_kernel", "triton", "huggingface_hub", "safetensors")
 UNDER_TEST = ("sglang", "transformers")  # preferred for "the first frame": torch decorators wrap their entry points
@@ -33,8 +34,14 @@ class FailureRecord:
     frame: str | None  # "package/module.py:123 in func" of the first frame inside a library under test
     raised_at: str | None  # innermost frame
 
-    def as_dict(self) -> dict:
-        return asdict(self)
+    def as_dict(self) -> Failure:
+        return {
+            "kind": self.kind,
+            "type": self.type,
+            "message": self.message,
+            "frame": self.frame,
+            "raised_at": self.raised_at,
+        }
 
 
 def _package_of(filename: str) -> str | None:
@@ -143,7 +150,7 @@ def missing_package(exc: BaseException) -> str | None:
     return None
 
 
-def as_consequence(failure: dict, package: str, earlier_id: str, earlier_kind: str) -> dict:
+def as_consequence(failure: Failure, package: str, earlier_id: str, earlier_kind: str) -> Failure:
     """``failure`` (a FailureRecord dict) restated as a consequence of the earlier failure that left ``package``
     half-imported: that failure's kind, ``consequence_of`` its check id, and a message that says so."""
     return dict(

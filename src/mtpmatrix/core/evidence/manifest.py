@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from mtpmatrix.core.atomic import atomic_write_json, read_json
-from mtpmatrix.core.record_types import Fingerprint, Invocation, Manifest, PlannedRow
+from mtpmatrix.core.record_types import Fingerprint, Invocation, Manifest, PlannedRow, RowInfo
 
 FILE = "manifest.json"
 SCHEMA = 1
@@ -42,7 +42,7 @@ def candidate_identity(candidate: object) -> dict[str, Any] | None:
 
 
 def planned_row(
-    row_dict: dict[str, Any],
+    row_dict: RowInfo,
     constraints_text: str | None = None,
     overrides: list[str] | None = None,
     candidate: dict[str, Any] | None = None,

@@ -31,6 +31,7 @@ from mtpmatrix.core.expected import (
     summarize,  # per-tier verdicts from records: defined there, the runner merges with it
 )
 from mtpmatrix.core.kinds import KINDS
+from mtpmatrix.core.record_types import CheckRecord, Failure, Fingerprint, Selection, Tiers, TiersFile
 from mtpmatrix.core.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.core.side_by_side_rule import SHARED_MARK, shared_check
 from mtpmatrix.serving import environment, served
@@ -229,7 +230,7 @@ def pytest_runtest_makereport(item, call):
     ):
         marker = item.get_closest_marker("check")
         declared = marker.args[0] if marker and marker.args else None
-        rec = {
+        rec: CheckRecord = {
             "id": item.nodeid,
             "tier": tier,
             "outcome": report.outcome if report.when == "call" or report.skipped else "error",
@@ -269,13 +270,13 @@ def _known_failure(item, report, rec: dict, records: list[dict]) -> None:
         known_failures.turn(report, known_failures.reason(issue))
 
 
-def _classify_in_session(item, exc: BaseException, declared: str | None) -> dict:
+def _classify_in_session(item, exc: BaseException, declared: str | None) -> Failure:
     """classify(), plus what an earlier failure of this session explains: a failure that only follows from a
     package an earlier check's failure left half-imported takes that failure's kind and points at it."""
     failure = classify(exc, declared).as_dict()
     half = item.config.stash.setdefault(_HALF_IMPORTED_KEY, {})
     package = missing_package(exc)
-    if package in half:
+    if package is not None and package in half:
         failure = as_consequence(failure, package, *half[package])
     for pkg in packages_left_half_imported(exc):
         half.setdefault(pkg, (item.nodeid, failure["kind"]))
@@ -292,7 +293,7 @@ def _skip_reason(report) -> str:
 _INCOMPLETE = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR)
 
 
-def mark_incomplete(tiers: dict, selected: list[str], exitstatus: int, detail: str = "") -> dict:
+def mark_incomplete(tiers: Tiers, selected: list[str], exitstatus: int, detail: str = "") -> Tiers:
     """A session that stopped early qualifies nothing: every selected tier that has not already failed becomes
     'error' (harness). Without this a collection error, which runs no test at all, reads as 'skipped'."""
     if exitstatus not in _INCOMPLETE:
@@ -317,7 +318,7 @@ def _collection_errors(session) -> str:
     return f"{len(errors)} collection error(s), first in {errors[0].nodeid or 'the session'}"
 
 
-def selection(config) -> dict:
+def selection(config) -> Selection:
     """What this session was asked to run (mtpmatrix.core.expected reads it): its args, the deselecting options, the
     positional paths (node ids), every MTPMATRIX_* knob, and the checks collected per tier."""
     return {
@@ -332,7 +333,7 @@ def selection(config) -> dict:
     }
 
 
-def suite_fingerprint() -> dict:
+def suite_fingerprint() -> Fingerprint:
     """evidence.fingerprint.describe() of the suite this session ran, or why there is none."""
     try:
         return fingerprint.describe()
@@ -357,19 +358,17 @@ def pytest_sessionfinish(session, exitstatus):
     session.config.stash[_TIERS_KEY] = tiers
     if not path:
         return
-    atomic_write_json(
-        path,
-        {
-            "schema": SCHEMA,
-            "fingerprint": suite_fingerprint(),  # which suite wrote this: the report refuses another suite's records
-            "tiers": tiers,
-            "selection": chosen,
-            "versions": versions,
-            "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
-            "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
-            "exitstatus": int(session.exitstatus),  # known upstream failures are xfails: 0 when only they failed
-        },
-    )
+    written: TiersFile = {
+        "schema": SCHEMA,
+        "fingerprint": suite_fingerprint(),  # which suite wrote this: the report refuses another suite's records
+        "tiers": tiers,
+        "selection": chosen,
+        "versions": versions,
+        "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
+        "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
+        "exitstatus": int(session.exitstatus),  # known upstream failures are xfails: 0 when only they failed
+    }
+    atomic_write_json(path, written)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
