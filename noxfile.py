@@ -160,8 +160,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="uv|virtualenv", tags=[CI_TAG], default=False)
 def typecheck(session: nox.Session) -> None:
-    """mypy over core/ and report/ against the results records' types, mtpmatrix.core.record_types (configuration:
-    pyproject.toml's [tool.mypy])."""
+    """mypy: the results records' writers and readers against their types (configuration: [tool.mypy])."""
     session.install(*nox.project.dependency_groups(nox.project.load_toml(PYPROJECT), "typecheck"))
     session.run("mypy", *session.posargs)
 

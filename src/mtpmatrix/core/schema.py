@@ -18,9 +18,8 @@ Row folder ``results/<run-id>/<row-id>/``::
     smoke-launch-budget.json the smoke suite's wall time against one cold launch of the same run (launch_plan.launch_budget)
     gsm8k/<case>.jsonl       one JSON line per GSM8K question of one case (RECORD_FIELDS)
 
-A check record (``tiers.json`` -> tiers.<tier>.checks[]) is ``{"id", "tier", "outcome", "seconds", ["cpu_seconds"],
-"metrics", ["reason"], ["failure"], ["known_upstream"]}`` (``cpu_seconds``: the check's process's CPU time in its setup
-and call, absent from records written before it); ``metrics`` holds the check's ``record_property`` values, and the ones
+Each record's fields and their types are mtpmatrix.core.record_types (a check record, ``tiers.json`` ->
+tiers.<tier>.checks[], is its ``CheckRecord``); ``metrics`` holds the check's ``record_property`` values, and the ones
 the report shows in their own columns are named below. Paths in metrics are relative to the row folder, so a row
 folder can move (GPU box -> results store) without rewriting it.
 """
