@@ -1,7 +1,8 @@
 """The results records as types: ``row.json``, ``tiers.json`` (per tier, per check), the run's ``manifest.json`` and
 the report's ``summary.json``. schema.py names the files and the metric keys; these TypedDicts say which fields each
-record holds and of what type, and mypy (``nox -s typecheck``, in ``nox -t ci``) holds the writers and readers of
-core/ and report/ to them: a misspelt field or a field of the wrong type fails the check before any run does.
+record holds and of what type, and mypy (``nox -s typecheck``, in ``nox -t ci``) holds their readers and writers
+(core/, report/, and the writers in runner/ and tiers/: [tool.mypy]) to them: a misspelt field or a field of the
+wrong type fails the check before any run does.
 
 A record read back from disk is JSON someone may have edited: evidence.records checks its shape before a reader
 takes these types at their word (what it refuses stands as ``shell``, "not proven", never a traceback). Any field of
