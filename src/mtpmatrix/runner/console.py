@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import deque
+from collections.abc import Mapping
 
 VERBOSE_ENV = "MTPMATRIX_VERBOSE"
 TAIL_LINES = 30  # of a session that ended without a summary line: enough for a traceback's last frames and error
@@ -33,7 +34,7 @@ _SUMMARY = re.compile(r"^=+ .* in \d+(\.\d+)?s( \(\d+:\d\d:\d\d\))? =+$")
 _VERBOSITY = re.compile(r"^(-v+|--verbose|--verbosity=[1-9].*)$")
 
 
-def verbose(pytest_args: list[str], env: dict) -> bool:
+def verbose(pytest_args: list[str], env: Mapping[str, str]) -> bool:
     """Whether the whole pytest output streams to the console: ``MTPMATRIX_VERBOSE`` set to anything but '' or
     '0', or a verbosity flag (``-v``, ``-vv``, ``--verbose``, ``--verbosity=N``) among the row's pytest args."""
     if (env.get(VERBOSE_ENV) or "0") != "0":

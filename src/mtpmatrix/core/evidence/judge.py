@@ -366,7 +366,10 @@ def _checks(record: RowRecord, row_dir: Path | None) -> list[Problem]:
 
 _JUNIT_RANK = {"skipped": 0, "passed": 1, "xfailed": 2, "failed": 3, "error": 4}
 XFAILED = "xfailed"  # pytest's <skipped type="pytest.xfail">: how the suite writes a known-upstream failure
-_SAYS_FAILED = {"failed": (XFAILED,), "error": (XFAILED,)}  # what junit.xml may say of a record's failure besides it
+_SAYS_FAILED: dict[str, tuple[str, ...]] = {
+    "failed": (XFAILED,),
+    "error": (XFAILED,),
+}  # what junit.xml may say of a record's failure besides it
 
 
 def junit_outcomes(path: Path) -> dict[str, str]:
@@ -482,7 +485,7 @@ def _files(record: RowRecord, row_dir: Path) -> list[Problem]:
     for cid, (tier, outcome) in checks.items():
         if outcome == "skipped" and cid not in junit:
             continue  # deselected or not-selected checks may be absent from junit
-        if junit.get(cid) != outcome and junit.get(cid) not in _SAYS_FAILED.get(outcome, ()):
+        if junit.get(cid) != outcome and junit.get(cid) not in _SAYS_FAILED.get(outcome or "", ()):
             out.append(
                 problem(
                     tier,

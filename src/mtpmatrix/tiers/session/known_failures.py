@@ -22,6 +22,7 @@ from __future__ import annotations
 import pytest
 
 from mtpmatrix.core.known_upstream import KnownIssue
+from mtpmatrix.core.record_types import CheckRecord
 
 # The reports of each check that failed (setup, call or teardown), whether they now read as failures or xfails:
 # what reconcile() puts right; keyed by node id.
@@ -34,7 +35,9 @@ def reason(issue: KnownIssue) -> str:
     return f"{issue.id}: {issue.upstream}"
 
 
-def match(issues: list[KnownIssue], versions: dict, record: dict, tier_records: list[dict]) -> KnownIssue | None:
+def match(
+    issues: list[KnownIssue], versions: dict, record: CheckRecord, tier_records: list[CheckRecord]
+) -> KnownIssue | None:
     """The first entry of ``issues`` that explains ``record`` (a failing check of the session), by the same test
     known_upstream.apply makes: the entry's tier and affected range, and its signature beside ``tier_records``
     (the records of the tier so far)."""

@@ -257,7 +257,7 @@ def pytest_runtest_makereport(item, call):
             _known_failure(item, report, rec, records)
 
 
-def _known_failure(item, report, rec: dict, records: list[dict]) -> None:
+def _known_failure(item, report, rec: CheckRecord, records: list[CheckRecord]) -> None:
     """A failure a known-upstream entry explains reads as pytest's xfail (known_failures.py); any other stays
     failed. Every failing report is kept for the session's end, which puts the terminal right (reconcile)."""
     config = item.config
