@@ -22,7 +22,7 @@ from mtpmatrix.core.evidence import run as evidence_of_run
 from mtpmatrix.core.evidence.judge import pins_with_overrides
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 from mtpmatrix.core.store import read_freeze, read_run, row_verdict
-from mtpmatrix.report import candidates, compare
+from mtpmatrix.report import candidates, compare, figures
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 
 REPORT_DIR = "report"  # results/<run-id>/report/ unless --out says otherwise
@@ -86,9 +86,14 @@ def _metric_rows(record: dict, qrecords: dict[str, dict]) -> list[dict]:
                 key, {"tier": tier_name, "case": key[1], "checks": [], "outcome": "passed", "metrics": {}}
             )
             g["checks"].append(chk["id"])
-            if chk.get("outcome") in FAILING:
+            if chk.get("outcome") in FAILING and not chk.get("known_upstream"):
                 g["outcome"] = chk["outcome"]
+            elif chk.get("outcome") in FAILING and g["outcome"] not in FAILING:
+                g["outcome"] = KNOWN_UPSTREAM  # fails only on a known upstream bug, as the tier's verdict words it
             g["metrics"].update(metrics)
+            # how the check that recorded each metric ended (the figures colour a number by it)
+            ended = KNOWN_UPSTREAM if chk.get("known_upstream") else chk.get("outcome")
+            g.setdefault("ended", {}).update(dict.fromkeys(metrics, ended))
     return [_metric_row(g, qrecords) for g in groups.values()]
 
 
@@ -100,6 +105,7 @@ def _metric_row(group: dict, qrecords: dict[str, dict]) -> dict:
         "short": group["case"],
         "tier": group["tier"],
         "outcome": group["outcome"],
+        "ended": group["ended"],
     }
     score = metrics.get(schema.SCORE)
     qs = qrecords.get(group["case"], {}).get("questions") if group["tier"] == "gsm8k" else None
@@ -292,6 +298,7 @@ def _row_summary(run_dir: Path, row_id: str, record: dict, out_dir: Path) -> dic
             for k, v in qrecords.items()
         },
         "logs": logs,
+        "launch_budget": figures.read_launch_budget(row_dir),  # the smoke suite against its limit, when recorded
         "started": record.get("started"),
         "finished": record.get("finished"),
         "host": record.get("host"),
