@@ -77,6 +77,7 @@ def test_the_accept_figure_carries_the_record_s_accept_lengths_and_floors(h200_p
     assert set(points) == set(per_request)
     assert points["witness-mtp-topk1"]["floor"] == 5.3333 and points["random-mtp-topk3"]["floor"] == 1.0
     assert points["decoy-mtp-topk1"]["floor"] is None  # each request's own is predicted: the decoy figure
+    assert "no floor drawn for decoy-mtp-topk1, decoy-mtp-topk3, decoy-mtp-topk3-no-overlap: each request" in html
     # the transformers-phase witness fails only on the known draft-phase deviation: drawn in that colour, alone
     assert points["witness-transformers-phase-topk1"]["status"] == KNOWN_UPSTREAM
     assert [p["status"] for p in points.values()].count(KNOWN_UPSTREAM) == 1

@@ -44,6 +44,12 @@ SVG_METADATA = ("Date", "Creator", "Format", "Type")  # matplotlib's defaults fo
 SVG_NAMESPACES = (' xmlns:xlink="http://www.w3.org/1999/xlink"', ' xmlns="http://www.w3.org/2000/svg"')
 REFERENCE_ACCEPT = "accept_len"  # the reference tier's assisted generation (tests/tiers/test_reference.py)
 SMOKE_ACCEPT = "accept_length_requests"  # what the smoke tier gates (smoke.accept_length_problem)
+# why a point of the accept figure has no floor drawn
+NO_FLOOR = {
+    "decoy": "each request's accept length is predicted instead (the decoy figure)",
+    "reference": "the reference tier's bars are its checks' own, not in its records",
+    "unknown": "not a smoke server of this suite",
+}
 
 
 def read_launch_budget(row_dir: Path) -> dict | None:
@@ -81,6 +87,11 @@ def _accept_point(row: dict, m: dict) -> dict | None:
         value = other[REFERENCE_ACCEPT]
     else:
         return None
+    if floor is None:
+        spec = SPECS.get(m["short"]) if m["tier"] == "smoke" else None
+        why = NO_FLOOR["decoy" if spec and spec.decoy else m["tier"] if m["tier"] == "reference" else "unknown"]
+    else:
+        why = None
     return {
         "row": row["id"],
         "tier": m["tier"],
@@ -89,6 +100,7 @@ def _accept_point(row: dict, m: dict) -> dict | None:
         "floor": floor,
         "what": what,
         "status": _status(m, metric),
+        "no_floor": why,
     }
 
 
@@ -184,6 +196,13 @@ def build(summary: dict) -> list[dict]:
                 f"no plotted number moved against baseline {base['run_id']}",
             )
         )
+    unfloored: dict[str, list[str]] = {}
+    for p in out[0].get("points", []):
+        if p["no_floor"]:
+            unfloored.setdefault(p["no_floor"], []).append(p["case"])
+    out[0]["note"] = "; ".join(
+        f"no floor drawn for {', '.join(dict.fromkeys(c))}: {why}" for why, c in unfloored.items()
+    )
     return out
 
 
@@ -350,8 +369,9 @@ def _draw_launch(fig, pts: list[dict]) -> None:
 def _draw_baseline(fig, pts: list[dict]) -> None:
     metrics = list(dict.fromkeys(p["label"] for p in pts))
     by = {m: [p for p in pts if p["label"] == m] for m in metrics}
-    fig.set_size_inches(7.6, 0.9 + 0.26 * len(pts) + 0.4 * len(metrics))
-    axes = fig.subplots(len(metrics), 1, squeeze=False, height_ratios=[len(by[m]) + 1 for m in metrics])[:, 0]
+    fig.set_size_inches(7.6, 0.9 + 0.3 * len(pts) + 0.7 * len(metrics))
+    ratios = [len(by[m]) + 1 for m in metrics]
+    axes = fig.subplots(len(metrics), 1, squeeze=False, gridspec_kw={"height_ratios": ratios, "hspace": 0.9})[:, 0]
     for ax, m in zip(axes, metrics):
         ps = by[m]
         ax.set_yticks(range(len(ps)), [f"{p['row']} · {schema.short_check_id(p['check'])}" for p in ps])
