@@ -177,3 +177,16 @@ def test_headless_chromium_shows_a_page_not_a_blank(tmp_path):
     blank.write_text("<!DOCTYPE html><html><body></body></html>")
     bench.screenshot(bench.chromium(), blank, tmp_path / "blank.png")
     assert bench.colours(tmp_path / "blank.png") in (None, 1)  # what the check tells a page from
+
+
+def test_the_package_imports_without_matplotlib():
+    """Row venvs get the package but not matplotlib: the report's modules import without it (drawn on first use)."""
+    import os
+    import subprocess
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = "import sys; sys.modules['matplotlib'] = None; import mtpmatrix.report.cli, mtpmatrix.__main__; print('ok')"
+    got = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)}
+    )
+    assert got.stdout == "ok\n", got.stderr
