@@ -122,8 +122,9 @@ def _gsm8k_point(row: dict, m: dict) -> dict | None:
 def _decoy_point(row: dict, m: dict) -> dict | None:
     other = m.get("other") or {}
     got, want = other.get("accept_lengths"), other.get("predicted_accept_lengths")
-    ok = isinstance(got, list) and isinstance(want, list) and got and len(got) == len(want)
-    if m["tier"] != "smoke" or not ok or not all(is_number(x) for x in got + want):
+    if m["tier"] != "smoke" or not isinstance(got, list) or not isinstance(want, list):
+        return None
+    if not got or len(got) != len(want) or not all(is_number(x) for x in got + want):
         return None
     return {
         "row": row["id"],
@@ -223,7 +224,7 @@ def draw(figures: list[dict]) -> str | None:
         from matplotlib.figure import Figure
     except ImportError:
         return NO_MATPLOTLIB
-    style = {
+    style: dict = {
         "svg.hashsalt": "mtpmatrix-report",  # ids in the SVG from this salt, not a random one: same data, same bytes
         "svg.fonttype": "none",  # text as <text>, in the page's font: small, searchable, and the numbers readable
         "font.family": "sans-serif",
