@@ -169,9 +169,9 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(venv_backend="uv|virtualenv", default=False)
 def report(session: nox.Session) -> None:
     """Summarize a run: nox -s report -- [RUN_ID] [--baseline RUN_ID]."""
-    # jinja2 renders the report; it is the 'report' extra, not a dependency of the package, which is installed
-    # into every row's venv and must not move sglang's pins
-    session.install("-e", ".", "jinja2")
+    # jinja2 renders the report, matplotlib draws its figures; they are the 'report' extra, not dependencies of the
+    # package, which is installed into every row's venv and must not move sglang's pins
+    session.install("-e", ".", "jinja2", "matplotlib")
     session.run("python", "-m", "mtpmatrix", "report", *session.posargs)
 
 

@@ -25,10 +25,12 @@ run-to-run diff (new failures, fixed ones, metric deltas).
     compare.py   per-question comparisons (stats.paired_compare) and the baseline diff
     checks.py    what both read off a check record
     render.py    summary.md and report.html from templates/*.j2 (jinja2, the 'report' extra), one context
+    figures.py   the figures report.html draws inline as SVG (matplotlib, the 'report' extra) and summary.md tabulates
     canaries.py  the canary section (summary.md and summary.json): canaries beside their pinned rows, releases
     cli.py       the command: arguments, files, exit status (python -m mtpmatrix report)
     candidates.py  each candidate beside its base release
 
-Rendering needs jinja2, imported on first use; the rest is the standard library and packaging, because the package
-is installed next to sglang's pins in every row's venv.
+Rendering needs jinja2 and the figures matplotlib, both imported on first use (without matplotlib the page says so in
+one line and keeps the numbers); the rest is the standard library and packaging, because the package is installed
+next to sglang's pins in every row's venv.
 """

@@ -32,7 +32,7 @@ from mtpmatrix.core.record_types import (
 )
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 from mtpmatrix.core.store import read_freeze, read_run, row_verdict
-from mtpmatrix.report import candidates, compare
+from mtpmatrix.report import candidates, compare, figures
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 
 if TYPE_CHECKING:
@@ -99,9 +99,14 @@ def _metric_rows(record: RowRecord, qrecords: dict[str, dict[str, Any]]) -> list
                 key, {"tier": tier_name, "case": key[1], "checks": [], "outcome": "passed", "metrics": {}}
             )
             g["checks"].append(chk["id"])
-            if chk.get("outcome") in FAILING:
+            if chk.get("outcome") in FAILING and not chk.get("known_upstream"):
                 g["outcome"] = chk["outcome"]
+            elif chk.get("outcome") in FAILING and g["outcome"] not in FAILING:
+                g["outcome"] = KNOWN_UPSTREAM  # fails only on a known upstream bug, as the tier's verdict words it
             g["metrics"].update(metrics)
+            # how the check that recorded each metric ended (the figures colour a number by it)
+            ended = KNOWN_UPSTREAM if chk.get("known_upstream") else chk.get("outcome")
+            g.setdefault("ended", {}).update(dict.fromkeys(metrics, ended))
     return [_metric_row(g, qrecords) for g in groups.values()]
 
 
@@ -113,6 +118,7 @@ def _metric_row(group: dict[str, Any], qrecords: dict[str, dict[str, Any]]) -> d
         "short": group["case"],
         "tier": group["tier"],
         "outcome": group["outcome"],
+        "ended": group["ended"],
     }
     score = metrics.get(schema.SCORE)
     qs = qrecords.get(group["case"], {}).get("questions") if group["tier"] == "gsm8k" else None
@@ -305,6 +311,7 @@ def _row_summary(run_dir: Path, row_id: str, record: RowRecord, out_dir: Path) -
             for k, v in qrecords.items()
         },
         "logs": logs,
+        "launch_budget": figures.read_launch_budget(row_dir),  # the smoke suite against its limit, when recorded
         "started": record.get("started"),
         "finished": record.get("finished"),
         "host": record.get("host"),

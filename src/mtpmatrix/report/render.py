@@ -2,7 +2,8 @@
 
 Both templates render the same context (``view``): the summary dict plus the few lists derived from it, computed
 once here; the templates only lay them out. The Markdown goes to GitHub step summaries and PR comments (emoji); the
-HTML is one self-contained page (no scripts, no external links) with plain glyphs that every font has, autoescaped.
+HTML is one self-contained page (no scripts, no external links) with plain glyphs that every font has, autoescaped,
+and the figures (figures.py) inline as SVG.
 
 jinja2 is imported on first use, not with the package: the package is installed into every row's venv next to
 sglang's pins, where the report never runs (``nox -s report`` and ``nox -s unit`` install jinja2).
@@ -17,7 +18,7 @@ from typing import Any
 from mtpmatrix.core import schema
 from mtpmatrix.core.record_types import Summary
 from mtpmatrix.core.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
-from mtpmatrix.report import canaries, candidates
+from mtpmatrix.report import canaries, candidates, figures
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
@@ -132,6 +133,13 @@ def idx(items: list[int], limit: int = 20) -> str:
         return "none"
     s = ", ".join(f"#{i}" for i in items[:limit])
     return s + (f" … (+{len(items) - limit})" if len(items) > limit else "")
+
+
+def known_where(known: list[dict]) -> str:
+    """A known-upstream cell's line: '6 checks known · sglang 0.5.17', each package and version once."""
+    checks = sum(len(k.get("checks") or []) for k in known)
+    where = ", ".join(dict.fromkeys(f"{k.get('package')} {k.get('version')}" for k in known))
+    return f"{plural(checks, 'check')} known · {where}"
 
 
 def md_escape(text) -> str:
@@ -320,6 +328,8 @@ def view(summary: Summary) -> dict:
         "hosts": sorted({(r.get("host") or {}).get("hostname", "") for r in rows} - {""}),
         "gpus": sorted({r["gpus"] for r in rows if r["gpus"] is not None}),
         "base": None,
+        "figures": figures.build(summary),
+        "figures_note": None,  # why report.html draws no figure (render_html); summary.md shows their numbers
     }
     base = summary.get("baseline")
     if base:
@@ -366,6 +376,7 @@ def environment():
         plural=plural,
         idx=idx,
         md=md_escape,
+        known_where=known_where,
         skip_where=skip_where,
         short_check=short_check,
         tally=tally,
@@ -396,4 +407,6 @@ def render_markdown(summary: Summary) -> str:
 
 
 def render_html(summary: Summary) -> str:
-    return environment().get_template(HTML_TEMPLATE).render(view(summary))
+    context = view(summary)
+    context["figures_note"] = figures.draw(context["figures"])  # inline SVG (matplotlib), or why there is none
+    return environment().get_template(HTML_TEMPLATE).render(context)

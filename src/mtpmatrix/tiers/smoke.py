@@ -480,6 +480,16 @@ def accept_length_problem(spec: SmokeServerSpec, metas: list[dict], steps: int =
     return None
 
 
+def accept_length_floor(spec: SmokeServerSpec) -> float | None:
+    """The least per-request accept length a smoke MTP server's checks let pass (what the report draws as its
+    floor): an exact pair's all-drafts maximum (accept_length_problem; the transformers-phase witness is held to it by
+    test_draft_phase_matches_transformers), none for the decoy (each request's own is predicted exactly,
+    test_decoy_accept_matches_prediction), else NO_DRAFT_ACCEPT_LENGTH (a presence check)."""
+    if spec.decoy or spec.topk is None:
+        return None
+    return EXACT_PAIR_MIN_ACCEPT[spec.topk] if spec.exact else settings.NO_DRAFT_ACCEPT_LENGTH
+
+
 def phase_moved(spec: SmokeServerSpec, runs) -> str | None:
     """Why a server built for sglang's draft phase (``*-sglang-phase``) lost its drafts, when the witness built for
     transformers' phase beside it drafted right: the sglang under test drafts at transformers' phase, not at the one
