@@ -292,6 +292,7 @@ class RowSummary(TypedDict):
     gpus: int | None
     candidate: dict[str, Any] | None
     closest_passing: NotRequired[dict[str, Any] | None]  # failing rows only
+    launch_budget: NotRequired[dict[str, Any] | None]  # smoke-launch-budget.json beside the row, where there is one
 
 
 class Summary(TypedDict):

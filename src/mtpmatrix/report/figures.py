@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mtpmatrix.core import schema, settings
+from mtpmatrix.core.record_types import RowSummary, Summary
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
 from mtpmatrix.core.smoke_servers import SMOKE_SERVERS
 from mtpmatrix.report.checks import is_number
@@ -52,7 +55,7 @@ NO_FLOOR = {
 }
 
 
-def read_launch_budget(row_dir: Path) -> dict | None:
+def read_launch_budget(row_dir: Path) -> dict[str, Any] | None:
     """The row's smoke-launch-budget.json (launch_plan.launch_budget) when it holds a ratio and its limit."""
     try:
         data = json.loads((row_dir / schema.SMOKE_LAUNCH_BUDGET_FILE).read_text())
@@ -67,12 +70,12 @@ def read_launch_budget(row_dir: Path) -> dict | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _status(m: dict, metric: str) -> str:
+def _status(m: dict[str, Any], metric: str) -> str:
     """How the check that recorded ``metric`` ended: passed, failed, error, known-upstream (model._metric_rows)."""
-    return (m.get("ended") or {}).get(metric) or m["outcome"]
+    return str((m.get("ended") or {}).get(metric) or m["outcome"])
 
 
-def _accept_point(row: dict, m: dict) -> dict | None:
+def _accept_point(row: dict[str, Any], m: dict[str, Any]) -> dict[str, Any] | None:
     other = m.get("other") or {}
     if m["tier"] == "gsm8k" and "accept_length" in m:
         floor = other.get(schema.MIN_ACCEPT_LENGTH)
@@ -104,7 +107,7 @@ def _accept_point(row: dict, m: dict) -> dict | None:
     }
 
 
-def _gsm8k_point(row: dict, m: dict) -> dict | None:
+def _gsm8k_point(row: dict[str, Any], m: dict[str, Any]) -> dict[str, Any] | None:
     if m["tier"] != "gsm8k" or "score" not in m:
         return None
     threshold = (m.get("other") or {}).get(schema.THRESHOLD)
@@ -119,7 +122,7 @@ def _gsm8k_point(row: dict, m: dict) -> dict | None:
     }
 
 
-def _decoy_point(row: dict, m: dict) -> dict | None:
+def _decoy_point(row: dict[str, Any], m: dict[str, Any]) -> dict[str, Any] | None:
     other = m.get("other") or {}
     got, want = other.get("accept_lengths"), other.get("predicted_accept_lengths")
     if m["tier"] != "smoke" or not isinstance(got, list) or not isinstance(want, list):
@@ -136,7 +139,7 @@ def _decoy_point(row: dict, m: dict) -> dict | None:
     }
 
 
-def _launch_point(row: dict) -> dict | None:
+def _launch_point(row: RowSummary) -> dict[str, Any] | None:
     """Each smoke server's launch: the cases that are servers (a check over a server and a request feature records the
     same launch again); every case where none is a known server (records of another suite)."""
     cases = [
@@ -148,11 +151,11 @@ def _launch_point(row: dict) -> dict | None:
     return {"row": row["id"], "launches": launches, "budget": row.get("launch_budget")} if launches else None
 
 
-def build(summary: dict) -> list[dict]:
+def build(summary: Summary) -> list[dict[str, Any]]:
     """One dict per figure: id, title, and either its points or ``absent`` (why there is nothing to draw)."""
     rows = summary["rows"]
 
-    def points(fn):
+    def points(fn: Callable[..., dict[str, Any] | None]) -> list[dict[str, Any]]:
         return [p for r in rows for m in r["metrics"] for p in [fn(r, m)] if p]
 
     launch = [p for r in rows for p in [_launch_point(r)] if p]
@@ -207,7 +210,7 @@ def build(summary: dict) -> list[dict]:
     return out
 
 
-def _figure(fid: str, title: str, pts: list, absent: str) -> dict:
+def _figure(fid: str, title: str, pts: list[dict[str, Any]], absent: str) -> dict[str, Any]:
     return {"id": fid, "title": title, "points": pts} if pts else {"id": fid, "title": title, "absent": absent}
 
 
@@ -216,7 +219,7 @@ def _figure(fid: str, title: str, pts: list, absent: str) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def draw(figures: list[dict]) -> str | None:
+def draw(figures: list[dict[str, Any]]) -> str | None:
     """Add ``svg`` to each figure with points; returns NO_MATPLOTLIB (and draws nothing) where matplotlib is absent."""
     try:
         import matplotlib
@@ -224,7 +227,7 @@ def draw(figures: list[dict]) -> str | None:
         from matplotlib.figure import Figure
     except ImportError:
         return NO_MATPLOTLIB
-    style: dict = {
+    style: dict[str, Any] = {
         "svg.hashsalt": "mtpmatrix-report",  # ids in the SVG from this salt, not a random one: same data, same bytes
         "svg.fonttype": "none",  # text as <text>, in the page's font: small, searchable, and the numbers readable
         "font.family": "sans-serif",
@@ -256,13 +259,13 @@ def _num(v: float) -> str:
     return f"{v:.3f}".rstrip("0").rstrip(".")
 
 
-def _label(pts: list[dict], p: dict, keys: tuple[str, ...] = ("row", "case")) -> str:
+def _label(pts: list[dict[str, Any]], p: dict[str, Any], keys: tuple[str, ...] = ("row", "case")) -> str:
     """A point's label: its row and case, leaving out the row where every point is of the same one."""
     keys = tuple(k for k in keys if not (k == "row" and len({q["row"] for q in pts}) == 1))
     return " · ".join(str(p[k]) for k in keys)
 
 
-def _hlines(fig, labels: list[str], width: float = 7.6):
+def _hlines(fig: Any, labels: list[str], width: float = 7.6) -> Any:
     """One axis with a line per label, top to bottom, sized to the labels."""
     fig.set_size_inches(width, 0.6 + 0.24 * len(labels))
     ax = fig.add_subplot()
@@ -273,12 +276,12 @@ def _hlines(fig, labels: list[str], width: float = 7.6):
     return ax
 
 
-def _legend(ax, items: list[tuple[str, dict]]) -> None:
+def _legend(ax: Any, items: list[tuple[str, dict[str, Any]]]) -> None:
     handles = [ax.plot([], [], linestyle="none", label=label, **kw)[0] for label, kw in items]
     ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles), frameon=False)
 
 
-def _draw_accept(fig, pts: list[dict]) -> None:
+def _draw_accept(fig: Any, pts: list[dict[str, Any]]) -> None:
     ax = _hlines(fig, [_label(pts, p, ("row", "tier", "case")) for p in pts])
     top = max(max(p["value"], p["floor"] or 0) for p in pts)
     for i, p in enumerate(pts):
@@ -299,7 +302,7 @@ def _draw_accept(fig, pts: list[dict]) -> None:
     )
 
 
-def _draw_gsm8k(fig, pts: list[dict]) -> None:
+def _draw_gsm8k(fig: Any, pts: list[dict[str, Any]]) -> None:
     ax = _hlines(fig, [_label(pts, p) for p in pts])
     for i, p in enumerate(pts):
         colour = COLOURS.get(p["status"], OTHER_COLOUR)
@@ -323,7 +326,7 @@ def _draw_gsm8k(fig, pts: list[dict]) -> None:
     )
 
 
-def _draw_decoy(fig, pts: list[dict]) -> None:
+def _draw_decoy(fig: Any, pts: list[dict[str, Any]]) -> None:
     fig.set_size_inches(2.5 * len(pts) + 0.6, 2.6)
     axes = fig.subplots(1, len(pts), sharey=True, squeeze=False)[0]
     for ax, p in zip(axes, pts):
@@ -341,7 +344,7 @@ def _draw_decoy(fig, pts: list[dict]) -> None:
     fig.legend(handles, ["predicted", "measured"], loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
 
 
-def _draw_launch(fig, pts: list[dict]) -> None:
+def _draw_launch(fig: Any, pts: list[dict[str, Any]]) -> None:
     labels, spans = [], []
     for p in pts:
         for case, seconds in p["launches"]:
@@ -367,7 +370,7 @@ def _draw_launch(fig, pts: list[dict]) -> None:
     ax.set_xlabel("seconds (launch until ready; the suite from first launch to last check)")
 
 
-def _draw_baseline(fig, pts: list[dict]) -> None:
+def _draw_baseline(fig: Any, pts: list[dict[str, Any]]) -> None:
     metrics = list(dict.fromkeys(p["label"] for p in pts))
     by = {m: [p for p in pts if p["label"] == m] for m in metrics}
     fig.set_size_inches(7.6, 0.9 + 0.3 * len(pts) + 0.7 * len(metrics))
