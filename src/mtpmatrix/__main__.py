@@ -8,6 +8,9 @@ python -m mtpmatrix rows [--json]
 python -m mtpmatrix releases [--json]
 python -m mtpmatrix canary [CANARY ...] [--tiers T] [--budget S] [--with PKG==VER] [--resume]
 python -m mtpmatrix mutants [--list | --check] [--mutants ID,ID] [--out DIR] [--timeout S] [--budget S]
+
+Exit 1 belongs to sglang (a row broke); a fault of any command -- bad input, an unreadable or unwritable file, a
+full disk, this tool's own bug -- is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 
 
 def _rows(ns: argparse.Namespace) -> int:
@@ -99,11 +103,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     culprit.add_arguments(cp)
     ns, rest = p.parse_known_args(argv)
-    if ns.cmd == "canary":
-        return culprit.run(ns, rest)
-    if rest:
+    if ns.cmd != "canary" and rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    run = {
+    try:
+        return culprit.run(ns, rest) if ns.cmd == "canary" else _command(ns)(ns)
+    except Exception as exc:  # exit 1 is sglang's verdict: nothing else may end with it
+        if not isinstance(exc, (OSError, UnicodeError, RecursionError)):
+            traceback.print_exc()  # this tool's bug: where it is, then the one line
+        print(f"error: {fault_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def fault_line(exc: BaseException) -> str:
+    """One line for a fault no command turned into its own message: an I/O fault (a read-only or full disk, a
+    missing folder) or a parse fault says what and where; anything else is this tool's bug, said as one."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, (OSError, UnicodeError, RecursionError)):
+        return text if isinstance(exc, OSError) else f"{type(exc).__name__}: {text}"
+    return f"internal error ({type(exc).__name__}: {text}): a fault of mtpmatrix, no verdict on sglang"
+
+
+def _command(ns: argparse.Namespace):
+    from mtpmatrix.faults import mutants
+    from mtpmatrix.report import cli as report_cli
+    from mtpmatrix.runner import bisect, importer, plan, releases
+
+    return {
         "releases": releases.run,
         "mutants": mutants.run,
         "report": report_cli.run,
@@ -111,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         "import": importer.run,
         "plan": plan.run,
     }.get(ns.cmd, _rows)
-    return run(ns)
 
 
 if __name__ == "__main__":

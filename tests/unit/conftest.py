@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import os
 import shutil
 from pathlib import Path
 
@@ -20,10 +18,7 @@ def results(tmp_path) -> Path:
     dest = tmp_path / "results"
     shutil.copytree(RECORDED_RUNS, dest)
     stamp_all(dest)  # today's evidence on each (the hand-made records predate manifests and fingerprints)
-    # "latest run" goes by row.json time: give each run its id's time, whatever order the checkout wrote them in
-    for f in dest.glob("*/*/row.json"):
-        t = dt.datetime.strptime(f.parent.parent.name, "%Y%m%d-%H%M%S").replace(tzinfo=dt.UTC).timestamp()
-        os.utime(f, (t, t))
+    # "latest run" goes by the times the runs recorded (their rows' finished times), never by file times
     return dest
 
 

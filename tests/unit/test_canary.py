@@ -252,14 +252,16 @@ def test_releases_command_is_wired_into_the_cli(tmp_path):
 
 
 def test_report_section_puts_each_canary_next_to_its_pinned_row(rows, tmp_path):
+    """The section reads the judged records it is given (the table's), and lists the releases past the rows' pins
+    that the run's canaries installed, from their records alone."""
     from mtpmatrix.report import canaries as rc
 
     run = tmp_path / "results" / "r1"
-    atomic_write_json(run / "sglang-0.5.17" / "row.json", {"verdict": "passed", "tiers": {}})
-    atomic_write_json(
-        run / "t" / "row.json",
-        {
+    judged = {
+        "sglang-0.5.17": {"verdict": "passed", "tiers": {}},
+        "t": {
             "verdict": "failed",
+            "versions": {"transformers": "5.24.0", "torch": "2.11.0"},
             "canary": {
                 "id": "t",
                 "mode": "canary-override",
@@ -267,25 +269,19 @@ def test_report_section_puts_each_canary_next_to_its_pinned_row(rows, tmp_path):
                 "moved": {"transformers": {"from": "5.12.1", "to": "5.24.0"}},
             },
         },
-    )
-    atomic_write_json(run / "t-and-x" / "row.json", {"verdict": "failed", "canary": {"retry_of": "t"}})
+        "t-and-x": {"verdict": "failed", "canary": {"retry_of": "t"}},
+    }
     atomic_write_json(run / "t" / "canary.json", {"summary": ["CULPRIT: transformers 5.13.0 breaks ..."]})
-    table = [{"package": "torch", "newest_pin": "2.14.1", "newer": [{"version": "2.15.0", "canaries": []}]}]
-    sec = rc.section(run, tmp_path / "results", untested=lambda: table)
+    pins = {"sglang": Version("0.5.23"), "transformers": Version("5.19.0"), "torch": Version("2.14.1")}
+    sec = rc.section(run, judged, pins=pins)
     assert [c["id"] for c in sec["canaries"]] == ["t"]  # a companion retry is part of its canary, not a canary
     md = rc.markdown(sec)
-    assert "| `t` | canary-override | `sglang-0.5.17` | transformers 5.12.1 -> 5.24.0 | failed | passed |" in md
+    assert "| `t` | canary-override | `sglang-0.5.17` | transformers 5.12.1 -\\> 5.24.0 | failed | passed |" in md
     assert "CULPRIT: transformers 5.13.0 breaks ..." in md
-    assert "- torch: newer than the rows' pin 2.14.1: 2.15.0 (no canary has run it)" in md
-
-    def offline():
-        raise releases.ReleaseError("index https://fake/simple is unreachable (refused)")
-
-    assert "not listed: index https://fake/simple is unreachable (refused)" in rc.markdown(
-        rc.section(run, tmp_path / "results", untested=offline)
-    )
-    # a run without canary rows gets no section and never asks the index
-    assert rc.section(run.parent / "none", tmp_path, untested=lambda: pytest.fail("index asked")) is None
+    assert "- transformers: past the rows' pin 5.19.0: 5.24.0 (t failed)" in md
+    assert "- torch: no canary of this run ran a release past the rows' pin 2.14.1" in md
+    # a run without canary rows gets no section
+    assert rc.section(run, {"sglang-0.5.17": judged["sglang-0.5.17"]}, pins=pins) is None
 
 
 def test_html_report_carries_the_canary_section(tmp_path, monkeypatch):
@@ -294,10 +290,13 @@ def test_html_report_carries_the_canary_section(tmp_path, monkeypatch):
     from mtpmatrix.report.cli import write_report
 
     run = tmp_path / "results" / "r1"
-    atomic_write_json(run / "sglang-0.5.17" / "row.json", {"verdict": "passed", "tiers": {}})
+    atomic_write_json(
+        run / "sglang-0.5.17" / "row.json", {"row": {"id": "sglang-0.5.17"}, "verdict": "passed", "tiers": {}}
+    )
     atomic_write_json(
         run / "t" / "row.json",
         {
+            "row": {"id": "t"},
             "verdict": "failed",
             "tiers": {},
             "canary": {
@@ -309,18 +308,19 @@ def test_html_report_carries_the_canary_section(tmp_path, monkeypatch):
         },
     )
     atomic_write_json(run / "t" / "canary.json", {"summary": ["CULPRIT: transformers 5.13.0 breaks ..."]})
-    table = [{"package": "torch", "newest_pin": "2.14.1", "newer": [{"version": "2.15.0", "canaries": []}]}]
+    pins = {"sglang": Version("0.5.23"), "transformers": Version("5.19.0"), "torch": Version("2.14.1")}
     real_section = rc.section
-    monkeypatch.setattr(rc, "section", lambda run_dir, results: real_section(run_dir, results, untested=lambda: table))
-    _summary, paths = write_report(tmp_path / "results", "r1")
+    monkeypatch.setattr(rc, "section", lambda run_dir, rows: real_section(run_dir, rows, pins=pins))
+    summary, paths = write_report(tmp_path / "results", "r1")
+    table = {r["id"]: r["verdict"] for r in summary["rows"]}
     html = paths["html"].read_text()
     assert "<h2>Canaries</h2>" in html
     assert (
         "<tr><td><code>t</code></td><td>canary-override</td><td><code>sglang-0.5.17</code></td>"
-        "<td>transformers 5.12.1 -&gt; 5.24.0</td><td>failed</td><td>passed</td></tr>"
-    ) in html
+        f"<td>transformers 5.12.1 -&gt; 5.24.0</td><td>{table['t']}</td><td>{table['sglang-0.5.17']}</td></tr>"
+    ) in html  # the verdicts the table shows
     assert "CULPRIT: transformers 5.13.0 breaks ..." in html
-    assert "<li>torch: newer than the rows&#39; pin 2.14.1: 2.15.0 (no canary has run it)</li>" in html
+    assert "<li>torch: no canary of this run ran a release past the rows&#39; pin 2.14.1</li>" in html
 
 
 def test_main_hands_the_session_what_the_canary_found(rows, tmp_path, monkeypatch):

@@ -112,8 +112,10 @@ def test_latest_run(tmp_path):
     assert RunStore.latest(tmp_path) is None
     for age, run in enumerate(("20260301-000000", "probe-named", "20260201-000000", "bisect-20260401-000000")):
         (tmp_path / run / "row-a").mkdir(parents=True)
-        (tmp_path / run / "row-a" / "row.json").write_text("{}")
-        os.utime(tmp_path / run / "row-a" / "row.json", (1e9 - age * 100, 1e9 - age * 100))
+        # the time each run recorded (its file times say the opposite: a run copied in keeps whatever they were)
+        finished = f"2001-09-09T01:{46 - age:02d}:40+00:00"
+        (tmp_path / run / "row-a" / "row.json").write_text(json.dumps({"finished": finished}))
+        os.utime(tmp_path / run / "row-a" / "row.json", (1e9 + age * 100, 1e9 + age * 100))
     (tmp_path / "20260501-000000").mkdir()  # no row.json: not a run (yet)
     (tmp_path / "zzz-not-a-dir.txt").write_text("x")
     latest = RunStore.latest(tmp_path)

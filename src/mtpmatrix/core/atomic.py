@@ -38,7 +38,15 @@ def atomic_write_json(path: Path, data: object) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
+class TooDeep(ValueError):
+    """JSON nested deeper than the parser's recursion allows: unreadable, as bad JSON is."""
+
+
 def read_json(path: Path) -> Any:
-    """Whatever the file's JSON holds: a reader checks its shape before taking it as a record (evidence.records)."""
-    with open(path) as fh:
-        return json.load(fh)
+    """Whatever the file's JSON holds, UTF-8 whatever the locale: a reader checks its shape before taking it as a
+    record (evidence.records). ValueError (bad JSON, bad UTF-8, nested too deeply) or OSError."""
+    with open(path, encoding="utf-8") as fh:
+        try:
+            return json.load(fh)
+        except RecursionError:  # '[' * 10**5: a ValueError to every reader, never a traceback
+            raise TooDeep(f"{path}: JSON nested too deeply") from None

@@ -4,6 +4,7 @@
     CONSTRAINTS_DIR      the row files, constraints/<row>.txt (canaries: constraints/canary/)
     results_root()       results/ unless $MTPMATRIX_RESULTS_ROOT says otherwise: results/<run-id>/<row-id>/
     new_run_id(kind)     a run folder's name: a UTC time (RUN_ID_TIME), after the prefix of its kind
+    single_name(id)      a run or row id given by a user or a record: one folder name, never a path
     now()                a record's start/finish time: UTC, ISO 8601, seconds
 
 Run folders: a matrix run is named by its time alone (``20260304-050607``) or by the user (``--run-id``); the
@@ -47,6 +48,26 @@ CI_TAG = "ci"
 def new_run_id(now: _dt.datetime | None = None, *, kind: str = MATRIX) -> str:
     """A new run folder's name: ``kind`` (a prefix above) and the UTC time."""
     return kind + (now or _dt.datetime.now(_dt.UTC)).strftime(RUN_ID_TIME)
+
+
+class NameError_(ValueError):
+    """A run or row id that is not one plain folder name; the message is one line."""
+
+
+def single_name(value: str, what: str = "--run-id") -> str:
+    """``value`` when it names one folder inside its parent (results/<run-id>/<row-id>/): not empty, no path
+    separator, not '.' or '..', not hidden (a folder starting with '.' is a staging folder no reader takes), no
+    control characters; NameError_ (one line) otherwise."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or value in (".", "..")
+        or value.startswith(".")
+        or any(sep in value for sep in ("/", "\\", os.sep))
+        or any(ord(c) < 32 or ord(c) == 127 for c in value)
+    ):
+        raise NameError_(f"{what} {value!r} is not one folder name (no '/', not '.', '..' or hidden)")
+    return value
 
 
 def canary_probes_run(run_id: str, canary_id: str) -> str:

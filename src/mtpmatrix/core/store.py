@@ -9,13 +9,17 @@ GSM8K records a check names.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import datetime as _dt
 import json
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.core.atomic import atomic_write_json, read_json
-from mtpmatrix.core.paths import SIDE_RUN_PREFIXES
+from mtpmatrix.core.evidence.manifest import FILE as MANIFEST_FILE
+from mtpmatrix.core.paths import SIDE_RUN_PREFIXES, NameError_, single_name
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
 
@@ -43,13 +47,54 @@ def is_matrix_run(path: Path) -> bool:
     return path.is_dir() and not path.name.startswith((".", *SIDE_RUN_PREFIXES)) and bool(row_files(path))
 
 
+def recorded_time(record) -> _dt.datetime | None:
+    """When a row record says its row ran: its ``finished`` time, else its ``started`` (ISO 8601; a time without a
+    zone is UTC); None when it records neither."""
+    if not isinstance(record, dict):
+        return None
+    for key in ("finished", "started", "created"):
+        value = record.get(key)
+        if isinstance(value, str):
+            try:
+                t = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            return t if t.tzinfo else t.replace(tzinfo=_dt.UTC)
+    return None
+
+
+def run_time(run_dir: Path) -> _dt.datetime | None:
+    """When a run last recorded something: the latest of its rows' recorded times and its manifest's creation and
+    resumptions, as the run wrote them. Never a file's time: a run copied in (``rsync -a``, a restored backup) keeps
+    the times its files had, and they may lie in the future."""
+    times = []
+    for f in row_files(run_dir):
+        try:
+            times.append(recorded_time(read_json(f)))
+        except (OSError, ValueError):
+            continue
+    try:
+        plan = read_json(Path(run_dir) / MANIFEST_FILE)
+    except (OSError, ValueError):
+        plan = None
+    if isinstance(plan, dict):
+        times.append(recorded_time(plan))
+        resumed = plan.get("resumed") if isinstance(plan.get("resumed"), list) else []
+        times += [recorded_time({"created": r.get("at")}) for r in resumed if isinstance(r, dict)]
+    times = [t for t in times if t is not None]
+    return max(times) if times else None
+
+
 def latest_run_id(results: Path) -> str | None:
-    """The matrix run under ``results`` whose rows were written last (by row.json time, so named runs such as
-    ``--run-id probe-x`` order correctly among timestamped ones); ties go to the larger name."""
+    """The matrix run under ``results`` that recorded its rows last (``run_time``: what the run wrote, so named
+    runs such as ``--run-id probe-x`` order correctly among timestamped ones, and a run copied in with future file
+    times is not taken for the newest); a run that records no time comes before every one that does; ties go to
+    the larger name."""
     results = Path(results)
     if not results.is_dir():
         return None
-    runs = [(max(f.stat().st_mtime for f in row_files(p)), p.name) for p in results.iterdir() if is_matrix_run(p)]
+    never = _dt.datetime.min.replace(tzinfo=_dt.UTC)
+    runs = [(run_time(p) or never, p.name) for p in results.iterdir() if is_matrix_run(p)]
     return max(runs)[1] if runs else None
 
 
@@ -62,6 +107,11 @@ def find_run(results: Path, run_id: str | None) -> Path:
     """The folder of run ``run_id`` under ``results`` (None: the latest matrix run); StoreError when it is missing
     or holds no rows."""
     results = Path(results)
+    if run_id is not None:
+        try:
+            single_name(run_id, "run")
+        except NameError_ as exc:  # a path would read (and write the report) outside the results root
+            raise StoreError(f"{exc}: name a run under {results}/") from None
     if run_id is None:
         run_id = latest_run_id(results)
         if run_id is None:
@@ -98,9 +148,36 @@ def records_file(value: object, row_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+_READ_ONCE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("question_records_read", default=None)
+
+
+@contextlib.contextmanager
+def reading_once():
+    """Within it, each per-question file is read once: one report judges a row's counts against its records, shows
+    them and pairs them across rows and runs from the same reading (a file rewritten meanwhile cannot make the
+    judgement and the table disagree)."""
+    token = _READ_ONCE.set({})
+    try:
+        yield
+    finally:
+        _READ_ONCE.reset(token)
+
+
 def read_question_records(path: Path) -> dict[int, bool]:
     """Per-question correctness from a JSONL file whose lines carry an integer ``index`` and a boolean ``correct``;
-    other lines (a half-written last line, foreign or edited records) are skipped, so they count as missing."""
+    other lines (a half-written last line, foreign or edited records) are skipped, so they count as missing. Inside
+    ``reading_once`` a file already read is not read again."""
+    seen = _READ_ONCE.get()
+    key = str(Path(path).resolve())
+    if seen is not None and key in seen:
+        return dict(seen[key])
+    out = _parse_question_records(path)
+    if seen is not None:
+        seen[key] = dict(out)
+    return out
+
+
+def _parse_question_records(path: Path) -> dict[int, bool]:
     out: dict[int, bool] = {}
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
@@ -109,7 +186,7 @@ def read_question_records(path: Path) -> dict[int, bool]:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # nested too deeply is no record either
                 continue
             if (
                 isinstance(rec, dict)
@@ -146,7 +223,8 @@ def parse_freeze(text: str) -> dict[str, str]:
 def read_freeze(row_dir: Path) -> dict[str, str] | None:
     """The row's installed packages (parse_freeze of its freeze.txt); None when the row never installed."""
     f = Path(row_dir) / FREEZE_FILE
-    return parse_freeze(f.read_text()) if f.exists() else None
+    # pip writes UTF-8; a byte that is not only garbles its own line's name, which then matches nothing
+    return parse_freeze(f.read_bytes().decode("utf-8", errors="replace")) if f.is_file() else None
 
 
 class RunStore:

@@ -133,53 +133,63 @@ def beside(
 
 
 def markdown(items: list[dict[str, Any]]) -> str:
-    """The candidates' section of summary.md."""
+    """The candidates' section of summary.md; what it takes from records escaped (report/md.py)."""
     from mtpmatrix.report.checks import short_check
+    from mtpmatrix.report.md import code
+    from mtpmatrix.report.md import escape as e
 
     lines = ["## Candidates", ""]
     for c in items:
-        base = f"**{c['base_row']}**" + (f" ({c['base_from']})" if c.get("base_from") else "")
+        base = f"**{e(c['base_row'])}**" + (f" ({e(c['base_from'])})" if c.get("base_from") else "")
         files = c["candidate"].get("files") or []
         lines.append(
-            f"**{c['row']}**: {c['describe']}" + (f"; files {', '.join(files)}" if files else "") + f" — against {base}"
+            f"**{e(c['row'])}**: {e(c['describe'])}"
+            + (f"; files {e(', '.join(map(str, files)))}" if files else "")
+            + f" — against {base}"
         )
         lines.append("")
         if c.get("missing_base"):
-            lines += [f"- ❔ {c['missing_base']}", ""]
+            lines += [f"- ❔ {e(c['missing_base'])}", ""]
         else:
             n = c["counts"]
             lines += [
                 f"{n[FIXED]} fixed, {n[BROKEN]} broken, {n[UNCHANGED]} unchanged (check by check, against "
-                f"{c['base_row']})",
+                f"{e(c['base_row'])})",
                 "",
             ]
             changed = [(t, v) for t, v in c["tiers"].items() if v.get("change") != "same"]
             if changed:
                 lines += ["| tier | base | candidate | change |", "|---|---|---|---|"]
                 lines += [
-                    f"| {t} | {v['before'] or '—'} | {v['after'] or '—'} | {v['change']} ({v['label']}) |"
+                    f"| {e(t)} | {e(v['before'] or '—')} | {e(v['after'] or '—')} | {e(v['change'])} "
+                    f"({e(v['label'])}) |"
                     for t, v in changed
                 ] + [""]
         for i in c["fixed"]:
             was = "known upstream" if i.get("before_known_upstream") else i["before"]
-            lines.append(f"- 🔺 fixed **{i['tier']}** {short_check(i['check'])} ({was} in {c['base_row']}, passes now)")
+            lines.append(
+                f"- 🔺 fixed **{e(i['tier'])}** {e(short_check(i['check']))} ({e(was)} in {e(c['base_row'])}, "
+                "passes now)"
+            )
         for i in c["broken"]:
             lines.append(
-                f"- 🔻 broken **{i['tier']}** {short_check(i['check'])}: `{i.get('kind') or '?'}` "
-                + " ".join(str(i.get("message") or "").split())[:240]
+                f"- 🔻 broken **{e(i['tier'])}** {e(short_check(i['check']))}: {code(i.get('kind') or '?')} "
+                + e(" ".join(str(i.get("message") or "").split())[:240])
             )
         for i in c["new_failures"]:
             lines.append(
-                f"- ❌ fails, not run in {c['base_row']}: **{i['tier']}** {short_check(i['check'] or '')}: "
-                f"`{i.get('kind') or '?'}` " + " ".join(str(i.get("message") or "").split())[:240]
+                f"- ❌ fails, not run in {e(c['base_row'])}: **{e(i['tier'])}** {e(short_check(i['check'] or ''))}: "
+                f"{code(i.get('kind') or '?')} " + e(" ".join(str(i.get("message") or "").split())[:240])
             )
         for k in c["no_longer_applies"]:
             lines.append(
-                f"- 🧹 known upstream `{k['id']}` no longer applies to the candidate: {len(k['checks'])} of "
-                f"its checks pass ({k['tier']}); {c['base_row']} still has it"
+                f"- 🧹 known upstream {code(k['id'])} no longer applies to the candidate: {len(k['checks'])} of "
+                f"its checks pass ({e(k['tier'])}); {e(c['base_row'])} still has it"
             )
         for d in c["metric_deltas"][:SHOWN_DELTAS]:
-            lines.append(f"- {d['tier']} {short_check(d['check'])} {d['metric']}: {d['before']} → {d['after']}")
+            lines.append(
+                f"- {e(d['tier'])} {e(short_check(d['check']))} {e(d['metric'])}: {e(d['before'])} → {e(d['after'])}"
+            )
         if len(c["metric_deltas"]) > SHOWN_DELTAS:
             lines.append(f"- … {len(c['metric_deltas']) - SHOWN_DELTAS} more metric changes in summary.json")
         lines.append("")

@@ -43,18 +43,21 @@ def write_report(
     out_dir = Path(out) if out else run_dir / REPORT_DIR
     summary = build_summary(run_dir, baseline_dir=base_dir, out_dir=out_dir, require=require)
     md = render.render_markdown(summary)
-    canary_section = canaries.section(run_dir, results)  # None unless the run holds canary rows
-    if canary_section is not None:
-        summary["canaries"] = canary_section
-        md += canaries.markdown(canary_section)
+    if summary.get("canaries"):  # only a run that holds canary rows
+        md += canaries.markdown(summary["canaries"])
     paths = {"md": out_dir / "summary.md", "html": out_dir / "report.html", "json": out_dir / "summary.json"}
     atomic_write_text(paths["md"], md)
     atomic_write_text(paths["html"], render.render_html(summary))
     atomic_write_json(paths["json"], summary)
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if step:
-        with open(step, "a") as fh:
-            fh.write(md + "\n")
+        try:
+            with open(step, "a", encoding="utf-8") as fh:
+                fh.write(md + "\n")
+        except OSError as exc:
+            raise ReportError(
+                f"GITHUB_STEP_SUMMARY {step}: cannot append the summary ({exc.strerror or exc})"
+            ) from None
     return summary, paths
 
 

@@ -31,8 +31,8 @@ from mtpmatrix.core.record_types import (
     TierSummary,
 )
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
-from mtpmatrix.core.store import read_freeze, read_run, row_verdict
-from mtpmatrix.report import candidates, compare, figures
+from mtpmatrix.core.store import read_freeze, read_run, reading_once, row_verdict
+from mtpmatrix.report import canaries, candidates, compare, figures
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 
 if TYPE_CHECKING:
@@ -357,7 +357,11 @@ def closest_passing(
 
 
 def _closest_passing_rows(
-    run_dir: Path, rows: dict[str, RowRecord], summaries: dict[str, RowSummary], baseline_dir: Path | None = None
+    run_dir: Path,
+    rows: dict[str, RowRecord],
+    summaries: dict[str, RowSummary],
+    baseline_dir: Path | None = None,
+    baseline_rows: dict[str, RowRecord] | None = None,
 ) -> None:
     """Attach to every failing row the closest passing row: from this run, and, with a baseline, from the
     baseline run too (an upgrade probe re-runs one row, so its nearest good neighbour is usually the baseline's)."""
@@ -369,7 +373,7 @@ def _closest_passing_rows(
     }
     sglang_of = {rid: summaries[rid]["versions"].get("sglang") for rid in summaries}
     if baseline_dir is not None:
-        for rid, rec in read_judged_run(baseline_dir).items():
+        for rid, rec in (read_judged_run(baseline_dir) if baseline_rows is None else baseline_rows).items():
             if rec.get("verdict") in ("passed", PARTIAL):
                 key = f"{rid} @ {Path(baseline_dir).name}"
                 passing[key] = read_freeze(Path(baseline_dir) / rid) or pins_with_overrides(rec)
@@ -506,6 +510,19 @@ def build_summary(
     out_dir: Path | None = None,
     require: list[str] | tuple[str, ...] = (),
 ) -> Summary:
+    """The summary of one run, from one judgement of its records, each file read once (store.reading_once): the
+    headline, the tables, the canary section and summary.json all show the same verdicts."""
+    with reading_once():
+        return _build_summary(run_dir, baseline_dir=baseline_dir, out_dir=out_dir, require=require)
+
+
+def _build_summary(
+    run_dir: Path,
+    *,
+    baseline_dir: Path | None,
+    out_dir: Path | None,
+    require: list[str] | tuple[str, ...],
+) -> Summary:
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / REPORT_DIR
     rows = read_judged_run(run_dir)
@@ -514,7 +531,8 @@ def build_summary(
     found = evidence_of_run.judge_run(run_dir, rows)
     rows = dict(sorted(rows.items()))
     summaries = {rid: _row_summary(run_dir, rid, rec, out_dir) for rid, rec in rows.items()}
-    _closest_passing_rows(run_dir, rows, summaries, baseline_dir)
+    base_rows = read_judged_run(baseline_dir) if baseline_dir is not None else None
+    _closest_passing_rows(run_dir, rows, summaries, baseline_dir, base_rows)
     counts = {v: 0 for v in VERDICTS}
     for s in summaries.values():
         counts[s["verdict"]] = counts.get(s["verdict"], 0) + 1
@@ -565,11 +583,13 @@ def build_summary(
     # True only when every tier ran whole and passed in every planned row, on records that show it: a CPU-only run
     # never 'qualifies' a release.
     summary["qualifies"] = summary["verdict"] == "qualifies"
-    base_rows = read_judged_run(baseline_dir) if baseline_dir is not None else None
     if baseline_dir is not None and base_rows is not None:
         base = compare.compare_runs(run_dir, rows, Path(baseline_dir), base_rows)
         base["run_id"] = Path(baseline_dir).name
         summary["baseline"] = base
         summary["regressions"] = compare.regressions(base)
     summary["candidates"] = candidates.section(run_dir, rows, baseline_dir, base_rows)
+    section = canaries.section(run_dir, rows)  # the judged records: the verdicts the table shows
+    if section is not None:
+        summary["canaries"] = section
     return summary

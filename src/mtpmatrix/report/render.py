@@ -18,7 +18,7 @@ from typing import Any
 from mtpmatrix.core import schema
 from mtpmatrix.core.record_types import Summary
 from mtpmatrix.core.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
-from mtpmatrix.report import canaries, candidates, figures
+from mtpmatrix.report import canaries, candidates, figures, md
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
 from mtpmatrix.report.model import MAIN_PACKAGES, ReportError, missing_required
@@ -140,11 +140,6 @@ def known_where(known: list[dict]) -> str:
     checks = sum(len(k.get("checks") or []) for k in known)
     where = ", ".join(dict.fromkeys(f"{k.get('package')} {k.get('version')}" for k in known))
     return f"{plural(checks, 'check')} known · {where}"
-
-
-def md_escape(text) -> str:
-    """A Markdown table cell: no pipes, one line."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def skip_where(group: dict, verb: str) -> str:
@@ -354,8 +349,11 @@ def environment():
 
     @jinja2.pass_eval_context
     def finalize(ctx, value):
-        # a missing value prints as nothing on the page; summary.md keeps Python's 'None', as it always has
-        return "" if value is None and ctx.autoescape else value
+        # the page: autoescaped, a missing value prints as nothing. summary.md: every value Markdown-escaped unless
+        # it is md.Safe (md.py), a missing one as Python's 'None', as it always has
+        if ctx.autoescape:
+            return "" if value is None else value
+        return md.escape(value)
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
@@ -375,7 +373,10 @@ def environment():
         fmt_dur=fmt_dur,
         plural=plural,
         idx=idx,
-        md=md_escape,
+        md=md.escape,
+        code=md.code,
+        url=md.url,
+        trusted=md.trusted,
         known_where=known_where,
         skip_where=skip_where,
         short_check=short_check,
@@ -397,7 +398,7 @@ def environment():
         ALPHA=ALPHA,
         canary_moved=canaries.moved_text,
         canary_pinned=canaries.pinned_text,
-        candidates_markdown=candidates.markdown,
+        candidates_markdown=candidates.markdown,  # escapes what it takes from records
     )
     return env
 

@@ -2,7 +2,7 @@
 
 A canary blames its moved packages for a tier only against a run of its pinned row that passed that tier: its
 record judged again (expected.rejudge_record) reads PROVEN or KNOWN_ONLY there (expected.tier_state). Walking the
-pinned row's finished, plain runs (no overrides, no canary) newest first:
+pinned row's finished, plain runs (no overrides, no canary) newest first, by the time each record says it ran:
 
   * a run that proved nothing for those tiers (a pytest usage error, a harness failure, partial, skipped) is passed
     over, and so is a run of another suite (both records carry a suite fingerprint and they differ);
@@ -16,13 +16,14 @@ a pinned row that fails the tier itself is shown failing rather than assumed pas
 
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix.core import expected
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.schema import ROW_FILE
-from mtpmatrix.core.store import is_matrix_run
+from mtpmatrix.core.store import is_matrix_run, recorded_time, run_time
 from mtpmatrix.runner.bisect import CHEAPEST
 from mtpmatrix.runner.probe import judged
 
@@ -60,15 +61,22 @@ class Baseline:
 
 
 def _plain_runs(results: Path, row_id: str):
-    """(run id, record) of each finished run of the row without overrides or a canary, newest row.json first."""
+    """(run id, record) of each finished run of the row without overrides or a canary, the one that recorded its row
+    last first (store.recorded_time: the record's own time, never its file's); an unreadable record is no run."""
     results = Path(results)
+    never = _dt.datetime.min.replace(tzinfo=_dt.UTC)
     found = []
     for run in (p for p in results.iterdir() if is_matrix_run(p)) if results.is_dir() else ():
         f = run / row_id / ROW_FILE
-        if f.exists():
-            found.append((f.stat().st_mtime, run.name, f))
-    for _, name, f in sorted(found, reverse=True):
-        rec = read_json(f)
+        if not f.exists():
+            continue
+        try:
+            rec = read_json(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict):
+            found.append((recorded_time(rec) or run_time(run) or never, run.name, rec))
+    for _, name, rec in sorted(found, key=lambda x: x[:2], reverse=True):
         if rec.get("verdict") not in (None, "pending") and not rec.get("overrides") and not rec.get("canary"):
             yield name, rec
 

@@ -500,7 +500,11 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run_id = ns.run_id or paths.new_run_id(kind=paths.BISECT)
+    try:
+        run_id = paths.new_run_id(kind=paths.BISECT) if ns.run_id is None else paths.single_name(ns.run_id)
+    except paths.NameError_ as exc:  # a path would write the probes outside the results root
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(
         f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
         f"({source}); results in {ns.results / run_id}/"

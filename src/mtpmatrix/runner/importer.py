@@ -25,6 +25,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -33,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from mtpmatrix.core import expected, schema
 from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.core.evidence import fingerprint, manifest, records
-from mtpmatrix.core.paths import CONSTRAINTS_DIR, new_run_id
+from mtpmatrix.core.paths import CONSTRAINTS_DIR, NameError_, new_run_id, single_name
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import RowError, load_rows
 from mtpmatrix.core.store import row_verdict
@@ -58,10 +59,14 @@ def _one_line(exc: BaseException) -> str:
 
 def _read_json(path: Path):
     """A JSON file of the box; ImportError_ (one line) when it is not UTF-8 JSON."""
+    if path.is_symlink():
+        raise ImportError_(f"{path}: a link (import reads only OUT's own files, never what a link points at)")
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ImportError_(f"{path}: unreadable ({_one_line(exc)})") from None
+    except RecursionError:
+        raise ImportError_(f"{path}: unreadable (JSON nested too deeply)") from None
 
 
 def _not_an_object(value) -> bool:
@@ -192,7 +197,7 @@ def _invocation(out: Path) -> dict:
     if patch is not None and not (
         isinstance(patch, dict)
         and isinstance(patch.get("sha256"), str)
-        and len(patch["sha256"]) == 64
+        and re.fullmatch("[0-9a-f]{64}", patch["sha256"])  # it names the row's folder: hex, never a path
         and not _not_strings(patch.get("files"))
         and isinstance(patch.get("draft_phase"), (int, type(None)))
     ):
@@ -232,7 +237,13 @@ def candidate_of(out: Path, invocation: dict, data: dict, row_id: str, logs: lis
 def verified_evidence(out: Path) -> tuple[dict, dict]:
     """(tiers.json, invocation.json) of gpu_box.sh's ``out``, once they are shown to be one run's: every file a run
     writes is there, tiers.json has the plugin's shape and carries the invocation's id. ImportError_ (one line)
-    otherwise."""
+    otherwise. A file of OUT that is a link is refused: the import copies what OUT holds, never what a link points
+    at elsewhere on the box."""
+    for name in (*REQUIRED_FILES, *OUT_FILES, LOGS_TGZ):
+        if (out / name).is_symlink():
+            raise ImportError_(
+                f"{out / name}: a link (to {os.readlink(out / name)}); import copies only OUT's own files"
+            )
     for name in REQUIRED_FILES:
         if not (out / name).is_file():
             raise ImportError_(
@@ -295,8 +306,13 @@ def import_run(
     base_id = row_id
     if invocation.get("patch"):  # a candidate: filed under its own id (runner/candidate.py)
         row_id = f"{base_id}+patch-{invocation['patch']['sha256'][:7]}"
-    run_id = run_id or new_run_id()
+    try:
+        run_id = new_run_id() if run_id is None else single_name(run_id, "--run-id")
+    except NameError_ as exc:  # a path would file the row outside the results root
+        raise ImportError_(str(exc)) from None
     run_dir = Path(results) / run_id
+    if run_dir.is_symlink():
+        raise ImportError_(f"{run_dir}: a link; import files rows only into the results root's own folders")
     dest = run_dir / row_id
     if dest.exists():
         raise ImportError_(f"{dest} already exists: import into another --run-id")

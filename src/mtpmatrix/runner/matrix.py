@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.core import expected, options, smoke_servers
+from mtpmatrix.core import expected, options, paths, smoke_servers
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
 from mtpmatrix.core.record_types import RowRecord
@@ -136,6 +136,11 @@ def parse_options(posargs: list[str]) -> Options:
         if latest is None:
             raise RowError(f"--resume: no earlier run under {ns.results}/")
         run_id = run_id or latest.run_id
+    if run_id is not None:
+        try:
+            paths.single_name(run_id, "--run-id")
+        except paths.NameError_ as exc:  # a path would write the run outside the results root
+            raise RowError(str(exc)) from None
     if ns.server_urls and "gsm8k" not in tiers:
         raise RowError("--server-url serves the gsm8k tier: add --tiers gsm8k (or a list that has it)")
     return Options(

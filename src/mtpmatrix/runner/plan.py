@@ -111,6 +111,11 @@ def run(ns) -> int:
     from mtpmatrix.core.rows import RowError, load_rows
 
     try:
+        paths.single_name(ns.run_id, "RUN_ID")
+    except paths.NameError_ as exc:  # a path would write the plan outside the results root
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         table = {r.id: r for r in load_rows(paths.CONSTRAINTS_DIR)}
         ids = schema.comma_list(ns.rows)
         unknown = [r for r in ids if r not in table]

@@ -4,7 +4,8 @@
 
 For sglang, transformers and torch: the releases on the index newer than every row's pin (pinned rows, default or
 not), and whether a canary has run each of them (any ``results/*/*/row.json`` carrying a ``canary`` record whose
-installed version is that release), with its verdict. The report shows the same list (``untested_section``).
+installed version is that release), with its verdict. The report stays offline: its canary section lists only the
+releases the run's own canaries installed (report/canaries.py).
 
 ``newest`` is the one place a floating range becomes a release (canary rows use it): the newest release on the
 index inside the range, or one line naming the range and the newest releases seen.

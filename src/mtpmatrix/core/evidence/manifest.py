@@ -13,8 +13,11 @@ already planned: a row whose constraints changed since is run again (``changed_r
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import hashlib
+import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -114,6 +117,23 @@ def read(run_dir: Path) -> Manifest | None:
     return merged
 
 
+@contextlib.contextmanager
+def _locked(run_dir: Path):
+    """Hold the run folder's lock (flock on the folder itself: no file added to the run): every read-modify-write of
+    manifest.json happens inside it, so two imports (or row sessions) into one run each add their row to what the
+    other wrote, never to what it read before."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:  # no run yet, so no manifest to change: nothing to hold
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released on close, and by the kernel when a holder dies
+        yield
+    finally:
+        os.close(fd)
+
+
 def _planned(run_id: str, rows: dict[str, PlannedRow], invocation: Invocation, fingerprint: Fingerprint) -> Manifest:
     """A manifest as a run plans it, before any row has run."""
     return {
@@ -133,19 +153,21 @@ def ensure(
 ) -> Manifest:
     """The run's manifest, written now if the run has none; an existing one (--resume, the next row of the same nox
     invocation, another import into the run) gains the rows it lacks and keeps the rest as planned."""
-    current = _read_file(path(run_dir))
-    if current is None:
-        current = _planned(run_id, rows, invocation, fingerprint)
-        atomic_write_json(path(run_dir), current)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with _locked(run_dir):
+        current = _read_file(path(run_dir))
+        if current is None:
+            current = _planned(run_id, rows, invocation, fingerprint)
+            atomic_write_json(path(run_dir), current)
+            return current
+        added = {rid: r for rid, r in rows.items() if rid not in current["rows"]}
+        if added or invocation.get("argv") != (current.get("invocation") or {}).get("argv"):
+            current["rows"].update(added)
+            resumed = current.setdefault("resumed", [])
+            if not resumed or resumed[-1].get("argv") != invocation.get("argv"):
+                resumed.append({"at": now(), "argv": invocation.get("argv"), "rows": sorted(rows)})
+            atomic_write_json(path(run_dir), current)
         return current
-    added = {rid: r for rid, r in rows.items() if rid not in current["rows"]}
-    if added or invocation.get("argv") != (current.get("invocation") or {}).get("argv"):
-        current["rows"].update(added)
-        resumed = current.setdefault("resumed", [])
-        if not resumed or resumed[-1].get("argv") != invocation.get("argv"):
-            resumed.append({"at": now(), "argv": invocation.get("argv"), "rows": sorted(rows)})
-        atomic_write_json(path(run_dir), current)
-    return current
 
 
 def changed_rows(current: Manifest | None, rows: dict[str, PlannedRow]) -> dict[str, str]:
@@ -167,28 +189,31 @@ def changed_rows(current: Manifest | None, rows: dict[str, PlannedRow]) -> dict[
 
 def replan(run_dir: Path, rows: dict[str, PlannedRow]) -> None:
     """Plan ``rows`` again (their constraints changed: they run again with the new ones)."""
-    current = _read_file(path(run_dir))
-    if current is None:
-        return
-    current["rows"].update(rows)
-    atomic_write_json(path(run_dir), current)
+    with _locked(run_dir):
+        current = _read_file(path(run_dir))
+        if current is None:
+            return
+        current["rows"].update(rows)
+        atomic_write_json(path(run_dir), current)
 
 
 def mark_not_run(run_dir: Path, row_id: str, why: str) -> None:
     """Record why a planned row has no record (its session stopped on bad input before writing one)."""
-    current = read(run_dir)
-    if current is None:
-        return
-    current.setdefault("not_run", {})[row_id] = why
-    atomic_write_json(path(run_dir), current)
+    with _locked(run_dir):
+        current = read(run_dir)
+        if current is None:
+            return
+        current.setdefault("not_run", {})[row_id] = why
+        atomic_write_json(path(run_dir), current)
 
 
 def clear_not_run(run_dir: Path, row_id: str) -> None:
     """The row started after all (a resumed run): no reason to keep for its absence."""
-    current = _read_file(path(run_dir))
-    if current is not None and row_id in (current.get("not_run") or {}):
-        current["not_run"].pop(row_id)
-        atomic_write_json(path(run_dir), current)
+    with _locked(run_dir):
+        current = _read_file(path(run_dir))
+        if current is not None and row_id in (current.get("not_run") or {}):
+            current["not_run"].pop(row_id)
+            atomic_write_json(path(run_dir), current)
 
 
 def write_named(

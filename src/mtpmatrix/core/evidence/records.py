@@ -85,6 +85,31 @@ def tiers_problems(tiers: object) -> list[str]:
     return out
 
 
+def _candidate_problems(cand: object) -> list[str]:
+    """What is off in row.json's ``candidate`` (runner/candidate.py: its identity names the row's folder and the
+    report's headline)."""
+    if cand is None:
+        return []
+    if not isinstance(cand, dict):
+        return ["candidate is not an object"]
+    out = []
+    bad = sorted(
+        k
+        for k in ("kind", "path", "sha256", "commit", "version", "base_row")
+        if not isinstance(cand.get(k), _TEXT_OR_NONE)
+    )
+    if bad:
+        out.append(f"candidate {', '.join(bad)} not text")
+    if cand.get("dirty") is not None and not isinstance(cand["dirty"], bool):
+        out.append("candidate dirty is not true or false")
+    phase = cand.get("draft_phase")
+    if phase is not None and (not isinstance(phase, int) or isinstance(phase, bool)):
+        out.append("candidate draft_phase is not a whole number")
+    if "files" in cand and not (isinstance(cand["files"], list) and all(isinstance(x, str) for x in cand["files"])):
+        out.append("candidate files is not a list of text")
+    return out
+
+
 def shape_problems(record: object) -> list[str]:
     """Everything about ``record`` (a row.json) that a reader cannot take as it is; [] when its shape is sound."""
     if not isinstance(record, dict):
@@ -117,6 +142,7 @@ def shape_problems(record: object) -> list[str]:
             out.append("selection.collected / selection.knobs is not an object")
         if not isinstance(sel.get("args", []), list) or not isinstance(sel.get("paths", []), list):
             out.append("selection.args / selection.paths is not a list")
+    out.extend(_candidate_problems(record.get("candidate")))
     if not isinstance(record.get("verdict"), _TEXT_OR_NONE):
         out.append("verdict is not text")
     if not isinstance(record.get("gpus", 0), int) or isinstance(record.get("gpus"), bool):

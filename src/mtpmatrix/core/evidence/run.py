@@ -4,11 +4,13 @@ added as rows that did not run. The report reads a run through here (report/mode
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
+from mtpmatrix.core import paths
 from mtpmatrix.core.evidence import expected_checks, fingerprint, judge, manifest, records
-from mtpmatrix.core.record_types import EvidenceSummary, Fingerprint, Problem, RowRecord
+from mtpmatrix.core.record_types import EvidenceSummary, Fingerprint, Manifest, Problem, RowRecord
 from mtpmatrix.core.schema import UNPROVEN
 from mtpmatrix.core.store import row_verdict
 
@@ -52,6 +54,7 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
             found = [judge.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
         else:
             found = judge.judge_row(rid, rec, run_id=run_dir.name, manifest=plan, row_dir=run_dir / rid)
+            found += stale(rid, rec, plan)
         if (run_dir / rid).is_symlink():  # another run's folder, linked in: not this run's record
             found.append(judge.problem(None, "the row folder is a link to another folder"))
         by_row[rid] = found
@@ -67,6 +70,30 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
         "rows": {rid: p for rid, p in by_row.items() if p},
         "suite": fingerprint.short(planned_fp) if planned_fp else None,
     }
+
+
+def stale(row_id: str, record: RowRecord, plan: Manifest | None) -> list[Problem]:
+    """A problem when the row's constraints file is no longer the one the run planned (manifest ``constraints_sha256``):
+    the record shows what the row was, not what it is now. A canary's constraints are resolved into its own run, and a
+    plan written before runs recorded the checksum has nothing to compare."""
+    want = (((plan or {}).get("rows") or {}).get(row_id) or {}).get("constraints_sha256")
+    if not want or record.get("canary"):
+        return []
+    name = (record.get("row") or {}).get("constraints")
+    try:
+        paths.single_name(name, "constraints file")
+        text = (paths.CONSTRAINTS_DIR / name).read_text()  # as the plan read it (manifest.planned_row)
+    except (paths.NameError_, OSError, ValueError) as exc:
+        return [judge.problem(None, f"the row's constraints file cannot be compared with the run's ({exc})")]
+    if hashlib.sha256(text.encode()).hexdigest() != want:
+        return [
+            judge.problem(
+                None,
+                f"constraints/{name} changed since the run: the record shows the row as it was, not as it is "
+                "(run it again)",
+            )
+        ]
+    return []
 
 
 def apply_problems(record: RowRecord, problems: list[Problem]) -> RowRecord:
