@@ -46,9 +46,16 @@ def write_report(
     if summary.get("canaries"):  # only a run that holds canary rows
         md += canaries.markdown(summary["canaries"])
     paths = {"md": out_dir / "summary.md", "html": out_dir / "report.html", "json": out_dir / "summary.json"}
-    atomic_write_text(paths["md"], md)
-    atomic_write_text(paths["html"], render.render_html(summary))
-    atomic_write_json(paths["json"], summary)
+    html = render.render_html(summary)
+    for key, write, data in (
+        ("md", atomic_write_text, md),
+        ("html", atomic_write_text, html),
+        ("json", atomic_write_json, summary),
+    ):
+        try:
+            write(paths[key], data)
+        except OSError as exc:  # a read-only or full disk: where and why, one line (exit 2, never sglang's 1)
+            raise ReportError(f"{paths[key]}: cannot write the report ({exc.strerror or exc})") from None
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if step:
         try:
