@@ -67,10 +67,10 @@ def run_time(run_dir: Path) -> _dt.datetime | None:
     """When a run last recorded something: the latest of its rows' recorded times and its manifest's creation and
     resumptions, as the run wrote them. Never a file's time: a run copied in (``rsync -a``, a restored backup) keeps
     the times its files had, and they may lie in the future."""
-    times = []
+    stamps: list[_dt.datetime | None] = []
     for f in row_files(run_dir):
         try:
-            times.append(recorded_time(read_json(f)))
+            stamps.append(recorded_time(read_json(f)))
         except (OSError, ValueError):
             continue
     try:
@@ -78,10 +78,11 @@ def run_time(run_dir: Path) -> _dt.datetime | None:
     except (OSError, ValueError):
         plan = None
     if isinstance(plan, dict):
-        times.append(recorded_time(plan))
-        resumed = plan.get("resumed") if isinstance(plan.get("resumed"), list) else []
-        times += [recorded_time({"created": r.get("at")}) for r in resumed if isinstance(r, dict)]
-    times = [t for t in times if t is not None]
+        stamps.append(recorded_time(plan))
+        resumed = plan.get("resumed")
+        for r in resumed if isinstance(resumed, list) else []:
+            stamps.append(recorded_time({"created": r.get("at")}) if isinstance(r, dict) else None)
+    times = [t for t in stamps if t is not None]
     return max(times) if times else None
 
 

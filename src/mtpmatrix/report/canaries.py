@@ -69,7 +69,8 @@ def section(run_dir: Path, rows: dict[str, Any], *, pins: dict[str, Version] | N
     except Exception as exc:  # the report never fails for the list: it says why it is missing
         out["untested_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return out
-    out["untested"] = ran_past_pins(run_dir.name, {c["id"]: records[c["id"]] for c in canaries}, pins)
+    ids = [str(c["id"]) for c in canaries]
+    out["untested"] = ran_past_pins(run_dir.name, {rid: records[rid] for rid in ids}, pins)
     out["untested_lines"] = release_lines(out["untested"])  # the same lines in Markdown and HTML
     return out
 

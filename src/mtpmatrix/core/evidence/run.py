@@ -79,7 +79,7 @@ def stale(row_id: str, record: RowRecord, plan: Manifest | None) -> list[Problem
     want = (((plan or {}).get("rows") or {}).get(row_id) or {}).get("constraints_sha256")
     if not want or record.get("canary"):
         return []
-    name = (record.get("row") or {}).get("constraints")
+    name = str((record.get("row") or {}).get("constraints"))
     try:
         paths.single_name(name, "constraints file")
         text = (paths.CONSTRAINTS_DIR / name).read_text()  # as the plan read it (manifest.planned_row)
