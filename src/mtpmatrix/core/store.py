@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import datetime as _dt
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -47,7 +48,7 @@ def is_matrix_run(path: Path) -> bool:
     return path.is_dir() and not path.name.startswith((".", *SIDE_RUN_PREFIXES)) and bool(row_files(path))
 
 
-def recorded_time(record) -> _dt.datetime | None:
+def recorded_time(record: object) -> _dt.datetime | None:
     """When a row record says its row ran: its ``finished`` time, else its ``started`` (ISO 8601; a time without a
     zone is UTC); None when it records neither."""
     if not isinstance(record, dict):
@@ -149,11 +150,13 @@ def records_file(value: object, row_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
-_READ_ONCE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("question_records_read", default=None)
+_READ_ONCE: contextvars.ContextVar[dict[str, dict[int, bool]] | None] = contextvars.ContextVar(
+    "question_records_read", default=None
+)
 
 
 @contextlib.contextmanager
-def reading_once():
+def reading_once() -> Iterator[None]:
     """Within it, each per-question file is read once: one report judges a row's counts against its records, shows
     them and pairs them across rows and runs from the same reading (a file rewritten meanwhile cannot make the
     judgement and the table disagree)."""

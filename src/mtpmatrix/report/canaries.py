@@ -75,10 +75,12 @@ def section(run_dir: Path, rows: dict[str, Any], *, pins: dict[str, Version] | N
     return out
 
 
-def ran_past_pins(run_id: str, canary_records: dict[str, dict], pins: dict[str, Version]) -> list[dict]:
+def ran_past_pins(
+    run_id: str, canary_records: dict[str, dict[str, Any]], pins: dict[str, Version]
+) -> list[dict[str, Any]]:
     """Per watched package: the newest pin and each release past it that a canary of this run installed, with the
     canaries and their judged verdicts (runner/releases.untested's table, from the records alone)."""
-    ran: dict[str, dict[Version, list[dict]]] = {}
+    ran: dict[str, dict[Version, list[dict[str, Any]]]] = {}
     for rid, rec in canary_records.items():
         for pkg, ver in (rec.get("versions") or {}).items():
             try:
@@ -100,7 +102,7 @@ def ran_past_pins(run_id: str, canary_records: dict[str, dict], pins: dict[str, 
     ]
 
 
-def release_lines(table: list[dict]) -> list[str]:
+def release_lines(table: list[dict[str, Any]]) -> list[str]:
     """One line per watched package of ``ran_past_pins``'s table."""
     out = []
     for entry in table:

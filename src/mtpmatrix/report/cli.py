@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from mtpmatrix.core import schema
@@ -47,15 +48,9 @@ def write_report(
         md += canaries.markdown(summary["canaries"])
     paths = {"md": out_dir / "summary.md", "html": out_dir / "report.html", "json": out_dir / "summary.json"}
     html = render.render_html(summary)
-    for key, write, data in (
-        ("md", atomic_write_text, md),
-        ("html", atomic_write_text, html),
-        ("json", atomic_write_json, summary),
-    ):
-        try:
-            write(paths[key], data)
-        except OSError as exc:  # a read-only or full disk: where and why, one line (exit 2, never sglang's 1)
-            raise ReportError(f"{paths[key]}: cannot write the report ({exc.strerror or exc})") from None
+    _writing(paths["md"], lambda: atomic_write_text(paths["md"], md))
+    _writing(paths["html"], lambda: atomic_write_text(paths["html"], html))
+    _writing(paths["json"], lambda: atomic_write_json(paths["json"], summary))
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if step:
         try:
@@ -66,6 +61,14 @@ def write_report(
                 f"GITHUB_STEP_SUMMARY {step}: cannot append the summary ({exc.strerror or exc})"
             ) from None
     return summary, paths
+
+
+def _writing(path: Path, write: Callable[[], None]) -> None:
+    """``write()``; a read-only or full disk is one line naming ``path`` (exit 2, never sglang's 1)."""
+    try:
+        write()
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

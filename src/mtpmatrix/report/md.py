@@ -31,7 +31,7 @@ _LINK = re.compile(r"\](?=[(\[])")
 _LEADING = re.compile(r"^(\s*|\s*\d{1,9})(#(?=#{0,5}(?:\s|$))|>|[-+](?=\s|[-\s]*$)|(?<=\d)[.)](?=\s|$))")
 
 
-def escape(value) -> Safe:
+def escape(value: object) -> Safe:
     """``value`` as one line of Markdown text that renders as itself."""
     if isinstance(value, Safe):
         return value
@@ -40,7 +40,7 @@ def escape(value) -> Safe:
     return Safe(_LEADING.sub(r"\1\\\2", text, count=1))
 
 
-def code(value) -> Safe:
+def code(value: object) -> Safe:
     """``value`` as one inline code span: a fence longer than any run of backticks inside it, pipes escaped (a GFM
     table splits a cell at ``|`` even inside code)."""
     text = _BREAKS.sub(" ", str(value)).replace("|", "\\|")
@@ -57,12 +57,12 @@ def block(lines: list[str]) -> list[str]:
     return [fence, *flat, fence]
 
 
-def url(value) -> Safe:
+def url(value: object) -> Safe:
     """A web address as an autolink (``<https://...>``, inside which Markdown reads nothing); other text escaped."""
     text = str(value)
     return Safe(f"<{text}>") if re.fullmatch(r"https?://[^\s<>`\\]+", text) else escape(text)
 
 
-def trusted(value) -> Safe:
+def trusted(value: object) -> Safe:
     """Markdown this package wrote (a table rule, a section built of escaped parts): printed as it is."""
-    return Safe(value)
+    return Safe(str(value))

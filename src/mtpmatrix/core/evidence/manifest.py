@@ -18,6 +18,7 @@ import datetime as _dt
 import fcntl
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -118,7 +119,7 @@ def read(run_dir: Path) -> Manifest | None:
 
 
 @contextlib.contextmanager
-def _locked(run_dir: Path):
+def _locked(run_dir: Path) -> Iterator[None]:
     """Hold the run folder's lock (flock on the folder itself: no file added to the run): every read-modify-write of
     manifest.json happens inside it, so two imports (or row sessions) into one run each add their row to what the
     other wrote, never to what it read before."""
