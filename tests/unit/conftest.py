@@ -35,10 +35,10 @@ def judged_as_collected(monkeypatch):
 def h200_run(tmp_path):
     """(results root, run folder) of the real H200 smoke record filed by ``import`` as today's suite would have
     written it: a run whose evidence holds."""
-    from evidence_records import h200_record, write_box
+    from evidence_records import H200_ROW, h200_record, write_box
 
     from mtpmatrix.runner import importer
 
     results = tmp_path / "results"
-    importer.import_run(write_box(tmp_path / "box", h200_record()), "sglang-0.5.17", results=results, run_id="h200")
+    importer.import_run(write_box(tmp_path / "box", h200_record()), H200_ROW, results=results, run_id="h200")
     return results, results / "h200"

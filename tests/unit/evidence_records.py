@@ -4,7 +4,9 @@ it saying the same outcomes); ``write_junit`` writes a junit.xml of check record
 
 from __future__ import annotations
 
+import copy
 import json
+import secrets
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
@@ -128,7 +130,42 @@ H200_RECORD = (
     Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json"
 )
 REQUEST_SURFACE_RECORD = H200_RECORD.with_name("2026-12-02b-h200-sglang-0.5.17-request-surface-baseline.json")
-INVOCATION_ID = "0123456789abcdef"
+# The row the H200 record proves: sglang 0.5.17's pins on Python 3.12 with PyPI's torch, which the box ran (its env.txt,
+# docs/runs/env-7-r17-final.txt: "3.12.3 torch 2.11.0+cu130 cuda 13.0"), not the Python 3.11 row sglang-0.5.17.
+H200_ROW = "sglang-0.5.17-py312"
+# What today's plugin records of that box beyond the checks: the build (env.txt above; the bundle's wheels are
+# x86_64, shared/device/make_bundle.sh), its one GPU (env.txt: "NVIDIA H200"), and the pytest plugins of the
+# packages the device has installed (shared/device/device-packages.txt: their versions were not recorded).
+H200_BUILD = {
+    "python": "3.12.3",
+    "implementation": "cpython",
+    "platform": "linux-x86_64",
+    "torch": "2.11.0+cu130",
+    "torch_cuda": "13.0",
+}
+H200_PLUGINS = [
+    {"name": name, "module": module, "dist": dist, "version": None}
+    for name, module, dist in (
+        ("anyio", "anyio.pytest_plugin", "anyio"),
+        ("hypothesispytest", "_hypothesis_pytestplugin", "hypothesis"),
+        ("benchmark", "pytest_benchmark.plugin", "pytest-benchmark"),
+        ("pytest_cov", "pytest_cov.plugin", "pytest-cov"),
+        ("pytest_mock", "pytest_mock", "pytest-mock"),
+        ("timeout", "pytest_timeout", "pytest-timeout"),
+        ("xdist.plugin", "xdist.plugin", "pytest-xdist"),
+        ("xdist.looponfail", "xdist.looponfail", "pytest-xdist"),
+    )
+]
+H200_PYTEST = {
+    "version": None,
+    "inifile": "pyproject.toml",
+    "ini_addopts": ["-ra", "--strict-markers"],
+    "env_addopts": None,
+    "override_ini": [],
+    "runxfail": False,
+    "conftests": ["tests/conftest.py"],
+    "plugins": H200_PLUGINS,
+}
 
 
 def h200_record() -> dict:
@@ -154,6 +191,7 @@ def h200_record() -> dict:
     ]
     collected = data["selection"]["collected"]
     collected["smoke"] = list(collected.get("smoke", [])) + grown
+    data.update(pytest=copy.deepcopy(H200_PYTEST), build=dict(H200_BUILD), gpu_names=["NVIDIA H200"])
     return data
 
 
@@ -187,20 +225,21 @@ def predicted_on_0_5_17(check_id: str) -> dict | None:
 
 
 def write_box(out: Path, data: dict, pytest_args=("--tiers", "smoke"), knobs=None) -> Path:
-    """A tools/gpu_box.sh output folder holding ``data`` as its tiers.json, tagged with INVOCATION_ID."""
-    import copy
-
+    """A tools/gpu_box.sh output folder holding ``data`` as its tiers.json, tagged with a fresh invocation id and
+    session id (each box one run of its own, as gpu_box.sh and the plugin make them)."""
     out.mkdir(parents=True, exist_ok=True)
-    knobs = {"MTPMATRIX_TINY_DIR": "/root/out/work/tiny", "MTPMATRIX_INVOCATION_ID": INVOCATION_ID, **(knobs or {})}
+    invocation_id = secrets.token_hex(16)
+    knobs = {"MTPMATRIX_TINY_DIR": "/root/out/work/tiny", "MTPMATRIX_INVOCATION_ID": invocation_id, **(knobs or {})}
     data = copy.deepcopy(data)
     data["selection"]["knobs"] = dict(knobs)
+    data.setdefault("session_id", secrets.token_hex(16))
     (out / "tiers.json").write_text(json.dumps(data))
     write_junit(out / "junit.xml", [c for t in data["tiers"].values() for c in t["checks"]])
     (out / "pytest.log").write_text("61 passed\n")
     (out / "env.txt").write_text("2026-12-01T21:00:00Z\nNVIDIA H200, 143771 MiB, 580.159.04\n")
     (out / "invocation.json").write_text(
         json.dumps(
-            {"invocation_id": INVOCATION_ID, "tests": ["tests/tiers"], "pytest_args": list(pytest_args), "knobs": knobs}
+            {"invocation_id": invocation_id, "tests": ["tests/tiers"], "pytest_args": list(pytest_args), "knobs": knobs}
         )
     )
     return out
