@@ -45,6 +45,10 @@ INVOCATION_FILE = "invocation.json"
 GSM8K_DIR = "gsm8k"
 SERVER_LOG_PREFIX = "server-"
 SMOKE_LAUNCH_BUDGET_FILE = "smoke-launch-budget.json"
+# what the plugin records in tiers.json of how its session ran, beside its checks, and row.json carries over: pytest's
+# plugins, options and conftests (tiers/session/provenance.py), the build (serving/environment.build), the GPUs' names,
+# the session's own id (one session proves one row)
+SESSION_FIELDS = ("pytest", "build", "gpu_names", "session_id")
 
 # --- a candidate's identity, as the suite's environment carries it (runner/candidate.py) -----------------------------
 DRAFT_PHASE_ENV = "MTPMATRIX_DRAFT_PHASE"  # the draft phase a candidate declares (pairs/witness.py reads it)

@@ -63,10 +63,10 @@ def rejudge(record: RowRecord, issues: list[KnownIssue] | None = None) -> RowRec
 def read_judged_run(run_dir: Path) -> dict[str, RowRecord]:
     """store.read_run with every row re-judged (``rejudge``): what the report and the baseline comparison read. A
     record whose shape is off (evidence.records) stands as a shell with no tiers and the reason, never a crash."""
-    from mtpmatrix.core import known_upstream
+    from mtpmatrix.core.evidence import checkout
 
     try:
-        issues = known_upstream.load()
+        issues = checkout.known_issues()  # the commit's list when the checkout's differs: no uncommitted excuse
     except ValueError as exc:
         raise ReportError(f"known upstream issues: {exc}") from None
     out: dict[str, RowRecord] = {}
@@ -316,6 +316,7 @@ def _row_summary(run_dir: Path, row_id: str, record: RowRecord, out_dir: Path) -
         "finished": record.get("finished"),
         "host": record.get("host"),
         "gpus": record.get("gpus"),
+        "build": record.get("build") if isinstance(record.get("build"), dict) else {},  # Python, platform, torch's
         "candidate": candidates.candidate_of(record),
     }
 

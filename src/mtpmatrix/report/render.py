@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpmatrix.core import schema
+from mtpmatrix.core.evidence.fingerprint import KNOWN_UPSTREAM as KNOWN_UPSTREAM_FILE
 from mtpmatrix.core.record_types import Summary
 from mtpmatrix.core.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 from mtpmatrix.report import canaries, candidates, figures, md
@@ -259,17 +260,44 @@ def _evidence_text(summary: Summary, limit: int = 3) -> str:
 
 
 def _rows_text(summary: Summary) -> str:
-    """'sglang-0.5.17: sglang 0.5.17, transformers 5.12.1, torch 2.11.0': which versions the verdict is about."""
-    return "; ".join(
-        f"{r['id']}: " + ", ".join(f"{p} {r['versions'].get(p) or '?'}" for p in MAIN_PACKAGES) for r in summary["rows"]
-    )
+    """'sglang-0.5.17-py312: sglang 0.5.17, transformers 5.12.1, torch 2.11.0+cu130 (CUDA 13.0), Python 3.12.3,
+    linux-x86_64': which versions, torch build, Python and platform the verdict is about."""
+    out = []
+    for r in summary["rows"]:
+        build = r.get("build") or {}
+        versions = dict(r["versions"], torch=build.get("torch") or r["versions"].get("torch"))
+        text = ", ".join(f"{p} {versions.get(p) or '?'}" for p in MAIN_PACKAGES)
+        if build:
+            text += (
+                f" (CUDA {build.get('torch_cuda') or 'none'}), Python {build.get('python')}, {build.get('platform')}"
+            )
+        out.append(f"{r['id']}: {text}")
+    return "; ".join(out)
 
 
 def headline(summary: Summary) -> str:
-    """The verdict in one line: what was proven, what failed, what did not run or cannot be shown; a run of
-    candidates names them first (report/candidates.py)."""
-    text = _headline(summary)
+    """The verdict in one line: what was proven, what failed, what did not run or cannot be shown, and the
+    verdict-deciding files that differ from the commit; a run of candidates names them first
+    (report/candidates.py)."""
+    text = _headline(summary) + _checkout_text(summary)
     return f"{summary['candidate_text']}: {text}" if summary.get("candidate_text") else text
+
+
+def _checkout_text(summary: Summary) -> str:
+    """'; judged by commit 305f4020e with uncommitted src/.../known_upstream.json (its committed list applied)':
+    the verdict-deciding files that differ from the commit, of the judging checkout and of the run's suite."""
+    co = (summary.get("evidence") or {}).get("checkout") or {}
+    parts = []
+    if co.get("changed"):
+        applied = " (its committed list applied)" if KNOWN_UPSTREAM_FILE in co["changed"] else ""
+        parts.append(
+            f"judged by commit {str(co.get('commit'))[:9]} with uncommitted {', '.join(co['changed'])}{applied}"
+        )
+    if co.get("run_changed"):
+        parts.append(
+            f"the run's suite: commit {str(co.get('run_commit'))[:9]} with uncommitted {', '.join(co['run_changed'])}"
+        )
+    return "".join(f"; {p}" for p in parts)
 
 
 def _headline(summary: Summary) -> str:

@@ -367,6 +367,7 @@ def import_run(
             "suite": {"exitstatus": data.get("exitstatus"), "seconds": data.get("seconds")},
             "tiers": tiers,
             "gpus": data.get("gpus", 0),
+            **{k: data[k] for k in schema.SESSION_FIELDS if k in data},  # how the session ran (evidence/session.py)
         }
         record["verdict"] = row_verdict(record)
         atomic_write_json(stage / schema.ROW_FILE, record)

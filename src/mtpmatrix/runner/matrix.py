@@ -26,7 +26,7 @@ from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.paths import REPO, new_run_id, now, results_root
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import Row, RowError, constrained_name, parse_override
-from mtpmatrix.core.schema import KNOWN_UPSTREAM, PYTEST_LOG, ROW_FILE, TIERS, TIERS_FILE, parse_tiers
+from mtpmatrix.core.schema import KNOWN_UPSTREAM, PYTEST_LOG, ROW_FILE, SESSION_FIELDS, TIERS, TIERS_FILE, parse_tiers
 from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
 from mtpmatrix.runner import bytecode, candidate, console, index, side_by_side, venvs
 from mtpmatrix.runner import overrides as override_rules
@@ -561,6 +561,7 @@ def _suite(
         record["fingerprint"] = data.get("fingerprint")  # the suite that wrote the records (evidence/fingerprint.py)
         record["versions"].update({k: v for k, v in data.get("versions", {}).items() if v})
         record["gpus"] = data.get("gpus", 0)
+        record.update({k: data[k] for k in SESSION_FIELDS if k in data})  # how the session ran
     else:  # pytest died before its sessionfinish hook: the harness broke, not sglang
         record["tiers"] = {
             t: {

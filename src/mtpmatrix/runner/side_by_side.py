@@ -38,6 +38,7 @@ from mtpmatrix.core.side_by_side_rule import SHARED_MARK, SHARED_TIER
 from mtpmatrix.runner.console import RowConsole
 from mtpmatrix.tiers.session import fork as pytest_fork
 from mtpmatrix.tiers.session import process as pytest_process
+from mtpmatrix.tiers.session import provenance
 from mtpmatrix.tiers.session.imported import PROCESS_ENV
 
 ENV_KNOB = "MTPMATRIX_SIDE_BY_SIDE"
@@ -322,6 +323,11 @@ def merge_tiers(parts: list[tuple[Group, dict]], cmd: list[str] | None = None) -
         entries = [d["tiers"][t] for g, d in parts if t in (*g.tiers, *g.shares) and t in d.get("tiers", {})]
         if entries:
             tiers[t] = merge_tier(t, entries, merged.get("selection"), versions)
+    if "pytest" in first:  # every part's plugins and options count for the row
+        merged["pytest"] = provenance.merge([d.get("pytest") for _, d in parts])
+    most_gpus = max((d for _, d in parts), key=lambda d: d.get("gpus", 0))
+    if "gpu_names" in most_gpus:
+        merged["gpu_names"] = most_gpus["gpu_names"]
     merged.update(
         tiers=tiers,
         versions=versions,

@@ -6,6 +6,7 @@ cores); only the GPU probe imports torch, and only when sglang is there to use a
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.metadata as md
 import importlib.util
@@ -13,6 +14,9 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
+import sysconfig
+from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -59,6 +63,42 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def torch_build() -> tuple[str | None, str | None]:
+    """(torch.__version__, torch.version.cuda) read from torch's own version.py, without importing torch (seconds,
+    and a CUDA init): PyPI's wheels carry the CUDA build there (``2.11.0+cu130``) and not in their metadata."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    values: dict[str, str | None] = {}
+    for folder in folders[:1]:
+        try:
+            tree = ast.parse(Path(folder, "version.py").read_text())
+        except (OSError, SyntaxError, ValueError):
+            break
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+            if target is None and isinstance(node, ast.AnnAssign):
+                target = node.target
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+                values[target.id] = node.value.value if isinstance(node.value.value, str) else None
+    return values.get("__version__"), values.get("cuda")
+
+
+def build() -> dict:
+    """The build a session ran on, which a row's identity includes beside its pins: Python, the platform, torch's
+    version with its local build (``+cu130``) and the CUDA it was built for."""
+    torch_version, torch_cuda = torch_build()
+    return {
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": sysconfig.get_platform(),
+        "torch": torch_version or version_of("torch"),
+        "torch_cuda": torch_cuda,
+    }
+
+
 def has_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -79,6 +119,19 @@ def gpu_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken CUDA install means: no usable GPU here
         return 0
+
+
+@functools.cache
+def gpu_names() -> list[str]:
+    """The name of each CUDA device torch sees (gpu_count of them); [] without one."""
+    if not gpu_count():
+        return []
+    try:
+        import torch
+
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # a broken CUDA install: gpu_count said so already
+        return []
 
 
 def nvidia_smi(*args: str) -> str | None:

@@ -16,6 +16,8 @@ What is checked, each against something the record did not write itself:
                   add up to the per-question records
   files           tiers.json and junit.xml beside the record say the same outcome for every check (junit.xml's
                   xfail, how the suite writes a known-upstream failure, is a failure's)
+  session         how the session ran (pytest's plugins, options, conftests; reruns; GPUs) and on which build
+                  (Python, platform, torch's): evidence/session.py
 """
 
 from __future__ import annotations
@@ -432,6 +434,9 @@ def _same_story(record: RowRecord, written: dict) -> list[Problem]:
         )
     if _dumps(record.get("selection")) != _dumps(written.get("selection")):
         out.append(problem(None, f"row.json's selection (args, knobs, collected checks) is not {schema.TIERS_FILE}'s"))
+    for key in (*schema.SESSION_FIELDS, "gpus"):
+        if key in written and _dumps(record.get(key)) != _dumps(written.get(key)):
+            out.append(problem(None, f"row.json's {key} is not {schema.TIERS_FILE}'s"))
     metrics = {
         c.get("id"): c.get("metrics")
         for e in (written.get("tiers") or {}).values()
@@ -540,6 +545,10 @@ def judge_row(
     out += _versions(record, ran)
     out += _settings(record)
     out += _checks(record, row_dir)
+    if ran:  # how the session ran and on which build (evidence/session.py)
+        from mtpmatrix.core.evidence import session
+
+        out += session.judge(record, ((manifest or {}).get("rows") or {}).get(row_id))
     if row_dir is not None and ran:
         out += _files(record, row_dir)
     seen: dict = {}

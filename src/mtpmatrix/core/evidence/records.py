@@ -46,6 +46,9 @@ def _check_problems(tier: str, i: int, chk: object, seen: set[str]) -> list[str]
         )
         if bad:
             out.append(f"{where} ({cid}): failure {', '.join(bad)} not text")
+    reruns = chk.get("reruns", 0)
+    if not isinstance(reruns, int) or isinstance(reruns, bool) or reruns < 0:
+        out.append(f"{where} ({cid}): reruns is not a whole number")
     if "reason" in chk and not isinstance(chk["reason"], str):
         out.append(f"{where} ({cid}): reason is not text")
     if "known_upstream" in chk and not isinstance(chk["known_upstream"], str):
@@ -133,7 +136,7 @@ def shape_problems(record: object) -> list[str]:
         for key in ("failure", "check"):
             if key in install and not isinstance(install[key], dict):
                 out.append(f"install.{key} is not an object")
-    for key in ("selection", "fingerprint", "host", "suite"):
+    for key in ("selection", "fingerprint", "host", "suite", "pytest", "build"):
         if record.get(key) is not None and not isinstance(record[key], dict):
             out.append(f"{key} is not an object")
     sel = record.get("selection")
@@ -147,6 +150,17 @@ def shape_problems(record: object) -> list[str]:
         out.append("verdict is not text")
     if not isinstance(record.get("gpus", 0), int) or isinstance(record.get("gpus"), bool):
         out.append("gpus is not a whole number")
+    if "gpu_names" in record and not (
+        isinstance(record["gpu_names"], list) and all(isinstance(n, str) for n in record["gpu_names"])
+    ):
+        out.append("gpu_names is not a list of text")
+    pt = record.get("pytest")
+    if isinstance(pt, dict) and not (
+        isinstance(pt.get("plugins", []), list)
+        and isinstance(pt.get("conftests", []), list)
+        and isinstance(pt.get("override_ini", []), list)
+    ):
+        out.append("pytest.plugins / pytest.conftests / pytest.override_ini is not a list")
     if "tiers" in record:
         out.extend(tiers_problems(record["tiers"]))
     return out

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from mtpmatrix.core import paths
-from mtpmatrix.core.evidence import expected_checks, fingerprint, judge, manifest, records
+from mtpmatrix.core.evidence import checkout, expected_checks, fingerprint, judge, manifest, records, session
 from mtpmatrix.core.record_types import EvidenceSummary, Fingerprint, Manifest, Problem, RowRecord
 from mtpmatrix.core.schema import UNPROVEN
 from mtpmatrix.core.store import row_verdict
@@ -49,6 +49,7 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
             f"judged under {expected_checks.ENV}={os.environ[expected_checks.ENV]}: not the project's expected checks"
         )
     by_row: dict[str, list[Problem]] = {}
+    shared = session.shared_sessions(rows)  # one session filed as two rows proves neither
     for rid, rec in rows.items():
         if rec.get("unreadable"):
             found = [judge.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
@@ -57,6 +58,7 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
             found += stale(rid, rec, plan)
         if (run_dir / rid).is_symlink():  # another run's folder, linked in: not this run's record
             found.append(judge.problem(None, "the row folder is a link to another folder"))
+        found += shared.get(rid, [])
         by_row[rid] = found
         apply_problems(rec, found)
     planned = plan.get("rows") or {} if plan else {}
@@ -65,10 +67,18 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
         rows[rid] = apply_problems(records.shell(rid, []), [judge.problem(None, f"not run: {why}")])
         rows[rid]["row"]["pins"] = (planned[rid] or {}).get("pins") or {}
         by_row[rid] = [judge.problem(None, f"not run: {why}")]
+    here_state = checkout.state()
     return {
         "run": run_problems,
         "rows": {rid: p for rid, p in by_row.items() if p},
         "suite": fingerprint.short(planned_fp) if planned_fp else None,
+        # what differs from the commit, named in the headline: the judging checkout's files, and the run's suite's
+        "checkout": {
+            "commit": here_state["commit"],
+            "changed": here_state["changed"],
+            "run_commit": planned_fp.get("commit"),
+            "run_changed": planned_fp.get("changed") or [],
+        },
     }
 
 

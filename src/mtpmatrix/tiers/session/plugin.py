@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ from mtpmatrix.core.record_types import CheckRecord, Failure, Fingerprint, Selec
 from mtpmatrix.core.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.core.side_by_side_rule import SHARED_MARK, shared_check
 from mtpmatrix.serving import environment, served
-from mtpmatrix.tiers.session import known_failures
+from mtpmatrix.tiers.session import known_failures, provenance
 from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()
@@ -48,6 +49,7 @@ _HALF_IMPORTED_KEY = pytest.StashKey[dict]()  # package -> (check id, kind) of t
 _COLLECTED_KEY = pytest.StashKey[dict]()  # {tier: [node ids]}: every check collected, before -k/-m/--deselect
 _VERSIONS_KEY = pytest.StashKey[dict]()  # environment.versions(), read at the first failure (known upstream match)
 _TIERS_KEY = pytest.StashKey[dict]()  # the judged tiers, at the session's end (the terminal summary reads them)
+_ATTEMPTS_KEY = pytest.StashKey[dict]()  # {node id: times its setup ran}: more than once is a rerun
 
 
 def pytest_addoption(parser):
@@ -218,6 +220,9 @@ def pytest_runtest_makereport(item, call):
     tier = _tier_of(item)
     if tier is None:
         return
+    attempts = item.config.stash.setdefault(_ATTEMPTS_KEY, {})
+    if report.when == "setup":  # every run of a test starts with its setup: a second one is a rerun
+        attempts[item.nodeid] = attempts.get(item.nodeid, 0) + 1
     if report.when == "setup" and report.passed:
         # Counted into the test's seconds: expensive shared work (the sglang import, server launches) happens in
         # fixtures, and a tier's time must include it.
@@ -248,7 +253,15 @@ def pytest_runtest_makereport(item, call):
                 rec["outcome"] = "error"
         records = item.config.stash[_RECORDS_KEY]
         earlier = next((r for r in records if r["id"] == item.nodeid), None)
-        if earlier is not None:  # a teardown error after the call: one record per check, the error stands
+        reruns = attempts.get(item.nodeid, 1) - 1
+        if earlier is not None and reruns > earlier.get("reruns", 0):
+            # a rerun (a plugin ran the test again): one record per check, and a pass after a rerun is not a pass --
+            # the first failure stands, with the number of reruns
+            if earlier["outcome"] not in FAILING:
+                earlier.update({k: v for k, v in rec.items() if k != "id"})
+            earlier["reruns"] = reruns
+            rec = earlier
+        elif earlier is not None:  # a teardown error after the call: one record per check, the error stands
             earlier.update(outcome="error", failure=rec.get("failure"))
             rec = earlier
         else:
@@ -365,6 +378,10 @@ def pytest_sessionfinish(session, exitstatus):
         "selection": chosen,
         "versions": versions,
         "gpus": environment.gpu_count() if environment.has_module("sglang") else 0,
+        "gpu_names": environment.gpu_names() if environment.has_module("sglang") else [],
+        "build": environment.build(),  # Python, platform, torch's build: part of the row's identity
+        "pytest": provenance.record(session.config),  # plugins, options from every source, conftests
+        "session_id": uuid.uuid4().hex,  # one session proves one row (evidence/run.py)
         "seconds": round(time.monotonic() - session.config.stash[_START_KEY], 3),
         "exitstatus": int(session.exitstatus),  # known upstream failures are xfails: 0 when only they failed
     }
