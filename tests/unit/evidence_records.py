@@ -55,14 +55,35 @@ def whole(record: dict) -> dict:
     return record
 
 
+def session_fields(record: dict) -> dict:
+    """What today's plugin records of how a hand-made record's session ran, as its row would have it: a clean
+    pytest (no other plugin, option or conftest), the row's Python, torch as its versions say, a GPU name per GPU."""
+    row, versions = record.get("row") or {}, record.get("versions") or {}
+    return {
+        "pytest": dict(H200_PYTEST, plugins=[]),
+        "build": {
+            "python": versions.get("python") or f"{row.get('python') or '3.11'}.0",
+            "implementation": "cpython",
+            "platform": "linux-x86_64",
+            "torch": versions.get("torch"),
+            "torch_cuda": None,
+        },
+        "gpu_names": ["NVIDIA H200"] * (record.get("gpus") or 0),
+        "session_id": secrets.token_hex(16),
+    }
+
+
 def stamp_row(row_dir: Path, suite: dict | None = None, complete_cpu_tiers: bool = False) -> dict:
-    """Give one row folder today's evidence: its record names this checkout's suite, tiers.json and junit.xml agree
-    with it, its passing CPU tiers are whole (``whole``). Returns the record."""
+    """Give one row folder today's evidence: its record names this checkout's suite and how its session ran
+    (``session_fields``), tiers.json and junit.xml agree with it, its passing CPU tiers are whole (``whole``).
+    Returns the record."""
     suite = suite or fingerprint.describe()
     f = Path(row_dir) / "row.json"
     record = whole(read_json(f)) if complete_cpu_tiers else read_json(f)
     record["fingerprint"] = suite
     record["run_id"] = Path(row_dir).parent.name
+    for key, value in session_fields(record).items():
+        record.setdefault(key, value)
     atomic_write_json(f, record)
     tiers = record.get("tiers") or {}
     checks = [c for t in tiers.values() for c in t.get("checks") or []]
@@ -75,6 +96,7 @@ def stamp_row(row_dir: Path, suite: dict | None = None, complete_cpu_tiers: bool
                 "tiers": tiers,
                 "selection": record.get("selection"),
                 "versions": record.get("versions") or {},
+                **{k: record[k] for k in ("pytest", "build", "gpu_names", "session_id")},
             },
         )
         write_junit(Path(row_dir) / "junit.xml", checks)

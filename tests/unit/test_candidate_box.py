@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from evidence_records import h200_record, write_box
+from evidence_records import H200_ROW, h200_record, write_box
 
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import schema
@@ -141,17 +141,15 @@ def box_with_patch(out: Path, sha: str = SHA, knobs_sha: str = SHA, log: str = "
 
 def test_import_files_the_box_run_as_the_candidate(tmp_path):
     results = tmp_path / "results"
-    dest, record = importer.import_run(
-        box_with_patch(tmp_path / "box"), "sglang-0.5.17", results=results, run_id="cand"
-    )
-    rid = f"sglang-0.5.17+patch-{SHA[:7]}"
+    dest, record = importer.import_run(box_with_patch(tmp_path / "box"), H200_ROW, results=results, run_id="cand")
+    rid = f"{H200_ROW}+patch-{SHA[:7]}"
     assert dest == results / "cand" / rid and record["row"]["id"] == rid
     assert record["candidate"] == {
         "kind": "patch",
         "path": "/box/fix.patch",
         "sha256": SHA,
         "files": ["sglang/srt/x.py"],
-        "base_row": "sglang-0.5.17",
+        "base_row": H200_ROW,
         "draft_phase": 1,
     }
     plan = json.loads((results / "cand" / "manifest.json").read_text())
@@ -173,7 +171,7 @@ def test_import_files_the_box_run_as_the_candidate(tmp_path):
 )
 def test_import_refuses_a_run_that_did_not_serve_its_patch(tmp_path, capsys, box_kw, words):
     out = box_with_patch(tmp_path / "box", **box_kw)
-    assert main(["import", str(out), "--row", "sglang-0.5.17", "--results", str(tmp_path / "r"), "--run-id", "x"]) == 2
+    assert main(["import", str(out), "--row", H200_ROW, "--results", str(tmp_path / "r"), "--run-id", "x"]) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
     assert not list((tmp_path / "r" / "x").glob("sglang-*"))

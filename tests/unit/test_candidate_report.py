@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from evidence_records import h200_record, write_box
+from evidence_records import H200_ROW, h200_record, write_box
 
 from mtpmatrix.core import schema
 from mtpmatrix.report import candidates
@@ -19,7 +19,7 @@ from mtpmatrix.report import render as report_render
 from mtpmatrix.runner import importer
 
 SHA = "1a2b3c4" + "0" * 57
-CAND = f"sglang-0.5.17+patch-{SHA[:7]}"
+CAND = f"{H200_ROW}+patch-{SHA[:7]}"
 PHASE_CHECK = "tests/tiers/test_smoke.py::test_draft_phase_matches_transformers[witness-transformers-phase-topk1]"
 TOPK3 = "tests/tiers/test_smoke.py::test_spec_metrics[witness-mtp-topk3]"
 
@@ -54,14 +54,12 @@ def import_candidate(tmp_path: Path, results: Path, run_id: str, data: dict) -> 
     inv = json.loads((out / schema.INVOCATION_FILE).read_text())
     inv["patch"] = {"path": "/box/fix.patch", "sha256": SHA, "files": ["sglang/srt/x.py"], "draft_phase": 1}
     (out / schema.INVOCATION_FILE).write_text(json.dumps(inv))
-    dest, _ = importer.import_run(out, "sglang-0.5.17", results=results, run_id=run_id)
+    dest, _ = importer.import_run(out, H200_ROW, results=results, run_id=run_id)
     return dest
 
 
 def import_base(tmp_path: Path, results: Path, run_id: str) -> None:
-    importer.import_run(
-        write_box(tmp_path / f"base-{run_id}", h200_record()), "sglang-0.5.17", results=results, run_id=run_id
-    )
+    importer.import_run(write_box(tmp_path / f"base-{run_id}", h200_record()), H200_ROW, results=results, run_id=run_id)
 
 
 @pytest.fixture
@@ -74,7 +72,7 @@ def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
     import_candidate(tmp_path, results, "cand", fixed_record())
     s = report_model.build_summary(results / "cand", baseline_dir=results / "base", require=["smoke"])
     (c,) = s["candidates"]
-    assert (c["row"], c["base_row"], c["base_from"]) == (CAND, "sglang-0.5.17", "baseline base")
+    assert (c["row"], c["base_row"], c["base_from"]) == (CAND, H200_ROW, "baseline base")
     unchanged = len(h200_record()["tiers"]["smoke"]["checks"]) - 1  # every check but the fixed one
     assert c["counts"] == {"fixed": 1, "broken": 0, "unchanged": unchanged}
     assert [(i["check"], i["before_known_upstream"]) for i in c["fixed"]] == [
@@ -86,17 +84,17 @@ def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
     assert (s["verdict"], s["exit_status"]) == ("required-proven", 0)
     head = report_render.headline(s)
     assert head.startswith(
-        f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 declared): smoke proven in all 1 rows"
+        f"candidate {CAND} (patch 1a2b3c4 on {H200_ROW}, draft phase +1 declared): smoke proven in all 1 rows"
     )
     md = report_render.render_markdown(s)
-    assert f"1 fixed, 0 broken, {unchanged} unchanged (check by check, against sglang-0.5.17)" in md
+    assert f"1 fixed, 0 broken, {unchanged} unchanged (check by check, against {H200_ROW})" in md
     assert (
         "- 🔺 fixed **smoke** test_draft_phase_matches_transformers[witness-transformers-phase-topk1] (known "
-        "upstream in sglang-0.5.17, passes now)"
+        f"upstream in {H200_ROW}, passes now)"
     ) in md
     assert (
         "- 🧹 known upstream `sglang-gemma4-mtp-draft-rope-phase` no longer applies to the candidate: 1 of its "
-        "checks pass (smoke); sglang-0.5.17 still has it"
+        f"checks pass (smoke); {H200_ROW} still has it"
     ) in md
     assert "accept_length_requests: 1.0711 → 5.3333" in md
     assert "can go" not in md
@@ -118,7 +116,7 @@ def test_a_candidate_that_breaks_a_check_fails_and_says_which(tmp_path, results)
     assert [i["check"] for i in c["broken"]] == [TOPK3]
     assert (s["verdict"], s["exit_status"], s["failing_rows"]) == ("fails", 1, [CAND])
     assert report_render.headline(s).startswith(
-        f"candidate {CAND} (patch 1a2b3c4 on sglang-0.5.17, draft phase +1 "
+        f"candidate {CAND} (patch 1a2b3c4 on {H200_ROW}, draft phase +1 "
         f"declared): DOES NOT QUALIFY — 1 of 2 rows failing: {CAND}"
     )
     assert (
@@ -131,7 +129,7 @@ def test_a_candidate_without_its_base_says_how_to_get_one(tmp_path, results):
     import_candidate(tmp_path, results, "alone", fixed_record())
     s = report_model.build_summary(results / "alone", require=["smoke"])
     (c,) = s["candidates"]
-    assert c["missing_base"].startswith("no record of sglang-0.5.17 in this run or a baseline")
+    assert c["missing_base"].startswith(f"no record of {H200_ROW} in this run or a baseline")
     assert c["counts"] == {"fixed": 0, "broken": 0, "unchanged": 0}
     assert [k["id"] for k in c["no_longer_applies"]] == ["sglang-gemma4-mtp-draft-rope-phase"]
     assert s["exit_status"] == 0  # the candidate's own evidence holds
@@ -178,10 +176,10 @@ def test_a_planned_candidate_whose_patch_did_not_apply_is_not_run_with_its_line(
     patch = tmp_path / "fix.patch"
     patch.write_text("--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n@@ -1 +1 @@\n-a\n+b\n")
     cand = candidate.from_options(str(patch), None, None)
-    rid = cand.row_id("sglang-0.5.17")
+    rid = cand.row_id(H200_ROW)
     rows = {r.id: r for r in load_rows(Path(__file__).resolve().parents[2] / "constraints")}
     opts = matrix.Options(results=results, run_id="r", candidate=cand)
-    assert plan.start(opts, rid, plan.planned(rows, ["sglang-0.5.17"], cand)) is None
+    assert plan.start(opts, rid, plan.planned(rows, [H200_ROW], cand)) is None
     why = "--patch fix.patch: sglang/srt/x.py: hunk 1 (@@ -1 +1 @@) does not apply: line 1 is 'A = 1'"
     plan.not_run(opts, rid, why)
     s = report_model.build_summary(results / "r")

@@ -13,7 +13,7 @@ import json
 import shutil
 
 import pytest
-from evidence_records import h200_record, write_box
+from evidence_records import H200_ROW, h200_record, session_fields, write_box
 
 from mtpmatrix.core.evidence import judge, manifest, records
 from mtpmatrix.report import model as report_model
@@ -27,7 +27,7 @@ def h200() -> dict:
     return h200_record()
 
 
-def judged(tmp_path, data, row="sglang-0.5.17", require=("smoke",), **box) -> dict:
+def judged(tmp_path, data, row=H200_ROW, require=("smoke",), **box) -> dict:
     out = write_box(tmp_path / f"out-{len(list(tmp_path.iterdir()))}", data, **box)
     importer.import_run(out, row, results=tmp_path / "results", run_id="r1")
     return report_model.build_summary(tmp_path / "results" / "r1", require=list(require))
@@ -38,8 +38,8 @@ def test_the_untampered_h200_record_proves_its_smoke_tier(tmp_path, h200):
     assert (s["verdict"], s["exit_status"]) == ("required-proven", report_model.EXIT_OK), report_render.headline(s)
     assert (s["evidence"]["run"], s["evidence"]["rows"]) == ([], {})
     headline = report_render.headline(s)
-    assert "(sglang-0.5.17: sglang 0.5.17, transformers 5.12.1, torch 2.11.0), suite " in headline
-    assert s["tier_verdicts"]["sglang-0.5.17"]["smoke"] == "known-upstream"
+    assert f"({H200_ROW}: sglang 0.5.17, transformers 5.12.1, torch 2.11.0+cu130 (CUDA 13.0), Python 3.12.3" in headline
+    assert s["tier_verdicts"][H200_ROW]["smoke"] == "known-upstream"
 
 
 def _drop(data: dict, keep) -> dict:
@@ -73,11 +73,11 @@ def test_versions_that_are_not_the_rows_prove_nothing_for_it(tmp_path, h200):
 def test_a_row_folder_copied_under_another_name_is_not_that_row(tmp_path, h200):
     judged(tmp_path, h200)
     run = tmp_path / "results" / "r1"
-    shutil.copytree(run / "sglang-0.5.17", run / "sglang-0.5.13")
+    shutil.copytree(run / H200_ROW, run / "sglang-0.5.13")
     s = report_model.build_summary(run, require=["smoke"])
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
     whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.13"]]
-    assert "row.json names row 'sglang-0.5.17', filed as 'sglang-0.5.13'" in whys
+    assert f"row.json names row '{H200_ROW}', filed as 'sglang-0.5.13'" in whys
     assert "the run's manifest does not plan this row" in whys
 
 
@@ -115,7 +115,7 @@ def _gsm8k_check(case="31B-topk1", outcome="passed", **metrics) -> dict:
 
 
 def _record(checks, gpus=2, **extra) -> dict:
-    return {
+    record = {
         "row": {"id": "sglang-0.5.23", "pins": {"sglang": "0.5.23"}},
         "run_id": "r1",
         "gpus": gpus,
@@ -124,6 +124,7 @@ def _record(checks, gpus=2, **extra) -> dict:
         "tiers": {"gsm8k": {"verdict": "passed", "checks": checks}},
         **extra,
     }
+    return dict(session_fields(record), **record)
 
 
 def _whys(record, row_dir=None):
@@ -193,7 +194,7 @@ def test_records_outside_the_closed_set_are_unreadable_not_passed(edit, why):
 
 def test_row_json_edited_to_passed_while_tiers_json_and_junit_say_failed(tmp_path, h200):
     judged(tmp_path, h200)
-    row = tmp_path / "results" / "r1" / "sglang-0.5.17"
+    row = tmp_path / "results" / "r1" / H200_ROW
     rec = json.loads((row / "row.json").read_text())
     target = next(c for c in rec["tiers"]["smoke"]["checks"] if c.get("known_upstream"))
     target.update(outcome="passed")
@@ -201,7 +202,7 @@ def test_row_json_edited_to_passed_while_tiers_json_and_junit_say_failed(tmp_pat
     (row / "row.json").write_text(json.dumps(rec))
     s = report_model.build_summary(row.parent, require=["smoke"])
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
-    assert any("tiers.json says failed" in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"])
+    assert any("tiers.json says failed" in p["what"] for p in s["evidence"]["rows"][H200_ROW])
 
 
 def test_a_planned_row_without_a_record_is_not_run_with_its_reason(tmp_path, h200):
@@ -232,7 +233,7 @@ def test_records_from_before_fingerprints_are_said_once_per_row(tmp_path, h200):
     data = copy.deepcopy(h200)
     data.pop("fingerprint")
     s = judged(tmp_path, data)
-    whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"]]
+    whys = [p["what"] for p in s["evidence"]["rows"][H200_ROW]]
     assert whys.count("no suite fingerprint: the record cannot say which suite wrote it") == 1
 
 
@@ -287,7 +288,7 @@ FIELD_EDITS = {
 @pytest.mark.parametrize("edit", sorted(FIELD_EDITS))
 def test_no_field_edit_of_a_record_crashes_the_report_or_passes(tmp_path, h200, capsys, edit):
     judged(tmp_path, h200)
-    row = tmp_path / "results" / "r1" / "sglang-0.5.17"
+    row = tmp_path / "results" / "r1" / H200_ROW
     rec = FIELD_EDITS[edit](json.loads((row / "row.json").read_text()))
     (row / "row.json").write_text(json.dumps(rec))
     from mtpmatrix.__main__ import main
@@ -299,10 +300,10 @@ def test_no_field_edit_of_a_record_crashes_the_report_or_passes(tmp_path, h200, 
 @pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b'{"row": ', b""])
 def test_a_row_json_that_is_not_json_is_unreadable_not_a_crash(tmp_path, h200, content):
     judged(tmp_path, h200)
-    (tmp_path / "results" / "r1" / "sglang-0.5.17" / "row.json").write_bytes(content)
+    (tmp_path / "results" / "r1" / H200_ROW / "row.json").write_bytes(content)
     s = report_model.build_summary(tmp_path / "results" / "r1", require=["smoke"])
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
-    assert "unreadable" in s["evidence"]["rows"]["sglang-0.5.17"][0]["what"]
+    assert "unreadable" in s["evidence"]["rows"][H200_ROW][0]["what"]
 
 
 def test_an_edited_per_question_file_is_counted_as_missing_not_a_crash(tmp_path):
@@ -366,7 +367,7 @@ def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
 
 
 def _edit_row(run, f):
-    row = run / "sglang-0.5.17" / "row.json"
+    row = run / H200_ROW / "row.json"
     rec = json.loads(row.read_text())
     f(rec)
     row.write_text(json.dumps(rec))
@@ -403,7 +404,7 @@ def test_row_json_cannot_hide_what_tiers_json_says(tmp_path, h200, box_edit, row
     _edit_row(run, row_edit)
     s = report_model.build_summary(run, require=["smoke"])
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
-    assert any(why in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"]), s["evidence"]
+    assert any(why in p["what"] for p in s["evidence"]["rows"][H200_ROW]), s["evidence"]
 
 
 def test_knobs_edited_out_of_row_json_are_still_in_tiers_json(tmp_path, h200):
@@ -418,7 +419,7 @@ def test_knobs_edited_out_of_row_json_are_still_in_tiers_json(tmp_path, h200):
     )
     s = report_model.build_summary(run, require=["smoke"])
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
-    assert any("selection" in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"])
+    assert any("selection" in p["what"] for p in s["evidence"]["rows"][H200_ROW])
 
 
 def test_a_record_without_its_run_id_or_linked_from_another_run_is_not_this_runs(tmp_path, h200):
@@ -432,9 +433,9 @@ def test_a_record_without_its_run_id_or_linked_from_another_run_is_not_this_runs
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
     r3.mkdir()
     (r3 / "manifest.json").write_text(json.dumps(dict(plan, run_id="r3")))
-    (r3 / "sglang-0.5.17").symlink_to(r1 / "sglang-0.5.17")
+    (r3 / H200_ROW).symlink_to(r1 / H200_ROW)
     s = report_model.build_summary(r3, require=["smoke"])
-    assert "the row folder is a link to another folder" in [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"]]
+    assert "the row folder is a link to another folder" in [p["what"] for p in s["evidence"]["rows"][H200_ROW]]
 
 
 def test_the_report_never_judges_under_another_definition(tmp_path, h200, monkeypatch):

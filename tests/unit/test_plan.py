@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from evidence_records import H200_ROW
 
 from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.core.evidence import fingerprint, manifest
@@ -108,12 +109,12 @@ def test_a_pipeline_plan_names_the_rows_whose_job_never_uploaded(tmp_path, h200_
     from mtpmatrix.report import model as report_model
 
     results, run = h200_run
-    (run / "manifest.json").rename(run / "manifest-sglang-0.5.17.json")
-    assert main(["plan", run.name, "--rows", "sglang-0.5.17,sglang-0.5.23", "--results", str(results)]) == 0
+    (run / "manifest.json").rename(run / f"manifest-{H200_ROW}.json")
+    assert main(["plan", run.name, "--rows", f"{H200_ROW},sglang-0.5.23", "--results", str(results)]) == 0
     s = report_model.build_summary(run, require=["smoke"])
     assert s["exit_status"] == report_model.EXIT_NOT_PROVEN and s["evidence"]["run"] == []
     assert s["evidence"]["rows"]["sglang-0.5.23"][0]["what"] == "not run: no record: the row's session never wrote one"
-    assert "sglang-0.5.17" not in s["evidence"]["rows"]
+    assert H200_ROW not in s["evidence"]["rows"]
 
 
 def test_plans_that_disagree_are_not_proven(tmp_path, h200_run):

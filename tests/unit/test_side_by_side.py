@@ -201,6 +201,8 @@ def _env(monkeypatch) -> dict:
 def _without_times(data: dict) -> dict:
     data = json.loads(json.dumps(data))
     data.pop("seconds")
+    data.pop("session_id")  # each process's own
+    data["pytest"].pop("options")  # each process's effective options: its own -m
     for entry in data["tiers"].values():
         entry.pop("seconds", None)
         for check in entry["checks"]:
