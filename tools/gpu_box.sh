@@ -10,7 +10,7 @@
 # the pytest args and every MTPMATRIX_* knob it was given: what the report needs to tell a subset from the whole
 # suite) and logs.tgz (one log per sglang server, and the GSM8K per-question records under gsm8k/). File it into the
 # results store for the report and --baseline:
-#   python -m mtpmatrix import OUTDIR --row sglang-0.5.17 [--run-id RUN]
+#   python -m mtpmatrix import OUTDIR --row sglang-0.5.17-py312 [--run-id RUN]   (the row of this box's Python and torch build)
 # With PATCH, import files the row as ROW+patch-<sha7> (its record's candidate: the patch's sha256 and files). The patch
 # must apply to this python's sglang (checked first: one line, exit 2) and change existing .py files only; its header's
 # 'Draft-Phase: +1' (or DRAFT_PHASE=+1) tells the suite the draft phase the candidate drafts at.

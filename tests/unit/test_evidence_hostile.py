@@ -242,6 +242,13 @@ def test_the_session_records_plugins_options_conftests_and_its_build(plugin_sess
     assert len(data["session_id"]) == 32
 
 
+def test_an_override_is_the_command_line_s_not_what_the_config_implies(plugin_session, pytester):
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider --strict-markers\n")
+    pytester.makepyfile(test_flaky=FLAKY)
+    assert plugin_session()["pytest"]["override_ini"] == []
+    assert plugin_session("-o", "xfail_strict=false")["pytest"]["override_ini"] == ["xfail_strict=false"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # class 2: a row is bound to its build
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import os
+import shlex
 import types
 from pathlib import Path
 
@@ -80,6 +81,21 @@ def _plain(value):
     return None
 
 
+def asked_overrides(args: list[str]) -> list[str]:
+    """The ``-o NAME=VALUE`` / ``--override-ini`` values in ``args``: what the command line or PYTEST_ADDOPTS set
+    over the config file (pytest's own override_ini also holds what the config's addopts imply, e.g.
+    ``strict_markers=true`` for ``--strict-markers``, which the suite's fingerprint covers)."""
+    out, it = [], iter(args)
+    for a in it:
+        if a in ("-o", "--override-ini"):
+            out.append(next(it, ""))
+        elif a.startswith("--override-ini="):
+            out.append(a.split("=", 1)[1])
+        elif a.startswith("-o") and len(a) > 2:
+            out.append(a[2:])
+    return out
+
+
 def record(config) -> dict:
     """tiers.json's ``pytest``: what decides how the checks ran, whichever source it came from."""
     return {
@@ -87,7 +103,9 @@ def record(config) -> dict:
         "inifile": _where(config.inipath, config.rootpath) if config.inipath else None,
         "ini_addopts": [str(a) for a in config.getini("addopts")],
         "env_addopts": os.environ.get("PYTEST_ADDOPTS") or None,
-        "override_ini": [str(o) for o in (config.option.override_ini or [])],
+        "override_ini": asked_overrides(
+            [str(a) for a in config.invocation_params.args] + shlex.split(os.environ.get("PYTEST_ADDOPTS") or "")
+        ),
         "runxfail": bool(getattr(config.option, "runxfail", False)),
         "conftests": conftests(config),
         "plugins": plugins(config),
