@@ -340,7 +340,7 @@ def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
     """The suite writes a known-upstream failure to junit.xml as pytest's xfail (tiers/session/known_failures.py):
     that agrees with a record that says failed or error, never with one that says passed."""
     judged(tmp_path, h200)
-    row = tmp_path / "results" / "r1" / "sglang-0.5.17"
+    row = tmp_path / "results" / "r1" / H200_ROW
     assert 'type="pytest.xfail"' in (row / "junit.xml").read_text()
     xfailed = {c: o for c, o in judge.junit_outcomes(row / "junit.xml").items() if o == judge.XFAILED}
     assert xfailed
@@ -350,7 +350,7 @@ def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
         c["outcome"] in ("failed", "error") for t in rec["tiers"].values() for c in t["checks"] if c["id"] in xfailed
     )
     s = report_model.build_summary(row.parent, require=["smoke"])
-    assert not s["evidence"]["rows"].get("sglang-0.5.17")
+    assert not s["evidence"]["rows"].get(H200_ROW)
     # the same record and tiers.json saying passed, junit.xml still xfailed: the files do not tell one story
     for path in (row / "row.json", row / "tiers.json"):
         data = json.loads(path.read_text())
@@ -360,7 +360,7 @@ def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
         target.pop("known_upstream", None)
         path.write_text(json.dumps(data))
     s = report_model.build_summary(row.parent, require=["smoke"])
-    assert any("junit.xml says xfailed" in p["what"] for p in s["evidence"]["rows"]["sglang-0.5.17"])
+    assert any("junit.xml says xfailed" in p["what"] for p in s["evidence"]["rows"][H200_ROW])
 
 
 # --- found by an adversarial review (2026-12-02): each of these printed exit 0 or a traceback before its fix ------
