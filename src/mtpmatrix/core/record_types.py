@@ -42,6 +42,7 @@ class CheckRecord(TypedDict, total=False):
     reason: str  # a skip's reason
     failure: Failure  # failed or error only
     known_upstream: str  # the known_upstream.json entry whose signature this failure matches
+    reruns: int  # times the test ran again after its first run (a plugin's rerun): the first failure stands
 
 
 class MissingRecord(TypedDict):
@@ -89,7 +90,41 @@ class Fingerprint(TypedDict, total=False):
     data: str  # sha256 of the GSM8K data
     commit: str | None
     dirty: bool | None
+    changed: list[str] | None  # the verdict-deciding files that differ from the commit (None: no git checkout)
     error: str  # why the suite could not be fingerprinted (then suite is None)
+
+
+class Build(TypedDict, total=False):
+    """What a session ran on beside its pins (serving.environment.build): part of a row's identity."""
+
+    python: str
+    implementation: str
+    platform: str  # sysconfig.get_platform(): linux-x86_64
+    torch: str | None  # torch.__version__, with its local build: 2.11.0+cu130
+    torch_cuda: str | None  # torch.version.cuda
+
+
+class PytestPlugin(TypedDict, total=False):
+    """A plugin a session loaded (tiers.session.provenance.plugins)."""
+
+    name: str
+    module: str
+    dist: str | None  # the distribution that installed it; None for a module on the path
+    version: str | None
+
+
+class PytestRun(TypedDict, total=False):
+    """``tiers.json`` -> ``pytest``: how a session ran (tiers.session.provenance.record)."""
+
+    version: str
+    inifile: str | None  # relative to the rootdir
+    ini_addopts: list[str]
+    env_addopts: str | None  # PYTEST_ADDOPTS
+    override_ini: list[str]  # -o / --override-ini from the command line and PYTEST_ADDOPTS
+    runxfail: bool
+    conftests: list[str]
+    plugins: list[PytestPlugin]
+    options: dict[str, Any]  # every option's effective value
 
 
 class TiersFile(TypedDict, total=False):
@@ -101,6 +136,10 @@ class TiersFile(TypedDict, total=False):
     selection: Selection
     versions: dict[str, str | None]  # installed versions of the watched packages
     gpus: int
+    gpu_names: list[str]
+    build: Build
+    pytest: PytestRun
+    session_id: str
     seconds: float
     exitstatus: int
 
@@ -175,6 +214,10 @@ class RowRecord(TypedDict, total=False):
     selection: Selection | None
     fingerprint: Fingerprint | None
     gpus: int
+    gpu_names: list[str]  # the session's (schema.SESSION_FIELDS, copied from tiers.json)
+    build: Build
+    pytest: PytestRun
+    session_id: str
     candidate: dict[str, Any]  # a candidate row's patch, wheel or checkout (runner.candidate.Candidate.record)
     canary: dict[str, Any]  # a canary row's resolution (runner.canary)
     blocking_pins: list[dict[str, Any]]
@@ -246,6 +289,16 @@ class EvidenceSummary(TypedDict):
     run: list[str]  # run-level problems
     rows: dict[str, list[Problem]]  # row id -> its problems
     suite: str | None  # the planned suite, short
+    checkout: CheckoutState
+
+
+class CheckoutState(TypedDict):
+    """``summary.evidence.checkout``: the verdict-deciding files that differ from the commit (evidence.checkout)."""
+
+    commit: str | None  # the judging checkout's
+    changed: list[str]
+    run_commit: str | None  # the run's suite's (its manifest's fingerprint)
+    run_changed: list[str]
 
 
 class TierSummary(TypedDict):
@@ -290,6 +343,7 @@ class RowSummary(TypedDict):
     finished: str | None
     host: dict[str, Any] | None
     gpus: int | None
+    build: Build  # Python, platform, torch's build; {} for a record without one
     candidate: dict[str, Any] | None
     closest_passing: NotRequired[dict[str, Any] | None]  # failing rows only
     launch_budget: NotRequired[dict[str, Any] | None]  # smoke-launch-budget.json beside the row, where there is one

@@ -23,6 +23,7 @@ from mtpmatrix.core.evidence import records as record_shapes
 from mtpmatrix.core.evidence import run as evidence_of_run
 from mtpmatrix.core.evidence.judge import pins_with_overrides
 from mtpmatrix.core.record_types import (
+    Build,
     MissingRecord,
     RowRecord,
     RowSummary,
@@ -316,7 +317,7 @@ def _row_summary(run_dir: Path, row_id: str, record: RowRecord, out_dir: Path) -
         "finished": record.get("finished"),
         "host": record.get("host"),
         "gpus": record.get("gpus"),
-        "build": record.get("build") if isinstance(record.get("build"), dict) else {},  # Python, platform, torch's
+        "build": record.get("build") or Build(),  # Python, platform, torch's build (a dict: evidence.records)
         "candidate": candidates.candidate_of(record),
     }
 

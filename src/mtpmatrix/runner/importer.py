@@ -30,6 +30,7 @@ import shutil
 import sys
 import tarfile
 from pathlib import Path, PurePosixPath
+from typing import cast
 
 from mtpmatrix.core import expected, schema
 from mtpmatrix.core.atomic import atomic_write_json
@@ -367,7 +368,8 @@ def import_run(
             "suite": {"exitstatus": data.get("exitstatus"), "seconds": data.get("seconds")},
             "tiers": tiers,
             "gpus": data.get("gpus", 0),
-            **{k: data[k] for k in schema.SESSION_FIELDS if k in data},  # how the session ran (evidence/session.py)
+            # how the session ran (evidence/session.py)
+            **cast(RowRecord, {k: data[k] for k in schema.SESSION_FIELDS if k in data}),
         }
         record["verdict"] = row_verdict(record)
         atomic_write_json(stage / schema.ROW_FILE, record)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -561,7 +562,7 @@ def _suite(
         record["fingerprint"] = data.get("fingerprint")  # the suite that wrote the records (evidence/fingerprint.py)
         record["versions"].update({k: v for k, v in data.get("versions", {}).items() if v})
         record["gpus"] = data.get("gpus", 0)
-        record.update({k: data[k] for k in SESSION_FIELDS if k in data})  # how the session ran
+        record.update(cast(RowRecord, {k: data[k] for k in SESSION_FIELDS if k in data}))  # how the session ran
     else:  # pytest died before its sessionfinish hook: the harness broke, not sglang
         record["tiers"] = {
             t: {

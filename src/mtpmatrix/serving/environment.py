@@ -21,6 +21,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from mtpmatrix.core.record_types import Build
 from mtpmatrix.core.settings import MIN_TRANSFORMERS
 
 WATCHED = (
@@ -86,7 +87,7 @@ def torch_build() -> tuple[str | None, str | None]:
     return values.get("__version__"), values.get("cuda")
 
 
-def build() -> dict:
+def build() -> Build:
     """The build a session ran on, which a row's identity includes beside its pins: Python, the platform, torch's
     version with its local build (``+cu130``) and the CUDA it was built for."""
     torch_version, torch_cuda = torch_build()

@@ -22,6 +22,7 @@ import json
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.paths import REPO
@@ -84,7 +85,7 @@ def suite_hash(repo: Path = REPO, data: str | None = None) -> str:
     return h.hexdigest()
 
 
-def pytest_config(repo: Path = REPO, text: str | None = None) -> dict:
+def pytest_config(repo: Path = REPO, text: str | None = None) -> dict[str, Any]:
     """pyproject.toml's ``[tool.pytest*]`` tables (``text``: that file's content, else read from ``repo``): the
     options pytest takes from it (addopts, markers, ...); the rest of the file is not the suite."""
     try:

@@ -76,8 +76,8 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
         "checkout": {
             "commit": here_state["commit"],
             "changed": here_state["changed"],
-            "run_commit": planned_fp.get("commit"),
-            "run_changed": planned_fp.get("changed") or [],
+            "run_commit": (planned_fp or {}).get("commit"),
+            "run_changed": (planned_fp or {}).get("changed") or [],
         },
     }
 

@@ -16,6 +16,7 @@ nothing.
 from __future__ import annotations
 
 from mtpmatrix.core.evidence.judge import problem
+from mtpmatrix.core.record_types import PlannedRow, Problem, RowRecord
 from mtpmatrix.core.schema import FAILING, short_check_id
 
 # Plugins a GPU box may carry (the lent H200's own packages: shared/device/device-packages.txt) that cannot turn a
@@ -33,7 +34,7 @@ SUITE_CONFIG = "pyproject.toml"
 INVOCATION_KNOB = "MTPMATRIX_INVOCATION_ID"
 
 
-def _canonical(name) -> str | None:
+def _canonical(name: object) -> str | None:
     return str(name).lower().replace("_", "-").replace(".", "-") if name else None
 
 
@@ -41,7 +42,7 @@ def _suite_conftest(path: str) -> bool:
     return path == "tests/conftest.py" or (path.startswith("tests/tiers/") and path.endswith("/conftest.py"))
 
 
-def _pytest(record: dict) -> list[dict]:
+def _pytest(record: RowRecord) -> list[Problem]:
     rec = record.get("pytest")
     if not isinstance(rec, dict):
         return [
@@ -81,7 +82,7 @@ def _pytest(record: dict) -> list[dict]:
     return out
 
 
-def _reruns_and_gpus(record: dict) -> list[dict]:
+def _reruns_and_gpus(record: RowRecord) -> list[Problem]:
     out = []
     gpus = record.get("gpus") or 0
     for tier, entry in (record.get("tiers") or {}).items():
@@ -110,7 +111,7 @@ def _cuda_of(backend: str) -> str:
     return f"{digits[:-1]}.{digits[-1]}"
 
 
-def _build(record: dict, planned: dict | None) -> list[dict]:
+def _build(record: RowRecord, planned: PlannedRow | None) -> list[Problem]:
     from packaging.version import InvalidVersion, Version
 
     row = record.get("row") or {}
@@ -153,13 +154,13 @@ def _build(record: dict, planned: dict | None) -> list[dict]:
     return out
 
 
-def judge(record: dict, planned: dict | None) -> list[dict]:
+def judge(record: RowRecord, planned: PlannedRow | None) -> list[Problem]:
     """Every problem with how ``record``'s session ran (a record whose tiers ran checks; ``planned``: the manifest's
     plan of its row, None without one)."""
     return _pytest(record) + _reruns_and_gpus(record) + _build(record, planned)
 
 
-def session_ids(record: dict) -> list[str]:
+def session_ids(record: RowRecord) -> list[str]:
     """What names the one session (and box invocation) that wrote ``record``."""
     knobs = (record.get("selection") or {}).get("knobs") or {}
     ids = [f"session {record['session_id']}"] if isinstance(record.get("session_id"), str) else []
@@ -168,13 +169,13 @@ def session_ids(record: dict) -> list[str]:
     return ids
 
 
-def shared_sessions(rows: dict[str, dict]) -> dict[str, list[dict]]:
+def shared_sessions(rows: dict[str, RowRecord]) -> dict[str, list[Problem]]:
     """{row id: [problem]} for rows of one run written by one session: one session proves one row."""
     by_id: dict[str, list[str]] = {}
     for rid, rec in rows.items():
         for sid in session_ids(rec) if not rec.get("unreadable") else []:
             by_id.setdefault(sid, []).append(rid)
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[Problem]] = {}
     for rids in by_id.values():
         for rid in rids if len(rids) > 1 else []:
             others = ", ".join(r for r in rids if r != rid)

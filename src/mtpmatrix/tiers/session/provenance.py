@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.record_types import PytestPlugin, PytestRun
+
 # the modules of pytest itself: its built-in plugins and the objects it registers (the config, the session, ...)
 _PYTEST_OWN = ("_pytest", "pytest", "pluggy")
 _SUITE_OWN = "mtpmatrix.tiers."  # this plugin and the tiers' code: the suite's fingerprint covers them
@@ -40,7 +42,7 @@ def _is_conftest(plugin) -> bool:
     return isinstance(plugin, types.ModuleType) and Path(getattr(plugin, "__file__", "") or "").name == "conftest.py"
 
 
-def plugins(config) -> list[dict]:
+def plugins(config) -> list[PytestPlugin]:
     """Every plugin registered in this session that is not pytest's own, the suite's or a conftest: ``{"name", "module", "dist",
     "version"}`` (dist and version: the distribution that installed it, None for a module on the path)."""
     from_dists = {id(p): (d.project_name, d.version) for p, d in config.pluginmanager.list_plugin_distinfo()}
@@ -96,7 +98,7 @@ def asked_overrides(args: list[str]) -> list[str]:
     return out
 
 
-def record(config) -> dict:
+def record(config) -> PytestRun:
     """tiers.json's ``pytest``: what decides how the checks ran, whichever source it came from."""
     return {
         "version": pytest.__version__,
@@ -114,7 +116,7 @@ def record(config) -> dict:
     }
 
 
-def merge(parts: list[dict]) -> dict | None:
+def merge(parts: list[PytestRun | None]) -> PytestRun | None:
     """One ``pytest`` of a row whose tiers ran in several processes (runner/side_by_side.py): the first's, with
     every part's plugins and conftests, and any part's PYTEST_ADDOPTS, -o or --runxfail (what one process loaded
     counts for the row)."""
