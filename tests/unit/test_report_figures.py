@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from evidence_records import h200_record
+from evidence_records import H200_ROW, h200_record
 
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
 from mtpmatrix.report import figures
@@ -102,11 +102,11 @@ def test_the_launch_ratio_is_drawn_against_its_limit_where_the_row_holds_it(h200
     results, run = h200_run
     budget = {"suite_seconds": 154.4, "servers": 11, "first_wave": 11, "cold_launch_seconds": 132.3}
     budget.update(cold_launches=[132.3], limit=1.5, ratio=1.17)  # the H200's 0.5.17 default suite (2026-12-01b)
-    (run / "sglang-0.5.17" / "smoke-launch-budget.json").write_text(json.dumps(budget))
+    (run / H200_ROW / "smoke-launch-budget.json").write_text(json.dumps(budget))
     summary = report_model.build_summary(run)
     launch = " ".join(_texts(_figure(report_render.render_html(summary), "launch")))
     assert "154.4 s = 1.17 × cold launch 132.3 s (limit 1.5)" in launch
-    assert "| smoke suite / one cold launch | sglang-0.5.17 | 14 servers | 1.17 (154.4 s / 132.3 s) | 1.5 |" in (
+    assert f"| smoke suite / one cold launch | {H200_ROW} | 14 servers | 1.17 (154.4 s / 132.3 s) | 1.5 |" in (
         report_render.render_markdown(summary)
     )
 
@@ -144,7 +144,7 @@ def test_without_matplotlib_the_page_says_why_in_one_line_and_the_numbers_stay(h
     summary, paths = write_report(results, run.name)
     html = paths["html"].read_text()
     assert html.count(figures.NO_MATPLOTLIB) == 1 and "<svg" not in html
-    assert "| accept length (requests) | sglang-0.5.17 | smoke · witness-mtp-topk1 | ✅ 5.333 | 5.333 |" in (
+    assert f"| accept length (requests) | {H200_ROW} | smoke · witness-mtp-topk1 | ✅ 5.333 | 5.333 |" in (
         paths["md"].read_text()
     )
 
