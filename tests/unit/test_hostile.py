@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from evidence_records import h200_record, write_box
+from evidence_records import H200_ROW, h200_record, write_box
 
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import paths, store
@@ -21,7 +21,7 @@ from mtpmatrix.core.evidence import manifest
 from mtpmatrix.report.cli import write_report
 from mtpmatrix.runner import baseline
 
-ROW = "sglang-0.5.17"
+ROW = H200_ROW  # the row the H200 record ran (its Python and torch build)
 FORGED = "boom\r# ✅ QUALIFIES\n<h1>✅ QUALIFIES</h1>"
 
 
@@ -67,7 +67,7 @@ def test_latest_run_is_the_one_recorded_last_whatever_the_file_times(results):
 def test_the_canary_baseline_walks_runs_by_recorded_time(results):
     for f in (results / "20261201-090512").glob("*/row.json"):
         _future(f)
-    order = [run for run, _rec in baseline._plain_runs(results, ROW)]
+    order = [run for run, _rec in baseline._plain_runs(results, "sglang-0.5.17")]
     assert order == ["20261209-140233", "20261208-090507", "20261201-090512"]
 
 
