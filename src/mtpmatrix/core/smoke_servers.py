@@ -56,6 +56,10 @@ EAGER_ABOVE_ARGS = ("--cuda-graph-max-bs", str(EAGER_ABOVE_BATCH))
 # security: the string is a pickle the scheduler loads); every server of the witness pair the request surface
 # uses (mtpmatrix.tiers.surface.features: custom-logit-processor) sets it.
 CUSTOM_LOGIT_PROCESSOR_ARGS = ("--enable-custom-logit-processor",)
+# sglang refuses return_hidden_states without it (tokenizer_manager, 0.5.13-0.5.23; 0.5.17+ also spell it
+# --return-hidden-states-mode full): the witness servers the hidden-states family asks (surface.hidden_states).
+# The eager server goes without, so one witness MTP server still runs with hidden-state capture off.
+WITNESS_SURFACE_ARGS = (*CUSTOM_LOGIT_PROCESSOR_ARGS, "--enable-return-hidden-states")
 # With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
 # docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
 DECOY_IN_DEFAULT_SUITE = True
@@ -70,8 +74,8 @@ SMOKE_SERVERS = (
     # The witness pair needs every hand-off (mtpmatrix.pairs.witness), built for the draft phase sglang uses: any broken
     # hidden state, KV layer, position, tree parent or batch row drops its accept length to ~1 (H200, sglang 0.5.17:
     # 6.00 of 6 intact; every hand-off mutant of mtpmatrix.faults.catalogue killed, docs/fault-injection.md).
-    SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1, mode_args=CUSTOM_LOGIT_PROCESSOR_ARGS),
-    SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3, mode_args=CUSTOM_LOGIT_PROCESSOR_ARGS),
+    SmokeServerSpec("witness-mtp-topk1", "witness-sglang-phase", 1, mode_args=WITNESS_SURFACE_ARGS),
+    SmokeServerSpec("witness-mtp-topk3", "witness-sglang-phase", 3, mode_args=WITNESS_SURFACE_ARGS),
     # The same witness built for transformers' draft phase: sglang's phase differs (known_upstream.json), so this
     # server's acceptance is reported by its own check, apart from the hand-off gate.
     SmokeServerSpec("witness-transformers-phase-topk1", "witness", 1),
@@ -87,7 +91,7 @@ SMOKE_SERVERS = (
     SmokeServerSpec("decoy-mtp-topk3", "decoy-sglang-phase", 3, default=DECOY_IN_DEFAULT_SUITE),
     # The request surface (mtpmatrix.tiers.surface): the witness without MTP answers every request family the MTP
     # witness servers get (stops, logprobs, sampling features), so each is held to MTP equals no-MTP on one pair.
-    SmokeServerSpec("witness-nomtp", "witness-sglang-phase", None, mode_args=CUSTOM_LOGIT_PROCESSOR_ARGS),
+    SmokeServerSpec("witness-nomtp", "witness-sglang-phase", None, mode_args=WITNESS_SURFACE_ARGS),
     # Modes no other server runs: the non-overlap scheduler (0.5.17+: the v2 worker under the non-overlap event
     # loop; 0.5.13's only mode), and the eager draft/verify path (batches above --cuda-graph-max-bs run without CUDA
     # graphs).

@@ -100,6 +100,37 @@ class _ThreadSession:
             return resp.status_code, resp.content
         raise AssertionError("unreachable")
 
+    def events(self, base_url: str, path: str, payload: Any, timeout: float) -> list[dict]:
+        """POST ``payload`` and read a server-sent event stream (sglang's ``stream: true`` on /generate and the
+        OpenAI endpoints): every ``data: {json}`` event in order, up to ``data: [DONE]``. An event that is an error
+        object ({"error": ...}, what sglang sends when a stream fails) raises ClientError, as does a stream that
+        ends without [DONE] (the server dropped it)."""
+        url = _url(base_url, path)
+        resp = self.session.post(
+            url, data=json.dumps(payload).encode(), headers=_JSON_HEADERS, timeout=timeout, stream=True
+        )
+        with resp:
+            if not 200 <= resp.status_code < 300:
+                text = resp.content.decode("utf-8", errors="replace")
+                raise ClientError(
+                    f"POST {path} -> HTTP {resp.status_code}: {_error_message(text)}", resp.status_code, text
+                )
+            out: list[dict] = []
+            for line in resp.iter_lines(decode_unicode=False):
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return out
+                try:
+                    event = json.loads(data)
+                except ValueError as exc:
+                    raise ClientError(f"POST {path}: stream event {len(out)} is not JSON: {data[:200]!r}") from exc
+                if isinstance(event, dict) and isinstance(event.get("error"), dict):
+                    raise ClientError(f"POST {path}: stream event {len(out)}: {_error_message(data.decode())}")
+                out.append(event)
+        raise ClientError(f"POST {path}: the stream ended after {len(out)} events without data: [DONE]")
+
     def json(self, method: str, base_url: str, path: str, payload: Any = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
         status, data = self.send(method, base_url, path, payload, timeout)
         text = data.decode("utf-8", errors="replace")
@@ -304,6 +335,36 @@ def cuda_graph_disabled(info: dict) -> bool | None:
 
 
 # --- batch runner -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    """A request of a batch that is not a plain POST /generate: another endpoint (the OpenAI-compatible
+    ``/v1/completions``, ``/v1/chat/completions``) and/or a streamed answer. Its Result.response is
+
+    * not streamed: the JSON answer; a list (/generate with ``n`` > 1 answers one object per sample) comes as
+      {"outputs": [...]};
+    * streamed: {"stream_events": [every event]} and, for /generate, the last event's fields too (sglang's last
+      /generate event is the whole answer: cumulative ``output_ids``, ``text`` and the final ``meta_info``)."""
+
+    path: str
+    body: dict
+    stream: bool = False
+
+
+def _answer(session: _ThreadSession, base_url: str, item: dict | Call, default_path: str, timeout: float) -> dict:
+    """One batch item's answer as a dict (see Call)."""
+    if isinstance(item, Call) and item.stream:
+        events = session.events(base_url, item.path, item.body, timeout)
+        last = events[-1] if events and item.path == "/generate" and isinstance(events[-1], dict) else {}
+        return {**last, "stream_events": events}
+    path, body = (item.path, item.body) if isinstance(item, Call) else (default_path, item)
+    resp = session.json("POST", base_url, path, body, timeout)
+    if isinstance(resp, list) and isinstance(item, Call):
+        return {"outputs": resp}
+    if not isinstance(resp, dict):
+        raise ClientError(f"unexpected {path} answer of type {type(resp).__name__}")
+    return resp
+
+
 @dataclass
 class Result:
     """One request of a batch: the response or the error, and its latency."""
@@ -394,13 +455,14 @@ def summarize(results: list[Result], wall_s: float) -> BatchSummary:
 
 def run_batch(
     base_url: str,
-    requests: Iterable[dict],
+    requests: Iterable[dict | Call],
     parallel: int = 128,
     progress: Callable[[int, int, Result], None] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     path: str = "/generate",
 ) -> list[Result]:
-    """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``) with ``parallel`` workers.
+    """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``, or a ``Call``: another
+    endpoint, a streamed answer) with ``parallel`` workers.
 
     Each worker thread has its own keep-alive session (one connection). A failing request (HTTP error, timeout,
     refused connection, bad JSON) becomes a Result with ok=False and its error; it never stops the batch. Results come
@@ -428,9 +490,7 @@ def run_batch(
                     return
                 t0 = time.perf_counter()
                 try:
-                    resp = session.json("POST", base_url, path, payloads[i], timeout)
-                    if not isinstance(resp, dict):
-                        raise ClientError(f"unexpected /generate answer of type {type(resp).__name__}")
+                    resp = _answer(session, base_url, payloads[i], path, timeout)
                     res = Result(i, True, time.perf_counter() - t0, response=resp, started_s=t0 - t_batch)
                 except ClientError as exc:
                     res = Result(

@@ -126,7 +126,7 @@ class SmokeRun:
             self.id_meta
             + self.text_meta
             + self.sampled_meta
-            + [x.meta for exchanges in self.surface.values() for x in exchanges]
+            + [m for exchanges in self.surface.values() for x in exchanges for m in x.metas]
         )
 
     def exchanges(self, family: str) -> list:

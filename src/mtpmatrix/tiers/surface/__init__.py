@@ -5,9 +5,11 @@ that ask for what those never do (stops and EOS inside an accepted run, logprobs
 sampling parameters, seeds). Each family is a module of this package with
 
     NAME: str                                   the family's name, the key of SmokeRun.surface
-    def requests(spec, vocab_size) -> list[tuple[str, dict]]
+    def requests(spec, vocab_size) -> list[tuple[str, dict | client.Call]]
                                                 (label, /generate payload) for the server ``spec`` (a
-                                                smoke_servers.SmokeServerSpec); [] where the family does not apply
+                                                smoke_servers.SmokeServerSpec); [] where the family does not apply;
+                                                a client.Call for another endpoint (OpenAI-compatible), a streamed
+                                                answer or a list answer (``n`` > 1)
 
 and is listed in FAMILIES. The smoke tier sends every family's requests in the same batch as its own (so request
 kinds are in flight together), and the checks read them back with ``SmokeRun.exchanges(NAME)``. A family may also
@@ -28,7 +30,20 @@ from dataclasses import dataclass
 from mtpmatrix.core.kinds import CheckFailure
 
 # module names under mtpmatrix.tiers.surface, in the order their requests are sent
-FAMILIES: tuple[str, ...] = ("stops", "logprobs", "features", "mixed_sampling", "bonus")
+FAMILIES: tuple[str, ...] = (
+    "stops",
+    "logprobs",
+    "features",
+    "mixed_sampling",
+    "bonus",
+    # the request shapes applications send besides plain /generate (issue #38 item 3)
+    "structured",
+    "hidden_states",
+    "stop_regex",
+    "token_ids_logprob",
+    "streaming",
+    "parallel_n",
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,19 @@ class Exchange:
     @property
     def meta(self) -> dict:
         return self.response.get("meta_info") or {}
+
+    @property
+    def metas(self) -> list[dict]:
+        """The meta_info of every answer this request got: one, one per sample (``n`` > 1), none (an OpenAI
+        endpoint's answer carries no meta_info)."""
+        if "outputs" in self.response:
+            return [o.get("meta_info") or {} for o in self.response["outputs"] if isinstance(o, dict)]
+        return [self.meta] if "meta_info" in self.response else []
+
+    @property
+    def sampling_params(self) -> dict:
+        body = getattr(self.payload, "body", self.payload)
+        return body.get("sampling_params") or {k: v for k, v in body.items() if k not in ("prompt", "messages")}
 
 
 def families():
@@ -87,6 +115,6 @@ def answered(run, family: str, planned: int) -> list[Exchange]:
         raise CheckFailure(
             "crash",
             f"{len(failed)}/{len(exchanges)} {family} requests failed; first "
-            f"{failed[0].label} {failed[0].payload['sampling_params']}: {failed[0].error}",
+            f"{failed[0].label} {failed[0].sampling_params}: {failed[0].error}",
         )
     return exchanges

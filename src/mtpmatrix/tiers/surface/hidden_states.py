@@ -1,0 +1,163 @@
+"""Request family "hidden_states": ``return_hidden_states`` under MTP, per request in a batch with requests that do
+not ask for them, against the witness without MTP.
+
+What sglang returns (installed sources): the server must allow it (``--enable-return-hidden-states``, 0.5.13-0.5.23;
+0.5.17+ also ``--return-hidden-states-mode``; tokenizer_manager refuses the request otherwise), and
+meta_info["hidden_states"] is ``Req.hidden_states``: first the prefill's rows, one per prompt token (one list:
+batch_result_processor.py:_append_prefill_hidden_states, full mode), then one row per later output token. Without
+MTP each decode step appends its one row; with MTP, 0.5.17+ (spec v2) appends ``accept_len`` rows per verify step
+(``_append_decode_hidden_states``: rows ``i * stride .. i * stride + accept_len`` of the verify output) and 0.5.13
+(spec v1) appends one row per verify step (``logits_output.hidden_states[i]``). The row of output token k is the
+target's hidden state at the node that produced it, i.e. at input token output[k - 1]: what no-MTP returns.
+
+So an intact server returns, for a request with P prompt tokens and n output tokens, 1 + (n - 1) entries: a
+P-row block, then n - 1 rows, each the no-MTP server's row. A miscount (one row per verify step, rows past the
+stop, a row missing) or a row of another node (a tree layout read as a chain at topk 3) fails here.
+
+Tolerance, derived: the witness target's hidden state at a position is exactly sqrt(H) * E[x] (pairs/witness.py:
+every layer writes zero to the residual stream; E[x] has unit norm, so the final RMSNorm with weight 1 leaves it
+as it is). Both servers therefore compute the same bf16 vector from the same embedding row; the only place they
+may differ is the RMSNorm's reduction order (a verify batch of 6 or 12 rows against one decode row), which moves
+the fp32 scale by a few fp32 ulps and so each bf16 element by at most one bf16 ulp, i.e. 2^-7 of its magnitude
+(8 significand bits). Whether a release returns the state before or after that norm (both the same vector here)
+adds at most one more: ROW_RTOL = 2 * 2^-7 of max(|a|, |b|) per element. A row of another token differs by O(1)
+in the code dims (the codes' cross-cosine is at most 1 - 0.49, pairs/witness.code_margin), far above it.
+Also exact on one server alone: the witness's row depends on its input token only, so every row for input token
+x (prefill or decode, any request) is the same vector within ROW_RTOL.
+"""
+
+from __future__ import annotations
+
+from mtpmatrix.tiers.surface.logprobs import chain_prompt, position_label
+
+NAME = "hidden_states"
+PAIR = "witness-sglang-phase"
+REFERENCE_SERVER = "witness-nomtp"
+SERVER_FLAG = "--enable-return-hidden-states"
+HIDDEN = 128  # pairs.tiny.TARGET_HIDDEN (kept here so the module imports without the pairs' dependencies)
+MAX_NEW_TOKENS = 32
+ROW_RTOL = 2 * 2.0**-7
+ASKING = (30, 50, 140)  # prompt starts of the requests that ask: 50's prompt rows are 30's output rows
+PLAIN = (85, 195)  # the same batch's requests that do not
+
+
+def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
+    if spec.pair != PAIR or SERVER_FLAG not in spec.mode_args:
+        return []
+    out = []
+    for s in sorted(ASKING + PLAIN):
+        payload = {
+            "input_ids": chain_prompt(s),
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
+        }
+        if s in ASKING:
+            payload["return_hidden_states"] = True
+        out.append((f"{'hidden' if s in ASKING else 'plain'}-{s}", payload))
+    return out
+
+
+def rows_of(ex) -> tuple[list[list[float]], list[list[float]]] | None:
+    """(prefill rows, decode rows) of an exchange's meta_info["hidden_states"]; None when absent or not that shape."""
+    hs = ex.meta.get("hidden_states")
+    if not isinstance(hs, list) or not hs or not isinstance(hs[0], list) or not hs[0]:
+        return None
+    first = hs[0] if isinstance(hs[0][0], list) else [hs[0]]
+    return first, list(hs[1:])
+
+
+def row_difference(a: list[float], b: list[float]) -> tuple[int, float, float] | None:
+    """(element, a, b) of the first element beyond ROW_RTOL, or None when the rows agree."""
+    if len(a) != len(b):
+        return (-1, float(len(a)), float(len(b)))
+    for i, (x, y) in enumerate(zip(a, b)):
+        if abs(x - y) > ROW_RTOL * max(abs(x), abs(y)):
+            return (i, x, y)
+    return None
+
+
+def count_problems(ex) -> list[str]:
+    """One exchange's shape: no hidden states unless asked; asked: a block of one row per prompt token, then one row
+    per output token after the first, each HIDDEN wide."""
+    if ex.error:
+        return [f"{ex.label}: request failed: {ex.error}"]
+    asked = bool(ex.payload.get("return_hidden_states"))
+    got = rows_of(ex)
+    if not asked:
+        return [f"{ex.label}: hidden states returned to a request that did not ask"] if got else []
+    if got is None:
+        return [f"{ex.label}: no meta_info hidden_states (asked for)"]
+    prefill, decode = got
+    n, p = len(ex.output_ids), len(ex.payload["input_ids"])
+    out = []
+    if len(prefill) != p:
+        out.append(f"{ex.label}: prefill block of {len(prefill)} rows for {p} prompt tokens")
+    if len(decode) != n - 1:
+        out.append(
+            f"{ex.label}: {len(decode)} decode rows for {n} output tokens (expected {n - 1}: one per output token "
+            f"after the prefill's; spec_verify_ct {ex.meta.get('spec_verify_ct')})"
+        )
+    wide = [len(r) for r in prefill + decode if len(r) != HIDDEN]
+    if wide:
+        out.append(f"{ex.label}: {len(wide)} rows not {HIDDEN} wide (e.g. {wide[0]})")
+    return out
+
+
+def by_input_token(ex) -> dict[int, tuple[str, list[float]]]:
+    """Every row of an asking exchange keyed by the input token it was computed at."""
+    got = rows_of(ex)
+    if got is None:
+        return {}
+    prompt, out = ex.payload["input_ids"], ex.output_ids
+    prefill, decode = got
+    rows = {prompt[i]: (f"prompt {i}", r) for i, r in enumerate(prefill[: len(prompt)])}
+    for k, r in enumerate(decode[: max(0, len(out) - 1)]):
+        rows.setdefault(out[k], (position_label(k + 1), r))  # output k + 1 was produced at input out[k]
+    return rows
+
+
+def consistency_problems(exchanges) -> list[str]:
+    """On one server: every row computed at the same input token is the same vector (the witness's row depends on
+    its input token alone), across prefill and decode rows and across requests."""
+    seen: dict[int, tuple[str, list[float]]] = {}
+    out = []
+    for ex in exchanges:
+        if not ex.payload.get("return_hidden_states") or ex.error:
+            continue
+        for token, (where, r) in by_input_token(ex).items():
+            if token in seen:
+                diff = row_difference(r, seen[token][1])
+                if diff:
+                    out.append(
+                        f"{ex.label} {where} (input {token}): element {diff[0]} {diff[1]:.5g} != {diff[2]:.5g} of "
+                        f"{seen[token][0]}, the same input token's row"
+                    )
+            else:
+                seen[token] = (f"{ex.label} {where}", r)
+    return out
+
+
+def against_reference(exchanges, reference) -> list[str]:
+    """Each asking exchange's rows against the no-MTP server's for the same label, row by row."""
+    ref = {x.label: x for x in reference}
+    out = []
+    for ex in exchanges:
+        if not ex.payload.get("return_hidden_states") or ex.error:
+            continue
+        r = ref.get(ex.label)
+        mine, theirs = rows_of(ex), rows_of(r) if r is not None else None
+        if mine is None or theirs is None:
+            out.append(f"{ex.label}: hidden states missing here or on the no-MTP reference")
+            continue
+        for name, a, b in (("prefill", mine[0], theirs[0]), ("decode", mine[1], theirs[1])):
+            for k, (x, y) in enumerate(zip(a, b)):
+                diff = row_difference(x, y)
+                if diff:
+                    where = f"prompt {k}" if name == "prefill" else position_label(k + 1)
+                    out.append(
+                        f"{ex.label} {where}: element {diff[0]} {diff[1]:.5g}, no-MTP {diff[2]:.5g} (beyond "
+                        f"{ROW_RTOL:.4f} relative, 2 bf16 ulps)"
+                    )
+                    break
+            if len(a) != len(b):
+                out.append(f"{ex.label}: {len(a)} {name} rows, no-MTP {len(b)}")
+    return out

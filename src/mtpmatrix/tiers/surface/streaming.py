@@ -1,0 +1,148 @@
+"""Request family "streaming": streamed answers (native /generate ``stream: true``) and the OpenAI-compatible
+endpoints (/v1/completions, /v1/chat/completions, streamed and not), each beside the same prompt asked plainly on
+/generate, on the witness servers.
+
+What sglang sends (installed sources, 0.5.13-0.5.23):
+* /generate with ``stream: true`` (entrypoints/http_server.py:generate_request): server-sent events
+  ``data: {json}`` and ``data: [DONE]``. Without --incremental-streaming-output (off by default) every event holds
+  the whole output so far (tokenizer_manager.py: ``state.output_ids`` cumulative, ``text`` in the last), and the
+  last event is the finished answer with the final meta_info, speculative fields included. Under MTP an event
+  follows each verify step, so output_ids grow by whole accepted runs.
+* /v1/completions (serving_completions.py): ``choices[0].text``; streamed, each chunk's ``choices[0].text`` is the
+  new text only, and with ``stream_options.include_usage`` a last chunk with ``choices: []`` and ``usage``
+  (UsageProcessor.calculate_streaming_usage). /v1/chat/completions the same with ``message.content`` /
+  ``delta.content`` (the chat template: pairs/tiny.CHAT_TEMPLATE). Neither carries speculative fields (no ``spec``
+  in entrypoints/openai/ of any of the three releases): usage is what they report, and it must be /generate's
+  completion_tokens.
+So on every server: streamed events reassemble to the plain answer (ids, text, completion_tokens and every
+``spec_*`` field of the final meta_info), OpenAI texts equal /generate's text, streamed deltas equal the unstreamed
+text, usage equals completion_tokens; across servers: MTP equals no-MTP.
+"""
+
+from __future__ import annotations
+
+from mtpmatrix.serving.client import Call
+from mtpmatrix.tiers.surface.stops import ASCII_FIRST
+
+NAME = "streaming"
+PAIR = "witness-sglang-phase"
+REFERENCE_SERVER = "witness-nomtp"
+MAX_NEW_TOKENS = 32
+# prompts' last tokens: the output runs through the printable-ASCII block (text decodes one character a token)
+LASTS = (ASCII_FIRST + 1, ASCII_FIRST + 40)
+CHAT = [{"role": "user", "content": "Count on from here: abc"}]
+
+
+def _prompt(last: int) -> list[int]:
+    return [46 + (j * 11) % 90 for j in range(11)] + [last]
+
+
+def requests(spec, vocab_size: int) -> list[tuple[str, dict | Call]]:
+    if spec.pair != PAIR:
+        return []
+    params = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+    openai = {"temperature": 0.0, "max_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+    usage = {"stream_options": {"include_usage": True}}
+    out: list[tuple[str, dict | Call]] = []
+    for last in LASTS:
+        ids = _prompt(last)
+        out += [
+            (f"plain-{last}", {"input_ids": ids, "sampling_params": dict(params)}),
+            (f"stream-{last}", Call("/generate", {"input_ids": ids, "sampling_params": params, "stream": True}, True)),
+            (f"completions-{last}", Call("/v1/completions", {"prompt": ids, **openai})),
+            (
+                f"completions-stream-{last}",
+                Call("/v1/completions", {"prompt": ids, **openai, "stream": True, **usage}, True),
+            ),
+        ]
+    out += [
+        ("chat", Call("/v1/chat/completions", {"messages": CHAT, **openai})),
+        ("chat-stream", Call("/v1/chat/completions", {"messages": CHAT, **openai, "stream": True, **usage}, True)),
+    ]
+    return out
+
+
+def events(ex) -> list[dict]:
+    return list(ex.response.get("stream_events") or [])
+
+
+def openai_text(ex) -> str | None:
+    """The text of an OpenAI answer: choices[0].text / message.content, or the streamed chunks' deltas joined."""
+    if "stream_events" not in ex.response:
+        choices = ex.response.get("choices") or [{}]
+        return choices[0].get("text", (choices[0].get("message") or {}).get("content"))
+    parts = []
+    for e in events(ex):
+        for c in e.get("choices") or []:
+            parts.append(c.get("text") if "text" in c else (c.get("delta") or {}).get("content") or "")
+    return "".join(p or "" for p in parts)
+
+
+def usage_tokens(ex) -> int | None:
+    """usage.completion_tokens of an OpenAI answer (streamed: the usage chunk's)."""
+    found = [e.get("usage") for e in events(ex) if e.get("usage")] or [ex.response.get("usage")]
+    return (found[-1] or {}).get("completion_tokens")
+
+
+def stream_problems(stream, plain) -> list[str]:
+    """A /generate stream against the plain answer to the same prompt: successive events' output_ids each a prefix
+    of the next, the last equal to the plain output_ids, text and completion_tokens equal, every spec_* field of the
+    final meta_info equal."""
+    evs = events(stream)
+    if not evs:
+        return [f"{stream.label}: no stream events"]
+    out, prev = [], []
+    for i, e in enumerate(evs):
+        ids = list(e.get("output_ids") or [])
+        if ids[: len(prev)] != prev:
+            out.append(f"{stream.label}: event {i}'s output_ids {ids[:8]}... do not extend event {i - 1}'s")
+            break
+        prev = ids
+    if prev != plain.output_ids:
+        out.append(f"{stream.label}: the last event's output_ids ({len(prev)}) != the plain answer's ({len(plain.output_ids)})")
+    if stream.response.get("text") != plain.response.get("text"):
+        out.append(f"{stream.label}: streamed text {stream.response.get('text')!r} != plain {plain.response.get('text')!r}")
+    keys = sorted(k for k in set(stream.meta) | set(plain.meta) if k.startswith("spec_") or k == "completion_tokens")
+    differ = [f"{k} {stream.meta.get(k)} != {plain.meta.get(k)}" for k in keys if stream.meta.get(k) != plain.meta.get(k)]
+    if differ:
+        out.append(f"{stream.label}: final meta_info against the plain answer: {'; '.join(differ)}")
+    return out
+
+
+def own_problems(exchanges) -> list[str]:
+    """Every check that needs one server only."""
+    by = {x.label: x for x in exchanges}
+    failed = [f"{x.label}: request failed: {x.error}" for x in exchanges if x.error]
+    if failed:
+        return failed
+    out = []
+    for last in LASTS:
+        plain = by[f"plain-{last}"]
+        out += stream_problems(by[f"stream-{last}"], plain)
+        for label in (f"completions-{last}", f"completions-stream-{last}"):
+            text, tokens = openai_text(by[label]), usage_tokens(by[label])
+            if text != plain.response.get("text"):
+                out.append(f"{label}: text {text!r} != /generate's {plain.response.get('text')!r}")
+            if tokens != plain.meta.get("completion_tokens"):
+                out.append(f"{label}: usage.completion_tokens {tokens} != /generate's {plain.meta.get('completion_tokens')}")
+    chat, chat_stream = by["chat"], by["chat-stream"]
+    if openai_text(chat_stream) != openai_text(chat):
+        out.append(f"chat-stream: deltas {openai_text(chat_stream)!r} != the unstreamed content {openai_text(chat)!r}")
+    if usage_tokens(chat_stream) != usage_tokens(chat) or usage_tokens(chat) != MAX_NEW_TOKENS:
+        out.append(f"chat: usage.completion_tokens {usage_tokens(chat)} / streamed {usage_tokens(chat_stream)}, asked {MAX_NEW_TOKENS}")
+    return out
+
+
+def against_reference(exchanges, reference) -> list[str]:
+    """Texts and ids against the no-MTP server's answers of the same labels."""
+    ref = {x.label: x for x in reference}
+    out = []
+    for x in exchanges:
+        r = ref.get(x.label)
+        if x.error or r is None or r.error:
+            continue
+        mine = openai_text(x) if x.label.startswith(("completions", "chat")) else x.response.get("text")
+        theirs = openai_text(r) if x.label.startswith(("completions", "chat")) else r.response.get("text")
+        if mine != theirs or x.output_ids != r.output_ids:
+            out.append(f"{x.label}: text {mine!r} (ids {x.output_ids[:6]}) != no-MTP {theirs!r} (ids {r.output_ids[:6]})")
+    return out
