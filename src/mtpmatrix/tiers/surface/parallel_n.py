@@ -48,7 +48,9 @@ def own_problems(ex, vocab: int) -> list[str]:
         if ids != want:
             out.append(f"{ex.label} sample {i}: output {ids[:6]}... leaves the +1 chain {want[:6]}...")
         if (s.get("meta_info") or {}).get("completion_tokens") != MAX_NEW_TOKENS:
-            out.append(f"{ex.label} sample {i}: completion_tokens {(s.get('meta_info') or {}).get('completion_tokens')}")
+            out.append(
+                f"{ex.label} sample {i}: completion_tokens {(s.get('meta_info') or {}).get('completion_tokens')}"
+            )
     return out
 
 

@@ -99,11 +99,17 @@ def stream_problems(stream, plain) -> list[str]:
             break
         prev = ids
     if prev != plain.output_ids:
-        out.append(f"{stream.label}: the last event's output_ids ({len(prev)}) != the plain answer's ({len(plain.output_ids)})")
+        out.append(
+            f"{stream.label}: the last event's output_ids ({len(prev)}) != the plain answer's ({len(plain.output_ids)})"
+        )
     if stream.response.get("text") != plain.response.get("text"):
-        out.append(f"{stream.label}: streamed text {stream.response.get('text')!r} != plain {plain.response.get('text')!r}")
+        out.append(
+            f"{stream.label}: streamed text {stream.response.get('text')!r} != plain {plain.response.get('text')!r}"
+        )
     keys = sorted(k for k in set(stream.meta) | set(plain.meta) if k.startswith("spec_") or k == "completion_tokens")
-    differ = [f"{k} {stream.meta.get(k)} != {plain.meta.get(k)}" for k in keys if stream.meta.get(k) != plain.meta.get(k)]
+    differ = [
+        f"{k} {stream.meta.get(k)} != {plain.meta.get(k)}" for k in keys if stream.meta.get(k) != plain.meta.get(k)
+    ]
     if differ:
         out.append(f"{stream.label}: final meta_info against the plain answer: {'; '.join(differ)}")
     return out
@@ -124,12 +130,16 @@ def own_problems(exchanges) -> list[str]:
             if text != plain.response.get("text"):
                 out.append(f"{label}: text {text!r} != /generate's {plain.response.get('text')!r}")
             if tokens != plain.meta.get("completion_tokens"):
-                out.append(f"{label}: usage.completion_tokens {tokens} != /generate's {plain.meta.get('completion_tokens')}")
+                out.append(
+                    f"{label}: usage.completion_tokens {tokens} != /generate's {plain.meta.get('completion_tokens')}"
+                )
     chat, chat_stream = by["chat"], by["chat-stream"]
     if openai_text(chat_stream) != openai_text(chat):
         out.append(f"chat-stream: deltas {openai_text(chat_stream)!r} != the unstreamed content {openai_text(chat)!r}")
     if usage_tokens(chat_stream) != usage_tokens(chat) or usage_tokens(chat) != MAX_NEW_TOKENS:
-        out.append(f"chat: usage.completion_tokens {usage_tokens(chat)} / streamed {usage_tokens(chat_stream)}, asked {MAX_NEW_TOKENS}")
+        out.append(
+            f"chat: usage.completion_tokens {usage_tokens(chat)} / streamed {usage_tokens(chat_stream)}, asked {MAX_NEW_TOKENS}"
+        )
     return out
 
 
@@ -144,5 +154,7 @@ def against_reference(exchanges, reference) -> list[str]:
         mine = openai_text(x) if x.label.startswith(("completions", "chat")) else x.response.get("text")
         theirs = openai_text(r) if x.label.startswith(("completions", "chat")) else r.response.get("text")
         if mine != theirs or x.output_ids != r.output_ids:
-            out.append(f"{x.label}: text {mine!r} (ids {x.output_ids[:6]}) != no-MTP {theirs!r} (ids {r.output_ids[:6]})")
+            out.append(
+                f"{x.label}: text {mine!r} (ids {x.output_ids[:6]}) != no-MTP {theirs!r} (ids {r.output_ids[:6]})"
+            )
     return out
