@@ -14,7 +14,8 @@ thread before it answers (a barrier: requests in flight at once; an event: a rep
 keeps /health at 503 until a file exists, ``--rendezvous`` holds each stub process until N of them run at once.
 
 Endpoints: GET /health, /health_generate, /model_info, /get_model_info, /server_info, /get_server_info;
-POST /generate, /flush_cache. HTTP/1.1 keep-alive like uvicorn.
+POST /generate, /flush_cache; with ``shapes`` (fake_shapes.WitnessShapes) also /v1/completions,
+/v1/chat/completions and streamed answers. HTTP/1.1 keep-alive like uvicorn.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class FakeState:
         drop_connection: set | None = None,
         before_answer: Callable[[], object] | None = None,
         ready_file: str | None = None,
+        shapes: Callable[[str, dict], object] | None = None,
     ):
         self.delay = delay
         self.fail = dict(fail or {})  # request number (0-based, arrival order) -> HTTP status
@@ -61,6 +63,9 @@ class FakeState:
         # called by each /generate before it answers; what it raises is answered as a 500 with its text
         self.before_answer = before_answer
         self.flush_refusals = flush_refusals
+        # (path, payload) -> the answer of /generate and the OpenAI endpoints (fake_shapes.WitnessShapes): a dict or
+        # a list; for ``stream: true`` the list of events, sent as server-sent events and data: [DONE]
+        self.shapes = shapes
         self.lock = threading.Lock()
         self.count = 0
         self.payloads: list[dict] = []
@@ -129,6 +134,8 @@ def make_handler(state: FakeState):
                     state.flushes += 1
                     refuse = state.flushes <= state.flush_refusals
                 return self._send(400 if refuse else 200, text="Cache flushed.\n")
+            if state.shapes is not None and p in ("/generate", "/v1/completions", "/v1/chat/completions"):
+                return self._shape(p, raw)
             if p != "/generate":
                 return self._send(404, {"detail": "Not Found"})
             with state.lock:
@@ -143,6 +150,23 @@ def make_handler(state: FakeState):
             finally:
                 with state.lock:
                     state.active.discard(k)
+
+        def _shape(self, path: str, raw: bytes):
+            payload = json.loads(raw)
+            with state.lock:
+                state.payloads.append(payload)
+            answer = state.shapes(path, payload)
+            if not payload.get("stream"):
+                return self._send(200, answer)
+            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in answer)
+            if not getattr(state.shapes, "drop_done", False):
+                body += b"data: [DONE]\n\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return None
 
         def _generate(self, k: int, raw: bytes):
             try:

@@ -1,0 +1,129 @@
+"""Answers of the fake sglang (fake_sglang.FakeState.shapes) for the request shapes of the surface families
+structured, hidden_states, stop_regex, token_ids_logprob, streaming and parallel_n: a witness-like server whose
+greedy output is the +1 chain, in sglang's wire format (read from its source, see each family's docstring). Unit
+tests only. ``broken`` names one fault, so a test sees a family's check fail on it:
+
+  stream-gap        the last /generate stream event misses the final token (events do not reassemble)
+  hidden-extra-row  one decode hidden-state row too many (a verify step's rejected row kept)
+  hidden-wrong-row  decode row k holds the row of input out[k + 1] (a node off)
+  grammar           the regex request's forced '5' comes out '6' (invalid under its grammar)
+  stop-regex-late   a stop_regex request ends one token after the match
+  ids-logprob       the asked ids' logprobs read one position late
+  usage             /v1/completions reports one completion token less
+  n-short           n > 1 answers n - 1 samples
+"""
+
+from __future__ import annotations
+
+import re
+
+from mtpmatrix.pairs.tiny import EOS_ID
+from mtpmatrix.tiers.surface import hidden_states, structured
+from mtpmatrix.tiers.surface.stops import ASCII_FIRST, ASCII_LAST, token_text
+
+VOCAB = 512
+STEP = 6  # tokens per stream event: one witness verify step
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(token_text(t) if ASCII_FIRST <= t <= ASCII_LAST else f"<unused{t}>" for t in ids if t != EOS_ID)
+
+
+def hidden_row(x: int) -> list[float]:
+    return [((x * 7 + i) % 13 - 6) / 4 for i in range(hidden_states.HIDDEN)]
+
+
+class WitnessShapes:
+    def __init__(self, broken: str = ""):
+        self.broken = broken
+        self.drop_done = False
+
+    def __call__(self, path: str, payload: dict):
+        if path == "/v1/completions":
+            return self._completions(payload)
+        if path == "/v1/chat/completions":
+            return self._chat(payload)
+        params = payload.get("sampling_params") or {}
+        n = params.get("n", 1)
+        if n > 1:
+            one = self._generate(payload)
+            return [one for _ in range(n - (self.broken == "n-short"))]
+        if payload.get("stream"):
+            return self._events(self._generate(payload))
+        return self._generate(payload)
+
+    def _output(self, prompt: list[int], params: dict) -> list[int]:
+        limit = params.get("max_new_tokens", 16)
+        for c in structured.CASES:
+            if params.get(c.kind) == c.grammar:
+                text = c.text
+                if self.broken == "grammar" and c.kind == "regex":
+                    text = text.replace("5", "6")
+                return [ASCII_FIRST + ord(ch) - 32 for ch in text] + [EOS_ID]
+        out = [(prompt[-1] + k) % VOCAB for k in range(1, limit + 1)]
+        for pattern in params.get("stop_regex") or []:
+            for n in range(1, len(out) + 1):
+                if re.search(pattern, decode(out[:n])):
+                    return out[: n + (self.broken == "stop-regex-late")]
+        return out
+
+    def _generate(self, payload: dict) -> dict:
+        params = payload.get("sampling_params") or {}
+        prompt = payload["input_ids"]
+        out = self._output(prompt, params)
+        stopped = out[-1] == EOS_ID or bool(params.get("stop_regex"))
+        matched = (params.get("stop_regex") or [EOS_ID])[0]
+        meta = {
+            "finish_reason": {"type": "stop", "matched": matched}
+            if stopped
+            else {"type": "length", "length": len(out)},
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(out),
+            "spec_verify_ct": (len(out) - 1 + STEP - 1) // STEP,
+        }
+        if payload.get("return_hidden_states"):
+            inputs = [*prompt, *out]
+            decode_rows = [hidden_row(out[k + (self.broken == "hidden-wrong-row")]) for k in range(len(out) - 1)]
+            if self.broken == "hidden-extra-row":
+                decode_rows.append(hidden_row(out[-1]))
+            meta["hidden_states"] = [[hidden_row(x) for x in inputs[: len(prompt)]], *decode_rows]
+        asked = payload.get("token_ids_logprob")
+        if asked:
+            late = self.broken == "ids-logprob"
+            meta["output_token_ids_logprobs"] = [
+                [[-1e-3 if t == out[min(k + late, len(out) - 1)] else -9.0, t, None] for t in asked]
+                for k in range(len(out))
+            ]
+        return {"text": decode(out), "output_ids": out, "meta_info": meta}
+
+    def _events(self, answer: dict) -> list[dict]:
+        ids = answer["output_ids"]
+        cuts = [1 + STEP * k for k in range(len(ids)) if 1 + STEP * k < len(ids)] + [len(ids)]
+        if self.broken == "stream-gap":
+            cuts[-1] -= 1
+        events = [{"text": None, "output_ids": ids[:c], "meta_info": {"completion_tokens": c}} for c in cuts[:-1]]
+        return events + [{**answer, "output_ids": ids[: cuts[-1]]}]
+
+    def _completions(self, payload: dict) -> dict | list:
+        answer = self._generate(
+            {"input_ids": payload["prompt"], "sampling_params": {"max_new_tokens": payload["max_tokens"]}}
+        )
+        return self._openai(payload, answer, "text")
+
+    def _chat(self, payload: dict) -> dict | list:
+        last = ASCII_FIRST + 95  # the chat template ends on "\n"
+        answer = self._generate({"input_ids": [last], "sampling_params": {"max_new_tokens": payload["max_tokens"]}})
+        return self._openai(payload, answer, "content")
+
+    def _openai(self, payload: dict, answer: dict, key: str) -> dict | list:
+        tokens = answer["meta_info"]["completion_tokens"] - (self.broken == "usage")
+        usage = {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens}
+        text = answer["text"]
+        if not payload.get("stream"):
+            choice = {"index": 0, "finish_reason": "length"}
+            choice.update({"text": text} if key == "text" else {"message": {"role": "assistant", "content": text}})
+            return {"choices": [choice], "usage": usage}
+        chunks = [text[i : i + STEP] for i in range(0, len(text), STEP)]
+        part = (lambda t: {"text": t}) if key == "text" else (lambda t: {"delta": {"content": t}})
+        events = [{"choices": [{"index": 0, **part(t)}], "usage": None} for t in chunks]
+        return events + [{"choices": [], "usage": usage}]

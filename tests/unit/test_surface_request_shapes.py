@@ -1,0 +1,118 @@
+"""The request shapes of issue #38 item 3 end to end against the fake sglang (fake_shapes.WitnessShapes): each
+family's requests go through the client (streamed events, OpenAI endpoints, list answers) into exchanges, and each
+family's checks pass on the intact fake and fail on a fake broken the way that check exists to catch."""
+
+from __future__ import annotations
+
+import pytest
+from fake_sglang import FakeSglang
+from fake_shapes import WitnessShapes
+
+from mtpmatrix.core import smoke_servers
+from mtpmatrix.serving import client
+from mtpmatrix.tiers import surface
+from mtpmatrix.tiers.surface import hidden_states, parallel_n, stop_regex, streaming, structured, token_ids_logprob
+
+WITNESS = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk3")
+NOMTP = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-nomtp")
+
+
+def collect(family, broken: str = "", spec=WITNESS, drop_done: bool = False) -> list[surface.Exchange]:
+    """The family's requests for ``spec`` through client.run_batch against a fake, as the smoke tier collates them."""
+    labelled = [(family.NAME, label, payload) for label, payload in family.requests(spec, 512)]
+    shapes = WitnessShapes(broken)
+    shapes.drop_done = drop_done
+    with FakeSglang(shapes=shapes) as fake:
+        results = client.run_batch(fake.base_url, [p for _f, _l, p in labelled], parallel=4)
+    return surface.collate(labelled, results)[family.NAME]
+
+
+def test_every_new_family_is_listed_and_applies_to_the_witness_servers():
+    for family in (structured, hidden_states, stop_regex, token_ids_logprob, streaming, parallel_n):
+        assert family.NAME in surface.FAMILIES
+        assert family.requests(WITNESS, 512) and family.requests(NOMTP, 512)
+    eager = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk3-eager")
+    assert not hidden_states.requests(eager, 512)  # no --enable-return-hidden-states there: sglang would refuse
+
+
+def test_structured_intact_then_grammar_violation():
+    ok = collect(structured)
+    assert structured.own_problems(ok, 512) == []
+    assert structured.against_reference(ok, collect(structured, spec=NOMTP)) == []
+    bad = structured.own_problems(collect(structured, "grammar"), 512)
+    assert bad and "not valid under its regex" in bad[0]
+
+
+def test_structured_fold_makes_byte_twins_equal_and_nothing_else():
+    a = structured.ASCII_FIRST + ord("5") - 32
+    assert structured.fold(structured.BYTE_FIRST + ord("5")) == a
+    assert structured.fold(a) == a and structured.fold(structured.BYTE_FIRST + ord("6")) != a
+
+
+def test_hidden_states_intact_then_extra_and_wrong_rows():
+    ok = collect(hidden_states)
+    assert [p for x in ok for p in hidden_states.count_problems(x)] == []
+    assert hidden_states.consistency_problems(ok) == []
+    assert hidden_states.against_reference(ok, collect(hidden_states, spec=NOMTP)) == []
+    extra = collect(hidden_states, "hidden-extra-row")
+    assert any("32 decode rows for 32 output tokens" in p for x in extra for p in hidden_states.count_problems(x))
+    wrong = collect(hidden_states, "hidden-wrong-row")
+    assert hidden_states.consistency_problems(wrong)  # the same input token's rows disagree within the server
+    assert hidden_states.against_reference(wrong, ok)
+
+
+def test_hidden_states_tolerance_is_two_bf16_ulps():
+    x = [1.0, -3.0, 0.0]
+    assert hidden_states.row_difference(x, [1.0 + 2 * 2**-7 - 1e-9, -3.0, 0.0]) is None
+    assert hidden_states.row_difference(x, [1.0 + 3 * 2**-7, -3.0, 0.0]) is not None
+    assert hidden_states.row_difference(x, [1.0, -3.0, 1e-3]) is not None  # a zero element stays zero
+
+
+def test_stop_regex_intact_then_late():
+    def problems(exchanges):
+        by = {c.label: c for c in stop_regex.CASES}
+        return [p for x in exchanges for p in stop_regex.problems(by[x.label], x, 512)]
+
+    ok = collect(stop_regex)
+    assert problems(ok) == []
+    late = problems(collect(stop_regex, "stop-regex-late"))
+    assert len(late) == len(stop_regex.CASES) and "predicted 16" in late[0]
+    assert stop_regex.against_reference(collect(stop_regex, "stop-regex-late"), ok)
+
+
+def test_token_ids_logprob_intact_then_a_position_late():
+    ok = collect(token_ids_logprob)
+    assert [p for x in ok for p in token_ids_logprob.own_problems(x)] == []
+    late = [p for x in collect(token_ids_logprob, "ids-logprob") for p in token_ids_logprob.own_problems(x)]
+    assert late and "has logprob" in late[0]
+    assert token_ids_logprob.against_reference(collect(token_ids_logprob, "ids-logprob"), ok)
+
+
+def test_streaming_reassembles_then_a_gap_and_a_usage_miscount():
+    ok = collect(streaming)
+    assert [len(streaming.events(x)) for x in ok if x.label.startswith("stream-")] == [7, 7]  # 1 + 5 steps + tail
+    assert streaming.own_problems(ok) == []
+    assert streaming.against_reference(ok, collect(streaming, spec=NOMTP)) == []
+    gap = streaming.own_problems(collect(streaming, "stream-gap"))
+    assert gap and "the last event's output_ids (31) != the plain answer's (32)" in gap[0]
+    usage = streaming.own_problems(collect(streaming, "usage"))
+    assert usage and "usage.completion_tokens 31" in usage[0]
+
+
+def test_a_stream_without_done_is_an_error_not_an_answer():
+    exchanges = collect(streaming, drop_done=True)
+    streamed = [
+        x for x in exchanges if x.label.endswith("stream") or "-stream-" in x.label or x.label.startswith("stream-")
+    ]
+    assert streamed and all("without data: [DONE]" in (x.error or "") for x in streamed)
+    with pytest.raises(Exception, match="requests failed"):
+        surface.answered(type("Run", (), {"exchanges": lambda self, f: exchanges})(), "streaming", len(exchanges))
+
+
+def test_parallel_n_intact_then_a_sample_short():
+    ok = collect(parallel_n)
+    assert [len(parallel_n.samples(x)) for x in ok] == [2, 3]
+    assert [p for x in ok for p in parallel_n.own_problems(x, 512)] == []
+    assert sum(len(x.metas) for x in ok) == 5  # every sample's meta_info counts (SmokeRun.all_meta)
+    short = [p for x in collect(parallel_n, "n-short") for p in parallel_n.own_problems(x, 512)]
+    assert short == ["n2-70: 1 samples for n=2", "n3-180: 2 samples for n=3"]
