@@ -11,6 +11,7 @@ tests only. ``broken`` names one fault, so a test sees a family's check fail on 
   ids-logprob       the asked ids' logprobs read one position late
   usage             /v1/completions reports one completion token less
   n-short           n > 1 answers n - 1 samples
+  spec-details      the OpenAI answers' sglext.spec_tokens_details count one verify step more
 """
 
 from __future__ import annotations
@@ -119,11 +120,17 @@ class WitnessShapes:
         tokens = answer["meta_info"]["completion_tokens"] - (self.broken == "usage")
         usage = {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens}
         text = answer["text"]
+        sglext = None
+        if payload.get("return_spec_tokens_details"):  # 0.5.23's shape (utils.spec_tokens_details_from_meta_info)
+            details = {k: v for k, v in answer["meta_info"].items() if k.startswith("spec_")}
+            details["spec_verify_ct"] += self.broken == "spec-details"
+            sglext = {"spec_tokens_details": details}
         if not payload.get("stream"):
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"text": text} if key == "text" else {"message": {"role": "assistant", "content": text}})
-            return {"choices": [choice], "usage": usage}
+            return {"choices": [choice], "usage": usage, **({"sglext": sglext} if sglext else {})}
         chunks = [text[i : i + STEP] for i in range(0, len(text), STEP)]
         part = (lambda t: {"text": t}) if key == "text" else (lambda t: {"delta": {"content": t}})
         events = [{"choices": [{"index": 0, **part(t)}], "usage": None} for t in chunks]
-        return events + [{"choices": [], "usage": usage}]
+        ext = [{"choices": [], "sglext": sglext}] if sglext else []
+        return events + ext + [{"choices": [], "usage": usage}]

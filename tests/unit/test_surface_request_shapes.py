@@ -91,12 +91,23 @@ def test_token_ids_logprob_intact_then_a_position_late():
 def test_streaming_reassembles_then_a_gap_and_a_usage_miscount():
     ok = collect(streaming)
     assert [len(streaming.events(x)) for x in ok if x.label.startswith("stream-")] == [7, 7]  # 1 + 5 steps + tail
-    assert streaming.own_problems(ok) == []
+    assert streaming.own_problems(ok, release_has_spec_details=True) == []
     assert streaming.against_reference(ok, collect(streaming, spec=NOMTP)) == []
-    gap = streaming.own_problems(collect(streaming, "stream-gap"))
+    gap = streaming.own_problems(collect(streaming, "stream-gap"), release_has_spec_details=True)
     assert gap and "the last event's output_ids (31) != the plain answer's (32)" in gap[0]
-    usage = streaming.own_problems(collect(streaming, "usage"))
+    usage = streaming.own_problems(collect(streaming, "usage"), release_has_spec_details=True)
     assert usage and "usage.completion_tokens 31" in usage[0]
+
+
+def test_openai_spec_details_where_the_release_has_them():
+    ok = collect(streaming)
+    assert streaming.has_spec_details("0.5.23") and not streaming.has_spec_details("0.5.17")
+    assert streaming.spec_details(next(x for x in ok if x.label.startswith("completions-stream-")))
+    assert streaming.own_problems(ok, release_has_spec_details=True) == []
+    bad = collect(streaming, "spec-details")
+    assert streaming.own_problems(bad, release_has_spec_details=False) == []  # 0.5.13 / 0.5.17: nothing to hold
+    problems = streaming.own_problems(bad, release_has_spec_details=True)
+    assert problems and "spec_tokens_details against /generate's: spec_verify_ct 7 != 6" in problems[0]
 
 
 def test_a_stream_without_done_is_an_error_not_an_answer():

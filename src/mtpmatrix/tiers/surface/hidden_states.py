@@ -10,6 +10,11 @@ MTP each decode step appends its one row; with MTP, 0.5.17+ (spec v2) appends ``
 (spec v1) appends one row per verify step (``logits_output.hidden_states[i]``). The row of output token k is the
 target's hidden state at the node that produced it, i.e. at input token output[k - 1]: what no-MTP returns.
 
+sglang's own regression test (sgl-project/sglang test/registered/spec/eagle/test_eagle_v2_hidden_states.py,
+issue #26163: EAGLE v2 at topk 1) asserts exactly this count, len(hidden_states) == completion_tokens, and nothing
+of the rows' values; its OpenAI hidden-states test under EAGLE only that they are present. Here the rows are
+held to no-MTP's, at topk 3 too, per request beside requests that do not ask.
+
 So an intact server returns, for a request with P prompt tokens and n output tokens, 1 + (n - 1) entries: a
 P-row block, then n - 1 rows, each the no-MTP server's row. A miscount (one row per verify step, rows past the
 stop, a row missing) or a row of another node (a tree layout read as a chain at topk 3) fails here.

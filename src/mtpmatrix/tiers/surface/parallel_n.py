@@ -4,7 +4,9 @@ sglang fans a request with n > 1 out into n requests (io_struct.py GenerateReqIn
 prompt is prefilled once and shared) and /generate answers a list of n results, each with its own output_ids and
 meta_info (speculative fields included). Greedy, every sample of a witness request is the +1 chain; each must
 equal the witness without MTP's, and each sample's counters stand on their own (test_smoke's accounting checks
-read every sample's meta_info: SmokeRun.all_meta).
+read every sample's meta_info: SmokeRun.all_meta). sglang's own OpenAI hidden-states test notes that n = 2 "breaks
+in the adapter with a 400 for EAGLE" and runs EAGLE with n = 1 only (sgl-project/sglang
+test/srt/openai_server/features/test_openai_server_hidden_states.py); here n > 1 goes through /generate.
 """
 
 from __future__ import annotations

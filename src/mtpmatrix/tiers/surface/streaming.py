@@ -11,9 +11,13 @@ What sglang sends (installed sources, 0.5.13-0.5.23):
 * /v1/completions (serving_completions.py): ``choices[0].text``; streamed, each chunk's ``choices[0].text`` is the
   new text only, and with ``stream_options.include_usage`` a last chunk with ``choices: []`` and ``usage``
   (UsageProcessor.calculate_streaming_usage). /v1/chat/completions the same with ``message.content`` /
-  ``delta.content`` (the chat template: pairs/tiny.CHAT_TEMPLATE). Neither carries speculative fields (no ``spec``
-  in entrypoints/openai/ of any of the three releases): usage is what they report, and it must be /generate's
-  completion_tokens.
+  ``delta.content`` (the chat template: pairs/tiny.CHAT_TEMPLATE). Usage must be /generate's completion_tokens.
+  Speculative fields: 0.5.13 and 0.5.17 have none there (no ``spec`` in entrypoints/openai/); 0.5.23 adds the
+  request field ``return_spec_tokens_details`` and answers ``sglext.spec_tokens_details`` (utils.py:
+  spec_tokens_details_from_meta_info: the request's spec_* meta_info fields; streamed, in a chunk of its own with
+  ``choices: []``). Every OpenAI request asks for it (older releases' request models ignore unknown fields:
+  pydantic's default, no ``extra="forbid"`` on CompletionRequest / ChatCompletionRequest); where the release has it
+  (``SPEC_TOKENS_DETAILS``), an MTP server's answer must carry them equal to /generate's for the same prompt.
 So on every server: streamed events reassemble to the plain answer (ids, text, completion_tokens and every
 ``spec_*`` field of the final meta_info), OpenAI texts equal /generate's text, streamed deltas equal the unstreamed
 text, usage equals completion_tokens; across servers: MTP equals no-MTP.
@@ -22,6 +26,7 @@ text, usage equals completion_tokens; across servers: MTP equals no-MTP.
 from __future__ import annotations
 
 from mtpmatrix.serving.client import Call
+from mtpmatrix.serving.environment import by_release, version_of
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST
 
 NAME = "streaming"
@@ -31,6 +36,21 @@ MAX_NEW_TOKENS = 32
 # prompts' last tokens: the output runs through the printable-ASCII block (text decodes one character a token)
 LASTS = (ASCII_FIRST + 1, ASCII_FIRST + 40)
 CHAT = [{"role": "user", "content": "Count on from here: abc"}]
+SPEC_TOKENS_DETAILS = ((">=0.5.23", True),)  # releases whose OpenAI answers carry sglext.spec_tokens_details
+# the fields compared with /generate's meta_info (SpecTokensDetails fills an absent one with 0: only those the
+# plain answer has count)
+SPEC_FIELDS = (
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+)
+
+
+def has_spec_details(version: str | None = None) -> bool:
+    return by_release(SPEC_TOKENS_DETAILS, version or version_of("sglang"), False)
 
 
 def _prompt(last: int) -> list[int]:
@@ -41,7 +61,7 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict | Call]]:
     if spec.pair != PAIR:
         return []
     params = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
-    openai = {"temperature": 0.0, "max_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+    openai = {"temperature": 0.0, "max_tokens": MAX_NEW_TOKENS, "ignore_eos": True, "return_spec_tokens_details": True}
     usage = {"stream_options": {"include_usage": True}}
     out: list[tuple[str, dict | Call]] = []
     for last in LASTS:
@@ -84,6 +104,31 @@ def usage_tokens(ex) -> int | None:
     return (found[-1] or {}).get("completion_tokens")
 
 
+def spec_details(ex) -> dict | None:
+    """An OpenAI answer's sglext.spec_tokens_details (streamed: from its sglext chunk); None when absent."""
+    for obj in [ex.response, *events(ex)]:
+        found = (obj.get("sglext") or {}).get("spec_tokens_details")
+        if isinstance(found, dict):
+            return found
+    return None
+
+
+def spec_detail_problems(ex, plain, release_has: bool) -> list[str]:
+    """An OpenAI answer's speculative fields against /generate's for the same prompt: equal where the release
+    reports them and the plain answer has them (an MTP server); none asked of a release without them."""
+    if not release_has or "spec_verify_ct" not in plain.meta:
+        return []
+    details = spec_details(ex)
+    if details is None:
+        return [f"{ex.label}: no sglext.spec_tokens_details (asked with return_spec_tokens_details)"]
+    differ = [
+        f"{k} {details.get(k)} != {plain.meta[k]}"
+        for k in SPEC_FIELDS
+        if k in plain.meta and details.get(k) != plain.meta[k]
+    ]
+    return [f"{ex.label}: spec_tokens_details against /generate's: {'; '.join(differ)}"] if differ else []
+
+
 def stream_problems(stream, plain) -> list[str]:
     """A /generate stream against the plain answer to the same prompt: successive events' output_ids each a prefix
     of the next, the last equal to the plain output_ids, text and completion_tokens equal, every spec_* field of the
@@ -115,8 +160,9 @@ def stream_problems(stream, plain) -> list[str]:
     return out
 
 
-def own_problems(exchanges) -> list[str]:
-    """Every check that needs one server only."""
+def own_problems(exchanges, release_has_spec_details: bool | None = None) -> list[str]:
+    """Every check that needs one server only (``release_has_spec_details``: default from the installed sglang)."""
+    has = has_spec_details() if release_has_spec_details is None else release_has_spec_details
     by = {x.label: x for x in exchanges}
     failed = [f"{x.label}: request failed: {x.error}" for x in exchanges if x.error]
     if failed:
@@ -133,9 +179,13 @@ def own_problems(exchanges) -> list[str]:
                 out.append(
                     f"{label}: usage.completion_tokens {tokens} != /generate's {plain.meta.get('completion_tokens')}"
                 )
+            out += spec_detail_problems(by[label], plain, has)
     chat, chat_stream = by["chat"], by["chat-stream"]
     if openai_text(chat_stream) != openai_text(chat):
         out.append(f"chat-stream: deltas {openai_text(chat_stream)!r} != the unstreamed content {openai_text(chat)!r}")
+    mtp = any("spec_verify_ct" in x.meta for x in exchanges if x.label.startswith("plain-"))
+    if has and mtp and (spec_details(chat) is None or spec_details(chat) != spec_details(chat_stream)):
+        out.append(f"chat: spec_tokens_details {spec_details(chat)} / streamed {spec_details(chat_stream)}")
     if usage_tokens(chat_stream) != usage_tokens(chat) or usage_tokens(chat) != MAX_NEW_TOKENS:
         out.append(
             f"chat: usage.completion_tokens {usage_tokens(chat)} / streamed {usage_tokens(chat_stream)}, asked {MAX_NEW_TOKENS}"

@@ -6,8 +6,10 @@ What sglang does (installed sources): the grammar backend is xgrammar by default
 ebnf, structural_tag; the JSON schema compiles with any_whitespace=True (constrained/xgrammar_backend.py). Under
 speculative decoding verify masks each tree node's logits with the grammar state of its path and the grammar
 advances over the accepted tokens (0.5.17+: batch_result_processor.py "spec already advanced it in
-_resolve_spec_v2_tokens"). The same shape is sglang's own test/srt/test_eagle_constrained_decoding.py idea (a
-grammar request under EAGLE must stay valid); here the output is also predicted exactly.
+_resolve_spec_v2_tokens"). sglang's own test of this (sgl-project/sglang
+test/registered/spec/eagle/test_eagle_constrained_decoding.py: EAGLE with the regex kit) runs topk 1 only, its
+topk > 1 class and its JSON mixin commented out; here topk 3 runs too, beside unconstrained requests, and the
+output is predicted exactly, not only checked for validity.
 
 Can the tiny tokenizer carry a grammar? Yes: xgrammar 0.2.1 (what the 0.5.13 and 0.5.17 rows install) reads the
 tiny pairs' tokenizer (pairs/tiny.py: byte-fallback BPE, printable ASCII one token each) as VocabType.BYTE_FALLBACK
