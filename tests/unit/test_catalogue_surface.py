@@ -70,6 +70,8 @@ SURFACE = {  # mutant -> (category, files patched on 0.5.13, on 0.5.17, on 0.5.2
         {"eagle_utils.py"},
     ),
     "seeded-verify-coins-unseeded": ("seeded", None, {"eagle_utils.py"}, {"eagle_utils.py"}),  # 0.5.13: no seeded coins
+    # 0.5.13's spec-v1 path appends one row per verify step: no slice to shift
+    "hidden-states-next-node": ("hidden-states", None, {"batch_result_processor.py"}, {"batch_result_processor.py"}),
 }
 RELEASES = ("0.5.13", "0.5.17", "0.5.23")
 
@@ -246,6 +248,18 @@ class Scheduler:
                         batch.seq_lens = new_seq_lens
 """
 _S = "sglang/srt/"
+# 0.5.17's and 0.5.23's BatchResultProcessor._append_decode_hidden_states (installed text, its else branch)
+_BRP_HIDDEN = (
+    "class BatchResultProcessor:\n"
+    "    @staticmethod\n"
+    "    def _append_decode_hidden_states(*, req, hidden_states, start, accept_len):\n"
+    '        if req.return_hidden_states == "last":\n'
+    "            pass\n"
+    "        else:\n"
+    "            req.hidden_states.extend(\n"
+    "                hidden_states[start : start + accept_len].cpu().tolist()\n"
+    "            )\n"
+)
 FORMS = {
     "0.5.13": {
         _S + "managers/schedule_batch.py": _SB,
@@ -258,6 +272,7 @@ FORMS = {
         "                pass\n" + _SCHED_V2_BRANCH.format(cond="batch.is_spec_v2", label="Non-overlap V2"),
     },
     "0.5.17": {
+        _S + "managers/scheduler_components/batch_result_processor.py": _BRP_HIDDEN,
         _S + "managers/schedule_batch.py": _SB,
         _S + "layers/logprob_processor.py": _LP17,
         _S + "speculative/eagle_utils.py": _V2.replace("TAIL", _V2_TAIL_17),
@@ -267,6 +282,7 @@ FORMS = {
         + _SCHED_V2_BRANCH.format(cond="not batch.spec_algorithm.is_none()", label="Non-overlap"),
     },
     "0.5.23": {
+        _S + "managers/scheduler_components/batch_result_processor.py": _BRP_HIDDEN,
         _S + "managers/schedule_batch.py": _SB,
         _S + "layers/logprob_processor.py": _LP23,
         _S + "speculative/eagle_utils.py": _V2.replace("TAIL", _V2_TAIL_23),

@@ -49,6 +49,7 @@ CATEGORIES = {
     "sched-modes": "code only the non-overlap scheduler or the eager draft path runs",
     "sampling-feats": "sampling features (logit_bias, penalties) applied in verify",
     "seeded": "the verify coins of seeded (sampling_seed) requests",
+    "hidden-states": "hidden states returned for speculatively accepted tokens",
 }
 
 

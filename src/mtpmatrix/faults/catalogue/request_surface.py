@@ -2,7 +2,7 @@
 mode: a stop inside an accepted run, logprobs of the wrong node, one request's temperature for the whole batch, a
 greedy bonus token at T > 0, a non-overlap scheduler that drops the advanced seq_lens, an eager draft that misses
 the last KV slot, a verify without logit_bias, a greedy request sampled in a mixed verify batch, seeded requests'
-verify coins unseeded."""
+verify coins unseeded, hidden states of the node after each accepted one."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from mtpmatrix.faults.catalogue.servers import (
     WITNESS_SURFACE,
 )
 from mtpmatrix.faults.catalogue.sglang_modules import (
+    BATCH_RESULT_PROCESSOR,
     EAGLE_INFO,
     EAGLE_INFO_V2,
     EAGLE_UTILS,
@@ -277,5 +278,26 @@ REQUEST_SURFACE_MUTANTS: tuple[Mutant, ...] = (
         "originals: identical first token from the seeded sampler, then different tokens at the first verify step "
         "whose coin decides), while the closed-form checks on the same server pass: the coins stay uniform. n.a. "
         "on 0.5.13: no seeded verify coins to drop",
+    ),
+    Mutant(
+        "hidden-states-next-node",
+        "hidden-states",
+        "a verify step's returned hidden states are read one node late (rows start + 1 .. start + accept_len of the "
+        "verify output in place of start .. start + accept_len - 1): each accepted token gets the hidden state of "
+        "the node after it, the count stays right",
+        (
+            Site(
+                BATCH_RESULT_PROCESSOR,
+                "                hidden_states[start : start + accept_len].cpu().tolist()\n",
+                "                hidden_states[start + 1 : start + accept_len + 1].cpu().tolist()\n",
+            ),
+        ),
+        servers=WITNESS_SURFACE,
+        na_on=("0.5.13",),
+        na_why="its spec-v1 path appends one row per verify step (logits_output.hidden_states[i]), not a slice of "
+        "the accepted run: no such read to shift",
+        expect="test_hidden_states_as_predicted[witness-mtp-topk1/topk3] (the rows of one input token disagree "
+        "within the server: a decode row is the next token's, which another request's prompt row holds) and "
+        "test_hidden_states_match_no_mtp (row by row against the witness without MTP)",
     ),
 )
