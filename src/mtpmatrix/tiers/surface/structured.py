@@ -13,7 +13,8 @@ output is predicted exactly, not only checked for validity.
 
 Can the tiny tokenizer carry a grammar? Yes: xgrammar 0.2.1 (what the 0.5.13 and 0.5.17 rows install) reads the
 tiny pairs' tokenizer (pairs/tiny.py: byte-fallback BPE, printable ASCII one token each) as VocabType.BYTE_FALLBACK
-and compiles each grammar below over it (run on CPU with the 0.5.13 row's xgrammar, 2026-12-04). Every printable
+and compiles each grammar below over it (the contract tier checks it per release, on CPU, and walks each grammar as
+the witness decodes: tests/tiers/test_contract_grammars.py; xgrammar 0.2.1 on 0.5.13/0.5.17, 0.2.7 on 0.5.23). Every printable
 character then has two tokens the grammar allows alike: its ASCII-block token and its byte-fallback twin
 <0xNN>. The witness's +1 rule maps both blocks the same way (char c -> c + 1, ASCII after ASCII, byte after byte),
 so the decoded text never depends on which twin a forced position took, while the ids may (the twin choice is
