@@ -17,7 +17,14 @@ held to no-MTP's, at topk 3 too, per request beside requests that do not ask.
 
 So an intact server returns, for a request with P prompt tokens and n output tokens, 1 + (n - 1) entries: a
 P-row block, then n - 1 rows, each the no-MTP server's row. A miscount (one row per verify step, rows past the
-stop, a row missing) or a row of another node (a tree layout read as a chain at topk 3) fails here.
+stop, a row missing) or a row of another node fails here. At topk > 1, 0.5.17+ moves the accepted tree path's rows
+to the front of each request's block first (eagle_worker_common.py:_finalize_accept_tree_path), so the chain
+slice reads the right rows. Predicted deviations from the source, for the GPU run to confirm: 0.5.13 returns one
+row per verify step; 0.5.17+ keeps every row of the step that crosses max_new_tokens (the run is cut for the
+grammar only, "already grammar-truncated in _resolve_spec_v2_tokens", and full mode never cuts at finished_len,
+only "last" mode does), so a 32-token request, whose 6th verify step crosses the limit, gets 36 decode rows. The
+request at ``BOUNDARY`` ends exactly at a verify step's end (31 = 1 + 5 x 6 tokens), where no step crosses the
+limit: it tells the two apart.
 
 Tolerance, derived: the witness target's hidden state at a position is exactly sqrt(H) * E[x] (pairs/witness.py:
 every layer writes zero to the residual stream; E[x] has unit norm, so the final RMSNorm with weight 1 leaves it
@@ -42,6 +49,7 @@ SERVER_FLAG = "--enable-return-hidden-states"
 HIDDEN = 128  # pairs.tiny.TARGET_HIDDEN (kept here so the module imports without the pairs' dependencies)
 MAX_NEW_TOKENS = 32
 ROW_RTOL = 2 * 2.0**-7
+BOUNDARY = 30  # asks for 31 tokens: the limit falls at the end of verify step 5, nothing past it
 ASKING = (30, 50, 140)  # prompt starts of the requests that ask: 50's prompt rows are 30's output rows
 PLAIN = (85, 195)  # the same batch's requests that do not
 
@@ -51,9 +59,10 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
         return []
     out = []
     for s in sorted(ASKING + PLAIN):
+        limit = MAX_NEW_TOKENS - 1 if s == BOUNDARY else MAX_NEW_TOKENS
         payload = {
             "input_ids": chain_prompt(s),
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": limit, "ignore_eos": True},
         }
         if s in ASKING:
             payload["return_hidden_states"] = True
