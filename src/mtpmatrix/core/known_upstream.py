@@ -108,7 +108,7 @@ class KnownIssue:
         if f is None or f.get("kind") != self.kind:
             return False
         # where it was raised counts too: a generic message is only this bug when it comes from the broken code
-        text = f"{f.get('type') or ''}: {f.get('message') or ''} (raised at {f.get('raised_at') or '?'})"
+        text = failure_text(f)
         if re.search(self.match, text) is None:
             return False
         sig = self.signature or {}
@@ -131,6 +131,16 @@ class KnownIssue:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def failure_text(f: Mapping[str, Any]) -> str:
+    """What an entry's ``match`` is searched in: 'TYPE: MESSAGE (raised at FILE:LINE in FUNC)'."""
+    return f"{f.get('type') or ''}: {f.get('message') or ''} (raised at {f.get('raised_at') or '?'})"
+
+
+# The text of a failure with no type, message or frame: what every failure's text holds. A match found in it (``.*``,
+# ``raised at``, ``:``) matches every failure of the entry's checks, a new regression's too.
+_BARE_FAILURE_TEXT = failure_text({})
 
 
 def load(path: Path | None = None) -> list[KnownIssue]:
@@ -182,6 +192,11 @@ def load(path: Path | None = None) -> list[KnownIssue]:
             re.compile(e["match"])
         except (InvalidSpecifier, re.error) as exc:
             raise ValueError(f"{where}: {exc}") from None
+        if re.search(e["match"], _BARE_FAILURE_TEXT) is not None:
+            raise ValueError(
+                f"{where}: match {e['match']!r} matches a failure with no words ({_BARE_FAILURE_TEXT!r}), so any "
+                "failure of its checks: name the bug's own words"
+            )
         if not _bounded_above(affected) and not _two_sided(sig):
             raise ValueError(
                 f"{where}: unbounded: affected {e['affected']!r} has no upper bound and the signature "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -57,14 +58,16 @@ class NameError_(ValueError):
 def single_name(value: str, what: str = "--run-id") -> str:
     """``value`` when it names one folder inside its parent (results/<run-id>/<row-id>/): not empty, no path
     separator, not '.' or '..', not hidden (a folder starting with '.' is a staging folder no reader takes), no
-    control characters; NameError_ (one line) otherwise."""
+    control or invisible format characters (a zero-width space, a right-to-left override: a name that prints as
+    another run's), no space at either end; NameError_ (one line) otherwise."""
     if (
         not isinstance(value, str)
         or not value
         or value in (".", "..")
         or value.startswith(".")
+        or value != value.strip()
         or any(sep in value for sep in ("/", "\\", os.sep))
-        or any(ord(c) < 32 or ord(c) == 127 for c in value)
+        or any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value)
     ):
         raise NameError_(f"{what} {value!r} is not one folder name (no '/', not '.', '..' or hidden)")
     return value

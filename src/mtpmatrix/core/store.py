@@ -43,9 +43,14 @@ def row_files(run_dir: Path) -> list[Path]:
 
 
 def is_matrix_run(path: Path) -> bool:
-    """A folder that holds at least one ``<row>/row.json`` and is not a bisect or CI run (nor hidden)."""
+    """A folder that holds at least one ``<row>/row.json`` and is not a bisect or CI run (nor hidden, nor a link)."""
     path = Path(path)
-    return path.is_dir() and not path.name.startswith((".", *SIDE_RUN_PREFIXES)) and bool(row_files(path))
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and not path.name.startswith((".", *SIDE_RUN_PREFIXES))
+        and bool(row_files(path))
+    )
 
 
 def recorded_time(record: object) -> _dt.datetime | None:
@@ -67,7 +72,8 @@ def recorded_time(record: object) -> _dt.datetime | None:
 def run_time(run_dir: Path) -> _dt.datetime | None:
     """When a run last recorded something: the latest of its rows' recorded times and its manifest's creation and
     resumptions, as the run wrote them. Never a file's time: a run copied in (``rsync -a``, a restored backup) keeps
-    the times its files had, and they may lie in the future."""
+    the times its files had, and they may lie in the future. Nor a recorded time still to come: a box whose clock ran
+    ahead (its env.txt is a row's finished time) would otherwise stay "the latest" over every run after it."""
     stamps: list[_dt.datetime | None] = []
     for f in row_files(run_dir):
         try:
@@ -83,7 +89,8 @@ def run_time(run_dir: Path) -> _dt.datetime | None:
         resumed = plan.get("resumed")
         for r in resumed if isinstance(resumed, list) else []:
             stamps.append(recorded_time({"created": r.get("at")}) if isinstance(r, dict) else None)
-    times = [t for t in stamps if t is not None]
+    now = _dt.datetime.now(_dt.UTC)
+    times = [t for t in stamps if t is not None and t <= now]
     return max(times) if times else None
 
 
@@ -119,6 +126,10 @@ def find_run(results: Path, run_id: str | None) -> Path:
         if run_id is None:
             raise StoreError(f"no runs under {results}/ (run the matrix first: nox -s gemma4_mtp)")
     run_dir = results / run_id
+    if run_dir.is_symlink():  # import refuses one too: what it points at is not the results root's to judge or write
+        raise StoreError(
+            f"run {run_id!r} ({run_dir}) is a link to {run_dir.readlink()}: name a run folder of {results}/"
+        )
     if not run_dir.is_dir():
         known = sorted(p.name for p in results.iterdir() if is_matrix_run(p))[-5:] if results.is_dir() else []
         raise StoreError(

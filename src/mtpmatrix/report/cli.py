@@ -89,8 +89,8 @@ def run(ns: argparse.Namespace) -> int:
         summary, paths = write_report(
             ns.results, ns.run_id, baseline=ns.baseline, out=ns.out, require=parse_require(ns.require)
         )
-    except (ReportError, StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ReportError, StoreError) as exc:  # one line, whatever a path in it holds
+        print("error: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{render.MARKS[summary['verdict']]} {render.headline(summary)}")
     for r in summary["rows"]:

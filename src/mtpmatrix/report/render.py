@@ -288,6 +288,11 @@ def _checkout_text(summary: Summary) -> str:
     the verdict-deciding files that differ from the commit, of the judging checkout and of the run's suite."""
     co = (summary.get("evidence") or {}).get("checkout") or {}
     parts = []
+    if "commit" in co and co["commit"] is None:  # a tarball: nothing to hold its files to
+        parts.append(
+            "judged by a checkout with no git commit: its verdict-deciding files (the suite, the expected checks, "
+            "settings.py, known_upstream.json) are not vouched for"
+        )
     if co.get("changed"):
         applied = " (its committed list applied)" if KNOWN_UPSTREAM_FILE in co["changed"] else ""
         parts.append(

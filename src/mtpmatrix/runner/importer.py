@@ -90,6 +90,9 @@ def shape_error(data) -> str | None:
             return f"'{key}' is not an object"
     if any(v is not None and not isinstance(v, str) for v in (data.get("versions") or {}).values()):
         return "'versions' is not an object of version strings"
+    gpus = data.get("gpus")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+        return f"'gpus' is {gpus!r}, not a whole number of GPUs"
     selection = data.get("selection") or {}
     for key in ("knobs", "collected"):
         if _not_an_object(selection.get(key)):
@@ -112,8 +115,8 @@ def _row_relative(name: str) -> str | None:
         return None
     if len(p.parts) == 1 and p.name.startswith("gsm8k-") and p.suffix == ".jsonl":  # before schema 2
         return schema.gsm8k_records(p.name[len("gsm8k-") : -len(".jsonl")])
-    if p.name == schema.TIERS_FILE and len(p.parts) == 1:
-        return None  # OUT/tiers.json is the one that counts
+    if len(p.parts) == 1 and p.name in (schema.TIERS_FILE, schema.ROW_FILE, *OUT_FILES):
+        return None  # OUT's own files (tiers.json, junit.xml, ...) are the ones that count; row.json is the import's
     return str(p)
 
 
@@ -426,8 +429,8 @@ def run(ns: argparse.Namespace) -> int:
 
     try:
         dest, record = import_run(ns.out, ns.row, results=ns.results, run_id=ns.run_id)
-    except ImportError_ as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ImportError_ as exc:  # one line, whatever a path in it holds
+        print("error: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return 2
     for m in pin_mismatches(record):
         print(f"warning: {ns.row}: the box ran {m}", file=sys.stderr)

@@ -354,6 +354,10 @@ def _checks(record: RowRecord, row_dir: Path | None) -> list[Problem]:
             if chk.get("outcome") != "passed":
                 continue
             found = _non_finite(chk)
+            failure = chk.get("failure")
+            if failure:  # the plugin classifies only a failed or errored check: a pass with one is two stories
+                kind = failure.get("kind") if isinstance(failure, dict) else None
+                found.append(f"recorded passed, yet carries a {kind or 'classified'} failure")
             if tier == "gsm8k" and fn == "test_accuracy":
                 found += _accuracy(chk, row_dir)
             elif tier == "gsm8k" and fn == "test_acceptance":

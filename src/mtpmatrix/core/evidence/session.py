@@ -15,6 +15,8 @@ nothing.
 
 from __future__ import annotations
 
+import re
+
 from mtpmatrix.core.evidence.judge import problem
 from mtpmatrix.core.record_types import PlannedRow, Problem, RowRecord
 from mtpmatrix.core.schema import FAILING, short_check_id
@@ -130,7 +132,8 @@ def _build(record: RowRecord, planned: PlannedRow | None) -> list[Problem]:
         ]
     versions = record.get("versions") or {}
     python, want = b.get("python") or versions.get("python"), row.get("python")
-    if want and not (python == want or str(python).startswith(f"{want}.")):
+    # a release of the row's Python (3.12 -> 3.12.3): not a pre-release (3.12.3rc1), not any text that starts so
+    if want and not (python == want or re.fullmatch(rf"{re.escape(str(want))}\.\d+", str(python))):
         out.append(problem(None, f"Python {python} ran, the row is Python {want}"))
     if not b.get("platform"):
         out.append(problem(None, "the record does not name its platform"))
