@@ -187,3 +187,41 @@ def test_a_run_id_that_prints_as_another_is_refused(tmp_path, capsys, run_id):
     _out, err = capsys.readouterr()
     assert rc == 2 and one_line_error(err) and "is not one folder name" in err
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_an_sglang_variable_in_the_session_s_environment_is_recorded_and_not_proven(tmp_path, monkeypatch):
+    from mtpmatrix.tiers.session import plugin
+
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "0")  # the servers inherit it: another speculative path is served
+
+    class Config:  # what plugin.selection reads of a session's config
+        class invocation_params:  # noqa: N801
+            args = ("--tiers", "smoke")
+
+        args: list[str] = []
+        stash: dict = {}
+
+        @staticmethod
+        def getoption(name, default=None):
+            return default
+
+    sel = plugin.selection(Config)
+    assert sel["sglang_env"] == {"SGLANG_ENABLE_SPEC_V2": "0"}
+    data = h200_record()
+    data["selection"]["sglang_env"] = sel["sglang_env"]
+    s = judged(tmp_path, data)
+    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert any("SGLANG_ENABLE_SPEC_V2=0: sglang reads it" in w for w in whys(s))
+
+
+def test_import_names_a_broken_known_upstream_list_not_the_box_s_tiers_json(tmp_path, monkeypatch, capsys):
+    listed = json.loads(known_upstream.FILE.read_text())
+    listed["issues"][0]["match"] = ".*"
+    broken = tmp_path / "known_upstream.json"
+    broken.write_text(json.dumps(listed))
+    monkeypatch.setattr(known_upstream, "FILE", broken)
+    out = write_box(tmp_path / "box", h200_record())
+    rc = main(["import", str(out), "--row", ROW, "--results", str(tmp_path / "results"), "--run-id", "r"])
+    _out, err = capsys.readouterr()
+    assert rc == 2 and one_line_error(err), err
+    assert err.startswith("error: the known upstream list: ") and "tiers.json" not in err

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from mtpmatrix.core.known_upstream import KnownIssue
 
 KNOB_PREFIX = "MTPMATRIX_"
+SGLANG_ENV_PREFIXES = ("SGLANG_", "SGL_")
 NOT_RECORDED = (
     "selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
     "collected checks are unknown, so it cannot show it ran the whole tier"
@@ -50,6 +51,13 @@ SEED_NUM_EXAMPLES = settings.GSM8K_NUM_EXAMPLES
 def knobs(env: Mapping[str, str]) -> dict[str, str]:
     """The ``MTPMATRIX_*`` variables of ``env``: what a row records of its environment (nothing else: no tokens)."""
     return {k: v for k, v in sorted(env.items()) if k.startswith(KNOB_PREFIX)}
+
+
+def sglang_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The ``SGLANG_*`` / ``SGL_*`` variables of ``env``: sglang reads them (in the session's process and every server
+    it starts, which inherit its environment) and the qualification suite sets none, so each one changes what is
+    tested."""
+    return {k: v for k, v in sorted(env.items()) if k.startswith(SGLANG_ENV_PREFIXES)}
 
 
 def seed_cases() -> dict[str, settings.ModelPair]:

@@ -80,6 +80,7 @@ class Selection(TypedDict, total=False):
     deselect: list[str]
     maxfail: int
     knobs: dict[str, str]  # every MTPMATRIX_* variable
+    sglang_env: dict[str, str]  # every SGLANG_* / SGL_* variable: sglang reads them, the suite sets none
     collected: dict[str, list[str]]  # tier -> the checks collected
 
 

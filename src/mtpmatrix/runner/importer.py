@@ -32,7 +32,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 from typing import cast
 
-from mtpmatrix.core import expected, schema
+from mtpmatrix.core import expected, known_upstream, schema
 from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.core.evidence import fingerprint, manifest, records
 from mtpmatrix.core.paths import CONSTRAINTS_DIR, NameError_, new_run_id, single_name
@@ -94,7 +94,7 @@ def shape_error(data) -> str | None:
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
         return f"'gpus' is {gpus!r}, not a whole number of GPUs"
     selection = data.get("selection") or {}
-    for key in ("knobs", "collected"):
+    for key in ("knobs", "sglang_env", "collected"):
         if _not_an_object(selection.get(key)):
             return f"'selection.{key}' is not an object"
     for key in ("args", "paths", "deselect"):
@@ -302,6 +302,10 @@ def import_run(
     out = Path(out)
     data, invocation = verified_evidence(out)
     try:
+        issues = known_upstream.load()
+    except ValueError as exc:  # this checkout's list is at fault, not the box's tiers.json
+        raise ImportError_(f"the known upstream list: {_one_line(exc)}") from None
+    try:
         rows = {r.id: r for r in load_rows(constraints or CONSTRAINTS_DIR)}
     except RowError as exc:
         raise ImportError_(str(exc)) from None
@@ -340,7 +344,7 @@ def import_run(
         versions = {k: v for k, v in (data.get("versions") or {}).items() if v}
         selection = data.get("selection")
         try:
-            tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), selection, versions)
+            tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), selection, versions, issues)
         except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a shape shape_error does not look at
             raise ImportError_(
                 f"{out / schema.TIERS_FILE}: not a tiers.json of the mtpmatrix pytest plugin "

@@ -148,6 +148,12 @@ def _settings(record: RowRecord) -> list[Problem]:
     differ = sorted(k for k in changing if asked.get(k) != ran.get(k))
     if record.get("selection") is not None and "knobs" in record and differ:
         out.append(problem(None, f"the session ran with other knobs than it was asked ({', '.join(differ)})"))
+    for name, value in sorted((sel.get("sglang_env") or {}).items()):  # recorded since the review of issue #39
+        out.append(
+            problem(
+                None, f"the session ran with {name}={value}: sglang reads it, the qualification suite does not set it"
+            )
+        )
     args = [str(a) for a in sel.get("args") or []]
     asked_args = record.get("pytest_args") or []
     it = iter(args)

@@ -333,7 +333,8 @@ def _collection_errors(session) -> str:
 
 def selection(config) -> Selection:
     """What this session was asked to run (mtpmatrix.core.expected reads it): its args, the deselecting options, the
-    positional paths (node ids), every MTPMATRIX_* knob, and the checks collected per tier."""
+    positional paths (node ids), every MTPMATRIX_* knob, every SGLANG_* / SGL_* variable, and the checks collected
+    per tier."""
     return {
         "args": [str(a) for a in config.invocation_params.args],
         "paths": [str(a) for a in config.args],
@@ -342,6 +343,7 @@ def selection(config) -> Selection:
         "deselect": [str(d) for d in config.getoption("deselect", default=None) or []],
         "maxfail": config.getoption("maxfail", default=0) or 0,
         "knobs": expected.knobs(os.environ),
+        "sglang_env": expected.sglang_env(os.environ),
         "collected": config.stash.get(_COLLECTED_KEY, {}),
     }
 
