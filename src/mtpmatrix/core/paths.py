@@ -69,7 +69,10 @@ def single_name(value: str, what: str = "--run-id") -> str:
         or any(sep in value for sep in ("/", "\\", os.sep))
         or any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value)
     ):
-        raise NameError_(f"{what} {value!r} is not one folder name (no '/', not '.', '..' or hidden)")
+        raise NameError_(
+            f"{what} {value!r} is not one folder name (no '/', not '.', '..' or hidden, no space at either end, "
+            "no control or invisible character)"
+        )
     return value
 
 
