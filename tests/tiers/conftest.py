@@ -49,6 +49,15 @@ def build_tiny_pair(tiny_root):
     return _build
 
 
+@pytest.fixture(scope="session")
+def load_pair(build_tiny_pair):
+    """``(name, variant) -> (target, assistant, tokenizer)`` in fp32, once per session and pair (the reference tier's
+    files share it: mtpmatrix.tiers.reference_models.pair_loader)."""
+    from mtpmatrix.tiers import reference_models
+
+    return reference_models.pair_loader(build_tiny_pair)
+
+
 @pytest.fixture(scope="session", params=PAIR_NAMES)
 def tiny_pair(request, build_tiny_pair):
     """Each tiny pair (random weights), as PairPaths."""

@@ -67,6 +67,7 @@ from pathlib import Path
 
 from mtpmatrix.core.settings import TINY_PAIR_NAMES as PAIR_NAMES
 from mtpmatrix.pairs.decoy import make_decoy
+from mtpmatrix.pairs.long_witness import CONTEXT_LEN, make_long_witness
 from mtpmatrix.pairs.sampled_weights import make_sampled
 from mtpmatrix.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 from mtpmatrix.pairs.witness import make_witness, phase_of_variant
@@ -266,7 +267,25 @@ _COPIED_FROM_TARGET = (
 # witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.pairs.witness, "Draft phase")
 # sampled: pairs/sampled.py; decoy / decoy-sglang-phase: the witness with decoy drafts (mtpmatrix.pairs.decoy), at
 # the same two phases as the witness
-VARIANTS = ("random", "constructed", "witness", "witness-sglang-phase", "decoy", "decoy-sglang-phase", "sampled")
+# long-witness / long-witness-sglang-phase: attention past the sliding window decides the next token
+# (mtpmatrix.pairs.long_witness), the drafter at the same two phases as the witness
+VARIANTS = (
+    "random",
+    "constructed",
+    "witness",
+    "witness-sglang-phase",
+    "decoy",
+    "decoy-sglang-phase",
+    "sampled",
+    "long-witness",
+    "long-witness-sglang-phase",
+)
+# what a variant changes in both text configs: the long witness's requests run to its (short) context limit
+_VARIANT_TEXT = {"long-witness": {"max_position_embeddings": CONTEXT_LEN}}
+
+
+def _variant_text(variant: str) -> dict:
+    return _VARIANT_TEXT.get(variant.removesuffix("-sglang-phase"), {})
 
 
 def variant_name(variant: str | bool) -> str:
@@ -280,6 +299,7 @@ def variant_name(variant: str | bool) -> str:
 
 def target_template(name: str, variant: str | bool = "random") -> dict:
     text = copy.deepcopy(_TARGET_TEXT[name])
+    text.update(_variant_text(variant_name(variant)))
     if variant_name(variant) != "random":
         text["tie_word_embeddings"] = False  # W[j] = E[j-1] needs an output head of its own
     cfg = {
@@ -307,6 +327,7 @@ def assistant_template(name: str, variant: str | bool = "random") -> dict:
         num_attention_heads=2 * tgt["num_key_value_heads"],
         **{k: copy.deepcopy(tgt[k]) for k in _COPIED_FROM_TARGET},
     )
+    text.update(_variant_text(variant_name(variant)))
     return {
         "architectures": ["Gemma4AssistantForCausalLM"],
         "model_type": "gemma4_assistant",
@@ -338,6 +359,7 @@ def pair_hash(name: str, variant: str | bool, seed: int) -> str:
         "witness": ("witness.py", "weights.py"),
         "decoy": ("witness.py", "decoy.py", "weights.py"),
         "sampled": ("sampled.py", "sampled_bonus.py", "sampled_weights.py", "weights.py"),
+        "long": ("long_witness.py", "witness.py", "weights.py"),
     }.get(variant.split("-")[0], ())
     witness_src = b"".join(Path(__file__).with_name(f).read_bytes() for f in sources)
     phase = phase_of_variant(variant) if sources and variant != "sampled" else None  # follows the installed sglang
@@ -566,6 +588,8 @@ def _save_weights(name: str, t_cfg: dict, a_cfg: dict, t_dir: Path, a_dir: Path,
             extra = make_sampled(target, assistant, t_cfg, a_cfg)
         elif variant.startswith("decoy"):
             extra = make_decoy(target, assistant, t_cfg, a_cfg, gen, phase=phase_of_variant(variant))
+        elif variant.startswith("long-witness"):
+            extra = make_long_witness(target, assistant, t_cfg, a_cfg, gen, phase=phase_of_variant(variant))
     target.to(torch.bfloat16).save_pretrained(t_dir, safe_serialization=True)
     assistant.to(torch.bfloat16).save_pretrained(a_dir, safe_serialization=True)
     for d in (t_dir, a_dir):  # the templates are the config; drop transformers' own generation_config guess

@@ -21,11 +21,20 @@ ABLATIONS = (
 
 def target_states(target, ids):
     """One target forward over whole sequences: the post-norm hidden state at every position and each physical
-    layer's K (after RoPE) and V, as sglang's KV cache holds them."""
+    layer's K (after RoPE) and V, as sglang's KV cache holds them: every position, also for sliding layers (a cache
+    without a config has full layers; the sliding layers' attention masks still apply the window), so sequences
+    longer than the window (the long witness) are read back whole."""
     import torch
+    from transformers import DynamicCache
 
     with torch.inference_mode():  # as the reference tier runs its models
-        out = target(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, output_hidden_states=True)
+        out = target(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            use_cache=True,
+            past_key_values=DynamicCache(),
+            output_hidden_states=True,
+        )
     hidden = out.hidden_states[-1]
     cache = out.past_key_values
     kv = {}

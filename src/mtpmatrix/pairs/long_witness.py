@@ -1,0 +1,442 @@
+"""Long witness: a tiny Gemma 4 target whose next token is decided by attention past the sliding window, and a
+drafter that reads the target's frozen KV the same way (issue #38).
+
+Why: every other tiny pair's target layers write nothing to the residual stream (the witness, decoy and sampled
+targets compute their rule from the token embedding alone), and the random pair, whose layers do read attention,
+only ever gets prompts inside the 64-token window. No check crossed the window where the output depends on it.
+
+The rule (``expected_continuation``)
+------------------------------------
+Tokens: body tokens ``body_token(g, m)`` (ids 256-511) carry a group g (0-7) and a member m (0-31); key tokens
+``key_token(g)`` (ids 16-22) carry a key group g (0-6). A prompt is BOS, one key token, then body tokens. With the
+sliding window W (64 in the tiny configs) the target's next token after position p is
+
+    x[p + 1] = body_token(key group, succ(member of x[p - (W - 1)]))
+
+succ(m) = m + 1 mod 31 on members 0-30; member 31 (and the member of any non-body token: BOS, the key) is the null
+member, its own successor. Group 7 is the null group: what comes out when no key token is visible.
+  * The member comes from the target's last physical sliding layer (the one sglang binds for the drafter): its
+    query is position-only and reads the token at the window's far edge, W - 1 back. Its score profile has an even
+    higher peak one position further out (the *trap*, W back), just outside the window: with the window one too wide,
+    the layer reads the trap; one too narrow, it reads its next-best offset inside (``sliding_read``); either way
+    the output changes, to a token ``expected_continuation(..., read=...)`` predicts.
+  * The group comes from the target's last physical full layer: its query is content-only and scores the key token
+    (a flag in a dim RoPE leaves alone) FULL_SCORE nats above every other token, so it reads the key however far back
+    it lies. With a window on that layer the key drops out of sight past W tokens and the group becomes the null one.
+So from position W + 1 on, every token depends on one token at the window's edge and one far outside it; a shifted
+window, a position offset between chunks (the read lands on a neighbour) or a lost key each change the output
+deterministically.
+
+Construction (every layer other than those two writes nothing to the residual stream; dims of the target hidden:
+``BACKBONE``)
+------------------------------------------------------------------------------------------------------------------
+Embedding row E[t]: a constant c0 (the same in every row), the one-hot of its member (null for non-body tokens),
+a key flag (key tokens) and the one-hot of its own group (null for non-key tokens), scaled so |E[t]|^2 = 1/2.
+Sliding owner layer: key = the constant through k_proj into the rotating pairs' first components, amplitudes
+``witness.pair_amplitudes`` (position-only after k_norm, norm sqrt(head_dim)); value = the member one-hot (v_norm:
+sqrt(head_dim) in one slot); query = lambda * peak(W - 1) + TRAP_WEIGHT * lambda * peak(W) (a witness peak is the
+query whose score at offset d is sum_i a_i^2 cos(w_i (d - offset))), unit-normalised, q_norm weight so that its
+score is TARGET_SCORE_GAIN times the unit score; o_proj sends value slot m to "next member" dim succ(m).
+Full owner layer: key = FLAG_K times the flag in an unrotated dim (plus the group one-hot when the value shares the
+key projection); value = the group one-hot; query = the constant into the flag dim, q_norm weight such that the
+key token scores FULL_SCORE nats, every other token 0; o_proj sends group slot g to "next group" dim g.
+Both post-attention norms have weight WRITE_W: each layer adds a one-hot of norm WRITE_W sqrt(H), whatever mixture
+its attention read, so the final residual has RMS exactly 1 (1/2 + 1/4 + 1/4: the final norm is the identity and
+sglang's pre-norm and post-norm hidden states agree). The head scores body_token(g, m) HALF_LOGIT for the next-group
+dim g plus HALF_LOGIT for the next-member dim m: the right token 24, a token right in one half 12, every other 0.
+The other physical layers keep position-only / flag keys but carry a deranged member / group in their values
+(``DERANGE``), so a drafter bound to one of them reads another token.
+
+Drafter: its state carries a draft counter. pre_projection: the token half's constant -> KAPPA; the recurrent half's
+constant (the target's hidden state has it, a drafter state does not) -> counter slot 0; counter slot k of the
+state -> slot k + 1. Sliding layer (reads the target's sliding owner KV): query = a witness peak at offset
+W - 2 + phase - k from counter slot k, i.e. draft k (0-based) of a round whose last accepted token is at position
+P - 1 reads position P + k - (W - 1), the token the target reads for x[P + k + 1]; value slot m -> member dim
+succ(m). Full layer (reads the full owner KV): the target full layer's query. post_projection writes the counter
+back. The head (and, with ordered embeddings, the centroid of group g, whose cluster holds exactly group g's body
+tokens: ``token_ordering`` is written so) reads member and group as the target's. So a draft is right exactly when
+its sliding read lands on the right position of the right layer's KV and its full read finds the right key: the
+harness ablations (``DRAFT_ABLATIONS``) take it to ~0. It is blind to the hidden state's content beyond its
+constant and to tree parents (the counter is the same at every node of a level): the witness pairs cover those.
+
+Margins (``make_long_witness`` returns them for the pair's marker; bf16 rounds a score by ~0.4% of its size):
+sliding target: trap over edge and edge over every other offset 0..W-2, in nats; drafter: its peak over every
+other offset -2..W + 8; full: FULL_SCORE against ln(context) for the rest of the attention; logits: HALF_LOGIT.
+"""
+
+from __future__ import annotations
+
+import random
+
+from mtpmatrix.pairs.weights import zero_residual_writers
+from mtpmatrix.pairs.witness import (
+    REFERENCE_DRAFT_PHASE,
+    SCORE_GAIN,
+    pair_amplitudes,
+    physical_kv_layers,
+    rope_inv_freq,
+)
+
+GROUPS, NULL_GROUP, KEY_GROUPS = 8, 7, 7
+MEMBERS, NULL_MEMBER, CYCLE = 32, 31, 31
+KEY_BASE, BODY_BASE = 16, 256
+BOS_ID = 2
+CONTEXT_LEN = 256  # the variant's max_position_embeddings: four windows, so a request can run to its limit cheaply
+COUNTER = 8  # draft steps a round can count (the smoke tier drafts 5, the reference tier 3)
+TRAP_WEIGHT = 1.5  # the trap peak's weight against the edge peak's: margins 0.059 / 0.077 per unit score
+TARGET_SCORE_GAIN = 320.0  # -> ~19 nats trap over edge, ~24 nats edge over the rest (printed in the marker)
+DRAFT_SCORE_GAIN = SCORE_GAIN  # the witness's: ~20 nats peak over every other offset
+FULL_SCORE = 24.0  # the key token's score: the other <= 255 tokens of a 256-token context keep < 1e-8 of attention
+FLAG_K = 3.0  # the flag's weight in the full key against the group one-hot's (when the value shares the key)
+HALF_LOGIT = 12.0
+EMBED_CONST = 0.4
+EMBED_SQ, WRITE_W = 0.5, 0.5
+KAPPA, GAMMA, OMEGA = 1.0, 1.0, 0.5  # drafter residual: constant, counter, each write's RMS
+DERANGE = 3  # non-owner layers carry member + 3 / group + 3: reading them drafts another token
+DRAFT_ABLATIONS = ("kv_other_sliding_layer", "kv_other_full_layer", "position_plus_one", "position_minus_one")
+
+# target hidden (backbone) dims
+B_CONST, B_MEMBER, B_FLAG, B_GROUP = 0, 1, 33, 34
+B_NEXT_MEMBER, B_NEXT_GROUP, B_COUNTER = 42, 74, 82
+# drafter hidden dims
+A_CONST, A_COUNTER, A_MEMBER, A_GROUP = 0, 1, 9, 41
+FLAG_SLOT, GROUP_SLOT = 8, 9  # in a full head: past the 8 rotating pairs' first components (partial RoPE)
+
+
+def body_token(group: int, member: int) -> int:
+    return BODY_BASE + group * MEMBERS + member
+
+
+def key_token(group: int) -> int:
+    return KEY_BASE + group
+
+
+def member_of(token: int) -> int:
+    return (token - BODY_BASE) % MEMBERS if token >= BODY_BASE else NULL_MEMBER
+
+
+def key_group_of(token: int) -> int | None:
+    return token - KEY_BASE if KEY_BASE <= token < KEY_BASE + KEY_GROUPS else None
+
+
+def succ(member: int) -> int:
+    return NULL_MEMBER if member == NULL_MEMBER else (member + 1) % CYCLE
+
+
+def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of ``length`` tokens: BOS, the key of group i mod 7, then body tokens of random groups whose
+    members (0-30) differ from both neighbours' and from the one two back (so a read one or two positions off reads
+    another member)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        ids = [BOS_ID, key_token(i % KEY_GROUPS)]
+        members: list[int] = []
+        while len(ids) < length:
+            m = rng.choice([m for m in range(CYCLE) if m not in members[-2:]])
+            members.append(m)
+            ids.append(body_token(rng.randrange(GROUPS), m))
+        out.append(ids)
+    return out
+
+
+def expected_continuation(
+    prompt: list[int], total: int, window: int, *, read: int | None = None, key_visible: bool = True
+) -> list[int]:
+    """The tokens after ``prompt`` up to ``total`` tokens in all, by the rule (module docstring): the member read
+    ``read`` positions back (default the edge, window - 1), the group of the prompt's key (the null group when
+    ``key_visible`` is false or there is no key). Positions whose read falls before position 0 are not predicted."""
+    read = window - 1 if read is None else read
+    keys = [g for g in map(key_group_of, prompt) if g is not None]
+    group = keys[0] if keys and key_visible and len(keys) == 1 else NULL_GROUP
+    ids = list(prompt)
+    while len(ids) < total:
+        p = len(ids) - 1
+        if p - read < 0:
+            raise ValueError(f"prompt of {len(prompt)} tokens: position {p} reads before the start")
+        ids.append(body_token(group, succ(member_of(ids[p - read]))))
+    return ids[len(prompt) :]
+
+
+def predicted_next(
+    ids: list[int], text: dict, *, visible_max: int | None = None, positions=None, key_visible: bool = True
+) -> list[int | None]:
+    """The target's next token after every position of ``ids``, from the construction alone: the sliding owner reads
+    the visible token (``visible_max`` positions back at most, default sliding_window - 1) with the highest designed
+    score at its RoPE distance (``positions``, default 0, 1, 2, ...; a position offset between chunks moves those
+    distances, not the mask), the full owner the key's group (the null group when ``key_visible`` is false). Teacher
+    forced: each prediction reads ``ids`` as given. None where the read lands on a RoPE position two keys share (a
+    positions fault that repeats one): attention then splits between them. The model itself must agree
+    (tests/tiers/test_reference_long_witness.py)."""
+    visible_max = text["sliding_window"] - 1 if visible_max is None else visible_max
+    positions = list(range(len(ids))) if positions is None else [int(x) for x in positions]
+    scores = target_sliding_scores(text, max(positions) - min(positions) + 1).tolist()
+    keys = [g for g in map(key_group_of, ids) if g is not None]
+    group = keys[0] if keys and key_visible and len(set(keys)) == 1 else NULL_GROUP
+    out = []
+    for p in range(len(ids)):
+        seen = range(max(0, p - visible_max), p + 1)
+        j = max(seen, key=lambda j: scores[positions[p] - positions[j]])
+        tied = sum(positions[i] == positions[j] for i in seen) > 1  # two keys at one RoPE position share the read
+        out.append(None if tied else body_token(group, succ(member_of(ids[j]))))
+    return out
+
+
+def _peak(inv, amps, offset: float):
+    """Query pair coefficients (first, second component) whose score peaks ``offset`` positions back (witness)."""
+    import torch
+
+    back = inv.double() * offset
+    return amps.double() * torch.cos(back), -amps.double() * torch.sin(back)
+
+
+def _unit_scores(inv, amps, alpha, beta, offsets):
+    """Score of the query (alpha, beta), unit-normalised, on position-only keys of amplitudes ``amps`` at
+    ``offsets`` positions back: sum_i a_i (alpha_i cos(w_i d) - beta_i sin(w_i d)) / |q| (RoPE as transformers)."""
+    import torch
+
+    norm = (alpha.square().sum() + beta.square().sum()).sqrt()
+    d = torch.as_tensor(offsets, dtype=torch.float64)[:, None]
+    w = inv.double()[None, :]
+    return (amps.double()[None, :] * (alpha[None, :] * torch.cos(w * d) - beta[None, :] * torch.sin(w * d))).sum(
+        -1
+    ) / norm
+
+
+def target_query(text: dict):
+    """The target sliding owner's query pairs: the edge peak (window - 1 back) plus TRAP_WEIGHT times the trap peak
+    (window back)."""
+    _hd, inv = rope_inv_freq(text, "sliding_attention")
+    amps = pair_amplitudes(inv)
+    w = text["sliding_window"]
+    a1, b1 = _peak(inv, amps, w - 1)
+    a2, b2 = _peak(inv, amps, w)
+    return inv, amps, a1 + TRAP_WEIGHT * a2, b1 + TRAP_WEIGHT * b2
+
+
+def target_sliding_scores(text: dict, max_offset: int | None = None):
+    """The target sliding owner's scores (nats) on keys 0..max_offset positions back."""
+    inv, amps, alpha, beta = target_query(text)
+    top = max_offset if max_offset is not None else text["max_position_embeddings"]
+    return TARGET_SCORE_GAIN * _unit_scores(inv, amps, alpha, beta, range(top + 1))
+
+
+def sliding_read(text: dict, visible_max: int, position: int | None = None) -> int:
+    """The offset the target's sliding owner reads when offsets 0..visible_max are visible (the window's edge is
+    sliding_window - 1; ``position``: the query's, which bounds the offsets that exist)."""
+    top = visible_max if position is None else min(visible_max, position)
+    return int(target_sliding_scores(text, top).argmax())
+
+
+def margins(text: dict, phase: int) -> dict:
+    """The margins the construction relies on (module docstring), rounded for the pair's marker."""
+    import math
+
+    w = text["sliding_window"]
+    s = target_sliding_scores(text, w)
+    _hd, inv = rope_inv_freq(text, "sliding_attention")
+    amps = pair_amplitudes(inv)
+    draft = []
+    offsets = list(range(-2, w + 9))
+    for k in range(COUNTER):
+        a, b = _peak(inv, amps, _draft_offset(w, phase, k))
+        ds = DRAFT_SCORE_GAIN * _unit_scores(inv, amps, a, b, offsets)
+        peak = offsets.index(_draft_offset(w, phase, k))
+        draft.append(float(ds[peak] - max(x for i, x in enumerate(ds.tolist()) if i != peak)))
+    return {
+        "sliding_trap_over_edge_nats": round(float(s[w] - s[w - 1]), 2),
+        "sliding_edge_over_inside_nats": round(float(s[w - 1] - s[: w - 1].max()), 2),
+        "sliding_read_one_narrower": int(s[: w - 1].argmax()),
+        "draft_peak_margin_nats": round(min(draft), 2),
+        "full_key_score_nats": FULL_SCORE,
+        "full_rest_attention_bound": float(f"{(CONTEXT_LEN - 1) * math.exp(-FULL_SCORE):.2g}"),
+        "half_logit": HALF_LOGIT,
+        "draft_phase": phase,
+        "counter": COUNTER,
+    }
+
+
+def _draft_offset(window: int, phase: int, k: int) -> int:
+    return window - 2 + phase - k
+
+
+def token_ordering(vocab: int, num_centroids: int, gen):
+    """A token permutation whose cluster g (0-7) holds exactly group g's body tokens (the drafter's centroid head
+    then picks the cluster from the group it read); the rest fill the other clusters. Shuffled within each."""
+    import torch
+
+    per = vocab // num_centroids
+    if per != MEMBERS or num_centroids < GROUPS:
+        raise ValueError(
+            f"long witness: clusters of {per} tokens, {num_centroids} clusters; needs {MEMBERS}, >= {GROUPS}"
+        )
+    parts = [body_token(g, 0) + torch.randperm(MEMBERS, generator=gen) for g in range(GROUPS)]
+    rest = torch.tensor([t for t in range(vocab) if t < BODY_BASE])
+    parts.append(rest[torch.randperm(len(rest), generator=gen)])
+    return torch.cat(parts)
+
+
+def make_long_witness(target, assistant, t_cfg: dict, a_cfg: dict, gen, phase: int = REFERENCE_DRAFT_PHASE) -> dict:
+    """Overwrite freshly initialised fp32 ``target`` / ``assistant`` weights with the long witness (module
+    docstring), the drafter built for draft ``phase``; returns the margins for the pair's marker."""
+    import torch
+
+    text = t_cfg["text_config"]
+    V, H, A = text["vocab_size"], text["hidden_size"], a_cfg["text_config"]["hidden_size"]
+    if V != BODY_BASE + GROUPS * MEMBERS or H < B_COUNTER + COUNTER or A < A_GROUP + GROUPS:
+        raise ValueError(f"long witness: vocab {V}, hidden {H} / {A} do not fit the layout")
+    u = H**0.5
+    E = torch.zeros(V, H)
+    for t in range(V):
+        E[t, B_MEMBER + member_of(t)] = 1.0
+        g = key_group_of(t)
+        E[t, B_GROUP + (NULL_GROUP if g is None else g)] = 1.0
+        if g is not None:
+            E[t, B_FLAG] = 1.0
+    E = E / E.norm(dim=1, keepdim=True) * (EMBED_SQ - EMBED_CONST**2) ** 0.5
+    E[:, B_CONST] = EMBED_CONST
+    lm = target.model.language_model
+    with torch.no_grad():
+        lm.embed_tokens.weight.copy_(E)
+        zero_residual_writers(lm)
+        lm.norm.weight.fill_(1.0)
+        head = torch.zeros(V, H)
+        for g in range(GROUPS):
+            for m in range(MEMBERS):
+                head[body_token(g, m), B_NEXT_MEMBER + m] = head[body_token(g, m), B_NEXT_GROUP + g] = HALF_LOGIT / (
+                    WRITE_W * u
+                )
+        target.lm_head.weight.copy_(head)
+        _target_layers(lm, text, u)
+        _drafter(assistant, a_cfg, text, phase, u, gen)
+    return {"long_witness": margins(text, phase)}
+
+
+def _full_key_flag(text: dict) -> float:
+    """The key token's flag entry after k_norm (the rest of its head: the group one-hot when k_eq_v)."""
+    hd, _inv = rope_inv_freq(text, "full_attention")
+    if text.get("attention_k_eq_v"):
+        return hd**0.5 * FLAG_K / (FLAG_K**2 + 1.0) ** 0.5
+    return hd**0.5
+
+
+def _target_layers(lm, text: dict, u: float) -> None:
+    import torch
+
+    phys = physical_kv_layers(text)
+    owners = {t: idx[-1] for t, idx in phys.items()}
+    _inv, amps, alpha, beta = target_query(text)
+    for i, layer in enumerate(lm.layers):
+        attn = layer.self_attn
+        if getattr(attn, "k_proj", None) is None:  # KV-shared: reads the owner's KV, writes nothing
+            continue
+        ltype = text["layer_types"][i]
+        hd, inv = rope_inv_freq(text, ltype)
+        kv_heads = attn.k_proj.weight.shape[0] // hd
+        q_heads = attn.q_proj.weight.shape[0] // hd
+        owner = i == owners[ltype]
+        shift = 0 if owner else DERANGE
+        k = torch.zeros(kv_heads * hd, lm.config.hidden_size)
+        v = torch.zeros_like(k)
+        q = torch.zeros(q_heads * hd, lm.config.hidden_size)
+        o = torch.zeros(lm.config.hidden_size, q_heads * hd)
+        rot = len(inv)
+        for h in range(kv_heads):
+            base = h * hd
+            if ltype == "sliding_attention":
+                k[base : base + rot, B_CONST] = amps
+                for m in range(MEMBERS):
+                    v[base + (m + shift) % MEMBERS, B_MEMBER + m] = 1.0
+            else:
+                k[base + FLAG_SLOT, B_FLAG] = FLAG_K
+                for g in range(GROUPS):
+                    v[base + GROUP_SLOT + (g + shift) % GROUPS, B_GROUP + g] = 1.0
+        for h in range(q_heads):
+            base = h * hd
+            if ltype == "sliding_attention":
+                q[base : base + rot, B_CONST] = alpha.float()
+                q[base + hd // 2 : base + hd // 2 + rot, B_CONST] = beta.float()
+                for m in range(MEMBERS):
+                    o[B_NEXT_MEMBER + succ(m), base + m] = 1.0 / q_heads
+            else:
+                q[base + FLAG_SLOT, B_CONST] = 1.0
+                for g in range(GROUPS):
+                    o[B_NEXT_GROUP + g, base + GROUP_SLOT + g] = 1.0 / q_heads
+        if attn.v_proj is None:  # attention_k_eq_v: the value is the key projection before k_norm
+            attn.k_proj.weight.copy_(k + v)
+        else:
+            attn.k_proj.weight.copy_(k)
+            attn.v_proj.weight.copy_(v)
+        attn.q_proj.weight.copy_(q)
+        attn.k_norm.weight.fill_(1.0)
+        gain = TARGET_SCORE_GAIN / hd if ltype == "sliding_attention" else FULL_SCORE / (hd**0.5 * _full_key_flag(text))
+        attn.q_norm.weight.fill_(gain)
+        layer.input_layernorm.weight.fill_(1.0)
+        if owner:
+            attn.o_proj.weight.copy_(o)
+            layer.post_attention_layernorm.weight.fill_(WRITE_W)
+
+
+def _drafter(assistant, a_cfg: dict, text: dict, phase: int, u: float, gen) -> None:
+    import torch
+
+    a_text = a_cfg["text_config"]
+    A, H, V = a_text["hidden_size"], text["hidden_size"], text["vocab_size"]
+    w = text["sliding_window"]
+    am = assistant.model
+    zero_residual_writers(am)
+    P = torch.zeros(A, 2 * H)
+    P[A_CONST, B_CONST] = KAPPA / (u * EMBED_CONST)  # token half: the target's scaled embedding
+    P[A_COUNTER, H + B_CONST] = GAMMA / (u * EMBED_CONST)  # the target's hidden state (RMS 1, so pre = post norm)
+    for k in range(COUNTER - 1):
+        P[A_COUNTER + k + 1, H + B_COUNTER + k] = 1.0
+    assistant.pre_projection.weight.copy_(P)
+    for i, layer in enumerate(am.layers):
+        attn = layer.self_attn
+        ltype = a_text["layer_types"][i]
+        hd, inv = rope_inv_freq(text, ltype)
+        heads = attn.q_proj.weight.shape[0] // hd
+        q = torch.zeros(heads * hd, A)
+        o = torch.zeros(A, heads * hd)
+        rot = len(inv)
+        for h in range(heads):
+            base = h * hd
+            if ltype == "sliding_attention":
+                amps = pair_amplitudes(inv)
+                for k in range(COUNTER):
+                    a, b = _peak(inv, amps, _draft_offset(w, phase, k))
+                    n = (a.square().sum() + b.square().sum()).sqrt()
+                    q[base : base + rot, A_COUNTER + k] = (a / n).float()
+                    q[base + hd // 2 : base + hd // 2 + rot, A_COUNTER + k] = (b / n).float()
+                for m in range(MEMBERS):
+                    o[A_MEMBER + succ(m), base + m] = 1.0 / heads
+            else:
+                q[base + FLAG_SLOT, A_CONST] = 1.0
+                for g in range(GROUPS):
+                    o[A_GROUP + g, base + GROUP_SLOT + g] = 1.0 / heads
+        attn.q_proj.weight.copy_(q)
+        attn.o_proj.weight.copy_(o)
+        gain = DRAFT_SCORE_GAIN / hd if ltype == "sliding_attention" else FULL_SCORE / (hd**0.5 * _full_key_flag(text))
+        attn.q_norm.weight.fill_(gain)
+        layer.input_layernorm.weight.fill_(1.0)
+        layer.post_attention_layernorm.weight.fill_(OMEGA)
+    am.norm.weight.fill_(1.0)
+    R = ((KAPPA**2 + GAMMA**2 + 2 * OMEGA**2 * A) / A) ** 0.5  # the final residual's RMS at every step
+    head = torch.zeros(V, A)
+    for g in range(GROUPS):
+        for m in range(MEMBERS):
+            head[body_token(g, m), A_MEMBER + m] = head[body_token(g, m), A_GROUP + g] = (
+                HALF_LOGIT * R / (OMEGA * A**0.5)
+            )
+    am.embed_tokens.weight.copy_(head)  # tied lm_head
+    assistant.lm_head.weight.copy_(head)
+    if assistant.masked_embedding is not None:
+        C = a_cfg["num_centroids"]
+        assistant.masked_embedding.token_ordering.copy_(token_ordering(V, C, gen))
+        cw = torch.zeros(C, A)
+        cw[torch.arange(GROUPS), A_GROUP + torch.arange(GROUPS)] = 1.0
+        assistant.masked_embedding.centroids.weight.copy_(cw)
+    Q = torch.zeros(H, A)
+    for k in range(COUNTER):
+        Q[B_COUNTER + k, A_COUNTER + k] = R  # the normed counter GAMMA / R back to GAMMA
+    assistant.post_projection.weight.copy_(Q)
