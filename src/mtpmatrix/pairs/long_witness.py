@@ -140,6 +140,14 @@ def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
+def _group(ids: list[int], key_visible: bool) -> int:
+    """The group the full owner reads: the key's (one key group in ``ids``), else the null group."""
+    keys = {g for g in map(key_group_of, ids) if g is not None}
+    if len(keys) > 1:
+        raise ValueError(f"keys of groups {sorted(keys)}: the full layer would read a mixture (one key a prompt)")
+    return keys.pop() if keys and key_visible else NULL_GROUP
+
+
 def expected_continuation(
     prompt: list[int], total: int, window: int, *, read: int | None = None, key_visible: bool = True
 ) -> list[int]:
@@ -147,8 +155,7 @@ def expected_continuation(
     ``read`` positions back (default the edge, window - 1), the group of the prompt's key (the null group when
     ``key_visible`` is false or there is no key). Positions whose read falls before position 0 are not predicted."""
     read = window - 1 if read is None else read
-    keys = [g for g in map(key_group_of, prompt) if g is not None]
-    group = keys[0] if keys and key_visible and len(keys) == 1 else NULL_GROUP
+    group = _group(prompt, key_visible)
     ids = list(prompt)
     while len(ids) < total:
         p = len(ids) - 1
@@ -171,8 +178,7 @@ def predicted_next(
     visible_max = text["sliding_window"] - 1 if visible_max is None else visible_max
     positions = list(range(len(ids))) if positions is None else [int(x) for x in positions]
     scores = target_sliding_scores(text, max(positions) - min(positions) + 1).tolist()
-    keys = [g for g in map(key_group_of, ids) if g is not None]
-    group = keys[0] if keys and key_visible and len(set(keys)) == 1 else NULL_GROUP
+    group = _group(ids, key_visible)
     out = []
     for p in range(len(ids)):
         seen = range(max(0, p - visible_max), p + 1)
