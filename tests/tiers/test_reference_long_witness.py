@@ -34,7 +34,7 @@ DRAFT_TOKENS = 3
 ACCEPT_RATE_MIN = 0.95  # every draft of the intact drafter is right; the bar leaves room for rounding only
 DRAFT_INTACT_MIN = 0.95
 DRAFT_ABLATED_MAX = 0.25  # share of the intact accuracy a broken input may keep (the witness's bar)
-DRAFT_SPAN = 24  # draft rounds per sequence in the harness (from PROMPT_LEN on)
+DRAFT_SPAN = 12  # draft rounds per sequence in the harness (from PROMPT_LEN on): 24 rounds of 5 drafts in all
 OFFSET_BOUNDARY = 128  # the position after which a "chunk" sits one position off
 MIN_CHANGED = 32  # every fault must change at least this many of the predicted tokens
 

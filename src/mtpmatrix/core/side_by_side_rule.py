@@ -26,6 +26,11 @@ variant, the constructed rule, the witness's and the decoy's acceptance in trans
 whole, so each pair's chains are generated in one process), and the reference process keeps the sampled checks,
 the witness ablations and the configs. The witness and decoy pairs are then loaded in both processes (~0.1 s each).
 
+The long witness's assisted generation (tests/tiers/test_reference_long_witness.py, issue #38: ~1.4 s, three
+generate calls to the context limit) joins them, the same kind of check, so the long witness's ~8 check-seconds do
+not all land in the reference process (with all of them there: 0.5.17 row 1.30 x its floor, load 3-5,
+row_floor_bench.py).
+
 The pytest plugin marks them ``SHARED_MARK`` at collection; the groups' ``-m`` expressions select by it. Plain
 (no pytest import): the runner reads the names too.
 """
@@ -34,12 +39,14 @@ from __future__ import annotations
 
 SHARED_MARK = "shared_reference"
 SHARED_TIER = "reference"
-# the checks that read tests/tiers/test_reference.py's ``generations`` (every parameter of each)
+# the checks that read tests/tiers/test_reference.py's ``generations`` (every parameter of each), and the long
+# witness's assisted generation
 SHARED_FUNCTIONS = (
     "test_greedy_with_assistant_equals_greedy",
     "test_constructed_rule_and_acceptance",
     "test_witness_drafts_at_transformers_phase",
     "test_decoy_chain_meets_prediction_in_transformers",
+    "test_long_witness_assisted_equals_greedy",
 )
 
 
