@@ -358,16 +358,7 @@ def _target_layers(lm, text: dict, u: float) -> None:
                 for g in range(GROUPS):
                     v[base + GROUP_SLOT + (g + shift) % GROUPS, B_GROUP + g] = 1.0
         for h in range(q_heads):
-            base = h * hd
-            if ltype == "sliding_attention":
-                q[base : base + rot, B_CONST] = alpha.float()
-                q[base + hd // 2 : base + hd // 2 + rot, B_CONST] = beta.float()
-                for m in range(MEMBERS):
-                    o[B_NEXT_MEMBER + succ(m), base + m] = 1.0 / q_heads
-            else:
-                q[base + FLAG_SLOT, B_CONST] = 1.0
-                for g in range(GROUPS):
-                    o[B_NEXT_GROUP + g, base + GROUP_SLOT + g] = 1.0 / q_heads
+            _reading_head(q, o, h * hd, hd, ltype, [(B_CONST, alpha, beta)], B_CONST, (B_NEXT_MEMBER, B_NEXT_GROUP))
         if attn.v_proj is None:  # attention_k_eq_v: the value is the key projection before k_norm
             attn.k_proj.weight.copy_(k + v)
         else:
@@ -381,6 +372,24 @@ def _target_layers(lm, text: dict, u: float) -> None:
         if owner:
             attn.o_proj.weight.copy_(o)
             layer.post_attention_layernorm.weight.fill_(WRITE_W)
+
+
+def _reading_head(q, o, base: int, hd: int, ltype: str, queries, const: int, out: tuple[int, int]) -> None:
+    """One query head (from dim ``base``) of a layer that reads what the target and the drafter read: a sliding head
+    takes each (column, alpha, beta) of ``queries`` into its rotating pairs and sends value slot m to member dim
+    ``out[0]`` + succ(m); a full head takes the constant column ``const`` into the flag slot and sends group slot g to
+    group dim ``out[1]`` + g. Every head of a layer reads the same, so each writes 1 / heads of it."""
+    heads = q.shape[0] // hd
+    if ltype == "sliding_attention":
+        for col, a, b in queries:
+            q[base : base + len(a), col] = a.float()
+            q[base + hd // 2 : base + hd // 2 + len(b), col] = b.float()
+        for m in range(MEMBERS):
+            o[out[0] + succ(m), base + m] = 1.0 / heads
+    else:
+        q[base + FLAG_SLOT, const] = 1.0
+        for g in range(GROUPS):
+            o[out[1] + g, base + GROUP_SLOT + g] = 1.0 / heads
 
 
 def _drafter(assistant, a_cfg: dict, text: dict, phase: int, u: float, gen) -> None:
@@ -404,22 +413,13 @@ def _drafter(assistant, a_cfg: dict, text: dict, phase: int, u: float, gen) -> N
         heads = attn.q_proj.weight.shape[0] // hd
         q = torch.zeros(heads * hd, A)
         o = torch.zeros(A, heads * hd)
-        rot = len(inv)
+        queries = []  # counter slot k -> a unit query peaked where draft k reads (sliding layers only)
+        for k in range(COUNTER if ltype == "sliding_attention" else 0):
+            a, b = _peak(inv, pair_amplitudes(inv), _draft_offset(w, phase, k))
+            n = (a.square().sum() + b.square().sum()).sqrt()
+            queries.append((A_COUNTER + k, a / n, b / n))
         for h in range(heads):
-            base = h * hd
-            if ltype == "sliding_attention":
-                amps = pair_amplitudes(inv)
-                for k in range(COUNTER):
-                    a, b = _peak(inv, amps, _draft_offset(w, phase, k))
-                    n = (a.square().sum() + b.square().sum()).sqrt()
-                    q[base : base + rot, A_COUNTER + k] = (a / n).float()
-                    q[base + hd // 2 : base + hd // 2 + rot, A_COUNTER + k] = (b / n).float()
-                for m in range(MEMBERS):
-                    o[A_MEMBER + succ(m), base + m] = 1.0 / heads
-            else:
-                q[base + FLAG_SLOT, A_CONST] = 1.0
-                for g in range(GROUPS):
-                    o[A_GROUP + g, base + GROUP_SLOT + g] = 1.0 / heads
+            _reading_head(q, o, h * hd, hd, ltype, queries, A_CONST, (A_MEMBER, A_GROUP))
         attn.q_proj.weight.copy_(q)
         attn.o_proj.weight.copy_(o)
         gain = DRAFT_SCORE_GAIN / hd if ltype == "sliding_attention" else FULL_SCORE / (hd**0.5 * _full_key_flag(text))
