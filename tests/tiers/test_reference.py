@@ -24,7 +24,6 @@ seen more tokens than the window, which assisted decoding does whenever a draft 
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pytest
@@ -95,35 +94,6 @@ def sampled_verifier(load_pair):
     return lambda name, prompts: _verifier(name, tuple(dict.fromkeys(tuple(p) for p in prompts)))
 
 
-@contextlib.contextmanager
-def _count_acceptance(stats: list):
-    """Record (drafted, accepted, round) per verification step of transformers' Gemma 4 candidate generator; round
-    counts the steps inside this context (one generate call), 0 = the first round after prefill."""
-    from transformers.generation import candidate_generator as cg
-
-    cls = cg.SinglePositionMultiTokenCandidateGenerator
-    orig_get, orig_update = cls.get_candidates, cls.update_candidate_strategy
-    pending: list[int] = []
-    start = len(stats)
-
-    def get_candidates(self, input_ids, *args, **kwargs):
-        out = orig_get(self, input_ids, *args, **kwargs)
-        pending.append(out[0].shape[1] - input_ids.shape[1])
-        return out
-
-    def update_candidate_strategy(self, input_ids, scores, num_matches):
-        drafted = pending.pop() if pending else 0
-        if drafted:
-            stats.append((drafted, int(num_matches), len(stats) - start))
-        return orig_update(self, input_ids, scores, num_matches)
-
-    cls.get_candidates, cls.update_candidate_strategy = get_candidates, update_candidate_strategy
-    try:
-        yield
-    finally:
-        cls.get_candidates, cls.update_candidate_strategy = orig_get, orig_update
-
-
 @pytest.fixture(scope="session")
 def generations(load_pair):
     """``(name, variant) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats, generated once per
@@ -144,7 +114,7 @@ def generations(load_pair):
             ids = tokenizer(prompt, return_tensors="pt").input_ids
             assert ids.shape[1] + NEW_TOKENS < window, f"prompt {prompt!r} would run past the sliding window"
             try:
-                with torch.inference_mode(), _count_acceptance(stats):
+                with torch.inference_mode(), reference_models.count_acceptance(stats):
                     assisted = target.generate(
                         ids, assistant_model=assistant, attention_mask=torch.ones_like(ids), **kw
                     )

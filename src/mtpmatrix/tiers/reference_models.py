@@ -3,6 +3,7 @@ per session, shared by every reference test file (tests/tiers/conftest.py ``load
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 
@@ -96,3 +97,32 @@ def pair_loader(build_tiny_pair):
         return models[0], models[1], tokenizer
 
     return lambda name, variant: _load(name, variant_name(variant))
+
+
+@contextlib.contextmanager
+def count_acceptance(stats: list):
+    """Record (drafted, accepted, round) per verification step of transformers' Gemma 4 candidate generator; round
+    counts the steps inside this context (one generate call), 0 = the first round after prefill."""
+    from transformers.generation import candidate_generator as cg
+
+    cls = cg.SinglePositionMultiTokenCandidateGenerator
+    orig_get, orig_update = cls.get_candidates, cls.update_candidate_strategy
+    pending: list[int] = []
+    start = len(stats)
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        out = orig_get(self, input_ids, *args, **kwargs)
+        pending.append(out[0].shape[1] - input_ids.shape[1])
+        return out
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        drafted = pending.pop() if pending else 0
+        if drafted:
+            stats.append((drafted, int(num_matches), len(stats) - start))
+        return orig_update(self, input_ids, scores, num_matches)
+
+    cls.get_candidates, cls.update_candidate_strategy = get_candidates, update_candidate_strategy
+    try:
+        yield
+    finally:
+        cls.get_candidates, cls.update_candidate_strategy = orig_get, orig_update
