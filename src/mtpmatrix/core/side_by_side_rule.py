@@ -26,10 +26,9 @@ variant, the constructed rule, the witness's and the decoy's acceptance in trans
 whole, so each pair's chains are generated in one process), and the reference process keeps the sampled checks,
 the witness ablations and the configs. The witness and decoy pairs are then loaded in both processes (~0.1 s each).
 
-The long witness's assisted generation (tests/tiers/test_reference_long_witness.py, issue #38: ~1.4 s, three
-generate calls to the context limit) joins them, the same kind of check, so the long witness's ~8 check-seconds do
-not all land in the reference process (with all of them there: 0.5.17 row 1.30 x its floor, load 3-5,
-row_floor_bench.py).
+The long witness's assisted generation (tests/tiers/test_reference_long_witness.py, issue #38: ~0.7 CPU s, three
+generate calls to the context limit) joins them, the same kind of check, so the long witness's checks (~3.2 CPU s
+in all, 0.5.17, row_floor_bench.py) do not all land in the reference process.
 
 The pytest plugin marks them ``SHARED_MARK`` at collection; the groups' ``-m`` expressions select by it. Plain
 (no pytest import): the runner reads the names too.
