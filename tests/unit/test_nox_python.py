@@ -3,9 +3,11 @@ no more, and .ci/run installs exactly that. Whatever of this package runs there 
 imports, and the ``python -m mtpmatrix`` its python=False sessions start with ``sys.executable``) imports the
 standard library, nox and nox's own dependencies only.
 
-The static check reads every import at any depth (ast, as test_layers.py does), so an import inside a function that
-only a rare session reaches (``--server-url``'s pre-flight) counts too; the venv check runs the noxfile and that
-pre-flight in a venv holding what the README installs, nothing more.
+The static check reads the imports (ast, as test_layers.py does): those a module runs when it loads, and those inside
+its functions too, so an import only a rare session reaches (``--server-url``'s pre-flight) counts; only the
+functions of the row's side (tiers/, pairs/: they run in a row's venv next to sglang, README's Layout) are not
+followed. The venv check runs the noxfile, that pre-flight and ``python -m mtpmatrix`` in a venv holding what the
+README installs, nothing more.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ NOX_REQUIRES = {"packaging"}
 # third-party imports that nox's Python reaches only behind a guard, each with the guard
 GUARDED = {
     ("mtpmatrix.serving.environment", "torch"): "gpu_count imports it only where importlib finds it (has_module)",
-    ("mtpmatrix.tiers.session.process", "pytest"): "run_pytest runs in a row's venv (python -m ...session.process)",
     ("mtpmatrix.report.render", "jinja2"): "one line without it (NO_JINJA2); nox -s report installs it",
+    ("mtpmatrix.report.figures", "matplotlib"): "the page says why there are no figures; nox -s report installs it",
 }
+# the row's side: what runs in a row's venv next to sglang; their modules may load in nox's Python (the report reads
+# the smoke tier's names), their functions run in the row
+ROW_SIDE = ("mtpmatrix.tiers", "mtpmatrix.pairs")
 
 
 def _module_file(name: str) -> Path | None:
@@ -43,19 +48,25 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-def _imports(path: Path, name: str) -> list[tuple[str, list[str]]]:
-    """(module, names) of every import in ``path``, at any depth, relative ones resolved."""
+def _imports(path: Path, name: str) -> list[tuple[str, list[str], bool]]:
+    """(module, names, inside a function) of every import in ``path``, relative ones resolved."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+
+    def visit(node: ast.AST, in_function: bool) -> None:
         if isinstance(node, ast.Import):
-            out += [(a.name, []) for a in node.names]
+            out.extend((a.name, [], in_function) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-            out.append((base, [a.name for a in node.names]))
+            out.append((base, [a.name for a in node.names], in_function))
+        function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or function)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
     return out
 
 
@@ -75,9 +86,9 @@ def _entry_modules() -> list[str]:
     return found
 
 
-def nox_python_imports() -> dict[tuple[str, str], str]:
-    """{(importing module, top-level name): the chain of imports from the noxfile} of every import outside this
-    package in what nox's Python runs."""
+def nox_python_imports() -> dict[tuple[str, str], tuple[str, bool]]:
+    """{(importing module, top-level name): (the chain of imports from the noxfile, only inside functions)} of every
+    import outside this package in what nox's Python runs."""
     todo = [("noxfile", NOXFILE, "noxfile")]
     for module in _entry_modules():
         main = f"{module}.__main__"
@@ -88,9 +99,13 @@ def nox_python_imports() -> dict[tuple[str, str], str]:
         if name in seen:
             continue
         seen.add(name)
-        for module, names in _imports(path, name):
+        row_side = any(name == p or name.startswith(f"{p}.") for p in ROW_SIDE)
+        for module, names, in_function in _imports(path, name):
+            if in_function and row_side:
+                continue
             if module.split(".")[0] != "mtpmatrix":
-                outside.setdefault((name, module.split(".")[0]), chain)
+                key = (name, module.split(".")[0])
+                outside[key] = (chain, outside.get(key, (chain, True))[1] and in_function)
                 continue
             parts = module.split(".")
             candidates = [".".join(parts[:i]) for i in range(1, len(parts) + 1)] + [f"{module}.{n}" for n in names]
@@ -107,8 +122,8 @@ def test_nox_python_imports_only_the_standard_library_nox_and_its_dependencies()
     allowed = set(sys.stdlib_module_names) | {"nox", "__future__"} | NOX_REQUIRES
     bad = sorted(
         f"{chain} imports {top}"
-        for (who, top), chain in nox_python_imports().items()
-        if top not in allowed and (who, top) not in GUARDED
+        for (who, top), (chain, in_function) in nox_python_imports().items()
+        if top not in allowed and not ((who, top) in GUARDED and in_function)  # a guard is a function's
     )
     assert not bad, f"nox's own Python (pip install nox uv, nothing else) cannot import these: {bad}"
     # each guarded import is still there (a stale entry would let a new unguarded one of the same name through)
