@@ -117,7 +117,7 @@ class _ThreadSession:
             if not 200 <= resp.status_code < 300:
                 text = resp.content.decode("utf-8", errors="replace")
                 raise ClientError(
-                    f"POST {path} -> HTTP {resp.status_code}: {_error_message(text)}", resp.status_code, text
+                    f"POST {path} -> HTTP {resp.status_code}: {error_message(text)}", resp.status_code, text
                 )
             out: list[dict] = []
             for line in resp.iter_lines(decode_unicode=False):
@@ -131,7 +131,7 @@ class _ThreadSession:
                 except ValueError as exc:
                     raise ClientError(f"POST {path}: stream event {len(out)} is not JSON: {data[:200]!r}") from exc
                 if isinstance(event, dict) and isinstance(event.get("error"), dict):
-                    raise ClientError(f"POST {path}: stream event {len(out)}: {_error_message(data.decode())}")
+                    raise ClientError(f"POST {path}: stream event {len(out)}: {error_message(data.decode())}")
                 out.append(event)
         raise ClientError(f"POST {path}: the stream ended after {len(out)} events without data: [DONE]")
 
