@@ -120,7 +120,11 @@ def test_installed_wheel_runs_every_command_and_reports_as_the_checkout(installe
     assert from_checkout.returncode == 1, from_checkout.stderr  # DOES NOT QUALIFY: sglang-0.5.13 broke
     assert from_wheel.returncode == from_checkout.returncode, from_wheel.stderr[-3000:]
     assert from_wheel.stderr == "" and "Traceback" not in from_wheel.stdout
-    verdict = from_checkout.stdout.split("\nreport: ")[0]
-    assert verdict.startswith("❌ DOES NOT QUALIFY") and from_wheel.stdout.split("\nreport: ")[0] == verdict
+    # the verdict and each row's line alike (the headline's provenance differs: only a checkout has a commit)
+    (headline, *rows), (wheel_headline, *wheel_rows) = (
+        p.stdout.split("\nreport: ")[0].splitlines() for p in (from_checkout, from_wheel)
+    )
+    assert headline.startswith("❌ DOES NOT QUALIFY — ") and wheel_headline.startswith("❌ DOES NOT QUALIFY — ")
+    assert rows and wheel_rows == rows
     for name in ("summary.md", "report.html", "summary.json"):
         assert (tmp_path / "wheel" / name).stat().st_size > 0
