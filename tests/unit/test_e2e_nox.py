@@ -124,8 +124,9 @@ def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_p
 
     # the report of one run: score with its Wilson interval, accept length, speed-up, not more than was proven
     rep = report(results, "e2e-1")
-    # nothing failed and nothing is in doubt about the records, but one served case is not the release: exit 3
-    assert rep.returncode != 0 and "failed with exit code 3" in rep.stderr, rep.stdout
+    # nothing failed and nothing is in doubt about the records, but one served case is not the release: NOT PROVEN,
+    # the report's answer (python -m mtpmatrix report exits 3), which fails the session only as a gate (below)
+    assert rep.returncode == 0 and "Session report was successful" in rep.stderr, rep.stdout + rep.stderr
     assert "NOT PROVEN — gsm8k complete in 0 of 1 rows, partial in " in rep.stdout
     # the nox row's records hold as evidence: its manifest, its suite, its versions, its files
     evidence = json.loads((results / "e2e-1" / "report" / "summary.json").read_text())["evidence"]
@@ -141,7 +142,7 @@ def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_p
     # per question against the no-MTP server: MTP answered #59 right where no-MTP did not, lost none
     assert f"| E4B-nomtp → {CASE} | {ROW} | {ROW} | 200 | 183 | 184 | 0 | 1 | 1.000 |" in md
     assert f"- E4B-nomtp → {CASE} {ROW} → {ROW}: now wrong none; now right #59" in md
-    # a release gate: nox fails the session on the report's non-zero status; the CLI tells "not proven" (3) apart
+    # a release gate (--require): nox fails the session on the report's non-zero status, "not proven" (3) included
     gate = report(results, "e2e-1", "--require", "gsm8k")  # one served case is not the seed suite
     assert gate.returncode != 0 and "NOT PROVEN — gsm8k: partial in" in gate.stdout
     assert "31B-topk3" in gate.stdout and "failed with exit code 3" in gate.stderr
@@ -149,7 +150,7 @@ def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_p
     assert gate.returncode != 0 and f"smoke: not run in {ROW} (not selected)" in gate.stdout
 
     # the second run against the first: what changed, question by question
-    rep = report(results, "e2e-2", "--baseline", "e2e-1")
+    rep = report(results, "e2e-2", "--baseline", "e2e-1", "--gate")
     assert "failed with exit code 3" in rep.stderr, rep.stdout
     s = json.loads((results / "e2e-2" / "report" / "summary.json").read_text())
     p = next(x for x in s["baseline"]["paired"] if x["key"] == CASE)

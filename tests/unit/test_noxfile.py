@@ -121,3 +121,28 @@ def test_copied_project_with_good_rows_lists_them(tmp_path):
     proc = nox("-l", "--json", cwd=copy_project(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(proc.stdout)) == sum(r.default for r in ROWS)
+
+
+NOT_PROVEN_RUN, BROKEN_RUN = "20261209-140233", "20261208-090507"  # data/runs: exit 3 and exit 1 of the report
+
+
+def test_report_session_passes_not_proven_and_fails_it_as_a_gate(results):
+    """`nox -s report` prints NOT PROVEN as the answer it is and succeeds; --gate and --require make exit 3 fail
+    the session (a pipeline's gate); a broken row fails it always. The recorded runs, their verdicts known."""
+
+    def report(*args: str) -> subprocess.CompletedProcess:
+        # -R after the first: the session's venv (-e . and jinja2) is made once; a hang bound only
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MTPMATRIX_", "NOX"))}
+        cmd = [*NOX, "-R", "-s", "report", "--", *args, "--results", str(results), "--out", str(results / "out")]
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+    answer = report(NOT_PROVEN_RUN)
+    assert answer.returncode == 0, answer.stdout[-3000:] + answer.stderr[-3000:]
+    assert answer.stdout.startswith("❔ NOT PROVEN — ") and "Session report was successful" in answer.stderr
+    for gate in (["--gate"], ["--require", "contract"], ["--require=contract,reference"]):
+        proc = report(NOT_PROVEN_RUN, *gate)
+        assert proc.returncode != 0 and "NOT PROVEN" in proc.stdout, (gate, proc.stderr[-2000:])
+        assert "failed with exit code 3" in proc.stderr and "Session report failed" in proc.stderr, gate
+    broken = report(BROKEN_RUN)
+    assert broken.returncode != 0 and broken.stdout.startswith("❌ DOES NOT QUALIFY")
+    assert "failed with exit code 1" in broken.stderr

@@ -7,10 +7,12 @@ client, identification, scoring and recording, never sglang.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,29 @@ def test_fetch_describes_what_each_server_serves_no_mtp_first():
     with FakeSglang(server_info={"version": "x"}) as odd:
         with pytest.raises(served.ServedError, match="no model_path"):
             served.fetch(odd.base_url)
+
+
+def test_fetch_reads_old_releases_endpoint_and_names_a_refusal():
+    """/server_info is read with the standard library (nox's Python has no requests): the old releases' name
+    /get_server_info after a 404, and an HTTP server that is no sglang in one line with its status."""
+    with FakeSglang(server_info=server_info(topk=1), legacy_server_info=True) as old:
+        assert served.fetch(old.base_url, env={}).case_id == "E4B-topk1"
+        assert old.state.connections  # it asked this server, nothing else
+
+    class NotSglang(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(403, "go away")
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotSglang) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        with pytest.raises(served.ServedError) as info:
+            served.fetch(url)
+        httpd.shutdown()
+    assert str(info.value).startswith(f"--server-url {url}: /server_info answered 403: GET /server_info -> HTTP 403")
 
 
 def test_unreachable_server_fails_before_install_and_before_pytest(tmp_path):

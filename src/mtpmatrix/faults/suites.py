@@ -19,8 +19,7 @@ from pathlib import Path
 from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.schema import FAILING, short_check_id
 from mtpmatrix.faults.mutation import ENV_MUTANT, HOOK_DIR, MARK
-from mtpmatrix.serving.processes import group_members
-from mtpmatrix.serving.server import LOG_NOTE, READY_NOTE
+from mtpmatrix.serving.processes import LOG_NOTE, READY_NOTE, group_members
 
 SUITE = "tests/tiers"  # the smoke checks, in every test module of the suite (--tiers smoke selects them)
 

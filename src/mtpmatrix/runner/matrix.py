@@ -31,7 +31,7 @@ from mtpmatrix.core.schema import KNOWN_UPSTREAM, PYTEST_LOG, ROW_FILE, SESSION_
 from mtpmatrix.core.store import RunStore, parse_freeze, row_verdict
 from mtpmatrix.runner import bytecode, candidate, console, index, side_by_side, venvs
 from mtpmatrix.runner import overrides as override_rules
-from mtpmatrix.serving import environment
+from mtpmatrix.serving import environment, served
 from mtpmatrix.tiers.verdict import classify_install
 
 SUITE = "tests/tiers"
@@ -192,13 +192,6 @@ def preflight_servers(urls: list[str]) -> list:
     installed; a RowError (one line) otherwise. Returns what each serves."""
     if not urls:
         return []
-    try:  # the client speaks HTTP through requests; nox's own Python has it only if the user installed it
-        from mtpmatrix.serving import served
-    except ImportError as exc:
-        raise RowError(
-            f"--server-url needs {exc.name or 'requests'} in nox's Python to reach the server before the "
-            f"row installs: pip install requests"
-        ) from None
     try:
         return served.fetch_all(urls)
     except served.ServedError as exc:

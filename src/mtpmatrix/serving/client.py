@@ -35,6 +35,10 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+# what /server_info says is read in info.py (standard library: nox's Python reads it too); the tiers use it as client.*
+from mtpmatrix.serving.info import PATHS as SERVER_INFO_PATHS
+from mtpmatrix.serving.info import cuda_graph_disabled, error_message, find_arg, spec_stats  # noqa: F401
+
 DEFAULT_TIMEOUT = 600.0
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -113,7 +117,7 @@ class _ThreadSession:
             if not 200 <= resp.status_code < 300:
                 text = resp.content.decode("utf-8", errors="replace")
                 raise ClientError(
-                    f"POST {path} -> HTTP {resp.status_code}: {_error_message(text)}", resp.status_code, text
+                    f"POST {path} -> HTTP {resp.status_code}: {error_message(text)}", resp.status_code, text
                 )
             out: list[dict] = []
             for line in resp.iter_lines(decode_unicode=False):
@@ -127,7 +131,7 @@ class _ThreadSession:
                 except ValueError as exc:
                     raise ClientError(f"POST {path}: stream event {len(out)} is not JSON: {data[:200]!r}") from exc
                 if isinstance(event, dict) and isinstance(event.get("error"), dict):
-                    raise ClientError(f"POST {path}: stream event {len(out)}: {_error_message(data.decode())}")
+                    raise ClientError(f"POST {path}: stream event {len(out)}: {error_message(data.decode())}")
                 out.append(event)
         raise ClientError(f"POST {path}: the stream ended after {len(out)} events without data: [DONE]")
 
@@ -135,7 +139,7 @@ class _ThreadSession:
         status, data = self.send(method, base_url, path, payload, timeout)
         text = data.decode("utf-8", errors="replace")
         if not 200 <= status < 300:
-            raise ClientError(f"{method} {path} -> HTTP {status}: {_error_message(text)}", status, text)
+            raise ClientError(f"{method} {path} -> HTTP {status}: {error_message(text)}", status, text)
         try:
             return json.loads(text)
         except ValueError as exc:
@@ -172,22 +176,6 @@ def _transport_error(exc: BaseException) -> str:
     if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
         return f"{type(exc).__name__}: {inner.reason}"
     return f"{type(exc).__name__}: {exc}"
-
-
-def _error_message(text: str) -> str:
-    """sglang's error bodies: {"error": {"message": ...}} / {"detail": ...} / {"message": ...} / plain text."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return text.strip()[:500]
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
-        for key in ("detail", "message", "error"):
-            if obj.get(key):
-                return str(obj[key])[:500]
-    return text.strip()[:500]
 
 
 def request(
@@ -246,7 +234,7 @@ def _get_json_with_fallback(base_url: str, path: str, old_path: str, timeout: fl
 
 def server_info(base_url: str, timeout: float = 60.0) -> dict:
     """GET /server_info (/get_server_info on older releases)."""
-    return _get_json_with_fallback(base_url, "/server_info", "/get_server_info", timeout)
+    return _get_json_with_fallback(base_url, *SERVER_INFO_PATHS, timeout)
 
 
 def model_info(base_url: str, timeout: float = 60.0) -> dict:
@@ -269,69 +257,6 @@ def health(base_url: str, path: str = "/health_generate", timeout: float = 30.0)
     except OSError:  # requests' exceptions included
         return False
     return status == 200
-
-
-# --- server_info helpers ----------------------------------------------------------------------------------------
-def spec_stats(info: dict | None) -> dict | None:
-    """Speculative-decoding stats from a /server_info answer, or None when the server reports none.
-
-    ``avg_spec_accept_length`` lives in ``internal_states[i]`` (one per DP rank) in 0.5.13 / 0.5.17 / 0.5.23, and is
-    absent until a speculative forward ran (and always without speculative decoding). Older releases put it at the
-    top level; that is read too. Returns {"avg_spec_accept_length": mean over reporting ranks, "per_rank": [...],
-    "source": where it was found}.
-    """
-    if not isinstance(info, dict):
-        return None
-    states = info.get("internal_states")
-    if isinstance(states, dict):
-        states = [states]
-    per_rank = []
-    if isinstance(states, list):
-        for st in states:
-            if isinstance(st, dict) and isinstance(st.get("avg_spec_accept_length"), (int, float)):
-                per_rank.append(float(st["avg_spec_accept_length"]))
-    if per_rank:
-        return {
-            "avg_spec_accept_length": sum(per_rank) / len(per_rank),
-            "per_rank": per_rank,
-            "source": "internal_states[0]" if len(per_rank) == 1 else "internal_states[*]",
-        }
-    top = info.get("avg_spec_accept_length")
-    if isinstance(top, (int, float)):
-        return {"avg_spec_accept_length": float(top), "per_rank": [float(top)], "source": "top level"}
-    return None
-
-
-_MISSING = object()
-
-
-def find_arg(info: dict, name: str, default: Any = None) -> Any:
-    """A server arg from /server_info: top level first, then any nested dict (0.5.23 nests some records)."""
-    if not isinstance(info, dict):
-        return default
-    if name in info:
-        return info[name]
-    stack = [v for k, v in info.items() if k != "internal_states" and isinstance(v, dict)]
-    while stack:
-        d = stack.pop(0)
-        if name in d:
-            return d[name]
-        stack.extend(v for v in d.values() if isinstance(v, dict))
-    return default
-
-
-def cuda_graph_disabled(info: dict) -> bool | None:
-    """Whether /server_info says CUDA graphs are off (disable_cuda_graph, or 0.5.23's decode backend 'disabled');
-    None when the answer says neither."""
-    flag = find_arg(info, "disable_cuda_graph", _MISSING)
-    backend = find_arg(info, "cuda_graph_backend_decode", _MISSING)
-    if flag is _MISSING and backend is _MISSING:
-        return None
-    if flag is not _MISSING and bool(flag):
-        return True
-    if backend is not _MISSING and isinstance(backend, str) and backend.lower() == "disabled":
-        return True
-    return False
 
 
 # --- batch runner -------------------------------------------------------------------------------------------------

@@ -16,6 +16,11 @@ from pathlib import Path
 
 from mtpmatrix.serving.environment import nvidia_smi
 
+# The harness's own lines in a server log (SglangServer._log), here rather than in server.py because the mutant
+# runner reads them from nox's Python, which has no requests (server.py talks HTTP through client.py)
+LOG_NOTE = "# mtpmatrix: "  # how they begin
+READY_NOTE = "ready after"  # the note that the server answered its health check
+
 # Environment names: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, *_API_KEY, *SECRET*, *PASSWORD* (not TOKENIZERS_*, *_TOKENS).
 _SECRET_NAME = re.compile(r"TOKEN(?!S|IZER)|KEY|SECRET|PASSW|CREDENTIAL", re.I)
 # Option names: --api-key, --admin-api-key, --hf-token, --*-secret, --*-password (not --max-total-tokens,

@@ -10,7 +10,8 @@ gated), so results compare with launched runs and with earlier runs against the 
 A no-MTP server of the same pair, given as a second ``--server-url``, adds the speed-up and a per-question McNemar
 comparison, as MTPMATRIX_GSM8K_BASELINE=1 does for launched servers.
 
-Stdlib and this package only: the matrix checks the URLs from the noxfile's Python before installing the row.
+Standard library and this package only (info.py, not the requests-based client.py): the matrix checks the URLs
+from nox's own Python before installing the row, and that Python holds nox and what nox depends on, no requests.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from mtpmatrix.core import settings
-from mtpmatrix.serving import client
+from mtpmatrix.serving import info as server_info
 
 PAIR_ENV = "MTPMATRIX_SERVER_PAIR"  # the pair a server serves when its model path does not say (e.g. /models/e4b)
 INFO_TIMEOUT = 15.0
@@ -112,17 +113,17 @@ def _int(v) -> int | None:
 
 def describe(url: str, info: dict, env: dict | None = None) -> Served:
     """What the server at ``url`` serves, from its /server_info answer ``info``."""
-    algo = client.find_arg(info, "speculative_algorithm")
+    algo = server_info.find_arg(info, "speculative_algorithm")
     spec = algo not in (None, "", "NONE")
     return Served(
         url=url,
         info=info,
-        pair=identify_pair(client.find_arg(info, "model_path"), env),
-        topk=_int(client.find_arg(info, "speculative_eagle_topk")) if spec else None,
-        model_path=client.find_arg(info, "model_path"),
-        draft_model_path=client.find_arg(info, "speculative_draft_model_path") if spec else None,
-        tp_size=_int(client.find_arg(info, "tp_size")),
-        version=client.find_arg(info, "version"),
+        pair=identify_pair(server_info.find_arg(info, "model_path"), env),
+        topk=_int(server_info.find_arg(info, "speculative_eagle_topk")) if spec else None,
+        model_path=server_info.find_arg(info, "model_path"),
+        draft_model_path=server_info.find_arg(info, "speculative_draft_model_path") if spec else None,
+        tp_size=_int(server_info.find_arg(info, "tp_size")),
+        version=server_info.find_arg(info, "version"),
     )
 
 
@@ -130,12 +131,12 @@ def fetch(url: str, timeout: float = INFO_TIMEOUT, env: dict | None = None) -> S
     """Check ``url``, read its /server_info and describe it; ServedError (one line) when that fails."""
     base = check_url(url)
     try:
-        info = client.server_info(base, timeout=timeout)
-    except client.ClientError as exc:
+        info = server_info.fetch(base, timeout=timeout)
+    except server_info.InfoError as exc:
         raise ServedError(f"--server-url {base}: /server_info answered {exc.status}: {exc}") from None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise ServedError(f"--server-url {base}: no sglang server answers ({type(exc).__name__}: {exc})") from None
-    if not isinstance(info, dict) or not client.find_arg(info, "model_path"):
+    if not isinstance(info, dict) or not server_info.find_arg(info, "model_path"):
         raise ServedError(f"--server-url {base}: /server_info has no model_path (is this an sglang server?)")
     return describe(base, info, env)
 

@@ -32,6 +32,8 @@ from pathlib import Path
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving import client
 from mtpmatrix.serving.processes import (
+    LOG_NOTE,
+    READY_NOTE,
     free_port,
     gpu_memory_by_pid,
     gpu_pids,
@@ -48,8 +50,6 @@ _ERROR_LINE = re.compile(r"Error|Exception|Traceback|CUDA out of memory|Killed|F
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 # what sglang's launcher logs when a child process (scheduler, detokenizer) failed: its traceback is logged by then
 CHILD_FAILED = ("SIGQUIT received", "Received sigquit from a child process")
-LOG_NOTE = "# mtpmatrix: "  # how this harness's own lines in a server log begin (SglangServer._log)
-READY_NOTE = "ready after"  # the harness's note that the server answered its health check
 # lines of a server going on: a traceback before one of these was survived (sglang 0.5.13 logs an optional OpenAI
 # class's ModuleNotFoundError at startup and serves on), so it never names why the server later died
 PROGRESS_LINES = (

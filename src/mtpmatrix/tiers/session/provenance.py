@@ -13,8 +13,6 @@ import shlex
 import types
 from pathlib import Path
 
-import pytest
-
 from mtpmatrix.core.record_types import PytestPlugin, PytestRun
 
 # the modules of pytest itself: its built-in plugins and the objects it registers (the config, the session, ...)
@@ -100,6 +98,10 @@ def asked_overrides(args: list[str]) -> list[str]:
 
 def record(config) -> PytestRun:
     """tiers.json's ``pytest``: what decides how the checks ran, whichever source it came from."""
+    # imported here, in the row's pytest session: merge() runs in nox's own Python (runner/side_by_side.py), which
+    # has nox and uv only (tests/unit/test_nox_python.py)
+    import pytest
+
     return {
         "version": pytest.__version__,
         "inifile": _where(config.inipath, config.rootpath) if config.inipath else None,
