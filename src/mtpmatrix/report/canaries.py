@@ -19,7 +19,7 @@ from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.paths import CONSTRAINTS_DIR
 from mtpmatrix.report.md import block, code, escape
 
-CANARY_FILE = "canary.json"  # written by runner/culprit.py
+CANARY_FILE = "canary.json"  # written by runner/canary_run.py
 
 
 def section(run_dir: Path, rows: dict[str, Any], *, pins: dict[str, Version] | None = None) -> dict[str, Any] | None:

@@ -29,14 +29,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.core import expected, paths
-from mtpmatrix.core.atomic import atomic_write_json, read_json
-from mtpmatrix.core.schema import FAILING, TIERS
-from mtpmatrix.core.store import is_matrix_run, latest_run_id, row_files
+from mtpmatrix.core import paths
+from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.schema import TIERS
 from mtpmatrix.runner import venvs
+from mtpmatrix.runner.bisect_defaults import (  # noqa: F401  (read here by the canary's search and the tests)
+    CHEAPEST,
+    DEFAULT_TIER,
+    breaking_checks,
+    cheapest_failed_tier,
+    default_row,
+    latest_failing_run,
+)
 from mtpmatrix.runner.probe import (  # noqa: F401
     BAD,
     GOOD,
@@ -48,10 +56,6 @@ from mtpmatrix.runner.probe import (  # noqa: F401
     failing_checks,
     judged,
 )
-
-CHEAPEST = ("reference", "contract", "smoke", "gsm8k")  # cheapest tier first
-DEFAULT_TIER = "contract"
-assert sorted(CHEAPEST) == sorted(TIERS)
 
 
 class BisectError(RuntimeError):
@@ -233,7 +237,7 @@ def _dur(s: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# candidates, defaults
+# candidates (the defaults read from past runs: runner/bisect_defaults.py)
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -265,53 +269,6 @@ def candidates(package: str, good: str, bad: str, *, releases: Callable | None =
     return [str(v) for v in got]
 
 
-def _row_records(results: Path, row_id: str):
-    """(run id, row record) of each matrix run that finished the row, newest first."""
-    results = Path(results)
-    runs = (
-        sorted((p for p in results.iterdir() if is_matrix_run(p)), key=lambda p: p.name, reverse=True)
-        if results.is_dir()
-        else []
-    )
-    for run in runs:
-        f = run / row_id / "row.json"
-        if not f.exists():
-            continue
-        rec = read_json(f)
-        if rec.get("verdict") in (None, "pending"):  # unfinished there: look further back
-            continue
-        yield run.name, rec
-
-
-def cheapest_failed_tier(results: Path, row_id: str) -> tuple[str, str | None]:
-    """(tier, run id it came from): the cheapest tier broken (expected.tier_state of the record judged again) in
-    the latest matrix run of the row."""
-    for run, rec in _row_records(results, row_id):
-        tiers = judged(rec).get("tiers") or {}
-        failed = [t for t in CHEAPEST if expected.tier_state(tiers.get(t)) == expected.BROKEN]
-        return (failed[0] if failed else DEFAULT_TIER), run
-    return DEFAULT_TIER, None
-
-
-def latest_failing_run(results: Path, row_id: str, tier: str) -> str | None:
-    """The latest matrix run in which the row's ``tier`` is broken, judged again (None when there is none)."""
-    for run, rec in _row_records(results, row_id):
-        if expected.tier_state((judged(rec).get("tiers") or {}).get(tier)) == expected.BROKEN:
-            return run
-    return None
-
-
-def default_row(results: Path, rows: list) -> str:
-    """The first failing row of the latest matrix run, else the row tagged 'ci', else the first row."""
-    latest = latest_run_id(results)
-    if latest:
-        for f in row_files(Path(results) / latest):
-            if read_json(f).get("verdict") in FAILING and any(r.id == f.parent.name for r in rows):
-                return f.parent.name
-    ci = [r.id for r in rows if paths.CI_TAG in r.tags]
-    return ci[0] if ci else rows[0].id
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # the real probe: a fresh venv, the matrix's install and suite
 # ---------------------------------------------------------------------------------------------------------------
@@ -329,30 +286,32 @@ def probe_id(row_id: str, package: str, version: str, also: list[str] = ()) -> s
     )
 
 
-def breaking_checks(results: Path, run_id: str | None, row_id: str, tier: str) -> frozenset[str] | None:
-    """``failing_checks`` of the row's record in ``run_id`` (None when there is none to read)."""
-    f = Path(results) / run_id / row_id / "row.json" if run_id else None
-    return failing_checks(read_json(f), tier) if f is not None and f.exists() else None
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What every probe of one search shares: ``row`` installed with ``package==version`` (plus the ``also``
+    overrides, e.g. a companion a canary moved) into a fresh venv under ``cache``, ``tier`` run, the record filed in
+    ``results/run_id``. ``keep_venvs``: the venvs stay; ``reuse``: a probe whose record already has a verdict in
+    the run (a resumed canary) is read back instead of run again."""
+
+    row: Any
+    package: str
+    tier: str
+    run_id: str
+    results: Path
+    cache: Path
+    also: tuple[str, ...] = ()
+    keep_venvs: bool = False
+    reuse: bool = False
 
 
 def make_probe(
-    row,
-    package: str,
-    tier: str,
+    spec: ProbeSpec,
     *,
-    run_id: str,
-    results: Path,
-    cache: Path,
-    keep_venvs: bool = False,
     log: Callable[[str], None] = print,
-    also: list[str] = (),
-    reuse: bool = False,
     breaking: frozenset[str] | None = None,
     known_issue=None,
 ) -> Callable[[str], Probe]:
-    """A probe that installs ``row`` with ``package==version`` (plus the ``also`` overrides, e.g. a companion a
-    canary moved) into a fresh venv and runs ``tier``. With ``reuse``, a probe whose record already has a verdict
-    in the run (a resumed canary) is read back instead of run again. Its record is judged again and classified
+    """The probe of ``spec``, one release at a time. Its record is judged again and classified
     (probe.classify_record; ``breaking``: the checks that fail at the bad end); with ``known_issue``, for the search
     of where that known-upstream entry began (probe.classify_for_known)."""
     from mtpmatrix.core import known_upstream
@@ -365,6 +324,8 @@ def make_probe(
     except ValueError as exc:
         raise BisectError(f"known upstream issues: {exc}") from None
 
+    row, package, tier, results = spec.row, spec.package, spec.tier, Path(spec.results)
+
     def classify(rec: dict, version: str, seconds: float, path: str) -> Probe:
         if known_issue is not None:
             return classify_for_known(rec, tier, version, seconds, path, known_issue, issues=issues)
@@ -372,23 +333,23 @@ def make_probe(
 
     def probe(version: str) -> Probe:
         t0 = time.monotonic()
-        pid = probe_id(row.id, package, version, list(also))
-        path = str(Path(results) / run_id / pid / "row.json")
-        store = RunStore(Path(results), run_id)
-        if reuse and store.finished(pid):
+        pid = probe_id(row.id, package, version, list(spec.also))
+        path = str(results / spec.run_id / pid / "row.json")
+        store = RunStore(results, spec.run_id)
+        if spec.reuse and store.finished(pid):
             log(f"[bisect] {package} {version}: reusing {path}")
             rec = store.load_row(pid)  # its own install + suite time, not the 0 s of reading it back
             spent = sum((rec.get(k) or {}).get("seconds") or 0.0 for k in ("install", "suite"))
             return classify(rec, version, spent, path)
-        venv = make_venv(row, Path(cache) / row.id / version)
+        venv = make_venv(row, Path(spec.cache) / row.id / version)
         probe_row = dataclasses.replace(row, id=pid)
         opts = matrix.Options(
-            overrides=[f"{package}=={version}", *also], run_id=run_id, results=Path(results), tiers=tier
+            overrides=[f"{package}=={version}", *spec.also], run_id=spec.run_id, results=results, tiers=tier
         )
         try:
             record = matrix.run_row(probe_row, venv, opts, log=log)
         finally:
-            if not keep_venvs:
+            if not spec.keep_venvs:
                 shutil.rmtree(venv, ignore_errors=True)
         return classify(record, version, time.monotonic() - t0, path)
 
@@ -471,32 +432,70 @@ def search_from_bad_end(
     return res
 
 
+@dataclass
+class SearchPlan:
+    """What ``python -m mtpmatrix bisect`` searches: the row, the tier (and where it was chosen from), the checks that
+    break there, or the known-upstream entry whose start is searched, and the releases."""
+
+    row: Any
+    tier: str
+    source: str
+    source_run: str | None
+    issue: Any
+    breaking: frozenset[str] | None
+    cands: list[str]
+
+
+def plan_search(ns: argparse.Namespace, rows: list, releases=None) -> SearchPlan:
+    """The search the command line asks for, defaults read from past runs; BisectError (one line) on bad input."""
+    row_id = ns.row or default_row(ns.results, rows)
+    by_id = {r.id: r for r in rows}
+    if row_id not in by_id:
+        raise BisectError(f"unknown row {row_id!r}; known: {', '.join(by_id)}")
+    issue, source_run = None, None
+    if getattr(ns, "known", None):
+        issue = known_issue(ns.known, ns.tier)
+        tier, source = issue.tier, f"--known {issue.id}"
+    elif ns.tier:
+        tier, source = ns.tier, "--tier"
+        source_run = latest_failing_run(ns.results, row_id, tier)
+    else:
+        tier, source_run = cheapest_failed_tier(ns.results, row_id)
+        source = f"cheapest failing tier in run {source_run}" if source_run else "default"
+    # the checks failing in the row's latest run: a probe whose tier did not run and pass them proves nothing
+    breaking = None if issue else breaking_checks(ns.results, source_run, row_id, tier) or None
+    cands = candidates(ns.package, ns.good, ns.bad, releases=releases)
+    return SearchPlan(by_id[row_id], tier, source, source_run, issue, breaking, cands)
+
+
+def announce(ns: argparse.Namespace, plan: SearchPlan, run_id: str) -> None:
+    """What is searched, over which releases, and what makes a probe good."""
+    cands, tier = plan.cands, plan.tier
+    print(
+        f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {plan.row.id}, tier {tier} "
+        f"({plan.source}); results in {ns.results / run_id}/"
+    )
+    if plan.issue:
+        print(
+            f"[bisect] where {plan.issue.id} began: a probe is bad where a check shows its signature (its affected "
+            f"range aside), good where one of its checks ran and passed"
+        )
+    elif plan.breaking:
+        print(
+            f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(plan.breaking))} (failing in run "
+            f"{plan.source_run})"
+        )
+    else:
+        print(f"[bisect] no recorded run where {tier} broke: the BAD end shows which checks break")
+
+
 def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None) -> int:
     """``python -m mtpmatrix bisect``. ``probe_factory(breaking=..., known_issue=...)`` replaces make_probe (tests)."""
     from mtpmatrix.core.rows import RowError, load_rows
 
     t0 = time.monotonic()
-    issue = None
     try:
-        rows = rows if rows is not None else load_rows(paths.CONSTRAINTS_DIR)
-        row_id = ns.row or default_row(ns.results, rows)
-        by_id = {r.id: r for r in rows}
-        if row_id not in by_id:
-            raise BisectError(f"unknown row {row_id!r}; known: {', '.join(by_id)}")
-        row = by_id[row_id]
-        source_run = None
-        if getattr(ns, "known", None):
-            issue = known_issue(ns.known, ns.tier)
-            tier, source = issue.tier, f"--known {issue.id}"
-        elif ns.tier:
-            tier, source = ns.tier, "--tier"
-            source_run = latest_failing_run(ns.results, row_id, tier)
-        else:
-            tier, source_run = cheapest_failed_tier(ns.results, row_id)
-            source = f"cheapest failing tier in run {source_run}" if source_run else "default"
-        # the checks failing in the row's latest run: a probe whose tier did not run and pass them proves nothing
-        breaking = None if issue else breaking_checks(ns.results, source_run, row_id, tier) or None
-        cands = candidates(ns.package, ns.good, ns.bad, releases=releases)
+        plan = plan_search(ns, rows if rows is not None else load_rows(paths.CONSTRAINTS_DIR), releases)
     except (BisectError, RowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -505,42 +504,27 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
     except paths.NameError_ as exc:  # a path would write the probes outside the results root
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"[bisect] {ns.package}: {len(cands)} release(s) {cands[0]} .. {cands[-1]}; row {row_id}, tier {tier} "
-        f"({source}); results in {ns.results / run_id}/"
+    announce(ns, plan, run_id)
+    issue, tier, cands = plan.issue, plan.tier, plan.cands
+    spec = ProbeSpec(
+        plan.row,
+        ns.package,
+        tier,
+        run_id=run_id,
+        results=ns.results,
+        cache=paths.REPO / ".cache" / "bisect",
+        keep_venvs=ns.keep_venvs,
     )
-    if issue:
-        print(
-            f"[bisect] where {issue.id} began: a probe is bad where a check shows its signature (its affected "
-            f"range aside), good where one of its checks ran and passed"
-        )
-    elif breaking:
-        print(
-            f"[bisect] a probe is good only if it ran and passed: {', '.join(sorted(breaking))} (failing in run "
-            f"{source_run})"
-        )
-    else:
-        print(f"[bisect] no recorded run where {tier} broke: the BAD end shows which checks break")
 
     def factory(breaking=None, known_issue=None):
-        return make_probe(
-            row,
-            ns.package,
-            tier,
-            run_id=run_id,
-            results=ns.results,
-            cache=paths.REPO / ".cache" / "bisect",
-            keep_venvs=ns.keep_venvs,
-            breaking=breaking,
-            known_issue=known_issue,
-        )
+        return make_probe(spec, breaking=breaking, known_issue=known_issue)
 
     factory = probe_factory or factory
     try:
         if issue:
             res = search(cands, factory(known_issue=issue))
-        elif breaking:
-            res = search(cands, factory(breaking=breaking))
+        elif plan.breaking:
+            res = search(cands, factory(breaking=plan.breaking))
         else:
             res = search_from_bad_end(cands, factory)
     except BisectError as exc:
@@ -555,7 +539,7 @@ def run(ns: argparse.Namespace, *, probe_factory=None, releases=None, rows=None)
             "package": ns.package,
             "good": ns.good,
             "bad": ns.bad,
-            "row": row_id,
+            "row": plan.row.id,
             "tier": tier,
             "known": issue.id if issue else None,
             **res.as_dict(),
