@@ -37,7 +37,7 @@ from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.core.evidence import fingerprint, manifest, records
 from mtpmatrix.core.paths import CONSTRAINTS_DIR, NameError_, new_run_id, single_name
 from mtpmatrix.core.record_types import RowRecord
-from mtpmatrix.core.rows import RowError, load_rows
+from mtpmatrix.core.rows import Row, RowError, load_rows
 from mtpmatrix.core.store import row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE)
@@ -294,6 +294,21 @@ def remove_dead_stages(run_dir: Path, row_id: str) -> list[Path]:
     return removed
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where the import files the row: ``base``, the row's constraints, as ``row_id`` (``base.id``, or a candidate's
+    own id) in ``results/run_id``."""
+
+    base: Row
+    row_id: str
+    run_id: str
+    run_dir: Path
+
+    @property
+    def dest(self) -> Path:
+        return self.run_dir / self.row_id
+
+
 def import_run(
     out: Path, row_id: str, *, results: Path, run_id: str | None = None, constraints: Path | None = None
 ) -> tuple[Path, RowRecord]:
@@ -305,6 +320,28 @@ def import_run(
         issues = known_upstream.load()
     except ValueError as exc:  # this checkout's list is at fault, not the box's tiers.json
         raise ImportError_(f"the known upstream list: {_one_line(exc)}") from None
+    target = import_target(row_id, invocation, results, run_id, constraints)
+    stage = fresh_stage(target)
+    try:
+        record = assemble(stage, out, data, invocation, issues, target)
+        try:
+            os.rename(stage, target.dest)  # one step: the row appears whole or not at all
+        except OSError as exc:  # another import of the row finished first
+            raise ImportError_(
+                f"{target.dest} already exists: import into another --run-id ({_one_line(exc)})"
+            ) from None
+    except OSError as exc:  # a disk that fills or a file that cannot be read: nothing filed, one line
+        shutil.rmtree(stage, ignore_errors=True)
+        raise ImportError_(f"{target.dest}: could not assemble the row ({_one_line(exc)})") from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return target.dest, record
+
+
+def import_target(row_id: str, invocation: dict, results: Path, run_id: str | None, constraints: Path | None) -> Target:
+    """The row (a known one; a candidate's filed under its own id, runner/candidate.py) and the run it goes into,
+    where it is not yet; ImportError_ (one line) otherwise."""
     try:
         rows = {r.id: r for r in load_rows(constraints or CONSTRAINTS_DIR)}
     except RowError as exc:
@@ -321,95 +358,101 @@ def import_run(
     run_dir = Path(results) / run_id
     if run_dir.is_symlink():
         raise ImportError_(f"{run_dir}: a link; import files rows only into the results root's own folders")
-    dest = run_dir / row_id
-    if dest.exists():
-        raise ImportError_(f"{dest} already exists: import into another --run-id")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    remove_dead_stages(run_dir, row_id)
-    stage = run_dir / f"{STAGE_PREFIX}{row_id}-{os.getpid()}"
+    target = Target(rows[base_id], row_id, run_id, run_dir)
+    if target.dest.exists():
+        raise ImportError_(f"{target.dest} already exists: import into another --run-id")
+    return target
+
+
+def fresh_stage(target: Target) -> Path:
+    """An empty staging folder for the row beside the run (what killed imports of the row left removed)."""
+    target.run_dir.mkdir(parents=True, exist_ok=True)
+    remove_dead_stages(target.run_dir, target.row_id)
+    stage = target.run_dir / f"{STAGE_PREFIX}{target.row_id}-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
+    return stage
+
+
+def assemble(stage: Path, out: Path, data: dict, invocation: dict, issues: list, target: Target) -> RowRecord:
+    """The row folder in ``stage``: OUT's files, the server logs and records, tiers.json judged again, row.json, and
+    the row planned in the run's manifest."""
+    for name in OUT_FILES:
+        if (out / name).is_file():
+            shutil.copy2(out / name, stage / name)
+    kept = set(_extract_logs(out / LOGS_TGZ, stage)) if (out / LOGS_TGZ).is_file() else set()
+    cand = candidate_of(
+        out,
+        invocation,
+        data,
+        target.base.id,
+        [out / schema.PYTEST_LOG, *(stage / k for k in sorted(kept) if k.endswith(".log"))],
+    )
+    versions = {k: v for k, v in (data.get("versions") or {}).items() if v}
     try:
-        for name in OUT_FILES:
-            if (out / name).is_file():
-                shutil.copy2(out / name, stage / name)
-        kept = set(_extract_logs(out / LOGS_TGZ, stage)) if (out / LOGS_TGZ).is_file() else set()
-        cand = candidate_of(
-            out,
-            invocation,
-            data,
-            base_id,
-            [out / schema.PYTEST_LOG, *(stage / k for k in sorted(kept) if k.endswith(".log"))],
-        )
-        versions = {k: v for k, v in (data.get("versions") or {}).items() if v}
-        selection = data.get("selection")
-        try:
-            tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), selection, versions, issues)
-        except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a shape shape_error does not look at
-            raise ImportError_(
-                f"{out / schema.TIERS_FILE}: not a tiers.json of the mtpmatrix pytest plugin "
-                f"({type(exc).__name__}: {_one_line(exc)})"
-            ) from None
-        atomic_write_json(stage / schema.TIERS_FILE, dict(data, tiers=tiers, schema=schema.SCHEMA))
-        env_lines, when = _env(out)
-        row = dataclasses.replace(rows[base_id], id=row_id)
-        record: RowRecord = {
-            "schema": schema.SCHEMA,
-            "run_id": run_id,
-            "row": row.as_dict(),
-            **({"candidate": cand} if cand else {}),
+        tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), data.get("selection"), versions, issues)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a shape shape_error does not look at
+        raise ImportError_(
+            f"{out / schema.TIERS_FILE}: not a tiers.json of the mtpmatrix pytest plugin "
+            f"({type(exc).__name__}: {_one_line(exc)})"
+        ) from None
+    atomic_write_json(stage / schema.TIERS_FILE, dict(data, tiers=tiers, schema=schema.SCHEMA))
+    row = dataclasses.replace(target.base, id=target.row_id)
+    record = row_record(out, data, invocation, tiers, versions, cand, row, target.run_id)
+    atomic_write_json(stage / schema.ROW_FILE, record)
+    # the run plans this row as this checkout knows it: its pins, and the suite that will judge it (a box that
+    # ran another suite shows up as a record of another suite, evidence/judge.py)
+    manifest.ensure(
+        target.run_dir,
+        target.run_id,
+        {
+            row.id: manifest.planned_row(
+                row.as_dict(), row.path.read_text(), candidate=manifest.candidate_identity(cand)
+            )
+        },
+        {
+            "argv": ["import", str(out), "--row", target.base.id],
+            "source": "tools/gpu_box.sh",
             "overrides": [],
-            # what the box was asked (gpu_box.sh's invocation.json; else what its pytest session recorded)
-            "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")) or [],
-            "knobs": expected.knobs(invocation.get("knobs") or (selection or {}).get("knobs") or {}),
-            "selection": selection,
-            "fingerprint": data.get("fingerprint"),  # the suite that wrote the records (evidence/fingerprint.py)
-            "tiers_selected": ",".join(
-                t for t, tv in tiers.items() if "not selected" not in str(tv.get("reason") or "")
-            ),
-            "started": when,
-            "finished": when,
-            "host": {"imported_from": str(out.resolve()), "env": env_lines[:12]},
-            "install": {"verdict": IMPORTED, "source": "the GPU box's own environment (tools/gpu_box.sh)"},
-            "versions": versions,
-            "suite": {"exitstatus": data.get("exitstatus"), "seconds": data.get("seconds")},
-            "tiers": tiers,
-            "gpus": data.get("gpus", 0),
-            # how the session ran (evidence/session.py)
-            **cast(RowRecord, {k: data[k] for k in schema.SESSION_FIELDS if k in data}),
-        }
-        record["verdict"] = row_verdict(record)
-        atomic_write_json(stage / schema.ROW_FILE, record)
-        # the run plans this row as this checkout knows it: its pins, and the suite that will judge it (a box that
-        # ran another suite shows up as a record of another suite, evidence/judge.py)
-        manifest.ensure(
-            run_dir,
-            run_id,
-            {
-                row_id: manifest.planned_row(
-                    row.as_dict(), row.path.read_text(), candidate=manifest.candidate_identity(cand)
-                )
-            },
-            {
-                "argv": ["import", str(out), "--row", base_id],
-                "source": "tools/gpu_box.sh",
-                "overrides": [],
-                "pytest_args": record["pytest_args"],
-                "knobs": record["knobs"],
-            },
-            fingerprint.describe(),
-        )
-        try:
-            os.rename(stage, dest)  # one step: the row appears whole or not at all
-        except OSError as exc:  # another import of the row finished first
-            raise ImportError_(f"{dest} already exists: import into another --run-id ({_one_line(exc)})") from None
-    except OSError as exc:  # a disk that fills or a file that cannot be read: nothing filed, one line
-        shutil.rmtree(stage, ignore_errors=True)
-        raise ImportError_(f"{dest}: could not assemble the row ({_one_line(exc)})") from None
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return dest, record
+            "pytest_args": record["pytest_args"],
+            "knobs": record["knobs"],
+        },
+        fingerprint.describe(),
+    )
+    return record
+
+
+def row_record(
+    out: Path, data: dict, invocation: dict, tiers: dict, versions: dict, cand: dict | None, row: Row, run_id: str
+) -> RowRecord:
+    """row.json of the imported row: the row's constraints, what the box was asked and what it reported."""
+    selection = data.get("selection")
+    env_lines, when = _env(out)
+    record: RowRecord = {
+        "schema": schema.SCHEMA,
+        "run_id": run_id,
+        "row": row.as_dict(),
+        **({"candidate": cand} if cand else {}),
+        "overrides": [],
+        # what the box was asked (gpu_box.sh's invocation.json; else what its pytest session recorded)
+        "pytest_args": invocation.get("pytest_args", (selection or {}).get("args")) or [],
+        "knobs": expected.knobs(invocation.get("knobs") or (selection or {}).get("knobs") or {}),
+        "selection": selection,
+        "fingerprint": data.get("fingerprint"),  # the suite that wrote the records (evidence/fingerprint.py)
+        "tiers_selected": ",".join(t for t, tv in tiers.items() if "not selected" not in str(tv.get("reason") or "")),
+        "started": when,
+        "finished": when,
+        "host": {"imported_from": str(out.resolve()), "env": env_lines[:12]},
+        "install": {"verdict": IMPORTED, "source": "the GPU box's own environment (tools/gpu_box.sh)"},
+        "versions": versions,
+        "suite": {"exitstatus": data.get("exitstatus"), "seconds": data.get("seconds")},
+        "tiers": tiers,
+        "gpus": data.get("gpus", 0),
+        # how the session ran (evidence/session.py)
+        **cast(RowRecord, {k: data[k] for k in schema.SESSION_FIELDS if k in data}),
+    }
+    record["verdict"] = row_verdict(record)
+    return record
 
 
 def pin_mismatches(record: RowRecord) -> list[str]:
