@@ -531,3 +531,43 @@ def test_cli_known_bad_input_exits_2(results, capsys, argv, words):
     assert bs.run(ns, probe_factory=readme_probes([]), releases=lambda n: README_RANGE) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_probe_installs_the_release_and_removes_its_venv_unless_kept(tmp_path, monkeypatch, keep):
+    """make_probe's probe: a fresh venv under the cache, the row run with ``package==version`` and the spec's
+    companions into the spec's run, its record classified; the venv removed after, unless ``keep_venvs``."""
+    from probe_records import reference_record
+
+    from mtpmatrix.runner import matrix
+
+    runs = []
+
+    def make_venv(row, venv):
+        venv.mkdir(parents=True)
+        return venv
+
+    def run_row(row, venv, opts, log=print):
+        runs.append((row.id, venv, list(opts.overrides), opts.run_id, opts.tiers))
+        return reference_record("5.12.1")
+
+    monkeypatch.setattr(bs, "make_venv", make_venv)
+    monkeypatch.setattr(matrix, "find_uv", lambda error: "uv")
+    monkeypatch.setattr(matrix, "run_row", run_row)
+    row = next(r for r in load_rows(REPO / "constraints") if r.id == "sglang-0.5.17")
+    spec = bs.ProbeSpec(
+        row, "transformers", "reference", "b1", tmp_path / "results", tmp_path / "cache", ("torch==2.9.1",), keep
+    )
+    p = bs.make_probe(spec, log=lambda m: None)("5.12.1")
+    venv = tmp_path / "cache" / "sglang-0.5.17" / "5.12.1"
+    assert runs == [
+        (
+            "sglang-0.5.17-transformers-5.12.1-torch-2-9-1",
+            venv,
+            ["transformers==5.12.1", "torch==2.9.1"],
+            "b1",
+            "reference",
+        )
+    ]
+    assert p.version == "5.12.1" and p.record == str(tmp_path / "results" / "b1" / runs[0][0] / "row.json")
+    assert venv.exists() is keep

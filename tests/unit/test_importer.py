@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.__main__ import main
-from mtpmatrix.core import schema, store
+from mtpmatrix.core import expected, schema, store
 from mtpmatrix.report import checks as report_checks
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
@@ -86,6 +86,18 @@ def gpu_box_out(tmp_path: Path, correct=lambda case, i: i % 3 == 0, name="out") 
             _add(tar, f"./gsm8k-{case}.jsonl", "\n".join(lines) + "\n")
         _add(tar, "../escape.txt", "outside")  # never written outside the row folder
     return out
+
+
+def test_the_tiers_are_judged_against_the_selection_the_box_recorded(tmp_path):
+    """A box that recorded its pytest selection (tiers.json's ``selection``) is judged by it, not as a run that
+    recorded none (whose every tier would miss the selection)."""
+    out = gpu_box_out(tmp_path)
+    _, rec = importer.import_run(out, "sglang-0.5.17", results=tmp_path / "results", run_id="box1")
+    assert rec["selection"] == json.loads((out / "tiers.json").read_text())["selection"]
+    not_recorded = {"what": "selection", "why": expected.NOT_RECORDED}
+    judged = {t: e for t, e in rec["tiers"].items() if e["verdict"] != "skipped"}
+    assert set(judged) == {"smoke", "gsm8k"}
+    assert all(not_recorded not in e.get("missing", []) for e in judged.values()), judged
 
 
 def test_gpu_box_out_imports_into_the_results_store_and_reports(tmp_path, capsys):
