@@ -215,7 +215,7 @@ def test_a_row_whose_install_fails_leaves_no_worker(installed, tmp_path, monkeyp
     """run_row's wiring: the install fails (a uv that exits 1), and the workers it started are gone with their
     folder. Without run_row's stop, this fails on the workers left running."""
     from mtpmatrix.core.rows import load_rows
-    from mtpmatrix.runner import matrix
+    from mtpmatrix.runner import matrix, uv_install
 
     venv, site, cache = installed
     lists, env, _installing = _start(venv, tmp_path, cache)
@@ -231,7 +231,7 @@ def test_a_row_whose_install_fails_leaves_no_worker(installed, tmp_path, monkeyp
     failing = tmp_path / "failing-uv"
     failing.write_text("#!/bin/sh\necho 'error: no solution found' >&2\nexit 1\n")
     failing.chmod(0o755)
-    monkeypatch.setattr(matrix, "find_uv", lambda: str(failing))
+    monkeypatch.setattr(uv_install, "find_uv", lambda: str(failing))
     row = load_rows(Path(__file__).resolve().parents[2] / "constraints")[0]
     record = matrix.run_row(
         row, venv, matrix.Options(results=tmp_path / "results", tiers="contract"), log=lambda _m: None

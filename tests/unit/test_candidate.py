@@ -13,7 +13,8 @@ import pytest
 
 from mtpmatrix.core import paths
 from mtpmatrix.core.rows import RowError, load_rows, parse_row
-from mtpmatrix.runner import candidate, matrix, plan, venvs
+from mtpmatrix.runner import candidate, matrix, plan, uv_install, venvs
+from mtpmatrix.runner.row_run import RowRun
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "docs" / "candidates" / "sglang-0.5.17-draft-phase-fix.patch"
@@ -265,8 +266,8 @@ def test_a_row_whose_patch_does_not_apply_leaves_no_record(tmp_path, site, monke
     """run_row's wiring: the install succeeds, the patch does not apply to what it installed: one RowError line,
     and no row.json (the session marks the planned candidate row as not run, with that line)."""
     (site / "sglang" / "srt" / "x.py").write_text(ORIGINAL.replace("line 5\n", "other\n"))
-    monkeypatch.setattr(matrix, "find_uv", lambda: str(_fake_uv_script(tmp_path)))
-    monkeypatch.setattr(matrix, "_suite", lambda *a, **k: pytest.fail("the suite ran on an unpatched sglang"))
+    monkeypatch.setattr(uv_install, "find_uv", lambda: str(_fake_uv_script(tmp_path)))
+    monkeypatch.setattr(RowRun, "suite", lambda *a, **k: pytest.fail("the suite ran on an unpatched sglang"))
     row = load_rows(REPO / "constraints")[0]
     opts = matrix.Options(
         results=tmp_path / "results",
@@ -282,14 +283,14 @@ def test_a_row_whose_patch_does_not_apply_leaves_no_record(tmp_path, site, monke
 
 def test_a_patched_row_records_its_candidate_and_the_files_applied(tmp_path, site, monkeypatch):
     (site / "sglang" / "srt" / "x.py").write_text(ORIGINAL)
-    monkeypatch.setattr(matrix, "find_uv", lambda: str(_fake_uv_script(tmp_path)))
+    monkeypatch.setattr(uv_install, "find_uv", lambda: str(_fake_uv_script(tmp_path)))
     seen = {}
 
-    def suite(row, venv, opts, store, out, record, groups, installing, log):
+    def suite(run):
         seen["text"] = (site / "sglang" / "srt" / "x.py").read_text()
-        return matrix._finish(store, row, record)
+        return run.finish()
 
-    monkeypatch.setattr(matrix, "_suite", suite)
+    monkeypatch.setattr(RowRun, "suite", suite)
     row = load_rows(REPO / "constraints")[0]
     cand = candidate.from_options(str(_write(tmp_path / "p.patch", PATCH)), None, "+1")
     record = matrix.run_row(

@@ -10,7 +10,7 @@ from mtpmatrix.core import paths
 from mtpmatrix.core.rows import RowError, load_rows, parse_row
 from mtpmatrix.core.schema import TIERS
 from mtpmatrix.core.store import RunStore
-from mtpmatrix.runner import matrix, venvs
+from mtpmatrix.runner import index, matrix, venvs
 from mtpmatrix.runner.matrix import Options, in_shard, install_command, parse_options, preflight_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -244,9 +244,9 @@ def test_preflight_overrides_offline_checks_syntax_only():
 
 def test_preflight_overrides_index_error_is_one_line(monkeypatch):
     def unreachable(req, **kw):
-        raise matrix.index.IndexError_("index http://127.0.0.1:9/simple is unreachable (Connection refused)")
+        raise index.IndexError_("index http://127.0.0.1:9/simple is unreachable (Connection refused)")
 
-    monkeypatch.setattr(matrix.index, "check_spec", unreachable)
+    monkeypatch.setattr(index, "check_spec", unreachable)
     with pytest.raises(RowError) as info:
         preflight_overrides(["transformers==5.20.0"])
     assert str(info.value) == (
@@ -308,9 +308,9 @@ def test_with_a_prerelease_pin_asks_the_index_for_prereleases(monkeypatch):
     def releases(name, include_prereleases=False, **kw):
         return [Version("5.19.0")] + ([Version("5.20.0rc1")] if include_prereleases else [])
 
-    monkeypatch.setattr(matrix.index, "releases", releases)
-    assert matrix.index.check_spec(Requirement("transformers==5.20.0rc1")) == [Version("5.20.0rc1")]
-    assert matrix.index.check_spec(Requirement("transformers>=5.0")) == [Version("5.19.0")]
+    monkeypatch.setattr(index, "releases", releases)
+    assert index.check_spec(Requirement("transformers==5.20.0rc1")) == [Version("5.20.0rc1")]
+    assert index.check_spec(Requirement("transformers>=5.0")) == [Version("5.19.0")]
 
 
 def test_preflight_tier_env_checks_smoke_knobs_only_when_smoke_runs():

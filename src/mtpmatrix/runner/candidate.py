@@ -82,15 +82,111 @@ class Candidate:
             out["draft_phase"] = self.draft_phase
         return out
 
+    # what each step of a row does with its candidate (NoCandidate: the same steps for the pinned release)
 
-def filed_id(row_id: str, cand: Candidate | None) -> str:
+    def record_entry(self, base_row: str) -> dict:
+        """What row.json carries of it: ``candidate``."""
+        return {"candidate": self.record(base_row)}
+
+    def identity(self) -> dict | None:
+        return manifest.candidate_identity(self.record(""))
+
+    def for_row(self, row: Row) -> Row:
+        if self.kind == WHEEL and not self.wheel_tags & supported_tags(row.python):
+            built = ", ".join(sorted(str(t) for t in self.wheel_tags))
+            raise RowError(
+                f"--sglang {Path(self.path).name}: built for {built}, not for {row.id}'s Python {row.python} "
+                f"on {sys.platform}"
+            )
+        return dataclasses.replace(row, id=self.row_id(row.id))
+
+    def own_venv(self, row: Row, default: Path, nox_dir: Path) -> Path:
+        from mtpmatrix.runner import venvs
+
+        return venvs.make_venv(row, Path(nox_dir) / "candidates" / self.row_id(row.id), RowError)
+
+    def dropped_pins(self) -> set[str]:
+        return {"sglang"} if self.kind in (WHEEL, CHECKOUT) else set()
+
+    def install_source(self) -> str | None:
+        return self.path if self.kind in (WHEEL, CHECKOUT) else None
+
+    def install_flags(self) -> list[str]:
+        # uv keeps a local folder's build until its pyproject.toml changes: a checkout's edited sources would not be
+        # seen
+        return ["--reinstall-package", "sglang"] if self.kind == CHECKOUT else []
+
+    def after_install(self, venv: Path, record: RowRecord, log=print) -> None:
+        got = (record.get("versions") or {}).get("sglang")
+        if self.kind == PATCH:
+            from mtpmatrix.runner.bytecode import site_packages
+
+            site = site_packages(venv)
+            if site is None:
+                raise RowError(f"{venv}: no site-packages to apply --patch to")
+            record["candidate"]["applied"] = apply_to(self, site, log)
+        elif self.version is None:  # a checkout with a dynamic version: what it built
+            record["candidate"]["version"] = got
+        elif got and got.split("+")[0] != self.version.split("+")[0]:
+            raise RowError(f"--sglang {self.path}: installed sglang {got}, the candidate is {self.version}")
+
+    def suite_env(self) -> dict[str, str]:
+        return {} if self.draft_phase is None else {schema.DRAFT_PHASE_ENV: f"{self.draft_phase:+d}"}
+
+
+class NoCandidate:
+    """No candidate: the row's pinned release. Each step of a row asks its candidate the same questions; this one
+    answers "nothing changes", so the steps need no ``if cand is None`` of their own."""
+
+    warnings: tuple[str, ...] = ()
+
+    def row_id(self, base: str) -> str:
+        return base
+
+    def record_entry(self, base_row: str) -> dict:
+        return {}
+
+    def identity(self) -> dict | None:
+        return None
+
+    def for_row(self, row: Row) -> Row:
+        return row
+
+    def own_venv(self, row: Row, default: Path, nox_dir: Path) -> Path:
+        return Path(default)
+
+    def dropped_pins(self) -> set[str]:
+        return set()
+
+    def install_source(self) -> str | None:
+        return None
+
+    def install_flags(self) -> list[str]:
+        return []
+
+    def after_install(self, venv: Path, record: RowRecord, log=print) -> None:
+        return None
+
+    def suite_env(self) -> dict[str, str]:
+        return {}
+
+
+NO_CANDIDATE = NoCandidate()
+
+
+def of(cand: Candidate | NoCandidate | None) -> Candidate | NoCandidate:
+    """The candidate the options hold (``Options.candidate``, None for none), as an object every step can ask."""
+    return NO_CANDIDATE if cand is None else cand
+
+
+def filed_id(row_id: str, cand: Candidate | NoCandidate | None) -> str:
     """The id a row is filed under: its own, or its candidate's."""
-    return cand.row_id(row_id) if cand is not None else row_id
+    return of(cand).row_id(row_id)
 
 
-def identity(cand: Candidate | None) -> dict | None:
+def identity(cand: Candidate | NoCandidate | None) -> dict | None:
     """What a run's plan fixes of the candidate (manifest.candidate_identity)."""
-    return manifest.candidate_identity(cand.record("")) if cand is not None else None
+    return of(cand).identity()
 
 
 def parse_draft_phase(text: str, where: str) -> int:
@@ -245,64 +341,38 @@ def supported_tags(python: str) -> set:
     return set(wheel_tags.cpython_tags(version)) | set(wheel_tags.compatible_tags(version))
 
 
-def for_row(cand: Candidate | None, row: Row) -> Row:
+def for_row(cand: Candidate | NoCandidate | None, row: Row) -> Row:
     """``row`` filed as its candidate (the same pins, the candidate's id); RowError when the candidate cannot run
     in it (a wheel for another Python or platform)."""
-    if cand is None:
-        return row
-    if cand.kind == WHEEL and not cand.wheel_tags & supported_tags(row.python):
-        built = ", ".join(sorted(str(t) for t in cand.wheel_tags))
-        raise RowError(
-            f"--sglang {Path(cand.path).name}: built for {built}, not for {row.id}'s Python {row.python} "
-            f"on {sys.platform}"
-        )
-    return dataclasses.replace(row, id=cand.row_id(row.id))
+    return of(cand).for_row(row)
 
 
-def own_venv(cand: Candidate | None, row: Row, default: Path, nox_dir: Path) -> Path:
+def own_venv(cand: Candidate | NoCandidate | None, row: Row, default: Path, nox_dir: Path) -> Path:
     """Where the row installs: ``default`` (its nox venv) for a release; for a candidate a fresh venv of its own,
     ``<nox_dir>/candidates/<row>+<suffix>``, so the row's venv never holds a patched or foreign sglang afterwards.
     One folder down: what looks for a row's release among the venvs (the mutants' unit tests glob
     ``.nox/*sglang-0?5?*``) must not find a candidate's files there. RowError (one line) when uv cannot make it."""
-    if cand is None:
-        return Path(default)
-    from mtpmatrix.runner import venvs
-
-    return venvs.make_venv(row, Path(nox_dir) / "candidates" / cand.row_id(row.id), RowError)
+    return of(cand).own_venv(row, default, nox_dir)
 
 
-def dropped_pins(cand: Candidate | None) -> set[str]:
+def dropped_pins(cand: Candidate | NoCandidate | None) -> set[str]:
     """Pins a candidate replaces (they leave the row's constraints): sglang, for a wheel or checkout."""
-    return {"sglang"} if cand is not None and cand.kind in (WHEEL, CHECKOUT) else set()
+    return of(cand).dropped_pins()
 
 
-def install_source(cand: Candidate | None) -> str | None:
+def install_source(cand: Candidate | NoCandidate | None) -> str | None:
     """What the install command names instead of ``sglang==<pin>``: the wheel file or the project folder."""
-    return cand.path if cand is not None and cand.kind in (WHEEL, CHECKOUT) else None
+    return of(cand).install_source()
 
 
-def install_flags(cand: Candidate | None) -> list[str]:
-    # uv keeps a local folder's build until its pyproject.toml changes: a checkout's edited sources would not be seen
-    return ["--reinstall-package", "sglang"] if cand is not None and cand.kind == CHECKOUT else []
+def install_flags(cand: Candidate | NoCandidate | None) -> list[str]:
+    return of(cand).install_flags()
 
 
-def after_install(cand: Candidate | None, venv: Path, record: RowRecord, log=print) -> None:
+def after_install(cand: Candidate | NoCandidate | None, venv: Path, record: RowRecord, log=print) -> None:
     """The candidate in the installed venv: a patch applied to its sglang (RowError naming the file and the hunk),
     a wheel's or checkout's installed version held to the candidate's."""
-    if cand is None:
-        return
-    got = (record.get("versions") or {}).get("sglang")
-    if cand.kind == PATCH:
-        from mtpmatrix.runner.bytecode import site_packages
-
-        site = site_packages(venv)
-        if site is None:
-            raise RowError(f"{venv}: no site-packages to apply --patch to")
-        record["candidate"]["applied"] = apply_to(cand, site, log)
-    elif cand.version is None:  # a checkout with a dynamic version: what it built
-        record["candidate"]["version"] = got
-    elif got and got.split("+")[0] != cand.version.split("+")[0]:
-        raise RowError(f"--sglang {cand.path}: installed sglang {got}, the candidate is {cand.version}")
+    of(cand).after_install(venv, record, log)
 
 
 def apply_to(cand: Candidate, site: Path, log=print) -> list[str]:
@@ -343,11 +413,9 @@ def _drop_bytecode(source: Path) -> None:
         pyc.unlink(missing_ok=True)
 
 
-def suite_env(cand: Candidate | None) -> dict[str, str]:
+def suite_env(cand: Candidate | NoCandidate | None) -> dict[str, str]:
     """What the suite's environment carries of the candidate: its declared draft phase."""
-    if cand is None or cand.draft_phase is None:
-        return {}
-    return {schema.DRAFT_PHASE_ENV: f"{cand.draft_phase:+d}"}
+    return of(cand).suite_env()
 
 
 # ---------------------------------------------------------------------------------------------------------------

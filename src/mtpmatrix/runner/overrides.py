@@ -29,9 +29,11 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import REQUIRED_PINS
 from mtpmatrix.core.schema import FAILING
+from mtpmatrix.runner.uv_install import constraints_text, venv_python
 
 UNDER_TEST = REQUIRED_PINS  # the packages a row is about (each row pins them): never a "blocking companion"
 PINNER = "sglang"
@@ -295,23 +297,19 @@ def moved_by_overrides(
     overrides: list[str],
     record: RowRecord,
     freeze: str,
-    row_constraints: str,
     uv: str,
     out: Path,
     env: dict | None,
-    *,
-    python: Path,
-    project: Path,
 ) -> list[dict] | None:
-    """``moved`` against what the row alone resolves to (its constraints, no overrides; ``python``: the venv's,
-    ``project``: this checkout, installed editable as in the row); None when that resolution fails."""
+    """``moved`` against what the row alone resolves to (its constraints, no overrides, with the venv's Python and
+    this checkout installed editable as in the row); None when that resolution fails."""
     from mtpmatrix.core.store import parse_freeze
 
     base = resolve_baseline(
         uv,
-        python,
-        row_constraints,
-        [f"{n}=={v}" for n, v in row.pins.items()] + [f"-e {project}"],
+        venv_python(venv),
+        constraints_text(row, []),
+        [f"{n}=={v}" for n, v in row.pins.items()] + [f"-e {REPO}"],
         out / "baseline",
         env=env,
         torch_backend=row.torch_backend,
