@@ -78,7 +78,7 @@ def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id:
             session.skip(f"{row_id} is not in shard {opts.shard[0]}/{opts.shard[1]}")
         # a candidate (--patch, --sglang) is this session's row filed under its own id: sglang-0.5.17+patch-1a2b3c4
         filed = candidate.filed_id(row_id, opts.candidate)
-        for warning in opts.candidate.warnings if opts.candidate else ():
+        for warning in candidate.of(opts.candidate).warnings:
             session.warn(warning)
         # the run's manifest (every row nox queued, their pins, the options, the suite) before anything installs
         keep = plan.start(opts, filed, plan.planned(ROWS, plan.queued_rows(session, peers), opts.candidate))

@@ -36,6 +36,7 @@ from mtpmatrix.serving import environment
 from mtpmatrix.tiers.verdict import classify_install
 
 SUITE = "tests/tiers"
+CONSTRAINTS, OVERRIDES = "constraints.txt", "overrides.txt"  # the install's files, in the row's results folder
 
 
 @dataclass
@@ -46,6 +47,7 @@ class RowRun:
     cand: candidate.Candidate | candidate.NoCandidate
     base_id: str  # the row's own id, the candidate's base row
     store: RunStore
+    out: Path  # the row's results folder (row.json, the logs, the install's files)
     log: Callable[[str], object]
     install_cmd: list[str]
     groups: list  # side by side's groups of tiers ([]: one pytest process)
@@ -61,24 +63,20 @@ class RowRun:
         filed = cand.for_row(row)
         store = RunStore(opts.results, opts.run_id or new_run_id())
         out = store.row_dir(filed.id)
-        overrides_file = out / "overrides.txt" if opts.overrides else None
-        cmd = install_command(filed, venv, out / "constraints.txt", overrides_file, opts.overrides, opts.candidate)
+        overrides_file = out / OVERRIDES if opts.overrides else None
+        cmd = install_command(filed, venv, out / CONSTRAINTS, overrides_file, opts.overrides, opts.candidate)
         groups = side_by_side.plan(opts.tiers, opts.pytest_args)
         bytecode.enabled()
         env_uv = {**os.environ, "VIRTUAL_ENV": str(venv), "UV_PYTHON_DOWNLOADS": "never"}
-        return cls(filed, venv, opts, cand, row.id, store, log, cmd, groups, env_uv)
-
-    @property
-    def out(self) -> Path:
-        return self.store.row_dir(self.row.id)
+        return cls(filed, venv, opts, cand, row.id, store, out, log, cmd, groups, env_uv)
 
     @property
     def constraints(self) -> Path:
-        return self.out / "constraints.txt"
+        return self.out / CONSTRAINTS
 
     @property
     def overrides_file(self) -> Path | None:
-        return self.out / "overrides.txt" if self.opts.overrides else None
+        return self.out / OVERRIDES if self.opts.overrides else None
 
     @property
     def python(self) -> Path:
