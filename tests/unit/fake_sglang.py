@@ -15,7 +15,8 @@ keeps /health at 503 until a file exists, ``--rendezvous`` holds each stub proce
 
 Endpoints: GET /health, /health_generate, /model_info, /get_model_info, /server_info, /get_server_info;
 POST /generate, /flush_cache; with ``shapes`` (fake_shapes.WitnessShapes) also /v1/completions,
-/v1/chat/completions and streamed answers. HTTP/1.1 keep-alive like uvicorn.
+/v1/chat/completions and streamed answers; with shapes that stream event by event and hear aborts
+(fake_long.LongWitnessShapes) also /abort_request. HTTP/1.1 keep-alive like uvicorn.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ def make_handler(state: FakeState):
                     state.flushes += 1
                     refuse = state.flushes <= state.flush_refusals
                 return self._send(400 if refuse else 200, text="Cache flushed.\n")
+            if p == "/abort_request" and hasattr(state.shapes, "abort"):
+                state.shapes.abort(json.loads(raw).get("rid"))
+                return self._send(200, text="")
             if state.shapes is not None and p in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 return self._shape(p, raw)
             if p != "/generate":
@@ -155,7 +159,11 @@ def make_handler(state: FakeState):
             payload = json.loads(raw)
             with state.lock:
                 state.payloads.append(payload)
+            if payload.get("stream") and hasattr(state.shapes, "stream"):
+                return self._stream_live(state.shapes.stream(payload))
             answer = state.shapes(path, payload)
+            if isinstance(answer, tuple):  # (status, message): sglang's error body
+                return self._send(answer[0], {"error": {"message": answer[1], "code": answer[0]}})
             if not payload.get("stream"):
                 return self._send(200, answer)
             body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in answer)
@@ -166,6 +174,25 @@ def make_handler(state: FakeState):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+            return None
+
+        def _stream_live(self, events):
+            """Each event written as it is produced (the shapes may block between events), one HTTP chunk each, as
+            uvicorn sends a StreamingResponse."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def chunk(data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            for e in events:
+                chunk(b"data: " + json.dumps(e).encode() + b"\n\n")
+            chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
             return None
 
         def _generate(self, k: int, raw: bytes):

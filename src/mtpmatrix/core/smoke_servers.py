@@ -60,6 +60,36 @@ CUSTOM_LOGIT_PROCESSOR_ARGS = ("--enable-custom-logit-processor",)
 # --return-hidden-states-mode full): the witness servers the hidden-states family asks (surface.hidden_states).
 # The eager server goes without, so one witness MTP server still runs with hidden-state capture off.
 WITNESS_SURFACE_ARGS = (*CUSTOM_LOGIT_PROCESSOR_ARGS, "--enable-return-hidden-states")
+# The long-and-tight family (issue #38 item 2; requests: mtpmatrix.tiers.surface.long_context): the long witness
+# (mtpmatrix.pairs.long_witness, context limit 256, window 64) with a small KV pool, a small prefill chunk and, on the
+# topk 3 server, 16-token pages. What each number makes sglang do (0.5.13-0.5.23, read from each release's
+# scheduler.py / tokenizer_manager.py / schedule_policy.py):
+#   --context-length 256: the pair's own limit (SMOKE_ARGS' 512 exceeds its max_position_embeddings);
+#   --chunked-prefill-size 32: every 160-token prompt of the family prefills in 5 chunks, each a half window;
+#   --max-total-tokens 640: the full-attention pool; the family's 4 to-the-limit requests need ~4 x 250 = 1000 slots
+#     at their end, so they cannot all run to the limit at once: sglang admits by its new-token-ratio estimate and
+#     retracts when a decode step finds no room (whether and how often it retracts is a measurement, recorded by
+#     test_long_pool_and_retractions, not a check; "measure on first GPU run", docs/gpu-boxes.md). Every request
+#     still fits alone: the scheduler clamps max_new_tokens to pool - ceil_page(input) - page - 1 >= 463 new tokens;
+#   --swa-full-tokens-ratio 0.5: the sliding-window pool half the full one (320 slots; default 0.8), so the SWA pool
+#     is tight too (a 160-token prompt holds its window's 64 + the chunk being written);
+#   --page-size 16 (topk 3 only): radix hits and the pool counted in 16-token pages.
+LONG_CONTEXT_LEN = 256
+LONG_CHUNK = 32
+LONG_POOL_TOKENS = 640
+LONG_SWA_RATIO = 0.5
+LONG_PAGE = 16
+LONG_TIGHT_ARGS = (
+    "--context-length",
+    str(LONG_CONTEXT_LEN),
+    "--chunked-prefill-size",
+    str(LONG_CHUNK),
+    "--max-total-tokens",
+    str(LONG_POOL_TOKENS),
+    "--swa-full-tokens-ratio",
+    str(LONG_SWA_RATIO),
+)
+LONG_PAGED_ARGS = (*LONG_TIGHT_ARGS, "--page-size", str(LONG_PAGE))
 # With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
 # docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
 DECOY_IN_DEFAULT_SUITE = True
@@ -107,6 +137,12 @@ SMOKE_SERVERS = (
         3,
         mode_args=(*EAGER_ABOVE_ARGS, *CUSTOM_LOGIT_PROCESSOR_ARGS),
     ),
+    # The long-and-tight family: prompts longer than the window in chunks, shared prefixes longer than the window
+    # (radix hits), requests to the context limit, an abort mid-batch, on a pool small enough to retract; MTP output
+    # must equal the no-MTP twin's and the long witness's rule exactly (tests/tiers/test_smoke_long.py).
+    SmokeServerSpec("long-witness-nomtp", "long-witness-sglang-phase", None, mode_args=LONG_TIGHT_ARGS),
+    SmokeServerSpec("long-witness-mtp-topk1", "long-witness-sglang-phase", 1, mode_args=LONG_TIGHT_ARGS),
+    SmokeServerSpec("long-witness-mtp-topk3-paged", "long-witness-sglang-phase", 3, mode_args=LONG_PAGED_ARGS),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
 # What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.
@@ -115,6 +151,13 @@ WITNESS_SERVERS = ("witness-mtp-topk1", "witness-mtp-topk3")
 # sampled output is held to the closed form on its own (test_sampled_distribution_matches_closed_form).
 SAMPLED_SERVERS = ("sampled-mtp-topk1", "sampled-mtp-topk3")
 DECOY_SERVERS = ("decoy-mtp-topk1", "decoy-mtp-topk3")  # the decoy witness: off the top-1 chain
+LONG_SERVERS = ("long-witness-nomtp", "long-witness-mtp-topk1", "long-witness-mtp-topk3-paged")
+
+
+def page_size(spec: SmokeServerSpec) -> int:
+    """The --page-size a smoke server runs with (its mode_args; sglang's default 1 otherwise)."""
+    args = list(spec.mode_args)
+    return int(args[args.index("--page-size") + 1]) if "--page-size" in args else 1
 
 
 @dataclass(frozen=True)

@@ -104,11 +104,13 @@ class _ThreadSession:
             return resp.status_code, resp.content
         raise AssertionError("unreachable")
 
-    def events(self, base_url: str, path: str, payload: Any, timeout: float) -> list[dict]:
+    def events(
+        self, base_url: str, path: str, payload: Any, timeout: float, on_event: Callable[[dict], None] | None = None
+    ) -> list[dict]:
         """POST ``payload`` and read a server-sent event stream (sglang's ``stream: true`` on /generate and the
         OpenAI endpoints): every ``data: {json}`` event in order, up to ``data: [DONE]``. An event that is an error
         object ({"error": ...}, what sglang sends when a stream fails) raises ClientError, as does a stream that
-        ends without [DONE] (the server dropped it)."""
+        ends without [DONE] (the server dropped it). ``on_event(event)`` hears each event as it arrives."""
         url = _url(base_url, path)
         resp = self.session.post(
             url, data=json.dumps(payload).encode(), headers=_JSON_HEADERS, timeout=timeout, stream=True
@@ -120,7 +122,9 @@ class _ThreadSession:
                     f"POST {path} -> HTTP {resp.status_code}: {error_message(text)}", resp.status_code, text
                 )
             out: list[dict] = []
-            for line in resp.iter_lines(decode_unicode=False):
+            # chunk_size None: each HTTP chunk as it arrives (uvicorn sends one per event), so on_event hears an
+            # event when the server sends it, not once 512 bytes have piled up
+            for line in resp.iter_lines(chunk_size=None, decode_unicode=False):
                 if not line.startswith(b"data:"):
                     continue  # blank separators, comments
                 data = line[5:].strip()
@@ -133,6 +137,8 @@ class _ThreadSession:
                 if isinstance(event, dict) and isinstance(event.get("error"), dict):
                     raise ClientError(f"POST {path}: stream event {len(out)}: {error_message(data.decode())}")
                 out.append(event)
+                if on_event is not None:
+                    on_event(event)
         raise ClientError(f"POST {path}: the stream ended after {len(out)} events without data: [DONE]")
 
     def json(self, method: str, base_url: str, path: str, payload: Any = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
@@ -275,8 +281,12 @@ class Call:
     stream: bool = False
 
 
-def _answer(session: _ThreadSession, base_url: str, item: dict | Call, default_path: str, timeout: float) -> dict:
-    """One batch item's answer as a dict (see Call)."""
+def _answer(session: _ThreadSession, base_url: str, item, default_path: str, timeout: float) -> dict:
+    """One batch item's answer as a dict (see Call, abort.AbortMidBatch)."""
+    from mtpmatrix.serving import abort  # it builds on this module's sessions
+
+    if isinstance(item, abort.AbortMidBatch):
+        return abort.run(base_url, item, timeout)
     if isinstance(item, Call) and item.stream:
         events = session.events(base_url, item.path, item.body, timeout)
         last = events[-1] if events and item.path == "/generate" and isinstance(events[-1], dict) else {}
@@ -380,14 +390,14 @@ def summarize(results: list[Result], wall_s: float) -> BatchSummary:
 
 def run_batch(
     base_url: str,
-    requests: Iterable[dict | Call],
+    requests: Iterable[Any],
     parallel: int = 128,
     progress: Callable[[int, int, Result], None] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     path: str = "/generate",
 ) -> list[Result]:
-    """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``, or a ``Call``: another
-    endpoint, a streamed answer) with ``parallel`` workers.
+    """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``, a ``Call``: another
+    endpoint, a streamed answer, or an ``abort.AbortMidBatch``) with ``parallel`` workers.
 
     Each worker thread has its own keep-alive session (one connection). A failing request (HTTP error, timeout,
     refused connection, bad JSON) becomes a Result with ok=False and its error; it never stops the batch. Results come

@@ -43,6 +43,8 @@ FAMILIES: tuple[str, ...] = (
     "token_ids_logprob",
     "streaming",
     "parallel_n",
+    # the long-and-tight servers: chunked prompts past the window, radix hits, the context limit, an abort (#38 item 2)
+    "long_context",
 )
 
 

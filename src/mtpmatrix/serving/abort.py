@@ -1,0 +1,110 @@
+"""Aborting a request while its batch decodes: POST /abort_request, and a batch item (``AbortMidBatch``) that sends
+a victim and its neighbours together and aborts the victim mid-batch, for client.run_batch.
+
+Event-driven: the abort goes out when every request has streamed an output token and none has finished (read from
+the streams themselves), never after a fixed delay.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from mtpmatrix.serving.client import (
+    DEFAULT_TIMEOUT,
+    ClientError,
+    _close_thread_session,
+    _thread_session,
+    error_message,
+    request,
+)
+
+
+def abort_request(base_url: str, rid: str, timeout: float = 60.0) -> None:
+    """POST /abort_request for the request ``rid`` (http_server.py, 0.5.13-0.5.23: {"rid": ..., "abort_all":
+    false}, answered 200 whether or not the rid is still running); ClientError on any other answer."""
+    status, data = request(base_url, "POST", "/abort_request", {"rid": rid}, timeout)
+    if status != 200:
+        text = data.decode("utf-8", errors="replace")
+        raise ClientError(f"POST /abort_request -> HTTP {status}: {error_message(text)}", status, text)
+
+
+@dataclass(frozen=True)
+class AbortMidBatch:
+    """A batch item that is a batch of its own: the /generate bodies ``neighbours`` and ``victim`` (which names its
+    ``rid``) sent together, streamed, and /abort_request for the victim once every one of them has streamed at least
+    one output token and none has finished, i.e. while they decode in one batch. Its Result.response is
+    {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool, "abort_note": str},
+    each answer the stream's last event (the whole answer, as a streamed Call's); aborted_mid_batch is false (and the
+    note says why) when a request finished before the abort could be sent mid-batch, so nothing was tested."""
+
+    neighbours: tuple[dict, ...]
+    victim: dict
+
+    @property
+    def body(self) -> dict:
+        """The victim's body (what surface.Exchange reads a request's sampling parameters from)."""
+        return self.victim
+
+
+def _tokens_so_far(event: dict) -> int:
+    meta = event.get("meta_info") or {}
+    n = meta.get("completion_tokens")
+    return int(n) if isinstance(n, int) else len(event.get("output_ids") or [])
+
+
+def _finished(event: dict) -> bool:
+    return bool((event.get("meta_info") or {}).get("finish_reason"))
+
+
+def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """Send ``item`` (see AbortMidBatch) and wait for every answer."""
+    bodies = [*item.neighbours, item.victim]
+    rid = item.victim.get("rid")
+    if not rid:
+        raise ClientError("AbortMidBatch: the victim names no rid to abort")
+    latest: list[dict] = [{} for _ in bodies]
+    answers: list[dict | BaseException | None] = [None] * len(bodies)
+    changed = threading.Condition()
+
+    def stream(i: int) -> None:
+        def hear(event: dict) -> None:
+            with changed:
+                latest[i] = event
+                changed.notify_all()
+
+        try:
+            events = _thread_session().events(base_url, "/generate", {**bodies[i], "stream": True}, timeout, hear)
+            answers[i] = {**(events[-1] if events else {}), "stream_events": len(events)}
+        except BaseException as exc:  # kept: the caller raises the first
+            answers[i] = exc
+        finally:
+            _close_thread_session()
+            with changed:
+                changed.notify_all()
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    with changed:
+        # every request decoding (a token out, none finished), or one of them done / failed: wait on the streams
+        changed.wait_for(
+            lambda: (
+                any(a is not None for a in answers)
+                or any(_finished(e) for e in latest)
+                or all(_tokens_so_far(e) >= 1 for e in latest)
+            ),
+            timeout=timeout,
+        )
+        mid = all(a is None for a in answers) and not any(_finished(e) for e in latest)
+        mid = mid and all(_tokens_so_far(e) >= 1 for e in latest)
+        seen = [_tokens_so_far(e) for e in latest]
+    if mid:
+        abort_request(base_url, rid)
+    for t in threads:
+        t.join(timeout)
+    failed = [a for a in answers if not isinstance(a, dict)]
+    if failed:
+        raise failed[0] if isinstance(failed[0], BaseException) else ClientError("AbortMidBatch: a stream hung")
+    note = f"tokens streamed when the abort was sent: {seen}" if mid else f"a request finished first: {seen}"
+    return {"outputs": answers, "aborted_mid_batch": mid, "abort_note": note}

@@ -1,0 +1,204 @@
+"""Request family "long_context": the long-and-tight servers (issue #38 item 2) on the long witness.
+
+The long witness (mtpmatrix.pairs.long_witness) decides every token past position 64 by a read at the window's far
+edge and a key token far outside it, so its greedy output is known exactly (``expected_continuation``) however a
+server chunks, caches, retracts or batches. The servers (smoke_servers.LONG_SERVERS) run a 640-token pool, 32-token
+prefill chunks and, at topk 3, 16-token pages. The family sends them:
+
+  limit-<i>      4 prompts of 160 tokens (2.5 windows, 5 prefill chunks) asking for the most new tokens sglang
+                 admits (``admitted_new``), in one batch: they run to the server's context limit together on a pool
+                 that cannot hold them all at their end, so the scheduler must queue or retract;
+  over-limit     one token more than that: sglang must refuse it (tokenizer_manager._validate_one_request);
+  prefix-first, prefix-repeat
+                 (alone, in this order) two prompts sharing their first 100 tokens (over 1.5 windows), tails
+                 differing from their first token: the repeat must hit the radix cache for the shared prefix
+                 (meta_info cached_tokens, ``cached_bounds``);
+  abort          (alone) client.AbortMidBatch: 3 neighbours and a victim, prompts of 160 tokens to the limit,
+                 streamed; once every one has streamed a token and none has finished, /abort_request for the victim.
+                 The neighbours must come out exact, the victim must end "abort" with a prefix of its rule output.
+
+Lengths, from sglang's code (0.5.13-0.5.23): the tokenizer refuses input + R + max_new_tokens > context_len, R the
+slots it reserves for drafts (tokenizer_manager num_reserved_tokens: max(topk x num_steps, draft tokens) under
+speculative decoding, else 0); the scheduler then clamps max_new_tokens to max_req_len - input - 1 with max_req_len
+= context_len - 1 (scheduler.py, before the pool bound, which these servers' pool leaves slack for). So a request
+asking ``admitted_new`` finishes "length" after ``limit_new`` tokens: prompt + output = context_len - 2 without MTP
+(254), context_len - R with MTP (250 at topk 1, 241 at topk 3).
+"""
+
+from __future__ import annotations
+
+from mtpmatrix.core import settings
+from mtpmatrix.core.smoke_servers import LONG_CONTEXT_LEN, page_size
+from mtpmatrix.pairs import long_witness
+from mtpmatrix.serving.abort import AbortMidBatch
+from mtpmatrix.serving.client import Call
+
+NAME = "long_context"
+PAIR = "long-witness-sglang-phase"
+REFERENCE_SERVER = "long-witness-nomtp"
+WINDOW = 64  # the tiny configs' sliding_window (docs/pairs.md "Long witness")
+PROMPT = 160
+N_LIMIT = 4
+SHARED, TAIL, PREFIX_NEW = 100, 20, 32
+N_NEIGHBOURS = 3
+ALONE = frozenset({"prefix-first", "prefix-repeat", "abort"})
+# each group of prompts its own seed, so no two requests of the family share more than BOS and a key token
+SEED_LIMIT, SEED_PREFIX, SEED_ABORT = 38, 39, 40
+
+
+def reserved(topk: int | None) -> int:
+    """The slots sglang's tokenizer reserves per request for drafts (R above)."""
+    return max(topk * settings.NUM_STEPS, settings.DRAFT_TOKENS[topk]) if topk else 0
+
+
+def admitted_new(topk: int | None, prompt_len: int, context_len: int = LONG_CONTEXT_LEN) -> int:
+    """The most max_new_tokens the tokenizer admits for a prompt of ``prompt_len`` tokens."""
+    return context_len - reserved(topk) - prompt_len
+
+
+def limit_new(topk: int | None, prompt_len: int, context_len: int = LONG_CONTEXT_LEN) -> int:
+    """The tokens a request asking ``admitted_new`` gets: the scheduler's clamp to max_req_len - input - 1."""
+    return min(admitted_new(topk, prompt_len, context_len), (context_len - 1) - prompt_len - 1)
+
+
+def cached_bounds(shared: int, page: int) -> tuple[int, int]:
+    """What cached_tokens the repeat of a prefix pair may report: the shared prefix in whole pages (a radix tree of
+    ``page``-token pages matches whole pages only) up to the whole shared prefix (the tails differ from their first
+    token, so no longer match exists)."""
+    return shared // page * page, shared
+
+
+def _params(max_new: int) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": True}
+
+
+def _prefix_prompts() -> tuple[list[int], list[int]]:
+    a, b = long_witness.prompts(2, SHARED + TAIL, seed=SEED_PREFIX)
+    b = a[:SHARED] + b[SHARED:]
+    if b[SHARED] == a[SHARED]:  # the tails must differ at once: step the first tail token's member
+        b[SHARED] = long_witness.body_token(0, (long_witness.member_of(a[SHARED]) + 1) % long_witness.CYCLE)
+    return a, b
+
+
+def requests(spec, vocab_size: int) -> list[tuple[str, dict | Call | AbortMidBatch]]:
+    if spec.pair != PAIR:
+        return []
+    out: list = []
+    new = admitted_new(spec.topk, PROMPT)
+    for i, p in enumerate(long_witness.prompts(N_LIMIT, PROMPT, seed=SEED_LIMIT)):
+        out.append((f"limit-{i}", {"input_ids": p, "sampling_params": _params(new)}))
+    over = long_witness.prompts(1, PROMPT, seed=SEED_LIMIT + 100)[0]
+    out.append(("over-limit", {"input_ids": over, "sampling_params": _params(new + 1)}))
+    first, repeat = _prefix_prompts()
+    out.append(("prefix-first", {"input_ids": first, "sampling_params": _params(PREFIX_NEW)}))
+    out.append(("prefix-repeat", {"input_ids": repeat, "sampling_params": _params(PREFIX_NEW)}))
+    group = long_witness.prompts(N_NEIGHBOURS + 1, PROMPT, seed=SEED_ABORT)
+    bodies = [{"input_ids": p, "sampling_params": _params(new)} for p in group]
+    out.append(("abort", AbortMidBatch(tuple(bodies[:-1]), {**bodies[-1], "rid": f"{spec.name}-abort-victim"})))
+    return out
+
+
+def expected(prompt: list[int], n: int) -> list[int]:
+    return long_witness.expected_continuation(prompt, len(prompt) + n, WINDOW)
+
+
+def finish_type(meta: dict) -> str | None:
+    reason = meta.get("finish_reason")
+    return reason.get("type") if isinstance(reason, dict) else reason
+
+
+def _exact(label: str, prompt: list[int], response: dict, want_new: int) -> list[str]:
+    """A request that must finish "length" after ``want_new`` tokens of the rule."""
+    got = list(response.get("output_ids") or [])
+    meta = response.get("meta_info") or {}
+    out = []
+    if finish_type(meta) != "length":
+        out.append(f"{label}: finish_reason {meta.get('finish_reason')}, wanted length")
+    if len(got) != want_new or meta.get("completion_tokens") != want_new:
+        out.append(
+            f"{label}: {len(got)} output ids, completion_tokens {meta.get('completion_tokens')}; the limit gives "
+            f"{want_new} (prompt {len(prompt)} + output = {len(prompt) + want_new})"
+        )
+    rule = expected(prompt, want_new)
+    first = next((i for i, (a, b) in enumerate(zip(got, rule)) if a != b), None)
+    if first is not None:
+        out.append(f"{label}: token {first} is {got[first]}, the long witness's rule gives {rule[first]}")
+    return out
+
+
+def own_problems(spec, exchanges) -> list[str]:
+    """Every way this server's answers leave what intact sglang does (module docstring); [] when none."""
+    want = limit_new(spec.topk, PROMPT)
+    by = {x.label: x for x in exchanges}
+    out = []
+    for label, x in by.items():
+        if label == "over-limit":
+            if not x.error or "context length" not in x.error:
+                out.append(
+                    f"over-limit: asked {admitted_new(spec.topk, PROMPT) + 1} new tokens, {x.error or 'answered'}"
+                )
+            continue
+        if x.error:
+            out.append(f"{label}: request failed: {x.error}")
+            continue
+        if label.startswith("limit-"):
+            out += _exact(label, x.payload["input_ids"], x.response, want)
+        elif label.startswith("prefix-"):
+            out += _exact(label, x.payload["input_ids"], x.response, PREFIX_NEW)
+        elif label == "abort":
+            out += abort_problems(x, want)
+    repeat = by.get("prefix-repeat")
+    if repeat is not None and not repeat.error:
+        lo, hi = cached_bounds(SHARED, page_size(spec))
+        got = repeat.meta.get("cached_tokens")
+        if not isinstance(got, int) or not lo <= got <= hi:
+            out.append(
+                f"prefix-repeat: cached_tokens {got}, the {SHARED}-token shared prefix in {page_size(spec)}-token "
+                f"pages gives [{lo}, {hi}] (radix hit)"
+            )
+    return out
+
+
+def abort_problems(x, want: int) -> list[str]:
+    """The abort exchange: every neighbour exact to the limit, the victim ended by the abort with a rule prefix."""
+    if not x.response.get("aborted_mid_batch"):
+        return [f"abort: the abort was not sent mid-batch ({x.response.get('abort_note')}): nothing was tested"]
+    item = x.payload
+    outputs = x.response.get("outputs") or []
+    if len(outputs) != len(item.neighbours) + 1:
+        return [f"abort: {len(outputs)} answers for {len(item.neighbours) + 1} requests"]
+    out = []
+    for i, (body, resp) in enumerate(zip(item.neighbours, outputs)):
+        out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want)
+    victim = outputs[-1]
+    meta = victim.get("meta_info") or {}
+    got = list(victim.get("output_ids") or [])
+    if finish_type(meta) != "abort":
+        out.append(f"abort victim: finish_reason {meta.get('finish_reason')}, wanted abort")
+    if not len(got) < want:
+        out.append(f"abort victim: {len(got)} tokens, the whole {want}: the abort did not stop it")
+    rule = expected(item.victim["input_ids"], len(got))
+    if got != rule:
+        out.append(f"abort victim: its {len(got)} tokens leave the rule")
+    return out
+
+
+def against_reference(exchanges, reference) -> list[str]:
+    """MTP output equals the no-MTP twin's: token for token where both ran (an MTP server stops earlier, by its
+    reserved slots), exactly for the prefix pair and the abort's neighbours."""
+    ref = {x.label: x for x in reference}
+    out = []
+    for x in exchanges:
+        r = ref.get(x.label)
+        if x.error or r is None or r.error or x.label == "over-limit":
+            continue
+        if x.label == "abort":
+            mine = [o.get("output_ids") or [] for o in (x.response.get("outputs") or [])[:-1]]
+            theirs = [o.get("output_ids") or [] for o in (r.response.get("outputs") or [])[:-1]]
+        else:
+            mine, theirs = [x.output_ids], [r.output_ids]
+        for k, (a, b) in enumerate(zip(mine, theirs)):
+            n = min(len(a), len(b))
+            if a[:n] != b[:n] or (x.label.startswith("prefix-") and a != b):
+                out.append(f"{x.label}{f' neighbour {k}' if x.label == 'abort' else ''}: output differs from no-MTP's")
+    return out

@@ -1,0 +1,108 @@
+"""Answers of the fake sglang (fake_sglang.FakeState.shapes) for the long-and-tight servers: the long witness's rule
+output (mtpmatrix.pairs.long_witness), sglang's length limits (tokenizer reservation, scheduler clamp), a radix
+cache of earlier sequences counted in pages, streams that go event by event and hear /abort_request. Unit tests
+only. ``broken`` names one fault, so a test sees a check fail on it:
+
+  cached-zero         the repeat of a shared prefix reports cached_tokens 0 (no radix hit)
+  one-short           every to-the-limit request ends one token short (still "length")
+  neighbour-changed   after an abort, the neighbours still decoding go on with a wrong token
+  abort-ignored       the victim runs on to the limit and ends "length"
+  over-limit-taken    a request over the limit is answered, not refused
+
+The streams of an AbortMidBatch hold after their first token until the abort arrives (an event, with a long
+timeout that only a broken client meets): the client sees every request decoding, then aborts.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from mtpmatrix.tiers.surface import long_context
+
+HOLD_S = 60.0
+
+
+class LongWitnessShapes:
+    def __init__(self, topk: int | None, page: int = 1, broken: str = ""):
+        self.topk, self.page, self.broken = topk, page, broken
+        self.seen: list[list[int]] = []  # every finished sequence (prompt + output): the radix tree
+        self.lock = threading.Lock()
+        self.aborted: set[str] = set()
+        self.abort_heard = threading.Event()
+        self.streams = 0
+
+    # --- sglang's rules, as long_context derives them --------------------------------------------------------
+    def _refusal(self, prompt: list[int], max_new: int) -> tuple[int, str] | None:
+        admitted = long_context.admitted_new(self.topk, len(prompt))
+        if max_new > admitted and self.broken != "over-limit-taken":
+            return 400, (
+                "Requested token count exceeds the model's maximum context length of "
+                f"{long_context.LONG_CONTEXT_LEN} tokens."
+            )
+        return None
+
+    def _length(self, prompt: list[int], max_new: int) -> int:
+        n = min(max_new, (long_context.LONG_CONTEXT_LEN - 1) - len(prompt) - 1)
+        return n - (self.broken == "one-short" and n > long_context.PREFIX_NEW)
+
+    def _cached(self, prompt: list[int]) -> int:
+        if self.broken == "cached-zero":
+            return 0
+        with self.lock:
+            best = max((_common(prompt, s) for s in self.seen), default=0)
+        return min(best, len(prompt) - 1) // self.page * self.page
+
+    def _meta(self, prompt, out, cached, reason) -> dict:
+        return {
+            "finish_reason": reason,
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(out),
+            "cached_tokens": cached,
+        }
+
+    # --- the fake's hooks ------------------------------------------------------------------------------------
+    def __call__(self, path: str, payload: dict):
+        prompt, max_new = payload["input_ids"], payload["sampling_params"]["max_new_tokens"]
+        refused = self._refusal(prompt, max_new)
+        if refused:
+            return refused
+        cached = self._cached(prompt)
+        n = self._length(prompt, max_new)
+        out = long_context.expected(prompt, n)
+        with self.lock:
+            self.seen.append(prompt + out)
+        return {"output_ids": out, "meta_info": self._meta(prompt, out, cached, {"type": "length", "length": n})}
+
+    def abort(self, rid: str) -> None:
+        with self.lock:
+            self.aborted.add(rid)
+        self.abort_heard.set()
+
+    def stream(self, payload: dict):
+        prompt, max_new = payload["input_ids"], payload["sampling_params"]["max_new_tokens"]
+        rid = payload.get("rid")
+        n = self._length(prompt, max_new)
+        rule = long_context.expected(prompt, n)
+        out: list[int] = []
+        for k in range(n):
+            if k == 1:  # every stream holds after its first token until an abort arrives
+                self.abort_heard.wait(HOLD_S)
+            with self.lock:
+                stopped = rid is not None and rid in self.aborted and self.broken != "abort-ignored"
+            if stopped:
+                meta = self._meta(prompt, out, 0, {"type": "abort", "message": "Abort before decode"})
+                yield {"output_ids": list(out), "meta_info": meta}
+                return
+            changed = self.broken == "neighbour-changed" and self.abort_heard.is_set() and rid is None
+            out.append(rule[k] + 1 if changed else rule[k])
+            reason = {"type": "length", "length": n} if k == n - 1 else None
+            yield {"output_ids": list(out), "meta_info": self._meta(prompt, out, 0, reason)}
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,118 @@
+"""The long-and-tight family (issue #38 item 2) end to end against the fake sglang (fake_long.LongWitnessShapes):
+its requests go through the client as the smoke tier sends them (one batch, then the ALONE ones one at a time; the
+abort streamed, the abort sent mid-batch), and its checks pass on the intact fake and fail on a fake broken the way
+each check exists to catch."""
+
+from __future__ import annotations
+
+import pytest
+from fake_long import LongWitnessShapes
+from fake_sglang import FakeSglang
+
+from mtpmatrix.core import smoke_servers
+from mtpmatrix.pairs import long_witness
+from mtpmatrix.serving import abort, client
+from mtpmatrix.tiers import surface
+from mtpmatrix.tiers.surface import long_context
+
+SPECS = {s.name: s for s in smoke_servers.SMOKE_SERVERS if s.name in smoke_servers.LONG_SERVERS}
+NOMTP = SPECS["long-witness-nomtp"]
+TOPK3 = SPECS["long-witness-mtp-topk3-paged"]
+
+
+def collect(spec, broken: str = "") -> list[surface.Exchange]:
+    """The family's requests for ``spec`` as mtpmatrix.tiers.smoke.collect sends them, against a fake."""
+    labelled, alone = surface.split_alone(
+        [(long_context.NAME, label, p) for label, p in long_context.requests(spec, 512)]
+    )
+    shapes = LongWitnessShapes(spec.topk, smoke_servers.page_size(spec), broken)
+    with FakeSglang(shapes=shapes) as fake:
+        results = client.run_batch(fake.base_url, [p for _f, _l, p in labelled], parallel=16)
+        results += client.run_batch(fake.base_url, [p for _f, _l, p in alone], parallel=1)
+    return surface.collate(labelled + alone, results)[long_context.NAME]
+
+
+def test_the_family_serves_the_long_servers_only():
+    assert long_context.NAME in surface.FAMILIES
+    assert set(smoke_servers.LONG_SERVERS) == set(SPECS) and all(s.default for s in SPECS.values())
+    for spec in smoke_servers.SMOKE_SERVERS:
+        assert bool(long_context.requests(spec, 512)) == (spec.name in smoke_servers.LONG_SERVERS)
+    assert smoke_servers.page_size(TOPK3) == 16 and smoke_servers.page_size(NOMTP) == 1
+
+
+def test_lengths_follow_sglangs_reservation_and_clamp():
+    # no MTP: the scheduler's clamp, prompt + output = context_len - 2; MTP: the tokenizer reserves max(topk x 5, draft)
+    assert [long_context.reserved(k) for k in (None, 1, 3)] == [0, 6, 15]
+    assert [long_context.PROMPT + long_context.limit_new(k, long_context.PROMPT) for k in (None, 1, 3)] == [
+        254,
+        250,
+        241,
+    ]
+    assert long_context.cached_bounds(100, 16) == (96, 100) and long_context.cached_bounds(100, 1) == (100, 100)
+
+
+def test_prompts_cross_the_window_and_chunks_and_share_a_long_prefix():
+    payloads = dict(long_context.requests(NOMTP, 512))
+    limit = payloads["limit-0"]["input_ids"]
+    assert len(limit) > 2 * long_context.WINDOW and len(limit) > 4 * smoke_servers.LONG_CHUNK
+    first, repeat = payloads["prefix-first"]["input_ids"], payloads["prefix-repeat"]["input_ids"]
+    assert first[: long_context.SHARED] == repeat[: long_context.SHARED] and long_context.SHARED > long_context.WINDOW
+    assert first[long_context.SHARED] != repeat[long_context.SHARED]
+    # every prompt holds one key: the rule predicts it
+    assert long_witness.expected_continuation(repeat, len(repeat) + 4, long_context.WINDOW)
+    assert isinstance(payloads["abort"], abort.AbortMidBatch) and payloads["abort"].victim["rid"]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_intact_fake_passes(name):
+    spec = SPECS[name]
+    got = collect(spec)
+    assert long_context.own_problems(spec, got) == []
+    ab = next(x for x in got if x.label == "abort")
+    assert ab.response["aborted_mid_batch"], ab.response["abort_note"]
+    assert long_context.against_reference(got, collect(NOMTP)) == []
+
+
+def test_no_radix_hit_fails():
+    bad = long_context.own_problems(TOPK3, collect(TOPK3, "cached-zero"))
+    assert bad == [
+        "prefix-repeat: cached_tokens 0, the 100-token shared prefix in 16-token pages gives [96, 100] (radix hit)"
+    ]
+
+
+def test_one_token_short_fails():
+    bad = long_context.own_problems(NOMTP, collect(NOMTP, "one-short"))
+    assert any(p.startswith("limit-0: 93 output ids") for p in bad)
+    assert any(p.startswith("abort neighbour 0: 93 output ids") for p in bad)
+
+
+def test_a_changed_neighbour_fails_and_differs_from_no_mtp():
+    spec = SPECS["long-witness-mtp-topk1"]
+    got = collect(spec, "neighbour-changed")
+    bad = long_context.own_problems(spec, got)
+    assert len([p for p in bad if p.startswith("abort neighbour")]) == long_context.N_NEIGHBOURS
+    assert all("token 1 is" in p for p in bad)
+    assert long_context.against_reference(got, collect(NOMTP))
+
+
+def test_an_ignored_abort_fails():
+    bad = long_context.own_problems(TOPK3, collect(TOPK3, "abort-ignored"))
+    assert any("finish_reason {'type': 'length'" in p and p.startswith("abort victim") for p in bad)
+    assert any("the abort did not stop it" in p for p in bad)
+
+
+def test_an_answered_over_limit_request_fails():
+    bad = long_context.own_problems(NOMTP, collect(NOMTP, "over-limit-taken"))
+    assert bad and bad[0].startswith("over-limit: asked 97 new tokens, answered")
+
+
+def test_an_abort_not_sent_mid_batch_tests_nothing():
+    item = dict(long_context.requests(NOMTP, 512))["abort"]
+    lone = abort.AbortMidBatch(
+        (), {**item.victim, "sampling_params": {**item.victim["sampling_params"], "max_new_tokens": 1}}
+    )
+    with FakeSglang(shapes=LongWitnessShapes(None)) as fake:
+        got = abort.run(fake.base_url, lone)
+    assert not got["aborted_mid_batch"] and "finished first" in got["abort_note"]
+    x = surface.Exchange("abort", item, got)
+    assert long_context.abort_problems(x, 94)[0].startswith("abort: the abort was not sent mid-batch")
