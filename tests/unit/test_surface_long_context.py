@@ -116,3 +116,16 @@ def test_an_abort_not_sent_mid_batch_tests_nothing():
     assert not got["aborted_mid_batch"] and "finished first" in got["abort_note"]
     x = surface.Exchange("abort", item, got)
     assert long_context.abort_problems(x, 94)[0].startswith("abort: the abort was not sent mid-batch")
+
+
+def test_pool_report_reads_retractions_usage_and_leaks():
+    log = (
+        "Decode batch, #running-req: 4, full token usage: 0.91, swa token usage: 0.50, cuda graph: True\n"
+        "Decode out of memory happened. #retracted_reqs: 2, #new_tokens_gained: 300\n"
+        "Decode batch, #running-req: 2, token usage: 0.97\n"
+        "Decode out of memory happened. #retracted_reqs: 1, #new_tokens_gained: 150\n"
+    )
+    got = long_context.pool_report(log)
+    assert got == {"retracted_reqs": 3, "full_token_usage_peak": 0.97, "swa_token_usage_peak": 0.5, "leaks": []}
+    leak = long_context.pool_report(log + "ValueError: token_to_kv_pool_allocator memory leak detected! full=3\n")
+    assert leak["leaks"] == ["memory leak detected! full=3"]

@@ -27,6 +27,8 @@ asking ``admitted_new`` finishes "length" after ``limit_new`` tokens: prompt + o
 
 from __future__ import annotations
 
+import re
+
 from mtpmatrix.core import settings
 from mtpmatrix.core.smoke_servers import LONG_CONTEXT_LEN, page_size
 from mtpmatrix.pairs import long_witness
@@ -44,6 +46,30 @@ N_NEIGHBOURS = 3
 ALONE = frozenset({"prefix-first", "prefix-repeat", "abort"})
 # each group of prompts its own seed, so no two requests of the family share more than BOS and a key token
 SEED_LIMIT, SEED_PREFIX, SEED_ABORT = 38, 39, 40
+
+
+# sglang's scheduler log (0.5.13-0.5.23): a decode step that finds no room retracts ("Decode out of memory happened.
+# #retracted_reqs: N, ..."); decode lines report the pools' use ("token usage: 0.42" / "full token usage: 0.42, swa
+# token usage: 0.31"); the idle check (scheduler on_idle -> invariant_checker._report_leak) names a pool that did not
+# come back to empty: "<pool> memory leak detected! ..." (raised under SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE,
+# else logged as a warning).
+RETRACTED_RE = re.compile(r"#retracted_reqs: (\d+)")
+USAGE_RE = re.compile(r"\b(full |swa )?token usage: ([\d.]+)")
+LEAK_RE = re.compile(r"memory leak detected!.*")
+
+
+def pool_report(log_text: str) -> dict:
+    """What the server log says of its pools: requests retracted, the peak use of each pool (a fraction), and every
+    leak the idle check reported."""
+    peaks: dict[str, float] = {}
+    for kind, value in USAGE_RE.findall(log_text):
+        key = (kind.strip() or "full") + "_token_usage_peak"
+        peaks[key] = max(peaks.get(key, 0.0), float(value))
+    return {
+        "retracted_reqs": sum(int(n) for n in RETRACTED_RE.findall(log_text)),
+        **peaks,
+        "leaks": LEAK_RE.findall(log_text),
+    }
 
 
 def reserved(topk: int | None) -> int:
@@ -128,35 +154,45 @@ def _exact(label: str, prompt: list[int], response: dict, want_new: int) -> list
 
 def own_problems(spec, exchanges) -> list[str]:
     """Every way this server's answers leave what intact sglang does (module docstring); [] when none."""
-    want = limit_new(spec.topk, PROMPT)
     by = {x.label: x for x in exchanges}
+    return (
+        length_problems(spec, exchanges)
+        + cache_problems(spec, by.get("prefix-repeat"))
+        + (abort_problems(by["abort"], limit_new(spec.topk, PROMPT)) if "abort" in by else ["abort: not sent"])
+    )
+
+
+def length_problems(spec, exchanges) -> list[str]:
+    """The limit, over-limit and prefix requests: each the rule's tokens, finished "length" after exactly the
+    tokens sglang's limits give; the over-limit request refused naming the context length."""
+    want = limit_new(spec.topk, PROMPT)
     out = []
-    for label, x in by.items():
-        if label == "over-limit":
+    for x in exchanges:
+        if x.label == "over-limit":
             if not x.error or "context length" not in x.error:
-                out.append(
-                    f"over-limit: asked {admitted_new(spec.topk, PROMPT) + 1} new tokens, {x.error or 'answered'}"
-                )
-            continue
-        if x.error:
-            out.append(f"{label}: request failed: {x.error}")
-            continue
-        if label.startswith("limit-"):
-            out += _exact(label, x.payload["input_ids"], x.response, want)
-        elif label.startswith("prefix-"):
-            out += _exact(label, x.payload["input_ids"], x.response, PREFIX_NEW)
-        elif label == "abort":
-            out += abort_problems(x, want)
-    repeat = by.get("prefix-repeat")
-    if repeat is not None and not repeat.error:
-        lo, hi = cached_bounds(SHARED, page_size(spec))
-        got = repeat.meta.get("cached_tokens")
-        if not isinstance(got, int) or not lo <= got <= hi:
-            out.append(
-                f"prefix-repeat: cached_tokens {got}, the {SHARED}-token shared prefix in {page_size(spec)}-token "
-                f"pages gives [{lo}, {hi}] (radix hit)"
-            )
+                asked = admitted_new(spec.topk, PROMPT) + 1
+                out.append(f"over-limit: asked {asked} new tokens, {x.error or 'answered'}")
+        elif x.label.startswith(("limit-", "prefix-")):
+            if x.error:
+                out.append(f"{x.label}: request failed: {x.error}")
+            else:
+                n = want if x.label.startswith("limit-") else PREFIX_NEW
+                out += _exact(x.label, x.payload["input_ids"], x.response, n)
     return out
+
+
+def cache_problems(spec, repeat) -> list[str]:
+    """The prefix pair's repeat hit the radix cache for the shared prefix (``cached_bounds``)."""
+    if repeat is None or repeat.error:
+        return [f"prefix-repeat: {'not sent' if repeat is None else repeat.error}"]
+    lo, hi = cached_bounds(SHARED, page_size(spec))
+    got = repeat.meta.get("cached_tokens")
+    if not isinstance(got, int) or not lo <= got <= hi:
+        return [
+            f"prefix-repeat: cached_tokens {got}, the {SHARED}-token shared prefix in {page_size(spec)}-token "
+            f"pages gives [{lo}, {hi}] (radix hit)"
+        ]
+    return []
 
 
 def abort_problems(x, want: int) -> list[str]:
