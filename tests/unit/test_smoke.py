@@ -121,7 +121,7 @@ def _jobs(tmp_path, n=3):
 
 @pytest.mark.parametrize(
     "free_mib,want",
-    [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 2), (48 * 1024, 5), (80 * 1024, 5), (140 * 1024, 5), (10**7, 5)],
+    [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 3), (48 * 1024, 5), (80 * 1024, 5), (140 * 1024, 5), (10**7, 5)],
 )
 def test_launch_parallelism_from_free_memory(free_mib, want):
     assert launch_plan.launch_parallelism(5, free_mib) == want
@@ -143,11 +143,11 @@ def test_an_idle_h200_launches_the_default_servers_in_one_wave():
         assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == len(
             smoke_servers.DEFAULT_SMOKE_SERVERS
         )
-    assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 2
+    assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 3
 
 
 def test_the_wave_follows_the_fraction_the_servers_run_with():
-    assert launch_plan.mem_fraction() == launch_plan.SMOKE_MEM_FRACTION == 0.35
+    assert launch_plan.mem_fraction() == launch_plan.SMOKE_MEM_FRACTION == 0.42
     assert launch_plan.mem_fraction(("--mem-fraction-static", "0.12")) == 0.12  # the last one given wins
     assert launch_plan.mem_fraction(("--mem-fraction-static=0.7",)) == 0.7
     assert launch_plan.launch_parallelism(11, 139 * 1024, fraction=0.12) == 5

@@ -17,7 +17,8 @@ from mtpmatrix.core import settings
 # multimodal IPC reservation, docs/runs/2026-12-01-h200-sglang-0.5.17-smoke-default.json; 6,310 MiB over 2 GPUs at TP 2,
 # docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json; 0.5.13's 11 servers launched in one wave on an
 # H200, docs/runs/2026-12-01b-h200-sglang-0.5.13-smoke-default.json, 930 MiB the most), so that many fit side by side.
-# 2,944 = the most measured (2,478) + 19 %: the 15 default servers launch in one wave on an idle H200.
+# 2,944 = the most measured (2,478) + 19 %: the 18 default servers launch in one wave on an idle H200 (at
+# --mem-fraction-static 0.42; settings.SMOKE_ARGS).
 SERVER_MIB = 2944
 
 
@@ -43,8 +44,8 @@ def launch_parallelism(
     """How many smoke servers to launch side by side.
 
     ``requested`` (MTPMATRIX_SMOKE_PARALLEL) wins when set; otherwise as many as fit in the launch margin
-    (``memory_parallelism``: 15 on an idle H200 with 125 GiB free (140.4 GiB in all), so the 15 default servers
-    launch in one wave; 2 on a 24 GiB card), never more than there are servers, and 1 when free memory is unknown.
+    (``memory_parallelism``: 18 on an idle H200 with 125 GiB free (140.4 GiB in all), so the 18 default servers
+    launch in one wave; 3 on a 24 GiB card), never more than there are servers, and 1 when free memory is unknown.
     """
     if requested is not None:
         return max(1, min(requested, n_servers))

@@ -6,7 +6,8 @@ the server log, and stops it; the tests then assert on what was collected.
 
 Servers launch side by side when the GPU has room (``launch_plan.launch_parallelism``): a launch is mostly
 CPU-bound Triton compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200;
-the 15 default servers launch in one wave on an idle H200 (3.2 min from cold, 2026-12-02). A server that fails
+the default servers launch in one wave on an idle H200 (15 of them in 3.2 min from cold, 2026-12-02; 18 since
+the long-and-tight family). A server that fails
 while others share the GPU is relaunched alone before its failure counts, so contention never becomes a verdict; a
 failure that repeats alone stands for every server that failed the same way beside it (``failure_signature``), so a
 broken release costs one relaunch, not one per server.
