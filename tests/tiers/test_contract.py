@@ -206,6 +206,9 @@ def test_smoke_server_args(build_tiny_pair, sglang_chain, record_property):
         asked = {k: v for k, v in compat.flag_fields(list(spec.mode_args)).items() if v is True}
         if spec.load_format != "auto":
             asked["load_format"] = spec.load_format
+        # the long-and-tight family's pool, chunk, page and context sizes are what its checks derive lengths and radix
+        # hits from: they must resolve as asked, not only parse
+        asked.update(smoke_servers.long_tight_settings(spec))
         expected = {**(settings.expected_resolution(spec.topk) if spec.topk else {}), **asked}
         problems += [f"{spec.name}: {p}" for p in compat.check_resolution(values, expected)]
     record_property("servers", len(smoke_servers.DEFAULT_SMOKE_SERVERS))

@@ -129,3 +129,16 @@ def test_pool_report_reads_retractions_usage_and_leaks():
     assert got == {"retracted_reqs": 3, "full_token_usage_peak": 0.97, "swa_token_usage_peak": 0.5, "leaks": []}
     leak = long_context.pool_report(log + "ValueError: token_to_kv_pool_allocator memory leak detected! full=3\n")
     assert leak["leaks"] == ["memory leak detected! full=3"]
+
+
+def test_long_tight_settings_are_what_the_flags_ask():
+    assert smoke_servers.long_tight_settings(TOPK3) == {
+        "context_length": 256,
+        "chunked_prefill_size": 32,
+        "max_total_tokens": 640,
+        "swa_full_tokens_ratio": 0.5,
+        "page_size": 16,
+    }
+    assert "page_size" not in smoke_servers.long_tight_settings(NOMTP)
+    witness = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
+    assert smoke_servers.long_tight_settings(witness) == {}

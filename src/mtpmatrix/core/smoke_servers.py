@@ -154,6 +154,27 @@ DECOY_SERVERS = ("decoy-mtp-topk1", "decoy-mtp-topk3")  # the decoy witness: off
 LONG_SERVERS = ("long-witness-nomtp", "long-witness-mtp-topk1", "long-witness-mtp-topk3-paged")
 
 
+# the long-and-tight flags and the ServerArgs field each sets (contract tier: each must resolve to the value asked)
+LONG_TIGHT_FIELDS = {
+    "--context-length": ("context_length", int),
+    "--chunked-prefill-size": ("chunked_prefill_size", int),
+    "--max-total-tokens": ("max_total_tokens", int),
+    "--swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
+    "--page-size": ("page_size", int),
+}
+
+
+def long_tight_settings(spec: SmokeServerSpec) -> dict:
+    """The ServerArgs values a server's long-and-tight flags (its mode_args) ask for; {} for the other servers."""
+    args = list(spec.mode_args)
+    return {
+        field: kind(args[i + 1])
+        for i, flag in enumerate(args[:-1])
+        if flag in LONG_TIGHT_FIELDS
+        for field, kind in [LONG_TIGHT_FIELDS[flag]]
+    }
+
+
 def page_size(spec: SmokeServerSpec) -> int:
     """The --page-size a smoke server runs with (its mode_args; sglang's default 1 otherwise)."""
     args = list(spec.mode_args)
