@@ -142,3 +142,64 @@ def test_long_tight_settings_are_what_the_flags_ask():
     assert "page_size" not in smoke_servers.long_tight_settings(NOMTP)
     witness = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
     assert smoke_servers.long_tight_settings(witness) == {}
+
+
+def _tier_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tests" / "tiers" / "test_smoke_long.py"
+    spec = importlib.util.spec_from_file_location("test_smoke_long", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _runs(tmp_path, broken: str = "", log: str = "") -> dict:
+    from mtpmatrix.tiers.smoke import SmokeRun
+
+    return {
+        name: SmokeRun(
+            spec=spec,
+            log_path=tmp_path / f"server-{name}.log",
+            vocab_size=512,
+            surface={long_context.NAME: collect(spec, broken if spec.topk else "")},
+            log_text=log,
+        )
+        for name, spec in SPECS.items()
+    }
+
+
+def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(tmp_path):
+    from mtpmatrix.core.kinds import CheckFailure
+
+    tier = _tier_module()
+    recorded: dict = {}
+
+    def record(key, value):
+        recorded[key] = value
+
+    ok = _runs(tmp_path, log="Decode out of memory happened. #retracted_reqs: 2, #new_tokens_gained: 9\n")
+    mtp = "long-witness-mtp-topk3-paged"
+    for check in (
+        tier.test_long_requests_run_to_the_limit,
+        tier.test_long_prefix_hits_the_radix_cache,
+        tier.test_long_abort_leaves_neighbours_exact,
+        tier.test_long_match_no_mtp,
+        tier.test_long_pool_empty_when_idle,
+    ):
+        check(ok, mtp, record)
+    assert recorded["retracted_reqs"] == 2 and recorded["cached_tokens"] == 96
+    cases = [
+        ("one-short", tier.test_long_requests_run_to_the_limit, "mismatch"),
+        ("cached-zero", tier.test_long_prefix_hits_the_radix_cache, "accounting"),
+        ("neighbour-changed", tier.test_long_abort_leaves_neighbours_exact, "mismatch"),
+        ("neighbour-changed", tier.test_long_match_no_mtp, "mismatch"),
+    ]
+    for broken, check, kind in cases:
+        with pytest.raises(CheckFailure) as failed:
+            check(_runs(tmp_path, broken), mtp, record)
+        assert failed.value.kind == kind, (broken, str(failed.value))
+    with pytest.raises(CheckFailure) as leaked:
+        tier.test_long_pool_empty_when_idle(_runs(tmp_path, log="full memory leak detected! 3 tokens\n"), mtp, record)
+    assert leaked.value.kind == "crash" and "memory leak detected! 3 tokens" in str(leaked.value)
