@@ -164,7 +164,7 @@ LONG_TIGHT_FIELDS = {
 }
 
 
-def long_tight_settings(spec: SmokeServerSpec) -> dict:
+def long_tight_settings(spec: SmokeServerSpec) -> dict[str, int | float]:
     """The ServerArgs values a server's long-and-tight flags (its mode_args) ask for; {} for the other servers."""
     args = list(spec.mode_args)
     return {
