@@ -449,8 +449,8 @@ QWEN = "'qwen3_asr' is already used by a Transformers config, pick another name.
 
 
 def test_uv_conflict_is_one_line_naming_the_release_and_both_requirements():
+    from mtpmatrix.core.failures import classify_install
     from mtpmatrix.runner import installable
-    from mtpmatrix.tiers.verdict import classify_install
 
     message = classify_install(UV_CONFLICT).message
     assert installable.is_conflict({"message": message})
@@ -558,9 +558,9 @@ def conflicting_index(monkeypatch, tmp_path):
     from 5.13.0 breaks the import; run_row answers as the matrix would, resolutions as uv would."""
     from packaging.version import Version
 
+    from mtpmatrix.core.failures import classify_install
     from mtpmatrix.core.store import RunStore
     from mtpmatrix.runner import installable
-    from mtpmatrix.tiers.verdict import classify_install
 
     installs, resolutions = [], []
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from events import HANG, wait_for
 
+from mtpmatrix.core.failures import classify
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving import client, processes
 from mtpmatrix.serving.server import SglangServer, root_exception
-from mtpmatrix.tiers.verdict import classify
 
 FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 

@@ -12,10 +12,10 @@ import types
 import pytest
 
 from mtpmatrix.core import settings
+from mtpmatrix.core.failures import classify
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.tiers.compat import sglang_compat as compat
 from mtpmatrix.tiers.compat import sglang_loading
-from mtpmatrix.tiers.verdict import classify
 
 
 def _raised(fn, *args, **kwargs) -> BaseException:

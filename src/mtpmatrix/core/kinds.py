@@ -1,5 +1,5 @@
 """The failure kinds, defined once: what a check's failure says broke. The tiers raise ``CheckFailure(kind, ...)``
-and classify what they catch into these words (mtpmatrix.tiers.verdict), ``@pytest.mark.check(kind)`` declares one,
+and classify what they catch into these words (mtpmatrix.core.failures), ``@pytest.mark.check(kind)`` declares one,
 a known-upstream entry names the one its bug produces, and the report and bisect read them back.
 """
 

@@ -20,7 +20,7 @@ from typing import Any, NotRequired, TypedDict
 
 
 class Failure(TypedDict, total=False):
-    """A check's or an install's classified failure (tiers.verdict.FailureRecord.as_dict)."""
+    """A check's or an install's classified failure (core.failures.FailureRecord.as_dict)."""
 
     kind: str  # core.kinds.KINDS
     type: str  # the exception's type name

@@ -24,6 +24,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from mtpmatrix.core.evidence import fingerprint, manifest
+from mtpmatrix.core.failures import classify_install
 from mtpmatrix.core.paths import REPO
 from mtpmatrix.core.rows import Row
 from mtpmatrix.core.schema import ROW_FILE
@@ -31,7 +32,6 @@ from mtpmatrix.core.store import RunStore
 from mtpmatrix.runner import bisect, matrix, plan
 from mtpmatrix.runner.canary import Resolution, canary_row
 from mtpmatrix.runner.matrix import constraints_text, find_uv, overridden_names
-from mtpmatrix.tiers.verdict import classify_install
 
 RESOLVER_CONFLICT = "resolver conflict"  # classify_install's label for uv's "No solution found"
 UNREACHABLE = "index unreachable"

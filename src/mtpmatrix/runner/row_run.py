@@ -16,6 +16,7 @@ from typing import cast
 
 from mtpmatrix.core import expected
 from mtpmatrix.core.atomic import read_json
+from mtpmatrix.core.failures import classify_install
 from mtpmatrix.core.paths import REPO, new_run_id, now
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import Row, RowError
@@ -33,7 +34,6 @@ from mtpmatrix.runner.uv_install import (
     venv_python,
 )
 from mtpmatrix.serving import environment
-from mtpmatrix.tiers.verdict import classify_install
 
 SUITE = "tests/tiers"
 CONSTRAINTS, OVERRIDES = "constraints.txt", "overrides.txt"  # the install's files, in the row's results folder

@@ -1,10 +1,11 @@
 """The suite's fingerprint: a hash of what decides what a run tests and how it is judged.
 
 Covered: the tier tests (``tests/conftest.py``, ``tests/tiers/**``), the code they run (``src/mtpmatrix/tiers/**``,
-``pairs/**``, ``serving/**`` and the shared modules they import from core: expected, schema, settings, stats, kinds, smoke_servers,
-known_upstream), the expected checks of each tier (``expected_checks.json``), pytest's configuration at the checkout
-root (a ``conftest.py`` there, ``pytest.ini``, ``.pytest.ini``, ``tox.ini``, ``setup.cfg`` whole, and pyproject.toml's
-``[tool.pytest*]`` tables: what pytest reads before any test runs) and the GSM8K data's checksum. Not covered: the
+``pairs/**``, ``serving/**`` and the shared modules they import from core: expected, schema, settings, stats, kinds,
+failures, smoke_servers, known_upstream), the expected checks of each tier (``expected_checks.json``), pytest's
+configuration at the checkout root (a ``conftest.py`` there, ``pytest.ini``, ``.pytest.ini``, ``tox.ini``,
+``setup.cfg`` whole, and pyproject.toml's ``[tool.pytest*]`` tables: what pytest reads before any test runs) and the
+GSM8K data's checksum. Not covered: the
 runner, the report and the known-upstream list, which judge records again every time and so change no record's
 meaning; ``changed_files`` names those of them, with the suite's, that differ from the commit.
 
@@ -37,6 +38,7 @@ SUITE_FILES = (
     ("src/mtpmatrix/serving", "**/*.py"),  # how the tiers launch and talk to sglang
     ("src/mtpmatrix/core", "expected.py"),
     ("src/mtpmatrix/core", "expected_checks.json"),
+    ("src/mtpmatrix/core", "failures.py"),  # how the tiers classify a failure (kind, first frame)
     ("src/mtpmatrix/core", "kinds.py"),  # what the tiers classify failures into
     ("src/mtpmatrix/core", "known_upstream.py"),  # the matching; the list itself (the json) is not covered
     ("src/mtpmatrix/core", "schema.py"),

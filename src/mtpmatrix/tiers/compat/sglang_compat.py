@@ -24,7 +24,7 @@ API differences found between releases (all handled by capability checks, never 
     the published runtime context (keyword ``backend`` first).
 
 Failure semantics: an exception raised inside sglang (or transformers / torch) is let through unchanged, so
-``mtpmatrix.tiers.verdict.classify`` files it under the test's declared check with sglang's first frame. Anything that is
+``mtpmatrix.core.failures.classify`` files it under the test's declared check with sglang's first frame. Anything that is
 this adapter's own problem (an sglang API it does not know, an unexpected return shape) is raised as
 ``AdapterError`` from adapter code with no library frame in its traceback: it classifies as ``harness``.
 """

@@ -160,7 +160,7 @@ def cpu_blocker(exc: BaseException) -> str | None:
     """
     if not no_accelerator():
         return None
-    from mtpmatrix.tiers.verdict import first_library_frame
+    from mtpmatrix.core.failures import first_library_frame
 
     chain, seen = [], set()
     cur: BaseException | None = exc

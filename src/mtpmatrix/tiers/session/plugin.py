@@ -31,13 +31,13 @@ from mtpmatrix.core.evidence import fingerprint
 from mtpmatrix.core.expected import (
     summarize,  # per-tier verdicts from records: defined there, the runner merges with it
 )
+from mtpmatrix.core.failures import as_consequence, classify, missing_package, packages_left_half_imported
 from mtpmatrix.core.kinds import KINDS
 from mtpmatrix.core.record_types import CheckRecord, Failure, Fingerprint, Selection, Tiers, TiersFile
 from mtpmatrix.core.schema import FAILING, SCHEMA, TIERS, parse_tiers
 from mtpmatrix.core.side_by_side_rule import SHARED_MARK, shared_check
 from mtpmatrix.serving import environment, served
 from mtpmatrix.tiers.session import known_failures, provenance
-from mtpmatrix.tiers.verdict import as_consequence, classify, missing_package, packages_left_half_imported
 
 _RECORDS_KEY = pytest.StashKey[list]()
 _SETUP_SECONDS_KEY = pytest.StashKey[float]()

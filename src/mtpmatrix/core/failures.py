@@ -123,15 +123,17 @@ def packages_left_half_imported(exc: BaseException, depth: int = 5) -> list[str]
     """Packages whose ``__init__`` this failure interrupted: its traceback (or a cause's) runs a package's
     ``__init__.py`` at module level, so importlib dropped the package and kept what it had imported. (A later step may
     import the package again cleanly: sys.modules after the fact does not tell, the traceback does.)"""
-    names, seen = set(), 0
-    while exc is not None and seen < depth:
-        tb = exc.__traceback__
+    names: set[object] = set()
+    current: BaseException | None = exc
+    seen = 0
+    while current is not None and seen < depth:
+        tb = current.__traceback__
         while tb is not None:
             code = tb.tb_frame.f_code
             if code.co_name == "<module>" and code.co_filename.endswith("__init__.py"):
                 names.add(tb.tb_frame.f_globals.get("__name__"))
             tb = tb.tb_next
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+        current, seen = current.__cause__ or current.__context__, seen + 1
     return sorted(n for n in names if isinstance(n, str) and n != "__main__")
 
 
@@ -153,13 +155,14 @@ def missing_package(exc: BaseException) -> str | None:
 def as_consequence(failure: Failure, package: str, earlier_id: str, earlier_kind: str) -> Failure:
     """``failure`` (a FailureRecord dict) restated as a consequence of the earlier failure that left ``package``
     half-imported: that failure's kind, ``consequence_of`` its check id, and a message that says so."""
-    return dict(
-        failure,
-        kind=earlier_kind,
-        consequence_of=earlier_id,
-        message=f"consequence of {earlier_id} ({earlier_kind}): it left package '{package}' half-imported, "
+    restated: Failure = {
+        **failure,
+        "kind": earlier_kind,
+        "consequence_of": earlier_id,
+        "message": f"consequence of {earlier_id} ({earlier_kind}): it left package '{package}' half-imported, "
         f"so importlib raised {failure['type']}: {failure['message']}"[:500],
-    )
+    }
+    return restated
 
 
 _INSTALL_PATTERNS = (

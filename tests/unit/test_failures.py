@@ -1,4 +1,4 @@
-"""verdict.py: failure kinds (declared, import, harness, library crash with its first frame) and uv install output.
+"""core/failures.py: failure kinds (declared, import, harness, library crash with its first frame) and uv install output.
 
 The uv fixtures under data/uv/ are real uv 0.13 outputs, captured through a pipe as run_row captures them:
   conflict.txt     uv pip install --dry-run --python <0.5.17 venv> "sglang==0.5.17" "transformers==5.8.1"
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from mtpmatrix.core.failures import classify, classify_install, first_library_frame
 from mtpmatrix.core.kinds import KINDS, CheckFailure
-from mtpmatrix.tiers.verdict import classify, classify_install, first_library_frame
 
 UV = Path(__file__).parent / "data" / "uv"
 _counter = itertools.count()
@@ -242,17 +242,17 @@ def test_wrapped_library_error_keeps_its_library_frame(tmp_path, monkeypatch):
 
 
 def test_own_code_is_never_a_library_even_under_a_library_named_folder(monkeypatch):
-    from mtpmatrix.tiers import verdict
+    from mtpmatrix.core import failures
 
     monkeypatch.setattr(
-        verdict,
+        failures,
         "_OWN_DIRS",
         ("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/", "/home/u/sglang/gemma4-mtp-matrix/tests/"),
     )
-    assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/tiers/smoke.py") is None
-    assert verdict._package_of("/home/u/sglang/gemma4-mtp-matrix/tests/tiers/test_smoke.py") is None
-    assert verdict._package_of("/home/u/sglang/python/sglang/srt/server_args.py") == "sglang"  # a real checkout
-    assert verdict._package_of("/x/lib/python3.11/site-packages/torch/nn/module.py") == "torch"
+    assert failures._package_of("/home/u/sglang/gemma4-mtp-matrix/src/mtpmatrix/tiers/smoke.py") is None
+    assert failures._package_of("/home/u/sglang/gemma4-mtp-matrix/tests/tiers/test_smoke.py") is None
+    assert failures._package_of("/home/u/sglang/python/sglang/srt/server_args.py") == "sglang"  # a real checkout
+    assert failures._package_of("/x/lib/python3.11/site-packages/torch/nn/module.py") == "torch"
 
 
 def test_readme_kinds_table_is_verdict_kinds():
