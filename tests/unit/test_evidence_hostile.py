@@ -17,7 +17,7 @@ import pytest
 from evidence_records import H200_ROW, h200_record, write_box
 
 from mtpmatrix.core.evidence import expected_checks, fingerprint
-from mtpmatrix.core.paths import REPO
+from mtpmatrix.core.paths import REPO, SUITE
 from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
 from mtpmatrix.runner import importer
@@ -125,8 +125,8 @@ def test_the_plugins_the_h200_box_loaded_cannot_turn_a_failure_into_a_pass():
 
 def _tree(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    (repo / "tests" / "tiers").mkdir(parents=True)
-    (repo / "tests" / "tiers" / "test_x.py").write_text("def test_x():\n    pass\n")
+    (repo / SUITE).mkdir(parents=True)
+    (repo / SUITE / "test_x.py").write_text("def test_x():\n    pass\n")
     (repo / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\naddopts = "-ra --strict-markers"\n\n[tool.ruff]\nline-length = 120\n'
     )

@@ -218,7 +218,9 @@ def _smoke_check():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "tiers" / "test_smoke.py"
+    from mtpmatrix.core.paths import SUITE
+
+    path = Path(__file__).parents[2] / SUITE / "test_smoke.py"
     spec = importlib.util.spec_from_file_location("smoke_tier_checks", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,6 +1,7 @@
 """Where things are, defined once: the checkout, the row files, the results root, and how a run folder is named.
 
     REPO                 the checkout (src/mtpmatrix/core/paths.py -> three folders up)
+    SUITE                the tier tests, relative to the checkout: what a row's pytest runs, what is fingerprinted
     CONSTRAINTS_DIR      the row files, constraints/<row>.txt (canaries: constraints/canary/)
     results_root()       results/ unless $MTPMATRIX_RESULTS_ROOT says otherwise: results/<run-id>/<row-id>/
     new_run_id(kind)     a run folder's name: a UTC time (RUN_ID_TIME), after the prefix of its kind
@@ -24,6 +25,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1]  # src/mtpmatrix
 REPO = PACKAGE.parents[1]
 CONSTRAINTS_DIR = REPO / "constraints"
+SUITE = "tests/tiers"  # relative (a pytest argument run from the checkout, a path under any checkout's root)
 
 # Where results go unless --results says otherwise (results/<run-id>/<row-id>/).
 RESULTS_ROOT_ENV = "MTPMATRIX_RESULTS_ROOT"

@@ -16,12 +16,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpmatrix.core.paths import REPO
+from mtpmatrix.core.paths import REPO, SUITE  # SUITE: the smoke checks are in every test module of it
 from mtpmatrix.core.schema import FAILING, short_check_id
 from mtpmatrix.faults.mutation import ENV_MUTANT, HOOK_DIR, MARK
 from mtpmatrix.serving.processes import LOG_NOTE, READY_NOTE, group_members
-
-SUITE = "tests/tiers"  # the smoke checks, in every test module of the suite (--tiers smoke selects them)
 
 # Concurrency is bounded by CPU, not GPU memory: a server launch is mostly CPU-bound Triton compilation, processor
 # loading and CUDA-graph capture. Measured on one H200 box with 16 cores (sglang 0.5.17, tiny pairs, warm caches):

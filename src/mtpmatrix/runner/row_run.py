@@ -17,7 +17,7 @@ from typing import cast
 from mtpmatrix.core import expected
 from mtpmatrix.core.atomic import read_json
 from mtpmatrix.core.failures import classify_install
-from mtpmatrix.core.paths import REPO, new_run_id, now
+from mtpmatrix.core.paths import REPO, SUITE, new_run_id, now
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import Row, RowError
 from mtpmatrix.core.schema import PYTEST_LOG, ROW_FILE, SESSION_FIELDS, TIERS_FILE, parse_tiers
@@ -35,7 +35,6 @@ from mtpmatrix.runner.uv_install import (
 )
 from mtpmatrix.serving import environment
 
-SUITE = "tests/tiers"
 CONSTRAINTS, OVERRIDES = "constraints.txt", "overrides.txt"  # the install's files, in the row's results folder
 
 

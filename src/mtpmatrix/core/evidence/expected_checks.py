@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mtpmatrix.core.paths import SUITE
 from mtpmatrix.core.schema import TIERS
 
 FILE = Path(__file__).resolve().parents[1] / "expected_checks.json"
@@ -66,7 +67,7 @@ def collect(repo: Path, python: str = sys.executable) -> dict[str, list[str]]:
                 python,
                 "-m",
                 "pytest",
-                "tests/tiers",
+                SUITE,
                 "--collect-only",
                 "-q",
                 "-p",
@@ -82,7 +83,7 @@ def collect(repo: Path, python: str = sys.executable) -> dict[str, list[str]]:
             # a module that fails to import is missing from what the plugin records: a definition written from
             # such a collection would quietly drop its checks
             raise ExpectedChecksError(
-                f"collecting tests/tiers failed (exit {done.returncode}"
+                f"collecting {SUITE} failed (exit {done.returncode}"
                 f"{'' if out.is_file() else ', no results'}): "
                 f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}"
             )

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from mtpmatrix.core import settings
-from mtpmatrix.core.paths import REPO
+from mtpmatrix.core.paths import REPO, SUITE
 from mtpmatrix.core.record_types import Fingerprint
 
 # (folder, glob) pairs whose files make up the suite, relative to REPO
 SUITE_FILES = (
     ("tests", "conftest.py"),
-    ("tests/tiers", "**/*.py"),
+    (SUITE, "**/*.py"),
     ("src/mtpmatrix/tiers", "**/*.py"),
     ("src/mtpmatrix/pairs", "**/*.py"),  # the pairs the tiers build and their predictions
     ("src/mtpmatrix/serving", "**/*.py"),  # how the tiers launch and talk to sglang
@@ -76,8 +76,8 @@ def data_sha256() -> str:
 def suite_hash(repo: Path = REPO, data: str | None = None) -> str:
     """sha256 over every suite file's path and bytes, and the data's checksum."""
     files = suite_files(repo)
-    if not any(p.parent.name == "tiers" and p.parent.parent.name == "tests" for p in files):
-        raise FingerprintError(f"no tier tests under {Path(repo) / 'tests/tiers'}: the suite is not here")
+    if not any(p.parent == Path(repo) / SUITE for p in files):
+        raise FingerprintError(f"no tier tests under {Path(repo) / SUITE}: the suite is not here")
     h = hashlib.sha256()
     for p in files:
         h.update(p.relative_to(repo).as_posix().encode() + b"\0")

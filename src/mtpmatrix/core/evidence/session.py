@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from mtpmatrix.core.evidence.judge import problem
+from mtpmatrix.core.paths import SUITE
 from mtpmatrix.core.record_types import PlannedRow, Problem, RowRecord
 from mtpmatrix.core.schema import FAILING, short_check_id
 
@@ -41,7 +42,7 @@ def _canonical(name: object) -> str | None:
 
 
 def _suite_conftest(path: str) -> bool:
-    return path == "tests/conftest.py" or (path.startswith("tests/tiers/") and path.endswith("/conftest.py"))
+    return path == "tests/conftest.py" or (path.startswith(SUITE + "/") and path.endswith("/conftest.py"))
 
 
 def _pytest(record: RowRecord) -> list[Problem]:
