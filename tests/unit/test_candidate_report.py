@@ -14,8 +14,8 @@ from evidence_records import H200_ROW, h200_record, write_box
 
 from mtpmatrix.core import schema
 from mtpmatrix.report import candidates
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 from mtpmatrix.runner import importer
 
 SHA = "1a2b3c4" + "0" * 57
@@ -70,7 +70,7 @@ def results(tmp_path) -> Path:
 def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
     import_base(tmp_path, results, "base")
     import_candidate(tmp_path, results, "cand", fixed_record())
-    s = report_model.build_summary(results / "cand", baseline_dir=results / "base", require=["smoke"])
+    s = report_summary.build_summary(results / "cand", baseline_dir=results / "base", require=["smoke"])
     (c,) = s["candidates"]
     assert (c["row"], c["base_row"], c["base_from"]) == (CAND, H200_ROW, "baseline base")
     unchanged = len(h200_record()["tiers"]["smoke"]["checks"]) - 1  # every check but the fixed one
@@ -106,7 +106,7 @@ def test_the_fix_beside_its_base_in_a_baseline_run(tmp_path, results):
 def test_a_candidate_that_breaks_a_check_fails_and_says_which(tmp_path, results):
     import_base(tmp_path, results, "both")  # the base release in the same run
     import_candidate(tmp_path, results, "both", fixed_record(break_topk3=True))
-    s = report_model.build_summary(results / "both", require=["smoke"])
+    s = report_summary.build_summary(results / "both", require=["smoke"])
     (c,) = s["candidates"]
     assert c["base_from"] == "this run" and c["counts"] == {
         "fixed": 1,
@@ -127,7 +127,7 @@ def test_a_candidate_that_breaks_a_check_fails_and_says_which(tmp_path, results)
 
 def test_a_candidate_without_its_base_says_how_to_get_one(tmp_path, results):
     import_candidate(tmp_path, results, "alone", fixed_record())
-    s = report_model.build_summary(results / "alone", require=["smoke"])
+    s = report_summary.build_summary(results / "alone", require=["smoke"])
     (c,) = s["candidates"]
     assert c["missing_base"].startswith(f"no record of {H200_ROW} in this run or a baseline")
     assert c["counts"] == {"fixed": 0, "broken": 0, "unchanged": 0}
@@ -182,6 +182,6 @@ def test_a_planned_candidate_whose_patch_did_not_apply_is_not_run_with_its_line(
     assert plan.start(opts, rid, plan.planned(rows, [H200_ROW], cand)) is None
     why = "--patch fix.patch: sglang/srt/x.py: hunk 1 (@@ -1 +1 @@) does not apply: line 1 is 'A = 1'"
     plan.not_run(opts, rid, why)
-    s = report_model.build_summary(results / "r")
+    s = report_summary.build_summary(results / "r")
     assert s["evidence"]["rows"][rid] == [{"tier": None, "what": f"not run: {why}"}]
     assert s["exit_status"] == 3 and rid in report_render.headline(s)

@@ -16,8 +16,8 @@ import pytest
 from evidence_records import H200_ROW, h200_record, session_fields, write_box
 
 from mtpmatrix.core.evidence import judge, manifest, records
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 from mtpmatrix.runner import importer
 
 
@@ -30,12 +30,12 @@ def h200() -> dict:
 def judged(tmp_path, data, row=H200_ROW, require=("smoke",), **box) -> dict:
     out = write_box(tmp_path / f"out-{len(list(tmp_path.iterdir()))}", data, **box)
     importer.import_run(out, row, results=tmp_path / "results", run_id="r1")
-    return report_model.build_summary(tmp_path / "results" / "r1", require=list(require))
+    return report_summary.build_summary(tmp_path / "results" / "r1", require=list(require))
 
 
 def test_the_untampered_h200_record_proves_its_smoke_tier(tmp_path, h200):
     s = judged(tmp_path, h200)
-    assert (s["verdict"], s["exit_status"]) == ("required-proven", report_model.EXIT_OK), report_render.headline(s)
+    assert (s["verdict"], s["exit_status"]) == ("required-proven", report_summary.EXIT_OK), report_render.headline(s)
     assert (s["evidence"]["run"], s["evidence"]["rows"]) == ([], {})
     headline = report_render.headline(s)
     assert f"({H200_ROW}: sglang 0.5.17, transformers 5.12.1, torch 2.11.0+cu130 (CUDA 13.0), Python 3.12.3" in headline
@@ -60,12 +60,12 @@ def test_a_suite_that_collected_less_does_not_define_its_own_yardstick(tmp_path,
         assert len(data["tiers"]["smoke"]["checks"]) < len(h200["tiers"]["smoke"]["checks"])
         data["fingerprint"] = dict(h200["fingerprint"], suite="0" * 64)  # its own suite
     s = judged(tmp_path, data)
-    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_model.EXIT_NOT_PROVEN)
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_summary.EXIT_NOT_PROVEN)
 
 
 def test_versions_that_are_not_the_rows_prove_nothing_for_it(tmp_path, h200):
     s = judged(tmp_path, h200, row="sglang-0.5.23")
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.23"]]
     assert "sglang 0.5.17 ran, the row pins 0.5.23" in whys
 
@@ -74,8 +74,8 @@ def test_a_row_folder_copied_under_another_name_is_not_that_row(tmp_path, h200):
     judged(tmp_path, h200)
     run = tmp_path / "results" / "r1"
     shutil.copytree(run / H200_ROW, run / "sglang-0.5.13")
-    s = report_model.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     whys = [p["what"] for p in s["evidence"]["rows"]["sglang-0.5.13"]]
     assert f"row.json names row '{H200_ROW}', filed as 'sglang-0.5.13'" in whys
     assert "the run's manifest does not plan this row" in whys
@@ -92,7 +92,7 @@ def test_a_row_folder_copied_under_another_name_is_not_that_row(tmp_path, h200):
 )
 def test_a_knob_that_changes_what_is_tested_is_not_the_qualification_suite(tmp_path, h200, knob, value):
     s = judged(tmp_path, h200, knobs={knob: value})
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     assert f"smoke ran with {knob}={value}: not the qualification suite" in report_render.render_markdown(s)
 
 
@@ -200,8 +200,8 @@ def test_row_json_edited_to_passed_while_tiers_json_and_junit_say_failed(tmp_pat
     target.update(outcome="passed")
     target.pop("failure")
     (row / "row.json").write_text(json.dumps(rec))
-    s = report_model.build_summary(row.parent, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(row.parent, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     assert any("tiers.json says failed" in p["what"] for p in s["evidence"]["rows"][H200_ROW])
 
 
@@ -212,8 +212,8 @@ def test_a_planned_row_without_a_record_is_not_run_with_its_reason(tmp_path, h20
     plan["rows"]["sglang-0.5.23"] = {"pins": {"sglang": "0.5.23"}}
     plan["not_run"]["sglang-0.5.23"] = "--with transformers==9.9: no such release on the index"
     (run / "manifest.json").write_text(json.dumps(plan))
-    s = report_model.build_summary(run, require=["smoke"])
-    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_model.EXIT_NOT_PROVEN)
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_summary.EXIT_NOT_PROVEN)
     assert "sglang-0.5.23: not run: --with transformers==9.9: no such release on the index" in report_render.headline(s)
 
 
@@ -222,11 +222,11 @@ def test_a_run_without_a_manifest_or_of_another_suite_is_not_proven(tmp_path, h2
     run = tmp_path / "results" / "r1"
     plan = manifest.read(run)
     (run / "manifest.json").write_text(json.dumps(dict(plan, fingerprint={"suite": "1" * 64})))
-    s = report_model.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN and "is not this checkout's" in s["evidence"]["run"][0]
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN and "is not this checkout's" in s["evidence"]["run"][0]
     (run / "manifest.json").unlink()
-    s = report_model.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN and "has no manifest" in s["evidence"]["run"][0]
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN and "has no manifest" in s["evidence"]["run"][0]
 
 
 def test_records_from_before_fingerprints_are_said_once_per_row(tmp_path, h200):
@@ -294,15 +294,15 @@ def test_no_field_edit_of_a_record_crashes_the_report_or_passes(tmp_path, h200, 
     from mtpmatrix.__main__ import main
 
     rc = main(["report", "r1", "--results", str(tmp_path / "results"), "--require", "smoke"])
-    assert rc in (report_model.EXIT_FAILED, report_model.EXIT_NOT_PROVEN), capsys.readouterr().out
+    assert rc in (report_summary.EXIT_FAILED, report_summary.EXIT_NOT_PROVEN), capsys.readouterr().out
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b'{"row": ', b""])
 def test_a_row_json_that_is_not_json_is_unreadable_not_a_crash(tmp_path, h200, content):
     judged(tmp_path, h200)
     (tmp_path / "results" / "r1" / H200_ROW / "row.json").write_bytes(content)
-    s = report_model.build_summary(tmp_path / "results" / "r1", require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(tmp_path / "results" / "r1", require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     assert "unreadable" in s["evidence"]["rows"][H200_ROW][0]["what"]
 
 
@@ -349,7 +349,7 @@ def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
     assert all(
         c["outcome"] in ("failed", "error") for t in rec["tiers"].values() for c in t["checks"] if c["id"] in xfailed
     )
-    s = report_model.build_summary(row.parent, require=["smoke"])
+    s = report_summary.build_summary(row.parent, require=["smoke"])
     assert not s["evidence"]["rows"].get(H200_ROW)
     # the same record and tiers.json saying passed, junit.xml still xfailed: the files do not tell one story
     for path in (row / "row.json", row / "tiers.json"):
@@ -359,7 +359,7 @@ def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
         target.pop("failure", None)
         target.pop("known_upstream", None)
         path.write_text(json.dumps(data))
-    s = report_model.build_summary(row.parent, require=["smoke"])
+    s = report_summary.build_summary(row.parent, require=["smoke"])
     assert any("junit.xml says xfailed" in p["what"] for p in s["evidence"]["rows"][H200_ROW])
 
 
@@ -399,11 +399,11 @@ def test_row_json_cannot_hide_what_tiers_json_says(tmp_path, h200, box_edit, row
     s = judged(tmp_path, data)
     if why is None:  # an edit that changes nothing changes no verdict
         return
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     run = tmp_path / "results" / "r1"
     _edit_row(run, row_edit)
-    s = report_model.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     assert any(why in p["what"] for p in s["evidence"]["rows"][H200_ROW]), s["evidence"]
 
 
@@ -417,8 +417,8 @@ def test_knobs_edited_out_of_row_json_are_still_in_tiers_json(tmp_path, h200):
             r["selection"]["knobs"].pop("MTPMATRIX_SMOKE_EXTRA_ARGS"),
         ),
     )
-    s = report_model.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     assert any("selection" in p["what"] for p in s["evidence"]["rows"][H200_ROW])
 
 
@@ -429,21 +429,21 @@ def test_a_record_without_its_run_id_or_linked_from_another_run_is_not_this_runs
     plan = manifest.read(r2)
     (r2 / "manifest.json").write_text(json.dumps(dict(plan, run_id="r2")))
     _edit_row(r2, lambda r: r.pop("run_id"))
-    s = report_model.build_summary(r2, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(r2, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     r3.mkdir()
     (r3 / "manifest.json").write_text(json.dumps(dict(plan, run_id="r3")))
     (r3 / H200_ROW).symlink_to(r1 / H200_ROW)
-    s = report_model.build_summary(r3, require=["smoke"])
+    s = report_summary.build_summary(r3, require=["smoke"])
     assert "the row folder is a link to another folder" in [p["what"] for p in s["evidence"]["rows"][H200_ROW]]
 
 
 def test_the_report_never_judges_under_another_definition(tmp_path, h200, monkeypatch):
     judged(tmp_path, h200)
     monkeypatch.setenv("MTPMATRIX_EXPECTED_CHECKS", "collected")
-    s = report_model.build_summary(tmp_path / "results" / "r1", require=["smoke"])
+    s = report_summary.build_summary(tmp_path / "results" / "r1", require=["smoke"])
     assert (
-        s["exit_status"] == report_model.EXIT_NOT_PROVEN
+        s["exit_status"] == report_summary.EXIT_NOT_PROVEN
         and "not the project's expected checks" in s["evidence"]["run"][0]
     )
 

@@ -18,8 +18,8 @@ from evidence_records import H200_ROW, h200_record, write_box
 
 from mtpmatrix.core.evidence import expected_checks, fingerprint
 from mtpmatrix.core.paths import REPO, SUITE
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 from mtpmatrix.runner import importer
 from mtpmatrix.serving import environment
 
@@ -29,7 +29,7 @@ pytest_plugins = ["pytester"]
 def judged(tmp_path, data, row=H200_ROW, run="r1", **box) -> dict:
     out = write_box(tmp_path / f"out-{len(list(tmp_path.iterdir()))}", data, **box)
     importer.import_run(out, row, results=tmp_path / "results", run_id=run)
-    return report_model.build_summary(tmp_path / "results" / run, require=["smoke"])
+    return report_summary.build_summary(tmp_path / "results" / run, require=["smoke"])
 
 
 def whys(summary: dict, row: str = H200_ROW) -> list[str]:
@@ -39,7 +39,7 @@ def whys(summary: dict, row: str = H200_ROW) -> list[str]:
 def test_the_h200_record_proves_the_row_it_ran(tmp_path):
     s = judged(tmp_path, h200_record())
     headline = report_render.headline(s)
-    assert (s["verdict"], s["exit_status"]) == ("required-proven", report_model.EXIT_OK), headline
+    assert (s["verdict"], s["exit_status"]) == ("required-proven", report_summary.EXIT_OK), headline
     assert "smoke proven in all 1 rows" in headline
     # the row's identity as it ran: the torch build, Python and platform
     assert (
@@ -110,7 +110,7 @@ HOSTILE = {
 def test_what_can_change_an_outcome_is_judged(tmp_path, case):
     change, expected = HOSTILE[case]
     s = judged(tmp_path, _with(change)())
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
     found = " | ".join(whys(s))
     for text in expected:
         assert text in found, found
@@ -256,13 +256,13 @@ def test_an_override_is_the_command_line_s_not_what_the_config_implies(plugin_se
 
 def test_a_python_3_12_record_does_not_prove_the_python_3_11_row(tmp_path):
     s = judged(tmp_path, h200_record(), row="sglang-0.5.17")
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
     assert "Python 3.12.3 ran, the row is Python 3.11" in whys(s, "sglang-0.5.17")
 
 
 def test_pypi_s_cuda_13_torch_does_not_prove_the_cu128_row(tmp_path):
     s = judged(tmp_path, h200_record(), row="sglang-0.5.17-cu128")
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
     found = whys(s, "sglang-0.5.17-cu128")
     assert "torch 2.11.0 is PyPI's build (CUDA 13.0), the row's is cu128" in found, found
 
@@ -272,7 +272,7 @@ def test_a_local_torch_build_is_not_pypi_s(tmp_path):
     data["versions"]["torch"] = "2.11.0+cu128"
     data["build"].update(torch="2.11.0+cu128", torch_cuda="12.8")
     s = judged(tmp_path, data)
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
     assert "torch 2.11.0+cu128 is not PyPI's build, the row's is PyPI's" in " | ".join(whys(s))
 
 
@@ -281,8 +281,8 @@ def test_one_invocation_proves_one_row(tmp_path):
     results = tmp_path / "results"
     importer.import_run(out, H200_ROW, results=results, run_id="r1")
     importer.import_run(out, "sglang-0.5.17", results=results, run_id="r1")
-    s = report_model.build_summary(results / "r1", require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(results / "r1", require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     assert any("also filed as sglang-0.5.17: one session proves one row" in w for w in whys(s)), whys(s)
 
 
@@ -356,7 +356,7 @@ def test_an_uncommitted_known_upstream_entry_does_not_excuse_a_failure(tmp_path,
     report, headline = _import_and_report(
         tmp_path, checkout, data, edit=lambda: (checkout / KNOWN).write_text(json.dumps(listing, indent=1) + "\n")
     )
-    assert report.returncode == report_model.EXIT_FAILED, headline
+    assert report.returncode == report_summary.EXIT_FAILED, headline
     commit = _git(checkout, "rev-parse", "HEAD").strip()[:9]
     assert f"judged by commit {commit} with uncommitted {KNOWN} (its committed list applied)" in headline, headline
 

@@ -19,8 +19,8 @@ from mtpmatrix.__main__ import main
 from mtpmatrix.core import known_upstream, store
 from mtpmatrix.core.atomic import atomic_write_json, read_json
 from mtpmatrix.core.evidence import checkout
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 from mtpmatrix.runner import importer
 
 ROW = H200_ROW
@@ -30,7 +30,7 @@ CUSTOM = "custom-logit-processor"  # a smoke check the H200 record fails (known 
 def judged(tmp_path: Path, data: dict, run: str = "r") -> dict:
     out = write_box(tmp_path / f"out-{run}", data)
     importer.import_run(out, ROW, results=tmp_path / "results", run_id=run)
-    return report_model.build_summary(tmp_path / "results" / run, require=["smoke"])
+    return report_summary.build_summary(tmp_path / "results" / run, require=["smoke"])
 
 
 def whys(summary: dict) -> list[str]:
@@ -48,7 +48,7 @@ def test_a_check_recorded_passed_that_carries_its_failure_is_not_proven(tmp_path
     for c in flipped:  # the outcome flipped by hand, tiers.json and junit.xml alike; the failure left in
         c["outcome"] = "passed"
     s = judged(tmp_path, data)
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
     assert any("recorded passed, yet carries a mismatch failure" in w for w in whys(s))
 
 
@@ -57,13 +57,13 @@ def test_a_python_that_is_not_a_release_of_the_row_s_is_not_proven(tmp_path, pyt
     data = h200_record()
     data["build"]["python"] = python
     s = judged(tmp_path, data)
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
     assert f"Python {python} ran, the row is Python 3.12" in whys(s)
 
 
 def test_the_h200_python_still_proves_its_row(tmp_path):
     s = judged(tmp_path, h200_record())  # Python 3.12.3
-    assert s["exit_status"] == report_model.EXIT_OK, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_OK, report_render.headline(s)
 
 
 @pytest.mark.parametrize("match", [".*", "raised at", ":", "x*"])
@@ -117,13 +117,13 @@ def test_a_checkout_with_no_git_says_it_vouches_for_nothing(h200_run, tmp_path, 
     tarball = tmp_path / "tarball"  # git archive | tar -x: the files, no history
     tarball.mkdir()
     monkeypatch.setattr(checkout, "state", functools.partial(checkout.state, tarball))
-    s = report_model.build_summary(run, require=["smoke"])
+    s = report_summary.build_summary(run, require=["smoke"])
     assert "judged by a checkout with no git commit" in report_render.headline(s)
 
 
 def test_a_git_checkout_says_nothing_of_it(h200_run):
     _results, run = h200_run
-    s = report_model.build_summary(run, require=["smoke"])
+    s = report_summary.build_summary(run, require=["smoke"])
     assert "no git commit" not in report_render.headline(s)
 
 
@@ -210,7 +210,7 @@ def test_an_sglang_variable_in_the_session_s_environment_is_recorded_and_not_pro
     data = h200_record()
     data["selection"]["sglang_env"] = sel["sglang_env"]
     s = judged(tmp_path, data)
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
     assert any("SGLANG_ENABLE_SPEC_V2=0: sglang reads it" in w for w in whys(s))
 
 

@@ -17,8 +17,8 @@ import pytest
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import expected, schema, store
 from mtpmatrix.report import checks as report_checks
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 from mtpmatrix.runner import importer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
@@ -127,16 +127,17 @@ def test_gpu_box_out_imports_into_the_results_store_and_reports(tmp_path, capsys
     assert acc["metrics"][schema.RECORDS] == "gsm8k/tiny-e2e-proof-topk1.jsonl"
     assert acc["metrics"][schema.SERVER_LOG] == "server-gsm8k-tiny-e2e-proof-topk1.log"
 
-    s = report_model.build_summary(results / "box1")
+    s = report_summary.build_summary(results / "box1")
     m = {
         x["short"]: x
-        for x in report_model._row_summary(results / "box1", "sglang-0.5.17", rec, tmp_path)["metrics"]
+        for x in report_summary._row_summary(results / "box1", "sglang-0.5.17", rec, tmp_path)["metrics"]
         if x["tier"] == "gsm8k"
     }
     assert m["tiny-e2e-proof-topk1"]["accept_length"] == 6.0 and m["tiny-e2e-proof-topk1"]["score"] == 0.0
     # its stub junit.xml names none of its checks: the record cannot show its outcomes, so it proves nothing
     assert (
-        s["tier_status"]["smoke"]["unproven"] == ["sglang-0.5.17"] and s["exit_status"] == report_model.EXIT_NOT_PROVEN
+        s["tier_status"]["smoke"]["unproven"] == ["sglang-0.5.17"]
+        and s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     )
     assert "junit.xml says nothing" in report_render.render_markdown(s)
 
@@ -151,7 +152,7 @@ def test_a_second_box_run_compares_question_by_question(tmp_path):
         results=results,
         run_id="box2",
     )
-    s = report_model.build_summary(results / "box2", baseline_dir=results / "box1")
+    s = report_summary.build_summary(results / "box2", baseline_dir=results / "box1")
     p = next(x for x in s["baseline"]["paired"] if x["key"] == "tiny-e2e-proof-topk1")
     assert p["flipped_to_wrong"] == sorted(flip) and p["right_in_b_only"] == 0
 

@@ -432,9 +432,9 @@ def test_the_assisted_sampling_entry_needs_the_argmax_pushed_up_and_offset_3_dow
 
 def test_a_record_is_judged_again_by_one_function_the_report_and_bisect_share(record):
     """expected.rejudge_record: stored tags and verdicts are stripped, tiers judged again with the given list, the
-    row verdict derived from them; report.model.rejudge is that same function."""
+    row verdict derived from them; report.summary.rejudge is that same function."""
     from mtpmatrix.core import expected
-    from mtpmatrix.report import model
+    from mtpmatrix.report import summary as report_summary
 
     record["verdict"] = "passed"
     for c in record["tiers"]["reference"]["checks"]:
@@ -443,7 +443,7 @@ def test_a_record_is_judged_again_by_one_function_the_report_and_bisect_share(re
     record["tiers"]["reference"]["verdict"] = KNOWN_UPSTREAM
     again = expected.rejudge_record(copy.deepcopy(record), issues=[])
     assert again["tiers"]["reference"]["verdict"] == "failed" and again["verdict"] == "failed"
-    assert json.dumps(model.rejudge(copy.deepcopy(record), issues=[]), sort_keys=True) == json.dumps(
+    assert json.dumps(report_summary.rejudge(copy.deepcopy(record), issues=[]), sort_keys=True) == json.dumps(
         again, sort_keys=True
     )
     listed = expected.rejudge_record(copy.deepcopy(record))

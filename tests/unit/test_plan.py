@@ -106,26 +106,26 @@ def test_a_pipeline_plan_names_the_rows_whose_job_never_uploaded(tmp_path, h200_
     """The CI workflow plans the run first (python -m mtpmatrix plan), each row job's manifest is renamed
     manifest-<row>.json, and the report reads them merged: a row planned by the pipeline with no record is not run."""
     from mtpmatrix.__main__ import main
-    from mtpmatrix.report import model as report_model
+    from mtpmatrix.report import summary as report_summary
 
     results, run = h200_run
     (run / "manifest.json").rename(run / f"manifest-{H200_ROW}.json")
     assert main(["plan", run.name, "--rows", f"{H200_ROW},sglang-0.5.23", "--results", str(results)]) == 0
-    s = report_model.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN and s["evidence"]["run"] == []
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN and s["evidence"]["run"] == []
     assert s["evidence"]["rows"]["sglang-0.5.23"][0]["what"] == "not run: no record: the row's session never wrote one"
     assert H200_ROW not in s["evidence"]["rows"]
 
 
 def test_plans_that_disagree_are_not_proven(tmp_path, h200_run):
-    from mtpmatrix.report import model as report_model
+    from mtpmatrix.report import summary as report_summary
 
     results, run = h200_run
     other = manifest.read(run)
     other["fingerprint"] = {"suite": "2" * 64}
     atomic_write_json(run / "manifest-other.json", other)
-    s = report_model.build_summary(run, require=["smoke"])
-    assert s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(run, require=["smoke"])
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     assert s["evidence"]["run"][0].startswith("the run's plans disagree: manifest-other.json plans suite 222222222222")
 
 

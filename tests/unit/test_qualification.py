@@ -18,8 +18,8 @@ from mtpmatrix.__main__ import main
 from mtpmatrix.core import schema, settings
 from mtpmatrix.core.evidence import expected_checks
 from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 
 FILES = {t: f"tests/tiers/test_{t}.py" for t in schema.TIERS}
 VERSIONS = {"sglang": "0.5.17", "transformers": "5.12.1", "torch": "2.11.0", "python": "3.11.9"}
@@ -202,7 +202,7 @@ def test_one_gpu_box_under_require_is_not_qualified_and_names_the_tp2_cases(tmp_
 def test_without_require_a_partial_run_is_partial_not_qualified(tmp_path):
     checks = one_gpu_box_checks()
     write_row(tmp_path, "box", "sglang-0.5.17", checks, selection(checks))
-    s = report_model.build_summary(tmp_path / "box")
+    s = report_summary.build_summary(tmp_path / "box")
     assert s["verdict"] == "not-proven" and s["exit_status"] == 3 and not s["qualifies"]
 
 
@@ -361,7 +361,7 @@ def test_the_headline_tells_library_bugs_from_sglang_deviations(tmp_path):
         selection(checks),
         versions=dict(VERSIONS, sglang="0.5.13", transformers="5.19.0"),
     )
-    s = report_model.build_summary(tmp_path / "r")
+    s = report_summary.build_summary(tmp_path / "r")
     by_id = {k["id"]: k for k in s["known_upstream"]}
     assert by_id["hf-assisted-generation-gemma4-candidate-generator"]["component"] == "library"
     assert by_id["sglang-gemma4-mtp-draft-rope-phase"]["component"] == "sglang"

@@ -24,14 +24,14 @@ from mtpmatrix.core import stats, store
 from mtpmatrix.core.evidence import expected_checks
 from mtpmatrix.core.schema import TIERS
 from mtpmatrix.report import compare as report_compare
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 
 BASE, CUR, CPU = "20261201-090512", "20261208-090507", "20261209-140233"
 
 
 def _summary(results, run_id, baseline=None):
-    return report_model.build_summary(results / run_id, baseline_dir=results / baseline if baseline else None)
+    return report_summary.build_summary(results / run_id, baseline_dir=results / baseline if baseline else None)
 
 
 def _row(summary, rid):
@@ -65,7 +65,7 @@ def test_failing_run_writes_three_files_and_exits_1(results, capsys):
 
 
 def test_a_run_where_nothing_failed_but_the_gpu_tiers_ran_in_part_exits_3_and_does_not_qualify(results):
-    assert main(["report", BASE, "--results", str(results)]) == report_model.EXIT_NOT_PROVEN
+    assert main(["report", BASE, "--results", str(results)]) == report_summary.EXIT_NOT_PROVEN
     s = json.loads((results / BASE / "report" / "summary.json").read_text())
     assert s["qualifies"] is False and s["verdict"] == "not-proven"
     missing = {m["what"] for m in _row(s, "sglang-0.5.13")["tiers"]["gsm8k"]["missing"]}
@@ -78,7 +78,7 @@ def test_latest_run_is_the_default_and_bisect_runs_are_not_matrix_runs(results):
     (probe / "row.json").write_text(json.dumps({"verdict": "passed", "row": {"id": "x"}}))
     assert store.latest_run_id(results) == CPU
     # the CPU run has a pending row and a harness error: nothing failed sglang, nothing is proven
-    assert main(["report", "--results", str(results)]) == report_model.EXIT_NOT_PROVEN
+    assert main(["report", "--results", str(results)]) == report_summary.EXIT_NOT_PROVEN
     assert (results / CPU / "report" / "report.html").exists()
 
 
@@ -139,7 +139,7 @@ def test_cpu_run_groups_gpu_skips_and_flags_harness_and_unfinished(results):
     assert s["qualifies"] is False
     # a harness error and an unfinished row prove nothing either way: not proven (exit 3), never "fails" (exit 1)
     assert s["incomplete_rows"] == ["sglang-0.5.23"] and s["failing_rows"] == []
-    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_model.EXIT_NOT_PROVEN)
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_summary.EXIT_NOT_PROVEN)
     assert s["row_verdicts"]["sglang-0.5.13"] == "error"
     gpu = next(g for g in s["skips"] if g["reason"].startswith("needs 1 CUDA GPU"))
     assert gpu["tiers"] == ["smoke", "gsm8k"] and gpu["rows"] == ["sglang-0.5.13", "sglang-0.5.17"]
@@ -167,7 +167,7 @@ def test_all_skipped_run_does_not_qualify(tmp_path):
             }
         )
     )
-    s = report_model.build_summary(run.parent)
+    s = report_summary.build_summary(run.parent)
     assert s["qualifies"] is False and s["nothing_ran"] is True
     assert "nothing ran" in report_render.render_markdown(s)
 
@@ -191,13 +191,13 @@ def test_closest_passing_ties_go_to_the_same_sglang():
         "a-row": {"sglang": "0.5.17", "transformers": "5.20.0", "torch": "2.14.1"},
         "b-row": {"sglang": "0.5.23", "transformers": "5.19.0", "torch": "2.14.1"},
     }
-    got = report_model.closest_passing(
+    got = report_summary.closest_passing(
         target, cands, target_sglang="0.5.23", sglang_of={"a-row": "0.5.17", "b-row": "0.5.23"}
     )
     assert got["row"] == "b-row" and got["differences"] == [
         {"package": "transformers", "this": "5.20.0", "other": "5.19.0"}
     ]
-    assert report_model.closest_passing(target, {}, target_sglang=None, sglang_of={}) is None
+    assert report_summary.closest_passing(target, {}, target_sglang=None, sglang_of={}) is None
 
 
 def test_parse_freeze():
@@ -318,7 +318,7 @@ def test_baseline_diff(results):
 
 
 def test_baseline_in_the_other_direction_reports_fixes(results):
-    s = report_model.build_summary(results / BASE, baseline_dir=results / CUR)
+    s = report_summary.build_summary(results / BASE, baseline_dir=results / CUR)
     b = s["baseline"]
     assert {i["check"] for i in b["fixed"]} >= {"tests/tiers/test_contract.py::test_server_args_resolution[topk3]"}
     assert b["missing_rows"] == ["sglang-0.5.23-cu130"] and s["regressions"] == []
@@ -381,7 +381,7 @@ def test_servers_relaunched_alone_are_listed_once_per_server(tmp_path):
             }
         )
     )
-    s = report_model.build_summary(run.parent)
+    s = report_summary.build_summary(run.parent)
     entry = {
         "tier": "smoke",
         "server": "random-nomtp",
@@ -475,42 +475,44 @@ def test_cpu_only_run_says_what_ran_and_a_release_gate_can_demand_the_gpu_tiers(
     _run(tmp_path, "20260101-000000", {"a": _cpu_tiers(), "b": _cpu_tiers()})
     args = ["report", "--results", str(tmp_path)]
     # without --require the question is the release: not proven (exit 3), saying what did pass
-    assert main(args) == report_model.EXIT_NOT_PROVEN
+    assert main(args) == report_summary.EXIT_NOT_PROVEN
     out = capsys.readouterr().out
     assert "NOT PROVEN — CPU checks pass; smoke and gsm8k not run (no GPU)" in out and "QUALIFIES" not in out
     s = json.loads((tmp_path / "20260101-000000" / "report" / "summary.json").read_text())
     assert (s["verdict"], s["qualifies"], s["exit_status"]) == ("not-proven", False, 3)
-    assert main(args + ["--require", "smoke,gsm8k"]) == report_model.EXIT_NOT_PROVEN
+    assert main(args + ["--require", "smoke,gsm8k"]) == report_summary.EXIT_NOT_PROVEN
     assert "NOT PROVEN — smoke: not run in a, b (no GPU) | gsm8k: not run in a, b (no GPU)" in capsys.readouterr().out
     # a gate that asks for the CPU tiers only gets exit 0, and the headline says it is no release qualification
-    assert main(args + ["--require", "contract,reference"]) == report_model.EXIT_OK
+    assert main(args + ["--require", "contract,reference"]) == report_summary.EXIT_OK
     out = capsys.readouterr().out
     assert "contract and reference proven in all 2 rows (a: " in out and ", not a release qualification: " in out
-    assert main(args + ["--require", "smoke,gpu"]) == report_model.EXIT_BAD_INPUT
+    assert main(args + ["--require", "smoke,gpu"]) == report_summary.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err == "error: --require: unknown tier(s) gpu; known: contract, reference, smoke, gsm8k\n"
 
 
 def test_only_every_tier_in_every_row_qualifies(tmp_path, results):
     # the baseline ran every tier, but its GPU tiers only in part (the old gate called that QUALIFIES)
-    assert main(["report", BASE, "--results", str(results), "--require", "smoke,gsm8k"]) == report_model.EXIT_NOT_PROVEN
+    assert (
+        main(["report", BASE, "--results", str(results), "--require", "smoke,gsm8k"]) == report_summary.EXIT_NOT_PROVEN
+    )
     s = json.loads((results / BASE / "report" / "summary.json").read_text())
     assert s["verdict"] == "not-proven" and "QUALIFIES" not in report_render.render_markdown(s)
     # one row without a GPU: smoke and gsm8k ran (in part) in the other row only
     _run(tmp_path, "20260101-000000", {"gpu": {t: _tier("passed") for t in TIERS}, "cpu": _cpu_tiers()})
-    s = report_model.build_summary(tmp_path / "20260101-000000", require=["gsm8k"])
-    assert s["verdict"] == "not-proven" and s["exit_status"] == report_model.EXIT_NOT_PROVEN
+    s = report_summary.build_summary(tmp_path / "20260101-000000", require=["gsm8k"])
+    assert s["verdict"] == "not-proven" and s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     md = report_render.render_markdown(s)
     assert "gsm8k: not run in cpu (no GPU); partial in gpu (not run or short: " in md
 
 
 def test_a_failure_beats_a_missing_tier_and_nothing_run_proves_nothing(tmp_path):
     _run(tmp_path, "r1", {"a": _cpu_tiers(reference=_tier("failed"))})
-    s = report_model.build_summary(tmp_path / "r1", require=["smoke"])
-    assert (s["verdict"], s["exit_status"]) == ("fails", report_model.EXIT_FAILED)
+    s = report_summary.build_summary(tmp_path / "r1", require=["smoke"])
+    assert (s["verdict"], s["exit_status"]) == ("fails", report_summary.EXIT_FAILED)
     _run(tmp_path, "r2", {"a": {t: _tier("skipped", "not selected", []) for t in TIERS}})
-    s = report_model.build_summary(tmp_path / "r2")
-    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_model.EXIT_NOT_PROVEN)
+    s = report_summary.build_summary(tmp_path / "r2")
+    assert (s["verdict"], s["exit_status"]) == ("not-proven", report_summary.EXIT_NOT_PROVEN)
 
 
 def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_path):
@@ -532,7 +534,7 @@ def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_pat
     # the report derives the tags again from the checks and the row's versions (a stored tag is never trusted)
     _run(tmp_path, "20260101-000000", {"sglang-0.5.23": ok}, rec["versions"])
     _run(tmp_path, "20260102-000000", {"sglang-0.5.23": rec["tiers"], "sglang-0.5.17": _cpu_tiers()}, rec["versions"])
-    s = report_model.build_summary(tmp_path / "20260102-000000", baseline_dir=tmp_path / "20260101-000000")
+    s = report_summary.build_summary(tmp_path / "20260102-000000", baseline_dir=tmp_path / "20260101-000000")
     # the recorded CPU run's contract tier predates checks the suite has now (partial); reference is known upstream
     assert s["row_verdicts"]["sglang-0.5.23"] == "passed" and not s["failing_rows"]
     row = _row(s, "sglang-0.5.23")
@@ -556,7 +558,7 @@ def test_without_jinja2_the_report_says_what_to_install_in_one_line(results, cap
     monkeypatch.setitem(sys.modules, "jinja2", None)  # `import jinja2` raises ImportError
     render.environment.cache_clear()
     try:
-        assert main(["report", CUR, "--results", str(results)]) == report_model.EXIT_BAD_INPUT
+        assert main(["report", CUR, "--results", str(results)]) == report_summary.EXIT_BAD_INPUT
     finally:
         render.environment.cache_clear()
     assert capsys.readouterr().err == "error: the report needs jinja2: pip install jinja2 (nox -s report installs it)\n"
@@ -566,7 +568,7 @@ def test_without_jinja2_the_report_says_what_to_install_in_one_line(results, cap
 def test_the_package_imports_without_jinja2():
     """Row venvs get the package but not jinja2: `python -m mtpmatrix rows|mutants|bisect` must not need it."""
     src = Path(__file__).resolve().parents[2] / "src"
-    code = "import sys; sys.modules['jinja2'] = None; import mtpmatrix.report.cli, mtpmatrix.report.model, mtpmatrix.__main__; print('ok')"
+    code = "import sys; sys.modules['jinja2'] = None; import mtpmatrix.report.cli, mtpmatrix.report.summary, mtpmatrix.__main__; print('ok')"
     got = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)}
     )

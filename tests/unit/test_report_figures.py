@@ -14,8 +14,8 @@ from evidence_records import H200_ROW, h200_record
 
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
 from mtpmatrix.report import figures
-from mtpmatrix.report import model as report_model
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import summary as report_summary
 from mtpmatrix.report.cli import write_report
 
 pytest.importorskip("matplotlib", reason="the figures need matplotlib (the 'report' extra; nox -s unit installs it)")
@@ -49,7 +49,7 @@ def _record_values(metric: str) -> dict[str, float]:
 @pytest.fixture
 def h200_page(h200_run):
     results, run = h200_run
-    summary = report_model.build_summary(run)
+    summary = report_summary.build_summary(run)
     return summary, report_render.render_html(summary)
 
 
@@ -103,7 +103,7 @@ def test_the_launch_ratio_is_drawn_against_its_limit_where_the_row_holds_it(h200
     budget = {"suite_seconds": 154.4, "servers": 11, "first_wave": 11, "cold_launch_seconds": 132.3}
     budget.update(cold_launches=[132.3], limit=1.5, ratio=1.17)  # the H200's 0.5.17 default suite (2026-12-01b)
     (run / H200_ROW / "smoke-launch-budget.json").write_text(json.dumps(budget))
-    summary = report_model.build_summary(run)
+    summary = report_summary.build_summary(run)
     launch = " ".join(_texts(_figure(report_render.render_html(summary), "launch")))
     assert "154.4 s = 1.17 × cold launch 132.3 s (limit 1.5)" in launch
     assert f"| smoke suite / one cold launch | {H200_ROW} | 14 servers | 1.17 (154.4 s / 132.3 s) | 1.5 |" in (
@@ -117,7 +117,7 @@ def test_the_same_summary_draws_the_same_bytes(h200_page):
 
 
 def test_gsm8k_scores_intervals_and_the_baseline_figure(results):
-    summary = report_model.build_summary(results / CUR, baseline_dir=results / BASE)
+    summary = report_summary.build_summary(results / CUR, baseline_dir=results / BASE)
     html = report_render.render_html(summary)
     gsm8k = _figure(html, "gsm8k")
     labels = " ".join(_texts(gsm8k))
@@ -132,7 +132,7 @@ def test_gsm8k_scores_intervals_and_the_baseline_figure(results):
 
 
 def test_a_figure_without_data_is_one_sentence(results):
-    html = report_render.render_html(report_model.build_summary(results / CPU))
+    html = report_render.render_html(report_summary.build_summary(results / CPU))
     assert "<figure" not in html
     assert "Accept length against its floor: no accept length recorded" in html
     assert "no smoke launch recorded (the smoke tier did not run)." in html

@@ -303,7 +303,7 @@ class CheckoutState(TypedDict):
 
 
 class TierSummary(TypedDict):
-    """``summary.rows[].tiers.<tier>``: one tier of one row as the report shows it (report.model)."""
+    """``summary.rows[].tiers.<tier>``: one tier of one row as the report shows it (report.summary)."""
 
     verdict: str | None
     state: str  # expected.STATES
@@ -322,7 +322,7 @@ class TierSummary(TypedDict):
 
 
 class RowSummary(TypedDict):
-    """``summary.rows[]``: one row as the report shows it (report.model)."""
+    """``summary.rows[]``: one row as the report shows it (report.summary)."""
 
     id: str
     relaunched: list[dict[str, Any]]
@@ -351,7 +351,7 @@ class RowSummary(TypedDict):
 
 
 class Summary(TypedDict):
-    """``summary.json``: one run as the report's templates render it (report.model.build_summary)."""
+    """``summary.json``: one run as the report's templates render it (report.summary.build_summary)."""
 
     schema: int
     run_id: str

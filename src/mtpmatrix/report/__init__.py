@@ -9,8 +9,8 @@ The verdict says what was proven. Every tier verdict is derived again from the s
 A run QUALIFIES only when every tier is complete -- its whole expected set ran and passed -- in every row; a run
 whose CPU tiers passed on a machine without a GPU says so ("CPU checks pass; smoke and gsm8k not run (no GPU)"), and
 a tier that ran in part is 'partial', with what did not run and why. Failures that match a known_upstream.json
-entry's signature are shown as "known upstream" next to their row and do not fail it. Exit status (model.EXIT_*,
-model._verdict): 0 every required tier (all without --require) proven in every row; 1 a row broke (a failure of
+entry's signature are shown as "known upstream" next to their row and do not fail it. Exit status (summary.EXIT_*,
+summary._verdict): 0 every required tier (all without --require) proven in every row; 1 a row broke (a failure of
 sglang or its dependencies, or a failed install); 2 bad input (no such run, no rows, unknown tier) or no jinja2, one
 line; 3 nothing broke but not proven: a required tier is not complete in every row (partial, skipped, unfinished,
 harness only, records that cannot show it), a planned row did not run, the run's evidence does not hold, or nothing
@@ -21,7 +21,7 @@ that differ in freeze.txt, ties broken towards the same sglang) with the differi
 paired comparisons between rows (McNemar exact p) where per-question records exist; and with ``--baseline`` a
 run-to-run diff (new failures, fixed ones, metric deltas).
 
-    model.py     the summary (summary.json): runs read through core.store, verdicts, closest passing rows
+    summary.py   the summary (summary.json): runs read through core.store, verdicts, closest passing rows
     compare.py   per-question comparisons (stats.paired_compare) and the baseline diff
     checks.py    what both read off a check record
     render.py    summary.md and report.html from templates/*.j2 (jinja2, the 'report' extra), one context

@@ -2,7 +2,7 @@
 both verdicts as the report judged them, the culprit from its ``canary.json``), and the releases this run's canaries
 ran that no row pins yet.
 
-The section reads the run's judged records (model.build_summary), the ones the table and the headline show: a canary
+The section reads the run's judged records (summary.build_summary), the ones the table and the headline show: a canary
 never shows a stored verdict beside a re-judged one. It never asks the package index: the report is built offline
 from what the run recorded (``python -m mtpmatrix releases`` asks the index for every newer release).
 """

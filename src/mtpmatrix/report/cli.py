@@ -1,5 +1,5 @@
 """``python -m mtpmatrix report``: build the summary, write summary.md, report.html and summary.json, print the
-verdict, exit with what was proven (model.EXIT_*)."""
+verdict, exit with what was proven (summary.EXIT_*)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mtpmatrix.core.record_types import Summary
 from mtpmatrix.core.schema import TIERS
 from mtpmatrix.core.store import StoreError, find_run
 from mtpmatrix.report import canaries, render
-from mtpmatrix.report.model import EXIT_BAD_INPUT, REPORT_DIR, ReportError, build_summary
+from mtpmatrix.report.summary import EXIT_BAD_INPUT, REPORT_DIR, ReportError, build_summary
 
 
 def parse_require(text: str | None) -> list[str]:

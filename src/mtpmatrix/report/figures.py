@@ -71,7 +71,7 @@ def read_launch_budget(row_dir: Path) -> dict[str, Any] | None:
 
 
 def _status(m: dict[str, Any], metric: str) -> str:
-    """How the check that recorded ``metric`` ended: passed, failed, error, known-upstream (model._metric_rows)."""
+    """How the check that recorded ``metric`` ended: passed, failed, error, known-upstream (summary._metric_rows)."""
     return str((m.get("ended") or {}).get(metric) or m["outcome"])
 
 

@@ -1,6 +1,6 @@
 """A run's evidence, judged and applied: the manifest read (merged), this checkout's suite compared with the run's,
 each row judged (judge.judge_row) and every tier a problem touches made 'not-proven'; planned rows without a record
-added as rows that did not run. The report reads a run through here (report/model.py)."""
+added as rows that did not run. The report reads a run through here (report/summary.py)."""
 
 from __future__ import annotations
 
