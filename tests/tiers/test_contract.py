@@ -20,7 +20,7 @@ import pytest
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.tiers import gsm8k
+from mtpmatrix.tiers import gsm8k_eval
 from mtpmatrix.tiers.compat import abi, sglang_loading
 from mtpmatrix.tiers.compat import sglang_compat as compat
 
@@ -252,7 +252,7 @@ def test_weights(tiny_pair, sglang_chain, record_property):
 # ------------------------------------------------------------------------------------------------ gsm8k scoring
 
 
-def _gsm8k_response(q: gsm8k.Question) -> str:
+def _gsm8k_response(q: gsm8k_eval.Question) -> str:
     """Canned answers that exercise extraction: right, with $ and commas, wrong, no number, leading zeros (a
     SyntaxError for literal_eval), and a stop word left in."""
     g = q.gold
@@ -268,7 +268,7 @@ def _gsm8k_response(q: gsm8k.Question) -> str:
 
 @pytest.mark.check("harness")
 def test_gsm8k_scoring_matches_run_eval(sglang_chain, gsm8k_lines, monkeypatch, record_property):
-    """The gsm8k tier's prompts, sampling parameters and scores (mtpmatrix.tiers.gsm8k) == this sglang's
+    """The gsm8k tier's prompts, sampling parameters and scores (mtpmatrix.tiers.gsm8k_eval) == this sglang's
     run_eval(eval_name=gsm8k, api=completion), run with canned responses and no server. A difference is this
     project's mirror falling behind sglang: 'harness'."""
     try:
@@ -277,12 +277,12 @@ def test_gsm8k_scoring_matches_run_eval(sglang_chain, gsm8k_lines, monkeypatch, 
         raise CheckFailure("harness", f"sglang.test.run_eval does not import: {type(exc).__name__}: {exc}") from exc
     src = inspect.getsource(rev.run_eval)
     m = re.search(r'eval_name == "gsm8k".*?from (sglang\.test\.\w+) import GSM8KEval', src, re.S)
-    assert m, "run_eval's gsm8k branch no longer imports a GSM8KEval: re-check gsm8k.py against sglang"
+    assert m, "run_eval's gsm8k branch no longer imports a GSM8KEval: re-check gsm8k_eval.py against sglang"
     record_property("gsm8k_eval_module", m.group(1))
     sg = importlib.import_module(m.group(1))
-    assert sg.INVALID == gsm8k.INVALID
+    assert sg.INVALID == gsm8k_eval.INVALID
 
-    ours = gsm8k.build_questions(gsm8k_lines, 200, 5)
+    ours = gsm8k_eval.build_questions(gsm8k_lines, 200, 5)
     responses = {q.prompt: _gsm8k_response(q) for q in ours}
     seen, captured = [], {}
 
@@ -315,18 +315,18 @@ def test_gsm8k_scoring_matches_run_eval(sglang_chain, gsm8k_lines, monkeypatch, 
         num_examples=args.num_examples,
         num_threads=args.num_threads,
         num_shots=getattr(args, "num_shots", 5),
-        data_path=str(gsm8k.data_file("test", offline=True)),
+        data_path=str(gsm8k_eval.data_file("test", offline=True)),
     )
     result, _latency, _sampler = rev.run_eval_once(args, args.base_url + "/v1", eval_obj)
 
     assert sorted(seen) == sorted(q.prompt for q in ours)  # same 200 prompts, byte for byte
-    assert captured["stop"] == gsm8k.STOP
-    assert captured["temperature"] == gsm8k.TEMPERATURE and captured["top_p"] == gsm8k.TOP_P
+    assert captured["stop"] == gsm8k_eval.STOP
+    assert captured["temperature"] == gsm8k_eval.TEMPERATURE and captured["top_p"] == gsm8k_eval.TOP_P
     assert captured["max_tokens"] == 512
     for q in ours:  # extraction and gold, function by function
-        assert sg.get_answer_value(responses[q.prompt]) == gsm8k.get_answer_value(responses[q.prompt])
+        assert sg.get_answer_value(responses[q.prompt]) == gsm8k_eval.get_answer_value(responses[q.prompt])
         assert sg.get_answer_value(gsm8k_lines[q.line]["answer"]) == q.gold
-    our_score = sum(gsm8k.is_correct(gsm8k.get_answer_value(responses[q.prompt]), q.gold) for q in ours) / 200
+    our_score = sum(gsm8k_eval.is_correct(gsm8k_eval.get_answer_value(responses[q.prompt]), q.gold) for q in ours) / 200
     assert result.score == pytest.approx(our_score, abs=1e-12)
     assert 0.0 < our_score < 1.0
 

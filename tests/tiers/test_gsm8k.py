@@ -1,8 +1,8 @@
 """GSM8K tier: real Gemma 4 pairs behind a live sglang server with Frozen-KV MTP, CUDA graphs on.
 
-For every case (mtpmatrix.tiers.gsm8k_tier: a pair in settings.DEFAULT_PAIRS at every topk in settings.TOPKS, or
+For every case (mtpmatrix.tiers.gsm8k_runs: a pair in settings.DEFAULT_PAIRS at every topk in settings.TOPKS, or
 each ``--server-url`` server), one server runs GSM8K 5-shot (the exact prompts/scoring of sglang's run_eval gsm8k,
-see mtpmatrix.tiers.gsm8k) and three checks read what it did:
+see mtpmatrix.tiers.gsm8k_eval) and three checks read what it did:
 
   test_args        /server_info resolved the requested algorithm/topk/steps/draft tokens, CUDA graph not disabled
   test_accuracy    GSM8K score >= the pair's threshold (Wilson 95% interval recorded)
@@ -13,7 +13,7 @@ Per-question records go to ``gsm8k/<case>.jsonl`` and the server log to ``server
 
 ``--server-url URL`` (repeatable) runs the same checks against sglang servers someone else started instead of
 launching any. The env knobs (pairs, no-MTP baseline, number of questions, weights, the tiny end-to-end proof mode)
-are listed in mtpmatrix.tiers.gsm8k_tier.
+are listed in mtpmatrix.tiers.gsm8k_runs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving import client
 from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.tiers.compat import sglang_compat
-from mtpmatrix.tiers.gsm8k_tier import Case, Gsm8kRun, Gsm8kRuns, cases
+from mtpmatrix.tiers.gsm8k_runs import Case, Gsm8kRun, Gsm8kRuns, cases
 from mtpmatrix.tiers.session.plugin import SERVED_KEY
 
 pytestmark = pytest.mark.gsm8k

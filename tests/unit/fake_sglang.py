@@ -246,7 +246,7 @@ def make_handler(state: FakeState):
 def gsm8k_responder(
     lines: list[dict], right: Callable[[int], bool] = lambda index: True, num_shots: int = 5
 ) -> Callable[[dict], str]:
-    """A /generate responder for GSM8K prompts (mtpmatrix.tiers.gsm8k's layout, few-shot prefix from the first
+    """A /generate responder for GSM8K prompts (mtpmatrix.tiers.gsm8k_eval's layout, few-shot prefix from the first
     ``num_shots`` lines): the gold answer for evaluated question ``index`` where ``right(index)``, else gold + 1."""
     golds: dict[str, tuple[int, str]] = {}
     for i, line in enumerate(lines[num_shots:]):

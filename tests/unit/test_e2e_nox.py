@@ -27,7 +27,7 @@ from fake_sglang import FakeSglang, gsm8k_responder, server_info
 
 from mtpmatrix.core import schema
 from mtpmatrix.core.rows import load_rows
-from mtpmatrix.tiers import gsm8k
+from mtpmatrix.tiers import gsm8k_eval
 
 REPO = Path(__file__).resolve().parents[2]
 NOX = (
@@ -135,7 +135,7 @@ def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_p
     md = (results / "e2e-1" / "report" / "summary.md").read_text()
     n_right = 200 - len(WRONG_1)
     line = next(ln for ln in md.splitlines() if ln.startswith(f"| {ROW} | gsm8k | {CASE} |"))
-    lo, hi = (f"{x:.3f}" for x in gsm8k.stats.wilson_interval(n_right, 200))
+    lo, hi = (f"{x:.3f}" for x in gsm8k_eval.stats.wilson_interval(n_right, 200))
     assert f"| {n_right / 200:.3f} [{lo}, {hi}] (n=200) | 2.4 |" in line
     speedup = re.search(r"\| ([0-9.]+)× \|", line)
     assert speedup and float(speedup.group(1)) > 0
@@ -155,7 +155,7 @@ def test_gsm8k_against_running_servers_from_nox_row_to_report_and_baseline(tmp_p
     s = json.loads((results / "e2e-2" / "report" / "summary.json").read_text())
     p = next(x for x in s["baseline"]["paired"] if x["key"] == CASE)
     assert p["flipped_to_wrong"] == sorted(WRONG_2 - WRONG_1) and p["flipped_to_right"] == sorted(WRONG_1 - WRONG_2)
-    assert p["n"] == 200 and p["p_value"] == pytest.approx(gsm8k.stats.mcnemar(6, 2))
+    assert p["n"] == 200 and p["p_value"] == pytest.approx(gsm8k_eval.stats.mcnemar(6, 2))
     deltas = {(d["check"].split("::")[1], d["metric"]): d for d in s["baseline"]["metric_deltas"]}
     assert deltas[(f"test_accuracy[{CASE}]", schema.SCORE)]["delta"] == pytest.approx(-4 / 200)
     assert deltas[(f"test_acceptance[{CASE}]", schema.ACCEPT_LENGTH)]["delta"] == pytest.approx(-0.3)

@@ -79,7 +79,7 @@ SMOKE_ARGS = (
 # --- GSM8K --------------------------------------------------------------------------------------------------
 GSM8K_NUM_EXAMPLES = 200
 # the test split's SHA-256, of the decompressed bytes: every source (a user's copy, the shipped one, a download) is
-# held to it (tiers.gsm8k), and the suite's fingerprint names the data by it (evidence.fingerprint)
+# held to it (tiers.gsm8k_eval), and the suite's fingerprint names the data by it (evidence.fingerprint)
 GSM8K_SHA256 = {"test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}  # 1319 lines
 GSM8K_NUM_SHOTS = 5
 GSM8K_PARALLEL = 128

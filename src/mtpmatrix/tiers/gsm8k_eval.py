@@ -1,4 +1,5 @@
-"""GSM8K 5-shot, exactly as sglang's ``run_eval(eval_name="gsm8k", api="completion", num_shots=5)`` scores it.
+"""GSM8K 5-shot, exactly as sglang's ``run_eval(eval_name="gsm8k", api="completion", num_shots=5)`` scores it: the
+data, the prompts, the requests to one server and the score. Which servers it runs on is gsm8k_runs.py's.
 
 What sglang does (``sglang/test/simple_eval_gsm8k.py`` in 0.5.13, ``simple_eval_mixed_prefix_gsm8k.GSM8KEval`` in
 0.5.17 and 0.5.23; the code is the same in all three):

@@ -1,8 +1,9 @@
-"""The GSM8K tier's run logic (tests/tiers/test_gsm8k.py holds its checks): which cases run, where their weights
-are, and one sglang server per case, launched and scored once (``Gsm8kRuns``), whatever number of checks read it.
+"""The GSM8K tier's runs (tests/tiers/test_gsm8k.py holds its checks, gsm8k_eval.py the scoring): which cases run,
+where their weights are, and one sglang server per case, launched and scored once (``Gsm8kRuns``), whatever number
+of checks read it.
 
 For every pair in settings.DEFAULT_PAIRS and every topk in settings.TOPKS, one server runs GSM8K 5-shot (the exact
-prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.tiers.gsm8k). With ``--server-url`` the cases are the
+prompts/scoring of sglang's run_eval gsm8k, see mtpmatrix.tiers.gsm8k_eval). With ``--server-url`` the cases are the
 running servers instead (one per server, named from what its /server_info says it serves: mtpmatrix.serving.served),
 and nothing is launched.
 
@@ -30,7 +31,7 @@ from mtpmatrix.core import schema, settings
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.core.schema import comma_list
 from mtpmatrix.serving import client
-from mtpmatrix.tiers import gsm8k
+from mtpmatrix.tiers import gsm8k_eval
 
 TINY_PREFIX = "tiny-e2e-proof"
 # Char-level tiny tokenizer: a 5-shot prompt is up to ~2.9k tokens, so the tiny pair gets its full 4096 context.
@@ -192,7 +193,7 @@ class Gsm8kRun:
     launch_seconds: float | None = None
     info_before: dict | None = None
     info_after: dict | None = None
-    result: gsm8k.Gsm8kResult | None = None
+    result: gsm8k_eval.Gsm8kResult | None = None
     metrics: dict = field(default_factory=dict)
 
 
@@ -210,8 +211,8 @@ def _num_examples() -> int:
     return int(os.environ.get("MTPMATRIX_GSM8K_NUM_EXAMPLES") or settings.GSM8K_NUM_EXAMPLES)
 
 
-def _score(url: str, lines: list[dict], say, label: str) -> gsm8k.Gsm8kResult:
-    return gsm8k.run_gsm8k(
+def _score(url: str, lines: list[dict], say, label: str) -> gsm8k_eval.Gsm8kResult:
+    return gsm8k_eval.run_gsm8k(
         url,
         num_examples=_num_examples(),
         num_shots=settings.GSM8K_NUM_SHOTS,
@@ -237,7 +238,7 @@ def collect_served(case: Case, out_dir: Path, say) -> Gsm8kRun:
             ) from exc
 
     try:
-        lines = gsm8k.load_split("test")
+        lines = gsm8k_eval.load_split("test")
         run.records_path = out_dir / schema.gsm8k_records(case.id)
         run.info_before = info("before GSM8K")
         say(f"[gsm8k {case.id}] scoring the running server {case.url} (model {case.target})")
@@ -278,8 +279,8 @@ def collect(case: Case, out_dir: Path, say) -> Gsm8kRun:
         if not Path(ref).expanduser().is_dir():
             env["HF_HUB_OFFLINE"] = "1"  # resolved from the HF cache: never let the server reach for the hub
     try:  # the data first: a missing dataset must not cost a server launch
-        lines = gsm8k.load_split("test")
-    except gsm8k.DataError as exc:
+        lines = gsm8k_eval.load_split("test")
+    except gsm8k_eval.DataError as exc:
         run.error = exc
         return run
     base = _override(settings.COMMON_ARGS, TINY_ARGS_OVERRIDES) if case.tiny else settings.COMMON_ARGS
