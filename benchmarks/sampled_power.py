@@ -1,5 +1,5 @@
 """Detection rates of the smoke tier's sampled check (mtpmatrix.pairs.sampled) against the CPU model of
-sglang's verify (mtpmatrix.pairs.sampled_model), correct and broken, at the smoke tier's sample size.
+sglang's verify (mtpmatrix.pairs.sampled.verify_model), correct and broken, at the smoke tier's sample size.
 
     PYTHONPATH=src python3 benchmarks/sampled_power.py [replicates]   (default 200; ~0.1 s per simulated run)
 """
@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from mtpmatrix.pairs import sampled
-from mtpmatrix.pairs import sampled_model as model
+from mtpmatrix.pairs.sampled import ring
+from mtpmatrix.pairs.sampled import verify_model as model
 
 
 def main(replicates: int = 200) -> None:
-    n = sampled.N_REQUESTS * sampled.NEW_TOKENS
+    n = ring.N_REQUESTS * ring.NEW_TOKENS
     print(
-        f"closed form {sampled.closed_form(model.VOCAB)}; n = {n} offsets per server; alpha {sampled.ALPHA:g}; "
-        f"detectable TV {sampled.detectable_tv(n, model.VOCAB):.4f} at power {sampled.POWER}"
+        f"closed form {ring.closed_form(model.VOCAB)}; n = {n} offsets per server; alpha {ring.ALPHA:g}; "
+        f"detectable TV {ring.detectable_tv(n, model.VOCAB):.4f} at power {ring.POWER}"
     )
     print(f"{'server':10} {'verify':28} detected (of {replicates} simulated runs)")
     for topk in (None, 1, 3):

@@ -76,9 +76,9 @@ def witness_battery(tokenizer) -> list[tuple[str, dict]]:
 
 
 def sampled_battery() -> list[tuple[str, dict]]:
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
-    prompt = [sampled.RING_START + (7 * j) % sampled.RING_SIZE for j in range(12)]
+    prompt = [ring.RING_START + (7 * j) % ring.RING_SIZE for j in range(12)]
     out = [
         (
             "greedy",

@@ -1,4 +1,4 @@
-"""CPU check of the sampled pair's second region (pairs.sampled_bonus) with transformers, bf16 and fp32:
+"""CPU check of the sampled pair's second region (pairs.sampled.bonus) with transformers, bf16 and fp32:
 
   1. the ring and every existing prompt of the sampled servers: target logits (pre- and post-softcap) and drafter
      logits identical to a pair built before the region existed (BASE);
@@ -20,8 +20,9 @@ import sys
 import torch
 from transformers import Gemma4AssistantForCausalLM, Gemma4ForConditionalGeneration
 
-from mtpmatrix.pairs import sampled, tiny
-from mtpmatrix.pairs import sampled_bonus as pb
+from mtpmatrix.pairs import tiny
+from mtpmatrix.pairs.sampled import bonus as pb
+from mtpmatrix.pairs.sampled import ring
 from mtpmatrix.pairs.witness import physical_kv_layers
 from mtpmatrix.pairs.witness_harness import _assist, target_states
 from mtpmatrix.tiers import smoke
@@ -51,7 +52,7 @@ def kvs(layer_kv, n):
 
 
 def designed_row(token: int):
-    row = torch.full((V,), sampled.OTHER_LOGIT)
+    row = torch.full((V,), ring.OTHER_LOGIT)
     for t, s, lg in pb.successor_logits():
         if t == token:
             row[s] = lg
@@ -60,14 +61,16 @@ def designed_row(token: int):
 
 def main(base: str, new: str) -> int:
     ok_all = True
-    ring = [list(r.prompt) for r in sampled.request_plan()[:16]] + [list(p.prompt) for p in mixed_sampling.plan()[:8]]
-    ring += [p[:12] for p in smoke.id_prompts(V)]
+    ring_prompts = [list(r.prompt) for r in ring.request_plan()[:16]] + [
+        list(p.prompt) for p in mixed_sampling.plan()[:8]
+    ]
+    ring_prompts += [p[:12] for p in smoke.id_prompts(V)]
     for dtype in (torch.bfloat16, torch.float32):
         tb, ab = load(base, dtype)
         tn, an = load(new, dtype)
         emb_b, emb_n = tb.get_input_embeddings(), tn.get_input_embeddings()
         # 1. existing prompts: identical to the pair built before the region
-        ids = torch.tensor(ring)
+        ids = torch.tensor(ring_prompts)
         (pre_b, post_b), (pre_n, post_n) = prelogits(tb, ids), prelogits(tn, ids)
         hb, kvb = target_states(tb, ids)
         hn, kvn = target_states(tn, ids)

@@ -81,15 +81,15 @@ def greedy_ids():
 @pytest.fixture(scope="session")
 def sampled_verifier(load_pair):
     """``(name, prompts) -> model``: the sampled pair's target without the layers nothing reads
-    (``sampled_trim.kv_source_copy``, proven the same bit for bit on the distinct ``prompts``), else the target
+    (``trimmed_target.kv_source_copy``, proven the same bit for bit on the distinct ``prompts``), else the target
     itself; once per session and pair, for the sampled checks that generate from the target (issue #31)."""
-    from mtpmatrix.pairs import sampled_trim
+    from mtpmatrix.pairs.sampled import trimmed_target
 
     @_memo
     def _verifier(name: str, prompts: tuple):
         torch = _torch()
         target = load_pair(name, "sampled")[0]
-        return sampled_trim.kv_source_copy(target, torch.tensor([list(p) for p in prompts])) or target
+        return trimmed_target.kv_source_copy(target, torch.tensor([list(p) for p in prompts])) or target
 
     return lambda name, prompts: _verifier(name, tuple(dict.fromkeys(tuple(p) for p in prompts)))
 
@@ -456,22 +456,22 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, greedy_ids, 
 def test_sampled_closed_form_matches_transformers_sampling(load_pair, sampled_verifier, record_property, name):
     """The sampled pair's closed form (mtpmatrix.pairs.sampled) is what transformers' own sampling of the
     target gives: the smoke tier's sampling groups (temperature 0.7, each group's top-k / top-p) and sample size
-    (8192 offsets, as sampled.REFERENCE_REQUESTS x REFERENCE_TOKENS: one wide generate call per group, 16 decode
+    (8192 offsets, as ring.REFERENCE_REQUESTS x REFERENCE_TOKENS: one wide generate call per group, 16 decode
     steps instead of 128; issue #31) through ``generate(do_sample=True)``, judged by the same check (no offset off
     the kept set; chi-square at 1e-4, TV 0.030 detected at power 0.9). The target generates without the layers
     nothing reads where that is the same bit for bit (``sampled_verifier``; its layers write nothing to the residual
     stream, so its logits are its embedding's, whatever the layers compute): ~40 % less CPU on dense-31b and
     moe-26b-a4b, the same tokens; e-series, whose layers share KV and take per-layer inputs, runs whole."""
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
     torch = _torch()
     target, _assistant, _tok = load_pair(name, "sampled")
-    plan = sampled.request_plan(sampled.REFERENCE_REQUESTS, sampled.REFERENCE_TOKENS)
-    assert len(plan) * sampled.REFERENCE_TOKENS == sampled.N_REQUESTS * sampled.NEW_TOKENS, "not the smoke tier's n"
+    plan = ring.request_plan(ring.REFERENCE_REQUESTS, ring.REFERENCE_TOKENS)
+    assert len(plan) * ring.REFERENCE_TOKENS == ring.N_REQUESTS * ring.NEW_TOKENS, "not the smoke tier's n"
     generator = sampled_verifier(name, [r.prompt for r in plan])
     outputs: dict[int, list[int]] = {}
-    torch.manual_seed(sampled.SEED_BASE)
-    for group in sampled.GROUPS:
+    torch.manual_seed(ring.SEED_BASE)
+    for group in ring.GROUPS:
         idx = [i for i, r in enumerate(plan) if r.group == group]
         ids = torch.tensor([list(plan[i].prompt) for i in idx])
         try:
@@ -483,8 +483,8 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, sampled_ve
                     temperature=group.temperature,
                     top_k=group.top_k,
                     top_p=group.top_p,
-                    max_new_tokens=sampled.REFERENCE_TOKENS,
-                    min_new_tokens=sampled.REFERENCE_TOKENS,
+                    max_new_tokens=ring.REFERENCE_TOKENS,
+                    min_new_tokens=ring.REFERENCE_TOKENS,
                 )
         except Exception as exc:
             raise CheckFailure(
@@ -492,7 +492,7 @@ def test_sampled_closed_form_matches_transformers_sampling(load_pair, sampled_ve
             ) from exc
         for row, i in enumerate(idx):
             outputs[i] = out[row, ids.shape[1] :].tolist()
-    check = sampled.check_outputs(
+    check = ring.check_outputs(
         [r.prompt for r in plan], [outputs[i] for i in range(len(plan))], target.config.get_text_config().vocab_size
     )
     record_property("sampled_offsets", check.n)
@@ -511,13 +511,13 @@ def test_sampled_drafter_proposes_another_order(load_pair, name):
     """The sampled pair's drafter, fed as sglang feeds it (the bonus token and the target's hidden state and KV),
     ranks the offsets 7 > 3 > 12 > 1 (DRAFT_LOGITS) after every ring token: a distribution other than the target's,
     so sampled verify's coins and residual decide most tokens."""
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
     from mtpmatrix.pairs.witness import physical_kv_layers
     from mtpmatrix.pairs.witness_harness import _assist, target_states
 
     torch = _torch()
     target, assistant, _tok = load_pair(name, "sampled")
-    ids = torch.tensor([list(r.prompt) for r in sampled.request_plan(sampled.RING_SIZE)])
+    ids = torch.tensor([list(r.prompt) for r in ring.request_plan(ring.RING_SIZE)])
     hidden, kv = target_states(target, ids)
     use = {t: idx[-1] for t, idx in physical_kv_layers(target.config.get_text_config().to_dict()).items()}
     with torch.inference_mode():
@@ -529,9 +529,9 @@ def test_sampled_drafter_proposes_another_order(load_pair, name):
             {t: kv[i] for t, i in use.items()},
             torch.full((len(ids), 1), ids.shape[1] - 1),
         )
-    top = logits[:, 0].topk(len(sampled.OFFSETS), dim=-1).indices
-    want = tuple(d for _, d in sorted(zip(sampled.DRAFT_LOGITS, sampled.OFFSETS), reverse=True))
-    got = {tuple(((top[b] - ids[b, -1]) % sampled.RING_SIZE).tolist()) for b in range(len(ids))}
+    top = logits[:, 0].topk(len(ring.OFFSETS), dim=-1).indices
+    want = tuple(d for _, d in sorted(zip(ring.DRAFT_LOGITS, ring.OFFSETS), reverse=True))
+    got = {tuple(((top[b] - ids[b, -1]) % ring.RING_SIZE).tolist()) for b in range(len(ids))}
     if got != {want}:
         raise CheckFailure("weights", f"{name}: sampled drafter ranks offsets {sorted(got)}, built for {want}")
 
@@ -552,19 +552,19 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, sampled_veri
     resamples from max(p - q, 0) as if the draft had been sampled from q = softmax(assistant logits). For this pair
     q(7) = 0.858, so offset 7 is accepted with 0.178/0.858 and the residual loses offset 3's share: predicted first
     tokens 0.586 / 0.206 / 0.208 against the closed form 0.518 / 0.304 / 0.178."""
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
     torch = _torch()
     target, assistant, _tok = load_pair("dense-31b", "sampled")
     assistant.generation_config.num_assistant_tokens = DRAFT_TOKENS
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
-    plan = sampled.request_plan(ASSISTED_SAMPLED_REQUESTS, ASSISTED_SAMPLED_TOKENS)
+    plan = ring.request_plan(ASSISTED_SAMPLED_REQUESTS, ASSISTED_SAMPLED_TOKENS)
     # the target without the layers nothing reads, when it is the same bit for bit on these prompts (a sixth less
-    # CPU; sampled_trim says why and what it checks); else the pair's own target
+    # CPU; sampled.trimmed_target says why and what it checks); else the pair's own target
     verifier = sampled_verifier("dense-31b", [r.prompt for r in plan])
     window = _field(target.config.get_text_config(), "sliding_window")
-    assert sampled.PROMPT_LEN + ASSISTED_SAMPLED_TOKENS < window
-    torch.manual_seed(sampled.SEED_BASE)
+    assert ring.PROMPT_LEN + ASSISTED_SAMPLED_TOKENS < window
+    torch.manual_seed(ring.SEED_BASE)
     outputs = []
     for r in plan:
         ids = torch.tensor([list(r.prompt)])
@@ -588,7 +588,7 @@ def test_sampled_assisted_generation_matches_closed_form(load_pair, sampled_veri
                 f"dense-31b: assisted sampled generate failed: {type(exc).__name__}: {exc} (at {_deepest_frame(exc)})",
             ) from exc
         outputs.append(out[0, ids.shape[1] :].tolist())
-    check = sampled.check_outputs([r.prompt for r in plan], outputs, target.config.get_text_config().vocab_size)
+    check = ring.check_outputs([r.prompt for r in plan], outputs, target.config.get_text_config().vocab_size)
     record_property("sampled_offsets", check.n)
     record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
     record_property("sampled_p_value", check.p_value)

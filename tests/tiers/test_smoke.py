@@ -299,7 +299,7 @@ def test_sampled_distribution_matches_closed_form(smoke_runs, name, record_prope
     Kind "mismatch": the output distribution differs from what sampling the target gives, the sampled counterpart of
     greedy outputs differing; the no-MTP server is held to the same closed form, so a failure there is sglang's
     sampler, and on an MTP server alone its verify."""
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
     run = _run(smoke_runs, name, record_property)
     plan = run.sampled_requests
@@ -308,9 +308,9 @@ def test_sampled_distribution_matches_closed_form(smoke_runs, name, record_prope
         raise CheckFailure(
             "crash",
             f"{len(run.sampled_outputs)} sampled outputs for {len(plan)} requests, "
-            f"{len(short)} not of {sampled.NEW_TOKENS} tokens",
+            f"{len(short)} not of {ring.NEW_TOKENS} tokens",
         )
-    check = sampled.check_outputs([r.prompt for r in plan], run.sampled_outputs, run.vocab_size)
+    check = ring.check_outputs([r.prompt for r in plan], run.sampled_outputs, run.vocab_size)
     info = run.server_info_after or {}
     record_property("sampled_offsets", check.n)
     record_property("sampled_counts", {str(d): c for d, c in check.counts.items()})
@@ -328,7 +328,7 @@ def test_sampled_distribution_matches_closed_form(smoke_runs, name, record_prope
         raise CheckFailure(
             "mismatch",
             f"{check.off_support} sampled tokens off the kept offsets "
-            f"{list(sampled.KEPT_OFFSETS)} (probability 0 under the closed form); first: "
+            f"{list(ring.KEPT_OFFSETS)} (probability 0 under the closed form); first: "
             f"request {r} position {pos}: {prev} -> {tok}; {check.summary()}",
         )
     if not check.passed:

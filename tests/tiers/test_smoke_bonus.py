@@ -1,7 +1,7 @@
 """Smoke tier, sampled pair: the bonus token sampled after a fully accepted verify step at T > 0.
 
 The bonus family (mtpmatrix.tiers.surface.bonus) sends requests into the sampled pair's second region
-(mtpmatrix.pairs.sampled_bonus), where the drafter drafts the target's five-token chains exactly: with MTP every
+(mtpmatrix.pairs.sampled.bonus), where the drafter drafts the target's five-token chains exactly: with MTP every
 verify step accepts all five drafts and every 6th output token is its bonus token, drawn from a closed form over the
 chain starts at the request's temperature and top-k. Without MTP the same tokens are plain sampling.
 """
@@ -26,9 +26,9 @@ def test_bonus_tokens_match_closed_form(smoke_runs, name, record_property):
     """Region-2 requests of the sampled pair: every chain token exactly the chain (probability >= 1 - 2.4e-11 each),
     every token after the spread token a kept chain start, and those at positions >= 1 (with MTP: the bonus tokens of
     fully accepted verify steps, positions 6, 12, ...) held to the spread closed form of their group by Pearson's
-    chi-square at false-alarm rate 1e-4 (pairs.sampled_bonus). On an MTP server, verify steps that accepted fewer
+    chi-square at false-alarm rate 1e-4 (pairs.sampled.bonus). On an MTP server, verify steps that accepted fewer
     than all five drafts (sum of the histogram's last bin) leave bonus positions untested: kind "acceptance"."""
-    from mtpmatrix.pairs import sampled_bonus as pb
+    from mtpmatrix.pairs.sampled import bonus as pb
     from mtpmatrix.tiers import surface
     from mtpmatrix.tiers.surface import bonus
 

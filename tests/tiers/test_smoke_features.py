@@ -83,11 +83,11 @@ def test_feature_matches_no_mtp(smoke_runs, name, feature, record_property):
 def test_min_p_matches_closed_form(smoke_runs, name, record_property):
     """Sampled pair, temperature 0.7 and min_p 0.26, no top-k / top-p: min_p keeps offsets d1-d3 (probability
     ratios 1, 0.586, 0.344 to the largest) and cuts d4 (0.201) and every other token, so the offsets follow
-    sampled.closed_form: none off the kept set (probability exactly 0) and Pearson's chi-square at false-alarm rate
-    1e-4 (sampled.check_outputs), over features.MIN_P_REQUESTS x MIN_P_NEW_TOKENS offsets, with and without MTP.
+    ring.closed_form: none off the kept set (probability exactly 0) and Pearson's chi-square at false-alarm rate
+    1e-4 (ring.check_outputs), over features.MIN_P_REQUESTS x MIN_P_NEW_TOKENS offsets, with and without MTP.
     sglang's verify applies no min_p (0.5.13 eagle_info.EagleVerifyInput.verify, 0.5.17 eagle_utils.eagle_sample):
     intact MTP is predicted to emit d4 at ~9% of the tokens verify samples."""
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
     run = replay_run(smoke_runs[name], record_property)
     exchanges = [_exchange(run, f"min-p-{i}") for i in range(features.MIN_P_REQUESTS)]
@@ -97,7 +97,7 @@ def test_min_p_matches_closed_form(smoke_runs, name, record_property):
         raise CheckFailure(
             "crash", f"{len(short)} min_p requests not of {features.MIN_P_NEW_TOKENS} tokens: {short[:3]}"
         )
-    check = sampled.check_outputs([x.payload["input_ids"] for x in exchanges], outputs, run.vocab_size)
+    check = ring.check_outputs([x.payload["input_ids"] for x in exchanges], outputs, run.vocab_size)
     record_property("min_p_offsets", check.n)
     record_property("min_p_counts", {str(d): c for d, c in check.counts.items()})
     record_property("min_p_off_support", check.off_support)
@@ -109,9 +109,9 @@ def test_min_p_matches_closed_form(smoke_runs, name, record_property):
         raise CheckFailure(
             "mismatch",
             f"{check.off_support} min_p-sampled tokens off the kept offsets "
-            f"{list(sampled.KEPT_OFFSETS)} (min_p {features.MIN_P} cuts the rest: "
+            f"{list(ring.KEPT_OFFSETS)} (min_p {features.MIN_P} cuts the rest: "
             f"probability 0); first: request min-p-{r} position {pos}: {prev} -> {tok} "
-            f"(offset {sampled.offset_of(prev, tok)}); {check.summary()}{upstream}",
+            f"(offset {ring.offset_of(prev, tok)}); {check.summary()}{upstream}",
         )
     if not check.passed:
         raise CheckFailure("mismatch", f"min_p-sampled offsets differ from the closed form: {check.summary()}")

@@ -2,7 +2,7 @@
 
 The mixed_sampling family (mtpmatrix.tiers.surface.mixed_sampling) sends groups whose closed forms differ (T 1.5
 top-k 4, T 0.35 top-k 3) and greedy requests in the same batch as the sampled plan (T 0.7); each sampled group is held
-to its own closed form by the structure tests (mtpmatrix.pairs.sampled_structure), the greedy requests to the
+to its own closed form by the structure tests (mtpmatrix.pairs.sampled.structure), the greedy requests to the
 pair's greedy chain exactly, and on a server with --enable-deterministic-inference two identical seeded requests to
 identical outputs.
 """
@@ -59,8 +59,8 @@ def test_mixed_greedy_follows_chain(smoke_runs, name, record_property):
 def test_sampled_structure_matches_closed_form(smoke_runs, name, record_property):
     """Every sampled token of the plan and the mixed_sampling family, each group held to its own closed form: none
     off its kept offsets, and per-group, per-position (blocks of 16, period 6), transition, verify-depth (exact at
-    topk 1) and first-token tests, family-wise false-alarm rate 1e-4 (Bonferroni, pairs.sampled_structure)."""
-    from mtpmatrix.pairs import sampled_structure as structure
+    topk 1) and first-token tests, family-wise false-alarm rate 1e-4 (Bonferroni, pairs.sampled.structure)."""
+    from mtpmatrix.pairs.sampled import structure
     from mtpmatrix.tiers.surface import mixed_sampling
 
     run = replay_run(smoke_runs[name], record_property)

@@ -599,21 +599,21 @@ def test_the_assisted_sampling_bounds_follow_from_the_closed_form():
     """The derivation in docs/upstream/hf-gemma4-assisted-sampling-not-lossless.md, computed again: from the check's
     closed form and the drafter's q, the bug's shares; each alternative's shares; the chance that each falls
     inside the entry's bounds at the check's n = 1536."""
-    from mtpmatrix.pairs import sampled
-    from mtpmatrix.pairs.sampled_model import VOCAB
+    from mtpmatrix.pairs.sampled import ring
+    from mtpmatrix.pairs.sampled.verify_model import VOCAB
 
-    closed = sampled.closed_form(VOCAB)
+    closed = ring.closed_form(VOCAB)
     # q: the assistant's own softmax (temperature 1) over the vocabulary, which transformers takes for the draft's
     # probability although the draft is its argmax (offset 7)
-    w = {d: math.exp(sampled.softcap(x)) for d, x in zip(sampled.OFFSETS, sampled.DRAFT_LOGITS)}
-    z = sum(w.values()) + (VOCAB - len(w)) * math.exp(sampled.softcap(sampled.DRAFT_OTHER_LOGIT))
+    w = {d: math.exp(ring.softcap(x)) for d, x in zip(ring.OFFSETS, ring.DRAFT_LOGITS)}
+    z = sum(w.values()) + (VOCAB - len(w)) * math.exp(ring.softcap(ring.DRAFT_OTHER_LOGIT))
     q = {d: v / z for d, v in w.items()}
     accept = closed[7] / q[7]  # min(1, p/q) for the drafted offset 7
-    residual = {d: max(closed.get(d, 0.0) - q[d], 0.0) for d in sampled.OFFSETS}  # max(p - q, 0)
+    residual = {d: max(closed.get(d, 0.0) - q[d], 0.0) for d in ring.OFFSETS}  # max(p - q, 0)
     bug = {d: (1 - accept) * residual[d] / sum(residual.values()) for d in (1, 3)}
     assert (round(bug[1], 3), round(bug[3], 3), round(accept, 3)) == (0.586, 0.206, 0.208)
-    twice = sampled.token_distribution(VOCAB, sampled.GROUPS[0], "top_k_first", temperature=sampled.TEMPERATURE**2)
-    ignored = sampled.token_distribution(VOCAB, sampled.GROUPS[0], "top_k_first", temperature=1.0)
+    twice = ring.token_distribution(VOCAB, ring.GROUPS[0], "top_k_first", temperature=ring.TEMPERATURE**2)
+    ignored = ring.token_distribution(VOCAB, ring.GROUPS[0], "top_k_first", temperature=1.0)
     sig = {i.id: i for i in known_upstream.load()}[ASSISTED_SAMPLING].signature["metrics"]
     assert sig["sampled_offsets"] == {"min": 1536, "max": 1536} and sig["sampled_off_support"] == {"min": 0, "max": 0}
     rate = {

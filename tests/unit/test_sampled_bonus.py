@@ -1,4 +1,4 @@
-"""The sampled pair's second region and the bonus family (pairs.sampled_bonus, surface.bonus,
+"""The sampled pair's second region and the bonus family (pairs.sampled.bonus, surface.bonus,
 tests/tiers/test_smoke_bonus.py): the region's layout and exactness, the alignment of bonus tokens, the check's exact
 false-alarm rate at the smoke sample size, its power against a bonus drawn greedily, from the drafter's law or at
 temperature 1, and the tier check on simulated runs."""
@@ -15,8 +15,9 @@ from scipy import special
 
 from mtpmatrix.core import settings, smoke_servers, stats
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.pairs import sampled, tiny
-from mtpmatrix.pairs import sampled_bonus as pb
+from mtpmatrix.pairs import tiny
+from mtpmatrix.pairs.sampled import bonus as pb
+from mtpmatrix.pairs.sampled import ring
 from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.surface import bonus, features, mixed_sampling
 
@@ -28,11 +29,11 @@ LAWS = [np.array(pb.spread_law(VOCAB, g)) for g in pb.GROUPS]
 def test_region_layout_is_off_the_ring_the_specials_and_every_other_prompt():
     region = set(range(pb.R2_START, pb.R2_START + pb.R2_SIZE))
     assert pb.STEPS == settings.NUM_STEPS and pb.R2_SIZE == 21 and max(region) < VOCAB
-    assert not region & set(range(sampled.RING_START, sampled.RING_START + sampled.RING_SIZE))
+    assert not region & set(range(ring.RING_START, ring.RING_START + ring.RING_SIZE))
     assert min(region) > max(tiny.SPECIAL_TOKENS.values())
-    assert pb.DIM_BASE == 1 + sampled.RING_SIZE and pb.dim(max(region)) < tiny.ASSISTANT_HIDDEN
+    assert pb.DIM_BASE == 1 + ring.RING_SIZE and pb.dim(max(region)) < tiny.ASSISTANT_HIDDEN
     # the target depends on the last token only: no other request to a sampled server ends in the region
-    others = [list(r.prompt) for r in sampled.request_plan()] + [list(p.prompt) for p in mixed_sampling.plan()]
+    others = [list(r.prompt) for r in ring.request_plan()] + [list(p.prompt) for p in mixed_sampling.plan()]
     others += [features.min_p_prompt(i) for i in range(features.MIN_P_REQUESTS)] + smoke.id_prompts(VOCAB)
     assert all(p[-1] not in region for p in others)
     assert max(t for p in smoke.id_prompts(VOCAB) for t in p) < pb.R2_START
@@ -40,7 +41,7 @@ def test_region_layout_is_off_the_ring_the_specials_and_every_other_prompt():
 
 
 def test_head_values_and_logits_are_exact_in_bf16():
-    entries = pb.check_exact(sampled.check_exact(tiny.TARGET_HIDDEN))
+    entries = pb.check_exact(ring.check_exact(tiny.TARGET_HIDDEN))
     assert set(entries) == {8.0, 3.1875, 3.125, 3.0625, 3.0}
     with pytest.raises(ValueError, match="not exact"):
         pb.check_exact(7.0)
@@ -49,12 +50,12 @@ def test_head_values_and_logits_are_exact_in_bf16():
 def test_chains_are_certain_and_the_spread_law_is_a_closed_form():
     assert pb.chain_deviation_bound(VOCAB) < 3e-11  # T 1.5, before top-k
     assert pb.chain_deviation_bound(VOCAB) * bonus.N_REQUESTS * bonus.NEW_TOKENS < 2e-7
-    assert max(g.temperature for g in (*pb.GROUPS, *mixed_sampling.GROUPS, *sampled.GROUPS)) <= pb.MAX_TEMPERATURE
+    assert max(g.temperature for g in (*pb.GROUPS, *mixed_sampling.GROUPS, *ring.GROUPS)) <= pb.MAX_TEMPERATURE
     a, b = (pb.spread_law(VOCAB, g) for g in pb.GROUPS)
     assert a == pytest.approx((0.5859, 0.2550, 0.1109, 0.0482), abs=1e-4) and b[3] == 0
     assert min(p for law in LAWS for p in law if p > 0) * N_GROUP > 20  # expected counts for the chi-square
     with pytest.raises(ValueError):
-        pb.spread_law(VOCAB, sampled.SamplingGroup("x", top_k=4, top_p=0.9))
+        pb.spread_law(VOCAB, ring.SamplingGroup("x", top_k=4, top_p=0.9))
 
 
 def test_prompts_and_alignment():
@@ -75,7 +76,7 @@ def test_requests_only_for_the_sampled_pair_within_budget():
     assert len(reqs) == 16 and all(len(b["input_ids"]) + b["sampling_params"]["max_new_tokens"] <= 512 for _, b in reqs)
     seeds = {b["sampling_params"]["sampling_seed"] for _, b in reqs}
     others = (
-        {r.seed for r in sampled.request_plan()}
+        {r.seed for r in ring.request_plan()}
         | {p.seed for p in mixed_sampling.plan()}
         | {features.MIN_P_SEED_BASE + i for i in range(features.MIN_P_REQUESTS)}
     )
@@ -83,12 +84,12 @@ def test_requests_only_for_the_sampled_pair_within_budget():
     # 6,144 tokens: 39% of the ring's 15,872 sampled tokens per server (plan, mixed sampling, min_p), but in 1,024
     # verify steps with MTP (6 tokens each), against the ring's > 10,000 (accept length < 1.5)
     tokens = sum(b["sampling_params"]["max_new_tokens"] for _, b in reqs)
-    ring = (
-        sampled.N_REQUESTS * sampled.NEW_TOKENS
+    ring_tokens = (
+        ring.N_REQUESTS * ring.NEW_TOKENS
         + 2 * mixed_sampling.N_PER_GROUP * mixed_sampling.NEW_TOKENS
         + features.MIN_P_REQUESTS * features.MIN_P_NEW_TOKENS
     )
-    assert tokens <= 0.4 * ring and tokens / (pb.STEPS + 1) <= 0.1 * ring / 1.5
+    assert tokens <= 0.4 * ring_tokens and tokens / (pb.STEPS + 1) <= 0.1 * ring_tokens / 1.5
 
 
 def test_false_alarm_rate_exact_at_the_smoke_sample_size():

@@ -512,7 +512,7 @@ def test_failure_signature_ignores_server_names_and_numbers():
 def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_path):
     """A sampled-pair server is sent the greedy requests and the sampled plan, and each answer lands in its own list
     (lifecycle only: the fake server's outputs say nothing about distributions)."""
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "sampled-mtp-topk1")
     assert {s.name for s in smoke_servers.DEFAULT_SMOKE_SERVERS} >= {
@@ -523,8 +523,8 @@ def test_sampled_servers_get_the_sampled_plan_besides_the_greedy_requests(tmp_pa
     run = _collect_on_fake(tmp_path, spec)
     assert run.error is None, run.error
     assert len(run.id_outputs) == smoke.N_ID_PROMPTS and len(run.text_outputs) == len(smoke.TEXT_PROMPTS)
-    assert run.sampled_requests == sampled.request_plan()
-    assert len(run.sampled_outputs) == len(run.sampled_meta) == sampled.N_REQUESTS
+    assert run.sampled_requests == ring.request_plan()
+    assert len(run.sampled_outputs) == len(run.sampled_meta) == ring.N_REQUESTS
     assert smoke.sampled_plan(smoke_servers.SMOKE_SERVERS[0]) == []  # other pairs: greedy requests only
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.pairs import sampled
+from mtpmatrix.pairs.sampled import ring
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.surface import Exchange, features, logprobs
 
@@ -113,12 +113,12 @@ def test_requests_and_prompts():
 def test_min_p_cut_sits_between_d3_and_d4():
     ratios = features.min_p_kept_ratios()
     kept = [d for d, r in ratios.items() if r >= features.MIN_P]
-    assert tuple(kept) == sampled.KEPT_OFFSETS
+    assert tuple(kept) == ring.KEPT_OFFSETS
     import math
 
     margins = [
-        math.log(ratios[sampled.KEPT_OFFSETS[-1]] / features.MIN_P),
-        math.log(features.MIN_P / ratios[sampled.OFFSETS[3]]),
+        math.log(ratios[ring.KEPT_OFFSETS[-1]] / features.MIN_P),
+        math.log(features.MIN_P / ratios[ring.OFFSETS[3]]),
     ]
     assert min(margins) > 0.25
 
@@ -203,14 +203,14 @@ def sampled_run(name, leak: float, seed: int = 1):
     """min_p outputs drawn from the closed form; with probability ``leak`` a token takes offset d4 instead (verify
     without min_p)."""
     rng = random.Random(seed)
-    law = sampled.closed_form(512)
+    law = ring.closed_form(512)
     run = smoke.SmokeRun(spec=SPEC[name], log_path=Path(f"{name}.log"), vocab_size=512)
     exchanges = []
     for label, payload in features.requests(SPEC[name], 512):
         prev, out = payload["input_ids"][-1], []
         for _ in range(features.MIN_P_NEW_TOKENS):
-            d = sampled.OFFSETS[3] if rng.random() < leak else rng.choices(list(law), weights=list(law.values()))[0]
-            prev = sampled.next_token(prev, d)
+            d = ring.OFFSETS[3] if rng.random() < leak else rng.choices(list(law), weights=list(law.values()))[0]
+            prev = ring.next_token(prev, d)
             out.append(prev)
         exchanges.append(Exchange(label, payload, {"output_ids": out, "meta_info": {}}))
     run.surface[features.NAME] = exchanges

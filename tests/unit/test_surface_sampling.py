@@ -1,5 +1,5 @@
 """Mixed sampling in one batch, the structure tests and seeded repeats (surface.mixed_sampling,
-pairs.sampled_structure, tests/tiers/test_smoke_sampling.py): the false-alarm rate of the structure family on
+pairs.sampled.structure, tests/tiers/test_smoke_sampling.py): the false-alarm rate of the structure family on
 simulated null runs of the full request plan, each test's power against the fault it targets (where the pooled
 chi-square of pairs.sampled is blind), and the smoke checks themselves on correct and broken fake runs."""
 
@@ -14,14 +14,14 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.pairs import sampled
-from mtpmatrix.pairs import sampled_model as model
-from mtpmatrix.pairs import sampled_structure as st
+from mtpmatrix.pairs.sampled import ring
+from mtpmatrix.pairs.sampled import structure as st
+from mtpmatrix.pairs.sampled import verify_model as model
 from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.surface import mixed_sampling as ms
 
 VOCAB = 512
-PLAN = sampled.request_plan()
+PLAN = ring.request_plan()
 FAMILY = [p for p in ms.plan() if p.kind in ("hot", "cold")]
 # (group, length) of every request the structure tests count: the plan's 64 and the family's 48
 REQUESTS = [(r.group, r.new_tokens) for r in PLAN] + [(p.group, p.new_tokens) for p in FAMILY]
@@ -48,13 +48,13 @@ def simulate(rng, fault: str = "none", delta: float = 0.0):
             for j in range(1, n):
                 if stay[j]:
                     cat[j] = cat[j - 1]
-        elif fault == "groups_opposite" and g in sampled.GROUPS:  # the plan's two groups, opposite biases
-            cat = draw(rng, p + (delta if g is sampled.GROUPS[0] else -delta) * V, n)
+        elif fault == "groups_opposite" and g in ring.GROUPS:  # the plan's two groups, opposite biases
+            cat = draw(rng, p + (delta if g is ring.GROUPS[0] else -delta) * V, n)
         elif fault == "first_greedy":  # every request's first token at the argmax
             cat = draw(rng, p, n)
             cat[0] = 0
         elif fault == "cross_row_temperature" and g is ms.HOT:  # hot rows sampled at the plan's temperature 0.7
-            q = st.group_law(VOCAB, sampled.SamplingGroup("x", ms.HOT.top_k, ms.HOT.top_p, sampled.TEMPERATURE))
+            q = st.group_law(VOCAB, ring.SamplingGroup("x", ms.HOT.top_k, ms.HOT.top_p, ring.TEMPERATURE))
             cat = draw(rng, np.array(q), n)
         else:
             cat = draw(rng, p, n)
@@ -63,14 +63,14 @@ def simulate(rng, fault: str = "none", delta: float = 0.0):
 
 
 def pooled_plan_rejects(items) -> bool:
-    """The existing pooled chi-square (pairs.sampled.check_outputs) on the plan's tokens."""
+    """The existing pooled chi-square (pairs.sampled.ring.check_outputs) on the plan's tokens."""
     counts = np.zeros(4)
     for _g, cat in items[: len(PLAN)]:
         counts += np.bincount(cat, minlength=4)
     from mtpmatrix.core import stats
 
-    p = [LAW[sampled.GROUPS[0]][i] for i in range(3)]
-    return stats.pearson_chi2(list(counts[:3]), p).p_value < sampled.ALPHA or counts[3] > 0
+    p = [LAW[ring.GROUPS[0]][i] for i in range(3)]
+    return stats.pearson_chi2(list(counts[:3]), p).p_value < ring.ALPHA or counts[3] > 0
 
 
 def detection(fault, delta, reps, seed, test=None):
@@ -88,12 +88,12 @@ def detection(fault, delta, reps, seed, test=None):
 
 
 def test_groups_have_different_closed_forms_and_greedy_is_exact():
-    forms = [st.group_law(VOCAB, g) for g in (sampled.GROUPS[0], ms.HOT, ms.COLD)]
+    forms = [st.group_law(VOCAB, g) for g in (ring.GROUPS[0], ms.HOT, ms.COLD)]
     for a in range(3):
         for b in range(a + 1, 3):
             assert 0.5 * sum(abs(x - y) for x, y in zip(forms[a], forms[b])) > 0.1
-    assert max(range(4), key=lambda i: forms[0][i]) == 0 and ms.GREEDY_OFFSET == sampled.OFFSETS[0]
-    assert sampled.TARGET_LOGITS[0] - sampled.TARGET_LOGITS[1] == 0.375  # the argmax margin, exact in bf16
+    assert max(range(4), key=lambda i: forms[0][i]) == 0 and ms.GREEDY_OFFSET == ring.OFFSETS[0]
+    assert ring.TARGET_LOGITS[0] - ring.TARGET_LOGITS[1] == 0.375  # the argmax margin, exact in bf16
 
 
 def test_requests_only_for_the_sampled_pair_within_budget():
@@ -102,7 +102,7 @@ def test_requests_only_for_the_sampled_pair_within_budget():
     reqs = ms.requests(spec, VOCAB)
     assert ms.NAME in surface.FAMILIES and len(reqs) == len(ms.plan()) == 60
     tokens = sum(b["sampling_params"]["max_new_tokens"] for _, b in reqs)
-    assert tokens <= 2 * sampled.N_REQUESTS * sampled.NEW_TOKENS - tokens  # under ~2x today's sampled tokens
+    assert tokens <= 2 * ring.N_REQUESTS * ring.NEW_TOKENS - tokens  # under ~2x today's sampled tokens
     assert all(len(b["input_ids"]) + b["sampling_params"]["max_new_tokens"] <= 512 for _, b in reqs)
     seeds = [
         b["sampling_params"].get("sampling_seed") for label, b in reqs if not label.startswith(("greedy", "repeat"))
@@ -133,16 +133,16 @@ def _family_outputs(rng: random.Random, bug: str = "none"):
         probs = model.verify_probs(p.group, "none")
         tok, out = p.prompt[-1], []
         while len(out) < p.new_tokens:
-            for d in model.verify_round(probs, tree, "none", rng, sampled.ring_index(tok)):
-                tok = sampled.next_token(tok, d)
+            for d in model.verify_round(probs, tree, "none", rng, ring.ring_index(tok)):
+                tok = ring.next_token(tok, d)
                 out.append(tok)
         outs[p.label] = out[: p.new_tokens]
     if bug == "greedy_row_sampled":  # a greedy request's verify row read with a sampled neighbour's parameters
         out = outs["greedy:3"]
-        out[10] = sampled.next_token(out[9], sampled.OFFSETS[1])
+        out[10] = ring.next_token(out[9], ring.OFFSETS[1])
         outs["greedy:3"] = out[:11] + ms.greedy_chain([out[10]], len(out) - 11)
     if bug == "repeat_differs":
-        outs["repeat:2"] = outs["repeat:2"][:40] + [sampled.next_token(outs["repeat:2"][39], 12)] * 88
+        outs["repeat:2"] = outs["repeat:2"][:40] + [ring.next_token(outs["repeat:2"][39], 12)] * 88
     return outs
 
 
@@ -169,7 +169,7 @@ def test_exact_first_token_p_value_matches_simulation():
         assert (ps <= a).mean() <= a + 3 * np.sqrt(a / len(ps))
     assert st.exact_chi2_p([24, 0, 0, 0], law) < 0.01  # every first token at the argmax (cold: 0.684 ** 24)
     # a plan group (32 first tokens), Bonferroni over 4 groups
-    assert st.exact_chi2_p([32, 0, 0, 0], st.group_law(VOCAB, sampled.GROUPS[0])) < st.TEST_ALPHA / 4
+    assert st.exact_chi2_p([32, 0, 0, 0], st.group_law(VOCAB, ring.GROUPS[0])) < st.TEST_ALPHA / 4
 
 
 def test_false_alarm_rate_on_null_runs():
@@ -235,7 +235,7 @@ def test_power_against_each_fault(fault, delta, test):
 
 def chain_verify(p_rows, rng: random.Random) -> list[int]:
     """One topk-1 verify step (drafts d3 x 5) with the target row of depth k read from ``p_rows[k]`` (k = 0..5)."""
-    d3, out = sampled.KEPT_OFFSETS[-1], []
+    d3, out = ring.KEPT_OFFSETS[-1], []
     for k in range(5):
         u = rng.random()
         if u <= p_rows[k][d3]:
@@ -251,8 +251,8 @@ def test_depth_detects_rows_of_another_request_at_depth_one_and_more():
     """The repeat-instead-of-interleave class of bug: verify rows of depth >= 1 read with another request's
     temperature / top-k (here every plan row at depth >= 1 gets the hot group's law, hot rows the plan's). Simulated
     through the topk-1 chain; the depth test (and the family) catch it in every run, the pooled plan check in few."""
-    law = {g: model.verify_probs(g, "none") for g in (*sampled.GROUPS, ms.HOT, ms.COLD)}
-    other = {g: law[ms.HOT] for g in sampled.GROUPS} | {ms.HOT: law[sampled.GROUPS[0]], ms.COLD: law[ms.COLD]}
+    law = {g: model.verify_probs(g, "none") for g in (*ring.GROUPS, ms.HOT, ms.COLD)}
+    other = {g: law[ms.HOT] for g in ring.GROUPS} | {ms.HOT: law[ring.GROUPS[0]], ms.COLD: law[ms.COLD]}
     rng = random.Random(17)
     depth_hits, pooled_hits, reps = 0, 0, 5
     for _ in range(reps):
@@ -262,7 +262,7 @@ def test_depth_detects_rows_of_another_request_at_depth_one_and_more():
             offs = [model.normal_sample(law[g], rng)]  # prefill
             while len(offs) < n:
                 offs += chain_verify(rows, rng)
-            items.append((g, np.array([sampled.OFFSETS.index(d) for d in offs[:n]])))
+            items.append((g, np.array([ring.OFFSETS.index(d) for d in offs[:n]])))
         check = st.check_categories(items, VOCAB)
         depth_hits += any(t.name == "depth" for t in check.failed)
         pooled_hits += pooled_plan_rejects(items)

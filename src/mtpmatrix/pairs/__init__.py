@@ -5,9 +5,7 @@
 - ``witness``: the witness construction (drafts right only when every Frozen-KV hand-off is right);
 - ``witness_harness``: drafting with a witness on CPU (the reference tier's ablations);
 - ``decoy``: the decoy witness (a wrong draft ranked first at known inputs) and its exact accept-length prediction;
-- ``sampled``: the sampled pair (a closed-form next-token distribution) and its lossless-in-distribution check;
-- ``sampled_bonus``: the sampled pair's second region (chains drafted exactly, so every 6th token is a bonus token
-  sampled at T > 0 from a closed form) and its check;
-- ``sampled_model``: a CPU model of sglang's sampled verify on that pair, intact or broken (the check's power);
+- ``sampled``: the sampled pair (a closed-form next-token distribution) and its lossless-in-distribution checks, a
+  package (ring, bonus, structure, verify_model, weights, trimmed_target: its docstring says what each holds);
 - ``weights``: weight-writing helpers every constructed pair shares.
 """

@@ -68,7 +68,7 @@ from pathlib import Path
 from mtpmatrix.core.settings import TINY_PAIR_NAMES as PAIR_NAMES
 from mtpmatrix.pairs.decoy import make_decoy
 from mtpmatrix.pairs.long_witness import CONTEXT_LEN, make_long_witness
-from mtpmatrix.pairs.sampled_weights import make_sampled
+from mtpmatrix.pairs.sampled.weights import make_sampled
 from mtpmatrix.pairs.weights import centroid_cluster_of, write_target_head, zero_residual_writers
 from mtpmatrix.pairs.witness import make_witness, phase_of_variant
 
@@ -265,7 +265,7 @@ _COPIED_FROM_TARGET = (
 
 
 # witness: built for transformers' draft phase; witness-sglang-phase: for sglang's (mtpmatrix.pairs.witness, "Draft phase")
-# sampled: pairs/sampled.py; decoy / decoy-sglang-phase: the witness with decoy drafts (mtpmatrix.pairs.decoy), at
+# sampled: pairs/sampled/ring.py; decoy / decoy-sglang-phase: the witness with decoy drafts (mtpmatrix.pairs.decoy), at
 # the same two phases as the witness
 # long-witness / long-witness-sglang-phase: attention past the sliding window decides the next token
 # (mtpmatrix.pairs.long_witness), the drafter at the same two phases as the witness
@@ -358,10 +358,10 @@ def pair_hash(name: str, variant: str | bool, seed: int) -> str:
     sources = {
         "witness": ("witness.py", "weights.py"),
         "decoy": ("witness.py", "decoy.py", "weights.py"),
-        "sampled": ("sampled.py", "sampled_bonus.py", "sampled_weights.py", "weights.py"),
+        "sampled": ("sampled/ring.py", "sampled/bonus.py", "sampled/weights.py", "weights.py"),
         "long": ("long_witness.py", "witness.py", "weights.py"),
     }.get(variant.split("-")[0], ())
-    witness_src = b"".join(Path(__file__).with_name(f).read_bytes() for f in sources)
+    witness_src = b"".join((Path(__file__).parent / f).read_bytes() for f in sources)
     phase = phase_of_variant(variant) if sources and variant != "sampled" else None  # follows the installed sglang
     blob = json.dumps(
         {

@@ -104,7 +104,9 @@ class SmokeRun:
     id_top_logprobs: list[list] = field(default_factory=list)  # no-MTP only: per position [(logprob, id), ...]
     text_outputs: list[str] = field(default_factory=list)
     text_meta: list[dict] = field(default_factory=list)
-    sampled_requests: list = field(default_factory=list)  # sampled pair: the plan sent (pairs.sampled.SampledRequest)
+    sampled_requests: list = field(
+        default_factory=list
+    )  # sampled pair: the plan sent (pairs.sampled.ring.SampledRequest)
     sampled_outputs: list[list[int]] = field(default_factory=list)
     sampled_meta: list[dict] = field(default_factory=list)
     # the request families (mtpmatrix.tiers.surface) by name: what was sent and what came back
@@ -155,9 +157,9 @@ def sampled_plan(spec: SmokeServerSpec) -> list:
     """The sampled requests a server gets besides the greedy ones: the sampled pair's plan, else none."""
     if spec.pair != "sampled":
         return []
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
-    return sampled.request_plan()
+    return ring.request_plan()
 
 
 def server_args_for(
@@ -385,7 +387,7 @@ def collect(
         reqs += [{"text": t, "sampling_params": sampling_params()} for t in TEXT_PROMPTS]
         plan = sampled_plan(spec)
         if plan:
-            from mtpmatrix.pairs.sampled import payload
+            from mtpmatrix.pairs.sampled.ring import payload
 
             reqs += [payload(r) for r in plan]
         n_planned = len(reqs)

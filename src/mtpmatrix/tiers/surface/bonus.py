@@ -1,4 +1,4 @@
-"""Request family: the bonus token at T > 0, on the sampled pair's second region (mtpmatrix.pairs.sampled_bonus).
+"""Request family: the bonus token at T > 0, on the sampled pair's second region (mtpmatrix.pairs.sampled.bonus).
 
 Every sampled server (with and without MTP) gets N_REQUESTS requests of NEW_TOKENS tokens whose prompts end at the
 region's spread token. There the drafter drafts the target's five-token chains exactly, so with MTP every verify step
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mtpmatrix.pairs import sampled
-from mtpmatrix.pairs import sampled_bonus as pb
-from mtpmatrix.pairs.sampled import SamplingGroup
+from mtpmatrix.pairs.sampled import bonus as pb
+from mtpmatrix.pairs.sampled import ring
+from mtpmatrix.pairs.sampled.ring import SamplingGroup
 
 NAME = "bonus"
 
 N_REQUESTS = 16
 NEW_TOKENS = 384  # + PROMPT_LEN 12 inside the smoke servers' 512-token context
 PROMPT_LEN = 12
-SEED_BASE = 11_000  # distinct from sampled.SEED_BASE (7000..) and mixed_sampling.SEED_BASE (9000..)
+SEED_BASE = 11_000  # distinct from ring.SEED_BASE (7000..) and mixed_sampling.SEED_BASE (9000..)
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def bonus_positions(new_tokens: int = NEW_TOKENS) -> int:
 
 
 def payload(p: Planned) -> dict:
-    return sampled.body(p.prompt, p.group, p.new_tokens, p.seed)
+    return ring.body(p.prompt, p.group, p.new_tokens, p.seed)
 
 
 def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
@@ -60,7 +60,7 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
 
 
 def streams(exchanges) -> list[tuple[str, SamplingGroup, tuple[int, ...], list[int]]]:
-    """(label, group, prompt, output ids) of every planned request that came back, for pairs.sampled_bonus."""
+    """(label, group, prompt, output ids) of every planned request that came back, for pairs.sampled.bonus."""
     planned = {p.label: p for p in plan()}
     return [
         (x.label, planned[x.label].group, planned[x.label].prompt, x.output_ids)

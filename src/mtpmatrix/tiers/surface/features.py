@@ -34,7 +34,7 @@ Which pair tells what, and why (sglang 0.5.13 / 0.5.17 read for every prediction
         (smoke_servers.CUSTOM_LOGIT_PROCESSOR_ARGS).
   * sampled (temperature 0.7, closed form in mtpmatrix.pairs.sampled): ``min-p``: min_p 0.26 with no top-k /
     top-p keeps offsets d1-d3 (probability ratios to d1: 0.586, 0.344) and cuts d4 (0.201) and every other token:
-    the kept set and law of sampled.closed_form exactly, with log-margins of 0.26 nats on both sides of the cut.
+    the kept set and law of ring.closed_form exactly, with log-margins of 0.26 nats on both sides of the cut.
 
 What intact sglang is predicted to do under MTP (docs/upstream/sglang-mtp-verify-penalty-state.md,
 docs/upstream/sglang-mtp-verify-ignores-min-p.md, docs/upstream/sglang-mtp-verify-skips-custom-logit-processor.md):
@@ -153,18 +153,18 @@ def _witness_payload(label: str) -> dict:
 
 
 def min_p_prompt(i: int) -> list[int]:
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
-    return [sampled.RING_START + (7 * i + 5 * j) % sampled.RING_SIZE for j in range(sampled.PROMPT_LEN)]
+    return [ring.RING_START + (7 * i + 5 * j) % ring.RING_SIZE for j in range(ring.PROMPT_LEN)]
 
 
 def _min_p_payload(i: int) -> dict:
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
     return {
         "input_ids": min_p_prompt(i),
         "sampling_params": {
-            "temperature": sampled.TEMPERATURE,
+            "temperature": ring.TEMPERATURE,
             "min_p": MIN_P,
             "max_new_tokens": MIN_P_NEW_TOKENS,
             "ignore_eos": True,
@@ -192,13 +192,10 @@ def min_p_kept_ratios() -> dict[int, float]:
     """Probability of each offset relative to d1's at the sampled pair's temperature (softcapped logits)."""
     import math
 
-    from mtpmatrix.pairs import sampled
+    from mtpmatrix.pairs.sampled import ring
 
-    top = sampled.softcap(sampled.TARGET_LOGITS[0])
-    return {
-        d: math.exp((sampled.softcap(x) - top) / sampled.TEMPERATURE)
-        for d, x in zip(sampled.OFFSETS, sampled.TARGET_LOGITS)
-    }
+    top = ring.softcap(ring.TARGET_LOGITS[0])
+    return {d: math.exp((ring.softcap(x) - top) / ring.TEMPERATURE) for d, x in zip(ring.OFFSETS, ring.TARGET_LOGITS)}
 
 
 def predicted(label: str, output: list[int], *, mtp_intact_sglang: bool = False) -> str | None:

@@ -15,7 +15,7 @@ were only length-checked. This family sends, in the same batch as the plan (same
     --enable-deterministic-inference the copy must equal its original token for token (test_seeded_repeats_identical);
     the copies never enter the distribution tests (under determinism they are the same draw).
 
-Each sampled group is held to its own closed form (pairs.sampled_structure), beside the plan's groups at T 0.7. All
+Each sampled group is held to its own closed form (pairs.sampled.structure), beside the plan's groups at T 0.7. All
 top-p values are 1 (no top-p boundary to sit near); top-k never falls on a tie (token_distribution raises).
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mtpmatrix.pairs import sampled
-from mtpmatrix.pairs.sampled import SamplingGroup
+from mtpmatrix.pairs.sampled import ring
+from mtpmatrix.pairs.sampled.ring import SamplingGroup
 
 NAME = "mixed_sampling"
 
@@ -34,12 +34,12 @@ GROUPS = (HOT, COLD)
 # Sample size: 24 requests of 128 tokens per group (3072 offsets each); greedy 8 x 64 tokens; 4 repeats of 128.
 # 7168 tokens and 60 requests in all: under the ~2x budget of the plan's 8192 tokens / 64 requests per server.
 N_PER_GROUP = 24
-NEW_TOKENS = sampled.NEW_TOKENS
+NEW_TOKENS = ring.NEW_TOKENS
 N_GREEDY = 8
 GREEDY_TOKENS = 64
 REPEATS = 4
-SEED_BASE = 9_000  # distinct from the plan's sampled.SEED_BASE + i (7000..7063)
-GREEDY_OFFSET = sampled.OFFSETS[0]  # the target's argmax offset at every step
+SEED_BASE = 9_000  # distinct from the plan's ring.SEED_BASE + i (7000..7063)
+GREEDY_OFFSET = ring.OFFSETS[0]  # the target's argmax offset at every step
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class Planned:
 
 
 def _prompt(i: int) -> tuple[int, ...]:
-    # ring prompts whose last tokens cover the ring (as sampled.request_plan), shifted off the plan's own
-    return tuple(sampled.RING_START + (7 * i + 5 * j + 1) % sampled.RING_SIZE for j in range(sampled.PROMPT_LEN))
+    # ring prompts whose last tokens cover the ring (as ring.request_plan), shifted off the plan's own
+    return tuple(ring.RING_START + (7 * i + 5 * j + 1) % ring.RING_SIZE for j in range(ring.PROMPT_LEN))
 
 
 def plan() -> list[Planned]:
@@ -80,7 +80,7 @@ def payload(p: Planned) -> dict:
             "input_ids": list(p.prompt),
             "sampling_params": {"temperature": 0.0, "max_new_tokens": p.new_tokens, "ignore_eos": True},
         }
-    return sampled.body(p.prompt, p.group, p.new_tokens, p.seed)
+    return ring.body(p.prompt, p.group, p.new_tokens, p.seed)
 
 
 def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
@@ -99,7 +99,7 @@ def planned_by_label() -> dict[str, Planned]:
 def greedy_chain(prompt, n: int) -> list[int]:
     out, tok = [], prompt[-1]
     for _ in range(n):
-        tok = sampled.next_token(tok, GREEDY_OFFSET)
+        tok = ring.next_token(tok, GREEDY_OFFSET)
         out.append(tok)
     return out
 
@@ -123,7 +123,7 @@ def greedy_problems(exchanges) -> tuple[list[str], int]:
             tok = got[pos] if pos < len(got) else None
             bad.append(
                 f"{x.label} (prompt ends {p.prompt[-1]}): {len(got)} tokens for {len(want)}, first wrong at "
-                f"position {pos}: {prev} -> {tok} (offset {sampled.offset_of(prev, tok) if tok else None}), "
+                f"position {pos}: {prev} -> {tok} (offset {ring.offset_of(prev, tok) if tok else None}), "
                 f"greedy chain {want[pos] if pos < len(want) else None} (offset {GREEDY_OFFSET})"
             )
     return bad, n

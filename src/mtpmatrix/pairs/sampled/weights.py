@@ -1,12 +1,12 @@
-"""Weights of the sampled pair: the ring of mtpmatrix.pairs.sampled (its closed-form law) and the bonus region of
-mtpmatrix.pairs.sampled_bonus, written into freshly initialised target and assistant models (tiny.build_pair)."""
+"""Weights of the sampled pair: the ring of mtpmatrix.pairs.sampled.ring (its closed-form law) and the bonus region of
+mtpmatrix.pairs.sampled.bonus, written into freshly initialised target and assistant models (tiny.build_pair)."""
 
 from __future__ import annotations
 
 import math
 
-from mtpmatrix.pairs import sampled_bonus as bonus
-from mtpmatrix.pairs.sampled import (
+from mtpmatrix.pairs.sampled import bonus
+from mtpmatrix.pairs.sampled.ring import (
     DRAFT_LOGITS,
     DRAFT_OTHER_LOGIT,
     EMBED_VALUE,
@@ -62,7 +62,7 @@ def make_sampled(target, assistant, t_cfg: dict, a_cfg: dict) -> dict:
     P = torch.zeros(A, 2 * H)
     scale = 1.0 / (H**0.5 * EMBED_VALUE)
     P[torch.arange(1 + RING_SIZE), torch.arange(1 + RING_SIZE)] = scale
-    # region 2 (pairs.sampled_bonus): other tokens and hidden dims, the ring's entries untouched
+    # region 2 (pairs.sampled.bonus): other tokens and hidden dims, the ring's entries untouched
     bonus.write_target(E, W, h)
     bonus.write_drafter(Wa, P, ha, scale)
 

@@ -1,9 +1,9 @@
 """The sampled pair's second region: chains the drafter gets right at every temperature, so that every verify step
 accepts all its drafts and its 6th token is the bonus token, sampled at T > 0 from a closed form.
 
-On the ring (pairs.sampled) the drafter proposes the target's third choice, so a verify step accepts all five
+On the ring (pairs.sampled.ring) the drafter proposes the target's third choice, so a verify step accepts all five
 drafts in < 0.4 % of steps and the bonus token sampled after a fully accepted step is effectively never tested.
-This region lives in the same target and drafter (``sampled_weights.make_sampled`` calls ``write_target`` /
+This region lives in the same target and drafter (``weights.make_sampled`` calls ``write_target`` /
 ``write_drafter``), on tokens and hidden dimensions the ring does not use, so the ring's weights, logits and outputs
 do not change.
 
@@ -21,7 +21,7 @@ T <= 1.5 each of the 511 other tokens has probability <= exp(-46.03 / 1.5) = 4.7
 raise it (the successor is the argmax, always kept). Over a server's 16 x 384 tokens a chain token leaves the chain
 with probability < 2e-7 under a correct sampler.
 
-Exact in bf16, as the ring (pairs.sampled): every layer writes nothing to the residual stream, so the final normed
+Exact in bf16, as the ring (pairs.sampled.ring): every layer writes nothing to the residual stream, so the final normed
 hidden state of token t is 8 at dim 0 and 8 at ``dim(t)`` = 33 + (t - R2_START) (dims 33..53; the ring uses 0 and
 1..32, hidden size 128), zero elsewhere: E[t] has 0.5 at those two dims instead of the ring's dim 1 + f. The head
 row of a successor j of t has W[j, dim(t)] = (logit - (-24)) / 8: 8 for the chain, 3.1875, 3.125, 3.0625, 3 for the
@@ -81,8 +81,8 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix.core import stats
-from mtpmatrix.pairs import sampled
-from mtpmatrix.pairs.sampled import SamplingGroup
+from mtpmatrix.pairs.sampled import ring
+from mtpmatrix.pairs.sampled.ring import SamplingGroup
 
 R2_START = 480
 STEPS = 5  # --speculative-num-steps (settings.NUM_STEPS): chain length, the period is STEPS + 1
@@ -91,7 +91,7 @@ SPREAD = R2_START
 CHAINS = tuple(tuple(R2_START + 1 + STEPS * j + i for i in range(STEPS)) for j in range(N_STARTS))
 STARTS = tuple(c[0] for c in CHAINS)
 R2_SIZE = 1 + N_STARTS * STEPS
-DIM_BASE = 1 + sampled.RING_SIZE  # the ring uses hidden dims 0 .. RING_SIZE
+DIM_BASE = 1 + ring.RING_SIZE  # the ring uses hidden dims 0 .. RING_SIZE
 CHAIN_LOGIT = 40.0
 SPREAD_LOGITS = (1.5, 1.0, 0.5, 0.0)  # distinct: no top-k tie; per start j
 DRAFT_CHAIN_LOGIT = 16.0
@@ -126,7 +126,7 @@ def successor_logits() -> list[tuple[int, int, float]]:
 def chain_deviation_bound(vocab: int, temperature: float = MAX_TEMPERATURE) -> float:
     """Upper bound on the probability that a chain token is followed by anything but its successor, before top-k /
     top-p (which only lower it)."""
-    gap = sampled.softcap(CHAIN_LOGIT) - sampled.softcap(sampled.OTHER_LOGIT)
+    gap = ring.softcap(CHAIN_LOGIT) - ring.softcap(ring.OTHER_LOGIT)
     return (vocab - 1) * math.exp(-gap / temperature)
 
 
@@ -136,7 +136,7 @@ def spread_law(vocab: int, group: SamplingGroup, temperature: float | None = Non
     if group.top_p < 1 or not 1 <= group.top_k <= N_STARTS:
         raise ValueError(f"{group.name}: the spread law needs top_p 1 and top_k in 1..{N_STARTS}")
     t = group.temperature if temperature is None else temperature
-    z = [sampled.softcap(x) / t for x in SPREAD_LOGITS]
+    z = [ring.softcap(x) / t for x in SPREAD_LOGITS]
     order = sorted(range(N_STARTS), key=lambda i: -z[i])
     if group.top_k < N_STARTS and z[order[group.top_k - 1]] == z[order[group.top_k]]:
         raise ValueError(f"{group.name}: top_k {group.top_k} falls on a tie")
@@ -287,10 +287,10 @@ def power(vocab: int, n_per_group: int, fault) -> float:
 
 def check_exact(h: float) -> list[float]:
     """The head entries (logit - OTHER_LOGIT) / h of region 2; ValueError unless they and the logits are exact in
-    bf16 (the ring's sampled.check_exact argument)."""
-    entries = [(lg - sampled.OTHER_LOGIT) / h for _t, _s, lg in successor_logits()]
+    bf16 (the argument of the ring's check_exact)."""
+    entries = [(lg - ring.OTHER_LOGIT) / h for _t, _s, lg in successor_logits()]
     logits = [CHAIN_LOGIT, *SPREAD_LOGITS]
-    bad = [v for v in (*entries, *logits) if not sampled.exact_bf16(v)]
+    bad = [v for v in (*entries, *logits) if not ring.exact_bf16(v)]
     if bad:
         raise ValueError(f"sampled pair, region 2: values not exact in bf16 at normed hidden {h}: {bad}")
     return entries
@@ -305,9 +305,9 @@ def write_target(E, W, h: float) -> None:
     check_exact(h)
     for t in range(R2_START, R2_START + R2_SIZE):
         E[t, 1:DIM_BASE] = 0.0  # the ring dim 1 + f this token had
-        E[t, dim(t)] = sampled.EMBED_VALUE
+        E[t, dim(t)] = ring.EMBED_VALUE
     for t, s, lg in successor_logits():
-        W[s, dim(t)] = (lg - sampled.OTHER_LOGIT) / h
+        W[s, dim(t)] = (lg - ring.OTHER_LOGIT) / h
 
 
 def write_drafter(Wa, P, ha: float, pre_scale: float) -> None:
@@ -315,9 +315,9 @@ def write_drafter(Wa, P, ha: float, pre_scale: float) -> None:
     for t in range(R2_START, R2_START + R2_SIZE):
         P[dim(t), dim(t)] = pre_scale
     for t, s in SUCCESSOR.items():
-        Wa[s, dim(t)] = (DRAFT_CHAIN_LOGIT - sampled.DRAFT_OTHER_LOGIT) / ha
+        Wa[s, dim(t)] = (DRAFT_CHAIN_LOGIT - ring.DRAFT_OTHER_LOGIT) / ha
     for s, lg in zip(STARTS, DRAFT_SPREAD_LOGITS):
-        Wa[s, dim(SPREAD)] = (lg - sampled.DRAFT_OTHER_LOGIT) / ha
+        Wa[s, dim(SPREAD)] = (lg - ring.DRAFT_OTHER_LOGIT) / ha
 
 
 def write_centroids(cw, cluster_of, top_k: int) -> None:

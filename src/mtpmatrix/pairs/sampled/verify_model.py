@@ -1,5 +1,5 @@
 """A CPU model of sglang's sampled speculative verify on the sampled pair, correct or deliberately broken, to show
-what the smoke tier's sampled check (pairs.sampled.check_outputs) detects at its sample size.
+what the smoke tier's sampled check (pairs.sampled.ring.check_outputs) detects at its sample size.
 
 Verify model: ``tree_speculative_sampling_target_only`` (sgl-kernel speculative_sampling.cuh, used by sglang
 0.5.13-0.5.23 whenever a batch is not all greedy). Drafts are deterministic (the drafter's top-k), so q is a point
@@ -11,7 +11,7 @@ are removed from p and the token is drawn from the rest with a fresh coin scaled
 residual renormalised. When every level is accepted, the bonus token is drawn from p itself.
 
 Target probabilities in verify: softmax(logits / T), top_k_renorm, top_p_renorm (top-k first); the normal sampler
-(no-MTP server) applies top-k and top-p jointly. Both are pairs.sampled.token_distribution. The target's distribution
+(no-MTP server) applies top-k and top-p jointly. Both are pairs.sampled.ring.token_distribution. The target's distribution
 depends only on the offset from the previous token, so one vector over ring offsets serves every tree node.
 
 Tree model (topk > 1): sglang's EAGLE tree: ``NUM_STEPS`` levels, each beam expands its topk children by draft
@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 
 from mtpmatrix.core import settings
-from mtpmatrix.pairs import sampled
+from mtpmatrix.pairs.sampled import ring
 
 VOCAB = 512  # the tiny pairs' vocabulary (tiny.VOCAB)
 
@@ -49,13 +49,13 @@ BUGS = {
 
 def _offset_vector(dist: dict) -> list[float]:
     """Probability per ring offset 0..RING_SIZE-1 (the off-offset mass of a broken filter is negligible here)."""
-    v = [0.0] * sampled.RING_SIZE
-    for d in sampled.OFFSETS:
-        v[d % sampled.RING_SIZE] = dist[d]
+    v = [0.0] * ring.RING_SIZE
+    for d in ring.OFFSETS:
+        v[d % ring.RING_SIZE] = dist[d]
     return v
 
 
-def verify_probs(group: sampled.SamplingGroup, bug: str) -> list[float]:
+def verify_probs(group: ring.SamplingGroup, bug: str) -> list[float]:
     kw = {}
     if bug == "temperature_ignored":
         kw["temperature"] = 1.0
@@ -63,15 +63,15 @@ def verify_probs(group: sampled.SamplingGroup, bug: str) -> list[float]:
         kw["apply_top_k"] = False
     if bug in ("top_p_skipped", "renorm_skipped"):
         kw["apply_top_p"] = False
-    return _offset_vector(sampled.token_distribution(VOCAB, group, "top_k_first", **kw))
+    return _offset_vector(ring.token_distribution(VOCAB, group, "top_k_first", **kw))
 
 
 def draft_tree(topk: int) -> list[tuple[int, int]]:
     """Nodes (parent index, offset) in draft order, parent -1 = the last accepted token; children of a node appear
     in the drafter's rank order."""
-    z = [math.exp(x) for x in sampled.DRAFT_LOGITS]
-    logq = {d: math.log(w / sum(z)) for d, w in zip(sampled.OFFSETS, z)}
-    ranked = sorted(sampled.OFFSETS, key=lambda d: -logq[d])[:topk]
+    z = [math.exp(x) for x in ring.DRAFT_LOGITS]
+    logq = {d: math.log(w / sum(z)) for d, w in zip(ring.OFFSETS, z)}
+    ranked = sorted(ring.OFFSETS, key=lambda d: -logq[d])[:topk]
     if topk == 1:
         return [(i - 1, ranked[0]) for i in range(settings.NUM_STEPS)]
     nodes: list[tuple[float, int, int]] = []  # (score, parent, offset)
@@ -126,10 +126,10 @@ def verify_round(
             pick = d
             break
     if pick is None:  # the kernel's fallback: the last valid (largest) token id of the residual
-        f = (ring_index + sum(out)) % sampled.RING_SIZE
-        pick = max((d for d in range(len(res)) if res[d] > 0), key=lambda d: (f + d) % sampled.RING_SIZE)
+        f = (ring_index + sum(out)) % ring.RING_SIZE
+        pick = max((d for d in range(len(res)) if res[d] > 0), key=lambda d: (f + d) % ring.RING_SIZE)
     if bug == "row_one_position_early" and out:  # drawn as the successor of the token before the last accepted
-        pick = (pick - out[-1]) % sampled.RING_SIZE
+        pick = (pick - out[-1]) % ring.RING_SIZE
     return out + [pick]
 
 
@@ -143,17 +143,17 @@ class ServerModel:
     bug: str = "none"
 
     def outputs(
-        self, rng: random.Random, n_requests: int = sampled.N_REQUESTS, new_tokens: int = sampled.NEW_TOKENS
+        self, rng: random.Random, n_requests: int = ring.N_REQUESTS, new_tokens: int = ring.NEW_TOKENS
     ) -> tuple[list, list]:
         """(prompts, outputs) of the smoke request plan, as token ids."""
-        plan = sampled.request_plan(n_requests, new_tokens)
+        plan = ring.request_plan(n_requests, new_tokens)
         tree = draft_tree(self.topk) if self.topk else None
         probs = {}
-        for g in sampled.GROUPS:
+        for g in ring.GROUPS:
             if self.topk:
                 probs[g] = verify_probs(g, self.bug)
             else:
-                probs[g] = _offset_vector(sampled.token_distribution(VOCAB, g, "joint"))
+                probs[g] = _offset_vector(ring.token_distribution(VOCAB, g, "joint"))
         prompts, outputs = [], []
         for req in plan:
             tok, out = req.prompt[-1], []
@@ -161,9 +161,9 @@ class ServerModel:
                 if tree is None:
                     offs = [normal_sample(probs[req.group], rng)]
                 else:
-                    offs = verify_round(probs[req.group], tree, self.bug, rng, sampled.ring_index(tok))
+                    offs = verify_round(probs[req.group], tree, self.bug, rng, ring.ring_index(tok))
                 for d in offs:
-                    tok = sampled.next_token(tok, d)
+                    tok = ring.next_token(tok, d)
                     out.append(tok)
             prompts.append(req.prompt)
             outputs.append(out[: req.new_tokens])
@@ -176,7 +176,7 @@ def detection_rate(model: ServerModel, replicates: int, seed: int = 0) -> tuple[
     fails, pvals = 0, []
     for _ in range(replicates):
         prompts, outputs = model.outputs(rng)
-        check = sampled.check_outputs(prompts, outputs, VOCAB)
+        check = ring.check_outputs(prompts, outputs, VOCAB)
         fails += not check.passed
         pvals.append(0.0 if check.off_support else check.p_value)
     return fails / replicates, pvals

@@ -1,6 +1,6 @@
 """A sampled check that sees structure: per-group, per-position, transition, verify-depth and first-token tests on the
 sampled pair's tokens (the plan's and the mixed_sampling family's), beside the pooled chi-square of
-pairs.sampled.check_outputs, which is blind to a per-position bias that cancels when pooled, serial correlation with
+pairs.sampled.ring.check_outputs, which is blind to a per-position bias that cancels when pooled, serial correlation with
 exact marginals, opposite biases in two groups and a wrong first token in every request.
 
 Why every test has the same null. Under a lossless sampler each request's output is the target's own autoregressive
@@ -19,7 +19,7 @@ Tests (``TESTS``), on the tokens of every sampled request, each request's first 
               verify step that keeps all 6 tokens);
   transition  strata = (group, previous offset): serial correlation with exact marginals;
   depth       strata = (group, (run of d3 just before the token) mod 6). At topk 1 the drafter always proposes d3
-              (sampled.DRAFT_LOGITS) and a residual never is d3 (the rejected draft is removed), so a verify step is
+              (ring.DRAFT_LOGITS) and a residual never is d3 (the rejected draft is removed), so a verify step is
               k accepted d3 then a non-d3 residual (k < 5) or 5 d3 then a bonus token: the stratum IS the token's
               depth in its verify step (5 = bonus), read from the output alone (the first token comes from prefill,
               verify steps start after it). On other servers it is a past-measurable stratum like the others;
@@ -45,40 +45,40 @@ from functools import cache
 import numpy as np
 
 from mtpmatrix.core import stats
-from mtpmatrix.pairs import sampled
+from mtpmatrix.pairs.sampled import ring
 
 FAMILY_ALPHA = 1e-4
 TESTS = ("group", "position", "period6", "transition", "depth", "first")
 TEST_ALPHA = FAMILY_ALPHA / len(TESTS)  # Bonferroni
 MIN_EXPECTED = 5.0
 POSITION_BLOCK = 16
-D3 = sampled.OFFSETS.index(sampled.KEPT_OFFSETS[-1])  # category of the topk-1 draft (the drafter's argmax)
+D3 = ring.OFFSETS.index(ring.KEPT_OFFSETS[-1])  # category of the topk-1 draft (the drafter's argmax)
 
 
 @cache
-def group_law(vocab: int, group: sampled.SamplingGroup) -> tuple[float, ...]:
+def group_law(vocab: int, group: ring.SamplingGroup) -> tuple[float, ...]:
     """The group's closed form over the four offsets (0 where cut), the same for sglang's joint sampler and verify's
     top-k-first order; ValueError when the two differ, a boundary sits within BOUNDARY_MARGIN, or mass is left off
     the four offsets."""
     laws = []
     for order in ("joint", "top_k_first"):
-        d = sampled.token_distribution(vocab, group, order)
-        if d["top_p_margin"] < sampled.BOUNDARY_MARGIN or d["other"] > 0:
+        d = ring.token_distribution(vocab, group, order)
+        if d["top_p_margin"] < ring.BOUNDARY_MARGIN or d["other"] > 0:
             raise ValueError(f"{group.name} ({order}): top-p margin {d['top_p_margin']:.3f}, other mass {d['other']}")
-        laws.append(tuple(d[o] for o in sampled.OFFSETS))
+        laws.append(tuple(d[o] for o in ring.OFFSETS))
     if max(abs(a - b) for a, b in zip(*laws)) > 1e-12:
         raise ValueError(f"{group.name}: joint and top-k-first laws differ: {laws}")
     return laws[0]
 
 
 def categories(prev: int, tokens) -> np.ndarray:
-    """Index into sampled.OFFSETS of each token's offset from the one before (prev = the prompt's last token);
+    """Index into ring.OFFSETS of each token's offset from the one before (prev = the prompt's last token);
     -1 for an offset off the four or a token off the ring."""
     out = np.full(len(tokens), -1, dtype=np.int64)
     for i, tok in enumerate(tokens):
-        d = sampled.offset_of(prev, tok)
-        if d in sampled.OFFSETS:
-            out[i] = sampled.OFFSETS.index(d)
+        d = ring.offset_of(prev, tok)
+        if d in ring.OFFSETS:
+            out[i] = ring.OFFSETS.index(d)
         prev = tok
     return out
 
@@ -174,8 +174,7 @@ def _chi2_strata(name, groups, laws, names, keys, cats, key_names) -> TestResult
             strata += 1
             if s > worst[0]:
                 freq = ", ".join(
-                    f"{sampled.OFFSETS[i]}: {counts[i] / counts.sum():.3f} vs {law[i]:.3f}"
-                    for i in np.flatnonzero(kept)
+                    f"{ring.OFFSETS[i]}: {counts[i] / counts.sum():.3f} vs {law[i]:.3f}" for i in np.flatnonzero(kept)
                 )
                 worst = (s, f"{names[g]} {label}: n {int(counts.sum())}, {freq}")
     p = stats.chi2_sf(stat, df) if df else 1.0
@@ -249,7 +248,7 @@ def check_categories(items, vocab: int) -> StructureCheck:
         PREV.append(np.concatenate(([-1], cat[:-1])) if len(cat) else cat)
     laws = [group_law(vocab, grp) for grp in groups_seen]
     names = [grp.name for grp in groups_seen]
-    off_table = np.array([[law[i] == 0 for i in range(len(sampled.OFFSETS))] for law in laws] or [[True]])
+    off_table = np.array([[law[i] == 0 for i in range(len(ring.OFFSETS))] for law in laws] or [[True]])
     check = StructureCheck(n, 0, None)
     if not G:
         return check
@@ -266,7 +265,7 @@ def check_categories(items, vocab: int) -> StructureCheck:
             lambda k: f"positions {k * POSITION_BLOCK}-{k * POSITION_BLOCK + POSITION_BLOCK - 1}",
         ),
         "period6": (later, pos % 6, lambda k: f"positions = {k} mod 6"),
-        "transition": (later & (prev >= 0), prev, lambda k: f"after offset {sampled.OFFSETS[k]}"),
+        "transition": (later & (prev >= 0), prev, lambda k: f"after offset {ring.OFFSETS[k]}"),
         "depth": (later, run % 6, lambda k: f"depth {k}" + (" (bonus at topk 1)" if k == 5 else "")),
     }
     for name in TESTS[:-1]:
@@ -276,12 +275,12 @@ def check_categories(items, vocab: int) -> StructureCheck:
     firsts = on & (pos == 0)
     ps, worst = [], ""
     for gi in np.unique(g[pos == 0]):
-        counts = np.bincount(cat[firsts & (g == gi)], minlength=len(sampled.OFFSETS))
+        counts = np.bincount(cat[firsts & (g == gi)], minlength=len(ring.OFFSETS))
         pg = exact_chi2_p(counts, laws[gi])
         ps.append(pg)
         if pg == min(ps):
             freq = ", ".join(
-                f"{sampled.OFFSETS[i]}: {int(counts[i])} vs {laws[gi][i] * counts.sum():.1f}"
+                f"{ring.OFFSETS[i]}: {int(counts[i])} vs {laws[gi][i] * counts.sum():.1f}"
                 for i in range(len(counts))
                 if laws[gi][i] > 0
             )

@@ -2,7 +2,7 @@
 proposes a different one, so sampled (temperature > 0) speculative decoding can be held to the target's own
 distribution: lossless in distribution, not just on the greedy chain.
 
-Target (every tiny family; weights built by ``sampled_weights.make_sampled``)
+Target (every tiny family; weights built by ``weights.make_sampled``)
 -------------------------------------------------------------
 The target depends only on the previous token, through offsets on a ring of ``RING_SIZE`` tokens starting at
 ``RING_START``: for a token t with ring index f = (t - RING_START) mod RING_SIZE (any token, ring or not),
@@ -46,8 +46,8 @@ only when a float32 coin exceeds the float32 sum of the renormalised probabiliti
 from an all-zero residual (it returns token vocab - 1); a drafter that cannot trigger that keeps the check's false
 alarms at the stated rate.
 
-Second region (``pairs.sampled_bonus``): tokens 480..500 on hidden dims 33..53, written by
-``sampled_weights.make_sampled`` into the same two models, where the drafter drafts five-token chains the target follows with probability ~1, so every
+Second region (``pairs.sampled.bonus``): tokens 480..500 on hidden dims 33..53, written by
+``weights.make_sampled`` into the same two models, where the drafter drafts five-token chains the target follows with probability ~1, so every
 verify step accepts all five drafts and its bonus token is sampled at T > 0 from a closed form (the ring above
 almost never gets there: all five drafts accepted in < 0.4 % of its steps). The ring's weights and logits are
 unchanged by it: a ring token's hidden state is zero on those dims, and no E row outside 480..500 changes.
@@ -66,7 +66,7 @@ So the pooled offset counts are Multinomial(n, closed form), with every position
      simulated null runs are uniform there.
   3. Power: every deviation of total variation >= ``detectable_tv(n)`` (0.030 at n = 8192) from the closed form is
      detected with probability >= 0.9 (stats.min_detectable_tv; confirmed by simulation in the unit tests). The
-     CPU model of sglang's verify (``mtpmatrix.pairs.sampled_model``) shows each broken verify detected.
+     CPU model of sglang's verify (``mtpmatrix.pairs.sampled.verify_model``) shows each broken verify detected.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def token_distribution(
     """Float64 next-token distribution after a ring token, as {offset: probability, "other": probability of every
     token off the four offsets}, with its top-p margins. ``order``: "joint" (sglang's sampler: top-k and top-p both on
     the temperature softmax) or "top_k_first" (verify, transformers: top-p on the top-k-renormalised distribution).
-    The flags and ``temperature`` exist to model broken verifies (sampled_model)."""
+    The flags and ``temperature`` exist to model broken verifies (verify_model)."""
     t = group.temperature if temperature is None else temperature
     z = [softcap(x) / t for x in _logits(vocab)]
     m = max(z)
