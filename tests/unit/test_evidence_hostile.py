@@ -307,7 +307,7 @@ def checkout(tmp_path) -> Path:
     """A git checkout of this tree's suite, runner and rows, committed: the judging checkout of the cases below."""
     repo = tmp_path / "checkout"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("src", "tests/tiers", "constraints"):
+    for folder in ("src", SUITE, "constraints"):
         shutil.copytree(REPO / folder, repo / folder, ignore=ignore)
     for f in ("tests/conftest.py", "pyproject.toml"):
         shutil.copy2(REPO / f, repo / f)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.core.kinds import KINDS
+from mtpmatrix.core.paths import SUITE
 from mtpmatrix.core.schema import TIERS
 
 pytest_plugins = ["pytester"]
@@ -17,7 +18,7 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("folder", ["tests/tiers", "tests/unit"])
+@pytest.mark.parametrize("folder", [SUITE, "tests/unit"])
 def test_suite_collects_with_strict_markers(folder):
     """Each folder on its own, as the runner and `nox -s unit` collect them (their test_smoke.py share a name)."""
     done = subprocess.run(

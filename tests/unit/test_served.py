@@ -19,6 +19,7 @@ import pytest
 from fake_sglang import FakeSglang, gsm8k_responder, server_info
 
 from mtpmatrix.core import schema
+from mtpmatrix.core.paths import SUITE
 from mtpmatrix.core.rows import RowError
 from mtpmatrix.runner import matrix
 from mtpmatrix.serving import served
@@ -135,7 +136,7 @@ def _pytest(tmp_path, *args, env=None):
             sys.executable,
             "-m",
             "pytest",
-            "tests/tiers",
+            SUITE,
             "-p",
             "no:cacheprovider",
             "-q",
