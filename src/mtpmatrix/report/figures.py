@@ -23,7 +23,7 @@ import io
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mtpmatrix.core import schema, settings
 from mtpmatrix.core.record_types import RowSummary, Summary
@@ -237,7 +237,8 @@ def draw(figures: list[dict[str, Any]]) -> str | None:
     }
     drawers = {"accept": _draw_accept, "gsm8k": _draw_gsm8k, "decoy": _draw_decoy, "launch": _draw_launch}
     drawers["baseline"] = _draw_baseline
-    with matplotlib.rc_context(style):
+    # matplotlib types rc keys as a Literal of every setting; a dict of some of them is what rc_context reads
+    with matplotlib.rc_context(cast(Any, style)):
         for f in figures:
             if "points" not in f:
                 continue
