@@ -166,7 +166,7 @@ def test_import_refuses_a_gpu_count_that_is_not_a_whole_number(tmp_path, gpus):
     data = h200_record()
     data["gpus"] = gpus
     out = write_box(tmp_path / "box", data)
-    with pytest.raises(importer.ImportError_, match="'gpus' is .* not a whole number"):
+    with pytest.raises(importer.ImportInputError, match="'gpus' is .* not a whole number"):
         importer.import_run(out, ROW, results=tmp_path / "results", run_id="r")
     assert not (tmp_path / "results" / "r" / ROW).exists()
 

@@ -15,7 +15,7 @@ Only evidence bound to its run is filed: gpu_box.sh gives each run a fresh ``inv
 hands it to pytest as MTPMATRIX_INVOCATION_ID, which the plugin records in tiers.json's ``selection.knobs``. A
 tiers.json without that id, or with another, is an earlier run's (pytest wrote none this time: a usage error, a kill,
 an OOM) and is refused, as is an output without junit.xml or pytest.log, one from before invocation ids, and a
-tiers.json that is not the plugin's shape: each in one line (ImportError_), nothing written.
+tiers.json that is not the plugin's shape: each in one line (ImportInputError), nothing written.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ STAGE_PREFIX = ".import-"  # a row being assembled: .import-<row>-<pid> (hidden:
 IMPORTED = "imported"  # install verdict of an imported row: the box's own environment, not installed by the matrix
 
 
-class ImportError_(ValueError):
+class ImportInputError(ValueError):
     """Bad input for the import (no tiers.json, evidence of another run, unknown row, row already in the run); one
     line."""
 
@@ -59,15 +59,15 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _read_json(path: Path):
-    """A JSON file of the box; ImportError_ (one line) when it is not UTF-8 JSON."""
+    """A JSON file of the box; ImportInputError (one line) when it is not UTF-8 JSON."""
     if path.is_symlink():
-        raise ImportError_(f"{path}: a link (import reads only OUT's own files, never what a link points at)")
+        raise ImportInputError(f"{path}: a link (import reads only OUT's own files, never what a link points at)")
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ImportError_(f"{path}: unreadable ({_one_line(exc)})") from None
+        raise ImportInputError(f"{path}: unreadable ({_one_line(exc)})") from None
     except RecursionError:
-        raise ImportError_(f"{path}: unreadable (JSON nested too deeply)") from None
+        raise ImportInputError(f"{path}: unreadable (JSON nested too deeply)") from None
 
 
 def _not_an_object(value) -> bool:
@@ -135,7 +135,7 @@ def _extract_logs(tgz: Path, dest: Path) -> list[str]:
                     shutil.copyfileobj(src, fh)
                 kept.append(rel)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ImportError_(f"{tgz}: unreadable ({type(exc).__name__}: {exc})") from None
+        raise ImportInputError(f"{tgz}: unreadable ({type(exc).__name__}: {exc})") from None
     return kept
 
 
@@ -185,16 +185,16 @@ def _invocation(out: Path) -> dict:
     f = out / schema.INVOCATION_FILE
     data = _read_json(f) if f.is_file() else {}
     if not isinstance(data, dict):
-        raise ImportError_(f"{f}: not an object (a JSON {type(data).__name__})")
+        raise ImportInputError(f"{f}: not an object (a JSON {type(data).__name__})")
     invocation_id = data.get("invocation_id")
     if not isinstance(invocation_id, str) or not invocation_id:
-        raise ImportError_(
+        raise ImportInputError(
             f"{out}: the box output predates verified invocations (no invocation_id in its "
             f"{schema.INVOCATION_FILE}, so nothing shows its {schema.TIERS_FILE} is this run's): re-run "
             "it with the current tools/gpu_box.sh"
         )
     if _not_an_object(data.get("knobs")) or _not_strings(data.get("pytest_args")):
-        raise ImportError_(
+        raise ImportInputError(
             f"{f}: not gpu_box.sh's (its 'knobs' must be an object, its 'pytest_args' a list of strings)"
         )
     patch = data.get("patch")
@@ -205,21 +205,21 @@ def _invocation(out: Path) -> dict:
         and not _not_strings(patch.get("files"))
         and isinstance(patch.get("draft_phase"), (int, type(None)))
     ):
-        raise ImportError_(f"{f}: its 'patch' is not gpu_box.sh's (sha256, files, draft_phase)")
+        raise ImportInputError(f"{f}: its 'patch' is not gpu_box.sh's (sha256, files, draft_phase)")
     return data
 
 
 def candidate_of(out: Path, invocation: dict, data: dict, row_id: str, logs: list[Path]) -> dict | None:
     """row.json's ``candidate`` of a box run with ``PATCH=FILE`` (invocation.json's ``patch``), once its suite is
     shown to have run with that patch served: tiers.json records the same sha256 (the hook checks the file against
-    it) and no log of the run (``logs``) says the hook did NOT apply it. None without a patch; ImportError_
+    it) and no log of the run (``logs``) says the hook did NOT apply it. None without a patch; ImportInputError
     otherwise."""
     patch = invocation.get("patch")
     if patch is None:
         return None
     ran = ((data.get("selection") or {}).get("knobs") or {}).get(schema.PATCH_SHA256_ENV)
     if ran != patch["sha256"]:
-        raise ImportError_(
+        raise ImportInputError(
             f"{out}: {schema.INVOCATION_FILE} names patch {patch['sha256'][:12]}, its suite ran with "
             f"{schema.PATCH_SHA256_ENV}={str(ran)[:12]}"
         )
@@ -227,7 +227,7 @@ def candidate_of(out: Path, invocation: dict, data: dict, row_id: str, logs: lis
         text = f.read_text(errors="replace") if f.is_file() else ""
         bad = next((ln for ln in text.splitlines() if PATCH_MARK in ln and "NOT applied" in ln), None)
         if bad:
-            raise ImportError_(f"{out}: the patch was not served ({f.name}: {bad.strip()[:160]})")
+            raise ImportInputError(f"{out}: the patch was not served ({f.name}: {bad.strip()[:160]})")
     return {
         "kind": "patch",
         "path": patch.get("path"),
@@ -240,30 +240,30 @@ def candidate_of(out: Path, invocation: dict, data: dict, row_id: str, logs: lis
 
 def verified_evidence(out: Path) -> tuple[dict, dict]:
     """(tiers.json, invocation.json) of gpu_box.sh's ``out``, once they are shown to be one run's: every file a run
-    writes is there, tiers.json has the plugin's shape and carries the invocation's id. ImportError_ (one line)
+    writes is there, tiers.json has the plugin's shape and carries the invocation's id. ImportInputError (one line)
     otherwise. A file of OUT that is a link is refused: the import copies what OUT holds, never what a link points
     at elsewhere on the box."""
     for name in (*REQUIRED_FILES, *OUT_FILES, LOGS_TGZ):
         if (out / name).is_symlink():
-            raise ImportError_(
+            raise ImportInputError(
                 f"{out / name}: a link (to {os.readlink(out / name)}); import copies only OUT's own files"
             )
     for name in REQUIRED_FILES:
         if not (out / name).is_file():
-            raise ImportError_(
+            raise ImportInputError(
                 f"{out}: no {name} (expected a tools/gpu_box.sh output folder whose pytest ran to its end)"
             )
     tiers_file = out / schema.TIERS_FILE
     data = _read_json(tiers_file)
     why = shape_error(data)
     if why:
-        raise ImportError_(f"{tiers_file}: {why}")
+        raise ImportInputError(f"{tiers_file}: {why}")
     invocation = _invocation(out)
     expected_id = invocation["invocation_id"]
     recorded = ((data.get("selection") or {}).get("knobs") or {}).get(INVOCATION_KNOB)
     if recorded != expected_id:
         got = f"its {INVOCATION_KNOB} is {recorded!r}" if recorded is not None else f"it records no {INVOCATION_KNOB}"
-        raise ImportError_(
+        raise ImportInputError(
             f"{out}: {schema.TIERS_FILE} is not from this invocation ({got}; "
             f"{schema.INVOCATION_FILE} says {expected_id!r}): another run's (did this run's pytest "
             "write none? see pytest.log)"
@@ -319,7 +319,7 @@ def import_run(
     try:
         issues = known_upstream.load()
     except ValueError as exc:  # this checkout's list is at fault, not the box's tiers.json
-        raise ImportError_(f"the known upstream list: {_one_line(exc)}") from None
+        raise ImportInputError(f"the known upstream list: {_one_line(exc)}") from None
     target = import_target(row_id, invocation, results, run_id, constraints)
     stage = fresh_stage(target)
     try:
@@ -327,12 +327,12 @@ def import_run(
         try:
             os.rename(stage, target.dest)  # one step: the row appears whole or not at all
         except OSError as exc:  # another import of the row finished first
-            raise ImportError_(
+            raise ImportInputError(
                 f"{target.dest} already exists: import into another --run-id ({_one_line(exc)})"
             ) from None
     except OSError as exc:  # a disk that fills or a file that cannot be read: nothing filed, one line
         shutil.rmtree(stage, ignore_errors=True)
-        raise ImportError_(f"{target.dest}: could not assemble the row ({_one_line(exc)})") from None
+        raise ImportInputError(f"{target.dest}: could not assemble the row ({_one_line(exc)})") from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -341,26 +341,26 @@ def import_run(
 
 def import_target(row_id: str, invocation: dict, results: Path, run_id: str | None, constraints: Path | None) -> Target:
     """The row (a known one; a candidate's filed under its own id, runner/candidate.py) and the run it goes into,
-    where it is not yet; ImportError_ (one line) otherwise."""
+    where it is not yet; ImportInputError (one line) otherwise."""
     try:
         rows = {r.id: r for r in load_rows(constraints or CONSTRAINTS_DIR)}
     except RowError as exc:
-        raise ImportError_(str(exc)) from None
+        raise ImportInputError(str(exc)) from None
     if row_id not in rows:
-        raise ImportError_(f"--row {row_id!r} is not a row; known: {', '.join(rows)}")
+        raise ImportInputError(f"--row {row_id!r} is not a row; known: {', '.join(rows)}")
     base_id = row_id
     if invocation.get("patch"):  # a candidate: filed under its own id (runner/candidate.py)
         row_id = f"{base_id}+patch-{invocation['patch']['sha256'][:7]}"
     try:
         run_id = new_run_id() if run_id is None else single_name(run_id, "--run-id")
     except NameError_ as exc:  # a path would file the row outside the results root
-        raise ImportError_(str(exc)) from None
+        raise ImportInputError(str(exc)) from None
     run_dir = Path(results) / run_id
     if run_dir.is_symlink():
-        raise ImportError_(f"{run_dir}: a link; import files rows only into the results root's own folders")
+        raise ImportInputError(f"{run_dir}: a link; import files rows only into the results root's own folders")
     target = Target(rows[base_id], row_id, run_id, run_dir)
     if target.dest.exists():
-        raise ImportError_(f"{target.dest} already exists: import into another --run-id")
+        raise ImportInputError(f"{target.dest} already exists: import into another --run-id")
     return target
 
 
@@ -392,7 +392,7 @@ def assemble(stage: Path, out: Path, data: dict, invocation: dict, issues: list,
     try:
         tiers = expected.judge_tiers(rewrite_metrics(data["tiers"], kept), data.get("selection"), versions, issues)
     except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a shape shape_error does not look at
-        raise ImportError_(
+        raise ImportInputError(
             f"{out / schema.TIERS_FILE}: not a tiers.json of the mtpmatrix pytest plugin "
             f"({type(exc).__name__}: {_one_line(exc)})"
         ) from None
@@ -476,7 +476,7 @@ def run(ns: argparse.Namespace) -> int:
 
     try:
         dest, record = import_run(ns.out, ns.row, results=ns.results, run_id=ns.run_id)
-    except ImportError_ as exc:  # one line, whatever a path in it holds
+    except ImportInputError as exc:  # one line, whatever a path in it holds
         print("error: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return 2
     for m in pin_mismatches(record):
