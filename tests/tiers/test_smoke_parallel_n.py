@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import surface_family  # tests/tiers/surface_family.py: what these family checks share
 
 from mtpmatrix.core import smoke_servers
-from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.serving.runs import replay_run
-from mtpmatrix.tiers.surface import answered, parallel_n
+from mtpmatrix.tiers.surface import parallel_n
 
 pytestmark = pytest.mark.smoke
 
@@ -16,39 +15,22 @@ WITNESS = [s for s in SPECS if parallel_n.requests(s, 512)]
 WITNESS_MTP = [s for s in WITNESS if s.topk]
 
 
-def _fail(problems: list[str], n: int) -> None:
-    if problems:
-        raise CheckFailure("mismatch", f"{len(problems)} problem(s) over {n} parallel_n requests; first: {problems[0]}")
-
-
-def _reference(smoke_runs, record_property):
-    if parallel_n.REFERENCE_SERVER not in smoke_runs:
-        pytest.skip(f"{parallel_n.REFERENCE_SERVER} not selected (MTPMATRIX_SMOKE_SERVERS)")
-    run = replay_run(smoke_runs[parallel_n.REFERENCE_SERVER], record_property)
-    return run.exchanges(parallel_n.NAME)
-
-
-def _exchanges(smoke_runs, name, record_property):
-    run = replay_run(smoke_runs[name], record_property)
-    return run, answered(run, parallel_n.NAME, len(parallel_n.requests(run.spec, run.vocab_size)))
-
-
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_parallel_n_as_predicted(smoke_runs, name, record_property):
     """Each n > 1 request answers n samples, each the greedy +1 chain with completion_tokens as asked."""
-    run, exchanges = _exchanges(smoke_runs, name, record_property)
+    run, exchanges = surface_family.exchanges(parallel_n, smoke_runs, name, record_property)
     problems = [p for x in exchanges for p in parallel_n.own_problems(x, run.vocab_size)]
     record_property("problems", problems[:20])
-    _fail(problems, len(exchanges))
+    surface_family.fail(parallel_n, problems, len(exchanges))
 
 
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS_MTP])
 def test_parallel_n_match_no_mtp(smoke_runs, name, record_property):
     """Every sample of each n > 1 request on an MTP witness server equals the witness without MTP's."""
-    reference = _reference(smoke_runs, record_property)
-    _run, exchanges = _exchanges(smoke_runs, name, record_property)
+    reference = surface_family.reference(parallel_n, smoke_runs, record_property)
+    _run, exchanges = surface_family.exchanges(parallel_n, smoke_runs, name, record_property)
     problems = parallel_n.against_reference(exchanges, reference)
     record_property("problems", problems[:20])
-    _fail(problems, len(exchanges))
+    surface_family.fail(parallel_n, problems, len(exchanges))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import surface_family  # tests/tiers/surface_family.py: what these family checks share
 
 from mtpmatrix.core import smoke_servers
-from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.serving.runs import replay_run
-from mtpmatrix.tiers.surface import answered, streaming
+from mtpmatrix.tiers.surface import streaming
 
 pytestmark = pytest.mark.smoke
 
@@ -16,39 +15,22 @@ WITNESS = [s for s in SPECS if streaming.requests(s, 512)]
 WITNESS_MTP = [s for s in WITNESS if s.topk]
 
 
-def _fail(problems: list[str], n: int) -> None:
-    if problems:
-        raise CheckFailure("mismatch", f"{len(problems)} problem(s) over {n} streaming requests; first: {problems[0]}")
-
-
-def _reference(smoke_runs, record_property):
-    if streaming.REFERENCE_SERVER not in smoke_runs:
-        pytest.skip(f"{streaming.REFERENCE_SERVER} not selected (MTPMATRIX_SMOKE_SERVERS)")
-    run = replay_run(smoke_runs[streaming.REFERENCE_SERVER], record_property)
-    return run.exchanges(streaming.NAME)
-
-
-def _exchanges(smoke_runs, name, record_property):
-    run = replay_run(smoke_runs[name], record_property)
-    return run, answered(run, streaming.NAME, len(streaming.requests(run.spec, run.vocab_size)))
-
-
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_streaming_as_predicted(smoke_runs, name, record_property):
     """On every witness server: /generate streamed events extend each other and end at the plain answer (ids, text, completion_tokens, every spec_* field); /v1/completions text (streamed deltas joined, and not) equals /generate's text with usage.completion_tokens equal; /v1/chat/completions streamed deltas equal the unstreamed content, usage equal."""
-    run, exchanges = _exchanges(smoke_runs, name, record_property)
+    run, exchanges = surface_family.exchanges(streaming, smoke_runs, name, record_property)
     problems = streaming.own_problems(exchanges)
     record_property("problems", problems[:20])
-    _fail(problems, len(exchanges))
+    surface_family.fail(streaming, problems, len(exchanges))
 
 
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS_MTP])
 def test_streaming_match_no_mtp(smoke_runs, name, record_property):
     """Every streaming and OpenAI answer on an MTP witness server equals the witness without MTP's (text and ids)."""
-    reference = _reference(smoke_runs, record_property)
-    _run, exchanges = _exchanges(smoke_runs, name, record_property)
+    reference = surface_family.reference(streaming, smoke_runs, record_property)
+    _run, exchanges = surface_family.exchanges(streaming, smoke_runs, name, record_property)
     problems = streaming.against_reference(exchanges, reference)
     record_property("problems", problems[:20])
-    _fail(problems, len(exchanges))
+    surface_family.fail(streaming, problems, len(exchanges))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import surface_family  # tests/tiers/surface_family.py: what these family checks share
 
 from mtpmatrix.core import smoke_servers
-from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.serving.runs import replay_run
-from mtpmatrix.tiers.surface import answered, token_ids_logprob
+from mtpmatrix.tiers.surface import token_ids_logprob
 
 pytestmark = pytest.mark.smoke
 
@@ -16,41 +15,22 @@ WITNESS = [s for s in SPECS if token_ids_logprob.requests(s, 512)]
 WITNESS_MTP = [s for s in WITNESS if s.topk]
 
 
-def _fail(problems: list[str], n: int) -> None:
-    if problems:
-        raise CheckFailure(
-            "mismatch", f"{len(problems)} problem(s) over {n} token_ids_logprob requests; first: {problems[0]}"
-        )
-
-
-def _reference(smoke_runs, record_property):
-    if token_ids_logprob.REFERENCE_SERVER not in smoke_runs:
-        pytest.skip(f"{token_ids_logprob.REFERENCE_SERVER} not selected (MTPMATRIX_SMOKE_SERVERS)")
-    run = replay_run(smoke_runs[token_ids_logprob.REFERENCE_SERVER], record_property)
-    return run.exchanges(token_ids_logprob.NAME)
-
-
-def _exchanges(smoke_runs, name, record_property):
-    run = replay_run(smoke_runs[name], record_property)
-    return run, answered(run, token_ids_logprob.NAME, len(token_ids_logprob.requests(run.spec, run.vocab_size)))
-
-
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_token_ids_logprob_as_predicted(smoke_runs, name, record_property):
     """Each token_ids_logprob request (beside a top-logprob and a plain request): one entry per output position listing exactly the asked ids; the asked id that is the output there at >= logprobs.OWN_FLOOR, every other asked id <= -logprobs.GAP; requests that did not ask get none."""
-    run, exchanges = _exchanges(smoke_runs, name, record_property)
+    run, exchanges = surface_family.exchanges(token_ids_logprob, smoke_runs, name, record_property)
     problems = [p for x in exchanges for p in token_ids_logprob.own_problems(x)]
     record_property("problems", problems[:20])
-    _fail(problems, len(exchanges))
+    surface_family.fail(token_ids_logprob, problems, len(exchanges))
 
 
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS_MTP])
 def test_token_ids_logprob_match_no_mtp(smoke_runs, name, record_property):
     """Each asked id's logprob at each position on an MTP witness server within logprobs.TOLERANCE_NATS (0.656, bf16 bound derived in surface/logprobs.py) of the witness without MTP."""
-    reference = _reference(smoke_runs, record_property)
-    _run, exchanges = _exchanges(smoke_runs, name, record_property)
+    reference = surface_family.reference(token_ids_logprob, smoke_runs, record_property)
+    _run, exchanges = surface_family.exchanges(token_ids_logprob, smoke_runs, name, record_property)
     problems = token_ids_logprob.against_reference(exchanges, reference)
     record_property("problems", problems[:20])
-    _fail(problems, len(exchanges))
+    surface_family.fail(token_ids_logprob, problems, len(exchanges))
