@@ -106,6 +106,16 @@ def collate(labelled: list[tuple[str, str, dict]], results: list) -> dict[str, l
     return out
 
 
+def both_answered(exchanges: list[Exchange], reference: list[Exchange]):
+    """(exchange, the reference's exchange of the same label) wherever both answered: what an MTP-equals-no-MTP check
+    compares (a failed request is the family's own checks' finding, an unsent reference the skip's)."""
+    ref = {x.label: x for x in reference}
+    for x in exchanges:
+        r = ref.get(x.label)
+        if not x.error and r is not None and not r.error:
+            yield x, r
+
+
 def answered(run, family: str, planned: int) -> list[Exchange]:
     """The family's exchanges on ``run``, every planned request answered: "harness" when the tier collected another
     number than it planned, "crash" (with the first failed request's parameters) when a request failed."""

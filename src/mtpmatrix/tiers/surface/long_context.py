@@ -34,6 +34,7 @@ from mtpmatrix.core.smoke_servers import LONG_CONTEXT_LEN, page_size
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.serving.abort import AbortMidBatch
 from mtpmatrix.serving.client import Call
+from mtpmatrix.tiers.surface import both_answered
 
 NAME = "long_context"
 PAIR = "long-witness-sglang-phase"
@@ -222,11 +223,9 @@ def abort_problems(x, want: int) -> list[str]:
 def against_reference(exchanges, reference) -> list[str]:
     """MTP output equals the no-MTP twin's: token for token where both ran (an MTP server stops earlier, by its
     reserved slots), exactly for the prefix pair and the abort's neighbours."""
-    ref = {x.label: x for x in reference}
     out = []
-    for x in exchanges:
-        r = ref.get(x.label)
-        if x.error or r is None or r.error or x.label == "over-limit":
+    for x, r in both_answered(exchanges, reference):
+        if x.label == "over-limit":
             continue
         if x.label == "abort":
             mine = [o.get("output_ids") or [] for o in (x.response.get("outputs") or [])[:-1]]

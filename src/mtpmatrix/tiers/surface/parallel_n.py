@@ -12,6 +12,7 @@ test/srt/openai_server/features/test_openai_server_hidden_states.py); here n > 1
 from __future__ import annotations
 
 from mtpmatrix.serving.client import Call
+from mtpmatrix.tiers.surface import both_answered
 from mtpmatrix.tiers.surface.logprobs import chain_prompt
 
 NAME = "parallel_n"
@@ -57,12 +58,8 @@ def own_problems(ex, vocab: int) -> list[str]:
 
 
 def against_reference(exchanges, reference) -> list[str]:
-    ref = {x.label: x for x in reference}
     out = []
-    for x in exchanges:
-        r = ref.get(x.label)
-        if x.error or r is None or r.error:
-            continue
+    for x, r in both_answered(exchanges, reference):
         mine = [s.get("output_ids") for s in samples(x)]
         theirs = [s.get("output_ids") for s in samples(r)]
         if mine != theirs:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from mtpmatrix.serving.client import Call
 from mtpmatrix.serving.environment import by_release, version_of
+from mtpmatrix.tiers.compat.meta_fields import CORE_FIELDS
+from mtpmatrix.tiers.surface import both_answered
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST
 
 NAME = "streaming"
@@ -39,14 +41,7 @@ CHAT = [{"role": "user", "content": "Count on from here: abc"}]
 SPEC_TOKENS_DETAILS = ((">=0.5.23", True),)  # releases whose OpenAI answers carry sglext.spec_tokens_details
 # the fields compared with /generate's meta_info (SpecTokensDetails fills an absent one with 0: only those the
 # plain answer has count)
-SPEC_FIELDS = (
-    "spec_verify_ct",
-    "spec_accept_length",
-    "spec_accept_rate",
-    "spec_num_correct_drafts",
-    "spec_num_proposed_drafts",
-    "spec_correct_drafts_histogram",
-)
+SPEC_FIELDS = CORE_FIELDS  # the speculative meta_info fields every release names alike (compat.meta_fields)
 
 
 def has_spec_details(version: str | None = None) -> bool:
@@ -195,12 +190,8 @@ def own_problems(exchanges, release_has_spec_details: bool | None = None) -> lis
 
 def against_reference(exchanges, reference) -> list[str]:
     """Texts and ids against the no-MTP server's answers of the same labels."""
-    ref = {x.label: x for x in reference}
     out = []
-    for x in exchanges:
-        r = ref.get(x.label)
-        if x.error or r is None or r.error:
-            continue
+    for x, r in both_answered(exchanges, reference):
         mine = openai_text(x) if x.label.startswith(("completions", "chat")) else x.response.get("text")
         theirs = openai_text(r) if x.label.startswith(("completions", "chat")) else r.response.get("text")
         if mine != theirs or x.output_ids != r.output_ids:

@@ -13,6 +13,7 @@ has exactly one asked id at the peak or none, predicted; values equal no-MTP's w
 
 from __future__ import annotations
 
+from mtpmatrix.tiers.surface import both_answered
 from mtpmatrix.tiers.surface.logprobs import GAP, OWN_FLOOR, TOLERANCE_NATS, chain_prompt, position_label
 
 NAME = "token_ids_logprob"
@@ -100,11 +101,9 @@ def own_problems(ex) -> list[str]:
 
 
 def against_reference(exchanges, reference) -> list[str]:
-    ref = {x.label: x for x in reference}
     out = []
-    for ex in exchanges:
-        r = ref.get(ex.label)
-        if ex.error or not ex.payload.get("token_ids_logprob") or r is None or r.error:
+    for ex, r in both_answered(exchanges, reference):
+        if not ex.payload.get("token_ids_logprob"):
             continue
         for k, (a, b) in enumerate(zip(entries(ex), entries(r))):
             worst = max((abs(x[0] - y[0]), x[1]) for x, y in zip(a, b)) if a and b else (0.0, None)
