@@ -19,7 +19,7 @@ from mtpmatrix.core.atomic import atomic_write_json
 from mtpmatrix.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
 from mtpmatrix.serving import launch_plan
 from mtpmatrix.serving.environment import gpu_free_mib, gpu_missing
-from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers import smoke, smoke_collect
 
 
 @pytest.fixture(scope="session")
@@ -85,13 +85,12 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
     parallel = launch_plan.launch_parallelism(
         len(jobs), gpu_free_mib(), options.parallel, launch_plan.mem_fraction(options.extra_args)
     )
-    runs = smoke.collect_all(
+    runs = smoke_collect.collect_all(
         jobs,
-        log_dir=mtp_results_dir,
-        tp=options.tp,
+        smoke_collect.ServerOptions(
+            log_dir=mtp_results_dir, tp=options.tp, extra_args=options.extra_args, progress=mtp_progress
+        ),
         parallel=parallel,
-        extra_args=options.extra_args,
-        progress=mtp_progress,
     )
     # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs
     budget = launch_plan.launch_budget(runs, parallel, time.monotonic() - t0)

@@ -10,7 +10,7 @@ import pytest
 from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving import client, launch_plan
-from mtpmatrix.tiers import smoke
+from mtpmatrix.tiers import smoke, smoke_collect
 from mtpmatrix.tiers.compat import meta_fields
 
 # Verbatim from the H200 server logs of 2026-11-30 (docs/runs/).
@@ -99,16 +99,12 @@ FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 
 
 def _collect_on_fake(tmp_path, spec, *fake_args):
-    """smoke.collect of ``spec`` against the fake server (tests/unit/fake_sglang.py with ``fake_args``)."""
+    """smoke_collect.collect of ``spec`` against the fake server (tests/unit/fake_sglang.py with ``fake_args``)."""
     import sys
 
-    return smoke.collect(
-        spec,
-        tmp_path / "target",
-        tmp_path / "assistant",
-        vocab_size=512,
-        log_dir=tmp_path,
-        launcher=[sys.executable, FAKE, *fake_args],
+    return smoke_collect.collect(
+        smoke.SmokeJob(spec, tmp_path / "target", tmp_path / "assistant", vocab_size=512),
+        smoke_collect.ServerOptions(log_dir=tmp_path, launcher=[sys.executable, FAKE, *fake_args]),
     )
 
 
@@ -249,7 +245,8 @@ def test_collect_all_side_by_side(tmp_path):
     # each stub binds its port only once all three stubs run at once (a rendezvous): launched in turn, the first
     # would wait alone and exit 1 ("rendezvous: ..."), failing its run
     side_by_side = [sys.executable, FAKE, "--rendezvous", str(tmp_path / "running"), "--rendezvous-count", "3"]
-    runs = smoke.collect_all(_jobs(tmp_path), log_dir=tmp_path, parallel=3, launcher=side_by_side, progress=said.append)
+    options = smoke_collect.ServerOptions(log_dir=tmp_path, launcher=side_by_side, progress=said.append)
+    runs = smoke_collect.collect_all(_jobs(tmp_path), options, parallel=3)
     # progress while it runs: which server, how many are done, how long each took to get ready
     assert said[0] == "[smoke] launching 3 sglang server(s), 3 side by side"
     collected = sorted(ln.split(": ")[0] for ln in said if "collected" in ln)
@@ -287,9 +284,8 @@ def test_failure_beside_others_is_relaunched_alone(tmp_path):
 
     flag = tmp_path / "fail-once"
     flag.touch()
-    runs = smoke.collect_all(
-        _jobs(tmp_path), log_dir=tmp_path, parallel=3, launcher=[sys.executable, FAKE, "--exit-once", str(flag)]
-    )
+    options = smoke_collect.ServerOptions(log_dir=tmp_path, launcher=[sys.executable, FAKE, "--exit-once", str(flag)])
+    runs = smoke_collect.collect_all(_jobs(tmp_path), options, parallel=3)
     relaunched = [r for r in runs.values() if r.first_attempt_error]
     assert len(relaunched) == 1 and "exited with code 1" in relaunched[0].first_attempt_error
     assert all(r.error is None for r in runs.values())
@@ -302,9 +298,8 @@ def test_failure_alone_is_not_retried(tmp_path):
 
     flag = tmp_path / "fail-once"
     flag.touch()
-    runs = smoke.collect_all(
-        _jobs(tmp_path, 1), log_dir=tmp_path, parallel=1, launcher=[sys.executable, FAKE, "--exit-once", str(flag)]
-    )
+    options = smoke_collect.ServerOptions(log_dir=tmp_path, launcher=[sys.executable, FAKE, "--exit-once", str(flag)])
+    runs = smoke_collect.collect_all(_jobs(tmp_path, 1), options, parallel=1)
     (run,) = runs.values()
     assert run.error is not None and run.first_attempt_error is None
     assert "injected launch failure" in str(run.error)
@@ -341,13 +336,15 @@ def test_interrupt_stops_every_server(tmp_path, monkeypatch):
     said: list[str] = []
     try:
         with pytest.raises(KeyboardInterrupt):  # servers answer but never become ready
-            smoke.collect_all(
+            smoke_collect.collect_all(
                 _jobs(tmp_path),
-                log_dir=tmp_path,
+                smoke_collect.ServerOptions(
+                    log_dir=tmp_path,
+                    ready_timeout=HANG,
+                    progress=said.append,
+                    launcher=[sys.executable, FAKE, "--ready-file", str(tmp_path / "never")],
+                ),
                 parallel=3,
-                ready_timeout=HANG,
-                progress=said.append,
-                launcher=[sys.executable, FAKE, "--ready-file", str(tmp_path / "never")],
             )
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -467,12 +464,12 @@ def test_failure_that_repeats_alone_stands_for_the_others(tmp_path):
     import sys
 
     said = []
-    runs = smoke.collect_all(
+    runs = smoke_collect.collect_all(
         _jobs(tmp_path),
-        log_dir=tmp_path,
+        smoke_collect.ServerOptions(
+            log_dir=tmp_path, launcher=[sys.executable, FAKE, "--exit-always"], progress=said.append
+        ),
         parallel=3,
-        launcher=[sys.executable, FAKE, "--exit-always"],
-        progress=said.append,
     )
     first, *others = runs.values()
     assert sorted(p.name for p in tmp_path.glob("*-alone.log")) == [f"server-{first.spec.name}-alone.log"]
@@ -581,12 +578,12 @@ def test_collect_all_keeps_a_known_failure_without_the_relaunch(tmp_path, monkey
 
     monkeypatch.setattr(smoke, "known_to_fail_alone", lambda err, server, versions: "sglang-x-crash")
     said = []
-    runs = smoke.collect_all(
+    runs = smoke_collect.collect_all(
         _jobs(tmp_path, 2),
-        log_dir=tmp_path,
+        smoke_collect.ServerOptions(
+            log_dir=tmp_path, launcher=[sys.executable, FAKE, "--exit-always"], progress=said.append
+        ),
         parallel=2,
-        launcher=[sys.executable, FAKE, "--exit-always"],
-        progress=said.append,
     )
     assert all(r.error is not None and r.known_upstream_no_relaunch == "sglang-x-crash" for r in runs.values())
     assert not list(tmp_path.glob("*-alone.log")) and not any(r.first_attempt_error for r in runs.values())
@@ -594,7 +591,7 @@ def test_collect_all_keeps_a_known_failure_without_the_relaunch(tmp_path, monkey
 
 
 def _collect_witness_recording_batches(tmp_path, monkeypatch, *fake_args):
-    """smoke.collect on witness-mtp-topk1 against the fake server, and the client batches it sent, in order:
+    """smoke_collect.collect on witness-mtp-topk1 against the fake server, and the client batches it sent, in order:
     (payloads, parallel) each."""
     from mtpmatrix.serving import client
 

@@ -1,8 +1,9 @@
 """GPU smoke tier: live sglang servers with Frozen-KV MTP on tiny Gemma 4 pairs.
 
-One collection pass launches every server (no-MTP reference, MTP topk 1 and 3, dummy and safetensors weights),
-sends the same greedy requests through the GSM8K tier's client (text in/out and token ids), reads /server_info and
-the server log, and stops it; the tests then assert on what was collected.
+One collection pass (mtpmatrix.tiers.smoke_collect) launches every server (no-MTP reference, MTP topk 1 and 3,
+dummy and safetensors weights), sends the same greedy requests through the GSM8K tier's client (text in/out and token
+ids), reads /server_info and the server log, and stops it; the tests then assert on what was collected. This module
+says what the servers are sent (prompts, arguments) and judges what came back.
 
 Servers launch side by side when the GPU has room (``launch_plan.launch_parallelism``): a launch is mostly
 CPU-bound Triton compilation, processor loading and CUDA-graph capture, and five in turn took ~6 min on an H200;
@@ -27,17 +28,12 @@ from __future__ import annotations
 
 import math
 import re
-import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpmatrix.core import settings
 from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.core.smoke_servers import SmokeServerSpec
-from mtpmatrix.serving import environment
 
 PROMPT_LEN = 12
 MAX_NEW_TOKENS = 32
@@ -82,12 +78,6 @@ RUNNING_REQ_RE = re.compile(r"#running-req[:=]\s*(\d+)")
 NEAR_TIE_NATS = 0.05
 # Enough of the no-MTP ranking to place the MTP token at a divergence (its rank and gap) even when it is not 2nd.
 TOP_LOGPROBS = 10
-# Requests in flight per server: twice the servers' --max-running-requests (SMOKE_ARGS: 8), so the scheduler always
-# has a full batch queued (topk 3 must batch >= WITNESS_MIN_BATCH) without 76 connections opened at once for the
-# sampled plan (H200, sglang 0.5.17: 68/76 such requests came back RemoteDisconnected while the server stalled).
-CLIENT_PARALLEL = 16
-# a request error that says the server went away (client.RequestResult.error text)
-CONNECTION_LOST = ("ConnectionError", "RemoteDisconnected", "Connection refused", "Connection reset")
 
 
 @dataclass
@@ -190,108 +180,6 @@ class SmokeJob:
     vocab_size: int
 
 
-def collect_all(
-    jobs: list[SmokeJob],
-    *,
-    log_dir: Path,
-    tp: int = 1,
-    parallel: int = 1,
-    python: str = sys.executable,
-    ready_timeout: float = 420.0,
-    extra_args: tuple[str, ...] = (),
-    launcher: list[str] | None = None,
-    progress=None,
-) -> dict[str, SmokeRun]:
-    """Collect every job, ``parallel`` servers at a time; relaunch alone any that failed beside others, except one
-    that failed like a server whose relaunch alone failed the same way (that failure stands for it).
-
-    Ctrl-C (or the SIGINT of tools/gpu_box.sh's timeout) stops every running server's process group before it
-    propagates. ``progress(line)`` hears each server's launch and readiness and one line per server collected.
-    Returns runs by server name, in job order.
-    """
-    started: list = []  # every SglangServer launched, so an interrupt can stop them all
-    lock = threading.Lock()
-    interrupted = threading.Event()
-
-    def remember(server) -> None:
-        # Under the lock: either the interrupt handler sees this server, or this server sees the interrupt.
-        with lock:
-            started.append(server)
-            if interrupted.is_set():
-                raise RuntimeError("smoke collection interrupted")
-
-    done = [0]
-
-    def one(job: SmokeJob, log_name: str) -> SmokeRun:
-        run = collect(
-            job.spec,
-            job.target,
-            job.assistant,
-            vocab_size=job.vocab_size,
-            log_dir=log_dir,
-            tp=tp,
-            python=python,
-            ready_timeout=ready_timeout,
-            extra_args=extra_args,
-            launcher=launcher,
-            log_name=log_name,
-            on_start=remember,
-            progress=progress,
-        )
-        if progress is not None:
-            with lock:
-                done[0] += 1
-                n = done[0]
-            how = "ok" if run.error is None else f"failed: {(str(run.error).splitlines() or [''])[0][:120]}"
-            what = "relaunched alone" if log_name.endswith("-alone.log") else f"{n}/{len(jobs)} collected"
-            progress(f"[smoke] {what}: {job.spec.name}, ready after {run.launch_seconds or '-'}s, {how}")
-        return run
-
-    if progress is not None:
-        progress(f"[smoke] launching {len(jobs)} sglang server(s), {min(max(1, parallel), len(jobs))} side by side")
-    runs: dict[str, SmokeRun] = {}
-    pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="smoke")
-    try:
-        futures = {job.spec.name: pool.submit(one, job, f"server-{job.spec.name}.log") for job in jobs}
-        for name, fut in futures.items():
-            runs[name] = fut.result()
-        pool.shutdown(wait=True)
-        if parallel > 1 and len(jobs) > 1:
-            # A failure that repeats alone is no contention: it stands for every server that failed the same way
-            # beside the others, so a broken release costs one relaunch, not one per server.
-            confirmed: dict[tuple, SmokeRun] = {}  # failure signature -> the relaunch that failed so alone too
-            versions = {"sglang": environment.version_of("sglang")}
-            for job in jobs:
-                first = runs[job.spec.name]
-                if first.error is None:
-                    continue
-                known = known_to_fail_alone(first.error, job.spec.name, versions)
-                if known is not None:
-                    first.known_upstream_no_relaunch = known
-                    if progress is not None:
-                        progress(f"[smoke] {job.spec.name}: not relaunched alone (failed as {known} does)")
-                    continue
-                signature = failure_signature(first.error, job.spec.name)
-                if signature in confirmed:
-                    _stand_for(first, confirmed[signature], progress)
-                    continue
-                again = one(job, f"server-{job.spec.name}-alone.log")
-                line = (str(first.error).splitlines() or [""])[0]
-                again.first_attempt_error = f"{type(first.error).__name__}: {line}"[:300]
-                runs[job.spec.name] = again
-                if signature is not None and failure_signature(again.error, job.spec.name) == signature:
-                    confirmed[signature] = again
-    except BaseException:
-        interrupted.set()
-        with lock:
-            servers = list(started)
-        for srv in servers:
-            srv.stop(timeout=20)
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    return runs
-
-
 def known_to_fail_alone(error: BaseException | None, server: str, versions: dict, issues=None) -> str | None:
     """The id of the known-upstream entry this server's failure already matches, by what can be told at launch: the
     entry lists this server's test_server_serves case, covers this release, and its kind and pattern match the
@@ -324,122 +212,6 @@ def failure_signature(error: BaseException | None, name: str) -> tuple[str, str]
         return None
     first = (str(error).splitlines() or [""])[0]
     return error.kind, re.sub(r"\d+", "#", first.replace(name, "<server>"))
-
-
-def _stand_for(run: SmokeRun, confirmed: SmokeRun, progress) -> None:
-    """Keep ``run``'s failure beside the others as its verdict, pointing at the relaunch that repeated it alone."""
-    run.confirmed_alone_by = confirmed.spec.name
-    first, _, rest = str(run.error).partition("\n")
-    note = f" [not relaunched alone: {confirmed.spec.name} failed the same way alone, {confirmed.log_path.name}]"
-    run.error.args = (first + note + ("\n" + rest if rest else ""),)  # same exception: kind and traceback kept
-    if progress is not None:
-        progress(f"[smoke] {run.spec.name}: not relaunched alone ({confirmed.spec.name} failed the same way alone)")
-
-
-def collect(
-    spec: SmokeServerSpec,
-    target: Path,
-    assistant: Path,
-    *,
-    vocab_size: int,
-    log_dir: Path,
-    tp: int = 1,
-    python: str = sys.executable,
-    ready_timeout: float = 420.0,
-    extra_args: tuple[str, ...] = (),
-    launcher: list[str] | None = None,
-    log_name: str | None = None,
-    on_start=None,
-    progress=None,
-) -> SmokeRun:
-    """Launch one server, exercise it, stop it. Never raises: a failure is kept in ``run.error``.
-
-    ``launcher`` replaces ``python -m sglang.launch_server`` (unit tests only); ``on_start(server)`` is called
-    once the process exists, before waiting for it.
-    """
-    from mtpmatrix.serving import client
-    from mtpmatrix.serving.server import SglangServer
-    from mtpmatrix.tiers import surface
-
-    run = SmokeRun(spec=spec, log_path=Path(log_dir) / (log_name or f"server-{spec.name}.log"), vocab_size=vocab_size)
-    server = SglangServer(
-        server_args_for(spec, target, assistant, tp, extra_args),
-        python=python,
-        log_path=run.log_path,
-        ready_timeout=ready_timeout,
-        launcher=launcher,
-        name=spec.name,
-        progress=progress,
-    )
-    t0 = time.monotonic()
-    try:
-        server.start()
-        if on_start is not None:
-            on_start(server)
-        server.wait_ready()
-        run.launch_seconds = round(time.monotonic() - t0, 1)
-        run.gpu_memory_mib = server.gpu_memory_mib()
-        run.server_info_before = server.server_info()
-        t1 = time.monotonic()
-        # The no-MTP reference also returns its top logprobs, to tell near-ties from real divergences.
-        logprob_args = {} if spec.topk else {"return_logprob": True, "top_logprobs_num": TOP_LOGPROBS}
-        reqs = [{"input_ids": p, "sampling_params": sampling_params(), **logprob_args} for p in id_prompts(vocab_size)]
-        reqs += [{"text": t, "sampling_params": sampling_params()} for t in TEXT_PROMPTS]
-        plan = sampled_plan(spec)
-        if plan:
-            from mtpmatrix.pairs.sampled.ring import payload
-
-            reqs += [payload(r) for r in plan]
-        n_planned = len(reqs)
-        # every family's requests in the same batch as the rest: mixed request kinds in flight together
-        labelled, alone = surface.split_alone(surface.requests_for(spec, vocab_size))
-        reqs += [payload for _family, _label, payload in labelled]
-        results = client.run_batch(server.base_url, reqs, parallel=min(len(reqs), CLIENT_PARALLEL))
-        # then one at a time, nothing else in flight: answers that depend on the batches beside them; never to a
-        # server that lost a connection (a dying sglang may hold a request until its launcher's kill: 60 s on 0.5.13)
-        lost = [r.error for r in results if r.error and any(c in r.error for c in CONNECTION_LOST)]
-        if lost or not server.alive():
-            why = f"not sent: the server lost a connection in the batch before ({lost[0] if lost else 'it exited'})"
-            results += [client.Result(len(results) + i, False, 0.0, error=why) for i in range(len(alone))]
-        else:
-            results += client.run_batch(server.base_url, [payload for _family, _label, payload in alone], parallel=1)
-        run.request_seconds = round(time.monotonic() - t1, 2)
-        # a family's failed request stays with its exchange: whether the release refuses what it asks is that
-        # family's check to judge, not a crash of the whole server
-        run.surface = surface.collate(labelled + alone, results[n_planned:])
-        results = results[:n_planned]
-        errors = [r.error for r in results if r.error]
-        if errors:
-            message = f"{len(errors)}/{len(results)} requests failed: {errors[0]}"
-            if not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST):
-                # the connection went with the server: its log names why (a known upstream signature matches it)
-                cause = server.exit_cause()
-                message += f"; server log: {cause}" if cause else ""
-            raise CheckFailure("crash", message)
-        n_ids = n_planned - len(TEXT_PROMPTS) - len(plan)
-        n_greedy = n_ids + len(TEXT_PROMPTS)
-        run.sampled_requests = plan
-        run.sampled_outputs = [list(r.response.get("output_ids") or []) for r in results[n_greedy:]]
-        run.sampled_meta = [r.response.get("meta_info", {}) for r in results[n_greedy:]]
-        for r in results[:n_ids]:
-            run.id_outputs.append(list(r.response.get("output_ids") or []))
-            meta = r.response.get("meta_info", {})
-            run.id_meta.append(meta)
-            if not spec.topk:
-                run.id_top_logprobs.append(
-                    [[(e[0], e[1]) for e in pos] for pos in meta.get("output_top_logprobs") or []]
-                )
-        run.text_outputs = [r.response.get("text", "") for r in results[n_ids:n_greedy]]
-        run.text_meta = [r.response.get("meta_info", {}) for r in results[n_ids:n_greedy]]
-        run.server_info_after = server.server_info()
-    except KeyboardInterrupt:  # Ctrl-C stops the tier, not just this server
-        raise
-    except BaseException as exc:  # kept for the tests, which re-raise it with its classification
-        run.error = exc
-    finally:
-        server.stop()  # the whole process group, also when start() or on_start() raised
-        run.log_text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
-    return run
 
 
 def max_running_requests(log_text: str) -> int:
