@@ -123,15 +123,17 @@ def run_stub(tmp_path, stub_env, argv, **kw):
     lines: list[str] = []
     rc = M.run(
         parse(["--out", str(tmp_path / "out"), *argv]),
-        catalogue=TOY_CAT,
-        pkg_dir=pkg,
-        command=command,
-        known_servers=["w"],
-        gpu_check=False,
-        cpus=6,
-        poll=0.05,
-        log=lines.append,
-        **kw,
+        M.StandIns(
+            catalogue=TOY_CAT,
+            pkg_dir=pkg,
+            command=command,
+            known_servers=["w"],
+            gpu_check=False,
+            cpus=6,
+            poll=0.05,
+            log=lines.append,
+            **kw,
+        ),
     )
     record = json.loads((tmp_path / "out" / "mutants.json").read_text())
     return rc, record, "\n".join(lines)

@@ -70,9 +70,9 @@ def test_list_and_check_on_a_fake_release(tmp_path, capsys):
         F.Mutant("bad", "accounting", "m", (F.Site("sglang.srt.speculative.worker_v2", "h[n - 1]", "h[0"),)),
     )
     ns = parse(["--list"])
-    assert M.run(ns, catalogue=cat, pkg_dir=pkg) == 0  # --list does not compile
+    assert M.run(ns, M.StandIns(catalogue=cat, pkg_dir=pkg)) == 0  # --list does not compile
     ns = parse(["--check"])
-    assert M.run(ns, catalogue=cat, pkg_dir=pkg) == 1
+    assert M.run(ns, M.StandIns(catalogue=cat, pkg_dir=pkg)) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[-5].startswith("sglang 9.9.9 at ")
     assert [ln.split()[2] for ln in out[-4:-1]] == ["applicable", "n.a.", "BROKEN"]
@@ -118,11 +118,7 @@ def test_unknown_server_is_one_line_before_anything_runs(tmp_path, stub_env, cap
     pkg, command = stub_env
     rc = M.run(
         parse(["--servers", "nope", "--out", str(tmp_path / "out")]),
-        catalogue=TOY_CAT,
-        pkg_dir=pkg,
-        command=command,
-        known_servers=["w"],
-        gpu_check=False,
+        M.StandIns(catalogue=TOY_CAT, pkg_dir=pkg, command=command, known_servers=["w"], gpu_check=False),
     )
     assert rc == 2 and not (tmp_path / "out").exists()
     err = capsys.readouterr().err.strip().splitlines()
@@ -134,12 +130,9 @@ def test_nothing_applicable_runs_nothing(tmp_path, stub_env):
     lines: list[str] = []
     rc = M.run(
         parse(["--mutants", "elsewhere", "--out", str(tmp_path / "out")]),
-        catalogue=TOY_CAT,
-        pkg_dir=pkg,
-        command=command,
-        known_servers=["w"],
-        gpu_check=False,
-        log=lines.append,
+        M.StandIns(
+            catalogue=TOY_CAT, pkg_dir=pkg, command=command, known_servers=["w"], gpu_check=False, log=lines.append
+        ),
     )
     assert rc == 1 and not (tmp_path / "out").exists()
     assert lines[-1].startswith("NOTHING-APPLICABLE")
@@ -158,7 +151,7 @@ def test_a_spent_budget_starts_nothing_and_is_no_verdict(tmp_path, stub_env):
 def test_a_mutant_on_servers_this_checkout_lacks_stops_in_one_line(tmp_path, capsys):
     pkg = write_tree(tmp_path, RELEASE_FORMS["0.5.17"]) / "sglang"
     ns = parse(["--mutants", "verify-accept-all-greedy", "--out", str(tmp_path / "out")])
-    rc = M.run(ns, pkg_dir=pkg, known_servers=list(CS.WITNESS_SERVERS), gpu_check=False)
+    rc = M.run(ns, M.StandIns(pkg_dir=pkg, known_servers=list(CS.WITNESS_SERVERS), gpu_check=False))
     assert rc == 2 and not (tmp_path / "out").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "smoke server(s) decoy-mtp-topk1 not in this checkout's smoke tier" in err[0]

@@ -178,7 +178,12 @@ def test_scheduler_respects_the_server_cap_and_the_warmup(tmp_path, stub_env, mo
     suites += [S.Suite(f"m{i}", ("a",), out / f"m{i}", dict(os.environ)) for i in range(4)]
     done: list[str] = []
     S.Scheduler(
-        suites, cap=2, timeout=60, command=command, log=lambda _: None, poll=0.02, on_done=lambda s: done.append(s.name)
+        suites,
+        cap=2,
+        timing=S.Timing(timeout=60, poll=0.02),
+        command=command,
+        log=lambda _: None,
+        on_done=lambda s: done.append(s.name),
     ).run()
     assert sorted(done) == ["baseline", "m0", "m1", "m2", "m3"]
     spans = {}
@@ -223,11 +228,9 @@ def test_scheduler_times_out_a_hanging_suite(tmp_path, runner_sigint):
         S.Scheduler(
             [suite],
             cap=1,
-            timeout=2,
+            timing=S.Timing(timeout=2, poll=0.05, grace=HANG),
             command=lambda s: [sys.executable, str(hang)],
             log=lambda _: None,
-            poll=0.05,
-            grace=HANG,
         ).run()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)

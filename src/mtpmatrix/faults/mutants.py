@@ -17,6 +17,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
@@ -39,6 +41,7 @@ from mtpmatrix.faults.suites import (
     DEFAULT_TIMEOUT,
     Scheduler,
     Suite,
+    Timing,
     hook_evidence,
     judge_suite,
     killed_by,
@@ -135,74 +138,59 @@ def _listing(apps: list[Application], pkg_dir: Path, version: str | None, compil
     return 1 if bad else 0
 
 
-def run(
-    ns: argparse.Namespace,
-    *,
-    catalogue: tuple[Mutant, ...] = CATALOGUE,
-    pkg_dir: Path | None = None,
-    command=pytest_command,
-    known_servers=None,
-    gpu_check: bool = True,
-    cpus: int | None = None,
-    free_mib: int | None = None,
-    poll: float = 1.0,
-    log=print,
-) -> int:
-    """The ``mutants`` subcommand. The keywords exist for tests: another catalogue, an sglang folder, a stand-in
-    for the pytest command, the smoke server names, no GPU probe, a CPU count."""
+@dataclass(frozen=True)
+class StandIns:
+    """What a test puts in place of the real thing: another catalogue, an sglang folder, a stand-in for the pytest
+    command, the smoke server names, no GPU probe, a CPU count and free GPU memory, a faster poll, a log to read."""
+
+    catalogue: tuple[Mutant, ...] = CATALOGUE
+    pkg_dir: Path | None = None
+    command: Callable[[Suite], list[str]] = pytest_command
+    known_servers: list[str] | None = None
+    gpu_check: bool = True
+    cpus: int | None = None
+    free_mib: int | None = None
+    poll: float = 1.0
+    log: Callable[[str], None] = print
+
+
+def run(ns: argparse.Namespace, stand_ins: StandIns | None = None) -> int:
+    """The ``mutants`` subcommand (``stand_ins``: for tests only)."""
     try:
-        return _run(
-            ns,
-            catalogue=catalogue,
-            pkg_dir=pkg_dir,
-            command=command,
-            known_servers=known_servers,
-            gpu_check=gpu_check,
-            cpus=cpus,
-            free_mib=free_mib,
-            poll=poll,
-            log=log,
-        )
+        return _run(ns, stand_ins or StandIns())
     except MutantsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _run(ns, *, catalogue, pkg_dir, command, known_servers, gpu_check, cpus, free_mib, poll, log) -> int:
+def _run(ns, stand_ins: StandIns) -> int:
     """The steps of a run: options, the catalogue against this sglang, (--list/--check stop here), the servers and the
     box, the suites' folders, the record, the scheduler, the table."""
     _check_options(ns)
-    pkg_dir, version, apps = _applications(ns, catalogue, pkg_dir)
+    pkg_dir, version, apps = _applications(ns, stand_ins.catalogue, stand_ins.pkg_dir)
     if ns.list or ns.check:
         return _listing(apps, pkg_dir, version, compile_check=ns.check)
-    applicable = _runnable(apps, pkg_dir, version, log)
+    applicable = _runnable(apps, pkg_dir, version, stand_ins.log)
     if not applicable:
         return 1
-    union = _suite_servers(ns, applicable, known_servers)
-    cap = _server_cap(ns, gpu_check, cpus, free_mib)
+    union = _suite_servers(ns, applicable, stand_ins.known_servers)
+    cap = _server_cap(ns, stand_ins.gpu_check, stand_ins.cpus, stand_ins.free_mib)
     out = Path(ns.out or results_root() / new_run_id(kind=MUTANTS)).resolve()
     suites = _suites(ns, out, applicable, union)
-    run = MutantsRun(out, _new_record(ns, apps, version, pkg_dir, out, union, cap, cpus), log)
-    log(
+    run = MutantsRun(out, _new_record(ns, apps, version, pkg_dir, out, union, cap, stand_ins.cpus), stand_ins.log)
+    stand_ins.log(
         f"[mutants] sglang {version} at {pkg_dir}; {len(applicable)} applicable of {len(apps)}; baseline on "
         f"{', '.join(union)}; up to {cap} servers at once; results in {out}"
     )
     run.save()
+    timing = Timing(ns.timeout, budget=ns.budget, poll=stand_ins.poll)
     sched = Scheduler(
-        suites,
-        cap,
-        ns.timeout,
-        budget=ns.budget,
-        warmup=ns.warmup,
-        command=command,
-        log=log,
-        on_done=run.done,
-        poll=poll,
+        suites, cap, timing, warmup=ns.warmup, command=stand_ins.command, log=stand_ins.log, on_done=run.done
     )
     run.scheduler = sched
     interrupted = _schedule(sched)
     run.finish(sched.not_run, interrupted)
-    _print_table(run.record, version, out, log)
+    _print_table(run.record, version, out, stand_ins.log)
     return run.record["exit"]
 
 

@@ -265,6 +265,20 @@ def _sigint_at_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """The scheduler's clock, in seconds: each suite's limit, the whole run's (None: no limit) and the least of it a
+    suite still starts with, how often it polls, how long an interrupted suite gets before SIGKILL, how often it logs
+    what is running."""
+
+    timeout: float
+    budget: float | None = None
+    min_suite: float = MIN_SUITE_SECONDS
+    poll: float = 1.0
+    grace: float = 45.0
+    heartbeat: float = 60.0
+
+
 class Scheduler:
     """Runs suites side by side under a cap on concurrently launched servers, the first one (the baseline) alone
     until one of its servers is ready (tiny pairs built once, Triton/inductor caches warm for the rest)."""
@@ -273,23 +287,17 @@ class Scheduler:
         self,
         suites: list[Suite],
         cap: int,
-        timeout: float,
+        timing: Timing,
         *,
-        budget: float | None = None,
         warmup: bool = True,
         command=pytest_command,
         log=print,
         on_done=None,
-        poll: float = 1.0,
-        grace: float = 45.0,
-        heartbeat: float = 60.0,
-        min_suite: float = MIN_SUITE_SECONDS,
     ):
         self.queue = list(suites)
         self.suites = list(suites)
-        self.cap, self.timeout, self.budget, self.warmup = cap, timeout, budget, warmup
+        self.cap, self.timing, self.warmup = cap, timing, warmup
         self.command, self.log, self.on_done = command, log, on_done
-        self.poll, self.grace, self.heartbeat, self.min_suite = poll, grace, heartbeat, min_suite
         self.running: list[Suite] = []
         self.t0 = time.monotonic()
         self.stop_new = False  # set when the baseline failed, or on Ctrl-C
@@ -323,9 +331,9 @@ class Scheduler:
         suite.folder.mkdir(parents=True, exist_ok=True)
         suite.log_fh = open(suite.folder / "pytest.log", "ab", buffering=0)
         suite.started = time.monotonic()
-        limit = self.timeout
-        if self.budget is not None:
-            limit = min(limit, self.budget - (suite.started - self.t0))
+        limit = self.timing.timeout
+        if self.timing.budget is not None:
+            limit = min(limit, self.timing.budget - (suite.started - self.t0))
         suite.deadline = suite.started + max(1.0, limit)
         suite.proc = subprocess.Popen(
             self.command(suite),
@@ -362,7 +370,7 @@ class Scheduler:
                 suite.timed_out = True
                 self.log(f"[mutants] timeout {suite.name} after {now - suite.started:.0f} s: interrupting")
                 self._interrupt(suite)
-            if suite.interrupted_at is not None and now - suite.interrupted_at >= self.grace:
+            if suite.interrupted_at is not None and now - suite.interrupted_at >= self.timing.grace:
                 try:
                     os.killpg(suite.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -380,43 +388,47 @@ class Scheduler:
         last_beat = time.monotonic()
         try:
             while self.queue or self.running:
-                if self.budget is not None and self.queue and self.budget - self._elapsed() < self.min_suite:
-                    self.log(
-                        f"[mutants] less than {self.min_suite:.0f} s of the {self.budget:.0f} s budget left: "
-                        f"{len(self.queue)} suite(s) not run"
-                    )
-                    self.not_run += self.queue
-                    self.queue.clear()
+                self._drop_what_the_budget_cannot_start()
                 while self.queue and self._may_start(self.queue[0]):
                     self._start(self.queue.pop(0))
-                if self.stop_new and self.queue:
-                    self.not_run += self.queue
-                    self.queue.clear()
-                for suite in list(self.running):
-                    if self._reap(suite):
-                        self.running.remove(suite)
-                        if self.on_done is not None:
-                            self.on_done(suite)
-                if time.monotonic() - last_beat >= self.heartbeat and self.running:
+                if self.stop_new:
+                    self._not_run_queued()
+                self._reap_finished()
+                if time.monotonic() - last_beat >= self.timing.heartbeat and self.running:
                     last_beat = time.monotonic()
                     self.log(
                         f"[mutants] {self._elapsed():.0f} s: running {', '.join(s.name for s in self.running)}"
                         f"; {len(self.queue)} queued"
                     )
                 if self.queue or self.running:
-                    time.sleep(self.poll)
+                    time.sleep(self.timing.poll)
         except KeyboardInterrupt:
             self.log("[mutants] interrupted: stopping the running suites")
             self.stop_new = True
-            self.not_run += self.queue
-            self.queue.clear()
+            self._not_run_queued()
             for suite in self.running:
                 self._interrupt(suite)
             while self.running:
-                for suite in list(self.running):
-                    if self._reap(suite):
-                        self.running.remove(suite)
-                        if self.on_done is not None:
-                            self.on_done(suite)
-                time.sleep(self.poll)
+                self._reap_finished()
+                time.sleep(self.timing.poll)
             raise
+
+    def _drop_what_the_budget_cannot_start(self) -> None:
+        budget, min_suite = self.timing.budget, self.timing.min_suite
+        if budget is not None and self.queue and budget - self._elapsed() < min_suite:
+            self.log(
+                f"[mutants] less than {min_suite:.0f} s of the {budget:.0f} s budget left: "
+                f"{len(self.queue)} suite(s) not run"
+            )
+            self._not_run_queued()
+
+    def _not_run_queued(self) -> None:
+        self.not_run += self.queue
+        self.queue.clear()
+
+    def _reap_finished(self) -> None:
+        for suite in list(self.running):
+            if self._reap(suite):
+                self.running.remove(suite)
+                if self.on_done is not None:
+                    self.on_done(suite)
