@@ -16,7 +16,7 @@ import pytest
 
 from mtpmatrix.core.rows import RowError, load_rows
 from mtpmatrix.runner import ci_matrix
-from mtpmatrix.runner.ci_matrix import build_matrix, select, shard, tier_gpus
+from mtpmatrix.runner.ci_matrix import MatrixChoice, build_matrix, select, shard, tier_gpus
 from mtpmatrix.runner.matrix import in_shard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_matrix_entries(rows):
             {"session": "gemma4_mtp(c-tp2)", "row": "c-tp2", "python": "3.11", "gpus": 2, "runner": "gpu-2"},
         ]
     }
-    m = build_matrix(LISTING, rows, tags=["cuda-variant"])
+    m = build_matrix(LISTING, rows, MatrixChoice(tags=["cuda-variant"]))
     assert [(e["session"], e["python"]) for e in m["include"]] == [
         ("gemma4_mtp_extra(d-cu128)", "3.11"),
         ("gemma4_mtp_extra(e-cu130)", "3.12"),
@@ -125,32 +125,32 @@ def test_tiers_that_need_tp2_get_two_gpus(rows):
     assert tier_gpus([]) == tier_gpus(["contract", "reference", "smoke"]) == 1
     assert tier_gpus(["gsm8k"], env={}) == 2  # 26B-A4B and 31B serve at TP2
     assert tier_gpus(["gsm8k"], env={"MTPMATRIX_31B_TP": "4"}) == 4
-    m = build_matrix(LISTING, rows, tiers=["contract", "gsm8k"], env={})
+    m = build_matrix(LISTING, rows, MatrixChoice(tiers=["contract", "gsm8k"]), env={})
     assert {e["runner"] for e in m["include"]} == {"gpu-2"}
-    m = build_matrix(LISTING, rows, tiers=["contract", "smoke"], env={})
+    m = build_matrix(LISTING, rows, MatrixChoice(tiers=["contract", "smoke"]), env={})
     assert [e["gpus"] for e in m["include"]] == [1, 1, 2]
 
 
 def test_smoke_at_tp2_gets_two_gpus(rows):
     tp2 = {"MTPMATRIX_SMOKE_TP": "2"}
     assert tier_gpus(["smoke"], env=tp2) == 2 and tier_gpus(["contract", "reference"], env=tp2) == 1
-    m = build_matrix(LISTING, rows, tiers=["contract", "smoke"], env=tp2)
+    m = build_matrix(LISTING, rows, MatrixChoice(tiers=["contract", "smoke"]), env=tp2)
     assert {e["runner"] for e in m["include"]} == {"gpu-2"}
     with pytest.raises(RowError, match="MTPMATRIX_SMOKE_TP must be a whole number"):
         tier_gpus(["smoke"], env={"MTPMATRIX_SMOKE_TP": "2x"})
 
 
 def test_gpus_floor_and_max_gpus_cap(rows):
-    assert [e["gpus"] for e in build_matrix(LISTING, rows, gpus=2)["include"]] == [2, 2, 2]
+    assert [e["gpus"] for e in build_matrix(LISTING, rows, MatrixChoice(gpus=2))["include"]] == [2, 2, 2]
     warnings = []
-    m = build_matrix(LISTING, rows, max_gpus=1, warn=warnings.append)
+    m = build_matrix(LISTING, rows, MatrixChoice(max_gpus=1), warn=warnings.append)
     assert [e["runner"] for e in m["include"]] == ["gpu-1", "gpu-1", "gpu-1"]
     assert len(warnings) == 1 and warnings[0].startswith("c-tp2 needs 2 GPUs; capped at --max-gpus 1")
 
 
 def test_errors(rows):
     with pytest.raises(RowError, match="unknown tier"):
-        build_matrix(LISTING, rows, tiers=["gpu"])
+        build_matrix(LISTING, rows, MatrixChoice(tiers=["gpu"]))
     with pytest.raises(RowError, match="no row file zz.txt"):
         build_matrix(LISTING + [session("zz")], rows)
 
@@ -320,7 +320,7 @@ def test_canary_sessions_are_selected_by_their_tag_only(rows):
     listing = LISTING + [canary]
     assert "a-torch" not in [s["call_spec"]["row"] for s in select(listing, include_extra=True)]
     assert [s["call_spec"]["row"] for s in select(listing, ["canary"])] == ["a-torch"]
-    m = build_matrix(listing, {**rows, "a-torch": rows["c-tp2"]}, tags=["canary"])
+    m = build_matrix(listing, {**rows, "a-torch": rows["c-tp2"]}, MatrixChoice(tags=["canary"]))
     assert m["include"] == [
         {"session": "canary(a-torch)", "row": "a-torch", "python": "3.11", "gpus": 2, "runner": "gpu-2"}
     ]  # its pinned row's runner and python

@@ -22,6 +22,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mtpmatrix.core import settings
@@ -71,33 +72,42 @@ def tier_gpus(tiers: list[str], env: dict | None = None) -> int:
     return need
 
 
+@dataclass(frozen=True)
+class MatrixChoice:
+    """What the command's options ask for: the rows carrying one of ``tags`` (none: the default rows, and the extra
+    ones with ``include_extra``), the tiers they will run, and at least ``gpus``, at most ``max_gpus`` per runner."""
+
+    tags: list[str] | None = None
+    tiers: list[str] | None = None
+    include_extra: bool = False
+    gpus: int = 1
+    max_gpus: int | None = None
+
+
 def build_matrix(
     listing: list[dict],
     rows: dict[str, Row],
+    choice: MatrixChoice | None = None,
     *,
-    tags: list[str] | None = None,
-    tiers: list[str] | None = None,
-    include_extra: bool = False,
-    gpus: int = 1,
-    max_gpus: int | None = None,
     env: dict | None = None,
     warn=lambda msg: None,
 ) -> dict:
     """``{"include": [...]}`` for ``strategy.matrix``; raises RowError on a session whose row file is missing."""
-    tiers = tiers or []
+    choice = choice or MatrixChoice()
+    tiers = choice.tiers or []
     unknown = [t for t in tiers if t not in TIERS]
     if unknown:
         raise RowError(f"--tiers: unknown tier(s) {', '.join(unknown)}; known: {', '.join(TIERS)}")
-    floor = max(gpus, tier_gpus(tiers, env))
+    floor = max(choice.gpus, tier_gpus(tiers, env))
     include = []
-    for s in select(listing, tags, include_extra, rows):
+    for s in select(listing, choice.tags, choice.include_extra, rows):
         row_id = s["call_spec"]["row"]
         if row_id not in rows:
             raise RowError(f"nox lists {s['session']} but there is no row file {row_id}.txt")
         n = max(rows[row_id].gpus, floor)
-        if max_gpus is not None and n > max_gpus:
-            warn(f"{row_id} needs {n} GPUs; capped at --max-gpus {max_gpus} (its TP{n} work cannot run there)")
-            n = max_gpus
+        if choice.max_gpus is not None and n > choice.max_gpus:
+            warn(f"{row_id} needs {n} GPUs; capped at --max-gpus {choice.max_gpus} (its TP{n} work cannot run there)")
+            n = choice.max_gpus
         include.append(
             {
                 "session": s["session"],
@@ -156,16 +166,14 @@ def main(argv: list[str] | None = None) -> int:
                 for cid, c in load_canaries(a.constraints, list(rows.values())).items()
             }
         )
-        result = build_matrix(
-            listing,
-            rows,
+        choice = MatrixChoice(
             tags=parse_tiers(a.tags),
             tiers=parse_tiers(a.tiers),
             include_extra=a.include_extra,
             gpus=a.gpus,
             max_gpus=a.max_gpus,
-            warn=lambda m: print(f"::warning::{m}", file=sys.stderr),
         )
+        result = build_matrix(listing, rows, choice, warn=lambda m: print(f"::warning::{m}", file=sys.stderr))
     except (RowError, json.JSONDecodeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
