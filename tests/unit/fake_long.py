@@ -64,7 +64,8 @@ class LongWitnessShapes:
             return 0
         with self.lock:
             best = max((_common(prompt, s) for s in self.seen), default=0)
-        return min(best, len(prompt) - 1) // self.page * self.page
+        pairs = bool(self.topk)  # under MTP the tree matches token pairs: one token fewer (cached_bounds)
+        return (min(best, len(prompt) - 1) - pairs) // self.page * self.page
 
     def _rule(self, prompt: list[int], n: int) -> list[int]:
         if self.broken != "root-reads-short" or not self.topk or n < 2:

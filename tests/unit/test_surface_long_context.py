@@ -49,6 +49,9 @@ def test_lengths_follow_sglangs_reservation_and_clamp():
         241,
     ]
     assert long_context.cached_bounds(100, 16) == (96, 100) and long_context.cached_bounds(100, 1) == (100, 100)
+    # MTP: the radix keys are token pairs, the 100th shared token's pair differs from the first tail token on
+    assert long_context.cached_bounds(100, 1, mtp=True) == (99, 99)
+    assert long_context.cached_bounds(100, 16, mtp=True) == (96, 99)
 
 
 def test_prompts_cross_the_window_and_chunks_and_share_a_long_prefix():
@@ -76,7 +79,17 @@ def test_intact_fake_passes(name):
 def test_no_radix_hit_fails():
     bad = long_context.own_problems(TOPK3, collect(TOPK3, "cached-zero"))
     assert bad == [
-        "prefix-repeat: cached_tokens 0, the 100-token shared prefix in 16-token pages gives [96, 100] (radix hit)"
+        "prefix-repeat: cached_tokens 0, the 100-token shared prefix in 16-token pages gives [96, 99] (radix hit)"
+    ]
+
+
+def test_mtp_repeat_matches_the_shared_prefix_but_its_last_token():
+    topk1 = SPECS["long-witness-mtp-topk1"]
+    repeat = next(x for x in collect(topk1) if x.label == "prefix-repeat")
+    assert repeat.meta["cached_tokens"] == 99 and long_context.cache_problems(topk1, repeat) == []
+    # the no-MTP twin's bound on the MTP server's answer: 99 is outside it (the bound this replaces)
+    assert long_context.cache_problems(NOMTP, repeat) == [
+        "prefix-repeat: cached_tokens 99, the 100-token shared prefix in 1-token pages gives [100, 100] (radix hit)"
     ]
 
 
