@@ -9,6 +9,17 @@ only. ``broken`` names one fault, so a test sees a check fail on it:
   abort-ignored       the victim runs on to the limit and ends "length"
   over-limit-taken    a request over the limit is answered, not refused
 
+and one per long-context mutant of the catalogue (mtpmatrix.faults.catalogue.long_context) that changes answers, as
+that mutant makes an MTP server answer:
+
+  root-reads-short    (swa-verify-window-short) every token after the prefill one is the verify root's, which
+                      cannot see its window's far edge: the sliding owner reads offset 51 instead of 63 (the next
+                      highest designed score inside; docs/pairs.md "Long witness", window one narrower), the drafts
+                      (the rule's tokens) are rejected, so each verify step commits that one token
+  reserve-dropped     (spec-context-reserve-dropped) the tokenizer admits as if no draft slots were reserved
+
+(spec-overalloc-tail-kept changes no answer: the server log's idle leak report shows it, test_long_pool_*.)
+
 The streams of an AbortMidBatch hold after their first token until the abort arrives (an event, with a long
 timeout that only a broken client meets): the client sees every request decoding, then aborts.
 """
@@ -17,9 +28,11 @@ from __future__ import annotations
 
 import threading
 
+from mtpmatrix.pairs import long_witness
 from mtpmatrix.tiers.surface import long_context
 
 HOLD_S = 60.0
+ROOT_SHORT_READ = 51  # the sliding owner's read with the edge (63 back) out of reach (docs/pairs.md, long witness)
 
 
 class LongWitnessShapes:
@@ -33,7 +46,8 @@ class LongWitnessShapes:
 
     # --- sglang's rules, as long_context derives them --------------------------------------------------------
     def _refusal(self, prompt: list[int], max_new: int) -> tuple[int, str] | None:
-        admitted = long_context.admitted_new(self.topk, len(prompt))
+        topk = None if self.broken == "reserve-dropped" else self.topk
+        admitted = long_context.admitted_new(topk, len(prompt))
         if max_new > admitted and self.broken != "over-limit-taken":
             return 400, (
                 "Requested token count exceeds the model's maximum context length of "
@@ -50,7 +64,17 @@ class LongWitnessShapes:
             return 0
         with self.lock:
             best = max((_common(prompt, s) for s in self.seen), default=0)
-        return min(best, len(prompt) - 1) // self.page * self.page
+        pairs = bool(self.topk)  # under MTP the tree matches token pairs: one token fewer (cached_bounds)
+        return (min(best, len(prompt) - 1) - pairs) // self.page * self.page
+
+    def _rule(self, prompt: list[int], n: int) -> list[int]:
+        if self.broken != "root-reads-short" or not self.topk or n < 2:
+            return long_context.expected(prompt, n)
+        first = long_context.expected(prompt, 1)
+        rest = long_witness.expected_continuation(
+            prompt + first, len(prompt) + n, long_context.WINDOW, read=ROOT_SHORT_READ
+        )
+        return first + rest
 
     def _meta(self, prompt, out, cached, reason) -> dict:
         return {
@@ -68,7 +92,7 @@ class LongWitnessShapes:
             return refused
         cached = self._cached(prompt)
         n = self._length(prompt, max_new)
-        out = long_context.expected(prompt, n)
+        out = self._rule(prompt, n)
         with self.lock:
             self.seen.append(prompt + out)
         return {"output_ids": out, "meta_info": self._meta(prompt, out, cached, {"type": "length", "length": n})}
@@ -82,7 +106,7 @@ class LongWitnessShapes:
         prompt, max_new = payload["input_ids"], payload["sampling_params"]["max_new_tokens"]
         rid = payload.get("rid")
         n = self._length(prompt, max_new)
-        rule = long_context.expected(prompt, n)
+        rule = self._rule(prompt, n)
         out: list[int] = []
         for k in range(n):
             if k == 1:  # every stream holds after its first token until an abort arrives

@@ -12,6 +12,17 @@ tests only. ``broken`` names one fault, so a test sees a family's check fail on 
   usage             /v1/completions reports one completion token less
   n-short           n > 1 answers n - 1 samples
   spec-details      the OpenAI answers' sglext.spec_tokens_details count one verify step more
+
+and one per request-shape mutant of the catalogue (mtpmatrix.faults.catalogue.request_surface), the server's answers
+as that mutant makes sglang give them:
+
+  grammar-unmasked  a constrained output stops before its first forced character past the prefill token, finish
+                    "abort" (verify accepted the chain's token, the grammar refused it: grammar-verify-unmasked)
+  stop-regex-step-end
+                    a stop_regex request ends at the last token of the step the match is in (stop-regex-at-step-end)
+  ids-logprob-early the asked ids' logprobs read one position early (ids-logprob-node-early)
+  stream-last-only  each /generate stream event adds only the newest token since the last event
+                    (stream-run-last-token-only)
 """
 
 from __future__ import annotations
@@ -60,11 +71,16 @@ class WitnessShapes:
                 text = c.text
                 if self.broken == "grammar" and c.kind == "regex":
                     text = text.replace("5", "6")
+                if self.broken == "grammar-unmasked":  # cut where the chain's next character is not the text's
+                    cut = next((i for i in range(1, len(text)) if ord(text[i]) != ord(text[i - 1]) + 1), len(text))
+                    return [ASCII_FIRST + ord(ch) - 32 for ch in text[:cut]] + ([EOS_ID] if cut == len(text) else [])
                 return [ASCII_FIRST + ord(ch) - 32 for ch in text] + [EOS_ID]
         out = [(prompt[-1] + k) % VOCAB for k in range(1, limit + 1)]
         for pattern in params.get("stop_regex") or []:
             for n in range(1, len(out) + 1):
                 if re.search(pattern, decode(out[:n])):
+                    if self.broken == "stop-regex-step-end":  # steps end after outputs 1, 7, 13, 19, ...
+                        return out[: next(1 + STEP * k for k in range(len(out)) if 1 + STEP * k >= n)]
                     return out[: n + (self.broken == "stop-regex-late")]
         return out
 
@@ -74,8 +90,11 @@ class WitnessShapes:
         out = self._output(prompt, params)
         stopped = out[-1] == EOS_ID or bool(params.get("stop_regex"))
         matched = (params.get("stop_regex") or [EOS_ID])[0]
+        constrained = any(params.get(c.kind) == c.grammar for c in structured.CASES)
         meta = {
-            "finish_reason": {"type": "stop", "matched": matched}
+            "finish_reason": {"type": "abort", "message": "grammar refused an accepted token"}
+            if self.broken == "grammar-unmasked" and constrained and out[-1] != EOS_ID
+            else {"type": "stop", "matched": matched}
             if stopped
             else {"type": "length", "length": len(out)},
             "prompt_tokens": len(prompt),
@@ -90,9 +109,9 @@ class WitnessShapes:
             meta["hidden_states"] = [[hidden_row(x) for x in inputs[: len(prompt)]], *decode_rows]
         asked = payload.get("token_ids_logprob")
         if asked:
-            late = self.broken == "ids-logprob"
+            shift = (self.broken == "ids-logprob") - (self.broken == "ids-logprob-early")
             meta["output_token_ids_logprobs"] = [
-                [[-1e-3 if t == out[min(k + late, len(out) - 1)] else -9.0, t, None] for t in asked]
+                [[-1e-3 if t == out[min(max(k + shift, 0), len(out) - 1)] else -9.0, t, None] for t in asked]
                 for k in range(len(out))
             ]
         return {"text": decode(out), "output_ids": out, "meta_info": meta}
@@ -102,8 +121,11 @@ class WitnessShapes:
         cuts = [1 + STEP * k for k in range(len(ids)) if 1 + STEP * k < len(ids)] + [len(ids)]
         if self.broken == "stream-gap":
             cuts[-1] -= 1
-        events = [{"text": None, "output_ids": ids[:c], "meta_info": {"completion_tokens": c}} for c in cuts[:-1]]
-        return events + [{**answer, "output_ids": ids[: cuts[-1]]}]
+        sent = [ids[:c] for c in cuts]
+        if self.broken == "stream-last-only":  # event k adds ids[c_k - 1] alone
+            sent = [[ids[c - 1] for c in cuts[: k + 1]] for k in range(len(cuts))]
+        events = [{"text": None, "output_ids": s, "meta_info": {"completion_tokens": c}} for s, c in zip(sent, cuts)]
+        return events[:-1] + [{**answer, "output_ids": sent[-1]}]
 
     def _completions(self, payload: dict) -> dict | list:
         answer = self._generate(

@@ -49,6 +49,9 @@ def test_lengths_follow_sglangs_reservation_and_clamp():
         241,
     ]
     assert long_context.cached_bounds(100, 16) == (96, 100) and long_context.cached_bounds(100, 1) == (100, 100)
+    # MTP: the radix keys are token pairs, the 100th shared token's pair differs from the first tail token on
+    assert long_context.cached_bounds(100, 1, mtp=True) == (99, 99)
+    assert long_context.cached_bounds(100, 16, mtp=True) == (96, 99)
 
 
 def test_prompts_cross_the_window_and_chunks_and_share_a_long_prefix():
@@ -76,7 +79,17 @@ def test_intact_fake_passes(name):
 def test_no_radix_hit_fails():
     bad = long_context.own_problems(TOPK3, collect(TOPK3, "cached-zero"))
     assert bad == [
-        "prefix-repeat: cached_tokens 0, the 100-token shared prefix in 16-token pages gives [96, 100] (radix hit)"
+        "prefix-repeat: cached_tokens 0, the 100-token shared prefix in 16-token pages gives [96, 99] (radix hit)"
+    ]
+
+
+def test_mtp_repeat_matches_the_shared_prefix_but_its_last_token():
+    topk1 = SPECS["long-witness-mtp-topk1"]
+    repeat = next(x for x in collect(topk1) if x.label == "prefix-repeat")
+    assert repeat.meta["cached_tokens"] == 99 and long_context.cache_problems(topk1, repeat) == []
+    # the no-MTP twin's bound on the MTP server's answer: 99 is outside it (the bound this replaces)
+    assert long_context.cache_problems(NOMTP, repeat) == [
+        "prefix-repeat: cached_tokens 99, the 100-token shared prefix in 1-token pages gives [100, 100] (radix hit)"
     ]
 
 
@@ -203,3 +216,50 @@ def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(t
     with pytest.raises(CheckFailure) as leaked:
         tier.test_long_pool_empty_when_idle(_runs(tmp_path, log="full memory leak detected! 3 tokens\n"), mtp, record)
     assert leaked.value.kind == "crash" and "memory leak detected! 3 tokens" in str(leaked.value)
+
+
+# ---------------------------------------------------------------------------------------------- the catalogue's mutants
+# Each long-context mutant of mtpmatrix.faults.catalogue.long_context, as what it makes sglang do (fake_long): the check
+# its ``expect`` names fails on the MTP servers' answers (or log) while the no-MTP twin, where the edit is inert, passes.
+def test_swa_verify_window_short_fails_the_rule_and_the_no_mtp_match(tmp_path):
+    from mtpmatrix.core.kinds import CheckFailure
+
+    tier = _tier_module()
+    runs = _runs(tmp_path, "root-reads-short")  # the MTP servers broken, the no-MTP twin intact
+    for name in ("long-witness-mtp-topk1", "long-witness-mtp-topk3-paged"):
+        with pytest.raises(CheckFailure) as failed:
+            tier.test_long_requests_run_to_the_limit(runs, name, lambda *_: None)
+        assert failed.value.kind == "mismatch" and "limit-0: token 1 is" in str(failed.value)
+        with pytest.raises(CheckFailure) as failed:
+            tier.test_long_match_no_mtp(runs, name, lambda *_: None)
+        assert failed.value.kind == "mismatch" and "output differs from no-MTP's" in str(failed.value)
+        with pytest.raises(CheckFailure):
+            tier.test_long_abort_leaves_neighbours_exact(runs, name, lambda *_: None)
+    tier.test_long_requests_run_to_the_limit(runs, "long-witness-nomtp", lambda *_: None)
+    tier.test_long_abort_leaves_neighbours_exact(runs, "long-witness-nomtp", lambda *_: None)
+
+
+def test_spec_context_reserve_dropped_fails_the_over_limit_refusal():
+    spec = SPECS["long-witness-mtp-topk1"]
+    bad = long_context.length_problems(spec, collect(spec, "reserve-dropped"))
+    assert bad == ["over-limit: asked 91 new tokens, answered"]  # every other request still ends where it should
+    assert long_context.length_problems(NOMTP, collect(NOMTP, "reserve-dropped")) == []  # reserves nothing anyway
+
+
+def test_spec_overalloc_tail_kept_fails_the_idle_pool_check(tmp_path):
+    from mtpmatrix.core.kinds import CheckFailure
+
+    tier = _tier_module()
+    # sglang 0.5.17's idle check (scheduler.on_idle -> invariant_checker._report_leak("pool", ...)), as its logger
+    # writes it when a finished request's over-allocated slots are neither free nor in the radix tree
+    # (its message: _check_pool_invariant's line per pool, joined by newlines)
+    leak = (
+        "[2026-12-05 02:00:00] pool memory leak detected! [full] total=640, available=520, evictable=96, "
+        "protected=0, session_held=0, uncached=0\n[swa] total=320, available=320, evictable=0, protected=0, "
+        "session_held=0, uncached=0\n"
+    )
+    runs = _runs(tmp_path, log=leak)
+    with pytest.raises(CheckFailure) as failed:
+        tier.test_long_pool_empty_when_idle(runs, "long-witness-mtp-topk1", lambda *_: None)
+    assert failed.value.kind == "crash" and "memory leak detected! [full] total=640, available=520" in str(failed.value)
+    tier.test_long_pool_empty_when_idle(_runs(tmp_path), "long-witness-nomtp", lambda *_: None)

@@ -127,3 +127,43 @@ def test_parallel_n_intact_then_a_sample_short():
     assert sum(len(x.metas) for x in ok) == 5  # every sample's meta_info counts (SmokeRun.all_meta)
     short = [p for x in collect(parallel_n, "n-short") for p in parallel_n.own_problems(x, 512)]
     assert short == ["n2-70: 1 samples for n=2", "n3-180: 2 samples for n=3"]
+
+
+# ---------------------------------------------------------------------------------------------- the catalogue's mutants
+# Each request-shape mutant of mtpmatrix.faults.catalogue.request_surface, as the answers it makes sglang give (the fake
+# broken the same way, fake_shapes): the check its ``expect`` names fails, on the MTP server's answers and against the
+# intact no-MTP reference.
+def test_grammar_verify_unmasked_fails_the_structured_checks():
+    bad = collect(structured, "grammar-unmasked")
+    problems = structured.own_problems(bad, 512)
+    assert any(p.startswith("regex: output 'abcdefgh'") and "not valid under its regex" in p for p in problems)
+    assert any(p.startswith("ebnf: output 'abcdefg'") for p in problems)
+    assert any("finish_reason {'type': 'abort'" in p for p in problems)
+    assert not [p for p in problems if p.startswith("neighbour-")]  # the unconstrained neighbours stay right
+    assert structured.against_reference(bad, collect(structured, spec=NOMTP))
+
+
+def test_stop_regex_at_step_end_fails_the_stop_regex_checks():
+    by = {c.label: c for c in stop_regex.CASES}
+    bad = collect(stop_regex, "stop-regex-step-end")
+    problems = [p for x in bad for p in stop_regex.problems(by[x.label], x, 512)]
+    assert any("regex-inside" in p and "predicted 16" in p for p in problems), problems
+    # a match on a step's last token (the bonus at 13, the prefill token at 1) is where the mutant ends anyway
+    assert not [p for p in problems if p.startswith(("regex-bonus", "regex-prefill"))]
+    assert stop_regex.against_reference(bad, collect(stop_regex, spec=NOMTP))
+
+
+def test_ids_logprob_node_early_fails_the_token_ids_logprob_checks():
+    bad = collect(token_ids_logprob, "ids-logprob-early")
+    problems = [p for x in bad for p in token_ids_logprob.own_problems(x)]
+    assert problems and all("has logprob" in p for p in problems)
+    assert token_ids_logprob.against_reference(bad, collect(token_ids_logprob, spec=NOMTP))
+
+
+def test_stream_run_last_token_only_fails_the_streaming_checks():
+    bad = collect(streaming, "stream-last-only")
+    problems = streaming.own_problems(bad, release_has_spec_details=True)
+    assert (
+        problems and "the last event's output_ids (7) != the plain answer's (32)" in problems[0]
+    )  # 1 + 5 steps + tail
+    assert streaming.against_reference(bad, collect(streaming, spec=NOMTP))

@@ -50,6 +50,14 @@ CATEGORIES = {
     "sampling-feats": "sampling features (logit_bias, penalties) applied in verify",
     "seeded": "the verify coins of seeded (sampling_seed) requests",
     "hidden-states": "hidden states returned for speculatively accepted tokens",
+    # the request shapes and the long-and-tight family (issue #38)
+    "grammar": "grammar masks of the verify nodes (structured output)",
+    "stop-regex": "stop_regex matched inside a verify step's accepted run",
+    "ids-logprob": "token_ids_logprob of speculatively accepted tokens",
+    "streaming": "stream events of a verify step's accepted run",
+    "swa-verify": "sliding-window attention of the verify nodes past the window",
+    "kv-release": "release of a finished request's speculatively over-allocated KV",
+    "context-limit": "draft slots reserved against the context limit",
 }
 
 

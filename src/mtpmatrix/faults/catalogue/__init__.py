@@ -1,17 +1,20 @@
 """The fault-injection catalogue: small source mutations of the installed sglang's MTP path, one deliberate bug each
-of the kind the smoke tier exists to catch, as data (``witness``, ``decoy_and_sampled``, ``request_surface``: by the
-servers that see them). What a mutant is and how it is applied: ``mtpmatrix.faults.mutation``.
+of the kind the smoke tier exists to catch, as data (``witness``, ``decoy_and_sampled``, ``request_surface``, ``long_context``:
+by the servers that see them). What a mutant is and how it is applied: ``mtpmatrix.faults.mutation``.
 """
 
 from __future__ import annotations
 
 from mtpmatrix.core.schema import comma_list
 from mtpmatrix.faults.catalogue.decoy_and_sampled import DECOY_AND_SAMPLED_MUTANTS
+from mtpmatrix.faults.catalogue.long_context import LONG_CONTEXT_MUTANTS
 from mtpmatrix.faults.catalogue.request_surface import REQUEST_SURFACE_MUTANTS
 from mtpmatrix.faults.catalogue.witness import WITNESS_MUTANTS
 from mtpmatrix.faults.mutation import Mutant, MutantsError
 
-CATALOGUE: tuple[Mutant, ...] = WITNESS_MUTANTS + DECOY_AND_SAMPLED_MUTANTS + REQUEST_SURFACE_MUTANTS
+CATALOGUE: tuple[Mutant, ...] = (
+    WITNESS_MUTANTS + DECOY_AND_SAMPLED_MUTANTS + REQUEST_SURFACE_MUTANTS + LONG_CONTEXT_MUTANTS
+)
 
 
 def catalogue_by_id() -> dict[str, Mutant]:

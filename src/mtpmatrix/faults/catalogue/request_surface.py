@@ -2,7 +2,9 @@
 mode: a stop inside an accepted run, logprobs of the wrong node, one request's temperature for the whole batch, a
 greedy bonus token at T > 0, a non-overlap scheduler that drops the advanced seq_lens, an eager draft that misses
 the last KV slot, a verify without logit_bias, a greedy request sampled in a mixed verify batch, seeded requests'
-verify coins unseeded, hidden states of the node after each accepted one."""
+verify coins unseeded, hidden states of the node after each accepted one; and the other request shapes (issue #38
+item 3): verify nodes left outside the grammar, a stop_regex placed at the step's end, token_ids_logprob read one
+node early, stream events that carry only the last token of each accepted run."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from mtpmatrix.faults.catalogue.sglang_modules import (
     FROZEN_KV_MTP_WORKER_V2,
     LAYERS_UTILS_LOGPROB,
     LOGPROB_PROCESSOR,
+    OUTPUT_STREAMER,
     SCHEDULE_BATCH,
     SCHEDULER,
 )
@@ -299,5 +302,109 @@ REQUEST_SURFACE_MUTANTS: tuple[Mutant, ...] = (
         expect="test_hidden_states_as_predicted[witness-mtp-topk1/topk3] (the rows of one input token disagree "
         "within the server: a decode row is the next token's, which another request's prompt row holds) and "
         "test_hidden_states_match_no_mtp (row by row against the witness without MTP)",
+    ),
+    Mutant(
+        "grammar-verify-unmasked",
+        "grammar",
+        "verify samples the tree's nodes from logits the grammar mask was never applied to (the vocab mask built for "
+        "each node's grammar state, then skipped), so a verify step accepts the drafted token where the grammar "
+        "forces another",
+        (
+            Site(
+                EAGLE_UTILS,
+                "    if grammar_mask is not None:\n        grammar_mask.apply(next_token_logits)\n",  # 0.5.17/23
+                "    if grammar_mask is not None and False:  # verify nodes left unmasked\n"
+                "        grammar_mask.apply(next_token_logits)\n",
+            ),
+        ),
+        servers=WITNESS_SURFACE,
+        na_on=("0.5.13",),
+        na_why="its verify re-raises the grammar's refusal of an accepted token (eagle_info.py "
+        "EagleVerifyInput.verify: accept_token ... raise e), so an unmasked verify kills the scheduler: a crash "
+        "any check sees, not a fault for the structured family to find",
+        expect="test_structured_as_predicted[witness-mtp-topk1/topk3] and test_structured_match_no_mtp: "
+        "at a forced character the witness's drafts (and the target's unmasked argmax) are the +1 chain, so verify "
+        "accepts a token the grammar refuses; sglang's grammar advance then aborts the request "
+        "(batch_result_processor._accept_grammar_tokens: ValueError -> FINISH_ABORT), and the output is cut short "
+        "of its predicted text with finish_reason abort. The first token (prefill, masked by the plain sampler) "
+        "stays right; witness-nomtp passes. No old request carries a grammar",
+    ),
+    Mutant(
+        "stop-regex-at-step-end",
+        "stop-regex",
+        "a stop_regex matched inside a verify step's accepted run finishes the request at the step's last token "
+        "(finished_len = len(output_ids)) instead of at the token where the match completes",
+        (
+            Site(
+                SCHEDULE_BATCH,
+                "                        self.finished_len = self._locate_str_stop_finished_len(\n"  # 0.5.17
+                "                            new_accepted_len, stop_regex=stop_regex_str\n"
+                "                        )\n",
+                "                        self.finished_len = len(self.output_ids)\n",
+            ),
+            Site(
+                SCHEDULE_BATCH,
+                "                        self.finished_len = finished_len\n",  # 0.5.23
+                "                        self.finished_len = len(self.output_ids)\n",
+            ),
+        ),
+        servers=WITNESS_SURFACE,
+        na_on=("0.5.13",),
+        na_why="its Frozen-KV MTP verify appends accepted tokens one at a time and checks finish after each "
+        "(eagle_info.py EagleVerifyInput.verify: update_finish_state() per token), and its _check_str_based_finish "
+        "has no position to locate: no such edit exists there",
+        expect="test_stop_regex_as_predicted[witness-mtp-topk1/topk3] (each output ends where its regex first "
+        "matches, 16 tokens for the predicted cases) and test_stop_regex_match_no_mtp: the tokens accepted after the "
+        "match in the same step stay in the output. No-MTP steps accept one token, where the step's last token is "
+        "the match (unchanged). No old request sends stop_regex",
+    ),
+    Mutant(
+        "ids-logprob-node-early",
+        "ids-logprob",
+        "token_ids_logprob of a verify step's accepted tokens is read from the logprob row one node earlier (rows "
+        "rolled by one), while output_token_logprobs keeps the right rows",
+        (
+            Site(
+                LOGPROB_PROCESSOR,
+                "            gathered_logprobs, token_ids_logprobs_expanded, no_copy_to_cpu=True\n",  # 0.5.17/23
+                "            gathered_logprobs.roll(1, dims=0), token_ids_logprobs_expanded, no_copy_to_cpu=True\n",
+            ),
+            Site(
+                LAYERS_UTILS_LOGPROB,
+                "        ) = get_token_ids_logprobs(\n"  # 0.5.13: add_output_logprobs_for_spec_v1
+                "            logprobs,\n"
+                "            token_ids_logprobs_repeat_interleaved,\n",
+                "        ) = get_token_ids_logprobs(\n"
+                "            logprobs.roll(1, dims=0),\n"
+                "            token_ids_logprobs_repeat_interleaved,\n",
+            ),
+        ),
+        servers=WITNESS_SURFACE,
+        expect="test_token_ids_logprob_as_predicted[witness-mtp-topk1/topk3] (at each output position the asked "
+        "id equal to the output token has logprob >= -0.216, every other asked id <= -7.66; and within "
+        "logprobs.TOLERANCE_NATS of witness-nomtp: test_token_ids_logprob_match_no_mtp): the asked ids at an accepted-draft or bonus position (3, 12, "
+        "13) get the row of the position before, where the witness's peak is the previous token, ~20 nats away. "
+        "The logprobs family asks no token ids (sampling_info.token_ids_logprobs None), so it is blind",
+    ),
+    Mutant(
+        "stream-run-last-token-only",
+        "streaming",
+        "a streaming request's event carries only the newest token of the tokens produced since the last event "
+        "(output_ids[-1:] in place of output_ids[send_token_offset:]), as if every step produced one token: under "
+        "MTP the rest of each accepted run never reaches the client's output_ids",
+        (
+            Site(
+                OUTPUT_STREAMER,
+                "        self.output_ids.append(output_ids_[send_token_offset:])\n",  # 0.5.13-0.5.23
+                "        self.output_ids.append(\n"
+                "            output_ids_[len(output_ids_) - 1 :] if req.stream else output_ids_[send_token_offset:]\n"
+                "        )\n",
+            ),
+        ),
+        servers=WITNESS_SURFACE,
+        expect="test_streaming_as_predicted[witness-mtp-topk1/topk3] (the /generate stream's last event's "
+        "output_ids must equal the non-streamed answer's) and test_streaming_match_no_mtp: with 6 tokens per verify step a 32-token stream "
+        "reassembles to about 7. witness-nomtp passes (one token per event either way); text and the OpenAI "
+        "streams stay right (the detokenizer has its own offset). No old request streams",
     ),
 )

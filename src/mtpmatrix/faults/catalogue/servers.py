@@ -1,7 +1,7 @@
 """Which smoke servers a mutant's suite launches: the groups that see each kind of bug (the servers themselves are
 defined once, in ``mtpmatrix.core.smoke_servers``)."""
 
-from mtpmatrix.core.smoke_servers import DECOY_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS
+from mtpmatrix.core.smoke_servers import DECOY_SERVERS, LONG_SERVERS, SAMPLED_SERVERS, WITNESS_SERVERS
 from mtpmatrix.faults.mutation import DEFAULT_SERVERS
 
 __all__ = ["DEFAULT_SERVERS", "WITNESS_SERVERS"]
@@ -21,3 +21,7 @@ WITNESS_NOMTP, SAMPLED_NOMTP = "witness-nomtp", "sampled-nomtp"
 WITNESS_SURFACE = WITNESS_SERVERS + (WITNESS_NOMTP,)
 DECOY_NO_OVERLAP = ("decoy-mtp-topk3-no-overlap", DECOY_SERVERS[1])
 WITNESS_EAGER = ("witness-mtp-topk3-eager", WITNESS_SERVERS[1])
+
+# The long-and-tight family (tests/tiers/test_smoke_long.py): the no-MTP twin beside both MTP servers, so that one
+# suite shows the MTP servers' checks failing while the same checks on the twin pass.
+LONG = LONG_SERVERS

@@ -20,3 +20,8 @@ LAYERS_UTILS_LOGPROB = (
 LOGPROB_PROCESSOR = (
     "sglang.srt.layers.logprob_processor"  # 0.5.17 compute_spec_v2_logprobs, 0.5.23 compute_spec_logprobs
 )
+# the long-and-tight family's paths and the request shapes' (issue #38)
+TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend"  # the smoke servers' --attention-backend
+MEM_CACHE_COMMON = "sglang.srt.mem_cache.common"  # release_kv_cache and its over-allocated tail
+TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager"
+OUTPUT_STREAMER = "sglang.srt.managers.scheduler_components.output_streamer"

@@ -88,11 +88,15 @@ def limit_new(topk: int | None, prompt_len: int, context_len: int = LONG_CONTEXT
     return min(admitted_new(topk, prompt_len, context_len), (context_len - 1) - prompt_len - 1)
 
 
-def cached_bounds(shared: int, page: int) -> tuple[int, int]:
+def cached_bounds(shared: int, page: int, mtp: bool = False) -> tuple[int, int]:
     """What cached_tokens the repeat of a prefix pair may report: the shared prefix in whole pages (a radix tree of
     ``page``-token pages matches whole pages only) up to the whole shared prefix (the tails differ from their first
-    token, so no longer match exists)."""
-    return shared // page * page, shared
+    token, so no longer match exists). Under MTP the tree's keys are token pairs: sglang counts Frozen-KV MTP as
+    EAGLE (spec_info.is_eagle, 0.5.13-0.5.23), so the radix cache is built with is_eagle and matches bigram views of
+    the keys (RadixKey.maybe_to_bigram_view; len = tokens - 1); the pair (t[shared - 1], t[shared]) differs, so at
+    most ``shared - 1`` tokens match."""
+    matchable = shared - 1 if mtp else shared
+    return matchable // page * page, matchable
 
 
 def _params(max_new: int) -> dict:
@@ -186,7 +190,7 @@ def cache_problems(spec, repeat) -> list[str]:
     """The prefix pair's repeat hit the radix cache for the shared prefix (``cached_bounds``)."""
     if repeat is None or repeat.error:
         return [f"prefix-repeat: {'not sent' if repeat is None else repeat.error}"]
-    lo, hi = cached_bounds(SHARED, page_size(spec))
+    lo, hi = cached_bounds(SHARED, page_size(spec), mtp=bool(spec.topk))
     got = repeat.meta.get("cached_tokens")
     if not isinstance(got, int) or not lo <= got <= hi:
         return [
