@@ -193,6 +193,20 @@ def test_main_from_stdin_with_github_output(rows, tmp_path, monkeypatch, capsys)
     assert gh.read_text() == f"earlier=1\nmatrix={out.strip()}\ncount=3\n"
 
 
+def test_main_passes_gpus_and_max_gpus_on(rows, monkeypatch, capsys):
+    # the command line reaches build_matrix: --gpus and --max-gpus each change the
+    # matrix (a main() that dropped --gpus left every row on gpu-1, and only a comparison of outputs noticed)
+    constraints = str(next(iter(rows.values())).path.parent)
+    listing = json.dumps(LISTING)
+    base = ["--from-json", "-", "--constraints", constraints]
+    _, plain, _ = run_main(base, monkeypatch, capsys, stdin=listing)
+    _, two, _ = run_main([*base, "--gpus", "2"], monkeypatch, capsys, stdin=listing)
+    assert {e["gpus"] for e in json.loads(two)["include"]} == {2}
+    assert json.loads(two)["include"] != json.loads(plain)["include"]
+    _, capped, err = run_main([*base, "--gpus", "2", "--max-gpus", "1"], monkeypatch, capsys, stdin=listing)
+    assert {e["runner"] for e in json.loads(capped)["include"]} == {"gpu-1"} and "--max-gpus 1" in err
+
+
 def test_main_errors_are_one_line(rows, tmp_path, monkeypatch, capsys):
     constraints = next(iter(rows.values())).path.parent
     rc, out, err = run_main(
