@@ -15,7 +15,7 @@ import shutil
 import pytest
 from evidence_records import H200_ROW, h200_record, session_fields, write_box
 
-from mtpmatrix.core.evidence import judge, manifest, records
+from mtpmatrix.core.evidence import environment, judge, manifest, record_files, records
 from mtpmatrix.report import render as report_render
 from mtpmatrix.report import summary as report_summary
 from mtpmatrix.runner import importer
@@ -97,11 +97,11 @@ def test_a_knob_that_changes_what_is_tested_is_not_the_qualification_suite(tmp_p
 
 
 def test_knobs_at_their_defaults_or_that_only_place_things_change_nothing():
-    assert judge.knob_effect("MTPMATRIX_SMOKE_TP", "1") == ()
-    assert judge.knob_effect("MTPMATRIX_SMOKE_PAIR", "e-series") == ()
-    assert judge.knob_effect("MTPMATRIX_SMOKE_PARALLEL", "4") == ()
-    assert judge.knob_effect("MTPMATRIX_31B_TARGET", "/models/anything") == ("gsm8k",)
-    assert judge.knob_effect("MTPMATRIX_SMOKE_TP", "2") == ("smoke",)
+    assert environment.knob_effect("MTPMATRIX_SMOKE_TP", "1") == ()
+    assert environment.knob_effect("MTPMATRIX_SMOKE_PAIR", "e-series") == ()
+    assert environment.knob_effect("MTPMATRIX_SMOKE_PARALLEL", "4") == ()
+    assert environment.knob_effect("MTPMATRIX_31B_TARGET", "/models/anything") == ("gsm8k",)
+    assert environment.knob_effect("MTPMATRIX_SMOKE_TP", "2") == ("smoke",)
 
 
 def _gsm8k_check(case="31B-topk1", outcome="passed", **metrics) -> dict:
@@ -333,7 +333,7 @@ def test_junit_entries_of_one_test_say_the_most_they_can(tmp_path):
             {"id": "t.py::c", "outcome": "skipped"},
         ],
     )
-    assert judge.junit_outcomes(f) == {"t.py::a": "passed", "t.py::b": "error", "t.py::c": "passed"}
+    assert record_files.junit_outcomes(f) == {"t.py::a": "passed", "t.py::b": "error", "t.py::c": "passed"}
 
 
 def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
@@ -342,7 +342,7 @@ def test_junit_says_xfailed_only_of_a_failure(tmp_path, h200):
     judged(tmp_path, h200)
     row = tmp_path / "results" / "r1" / H200_ROW
     assert 'type="pytest.xfail"' in (row / "junit.xml").read_text()
-    xfailed = {c: o for c, o in judge.junit_outcomes(row / "junit.xml").items() if o == judge.XFAILED}
+    xfailed = {c: o for c, o in record_files.junit_outcomes(row / "junit.xml").items() if o == record_files.XFAILED}
     assert xfailed
     rec = json.loads((row / "row.json").read_text())
     assert {c["id"] for t in rec["tiers"].values() for c in t["checks"] if c["id"] in xfailed} == set(xfailed)

@@ -278,10 +278,15 @@ class Manifest(TypedDict, total=False):
 
 
 class Problem(TypedDict):
-    """What a record cannot show (evidence.judge.problem): about one tier, or the whole row (tier None)."""
+    """What a record cannot show (``problem``): about one tier, or the whole row (tier None)."""
 
     tier: str | None
     what: str
+
+
+def problem(tier: str | None, what: str) -> Problem:
+    """A Problem: what the evidence judge (core/evidence) found a record cannot show."""
+    return {"tier": tier, "what": what}
 
 
 class EvidenceSummary(TypedDict):

@@ -5,8 +5,12 @@ whole, is "not proven", never "qualifies".
     fingerprint.py   the suite's identity: the tier tests, the code they run, the expected checks, the data
     manifest.py      results/<run>/manifest.json: what the run planned, fixed when it starts
     records.py       a row record's shape checked before anything reads it (no reader crashes on a field edit)
-    judge.py         one row's evidence judged against its manifest, its pins, its name and its own metrics
-    session.py       how its session ran (pytest's plugins, options, conftests; reruns; GPUs), its build, one row each
+    judge.py         one row's evidence judged against its manifest and its name, by the parts below
+    versions.py        the versions it ran against its pins and --with overrides
+    environment.py     the settings it ran with: MTPMATRIX_* knobs, SGLANG_* variables, what it was asked
+    checks.py          each check's record: what served it, its numbers against its outcome
+    record_files.py    tiers.json and junit.xml beside row.json telling the same story
+    session.py         how its session ran (pytest's plugins, options, conftests; reruns; GPUs), its build, one row each
     run.py           a run's rows judged and applied
     checkout.py      the judging checkout against its commit: what differs is named, the committed excuses applied
 

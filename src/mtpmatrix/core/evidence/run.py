@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mtpmatrix.core import paths
 from mtpmatrix.core.evidence import checkout, expected_checks, fingerprint, judge, manifest, records, session
-from mtpmatrix.core.record_types import EvidenceSummary, Fingerprint, Manifest, Problem, RowRecord
+from mtpmatrix.core.record_types import EvidenceSummary, Fingerprint, Manifest, Problem, RowRecord, problem
 from mtpmatrix.core.schema import UNPROVEN
 from mtpmatrix.core.store import row_verdict
 
@@ -52,21 +52,21 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
     shared = session.shared_sessions(rows)  # one session filed as two rows proves neither
     for rid, rec in rows.items():
         if rec.get("unreadable"):
-            found = [judge.problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
+            found = [problem(None, f"unreadable record: {why}") for why in rec["unreadable"]]
         else:
             found = judge.judge_row(rid, rec, run_id=run_dir.name, manifest=plan, row_dir=run_dir / rid)
             found += stale(rid, rec, plan)
         if (run_dir / rid).is_symlink():  # another run's folder, linked in: not this run's record
-            found.append(judge.problem(None, "the row folder is a link to another folder"))
+            found.append(problem(None, "the row folder is a link to another folder"))
         found += shared.get(rid, [])
         by_row[rid] = found
         apply_problems(rec, found)
     planned = plan.get("rows") or {} if plan else {}
     for rid in sorted(set(planned) - set(rows)):
         why = (plan.get("not_run") or {} if plan else {}).get(rid) or "no record: the row's session never wrote one"
-        rows[rid] = apply_problems(records.shell(rid, []), [judge.problem(None, f"not run: {why}")])
+        rows[rid] = apply_problems(records.shell(rid, []), [problem(None, f"not run: {why}")])
         rows[rid]["row"]["pins"] = (planned[rid] or {}).get("pins") or {}
-        by_row[rid] = [judge.problem(None, f"not run: {why}")]
+        by_row[rid] = [problem(None, f"not run: {why}")]
     here_state = checkout.state()
     return {
         "run": run_problems,
@@ -94,10 +94,10 @@ def stale(row_id: str, record: RowRecord, plan: Manifest | None) -> list[Problem
         paths.single_name(name, "constraints file")
         text = (paths.CONSTRAINTS_DIR / name).read_text()  # as the plan read it (manifest.planned_row)
     except (paths.NameError_, OSError, ValueError) as exc:
-        return [judge.problem(None, f"the row's constraints file cannot be compared with the run's ({exc})")]
+        return [problem(None, f"the row's constraints file cannot be compared with the run's ({exc})")]
     if hashlib.sha256(text.encode()).hexdigest() != want:
         return [
-            judge.problem(
+            problem(
                 None,
                 f"constraints/{name} changed since the run: the record shows the row as it was, not as it is "
                 "(run it again)",

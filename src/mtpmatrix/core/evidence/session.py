@@ -1,6 +1,6 @@
 """How a row's session ran, judged: what can change an outcome without changing a test, and the build a row's
-identity includes beside its pins. Each answer that is "no" is a problem (judge.problem): the tier or the row proves
-nothing.
+identity includes beside its pins. Each answer that is "no" is a problem (record_types.problem): the tier or the row
+proves nothing.
 
   pytest      the record names the plugins it loaded, the options from every source and the conftest files; a
               plugin this judge does not list (PLUGINS_THAT_CANNOT_TURN_A_FAILURE_INTO_A_PASS), a conftest that is
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import re
 
-from mtpmatrix.core.evidence.judge import problem
 from mtpmatrix.core.paths import SUITE
-from mtpmatrix.core.record_types import PlannedRow, Problem, RowRecord
+from mtpmatrix.core.record_types import PlannedRow, Problem, RowRecord, problem
 from mtpmatrix.core.schema import FAILING, short_check_id
 
 # Plugins a GPU box may carry (the lent H200's own packages: shared/device/device-packages.txt) that cannot turn a

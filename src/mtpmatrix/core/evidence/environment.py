@@ -1,0 +1,120 @@
+"""The settings a row's session ran with, judged: its MTPMATRIX_* knobs (one that changes what is tested makes the
+tiers it changes "not proven"; KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED lists the others, and a smoke or pair knob set
+to its default is none), the SGLANG_* / SGL_* variables of its environment, and what the invocation asked (its
+pytest args, its knobs) against what the session recorded."""
+
+from __future__ import annotations
+
+from mtpmatrix.core import schema, settings
+from mtpmatrix.core.record_types import Problem, RowRecord, problem
+from mtpmatrix.core.schema import TIERS
+from mtpmatrix.core.smoke_servers import smoke_options
+
+# Knobs that say where things go, how fast they run or which tiers run (a tier that does not run is 'partial' by
+# itself), never what a check tests.
+KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED = frozenset(
+    {
+        "MTPMATRIX_RUN_ID",
+        "MTPMATRIX_RESULTS",
+        "MTPMATRIX_RESULTS_ROOT",
+        "MTPMATRIX_ROW",
+        "MTPMATRIX_TINY_DIR",
+        "MTPMATRIX_SIDE_BY_SIDE",
+        "MTPMATRIX_PRECOMPILE",
+        "MTPMATRIX_SUITE_PROCESS",
+        "MTPMATRIX_IMPORTED_DIR",
+        "MTPMATRIX_INVOCATION_ID",
+        "MTPMATRIX_TIERS",
+        "MTPMATRIX_MAX_GPUS",
+        "MTPMATRIX_FORCE_NO_GPU",
+        "MTPMATRIX_OFFLINE",
+        "MTPMATRIX_GSM8K_DIR",  # the data is checked against its checksum wherever it comes from
+        "MTPMATRIX_GSM8K_READY_TIMEOUT",
+        "MTPMATRIX_GSM8K_BASELINE",  # adds no-MTP cases beside the seed cases
+        "MTPMATRIX_SMOKE_PARALLEL",
+        "MTPMATRIX_PROBE_DIR",
+        "MTPMATRIX_PROBE_LIMIT",
+        "MTPMATRIX_VERBOSE",  # the row's whole pytest output on the console, not only in pytest.log
+    }
+)
+
+
+def _pair_knob(name: str) -> str | None:
+    """The pair a MTPMATRIX_<PAIR>_<WHAT> knob overrides, None when it is no pair knob."""
+    for pair in settings.PAIRS:
+        if any(name == settings.pair_env_key(pair, what) for what in ("TARGET", "ASSISTANT", "TP", "THRESHOLD")):
+            return pair
+    return None
+
+
+def knob_effect(name: str, value: str) -> tuple[str, ...]:
+    """The tiers whose checks ``name=value`` changes (empty: none)."""
+    if name in KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED or not name.startswith("MTPMATRIX_"):
+        return ()
+    if name.startswith("MTPMATRIX_SMOKE_"):
+        try:
+            same = smoke_options({name: value}) == smoke_options({})
+        except ValueError:
+            same = False
+        return () if same else ("smoke",)
+    pair = _pair_knob(name)
+    if pair is not None:
+        try:
+            same = settings.resolve_pair(pair, {name: value}) == settings.resolve_pair(pair, {})
+        except (KeyError, ValueError):
+            same = False
+        return () if same else ("gsm8k",)
+    if name.startswith("MTPMATRIX_GSM8K_") or name == "MTPMATRIX_SERVER_PAIR":
+        return ("gsm8k",)
+    return TIERS  # fault injection, or a knob this judge does not know: it may change anything
+
+
+def candidate_knobs(record: RowRecord, knobs: dict[str, str]) -> set[str]:
+    """The knobs of ``knobs`` that are the record's candidate (runner/candidate.py), not settings: the patch the
+    fault-injection hook served at import (tools/gpu_box.sh PATCH=) when its sha256 is the candidate's, and the
+    draft phase the candidate declares. On any other record they are knobs this judge does not know."""
+    cand = record.get("candidate") if isinstance(record.get("candidate"), dict) else None
+    if cand is None:
+        return set()
+    out = set()
+    if cand.get("kind") == "patch" and cand.get("sha256") and knobs.get(schema.PATCH_SHA256_ENV) == cand["sha256"]:
+        out |= {schema.PATCH_ENV, schema.PATCH_SHA256_ENV}
+    try:
+        declared = int(knobs.get(schema.DRAFT_PHASE_ENV) or "")
+    except ValueError:
+        declared = None
+    if declared is not None and declared == cand.get("draft_phase"):
+        out.add(schema.DRAFT_PHASE_ENV)
+    return out
+
+
+def judge(record: RowRecord) -> list[Problem]:
+    """Every problem with the settings ``record``'s session ran with."""
+    out = []
+    sel = record.get("selection") or {}
+    asked = record.get("knobs") or {}
+    ran = sel.get("knobs") or {}
+    identity = candidate_knobs(record, asked) & candidate_knobs(record, ran) if asked else candidate_knobs(record, ran)
+    for name, value in sorted({**asked, **ran}.items()):
+        if name in identity:
+            continue
+        for tier in knob_effect(name, value or ""):
+            out.append(problem(tier, f"{tier} ran with {name}={value}: not the qualification suite"))
+    changing = {
+        k for k in set(asked) | set(ran) if k not in identity and knob_effect(k, (asked.get(k) or ran.get(k) or ""))
+    }
+    differ = sorted(k for k in changing if asked.get(k) != ran.get(k))
+    if record.get("selection") is not None and "knobs" in record and differ:
+        out.append(problem(None, f"the session ran with other knobs than it was asked ({', '.join(differ)})"))
+    for name, value in sorted((sel.get("sglang_env") or {}).items()):  # recorded since the review of issue #39
+        out.append(
+            problem(
+                None, f"the session ran with {name}={value}: sglang reads it, the qualification suite does not set it"
+            )
+        )
+    args = [str(a) for a in sel.get("args") or []]
+    asked_args = record.get("pytest_args") or []
+    it = iter(args)
+    if record.get("selection") is not None and not all(any(a == b for b in it) for a in asked_args):
+        out.append(problem(None, f"the session's pytest args do not hold what it was asked ({' '.join(asked_args)})"))
+    return out
