@@ -57,8 +57,11 @@ def whole(record: dict) -> dict:
 
 def session_fields(record: dict) -> dict:
     """What today's plugin records of how a hand-made record's session ran, as its row would have it: a clean
-    pytest (no other plugin, option or conftest), the row's Python, torch as its versions say, a GPU name per GPU."""
+    pytest (no other plugin, option or conftest), the row's Python, torch as its versions say (built for CUDA on a
+    box with GPUs: the row's cuNNN, else PyPI's 13.0 as the H200 ran it), a GPU name per GPU."""
     row, versions = record.get("row") or {}, record.get("versions") or {}
+    backend = str(row.get("torch_backend") or "")
+    cuda = f"{backend[2:-1]}.{backend[-1]}" if backend.startswith("cu") else "13.0"
     return {
         "pytest": dict(H200_PYTEST, plugins=[]),
         "build": {
@@ -66,7 +69,7 @@ def session_fields(record: dict) -> dict:
             "implementation": "cpython",
             "platform": "linux-x86_64",
             "torch": versions.get("torch"),
-            "torch_cuda": None,
+            "torch_cuda": cuda if record.get("gpus") else None,
         },
         "gpu_names": ["NVIDIA H200"] * (record.get("gpus") or 0),
         "session_id": secrets.token_hex(16),

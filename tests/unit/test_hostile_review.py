@@ -225,3 +225,29 @@ def test_import_names_a_broken_known_upstream_list_not_the_box_s_tiers_json(tmp_
     _out, err = capsys.readouterr()
     assert rc == 2 and one_line_error(err), err
     assert err.startswith("error: the known upstream list: ") and "tiers.json" not in err
+
+
+@pytest.mark.parametrize("tier", ["smoke", "gsm8k"])
+def test_a_gpu_tier_passed_on_a_torch_without_cuda_is_not_proven(tmp_path, tier):
+    data = h200_record()
+    data["build"].update(torch="2.11.0", torch_cuda=None)  # review case 13: a torch built without CUDA
+    if tier == "gsm8k":  # the smoke checks stay as the H200 ran them; one gsm8k check passed beside them
+        data["tiers"]["gsm8k"] = {"checks": [{"id": "tests/tiers/test_gsm8k.py::test_x", "outcome": "passed"}]}
+    s = judged(tmp_path, data)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert f"{tier} passed on torch 2.11.0, built without CUDA: a GPU tier cannot pass there" in whys(s)
+
+
+def test_the_h200_torch_with_cuda_proves_its_gpu_tier(tmp_path):
+    s = judged(tmp_path, h200_record())  # torch 2.11.0+cu130, CUDA 13.0
+    assert not any("built without CUDA" in w for w in whys(s))
+
+
+def test_a_gsm8k_check_served_by_a_server_url_needs_no_cuda_in_the_session(tmp_path):
+    data = h200_record()
+    data["build"].update(torch="2.11.0", torch_cuda=None)
+    del data["tiers"]["smoke"]  # only the client ran here: its GPU work was the --server-url server's
+    served = {"url": "http://gpu:30000", "version": "0.5.17", "tp_size": 1}
+    check = {"id": "tests/tiers/test_gsm8k.py::test_x", "outcome": "passed", "metrics": {"served": served}}
+    data["tiers"]["gsm8k"] = {"checks": [check]}
+    assert not any("built without CUDA" in w for w in whys(judged(tmp_path, data)))

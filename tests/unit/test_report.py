@@ -438,7 +438,7 @@ def _filed(tier: str, entry: dict) -> dict:
     )
 
 
-def _run(root, run_id, rows, versions=None):
+def _run(root, run_id, rows, versions=None, gpus=None):
     for rid, tiers in rows.items():
         d = root / run_id / rid
         d.mkdir(parents=True)
@@ -455,6 +455,7 @@ def _run(root, run_id, rows, versions=None):
                 "collected": {t: [c["id"] for c in tv.get("checks") or []] for t, tv in tiers.items()},
             },
             "versions": dict(versions or {}),
+            **({"gpus": gpus[rid]} if rid in (gpus or {}) else {}),
         }
         rec["verdict"] = store.row_verdict(rec)
         (d / "row.json").write_text(json.dumps(rec))
@@ -498,8 +499,10 @@ def test_only_every_tier_in_every_row_qualifies(tmp_path, results):
     )
     s = json.loads((results / BASE / "report" / "summary.json").read_text())
     assert s["verdict"] == "not-proven" and "QUALIFIES" not in report_render.render_markdown(s)
-    # one row without a GPU: smoke and gsm8k ran (in part) in the other row only
-    _run(tmp_path, "20260101-000000", {"gpu": {t: _tier("passed") for t in TIERS}, "cpu": _cpu_tiers()})
+    # one row without a GPU: smoke and gsm8k ran (in part) in the other row only, on a box with two
+    _run(
+        tmp_path, "20260101-000000", {"gpu": {t: _tier("passed") for t in TIERS}, "cpu": _cpu_tiers()}, gpus={"gpu": 2}
+    )
     s = report_summary.build_summary(tmp_path / "20260101-000000", require=["gsm8k"])
     assert s["verdict"] == "not-proven" and s["exit_status"] == report_summary.EXIT_NOT_PROVEN
     md = report_render.render_markdown(s)

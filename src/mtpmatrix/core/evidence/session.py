@@ -7,7 +7,8 @@ proves nothing.
               not the suite's, a config file other than the suite's pyproject.toml, PYTEST_ADDOPTS, -o, --runxfail
   reruns      a check recorded passed after a rerun (the plugin keeps the first failure: a pass after a rerun is
               not a pass)
-  GPUs        a smoke tier that passed on a box with no GPU; GPU names that are not as many as the GPUs counted
+  GPUs        a smoke tier that passed on a box with no GPU; GPU names that are not as many as the GPUs counted; a
+              GPU tier that passed on its own servers with a torch built without CUDA
   build       the record names its Python, platform and torch build; Python is the row's, torch's local version
               (``+cu128``, none for PyPI's wheels) and CUDA are the row's torch backend's
   one session the session (its id, gpu_box.sh's invocation id) is filed as one row of the run, no more
@@ -19,7 +20,7 @@ import re
 
 from mtpmatrix.core.paths import SUITE
 from mtpmatrix.core.record_types import PlannedRow, Problem, RowRecord, problem
-from mtpmatrix.core.schema import FAILING, short_check_id
+from mtpmatrix.core.schema import FAILING, GPU_TIERS, SERVED, short_check_id
 
 # Plugins a GPU box may carry (the lent H200's own packages: shared/device/device-packages.txt) that cannot turn a
 # failure into a pass of this suite; tests/unit/test_evidence_hostile.py fails when tests/tiers starts to use one.
@@ -157,10 +158,33 @@ def _build(record: RowRecord, planned: PlannedRow | None) -> list[Problem]:
     return out
 
 
+def _gpu_tiers_on_a_torch_without_cuda(record: RowRecord) -> list[Problem]:
+    """A GPU tier that passed a check on the session's own servers while the recorded torch has no CUDA: the record
+    contradicts itself (a check served by a --server-url server, ``served``, ran its GPU work elsewhere)."""
+    b = record.get("build")
+    if not isinstance(b, dict) or b.get("torch_cuda"):
+        return []
+    out = []
+    for tier in GPU_TIERS:
+        checks = (record.get("tiers") or {}).get(tier, {}).get("checks") or []
+        if any(c.get("outcome") == "passed" and SERVED not in (c.get("metrics") or {}) for c in checks):
+            out.append(
+                problem(
+                    tier, f"{tier} passed on torch {b.get('torch')}, built without CUDA: a GPU tier cannot pass there"
+                )
+            )
+    return out
+
+
 def judge(record: RowRecord, planned: PlannedRow | None) -> list[Problem]:
     """Every problem with how ``record``'s session ran (a record whose tiers ran checks; ``planned``: the manifest's
     plan of its row, None without one)."""
-    return _pytest(record) + _reruns_and_gpus(record) + _build(record, planned)
+    return (
+        _pytest(record)
+        + _reruns_and_gpus(record)
+        + _build(record, planned)
+        + _gpu_tiers_on_a_torch_without_cuda(record)
+    )
 
 
 def session_ids(record: RowRecord) -> list[str]:
