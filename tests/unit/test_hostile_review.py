@@ -251,3 +251,10 @@ def test_a_gsm8k_check_served_by_a_server_url_needs_no_cuda_in_the_session(tmp_p
     check = {"id": "tests/tiers/test_gsm8k.py::test_x", "outcome": "passed", "metrics": {"served": served}}
     data["tiers"]["gsm8k"] = {"checks": [check]}
     assert not any("built without CUDA" in w for w in whys(judged(tmp_path, data)))
+
+
+def test_a_tier_required_twice_is_named_once(h200_run, capsys):
+    results, run = h200_run
+    assert main(["report", run.name, "--results", str(results), "--require", "smoke,smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "smoke proven" in out and "smoke and smoke" not in out, out

@@ -19,8 +19,9 @@ from mtpmatrix.report.summary import EXIT_BAD_INPUT, REPORT_DIR, ReportError, bu
 
 
 def parse_require(text: str | None) -> list[str]:
-    """``--require smoke,gsm8k`` -> ["smoke", "gsm8k"]; ReportError (one line) for an unknown tier."""
-    tiers = schema.parse_tiers(text)
+    """``--require smoke,gsm8k`` -> ["smoke", "gsm8k"] (a tier named twice counts once); ReportError (one line) for
+    an unknown tier."""
+    tiers = list(dict.fromkeys(schema.parse_tiers(text)))
     bad = [t for t in tiers if t not in TIERS]
     if bad:
         raise ReportError(f"--require: unknown tier(s) {', '.join(bad)}; known: {', '.join(TIERS)}")
