@@ -249,6 +249,57 @@ def test_an_override_is_the_command_line_s_not_what_the_config_implies(plugin_se
     assert plugin_session("-o", "xfail_strict=false")["pytest"]["override_ini"] == ["xfail_strict=false"]
 
 
+SETS_A_VARIABLE_AS_IT_RUNS = """\
+import os
+
+import pytest
+
+
+@pytest.mark.contract
+def test_imports_a_library_that_sets_a_variable():
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/set-by-a-library"  # as importing sglang does
+"""
+
+
+def test_the_session_records_the_torch_cuda_nccl_variables_it_started_with(plugin_session, pytester, monkeypatch):
+    pytester.makepyfile(test_sets=SETS_A_VARIABLE_AS_IT_RUNS)
+    monkeypatch.setenv("NCCL_ALGO", "Tree")  # the box's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")  # never recorded: no prefix torch, CUDA or NCCL reads
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # absent when the session starts; restored after
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    sel = plugin_session()["selection"]
+    assert sel["torch_env"] == {"CUDA_VISIBLE_DEVICES": "0", "NCCL_ALGO": "Tree"}
+    assert "hf_secret" not in json.dumps(sel)
+
+
+@pytest.mark.parametrize(
+    ("variables", "why"),
+    [
+        ({"NCCL_ALGO": "Tree"}, "NCCL_ALGO=Tree: torch, CUDA, NCCL or Triton read it"),
+        ({"NVIDIA_TF32_OVERRIDE": "0"}, "NVIDIA_TF32_OVERRIDE=0: torch, CUDA, NCCL or Triton read it"),
+        ({"TORCH_CUDA_ARCH_LIST": "9.0"}, "TORCH_CUDA_ARCH_LIST=9.0: torch, CUDA, NCCL or Triton read it"),
+        ({"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "TRITON_CACHE_DIR": "/c"}, None),
+    ],
+)
+def test_a_torch_cuda_or_nccl_variable_that_can_change_numbers_is_not_proven(tmp_path, variables, why):
+    data = h200_record()
+    data["selection"]["torch_env"] = variables
+    s = judged(tmp_path, data)
+    if why is None:  # only places or watches things: the H200 record still proves its row
+        assert s["exit_status"] == report_summary.EXIT_OK, report_render.headline(s)
+    else:
+        assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
+        assert any(why in w for w in whys(s)), whys(s)
+
+
+def test_a_torch_env_that_is_not_an_object_is_refused_at_import(tmp_path):
+    data = h200_record()
+    data["selection"]["torch_env"] = "NCCL_ALGO=Tree"
+    with pytest.raises(importer.ImportInputError, match="'selection.torch_env' is not an object"):
+        importer.import_run(write_box(tmp_path / "box", data), H200_ROW, results=tmp_path / "results", run_id="r")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # class 2: a row is bound to its build
 # ---------------------------------------------------------------------------------------------------------------

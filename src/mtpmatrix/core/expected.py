@@ -41,6 +41,24 @@ if TYPE_CHECKING:
 
 KNOB_PREFIX = "MTPMATRIX_"
 SGLANG_ENV_PREFIXES = ("SGLANG_", "SGL_")
+# The variables torch and what it runs on read: torch's own (TORCH_*, PYTORCH_*, torch.compile's TORCHINDUCTOR_* and
+# TORCHDYNAMO_*), the CUDA runtime and libraries' (CUDA_*, CUBLAS_*, CUBLASLT_*, CUDNN_*, NVIDIA_TF32_OVERRIDE: torch's
+# "CUDA Environment Variables" page), NCCL's (NCCL_*: NCCL's "Environment Variables") and Triton's (TRITON_*: sglang's
+# kernels). A session records these and, beyond them, only MTPMATRIX_* and SGLANG_* / SGL_*: never a token or
+# another tool's setting.
+TORCH_ENV_PREFIXES = (
+    "TORCH_",
+    "PYTORCH_",
+    "TORCHINDUCTOR_",
+    "TORCHDYNAMO_",
+    "CUDA_",
+    "CUBLAS_",
+    "CUBLASLT_",
+    "CUDNN_",
+    "NCCL_",
+    "TRITON_",
+)
+TORCH_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE",)
 NOT_RECORDED = (
     "selection not recorded (a run written before schema 3): its pytest args, MTPMATRIX_* knobs and "
     "collected checks are unknown, so it cannot show it ran the whole tier"
@@ -58,6 +76,13 @@ def sglang_env(env: Mapping[str, str]) -> dict[str, str]:
     it starts, which inherit its environment) and the qualification suite sets none, so each one changes what is
     tested."""
     return {k: v for k, v in sorted(env.items()) if k.startswith(SGLANG_ENV_PREFIXES)}
+
+
+def torch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that torch, CUDA, NCCL or Triton read (TORCH_ENV_PREFIXES, TORCH_ENV_NAMES): some
+    only place things (which GPUs, where caches go, how much is logged), others change the numbers or the path
+    served (TF32, cuBLAS workspaces, NCCL's algorithm); evidence/environment.py tells them apart."""
+    return {k: v for k, v in sorted(env.items()) if k.startswith(TORCH_ENV_PREFIXES) or k in TORCH_ENV_NAMES}
 
 
 def seed_cases() -> dict[str, settings.ModelPair]:

@@ -81,6 +81,7 @@ class Selection(TypedDict, total=False):
     maxfail: int
     knobs: dict[str, str]  # every MTPMATRIX_* variable
     sglang_env: dict[str, str]  # every SGLANG_* / SGL_* variable: sglang reads them, the suite sets none
+    torch_env: dict[str, str]  # every variable torch, CUDA, NCCL or Triton read (expected.torch_env)
     collected: dict[str, list[str]]  # tier -> the checks collected
 
 

@@ -94,7 +94,7 @@ def shape_error(data) -> str | None:
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
         return f"'gpus' is {gpus!r}, not a whole number of GPUs"
     selection = data.get("selection") or {}
-    for key in ("knobs", "sglang_env", "collected"):
+    for key in ("knobs", "sglang_env", "torch_env", "collected"):
         if _not_an_object(selection.get(key)):
             return f"'selection.{key}' is not an object"
     for key in ("args", "paths", "deselect"):

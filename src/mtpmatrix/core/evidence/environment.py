@@ -1,7 +1,8 @@
 """The settings a row's session ran with, judged: its MTPMATRIX_* knobs (one that changes what is tested makes the
 tiers it changes "not proven"; KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED lists the others, and a smoke or pair knob set
-to its default is none), the SGLANG_* / SGL_* variables of its environment, and what the invocation asked (its
-pytest args, its knobs) against what the session recorded."""
+to its default is none), the SGLANG_* / SGL_* variables of its environment (any), the variables torch, CUDA, NCCL or
+Triton read (any not in TORCH_ENV_THAT_ONLY_PLACES_OR_WATCHES), and what the invocation asked (its pytest args, its
+knobs) against what the session recorded."""
 
 from __future__ import annotations
 
@@ -37,6 +38,41 @@ KNOBS_THAT_DO_NOT_CHANGE_WHAT_IS_TESTED = frozenset(
         "MTPMATRIX_VERBOSE",  # the row's whole pytest output on the console, not only in pytest.log
     }
 )
+
+
+# The variables torch, CUDA, NCCL or Triton read (expected.torch_env, recorded since the review of issue #39) that only
+# place or watch things, each with why; any other one a session ran with makes it not proven. Taken from what the
+# projects document: torch's "CUDA Environment Variables" and "Debugging Environment Variables" pages (which list
+# CUDA_VISIBLE_DEVICES, PYTORCH_NVML_BASED_CUDA_CHECK, TORCH_SHOW_CPP_STACKTRACES, TORCH_CPP_LOG_LEVEL, TORCH_LOGS
+# beside the ones that do change numbers: NVIDIA_TF32_OVERRIDE, TORCH_ALLOW_TF32_CUBLAS_OVERRIDE,
+# CUBLAS_WORKSPACE_CONFIG, CUDA_LAUNCH_BLOCKING, PYTORCH_CUDA_ALLOC_CONF, ...), its ProcessGroupNCCL page
+# (TORCH_NCCL_*: the flight recorder's dumps) and NCCL's "Environment Variables" (NCCL_DEBUG*, NCCL_SOCKET_IFNAME,
+# NCCL_TOPO_DUMP_FILE beside NCCL_ALGO, NCCL_PROTO, NCCL_P2P_*, ... which choose how a reduction runs).
+TORCH_ENV_THAT_ONLY_PLACES_OR_WATCHES = {
+    "CUDA_VISIBLE_DEVICES": "which GPUs the session sees: their count and names are recorded and judged",
+    "CUDA_DEVICE_ORDER": "the order the GPUs are numbered in",
+    "CUDA_HOME": "where the CUDA toolkit is (kernels built at run time); the torch build that ran is recorded",
+    "CUDA_PATH": "where the CUDA toolkit is, as CUDA_HOME",
+    "CUDA_CACHE_PATH": "where CUDA keeps the kernels it compiled from PTX",
+    "CUDA_CACHE_MAXSIZE": "how large that cache may grow",
+    "CUDA_VERSION": "the label NVIDIA's CUDA container images set for their toolkit; not a variable CUDA reads",
+    "TORCH_HOME": "where torch.hub caches downloads (the suite downloads nothing through it)",
+    "TORCH_EXTENSIONS_DIR": "where torch builds extensions at run time",
+    "TORCHINDUCTOR_CACHE_DIR": "where torch.compile caches its kernels (the suite's fault-injection runs set it)",
+    "TRITON_CACHE_DIR": "where Triton caches its compiled kernels (the suite's fault-injection runs set it)",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "how torch asks whether CUDA is there (NVML instead of the runtime)",
+    "TORCH_SHOW_CPP_STACKTRACES": "how much torch prints of a C++ error",
+    "TORCH_CPP_LOG_LEVEL": "how much torch's C++ side logs",
+    "TORCH_LOGS": "what torch's Python side logs",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "how many collectives the flight recorder keeps for a dump",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "whether the flight recorder dumps on a timeout",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "where the flight recorder dumps",
+    "NCCL_DEBUG": "how much NCCL logs",
+    "NCCL_DEBUG_SUBSYS": "which parts of NCCL log",
+    "NCCL_DEBUG_FILE": "where NCCL logs",
+    "NCCL_SOCKET_IFNAME": "which network interface NCCL's bootstrap uses (one box: the GPUs talk over NVLink or PCIe)",
+    "NCCL_TOPO_DUMP_FILE": "where NCCL writes the topology it found",
+}
 
 
 def _pair_knob(name: str) -> str | None:
@@ -112,6 +148,15 @@ def judge(record: RowRecord) -> list[Problem]:
                 None, f"the session ran with {name}={value}: sglang reads it, the qualification suite does not set it"
             )
         )
+    for name, value in sorted((sel.get("torch_env") or {}).items()):
+        if name not in TORCH_ENV_THAT_ONLY_PLACES_OR_WATCHES:
+            out.append(
+                problem(
+                    None,
+                    f"the session ran with {name}={value}: torch, CUDA, NCCL or Triton read it, and it may change the "
+                    "numbers or the path served",
+                )
+            )
     args = [str(a) for a in sel.get("args") or []]
     asked_args = record.get("pytest_args") or []
     it = iter(args)

@@ -141,8 +141,9 @@ def shape_problems(record: object) -> list[str]:
             out.append(f"{key} is not an object")
     sel = record.get("selection")
     if isinstance(sel, dict):
-        if not all(isinstance(sel.get(k, {}), dict) for k in ("collected", "knobs", "sglang_env")):
-            out.append("selection.collected / selection.knobs / selection.sglang_env is not an object")
+        for k in ("collected", "knobs", "sglang_env", "torch_env"):
+            if not isinstance(sel.get(k, {}), dict):
+                out.append(f"selection.{k} is not an object")
         if not isinstance(sel.get("args", []), list) or not isinstance(sel.get("paths", []), list):
             out.append("selection.args / selection.paths is not a list")
     out.extend(_candidate_problems(record.get("candidate")))

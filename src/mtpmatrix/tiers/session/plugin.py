@@ -50,6 +50,9 @@ _COLLECTED_KEY = pytest.StashKey[dict]()  # {tier: [node ids]}: every check coll
 _VERSIONS_KEY = pytest.StashKey[dict]()  # environment.versions(), read at the first failure (known upstream match)
 _TIERS_KEY = pytest.StashKey[dict]()  # the judged tiers, at the session's end (the terminal summary reads them)
 _ATTEMPTS_KEY = pytest.StashKey[dict]()  # {node id: times its setup ran}: more than once is a rerun
+# the SGLANG_* and torch/CUDA/NCCL variables the session started with: what the box set, read before anything runs
+# (importing sglang 0.5.17 itself sets TORCHINDUCTOR_CACHE_DIR and TRITON_PTXAS_BLACKWELL_PATH in the process)
+_OUTSIDE_ENV_KEY = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser):
@@ -101,6 +104,7 @@ TIER_MARKERS = {
 
 
 def pytest_configure(config):
+    config.stash[_OUTSIDE_ENV_KEY] = outside_env(os.environ)
     config.stash[_RECORDS_KEY] = []
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: {TIER_MARKERS[tier]}")
@@ -331,10 +335,16 @@ def _collection_errors(session) -> str:
     return f"{len(errors)} collection error(s), first in {errors[0].nodeid or 'the session'}"
 
 
+def outside_env(env) -> dict[str, dict[str, str]]:
+    """The variables of ``env`` that sglang (SGLANG_* / SGL_*) and torch, CUDA, NCCL, Triton read, as recorded."""
+    return {"sglang_env": expected.sglang_env(env), "torch_env": expected.torch_env(env)}
+
+
 def selection(config) -> Selection:
     """What this session was asked to run (mtpmatrix.core.expected reads it): its args, the deselecting options, the
-    positional paths (node ids), every MTPMATRIX_* knob, every SGLANG_* / SGL_* variable, and the checks collected
-    per tier."""
+    positional paths (node ids), every MTPMATRIX_* knob, every SGLANG_* / SGL_* variable and every variable torch,
+    CUDA, NCCL or Triton read (as the session started), and the checks collected per tier."""
+    started = config.stash.get(_OUTSIDE_ENV_KEY, None) or outside_env(os.environ)
     return {
         "args": [str(a) for a in config.invocation_params.args],
         "paths": [str(a) for a in config.args],
@@ -343,7 +353,8 @@ def selection(config) -> Selection:
         "deselect": [str(d) for d in config.getoption("deselect", default=None) or []],
         "maxfail": config.getoption("maxfail", default=0) or 0,
         "knobs": expected.knobs(os.environ),
-        "sglang_env": expected.sglang_env(os.environ),
+        "sglang_env": started["sglang_env"],
+        "torch_env": started["torch_env"],
         "collected": config.stash.get(_COLLECTED_KEY, {}),
     }
 
