@@ -258,3 +258,43 @@ def test_a_tier_required_twice_is_named_once(h200_run, capsys):
     assert main(["report", run.name, "--results", str(results), "--require", "smoke,smoke"]) == 0
     out = capsys.readouterr().out
     assert "smoke proven" in out and "smoke and smoke" not in out, out
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as fh:  # a hole: no disk used, every byte NUL
+        fh.truncate(size)
+
+
+OVER = 32 * 2**20 + 1  # atomic.MAX_RECORD_BYTES: 100 x the largest real record (the H200's 330 KB tiers.json)
+
+
+@pytest.mark.parametrize("name", ["tiers.json", "junit.xml", "invocation.json"])
+def test_import_refuses_a_box_file_over_the_record_limit_unread(tmp_path, capsys, name):
+    out = write_box(tmp_path / "box", h200_record())
+    _sparse(out / name, OVER)
+    rc = main(["import", str(out), "--row", ROW, "--results", str(tmp_path / "results"), "--run-id", "r"])
+    _out, err = capsys.readouterr()
+    assert rc == 2 and one_line_error(err), err
+    assert f"{name}: 32.0 MiB, over the 32 MiB a record file may be" in err
+
+
+def test_import_refuses_a_per_question_record_over_the_limit_in_logs_tgz(tmp_path, capsys):
+    out = write_box(tmp_path / "box", h200_record())
+    big = tmp_path / "big.jsonl"
+    _sparse(big, OVER)
+    with tarfile.open(out / "logs.tgz", "w:gz") as tar:
+        tar.add(big, arcname="gsm8k/E4B-topk1.jsonl")
+    rc = main(["import", str(out), "--row", ROW, "--results", str(tmp_path / "results"), "--run-id", "r"])
+    _out, err = capsys.readouterr()
+    assert rc == 2 and one_line_error(err) and "gsm8k/E4B-topk1.jsonl is 32.0 MiB, over the 32 MiB" in err, err
+    assert not (tmp_path / "results" / "r" / ROW).exists()
+
+
+@pytest.mark.parametrize("name", ["row.json", "tiers.json", "junit.xml"])
+def test_report_refuses_a_run_holding_a_record_over_the_limit_unread(h200_run, capsys, name):
+    results, run = h200_run
+    _sparse(run / ROW / name, OVER)
+    rc = main(["report", run.name, "--results", str(results), "--require", "smoke"])
+    _out, err = capsys.readouterr()
+    assert rc == 2 and one_line_error(err), err
+    assert f"{name}: 32.0 MiB, over the 32 MiB a record file may be" in err and not (run / "report").exists()

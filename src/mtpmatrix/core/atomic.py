@@ -42,9 +42,38 @@ class TooDeep(ValueError):
     """JSON nested deeper than the parser's recursion allows: unreadable, as bad JSON is."""
 
 
+# The largest record file a reader takes (row.json, tiers.json, junit.xml, a manifest, per-question records, a
+# freeze): 100 x the largest real one, the H200's 18-server smoke tiers.json of 257 checks (329,546 bytes:
+# docs/runs/2026-12-02d-h200-sglang-0.5.17-smoke-default.json; its junit.xml is ~77 KB), room for the suite to grow
+# many times over. A file over it is refused unread: hundreds of MiB held in memory on a shared box is not a run.
+MAX_RECORD_BYTES = 32 * 2**20
+
+
+class TooLarge(ValueError):
+    """A record file over MAX_RECORD_BYTES: refused before it is read."""
+
+
+def too_large(path: Path) -> str | None:
+    """Why ``path`` is too large to read as a record (one line), None when it is not (or cannot be stat'ed: the
+    read says why)."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return None
+    if size <= MAX_RECORD_BYTES:
+        return None
+    return (
+        f"{path}: {size / 2**20:.1f} MiB, over the {MAX_RECORD_BYTES // 2**20} MiB a record file may be "
+        "(100 x the largest real one): not read"
+    )
+
+
 def read_json(path: Path) -> Any:
     """Whatever the file's JSON holds, UTF-8 whatever the locale: a reader checks its shape before taking it as a
-    record (evidence.records). ValueError (bad JSON, bad UTF-8, nested too deeply) or OSError."""
+    record (evidence.records). ValueError (bad JSON, bad UTF-8, nested too deeply, TooLarge) or OSError."""
+    why = too_large(path)
+    if why:
+        raise TooLarge(why)
     with open(path, encoding="utf-8") as fh:
         try:
             return json.load(fh)

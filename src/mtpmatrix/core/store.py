@@ -13,12 +13,13 @@ import contextlib
 import contextvars
 import datetime as _dt
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.atomic import atomic_write_json, read_json, too_large
 from mtpmatrix.core.evidence.manifest import FILE as MANIFEST_FILE
 from mtpmatrix.core.paths import SIDE_RUN_PREFIXES, NameError_, single_name
 from mtpmatrix.core.record_types import RowRecord
@@ -137,7 +138,29 @@ def find_run(results: Path, run_id: str | None) -> Path:
         )
     if not row_files(run_dir):
         raise StoreError(f"run {run_id!r} ({run_dir}) has no rows (no */{ROW_FILE})")
+    why = oversized_record(run_dir)
+    if why:
+        raise StoreError(why)
     return run_dir
+
+
+RECORD_SUFFIXES = (".json", ".jsonl", ".xml")  # and freeze.txt: what the report reads of a run; logs are only linked
+
+
+def oversized_record(run_dir: Path) -> str | None:
+    """Why a record file of ``run_dir`` (its manifests, and each row's row.json, tiers.json, junit.xml, freeze.txt,
+    per-question records) is too large to read (atomic.too_large), None when none is; its own report/ folder aside.
+    Looked at before anything of the run is read."""
+    for folder, dirs, files in os.walk(run_dir):  # links to folders are not followed
+        here = Path(folder)
+        if here == Path(run_dir):
+            dirs[:] = [d for d in dirs if d != "report"]
+        for name in sorted(files):
+            if name.endswith(RECORD_SUFFIXES) or name == FREEZE_FILE:
+                why = too_large(here / name)
+                if why:
+                    return why
+    return None
 
 
 def read_run(run_dir: Path) -> dict[str, RowRecord]:

@@ -33,12 +33,12 @@ from pathlib import Path, PurePosixPath
 from typing import cast
 
 from mtpmatrix.core import expected, known_upstream, schema
-from mtpmatrix.core.atomic import atomic_write_json
+from mtpmatrix.core.atomic import MAX_RECORD_BYTES, atomic_write_json, too_large
 from mtpmatrix.core.evidence import fingerprint, manifest, records
 from mtpmatrix.core.paths import CONSTRAINTS_DIR, NameError_, new_run_id, single_name
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import Row, RowError, load_rows
-from mtpmatrix.core.store import row_verdict
+from mtpmatrix.core.store import RECORD_SUFFIXES, row_verdict
 
 OUT_FILES = (schema.JUNIT_FILE, schema.PYTEST_LOG, schema.ENV_FILE, schema.INVOCATION_FILE)
 REQUIRED_FILES = (schema.TIERS_FILE, schema.JUNIT_FILE, schema.PYTEST_LOG)  # every gpu_box.sh run whose pytest ran
@@ -129,6 +129,11 @@ def _extract_logs(tgz: Path, dest: Path) -> list[str]:
                 rel = _row_relative(m.name.removeprefix("./")) if m.isfile() else None
                 if rel is None:
                     continue
+                if rel.endswith(RECORD_SUFFIXES) and m.size > MAX_RECORD_BYTES:  # the report would refuse the row
+                    raise ImportInputError(
+                        f"{tgz}: {rel} is {m.size / 2**20:.1f} MiB, over the {MAX_RECORD_BYTES // 2**20} MiB a "
+                        "record file may be: not imported"
+                    )
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with tar.extractfile(m) as src, open(target, "wb") as fh:  # type: ignore[union-attr]  # m.isfile()
@@ -253,6 +258,10 @@ def verified_evidence(out: Path) -> tuple[dict, dict]:
             raise ImportInputError(
                 f"{out}: no {name} (expected a tools/gpu_box.sh output folder whose pytest ran to its end)"
             )
+    for name in (schema.TIERS_FILE, schema.JUNIT_FILE, schema.INVOCATION_FILE, schema.ENV_FILE):
+        why = too_large(out / name)  # before any of it is read
+        if why:
+            raise ImportInputError(why)
     tiers_file = out / schema.TIERS_FILE
     data = _read_json(tiers_file)
     why = shape_error(data)
