@@ -112,13 +112,14 @@ def test_a_box_clock_in_the_future_does_not_make_its_run_the_latest(tmp_path, ca
     assert rc == 1 and "DOES NOT QUALIFY" in capsys.readouterr().out
 
 
-def test_a_checkout_with_no_git_says_it_vouches_for_nothing(h200_run, tmp_path, monkeypatch):
+def test_a_checkout_with_no_git_vouches_for_nothing_and_proves_nothing(h200_run, tmp_path, monkeypatch):
     _results, run = h200_run
-    tarball = tmp_path / "tarball"  # git archive | tar -x: the files, no history
+    tarball = tmp_path / "tarball"  # git archive | tar -x: the files, no history; no distribution installed them
     tarball.mkdir()
     monkeypatch.setattr(checkout, "state", functools.partial(checkout.state, tarball))
     s = report_summary.build_summary(run, require=["smoke"])
-    assert "judged by a checkout with no git commit" in report_render.headline(s)
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
+    assert "judged by a checkout with no git commit and no installed distribution" in report_render.headline(s)
 
 
 def test_a_git_checkout_says_nothing_of_it(h200_run):

@@ -9,6 +9,7 @@ build/lib would hide a file the configuration leaves out.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -128,3 +129,27 @@ def test_installed_wheel_runs_every_command_and_reports_as_the_checkout(installe
     assert rows and wheel_rows == rows
     for name in ("summary.md", "report.html", "summary.json"):
         assert (tmp_path / "wheel" / name).stat().st_size > 0
+
+
+def test_an_installed_wheel_vouches_for_its_files_by_its_record(installed, results, tmp_path):
+    """No git beside an installed package: its distribution's RECORD (a sha256 per file) holds the verdict-deciding
+    files it installed (evidence/checkout.py); one edited in site-packages is named, and the run is not proven."""
+    args = ["-m", "mtpmatrix", "report", BROKEN_RUN, "--results", str(results)]
+    clean = run_installed(installed, *args, "--out", str(tmp_path / "clean"), cwd=tmp_path)
+    headline = clean.stdout.splitlines()[0]
+    assert "judged by the installed gemma4-mtp-matrix " in headline and "against its RECORD" in headline, headline
+    assert "not vouched for" not in headline and "differ from" not in headline
+    where = run_installed(installed, "-c", "import mtpmatrix; print(mtpmatrix.__file__)", cwd=tmp_path)
+    listed = Path(where.stdout.strip()).parent / "core" / "known_upstream.json"
+    original = listed.read_bytes()
+    try:
+        listed.write_bytes(original + b"\n")  # an excuse edited where the wheel put it
+        edited = run_installed(installed, *args, "--out", str(tmp_path / "edited"), cwd=tmp_path)
+    finally:
+        listed.write_bytes(original)
+    edited_headline = edited.stdout.splitlines()[0]
+    assert "against its RECORD, whose mtpmatrix/core/known_upstream.json differ from it" in edited_headline, (
+        edited_headline
+    )
+    summary = json.loads((tmp_path / "edited" / "summary.json").read_text())
+    assert any("differ from its RECORD" in p for p in summary["evidence"]["run"])

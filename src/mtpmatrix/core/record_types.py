@@ -303,7 +303,8 @@ class CheckoutState(TypedDict):
     """``summary.evidence.checkout``: the verdict-deciding files that differ from the commit (evidence.checkout)."""
 
     commit: str | None  # the judging checkout's
-    changed: list[str]
+    changed: list[str]  # its verdict-deciding files that differ from the commit (or from the distribution's RECORD)
+    distribution: NotRequired[str | None]  # without a commit: the installed distribution that vouches, "name version"
     run_commit: str | None  # the run's suite's (its manifest's fingerprint)
     run_changed: list[str]
 

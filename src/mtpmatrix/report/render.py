@@ -288,12 +288,15 @@ def _checkout_text(summary: Summary) -> str:
     the verdict-deciding files that differ from the commit, of the judging checkout and of the run's suite."""
     co = (summary.get("evidence") or {}).get("checkout") or {}
     parts = []
-    if "commit" in co and co["commit"] is None:  # a tarball: nothing to hold its files to
+    if "commit" in co and co["commit"] is None and co.get("distribution"):  # an installed wheel: its RECORD vouches
+        differ = f", whose {', '.join(co['changed'])} differ from it" if co.get("changed") else ""
+        parts.append(f"judged by the installed {co['distribution']} against its RECORD{differ}")
+    elif "commit" in co and co["commit"] is None:  # a tarball: nothing to hold its files to (not proven: evidence.run)
         parts.append(
             "judged by a checkout with no git commit: its verdict-deciding files (the suite, the expected checks, "
             "settings.py, known_upstream.json) are not vouched for"
         )
-    if co.get("changed"):
+    if co.get("commit") and co.get("changed"):
         applied = " (its committed list applied)" if KNOWN_UPSTREAM_FILE in co["changed"] else ""
         parts.append(
             f"judged by commit {str(co.get('commit'))[:9]} with uncommitted {', '.join(co['changed'])}{applied}"

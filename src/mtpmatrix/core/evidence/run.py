@@ -68,6 +68,17 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
         rows[rid]["row"]["pins"] = (planned[rid] or {}).get("pins") or {}
         by_row[rid] = [problem(None, f"not run: {why}")]
     here_state = checkout.state()
+    if here_state["commit"] is None and here_state["distribution"] is None:
+        run_problems.append(
+            "judged by a checkout with no git commit and no installed distribution whose RECORD lists its files: its "
+            "verdict-deciding files (the suite, the expected checks, settings.py, known_upstream.json) are not "
+            "vouched for (judge from a git checkout)"
+        )
+    elif here_state["commit"] is None and here_state["changed"]:
+        run_problems.append(
+            f"judged by the installed {here_state['distribution']}, whose "
+            f"{', '.join(here_state['changed'])} differ from its RECORD"
+        )
     return {
         "run": run_problems,
         "rows": {rid: p for rid, p in by_row.items() if p},
@@ -76,6 +87,7 @@ def judge_run(run_dir: Path, rows: dict[str, RowRecord]) -> EvidenceSummary:
         "checkout": {
             "commit": here_state["commit"],
             "changed": here_state["changed"],
+            "distribution": here_state["distribution"],
             "run_commit": (planned_fp or {}).get("commit"),
             "run_changed": (planned_fp or {}).get("changed") or [],
         },
