@@ -2,7 +2,8 @@
 
 Nothing is built at import or collection time; building needs only transformers/torch/tokenizers/safetensors
 (never sglang). ``MTPMATRIX_TINY_DIR`` points the cache at a persistent folder (reused across sessions and rows:
-a finished pair folder is recognised by its marker hash); otherwise it lives under pytest's basetemp.
+a finished pair folder is recognised by its marker hash, and served while its files are the ones a session built
+there: mtpmatrix.tiers.pair_cache); otherwise it lives under pytest's basetemp.
 """
 
 from __future__ import annotations
@@ -33,17 +34,20 @@ def tiny_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def build_tiny_pair(tiny_root):
+def build_tiny_pair(tiny_root, tmp_path_factory):
     """Factory ``(name, variant="random") -> PairPaths`` (variant: random / constructed / witness, or a bool for
-    constructed); each pair is built at most once per session."""
+    constructed); each pair is built at most once per session, and one reused from ``tiny_root`` only while its
+    files are those a session built there (mtpmatrix.tiers.pair_cache)."""
     from mtpmatrix.pairs import tiny
+    from mtpmatrix.tiers import pair_cache
 
     built: dict[tuple[str, str], tiny.PairPaths] = {}
 
     def _build(name: str, variant: str | bool = "random") -> tiny.PairPaths:
         key = (name, tiny.variant_name(variant))
         if key not in built:
-            built[key] = tiny.build_pair(name, tiny_root, variant=key[1])
+            own = tmp_path_factory.getbasetemp() / "tiny-pairs-rebuilt"
+            built[key] = pair_cache.served_pair(tiny.build_pair, name, key[1], tiny_root, own)
         return built[key]
 
     return _build
