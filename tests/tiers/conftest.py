@@ -16,7 +16,7 @@ import pytest
 
 from mtpmatrix.core import schema, smoke_servers
 from mtpmatrix.core.atomic import atomic_write_json
-from mtpmatrix.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
+from mtpmatrix.pairs.tiny.build import PAIR_NAMES  # plain modules: no transformers import until a pair is built
 from mtpmatrix.serving import launch_plan
 from mtpmatrix.serving.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers import smoke, smoke_collect
@@ -36,14 +36,15 @@ def tiny_root(tmp_path_factory) -> Path:
 def build_tiny_pair(tiny_root):
     """Factory ``(name, variant="random") -> PairPaths`` (variant: random / constructed / witness, or a bool for
     constructed); each pair is built at most once per session."""
-    from mtpmatrix.pairs import tiny
+    from mtpmatrix.pairs.tiny.build import PairPaths, build_pair
+    from mtpmatrix.pairs.tiny.configs import variant_name
 
-    built: dict[tuple[str, str], tiny.PairPaths] = {}
+    built: dict[tuple[str, str], PairPaths] = {}
 
-    def _build(name: str, variant: str | bool = "random") -> tiny.PairPaths:
-        key = (name, tiny.variant_name(variant))
+    def _build(name: str, variant: str | bool = "random") -> PairPaths:
+        key = (name, variant_name(variant))
         if key not in built:
-            built[key] = tiny.build_pair(name, tiny_root, variant=key[1])
+            built[key] = build_pair(name, tiny_root, variant=key[1])
         return built[key]
 
     return _build
