@@ -97,8 +97,8 @@ def draft_rounds_each(target, assistant, ids, text: dict, ablations, plan: Round
     with torch.inference_mode():
         for P in range(plan.start, T - plan.steps):
             state, kv, position_ids = _round_inputs(hidden, layer_kv, uses, P, plan.draft_phase)
-            hits = drafter.round(ids.repeat(len(cases), 1), P, state, kv, position_ids, tally)
-            tally.add_round(hits, B)
+            leading = drafter.round(ids.repeat(len(cases), 1), P, state, kv, position_ids, tally)
+            tally.add_round(leading, B)
     return tally.summary(plan.ranked_second is not None)
 
 
