@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from mtpmatrix.pairs import tiny  # noqa: E402
+from mtpmatrix.pairs.tiny.build import PAIR_NAMES, build_pair  # noqa: E402
 
 PROMPTS = ("Hello world, count: 1 2 3", "def f(x):\n    return x", "The quick brown fox", "Q: 7*6=? A:")
 
@@ -34,7 +34,7 @@ def _t(label: str, fn, rows: list):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path)
-    ap.add_argument("--pairs", default=",".join(tiny.PAIR_NAMES))
+    ap.add_argument("--pairs", default=",".join(PAIR_NAMES))
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--draft-tokens", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the tier uses 1)")
@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     for name in args.pairs.split(","):
         for constructed in (False, True):
             tag = name + ("-constructed" if constructed else "")
-            _t(f"{tag}: build (cold)", lambda: tiny.build_pair(name, root, constructed=constructed), rows)
-            paths = _t(f"{tag}: build (warm)", lambda: tiny.build_pair(name, root, constructed=constructed), rows)
+            _t(f"{tag}: build (cold)", lambda: build_pair(name, root, constructed=constructed), rows)
+            paths = _t(f"{tag}: build (warm)", lambda: build_pair(name, root, constructed=constructed), rows)
 
             def load():
                 t = Gemma4ForConditionalGeneration.from_pretrained(paths.target, dtype=torch.float32).eval()

@@ -1,5 +1,5 @@
 """Draft probe: dump what sglang's Frozen-KV MTP draft forward is handed and computes, and read a witness pair's
-dumps back as the draft phase sglang drafts at (mtpmatrix.pairs.witness, "Draft phase"). A diagnostic, not a check.
+dumps back as the draft phase sglang drafts at (mtpmatrix.pairs.witness.phase). A diagnostic, not a check.
 
 The probe is served the way fault injection serves a mutant (mtpmatrix.faults): ``payload`` writes a hook payload
 whose patched ``frozen_kv_mtp_worker_v2`` is the installed one plus a wrapper of
@@ -83,7 +83,7 @@ def rope_position(vec, inv_freq, max_pos: int) -> int:
 def read_dumps(dumps: Path, pair: Path, calls: int) -> int:
     import torch
 
-    from mtpmatrix.pairs.witness import rope_inv_freq
+    from mtpmatrix.pairs.witness.positions import rope_inv_freq
 
     cfg = json.loads((pair / "target" / "config.json").read_text())
     text = cfg.get("text_config", cfg)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from mtpmatrix.pairs import tiny  # noqa: E402
+from mtpmatrix.pairs.tiny.build import PAIR_NAMES, build_pair  # noqa: E402
 from mtpmatrix.tiers import smoke
 
 
@@ -32,7 +32,7 @@ def quantiles(xs: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=".cache/tiny/calibration")
-    ap.add_argument("--pairs", default=",".join(tiny.PAIR_NAMES))
+    ap.add_argument("--pairs", default=",".join(PAIR_NAMES))
     ap.add_argument("--bars", default="0.05,0.25")
     args = ap.parse_args()
 
@@ -42,7 +42,7 @@ def main() -> None:
     bars = [float(b) for b in args.bars.split(",")]
     gen = torch.Generator().manual_seed(0)
     for name in args.pairs.split(","):
-        paths = tiny.build_pair(name, Path(args.root))
+        paths = build_pair(name, Path(args.root))
         model = Gemma4ForConditionalGeneration.from_pretrained(paths.target, dtype=torch.float32).eval()
         vocab = model.config.get_text_config().vocab_size
         top2, rand = [], []

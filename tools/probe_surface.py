@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mtpmatrix.core import smoke_servers
-from mtpmatrix.pairs import tiny
+from mtpmatrix.pairs.tiny.build import build_pair
+from mtpmatrix.pairs.tiny.vocab import VOCAB
 from mtpmatrix.serving import client
 from mtpmatrix.serving.server import SglangServer
 from mtpmatrix.tiers import smoke
@@ -33,7 +34,7 @@ SERVERS = (
 
 
 def witness_battery(tokenizer) -> list[tuple[str, dict]]:
-    prompt = smoke.id_prompts(tiny.VOCAB)[0]
+    prompt = smoke.id_prompts(VOCAB)[0]
     chain = smoke.expected_constructed(prompt, 40)
     g = {"temperature": 0.0, "max_new_tokens": 32}
 
@@ -41,7 +42,7 @@ def witness_battery(tokenizer) -> list[tuple[str, dict]]:
         return label, {"input_ids": prompt_ids, "sampling_params": {**g, **(sp or {})}, **extra}
 
     def eos_at(k: int) -> list[int]:  # the chain reaches END_OF_TURN 12 at index k
-        return [20, 21, 22] + [(12 - k - 1) % tiny.VOCAB]
+        return [20, 21, 22] + [(12 - k - 1) % VOCAB]
 
     out = [
         req("plain"),
@@ -52,7 +53,7 @@ def witness_battery(tokenizer) -> list[tuple[str, dict]]:
         req("eos-mid", prompt_ids=eos_at(3)),
         req("eos-bonus", prompt_ids=eos_at(6)),
         req("eos-ignored", {"ignore_eos": True}, prompt_ids=eos_at(3)),
-        req("eos-1-mid", prompt_ids=[20, 21, 22, (1 - 4) % tiny.VOCAB]),
+        req("eos-1-mid", prompt_ids=[20, 21, 22, (1 - 4) % VOCAB]),
         req("max-new-10", {"max_new_tokens": 10}),
         req("max-new-10-stop-9", {"max_new_tokens": 10, "stop_token_ids": [chain[8]]}),
         req("max-new-9-stop-10", {"max_new_tokens": 9, "stop_token_ids": [chain[9]]}),
@@ -159,7 +160,7 @@ def sampled_battery() -> list[tuple[str, dict]]:
 def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     specs = {s.name: s for s in smoke_servers.SMOKE_SERVERS}
-    pairs = {v: tiny.build_pair("e-series", out / "tiny", variant=v) for v in ("witness-sglang-phase", "sampled")}
+    pairs = {v: build_pair("e-series", out / "tiny", variant=v) for v in ("witness-sglang-phase", "sampled")}
     try:
         from transformers import AutoTokenizer
 

@@ -10,7 +10,7 @@
 
     PYTHONPATH=src .nox/gemma4_mtp-sglang-0-5-17/bin/python tools/verify_sampled_bonus.py BASE NEW
 
-BASE, NEW: roots holding e-series-sampled/ (tiny.build_pair("e-series", root, variant="sampled")), BASE built from a
+BASE, NEW: roots holding e-series-sampled/ (tiny.build.build_pair("e-series", root, variant="sampled")), BASE built from a
 checkout before the region (e.g. a git worktree of the commit before it), NEW from this one.
 """
 
@@ -20,16 +20,17 @@ import sys
 import torch
 from transformers import Gemma4AssistantForCausalLM, Gemma4ForConditionalGeneration
 
-from mtpmatrix.pairs import tiny
 from mtpmatrix.pairs.sampled import bonus as pb
 from mtpmatrix.pairs.sampled import ring
-from mtpmatrix.pairs.witness import physical_kv_layers
-from mtpmatrix.pairs.witness_harness import _assist, target_states
+from mtpmatrix.pairs.tiny.configs import target_template
+from mtpmatrix.pairs.tiny.vocab import VOCAB
+from mtpmatrix.pairs.witness.harness import _assist, target_states
+from mtpmatrix.pairs.witness.layout import physical_kv_layers
 from mtpmatrix.tiers import smoke
 from mtpmatrix.tiers.surface import bonus, mixed_sampling
 
-V = tiny.VOCAB
-PHYS = physical_kv_layers(tiny.target_template("e-series", "sampled")["text_config"])
+V = VOCAB
+PHYS = physical_kv_layers(target_template("e-series", "sampled")["text_config"])
 
 
 def load(root, dtype):

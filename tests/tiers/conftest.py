@@ -17,7 +17,7 @@ import pytest
 
 from mtpmatrix.core import schema, smoke_servers
 from mtpmatrix.core.atomic import atomic_write_json
-from mtpmatrix.pairs.tiny import PAIR_NAMES  # plain module: no transformers import until a pair is built
+from mtpmatrix.pairs.tiny.build import PAIR_NAMES  # plain modules: no transformers import until a pair is built
 from mtpmatrix.serving import launch_plan
 from mtpmatrix.serving.environment import gpu_free_mib, gpu_missing
 from mtpmatrix.tiers import smoke, smoke_collect
@@ -38,16 +38,17 @@ def build_tiny_pair(tiny_root, tmp_path_factory):
     """Factory ``(name, variant="random") -> PairPaths`` (variant: random / constructed / witness, or a bool for
     constructed); each pair is built at most once per session, and one reused from ``tiny_root`` only while its
     files are those a session built there (mtpmatrix.tiers.pair_cache)."""
-    from mtpmatrix.pairs import tiny
+    from mtpmatrix.pairs.tiny.build import PairPaths, build_pair
+    from mtpmatrix.pairs.tiny.configs import variant_name
     from mtpmatrix.tiers import pair_cache
 
-    built: dict[tuple[str, str], tiny.PairPaths] = {}
+    built: dict[tuple[str, str], PairPaths] = {}
 
-    def _build(name: str, variant: str | bool = "random") -> tiny.PairPaths:
-        key = (name, tiny.variant_name(variant))
+    def _build(name: str, variant: str | bool = "random") -> PairPaths:
+        key = (name, variant_name(variant))
         if key not in built:
             own = tmp_path_factory.getbasetemp() / "tiny-pairs-rebuilt"
-            built[key] = pair_cache.served_pair(tiny.build_pair, name, key[1], tiny_root, own)
+            built[key] = pair_cache.served_pair(build_pair, name, key[1], tiny_root, own)
         return built[key]
 
     return _build

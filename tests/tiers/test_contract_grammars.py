@@ -63,12 +63,12 @@ def test_structured_grammar_predicted(label, record_property):
     xgr = pytest.importorskip("xgrammar", reason="no xgrammar in this environment (sglang installs it)")
     torch = pytest.importorskip("torch")
     pytest.importorskip("tokenizers")
-    from mtpmatrix.pairs import tiny
+    from mtpmatrix.pairs.tiny.vocab import make_tokenizer
 
     case = next(c for c in structured.CASES if c.label == label)
     try:  # what sglang's XGrammarGrammarBackend does with the model's tokenizer and EOS ids
         info = xgr.TokenizerInfo.from_huggingface(
-            tiny._make_tokenizer(), vocab_size=VOCAB, stop_token_ids=list(structured.STOP_IDS)
+            make_tokenizer(), vocab_size=VOCAB, stop_token_ids=list(structured.STOP_IDS)
         )
     except Exception as exc:  # noqa: BLE001 - any refusal of the tokenizer is this check's finding
         raise CheckFailure("config", f"xgrammar cannot read the tiny tokenizer: {type(exc).__name__}: {exc}") from None

@@ -29,7 +29,7 @@ import json
 import pytest
 
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.pairs.tiny import PAIR_NAMES
+from mtpmatrix.pairs.tiny.build import PAIR_NAMES
 from mtpmatrix.tiers import reference_models
 
 pytestmark = pytest.mark.reference
@@ -44,7 +44,7 @@ PAIRS = [
     for v in ("random", "constructed", "witness", "decoy")
     for n in PAIR_NAMES
 ]
-# Witness ablations (mtpmatrix.pairs.witness_harness.draft_rounds): the intact drafter must draft (nearly) every token
+# Witness ablations (mtpmatrix.pairs.witness.harness.draft_rounds): the intact drafter must draft (nearly) every token
 # right, and each broken input must take the accuracy of the drafts that consume it to at most this share of the
 # intact one.
 WITNESS_INTACT_MIN = 0.95
@@ -98,7 +98,7 @@ def sampled_verifier(load_pair):
 def generations(load_pair):
     """``(name, variant) -> list of (prompt ids, plain ids, assisted ids)`` plus acceptance stats, generated once per
     session and pair: the checks that read the same pair's greedy chains share them."""
-    from mtpmatrix.pairs.tiny import variant_name
+    from mtpmatrix.pairs.tiny.configs import variant_name
 
     @_memo
     def _run(name: str, constructed):
@@ -275,7 +275,7 @@ def test_greedy_with_assistant_equals_greedy(generations, record_property, name,
 @pytest.mark.check("acceptance")
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_constructed_rule_and_acceptance(generations, record_property, name):
-    from mtpmatrix.pairs.tiny import VOCAB
+    from mtpmatrix.pairs.tiny.vocab import VOCAB
 
     results, stats = generations(name, True)
     for (prompt, plain, assisted), text in zip(results, PROMPTS):
@@ -303,7 +303,7 @@ def test_constructed_rule_and_acceptance(generations, record_property, name):
 
 @pytest.mark.check("weights")
 def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
-    """The tiny MoE target's experts share weights (mtpmatrix.pairs.tiny), so its output must not change when the router
+    """The tiny MoE target's experts share weights (mtpmatrix.pairs.tiny.checkpoint), so its output must not change when the router
     picks other experts: the smoke tier's MTP-vs-no-MTP comparison relies on that to tell bf16 near-ties from real
     divergences. Re-randomises every router, compares fp32 logits, restores the router."""
     torch = _torch()
@@ -344,7 +344,7 @@ def test_moe_output_does_not_depend_on_routing(load_pair, record_property):
 @pytest.mark.parametrize("name", PAIR_NAMES)
 def test_witness_drafts_at_transformers_phase(generations, record_property, name):
     """transformers' own assisted generation (SinglePositionMultiTokenCandidateGenerator) accepts the reference
-    witness's drafts: the witness is built to transformers' draft phase (mtpmatrix.pairs.witness.REFERENCE_DRAFT_PHASE),
+    witness's drafts: the witness is built to transformers' draft phase (mtpmatrix.pairs.witness.phase.REFERENCE_DRAFT_PHASE),
     so a witness the smoke tier serves at that phase measures sglang against the reference, not against itself."""
     _results, stats = generations(name, "witness")
     later = _acceptance([s for s in stats if s[2] > 0])
@@ -392,11 +392,13 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, greedy_ids, 
     the smoke tier serves both. Fails if the drafter stops depending on an input. The decoy witness is scored the
     way verify follows it: fed the target's tokens, right when the target's token is its first choice or, at a decoy
     input, its second behind the decoy (every decoy input must rank so)."""
-    from mtpmatrix.pairs import decoy, witness, witness_harness
+    from mtpmatrix.pairs import decoy
+    from mtpmatrix.pairs.witness import harness
+    from mtpmatrix.pairs.witness.phase import phase_of_variant
     from mtpmatrix.tiers.smoke import MAX_NEW_TOKENS, PROMPT_LEN, id_prompts
 
     torch = _torch()
-    phase = witness.phase_of_variant(variant)
+    phase = phase_of_variant(variant)
     target, assistant, _tok = load_pair(name, variant)
     text = json.loads((build_tiny_pair(name, variant).target / "config.json").read_text())["text_config"]
     prompts = torch.tensor(id_prompts(text["vocab_size"])[:WITNESS_PROMPTS])
@@ -406,17 +408,13 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, greedy_ids, 
         raise CheckFailure("mismatch", f"{name}: witness target breaks next = token + 1: {seqs[0, PROMPT_LEN:][:6]}")
     steps = 5
     # intact and every ablation drafted together (one target forward, one stacked assistant batch per step)
-    drafted = witness_harness.draft_rounds_each(
-        target,
-        assistant,
-        seqs,
-        text,
-        (None, *witness_harness.ABLATIONS),
-        steps=steps,
+    plan = harness.RoundPlan(
         start=PROMPT_LEN,
+        steps=steps,
         draft_phase=phase,
         ranked_second=decoy.is_decoy_input if variant.startswith("decoy") else None,
     )
+    drafted = harness.draft_rounds_each(target, assistant, seqs, text, (None, *harness.ABLATIONS), plan)
     intact = drafted[None]
     record_property("intact", json.dumps(intact))
     base = sum(intact["step_accuracy"]) / steps
@@ -434,7 +432,7 @@ def test_witness_drafts_need_each_input(load_pair, build_tiny_pair, greedy_ids, 
             f"{WITNESS_INTACT_MIN}",
         )
     blind = []
-    for ablation in witness_harness.ABLATIONS:
+    for ablation in harness.ABLATIONS:
         got = drafted[ablation]
         # the sibling-parent fault first reaches the third draft (the first node whose parent has siblings)
         first = 2 if ablation == "tree_sibling_parent" else 0
@@ -512,8 +510,8 @@ def test_sampled_drafter_proposes_another_order(load_pair, name):
     ranks the offsets 7 > 3 > 12 > 1 (DRAFT_LOGITS) after every ring token: a distribution other than the target's,
     so sampled verify's coins and residual decide most tokens."""
     from mtpmatrix.pairs.sampled import ring
-    from mtpmatrix.pairs.witness import physical_kv_layers
-    from mtpmatrix.pairs.witness_harness import _assist, target_states
+    from mtpmatrix.pairs.witness.harness import _assist, target_states
+    from mtpmatrix.pairs.witness.layout import physical_kv_layers
 
     torch = _torch()
     target, assistant, _tok = load_pair(name, "sampled")

@@ -22,7 +22,7 @@ import json
 import pytest
 
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.pairs.tiny import PAIR_NAMES
+from mtpmatrix.pairs.tiny.build import PAIR_NAMES
 from mtpmatrix.tiers import reference_models
 from mtpmatrix.tiers.reference_models import one_thread_torch
 
@@ -207,7 +207,8 @@ def test_long_witness_drafts_need_their_kv(load_pair, build_tiny_pair, record_pr
     that. It is blind by construction to the seed hidden state's content and to tree parents (the witness pairs
     check those hand-offs)."""
     from mtpmatrix.pairs import long_witness as lw
-    from mtpmatrix.pairs import witness, witness_harness
+    from mtpmatrix.pairs.witness import harness
+    from mtpmatrix.pairs.witness.phase import phase_of_variant
 
     torch = one_thread_torch()
     target, assistant, _tok = load_pair(name, variant)
@@ -216,16 +217,8 @@ def test_long_witness_drafts_need_their_kv(load_pair, build_tiny_pair, record_pr
     steps = 5
     end = PROMPT_LEN + DRAFT_SPAN + steps
     seqs = torch.tensor([p + lw.expected_continuation(p, end, W) for p in lw.prompts(GREEDY_PROMPTS, PROMPT_LEN)])
-    drafted = witness_harness.draft_rounds_each(
-        target,
-        assistant,
-        seqs,
-        text,
-        (None, *lw.DRAFT_ABLATIONS),
-        steps=steps,
-        start=PROMPT_LEN,
-        draft_phase=witness.phase_of_variant(variant),
-    )
+    plan = harness.RoundPlan(start=PROMPT_LEN, steps=steps, draft_phase=phase_of_variant(variant))
+    drafted = harness.draft_rounds_each(target, assistant, seqs, text, (None, *lw.DRAFT_ABLATIONS), plan)
     base = sum(drafted[None]["step_accuracy"]) / steps
     record_property("intact", json.dumps(drafted[None]))
     if base < DRAFT_INTACT_MIN:

@@ -147,7 +147,7 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     """sglang drafts at transformers' RoPE phase: the witness built for transformers' draft phase reaches the exact
     pair's accept-length floor. sglang 0.5.13-0.5.23 put the draft query two positions behind transformers' (known
     upstream: sglang-gemma4-mtp-draft-rope-phase), reported apart from the hand-off checks."""
-    from mtpmatrix.pairs import witness
+    from mtpmatrix.pairs.witness import phase
 
     run = _run(smoke_runs, name, record_property)
     got = client.accept_length_from_meta(run.id_meta)
@@ -166,8 +166,8 @@ def test_draft_phase_matches_transformers(smoke_runs, name, record_property):
     gate_ok = bool(gate) and gate[0] is not None and gate[0] >= floor
     why = (
         f"; the witness built for sglang's phase accepts {gate[0]:.2f}: sglang's draft query reads the last "
-        f"accepted key at phase {witness.sglang_draft_phase():+d}, transformers' at "
-        f"{witness.REFERENCE_DRAFT_PHASE:+d}"
+        f"accepted key at phase {phase.sglang_draft_phase():+d}, transformers' at "
+        f"{phase.REFERENCE_DRAFT_PHASE:+d}"
         if gate_ok
         else ""
     )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 
-from mtpmatrix.pairs.tiny import EOS_ID
+from mtpmatrix.pairs.tiny.vocab import EOS_ID
 from mtpmatrix.tiers.surface import hidden_states, structured
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST, ASCII_LAST, token_text
 

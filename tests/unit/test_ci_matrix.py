@@ -358,7 +358,7 @@ def test_workflow_smoke_tp_input_reaches_matrix_and_rows(workflow):
     triggers = workflow[True] if True in workflow else workflow["on"]
     inputs = triggers["workflow_dispatch"]["inputs"]
     assert inputs["smoke_tp"]["options"] == ["1", "2"] and inputs["smoke_tp"]["default"] == "1"
-    from mtpmatrix.pairs.tiny import PAIR_NAMES
+    from mtpmatrix.pairs.tiny.build import PAIR_NAMES
 
     assert set(inputs["smoke_pair"]["options"]) == set(PAIR_NAMES)
     # workflow-level env: the matrix job (runner size) and every row job (the suite) read the same values

@@ -13,12 +13,12 @@ import pytest
 
 from mtpmatrix.core import settings
 from mtpmatrix.pairs import decoy
-from mtpmatrix.pairs.witness import LOGIT_PEAK
+from mtpmatrix.pairs.witness.weights import LOGIT_PEAK
 from mtpmatrix.tiers import smoke
 
 V = 512
 DECOYS = (V - 1, V - 2)
-CODE_MARGIN = 0.49  # the built pairs' (marker: witness.code_margin)
+CODE_MARGIN = 0.49  # the built pairs' (marker: witness.codes.code_margin)
 
 
 class Drafter:

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from mtpmatrix.core import smoke_servers
-from mtpmatrix.pairs import tiny, witness
+from mtpmatrix.pairs.tiny.build import pair_hash
+from mtpmatrix.pairs.witness import phase
 from mtpmatrix.tiers import smoke
 
 SPECS = {s.name: s for s in smoke_servers.smoke_options({}).specs}
@@ -19,16 +20,16 @@ COLLAPSED = [{"completion_tokens": 32, "spec_verify_ct": 30}] * 8  # 1.07: the d
 
 def test_the_declared_phase_builds_the_sglang_phase_witnesses(monkeypatch):
     monkeypatch.delenv("MTPMATRIX_DRAFT_PHASE", raising=False)
-    before = tiny.pair_hash("e-series", "witness-sglang-phase", 0)
-    assert witness.phase_of_variant("witness-sglang-phase") == -1  # no sglang here: the newest measured release
+    before = pair_hash("e-series", "witness-sglang-phase", 0)
+    assert phase.phase_of_variant("witness-sglang-phase") == -1  # no sglang here: the newest measured release
     monkeypatch.setenv("MTPMATRIX_DRAFT_PHASE", "+1")
-    assert witness.sglang_draft_phase() == witness.phase_of_variant("witness-sglang-phase") == 1
-    assert witness.phase_of_variant("decoy-sglang-phase") == 1
-    assert witness.sglang_draft_phase("0.5.17") == -1  # a release asked for by name stays what it is
-    assert tiny.pair_hash("e-series", "witness-sglang-phase", 0) != before  # a cached -1 pair is rebuilt
+    assert phase.sglang_draft_phase() == phase.phase_of_variant("witness-sglang-phase") == 1
+    assert phase.phase_of_variant("decoy-sglang-phase") == 1
+    assert phase.sglang_draft_phase("0.5.17") == -1  # a release asked for by name stays what it is
+    assert pair_hash("e-series", "witness-sglang-phase", 0) != before  # a cached -1 pair is rebuilt
     monkeypatch.setenv("MTPMATRIX_DRAFT_PHASE", "one")
     with pytest.raises(ValueError, match="MTPMATRIX_DRAFT_PHASE='one': not a whole number"):
-        witness.sglang_draft_phase()
+        phase.sglang_draft_phase()
 
 
 def runs(**metas) -> dict:

@@ -10,7 +10,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpmatrix.pairs.tiny import MARKER
+from mtpmatrix.pairs.tiny.build import MARKER
 from mtpmatrix.tiers import pair_cache
 
 

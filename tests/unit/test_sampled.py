@@ -261,11 +261,11 @@ def test_smoke_check_on_simulated_servers(tmp_path, bug, topk):
 def test_the_trimmed_target_keeps_the_layers_the_assistant_reads():
     """trimmed_target keeps the last layer of each attention type: the K/V the assistant is fed (witness's
     physical_kv_layers binds the same ones), for the dense-31b sampled target that the assisted check runs."""
-    from mtpmatrix.pairs import tiny
     from mtpmatrix.pairs.sampled import trimmed_target
-    from mtpmatrix.pairs.witness import physical_kv_layers
+    from mtpmatrix.pairs.tiny.configs import target_template
+    from mtpmatrix.pairs.witness.layout import physical_kv_layers
 
-    text = tiny.target_template("dense-31b", "sampled")["text_config"]
+    text = target_template("dense-31b", "sampled")["text_config"]
     kept = trimmed_target.kept_layers(text["layer_types"])
     assert kept == sorted(idx[-1] for idx in physical_kv_layers(text).values())
     assert [text["layer_types"][i] for i in kept] == ["sliding_attention", "full_attention"]
@@ -276,8 +276,8 @@ def test_a_trimmed_config_renumbers_the_per_layer_overrides():
     """transformers >= 5.19 keeps a full layer's head_dim / KV heads in ``per_layer_config`` by layer index: the
     trimmed config carries each kept layer's overrides to its new index and drops the others' (built again from the
     dict, as the layers' shapes are derived when a config is built)."""
-    from mtpmatrix.pairs import tiny
     from mtpmatrix.pairs.sampled import trimmed_target
+    from mtpmatrix.pairs.tiny.configs import target_template
 
     class Config:
         def __init__(self, data):
@@ -290,7 +290,7 @@ def test_a_trimmed_config_renumbers_the_per_layer_overrides():
         def from_dict(cls, data):
             return cls(data)
 
-    text = dict(tiny.target_template("dense-31b", "sampled")["text_config"])
+    text = dict(target_template("dense-31b", "sampled")["text_config"])
     text["per_layer_config"] = {"2": {"head_dim": 64}, "5": {"head_dim": 64, "num_key_value_heads": 1}}
     original = Config({"text_config": text, "model_type": "gemma4"})
     kept = trimmed_target.kept_layers(text["layer_types"])

@@ -15,9 +15,10 @@ from scipy import special
 
 from mtpmatrix.core import settings, smoke_servers, stats
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.pairs import tiny
 from mtpmatrix.pairs.sampled import bonus as pb
 from mtpmatrix.pairs.sampled import ring
+from mtpmatrix.pairs.tiny.configs import ASSISTANT_HIDDEN, TARGET_HIDDEN
+from mtpmatrix.pairs.tiny.vocab import SPECIAL_TOKENS
 from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.surface import bonus, features, mixed_sampling
 
@@ -30,8 +31,8 @@ def test_region_layout_is_off_the_ring_the_specials_and_every_other_prompt():
     region = set(range(pb.R2_START, pb.R2_START + pb.R2_SIZE))
     assert pb.STEPS == settings.NUM_STEPS and pb.R2_SIZE == 21 and max(region) < VOCAB
     assert not region & set(range(ring.RING_START, ring.RING_START + ring.RING_SIZE))
-    assert min(region) > max(tiny.SPECIAL_TOKENS.values())
-    assert pb.DIM_BASE == 1 + ring.RING_SIZE and pb.dim(max(region)) < tiny.ASSISTANT_HIDDEN
+    assert min(region) > max(SPECIAL_TOKENS.values())
+    assert pb.DIM_BASE == 1 + ring.RING_SIZE and pb.dim(max(region)) < ASSISTANT_HIDDEN
     # the target depends on the last token only: no other request to a sampled server ends in the region
     others = [list(r.prompt) for r in ring.request_plan()] + [list(p.prompt) for p in mixed_sampling.plan()]
     others += [features.min_p_prompt(i) for i in range(features.MIN_P_REQUESTS)] + smoke.id_prompts(VOCAB)
@@ -41,7 +42,7 @@ def test_region_layout_is_off_the_ring_the_specials_and_every_other_prompt():
 
 
 def test_head_values_and_logits_are_exact_in_bf16():
-    entries = pb.check_exact(ring.check_exact(tiny.TARGET_HIDDEN))
+    entries = pb.check_exact(ring.check_exact(TARGET_HIDDEN))
     assert set(entries) == {8.0, 3.1875, 3.125, 3.0625, 3.0}
     with pytest.raises(ValueError, match="not exact"):
         pb.check_exact(7.0)

@@ -394,9 +394,9 @@ def test_known_sglang_draft_phase_entry_matches_the_check_message():
         [failure, *gate],
     )
     # the releases known to deviate are the releases the gate witness is built off the reference phase for
-    from mtpmatrix.pairs import witness
+    from mtpmatrix.pairs.witness.phase import REFERENCE_DRAFT_PHASE, SGLANG_DRAFT_PHASES
 
-    off_reference = [spec for spec, phase in witness.SGLANG_DRAFT_PHASES if phase != witness.REFERENCE_DRAFT_PHASE]
+    off_reference = [spec for spec, phase in SGLANG_DRAFT_PHASES if phase != REFERENCE_DRAFT_PHASE]
     assert off_reference == [entry.affected]
 
 

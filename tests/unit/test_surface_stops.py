@@ -11,7 +11,7 @@ import pytest
 
 from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
-from mtpmatrix.pairs.tiny import END_OF_TURN_ID, EOS_ID, VOCAB
+from mtpmatrix.pairs.tiny.vocab import END_OF_TURN_ID, EOS_ID, VOCAB
 from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.compat import meta_fields
 from mtpmatrix.tiers.surface import stops
@@ -159,9 +159,9 @@ def test_predicted_counters():
 def test_token_text_matches_the_tiny_tokenizer():
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
-    from mtpmatrix.pairs import tiny
+    from mtpmatrix.pairs.tiny.vocab import make_tokenizer
 
-    tok = tiny._make_tokenizer()
+    tok = make_tokenizer()
     for t in range(stops.ASCII_FIRST, stops.ASCII_LAST + 1):
         assert tok.decode([t]) == stops.token_text(t)
     for label in ("stop-str-inside", "stop-str-bonus"):

@@ -51,7 +51,7 @@ SMOKE_LAUNCH_BUDGET_FILE = "smoke-launch-budget.json"
 SESSION_FIELDS = ("pytest", "build", "gpu_names", "session_id")
 
 # --- a candidate's identity, as the suite's environment carries it (runner/candidate.py) -----------------------------
-DRAFT_PHASE_ENV = "MTPMATRIX_DRAFT_PHASE"  # the draft phase a candidate declares (pairs/witness.py reads it)
+DRAFT_PHASE_ENV = "MTPMATRIX_DRAFT_PHASE"  # the draft phase a candidate declares (pairs/witness/phase.py reads it)
 PATCH_ENV = "MTPMATRIX_PATCH"  # a patch the fault-injection hook serves at import (tools/gpu_box.sh PATCH=FILE)
 PATCH_SHA256_ENV = "MTPMATRIX_PATCH_SHA256"  # its sha256: the hook serves nothing when the file's differs
 

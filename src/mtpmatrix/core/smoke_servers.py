@@ -19,7 +19,7 @@ from mtpmatrix.core.settings import TINY_PAIR_NAMES
 @dataclass(frozen=True)
 class SmokeServerSpec:
     name: str
-    pair: str  # tiny pair variant (mtpmatrix.pairs.tiny.VARIANTS)
+    pair: str  # tiny pair variant (mtpmatrix.pairs.tiny.configs.VARIANTS)
     topk: int | None  # None = no MTP
     load_format: str = "auto"
     default: bool = True  # in the suite unless MTPMATRIX_SMOKE_SERVERS names servers

@@ -72,15 +72,9 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix.core import settings
-from mtpmatrix.pairs.witness import (
-    ALPHA,
-    BETA,
-    D_NUISANCE,
-    LOGIT_PEAK,
-    ZETA_CLUSTER,
-    make_witness,
-    orthogonal_columns,
-)
+from mtpmatrix.pairs.witness.codes import orthogonal_columns
+from mtpmatrix.pairs.witness.layout import D_NUISANCE
+from mtpmatrix.pairs.witness.weights import ALPHA, BETA, LOGIT_PEAK, ZETA_CLUSTER, make_witness
 
 DECOY_PERIOD = 40
 DECOY_OFFSETS = (0, 7, 14, 19, 26, 33)  # gaps 7 7 5 7 7 7: depths 0-4 at topk 1 over the smoke prompts

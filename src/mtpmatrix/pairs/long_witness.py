@@ -33,7 +33,7 @@ Construction (every layer other than those two writes nothing to the residual st
 Embedding row E[t]: a constant c0 (the same in every row), the one-hot of its member (null for non-body tokens),
 a key flag (key tokens) and the one-hot of its own group (null for non-key tokens), scaled so |E[t]|^2 = 1/2.
 Sliding owner layer: key = the constant through k_proj into the rotating pairs' first components, amplitudes
-``witness.pair_amplitudes`` (position-only after k_norm, norm sqrt(head_dim)); value = the member one-hot (v_norm:
+``witness.positions.pair_amplitudes`` (position-only after k_norm, norm sqrt(head_dim)); value = the member one-hot (v_norm:
 sqrt(head_dim) in one slot); query = lambda * peak(W - 1) + TRAP_WEIGHT * lambda * peak(W) (a witness peak is the
 query whose score at offset d is sum_i a_i^2 cos(w_i (d - offset))), unit-normalised, q_norm weight so that its
 score is TARGET_SCORE_GAIN times the unit score; o_proj sends value slot m to "next member" dim succ(m).
@@ -69,13 +69,10 @@ from __future__ import annotations
 import random
 
 from mtpmatrix.pairs.weights import zero_residual_writers
-from mtpmatrix.pairs.witness import (
-    REFERENCE_DRAFT_PHASE,
-    SCORE_GAIN,
-    pair_amplitudes,
-    physical_kv_layers,
-    rope_inv_freq,
-)
+from mtpmatrix.pairs.witness.layout import physical_kv_layers
+from mtpmatrix.pairs.witness.phase import REFERENCE_DRAFT_PHASE
+from mtpmatrix.pairs.witness.positions import pair_amplitudes, rope_inv_freq
+from mtpmatrix.pairs.witness.weights import SCORE_GAIN
 
 GROUPS, NULL_GROUP, KEY_GROUPS = 8, 7, 7
 MEMBERS, NULL_MEMBER, CYCLE = 32, 31, 31

@@ -11,7 +11,7 @@ Every other pin of the row stays. The row is filed under the candidate's own id,
 its base release and the evidence judge can hold its versions to the candidate's.
 
 The draft phase. The smoke tier's sglang-phase witnesses are built for the draft phase the installed release drafts
-at (pairs/witness.py). A candidate that moves it says so, ``Draft-Phase: +1`` in a patch's header or
+at (pairs/witness/phase.py). A candidate that moves it says so, ``Draft-Phase: +1`` in a patch's header or
 ``--draft-phase +1``; the suite then builds them for that phase (MTPMATRIX_DRAFT_PHASE), a knob the judge accepts
 only for a candidate that declares the same phase.
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpmatrix.core.atomic import atomic_write_json
-from mtpmatrix.pairs.tiny import MARKER
+from mtpmatrix.pairs.tiny.build import MARKER
 
 FILES = ".mtpmatrix-tiny-files.json"
 

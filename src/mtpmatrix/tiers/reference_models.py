@@ -54,7 +54,8 @@ def pair_loader(build_tiny_pair):
     for byte those of one already loaded is that model: the witness and decoy pairs built for sglang's draft phase
     differ from the reference-phase ones in the assistant only (pairs.witness: the phase turns the draft query), so
     their targets are loaded once (issue #31)."""
-    from mtpmatrix.pairs.tiny import read_marker, variant_name
+    from mtpmatrix.pairs.tiny.build import read_marker
+    from mtpmatrix.pairs.tiny.configs import variant_name
 
     loaded: dict[tuple[str, str], object] = {}  # (class, folder_digest) -> the model, loaded without a complaint
 

@@ -270,7 +270,7 @@ def phase_moved(spec: SmokeServerSpec, runs) -> str | None:
     transformers' phase beside it drafted right: the sglang under test drafts at transformers' phase, not at the one
     these servers were built for (a fixed release still inside SGLANG_DRAFT_PHASES, or a candidate that moves the
     phase without declaring it). None when that is not the story (``runs``: the smoke runs, by server name)."""
-    from mtpmatrix.pairs import witness
+    from mtpmatrix.pairs.witness.phase import REFERENCE_DRAFT_PHASE, sglang_draft_phase
     from mtpmatrix.serving.client import accept_length_from_meta
 
     if not spec.pair.endswith("-sglang-phase"):
@@ -279,7 +279,7 @@ def phase_moved(spec: SmokeServerSpec, runs) -> str | None:
     got = accept_length_from_meta(reference[0].id_meta) if reference else None
     if got is None or got < EXACT_PAIR_MIN_ACCEPT[reference[0].spec.topk]:
         return None
-    built, ref = witness.sglang_draft_phase(), witness.REFERENCE_DRAFT_PHASE
+    built, ref = sglang_draft_phase(), REFERENCE_DRAFT_PHASE
     return (
         f"draft phase moved: this server's pair is built for sglang's draft phase {built:+d}, while the witness "
         f"built for transformers' phase {ref:+d} accepts {got:.2f} per verify: this sglang drafts at {ref:+d} "

@@ -86,7 +86,7 @@ OTHER_LOGIT = -24.0
 EMBED_VALUE = 0.5  # the two nonzero entries of a target embedding row
 DRAFT_LOGITS = (0.0, 4.0, 6.0, 2.0)  # per offset d1..d4: ranks d3 > d2 > d4 > d1
 DRAFT_OTHER_LOGIT = -8.0
-SOFTCAP = 30.0  # the tiny templates' final_logit_softcapping (tiny._text); make_sampled checks it
+SOFTCAP = 30.0  # the tiny templates' final_logit_softcapping (tiny.configs.text_config); make_sampled checks it
 TEMPERATURE = 0.7
 BOUNDARY_MARGIN = 0.04  # float32 cumulative sums err by < 1e-6; the rest keeps broken-verify models clear of it
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from mtpmatrix.core import settings
 from mtpmatrix.pairs.sampled import ring
 
-VOCAB = 512  # the tiny pairs' vocabulary (tiny.VOCAB)
+VOCAB = 512  # the tiny pairs' vocabulary (tiny.vocab.VOCAB)
 
 # Broken verifies: name -> what is broken (each a catalogue class of issue #19).
 BUGS = {

@@ -1,5 +1,5 @@
 """Weights of the sampled pair: the ring of mtpmatrix.pairs.sampled.ring (its closed-form law) and the bonus region of
-mtpmatrix.pairs.sampled.bonus, written into freshly initialised target and assistant models (tiny.build_pair)."""
+mtpmatrix.pairs.sampled.bonus, written into freshly initialised target and assistant models (tiny.build.build_pair)."""
 
 from __future__ import annotations
 

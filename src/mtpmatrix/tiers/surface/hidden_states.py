@@ -26,14 +26,14 @@ only "last" mode does), so a 32-token request, whose 6th verify step crosses the
 request at ``BOUNDARY`` ends exactly at a verify step's end (31 = 1 + 5 x 6 tokens), where no step crosses the
 limit: it tells the two apart.
 
-Tolerance, derived: the witness target's hidden state at a position is exactly sqrt(H) * E[x] (pairs/witness.py:
+Tolerance, derived: the witness target's hidden state at a position is exactly sqrt(H) * E[x] (pairs/witness/weights.py:
 every layer writes zero to the residual stream; E[x] has unit norm, so the final RMSNorm with weight 1 leaves it
 as it is). Both servers therefore compute the same bf16 vector from the same embedding row; the only place they
 may differ is the RMSNorm's reduction order (a verify batch of 6 or 12 rows against one decode row), which moves
 the fp32 scale by a few fp32 ulps and so each bf16 element by at most one bf16 ulp, i.e. 2^-7 of its magnitude
 (8 significand bits). Whether a release returns the state before or after that norm (both the same vector here)
 adds at most one more: ROW_RTOL = 2 * 2^-7 of max(|a|, |b|) per element. A row of another token differs by O(1)
-in the code dims (the codes' cross-cosine is at most 1 - 0.49, pairs/witness.code_margin), far above it.
+in the code dims (the codes' cross-cosine is at most 1 - 0.49, pairs/witness/codes.code_margin), far above it.
 Also exact on one server alone: the witness's row depends on its input token only, so every row for input token
 x (prefill or decode, any request) is the same vector within ROW_RTOL.
 """
@@ -46,7 +46,7 @@ NAME = "hidden_states"
 PAIR = "witness-sglang-phase"
 REFERENCE_SERVER = "witness-nomtp"
 SERVER_FLAG = "--enable-return-hidden-states"
-HIDDEN = 128  # pairs.tiny.TARGET_HIDDEN (kept here so the module imports without the pairs' dependencies)
+HIDDEN = 128  # pairs.tiny.configs.TARGET_HIDDEN (kept here so the module imports without the pairs' dependencies)
 MAX_NEW_TOKENS = 32
 ROW_RTOL = 2 * 2.0**-7
 BOUNDARY = 30  # asks for 31 tokens: the limit falls at the end of verify step 5, nothing past it

@@ -43,9 +43,9 @@ TOP_N = 5  # top_logprobs_num: rank 1 and the runner-ups a neighbouring node wou
 MAX_NEW_TOKENS = 32
 PROMPT_LEN = 12
 STEP_TOKENS = 6  # tokens a witness verify step keeps (settings.NUM_STEPS drafts + the bonus), topk 1 and 3 alike
-SOFTCAP = 30.0  # the tiny pairs' final_logit_softcapping (tiny._text)
-LOGIT_PEAK = 20.0  # witness.LOGIT_PEAK (kept here so the module imports without torch)
-CODE_MARGIN = 0.49  # lower bound of witness.code_margin on the tiny pairs
+SOFTCAP = 30.0  # the tiny pairs' final_logit_softcapping (tiny.configs.text_config)
+LOGIT_PEAK = 20.0  # witness.weights.LOGIT_PEAK (kept here so the module imports without torch)
+CODE_MARGIN = 0.49  # lower bound of witness.codes.code_margin on the tiny pairs
 VOCAB = 512
 
 

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 
 from mtpmatrix.core import settings
-from mtpmatrix.pairs.tiny import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
+from mtpmatrix.pairs.tiny.vocab import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
 
 NAME = "stops"
 PAIR = "witness-sglang-phase"  # the servers this family is sent to (spec.pair)
@@ -55,7 +55,7 @@ NO_MTP_REFERENCE = "witness-nomtp"
 STEP = settings.NUM_STEPS + 1  # tokens one witness verify step keeps: every draft and the bonus token
 MAX_NEW_TOKENS = 32  # the stop requests' budget: every stop below lands well before it
 LIMIT = 10  # the length requests' budget: not 1 + 6k, so the limit falls inside verify step 2 (positions 8-13)
-# The tiny tokenizer (pairs/tiny.py:_make_tokenizer): special ids, 256 byte-fallback tokens, then printable ASCII
+# The tiny tokenizer (pairs/tiny/vocab.py:make_tokenizer): special ids, 256 byte-fallback tokens, then printable ASCII
 # (32..126) and "\n", one token each, then "<unusedN>". A chain of ids in the ASCII block decodes to consecutive
 # characters, each once: stop strings are picked there.
 ASCII_FIRST = len(SPECIAL_TOKENS) + 256

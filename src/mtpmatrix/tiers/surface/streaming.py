@@ -11,7 +11,7 @@ What sglang sends (installed sources, 0.5.13-0.5.23):
 * /v1/completions (serving_completions.py): ``choices[0].text``; streamed, each chunk's ``choices[0].text`` is the
   new text only, and with ``stream_options.include_usage`` a last chunk with ``choices: []`` and ``usage``
   (UsageProcessor.calculate_streaming_usage). /v1/chat/completions the same with ``message.content`` /
-  ``delta.content`` (the chat template: pairs/tiny.CHAT_TEMPLATE). Usage must be /generate's completion_tokens.
+  ``delta.content`` (the chat template: pairs/tiny/vocab.CHAT_TEMPLATE). Usage must be /generate's completion_tokens.
   Speculative fields: 0.5.13 and 0.5.17 have none there (no ``spec`` in entrypoints/openai/); 0.5.23 adds the
   request field ``return_spec_tokens_details`` and answers ``sglext.spec_tokens_details`` (utils.py:
   spec_tokens_details_from_meta_info: the request's spec_* meta_info fields; streamed, in a chunk of its own with

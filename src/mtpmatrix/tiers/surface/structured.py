@@ -12,7 +12,7 @@ topk > 1 class and its JSON mixin commented out; here topk 3 runs too, beside un
 output is predicted exactly, not only checked for validity.
 
 Can the tiny tokenizer carry a grammar? Yes: xgrammar 0.2.1 (what the 0.5.13 and 0.5.17 rows install) reads the
-tiny pairs' tokenizer (pairs/tiny.py: byte-fallback BPE, printable ASCII one token each) as VocabType.BYTE_FALLBACK
+tiny pairs' tokenizer (pairs/tiny/vocab.py: byte-fallback BPE, printable ASCII one token each) as VocabType.BYTE_FALLBACK
 and compiles each grammar below over it (the contract tier checks it per release, on CPU, and walks each grammar as
 the witness decodes: tests/tiers/test_contract_grammars.py; xgrammar 0.2.1 on 0.5.13/0.5.17, 0.2.7 on 0.5.23). Every printable
 character then has two tokens the grammar allows alike: its ASCII-block token and its byte-fallback twin
@@ -36,7 +36,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from mtpmatrix.pairs.tiny import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
+from mtpmatrix.pairs.tiny.vocab import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST, ASCII_LAST, chain, token_text
 
 NAME = "structured"
