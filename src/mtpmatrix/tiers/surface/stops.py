@@ -122,6 +122,27 @@ def _eos_at(position: int, token: int, vocab: int) -> int:
     return (token - position) % vocab
 
 
+def _matched(stop: int | str) -> dict:
+    """The finish_reason of a request ended by the stop token or string ``stop``."""
+    return {"type": "stop", "matched": stop}
+
+
+def _length(max_new_tokens: int) -> dict:
+    """The finish_reason of a request cut at ``max_new_tokens``."""
+    return {"type": "length", "length": max_new_tokens}
+
+
+def _eos_case(label: str, eos: int, position: int, vocab: int, note: str, stop: tuple[str, ...] = ()) -> Case:
+    """An EOS id (``eos``) at output ``position``, the request's ``stop`` strings (if any) later."""
+    return Case(label, "stop", _eos_at(position, eos, vocab), position, stop=stop, finish=(_matched(eos),), note=note)
+
+
+def _stop_token_case(label: str, last: int, position: int, stop_token_ids: tuple[int, ...], note: str) -> Case:
+    """stop_token_ids whose first id is output ``position`` after a prompt ending at ``last``."""
+    finish = (_matched(stop_token_ids[0]),)
+    return Case(label, "stop", last, position, stop_token_ids=stop_token_ids, finish=finish, note=note)
+
+
 def _str_case(label: str, first_char: str, position: int, stop: str, note: str) -> Case:
     """A stop string over the ASCII block: output position 1 decodes to ``first_char``, the stop string's last
     character is at ``position``."""
@@ -136,130 +157,76 @@ def _str_case(label: str, first_char: str, position: int, stop: str, note: str) 
         last,
         position,
         stop=(stop,),
-        finish=({"type": "stop", "matched": stop},),
+        finish=(_matched(stop),),
         text=text[: text.find(stop)],
         note=note,
     )
 
 
+def _length_case(
+    label: str, last: int, max_new_tokens: int, note: str, *, n: int | None = None, finish: tuple[dict, ...] = ()
+) -> Case:
+    """A request of ``max_new_tokens`` after a prompt ending at ``last``: ``n`` output tokens (the limit unless
+    given) and ``finish`` (a length finish unless given)."""
+    n = max_new_tokens if n is None else n
+    finish = finish or (_length(max_new_tokens),)
+    return Case(label, "length", last, n, max_new_tokens=max_new_tokens, finish=finish, note=note)
+
+
 def cases(vocab: int) -> list[Case]:
     """Every request of the family with its prediction. Positions: 1 prefill, 2-7 step 1 (7 bonus), 8-13 step 2
     (13 bonus), 14-19 step 3 (19 bonus)."""
-    stop_tok = lambda t: ({"type": "stop", "matched": t},)  # noqa: E731
-    length = ({"type": "length", "length": LIMIT},)
     out = [
         # END_OF_TURN_ID is an EOS only through generation_config: the first token, from the prefill
-        Case(
-            "eot-prefill",
-            "stop",
-            _eos_at(1, END_OF_TURN_ID, vocab),
-            1,
-            finish=stop_tok(END_OF_TURN_ID),
-            note="generation_config EOS 12 as the prefill token",
-        ),
+        _eos_case("eot-prefill", END_OF_TURN_ID, 1, vocab, "generation_config EOS 12 as the prefill token"),
         # EOS_ID through the wrap 509, 510, 511, 0, 1 (ids >= 366 are <unusedN>, 0 PAD: no special id in a prompt)
-        Case(
-            "eos-inside",
-            "stop",
-            _eos_at(10, EOS_ID, vocab),
-            10,
-            finish=stop_tok(EOS_ID),
-            note="EOS at position 10, step 2 draft 3",
-        ),
-        Case(
-            "eos-bonus",
-            "stop",
-            _eos_at(13, EOS_ID, vocab),
-            13,
-            finish=stop_tok(EOS_ID),
-            note="EOS at position 13, step 2 bonus",
-        ),
-        Case(
-            "stop-token-prefill",
-            "stop",
-            170,
-            1,
-            stop_token_ids=(171,),
-            finish=stop_tok(171),
-            note="stop_token_ids at position 1, the prefill token",
-        ),
-        Case(
+        _eos_case("eos-inside", EOS_ID, 10, vocab, "EOS at position 10, step 2 draft 3"),
+        _eos_case("eos-bonus", EOS_ID, 13, vocab, "EOS at position 13, step 2 bonus"),
+        _stop_token_case("stop-token-prefill", 170, 1, (171,), "stop_token_ids at position 1, the prefill token"),
+        _stop_token_case(
             "stop-token-inside",
-            "stop",
             150,
             4,
-            stop_token_ids=(154, 160),
-            finish=stop_tok(154),
-            note="stop_token_ids at position 4, step 1 draft 3 (a second id later must not matter)",
+            (154, 160),
+            "stop_token_ids at position 4, step 1 draft 3 (a second id later must not matter)",
         ),
-        Case(
-            "stop-token-bonus",
-            "stop",
-            160,
-            7,
-            stop_token_ids=(167,),
-            finish=stop_tok(167),
-            note="stop_token_ids at position 7, step 1 bonus",
-        ),
+        _stop_token_case("stop-token-bonus", 160, 7, (167,), "stop_token_ids at position 7, step 1 bonus"),
         _str_case("stop-str-prefill", "+", 1, "+", "stop string on the prefill token"),
         _str_case("stop-str-inside", "5", 16, "CD", "two-token stop string ending at position 16, step 3 draft 3"),
         _str_case("stop-str-bonus", "?", 13, "JK", "two-token stop string ending at position 13, step 2 bonus"),
         # an EOS at 10 and a stop string completed at 12 ('<unk>' is token 3), both in step 2: the EOS comes first
-        Case(
+        _eos_case(
             "eos-before-stop-str",
-            "stop",
-            _eos_at(10, EOS_ID, vocab),
+            EOS_ID,
             10,
+            vocab,
+            "EOS at position 10, a stop string at 12, same verify step",
             stop=("<unk>",),
-            finish=stop_tok(EOS_ID),
-            note="EOS at position 10, a stop string at 12, same verify step",
         ),
         # max_new_tokens not 1 + 6k: cut inside step 2
-        Case(
-            "length-mid-step",
-            "length",
-            180,
-            LIMIT,
-            max_new_tokens=LIMIT,
-            finish=length,
-            note="max_new_tokens 10 inside step 2 (positions 8-13)",
-        ),
-        Case(
-            "length-one",
-            "length",
-            185,
-            1,
-            max_new_tokens=1,
-            finish=({"type": "length", "length": 1},),
-            note="max_new_tokens 1: the prefill token alone",
-        ),
-        Case(
+        _length_case("length-mid-step", 180, LIMIT, "max_new_tokens 10 inside step 2 (positions 8-13)"),
+        _length_case("length-one", 185, 1, "max_new_tokens 1: the prefill token alone"),
+        _length_case(
             "length-eos-before-limit",
-            "length",
             _eos_at(9, EOS_ID, vocab),
-            9,
-            max_new_tokens=LIMIT,
-            finish=stop_tok(EOS_ID),
-            note="EOS at position 9 inside the step that crosses max_new_tokens 10",
+            LIMIT,
+            "EOS at position 9 inside the step that crosses max_new_tokens 10",
+            n=9,
+            finish=(_matched(EOS_ID),),
         ),
-        Case(
+        _length_case(
             "length-eos-after-limit",
-            "length",
             _eos_at(12, EOS_ID, vocab),
             LIMIT,
-            max_new_tokens=LIMIT,
-            finish=length,
-            note="EOS at position 12, past max_new_tokens 10, in the crossing step",
+            "EOS at position 12, past max_new_tokens 10, in the crossing step",
         ),
         # 0.5.13/0.5.17: length (checked first); 0.5.23: stop (tokens first, capped only past the limit)
-        Case(
+        _length_case(
             "length-eos-at-limit",
-            "length",
             _eos_at(LIMIT, EOS_ID, vocab),
             LIMIT,
-            max_new_tokens=LIMIT,
-            finish=length + stop_tok(EOS_ID),
-            note="EOS exactly at max_new_tokens 10",
+            "EOS exactly at max_new_tokens 10",
+            finish=(_length(LIMIT), _matched(EOS_ID)),
         ),
     ]
     for c in out:  # the chain must stay clear of EOS / END_OF_TURN / the stop ids before the predicted end
