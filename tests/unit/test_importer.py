@@ -18,6 +18,7 @@ from mtpmatrix.__main__ import main
 from mtpmatrix.core import expected, schema, store
 from mtpmatrix.report import checks as report_checks
 from mtpmatrix.report import render as report_render
+from mtpmatrix.report import row_summary as report_row_summary
 from mtpmatrix.report import summary as report_summary
 from mtpmatrix.runner import importer
 
@@ -130,7 +131,7 @@ def test_gpu_box_out_imports_into_the_results_store_and_reports(tmp_path, capsys
     s = report_summary.build_summary(results / "box1")
     m = {
         x["short"]: x
-        for x in report_summary._row_summary(results / "box1", "sglang-0.5.17", rec, tmp_path)["metrics"]
+        for x in report_row_summary.row_summary(results / "box1", "sglang-0.5.17", rec, tmp_path)["metrics"]
         if x["tier"] == "gsm8k"
     }
     assert m["tiny-e2e-proof-topk1"]["accept_length"] == 6.0 and m["tiny-e2e-proof-topk1"]["score"] == 0.0

@@ -23,6 +23,7 @@ from mtpmatrix.__main__ import main
 from mtpmatrix.core import stats, store
 from mtpmatrix.core.evidence import expected_checks
 from mtpmatrix.core.schema import TIERS
+from mtpmatrix.report import closest as report_closest
 from mtpmatrix.report import compare as report_compare
 from mtpmatrix.report import render as report_render
 from mtpmatrix.report import summary as report_summary
@@ -191,13 +192,13 @@ def test_closest_passing_ties_go_to_the_same_sglang():
         "a-row": {"sglang": "0.5.17", "transformers": "5.20.0", "torch": "2.14.1"},
         "b-row": {"sglang": "0.5.23", "transformers": "5.19.0", "torch": "2.14.1"},
     }
-    got = report_summary.closest_passing(
+    got = report_closest.closest_passing(
         target, cands, target_sglang="0.5.23", sglang_of={"a-row": "0.5.17", "b-row": "0.5.23"}
     )
     assert got["row"] == "b-row" and got["differences"] == [
         {"package": "transformers", "this": "5.20.0", "other": "5.19.0"}
     ]
-    assert report_summary.closest_passing(target, {}, target_sglang=None, sglang_of={}) is None
+    assert report_closest.closest_passing(target, {}, target_sglang=None, sglang_of={}) is None
 
 
 def test_parse_freeze():

@@ -310,7 +310,7 @@ class CheckoutState(TypedDict):
 
 
 class TierSummary(TypedDict):
-    """``summary.rows[].tiers.<tier>``: one tier of one row as the report shows it (report.summary)."""
+    """``summary.rows[].tiers.<tier>``: one tier of one row as the report shows it (report.row_summary)."""
 
     verdict: str | None
     state: str  # expected.STATES
@@ -329,7 +329,7 @@ class TierSummary(TypedDict):
 
 
 class RowSummary(TypedDict):
-    """``summary.rows[]``: one row as the report shows it (report.summary)."""
+    """``summary.rows[]``: one row as the report shows it (report.row_summary)."""
 
     id: str
     relaunched: list[dict[str, Any]]

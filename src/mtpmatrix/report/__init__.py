@@ -21,7 +21,9 @@ that differ in freeze.txt, ties broken towards the same sglang) with the differi
 paired comparisons between rows (McNemar exact p) where per-question records exist; and with ``--baseline`` a
 run-to-run diff (new failures, fixed ones, metric deltas).
 
-    summary.py   the summary (summary.json): runs read through core.store, verdicts, closest passing rows
+    summary.py   the summary (summary.json): runs read through core.store and judged again, tiers across rows, verdicts
+    row_summary.py  one row of it: versions, tiers, grouped failures, metrics, servers relaunched alone
+    closest.py   each failing row's closest passing row (this run's or the baseline's)
     compare.py   per-question comparisons (stats.paired_compare) and the baseline diff
     checks.py    what both read off a check record
     render.py    summary.md and report.html from templates/*.j2 (jinja2, the 'report' extra), one context

@@ -22,7 +22,8 @@ from mtpmatrix.core.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, T
 from mtpmatrix.report import canaries, candidates, figures, md
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
-from mtpmatrix.report.summary import MAIN_PACKAGES, ReportError, missing_required
+from mtpmatrix.report.row_summary import MAIN_PACKAGES
+from mtpmatrix.report.summary import ReportError, missing_required
 
 TEMPLATES = Path(__file__).parent / "templates"
 MARKDOWN_TEMPLATE, HTML_TEMPLATE = "report.md.j2", "report.html.j2"
