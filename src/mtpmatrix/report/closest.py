@@ -8,11 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mtpmatrix.core.evidence.judge import pins_with_overrides
+from mtpmatrix.core.evidence.versions import MAIN_PACKAGES, pins_with_overrides
 from mtpmatrix.core.record_types import RowRecord, RowSummary
 from mtpmatrix.core.schema import FAILING, PARTIAL
 from mtpmatrix.core.store import read_freeze
-from mtpmatrix.report.row_summary import MAIN_PACKAGES
 
 
 def closest_passing(

@@ -17,12 +17,12 @@ from typing import Any
 
 from mtpmatrix.core import schema
 from mtpmatrix.core.evidence.fingerprint import KNOWN_UPSTREAM as KNOWN_UPSTREAM_FILE
+from mtpmatrix.core.evidence.versions import MAIN_PACKAGES
 from mtpmatrix.core.record_types import Summary
 from mtpmatrix.core.schema import FAILING, GPU_TIERS, KNOWN_UPSTREAM, PARTIAL, TIERS, UNPROVEN, VERDICTS
 from mtpmatrix.report import canaries, candidates, figures, md
 from mtpmatrix.report.checks import is_number, short_check
 from mtpmatrix.report.compare import ALPHA
-from mtpmatrix.report.row_summary import MAIN_PACKAGES
 from mtpmatrix.report.summary import ReportError, missing_required
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpmatrix.core import expected, schema, stats
-from mtpmatrix.core.evidence.judge import pins_with_overrides
+from mtpmatrix.core.evidence.versions import MAIN_PACKAGES, pins_with_overrides
 from mtpmatrix.core.record_types import Build, MissingRecord, RowRecord, RowSummary, TierRecord, TierSummary
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, TIERS, UNPROVEN
 from mtpmatrix.core.store import row_verdict
@@ -19,7 +19,6 @@ from mtpmatrix.report import candidates, figures
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 
 LOG_FILES = (schema.INSTALL_LOG, schema.PYTEST_LOG, schema.FREEZE_FILE, schema.CHECK_FILE, schema.JUNIT_FILE)
-MAIN_PACKAGES = ("sglang", "transformers", "torch")  # the versions every row shows, installed or pinned
 
 
 def _metric_rows(record: RowRecord, qrecords: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
