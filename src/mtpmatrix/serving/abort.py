@@ -1,5 +1,6 @@
 """Aborting a request while its batch decodes: POST /abort_request, and a batch item (``AbortMidBatch``) that sends
-a victim and its neighbours together and aborts the victim mid-batch, for client.run_batch.
+a victim and its neighbours together and aborts the victim mid-batch, for client.run_batch (an item that answers
+itself: client.AnswersItself, so client never imports this module).
 
 Event-driven: the abort goes out when every request has streamed an output token and none has finished (read from
 the streams themselves), never after a fixed delay.
@@ -13,10 +14,10 @@ from dataclasses import dataclass
 from mtpmatrix.serving.client import (
     DEFAULT_TIMEOUT,
     ClientError,
-    _close_thread_session,
-    _thread_session,
+    close_thread_session,
     error_message,
     request,
+    thread_session,
 )
 
 
@@ -46,6 +47,10 @@ class AbortMidBatch:
         """The victim's body (what surface.Exchange reads a request's sampling parameters from)."""
         return self.victim
 
+    def answer(self, base_url: str, timeout: float) -> dict:
+        """client.AnswersItself: client.run_batch sends this item through ``run``."""
+        return run(base_url, self, timeout)
+
 
 def _tokens_so_far(event: dict) -> int:
     meta = event.get("meta_info") or {}
@@ -74,12 +79,12 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
                 changed.notify_all()
 
         try:
-            events = _thread_session().events(base_url, "/generate", {**bodies[i], "stream": True}, timeout, hear)
+            events = thread_session().events(base_url, "/generate", {**bodies[i], "stream": True}, timeout, hear)
             answers[i] = {**(events[-1] if events else {}), "stream_events": len(events)}
         except BaseException as exc:  # kept: the caller raises the first
             answers[i] = exc
         finally:
-            _close_thread_session()
+            close_thread_session()
             with changed:
                 changed.notify_all()
 

@@ -29,7 +29,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 import urllib3
@@ -161,7 +161,7 @@ class _ThreadSession:
 _local = threading.local()
 
 
-def _thread_session() -> _ThreadSession:
+def thread_session() -> _ThreadSession:
     """This thread's session, created on first use."""
     ts = getattr(_local, "session", None)
     if ts is None:
@@ -169,7 +169,7 @@ def _thread_session() -> _ThreadSession:
     return ts
 
 
-def _close_thread_session() -> None:
+def close_thread_session() -> None:
     ts = getattr(_local, "session", None)
     if ts is not None:
         ts.close()
@@ -189,7 +189,7 @@ def request(
 ) -> tuple[int, bytes]:
     """One request on this thread's keep-alive session: (status, body bytes). Transport errors and timeouts raise
     requests' exceptions, which are OSErrors."""
-    return _thread_session().send(method, base_url, path, payload, timeout)
+    return thread_session().send(method, base_url, path, payload, timeout)
 
 
 def generate_payload(
@@ -224,12 +224,12 @@ def generate(
     Raises ClientError on a non-2xx answer (message = sglang's error message).
     """
     payload = generate_payload(text, input_ids, sampling_params, return_logprob, **extra)
-    return _thread_session().json("POST", base_url, "/generate", payload, timeout)
+    return thread_session().json("POST", base_url, "/generate", payload, timeout)
 
 
 def _get_json_with_fallback(base_url: str, path: str, old_path: str, timeout: float) -> dict:
     """GET ``path``, or ``old_path`` on releases that answer 404 for the new name."""
-    session = _thread_session()
+    session = thread_session()
     try:
         return session.json("GET", base_url, path, timeout=timeout)
     except ClientError as exc:
@@ -281,12 +281,17 @@ class Call:
     stream: bool = False
 
 
-def _answer(session: _ThreadSession, base_url: str, item, default_path: str, timeout: float) -> dict:
-    """One batch item's answer as a dict (see Call, abort.AbortMidBatch)."""
-    from mtpmatrix.serving import abort  # it builds on this module's sessions
+class AnswersItself(Protocol):
+    """A batch item that sends its own requests (serving.abort.AbortMidBatch: a batch of its own, with an abort in
+    it); modules above this one define them, so this one never imports them."""
 
-    if isinstance(item, abort.AbortMidBatch):
-        return abort.run(base_url, item, timeout)
+    def answer(self, base_url: str, timeout: float) -> dict: ...
+
+
+def _answer(session: _ThreadSession, base_url: str, item, default_path: str, timeout: float) -> dict:
+    """One batch item's answer as a dict (see Call, AnswersItself)."""
+    if callable(getattr(item, "answer", None)):
+        return item.answer(base_url, timeout)
     if isinstance(item, Call) and item.stream:
         events = session.events(base_url, item.path, item.body, timeout)
         last = events[-1] if events and item.path == "/generate" and isinstance(events[-1], dict) else {}
@@ -397,7 +402,7 @@ def run_batch(
     path: str = "/generate",
 ) -> list[Result]:
     """POST every payload in ``requests`` (bodies of /generate, see ``generate_payload``, a ``Call``: another
-    endpoint, a streamed answer, or an ``abort.AbortMidBatch``) with ``parallel`` workers.
+    endpoint, a streamed answer, or an item that answers itself: ``AnswersItself``) with ``parallel`` workers.
 
     Each worker thread has its own keep-alive session (one connection). A failing request (HTTP error, timeout,
     refused connection, bad JSON) becomes a Result with ok=False and its error; it never stops the batch. Results come
@@ -416,7 +421,7 @@ def run_batch(
     t_batch = time.perf_counter()
 
     def worker() -> None:
-        session = _thread_session()
+        session = thread_session()
         try:
             while True:
                 try:
@@ -444,7 +449,7 @@ def run_batch(
                         except Exception:  # a broken progress printer must not kill the batch
                             pass
         finally:
-            _close_thread_session()
+            close_thread_session()
 
     # Plain daemon threads rather than a ThreadPoolExecutor: Ctrl-C must not wait at exit for requests in flight
     # (a GSM8K request may run for minutes), and an executor's threads are joined at interpreter exit.
