@@ -1,5 +1,5 @@
 """The package's layers, in order: a module imports only from its own layer or those below it, never above, and
-the bottom (mtpmatrix.core) imports nothing of the package but itself. Every import counts, also one inside a
+the bottom (mtpmatrix.core) imports nothing of the package but itself; no two modules import each other. Every import counts, also one inside a
 function (parsed with ast, nothing imported)."""
 
 from __future__ import annotations
@@ -94,3 +94,50 @@ def test_the_layers_name_every_package():
     packages = {module_name(p.parent / "__init__.py") for p in (SRC / "mtpmatrix").glob("*/__init__.py")}
     named = {prefix for names in LAYERS for prefix in names}
     assert packages <= named, f"packages in no layer: {sorted(packages - named)}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, each import named by the longest module it reaches (``from pkg
+    import name`` is pkg unless ``name`` is a module of it)."""
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {o for o in (owner(i) for i in imports(p)) if o is not None and o != m} for m, p in modules.items()}
+
+
+def test_no_modules_import_each_other():
+    # a circle (a imports b, b imports a, at any depth or inside a function) ties two modules into one: neither can
+    # be read, tested or moved alone (serving.client and serving.abort were one, until the abort item answered itself)
+    graph = import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(m: str) -> None:  # Tarjan's strongly connected components
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in graph.get(m, ()):
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                n = stack.pop()
+                component.append(n)
+                if n == m:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert circles == []
