@@ -1,6 +1,6 @@
 """The package's layers, in order: a module imports only from its own layer or those below it, never above, and
-the bottom (mtpmatrix.core) imports nothing of the package but itself; no two modules import each other. Every import counts, also one inside a
-function (parsed with ast, nothing imported)."""
+the bottom (mtpmatrix.core) imports nothing of the package but itself; no two modules import each other. Every
+import counts, also one inside a function (parsed with ast, nothing imported)."""
 
 from __future__ import annotations
 
