@@ -82,6 +82,24 @@ def test_long_match_no_mtp(smoke_runs, name, record_property):
     _fail("mismatch", problems, f"{len(exchanges)} {long_context.NAME} requests")
 
 
+@pytest.mark.check("acceptance")
+@pytest.mark.parametrize("name", [s.name for s in LONG_MTP])
+def test_long_accept_exact(smoke_runs, name, record_property):
+    """Every long request's own acceptance on an MTP server is what the exact pair gives: every draft accepted, so
+    spec_verify_ct = ceil((completion_tokens - 1 - num_retractions) / 6), spec_num_correct_drafts 5 per verify step,
+    accept length their ratio (long_context.predicted_counters; the limit requests, the prefix pair, the abort's
+    neighbours and victim). Exact: a draft lost after a chunked prefill, a radix hit, on 16-token pages or near the
+    context limit shows here, and nowhere else (outputs stay exact)."""
+    _run, exchanges = _exchanges(smoke_runs, name, record_property)
+    record_property(
+        "accept_lengths",
+        {label: meta.get("spec_accept_length") for label, meta in long_context.accept_metas(exchanges)},
+    )
+    problems = long_context.accept_problems(_run.spec, exchanges)
+    record_property("problems", problems[:20])
+    _fail("acceptance", problems, f"{len(exchanges)} {long_context.NAME} requests")
+
+
 @pytest.mark.check("crash")
 @pytest.mark.parametrize("name", [s.name for s in LONG])
 def test_long_pool_empty_when_idle(smoke_runs, name, record_property):

@@ -17,6 +17,19 @@ that mutant makes an MTP server answer:
                       highest designed score inside; docs/pairs.md "Long witness", window one narrower), the drafts
                       (the rule's tokens) are rejected, so each verify step commits that one token
   reserve-dropped     (spec-context-reserve-dropped) the tokenizer admits as if no draft slots were reserved
+  view-drops-cached   (frozen-kv-view-drops-cached) the drafter's frozen-KV view of a request with a radix hit
+                      leaves out its cached prefix, so it reads the wrong positions: every draft of that request
+                      is rejected, its output unchanged
+
+and drafter-side faults that change no output, only the per-request speculative counters (the long witness's drafter
+is exact, so intact every verify step accepts all NUM_STEPS drafts: long_context.predicted_counters):
+
+  first-round-lost    the first draft round after each prefill (every long prompt is chunked: > LONG_CHUNK) is
+                      rejected whole, as with draft positions computed from the last chunk's extend length
+  one-draft-lost      the first round after each prefill loses its last draft only (one accepted draft fewer)
+
+``retract_after`` (not a fault) retracts every request once after that many verify steps: the re-prefill
+of prompt + output yields one token without a verify step, as sglang's does (meta_info num_retractions 1).
 
 (spec-overalloc-tail-kept changes no answer: the server log's idle leak report shows it, test_long_pool_*.)
 
@@ -28,6 +41,7 @@ from __future__ import annotations
 
 import threading
 
+from mtpmatrix.core import settings
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.tiers.surface import long_context
 
@@ -36,8 +50,8 @@ ROOT_SHORT_READ = 51  # the sliding owner's read with the edge (63 back) out of 
 
 
 class LongWitnessShapes:
-    def __init__(self, topk: int | None, page: int = 1, broken: str = ""):
-        self.topk, self.page, self.broken = topk, page, broken
+    def __init__(self, topk: int | None, page: int = 1, broken: str = "", retract_after: int | None = None):
+        self.topk, self.page, self.broken, self.retract_after = topk, page, broken, retract_after
         self.seen: list[list[int]] = []  # every finished sequence (prompt + output): the radix tree
         self.lock = threading.Lock()
         self.aborted: set[str] = set()
@@ -76,13 +90,43 @@ class LongWitnessShapes:
         )
         return first + rest
 
+    def _rounds(self, n: int, cached: int) -> tuple[list[int], int]:
+        """Drafts accepted by each verify step of a request that gets ``n`` tokens, and its retractions."""
+        steps, produced, rounds, retractions = settings.NUM_STEPS, 1, [], 0  # the prefill yields the first token
+        while produced < n:
+            if self.retract_after is not None and len(rounds) == self.retract_after and not retractions:
+                retractions, produced = 1, produced + 1  # the re-prefill's token
+                continue
+            accepted = steps
+            if self.broken == "view-drops-cached" and cached:
+                accepted = 0
+            elif not rounds and self.broken in ("first-round-lost", "one-draft-lost"):
+                accepted = 0 if self.broken == "first-round-lost" else steps - 1
+            rounds.append(accepted)
+            produced += accepted + 1
+        return rounds, retractions
+
     def _meta(self, prompt, out, cached, reason) -> dict:
-        return {
+        meta = {
             "finish_reason": reason,
             "prompt_tokens": len(prompt),
             "completion_tokens": len(out),
             "cached_tokens": cached,
+            "num_retractions": 0,
         }
+        if not self.topk or not out:
+            return meta
+        rounds, meta["num_retractions"] = self._rounds(len(out), cached)
+        if rounds:  # sglang's tokenizer_manager adds these only once a verify step ran
+            steps = settings.NUM_STEPS
+            meta.update(
+                spec_verify_ct=len(rounds),
+                spec_accept_length=len(out) / len(rounds),
+                spec_num_correct_drafts=sum(rounds),
+                spec_num_proposed_drafts=len(rounds) * (settings.DRAFT_TOKENS[self.topk] - 1),
+                spec_correct_drafts_histogram=[rounds.count(k) for k in range(steps + 1)],
+            )
+        return meta
 
     # --- the fake's hooks ------------------------------------------------------------------------------------
     def __call__(self, path: str, payload: dict):

@@ -20,12 +20,12 @@ NOMTP = SPECS["long-witness-nomtp"]
 TOPK3 = SPECS["long-witness-mtp-topk3-paged"]
 
 
-def collect(spec, broken: str = "") -> list[surface.Exchange]:
+def collect(spec, broken: str = "", retract_after: int | None = None) -> list[surface.Exchange]:
     """The family's requests for ``spec`` as mtpmatrix.tiers.smoke.collect sends them, against a fake."""
     labelled, alone = surface.split_alone(
         [(long_context.NAME, label, p) for label, p in long_context.requests(spec, 512)]
     )
-    shapes = LongWitnessShapes(spec.topk, smoke_servers.page_size(spec), broken)
+    shapes = LongWitnessShapes(spec.topk, smoke_servers.page_size(spec), broken, retract_after)
     with FakeSglang(shapes=shapes) as fake:
         results = client.run_batch(fake.base_url, [p for _f, _l, p in labelled], parallel=16)
         results += client.run_batch(fake.base_url, [p for _f, _l, p in alone], parallel=1)
@@ -131,6 +131,65 @@ def test_an_abort_not_sent_mid_batch_tests_nothing():
     assert long_context.abort_problems(x, 94)[0].startswith("abort: the abort was not sent mid-batch")
 
 
+# ------------------------------------------------------------------------------------------- each request's acceptance
+MTP = [n for n, s in SPECS.items() if s.topk]
+
+
+def test_predicted_counters_are_every_draft_accepted():
+    # the limit requests: 90 tokens at topk 1 (89 after the prefill one, 15 steps of 6), 81 at topk 3 (14 steps)
+    assert long_context.predicted_counters(90, 0)["spec_verify_ct"] == 15
+    assert long_context.predicted_counters(81, 0) == {
+        "completion_tokens": 81,
+        "spec_verify_ct": 14,
+        "accept_length": 5.7857,
+        "spec_num_correct_drafts": 70,
+        "spec_correct_drafts_histogram": [0, 0, 0, 0, 0, 14],
+    }
+    # the prefix pair (32 tokens): 6 steps; a retraction's re-prefill yields the 32nd without one
+    assert long_context.predicted_counters(32, 0)["spec_verify_ct"] == 6
+    assert long_context.predicted_counters(32, 1)["spec_verify_ct"] == 5
+    assert long_context.predicted_counters(1, 0)["spec_verify_ct"] == 0  # done at prefill
+    # no MTP: nothing to hold
+    assert long_context.accept_problems(NOMTP, collect(NOMTP)) == []
+
+
+@pytest.mark.parametrize("name", MTP)
+def test_intact_acceptance_holds_with_retractions(name):
+    spec = SPECS[name]
+    got = collect(spec, retract_after=2)
+    assert all(m["num_retractions"] == 1 for _l, m in long_context.accept_metas(got) if m["completion_tokens"] > 14)
+    assert long_context.own_problems(spec, got) == []
+    # the retraction term is what keeps it exact: the prefix pair (32 tokens) took 5 verify steps, not 6
+    blind = [(x.label, {**x.meta, "num_retractions": 0}) for x in got if x.label.startswith("prefix-")]
+    assert [label for label, m in blind if m["spec_verify_ct"] != 6] == ["prefix-first", "prefix-repeat"]
+
+
+@pytest.mark.parametrize("name", MTP)
+@pytest.mark.parametrize("broken", ["first-round-lost", "one-draft-lost"])
+def test_drafts_lost_after_the_chunked_prefill_fail_acceptance_only(name, broken):
+    spec = SPECS[name]
+    got = collect(spec, broken)
+    bad = long_context.accept_problems(spec, got)
+    # every request that ran a verify step (the fake's abort victim stops at its prefill token): its long prompt was
+    # prefilled in chunks, its first draft round came after that
+    labels = [label for label, m in long_context.accept_metas(got) if m["completion_tokens"] > 1]
+    assert [p.split(":")[0] for p in bad] == labels and len(labels) == long_context.N_LIMIT + 2 + 3
+    assert all("!= predicted" in p for p in bad)
+    # outputs, lengths, the cache hit, the abort and the no-MTP match all still pass: only acceptance sees it
+    assert long_context.own_problems(spec, got) == bad
+    assert long_context.against_reference(got, collect(NOMTP)) == []
+
+
+def test_a_lost_draft_the_accept_length_hides_is_still_seen():
+    # one draft lost in the prefix pair's first round: 31 tokens after the prefill still take 6 steps (5 x 6 + 1),
+    # so the accept length stays 5.3333; the accepted-draft total (29, not 30) and the histogram show it
+    spec = SPECS["long-witness-mtp-topk1"]
+    repeat = next(x for x in collect(spec, "one-draft-lost") if x.label == "prefix-repeat")
+    assert repeat.meta["spec_verify_ct"] == 6 and repeat.meta["spec_accept_length"] == 32 / 6
+    (problem,) = long_context.accept_problems(spec, [repeat])
+    assert "spec_num_correct_drafts 29 != predicted 30" in problem and "accept length" not in problem
+
+
 def test_pool_report_reads_retractions_usage_and_leaks():
     log = (
         "Decode batch, #running-req: 4, full token usage: 0.91, swa token usage: 0.50, cuda graph: True\n"
@@ -199,6 +258,7 @@ def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(t
         tier.test_long_prefix_hits_the_radix_cache,
         tier.test_long_abort_leaves_neighbours_exact,
         tier.test_long_match_no_mtp,
+        tier.test_long_accept_exact,
         tier.test_long_pool_empty_when_idle,
     ):
         check(ok, mtp, record)
@@ -208,6 +268,7 @@ def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(t
         ("cached-zero", tier.test_long_prefix_hits_the_radix_cache, "accounting"),
         ("neighbour-changed", tier.test_long_abort_leaves_neighbours_exact, "mismatch"),
         ("neighbour-changed", tier.test_long_match_no_mtp, "mismatch"),
+        ("first-round-lost", tier.test_long_accept_exact, "acceptance"),
     ]
     for broken, check, kind in cases:
         with pytest.raises(CheckFailure) as failed:

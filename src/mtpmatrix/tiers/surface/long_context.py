@@ -17,6 +17,13 @@ prefill chunks and, at topk 3, 16-token pages. The family sends them:
                  streamed; once every one has streamed a token and none has finished, /abort_request for the victim.
                  The neighbours must come out exact, the victim must end "abort" with a prefix of its rule output.
 
+Acceptance (``accept_problems``): the long witness's drafter reads the target's frozen KV at positions derived from
+the last accepted token and drafts every token right (pairs/long_witness.py), so on an intact MTP server every verify
+step accepts all its drafts, whatever chunking, caching or retraction the request went through: each request's
+meta_info counters are exact (``predicted_counters``). Drafts lost on exactly this family's paths (the first round
+after a chunked prefill or a radix hit, 16-token pages, near the context limit) leave every output exact; only these
+counters see them.
+
 Lengths, from sglang's code (0.5.13-0.5.23): the tokenizer refuses input + R + max_new_tokens > context_len, R the
 slots it reserves for drafts (tokenizer_manager num_reserved_tokens: max(topk x num_steps, draft tokens) under
 speculative decoding, else 0); the scheduler then clamps max_new_tokens to max_req_len - input - 1 with max_req_len
@@ -157,12 +164,81 @@ def _exact(label: str, prompt: list[int], response: dict, want_new: int) -> list
     return out
 
 
+def predicted_counters(completion: int, retractions: int, steps: int = settings.NUM_STEPS) -> dict:
+    """What sglang's meta_info says of a request whose every draft is accepted: ``completion`` tokens (as reported)
+    after ``retractions`` retractions, ``steps`` drafts per verify step.
+
+    From sglang's code (0.5.13 eagle_info verify / batch_result_processor, 0.5.17 and 0.5.23
+    batch_result_processor._resolve_spec_v2_tokens): the prefill yields the first token; each (re-)prefill after a
+    retraction yields one more (reset_for_retract keeps output_ids, the re-prefill of prompt + output samples the
+    next), without a verify step; every verify step adds 1 to spec_verify_ct and its accepted drafts (accept_lens - 1,
+    uncut) to spec_num_correct_drafts, and keeps ``steps`` + 1 tokens. No release shortens a draft tree near
+    max_new_tokens or the context limit (the tokenizer reserved its slots): the step that reaches max_new_tokens runs
+    whole and its extra tokens are cut from completion_tokens (Req.update_finish_state sets finished_len), and a
+    step discarded for a request retracted mid-flight (overlap) counts nothing. Retractions come between steps,
+    where all previous steps kept ``steps`` + 1 tokens, so spec_verify_ct = ceil((completion - 1 - retractions) /
+    (steps + 1)) exactly (an abort after a retraction but before its re-prefill leaves one prefill token fewer: the
+    ceiling absorbs it). Exact, not a floor: one lost draft lowers spec_num_correct_drafts by one."""
+    verify = max(0, -(-(completion - 1 - retractions) // (steps + 1)))
+    return {
+        "completion_tokens": completion,
+        "spec_verify_ct": verify,
+        "accept_length": round(completion / verify, 4) if verify else None,
+        "spec_num_correct_drafts": steps * verify,
+        "spec_correct_drafts_histogram": [0] * steps + [verify] if verify else [],
+    }
+
+
+def accept_metas(exchanges) -> list[tuple[str, dict]]:
+    """(label, meta_info) of every request of the family that was answered (the abort's four: neighbours, victim)."""
+    out = []
+    for x in exchanges:
+        if x.error or x.label == "over-limit":
+            continue
+        if x.label == "abort":
+            answers = x.response.get("outputs") or []
+            names = [f"abort neighbour {i}" for i in range(len(answers) - 1)] + ["abort victim"]
+            out += [(name, a.get("meta_info") or {}) for name, a in zip(names, answers)]
+        else:
+            out.append((x.label, x.meta))
+    return out
+
+
+def accept_problems(spec, exchanges) -> list[str]:
+    """Each request's own acceptance on an MTP server equals ``predicted_counters`` for its completion_tokens and
+    num_retractions (meta_info, every release 0.5.13-0.5.23): accept length, verify steps, accepted drafts and the
+    per-step histogram (where the release reports the last two)."""
+    from mtpmatrix.pairs.decoy import counter_mismatches
+
+    if not spec.topk:
+        return []
+    out = []
+    for label, meta in accept_metas(exchanges):
+        completion, retractions = meta.get("completion_tokens"), meta.get("num_retractions")
+        if not isinstance(completion, int) or not isinstance(retractions, int):
+            out.append(
+                f"{label}: meta_info completion_tokens {completion}, num_retractions {retractions}: the exact "
+                f"acceptance cannot be derived"
+            )
+            continue
+        want = predicted_counters(completion, retractions)
+        if not want["spec_verify_ct"]:  # done at prefill (an abort victim may be): no verify step, no counters
+            if meta.get("spec_verify_ct"):
+                out.append(f"{label}: spec_verify_ct {meta['spec_verify_ct']} for {completion} token(s) from prefill")
+            continue
+        bad = counter_mismatches(want, meta)
+        if bad:
+            out.append(f"{label}: {'; '.join(bad)} (predicted: every draft accepted, {retractions} retraction(s))")
+    return out
+
+
 def own_problems(spec, exchanges) -> list[str]:
     """Every way this server's answers leave what intact sglang does (module docstring); [] when none."""
     by = {x.label: x for x in exchanges}
     return (
         length_problems(spec, exchanges)
         + cache_problems(spec, by.get("prefix-repeat"))
+        + accept_problems(spec, exchanges)
         + (abort_problems(by["abort"], limit_new(spec.topk, PROMPT)) if "abort" in by else ["abort: not sent"])
     )
 
