@@ -24,6 +24,12 @@ NEW = {  # mutant -> (category, files patched on 0.5.13, on 0.5.17, on 0.5.23); 
     "swa-verify-window-short": ("swa-verify", *[{"triton_backend.py"}] * 3),
     "spec-overalloc-tail-kept": ("kv-release", None, {"common.py"}, {"common.py"}),
     "spec-context-reserve-dropped": ("context-limit", *[{"tokenizer_manager.py"}] * 3),
+    "frozen-kv-view-drops-cached": (
+        "draft-view",
+        {"frozen_kv_mtp_worker.py"},
+        {"frozen_kv_mtp_worker_v2.py"},
+        {"frozen_kv_mtp_worker_v2.py"},
+    ),
 }
 SHAPES = list(NEW)[:4]
 LONG = list(NEW)[4:]
@@ -79,6 +85,7 @@ FORMS = {
         _S + "managers/scheduler_components/output_streamer.py": _class(_STREAM),
         _S + "layers/attention/triton_backend.py": "x = (\n" + LC._SWA_GRAPH + LC._SWA_EAGER + ")\n",
         _S + "managers/tokenizer_manager.py": _class(_RESERVE),
+        _S + "speculative/frozen_kv_mtp_worker.py": _class(LC._DRAFT_VIEW),
     },
     "0.5.17": {
         _S + "speculative/eagle_utils.py": "def eagle_sample(grammar_mask, next_token_logits):\n" + _GRAMMAR,
@@ -89,6 +96,7 @@ FORMS = {
         _S + "mem_cache/common.py": "def r(start_p, end_p, spec_algo, page_size):\n"
         + _RELEASE_TAIL.replace("FREE", "allocator.free_segment(indices_to_free, start_pos=start_p)"),
         _S + "managers/tokenizer_manager.py": _class(_RESERVE),
+        _S + "speculative/frozen_kv_mtp_worker_v2.py": _class(LC._DRAFT_VIEW),
     },
     "0.5.23": {
         _S + "speculative/eagle_utils.py": "def eagle_sample(grammar_mask, next_token_logits):\n" + _GRAMMAR,
@@ -99,6 +107,7 @@ FORMS = {
         _S + "mem_cache/common.py": "def r(start_p, end_p, spec_algo, page_size):\n"
         + _RELEASE_TAIL.replace("FREE", "tree_cache.free_kv_row(req.kv, [(start_p, end_p)])"),
         _S + "managers/tokenizer_manager.py": _class(_RESERVE),
+        _S + "speculative/frozen_kv_mtp_worker_v2.py": _class(LC._DRAFT_VIEW),
     },
 }
 
@@ -115,7 +124,7 @@ def _pkg(root: Path, release: str) -> Path:
 def test_the_new_mutants_follow_the_earlier_ones_in_order():
     ids = [m.id for m in C.CATALOGUE]
     assert ids[-len(NEW) :] == list(NEW) and ids.index("hidden-states-next-node") == len(ids) - len(NEW) - 1
-    assert len(ids) == 36  # docs/fault-injection.md and README state this count
+    assert len(ids) == 37  # docs/fault-injection.md and README state this count
 
 
 def test_every_new_mutant_is_complete_and_launches_the_servers_its_check_compares():
@@ -224,3 +233,14 @@ def test_the_shape_edits(tmp_path):
     for r in RELEASES:
         text = _patched(tmp_path, "stream-run-last-token-only", r)
         assert "output_ids_[len(output_ids_) - 1 :] if req.stream else output_ids_[send_token_offset:]" in text
+
+
+def test_the_view_mutant_takes_the_cached_prefix_off_the_drafts_view_only(tmp_path):
+    for r in RELEASES:
+        text = _patched(tmp_path, "frozen-kv-view-drops-cached", r)
+        # the draft's forward batch (seq_lens, its CPU copy and sum) loses each request's cached prefix before its
+        # positions are set from it; the decode batch's seq_lens (verify's) are not touched
+        assert "[r.cached_tokens for r in batch.reqs]" in text and " batch.seq_lens =" not in text
+        edit = text.index("forward_batch.seq_lens = forward_batch.seq_lens - _cached")
+        assert edit < text.index("self._set_positions(forward_batch)") and text.count("_set_positions") == 1
+        assert "forward_batch.seq_lens_cpu = forward_batch.seq_lens_cpu - _cached" in text

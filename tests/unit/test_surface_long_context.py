@@ -324,3 +324,25 @@ def test_spec_overalloc_tail_kept_fails_the_idle_pool_check(tmp_path):
         tier.test_long_pool_empty_when_idle(runs, "long-witness-mtp-topk1", lambda *_: None)
     assert failed.value.kind == "crash" and "memory leak detected! [full] total=640, available=520" in str(failed.value)
     tier.test_long_pool_empty_when_idle(_runs(tmp_path), "long-witness-nomtp", lambda *_: None)
+
+
+def test_frozen_kv_view_drops_cached_fails_only_the_acceptance_check(tmp_path):
+    from mtpmatrix.core.kinds import CheckFailure
+
+    tier = _tier_module()
+    runs = _runs(tmp_path, "view-drops-cached")  # the MTP servers broken, the no-MTP twin intact
+    for name in ("long-witness-mtp-topk1", "long-witness-mtp-topk3-paged"):
+        with pytest.raises(CheckFailure) as failed:
+            tier.test_long_accept_exact(runs, name, lambda *_: None)
+        assert failed.value.kind == "acceptance"
+        bad = long_context.accept_problems(SPECS[name], runs[name].surface[long_context.NAME])
+        # the repeat's every draft rejected: 31 verify steps for its 31 tokens after the prefill, predicted 6
+        assert any(p.startswith("prefix-repeat: accept length 1.0323 (completion 32 / verify 31)") for p in bad), bad
+        for check in (
+            tier.test_long_requests_run_to_the_limit,
+            tier.test_long_prefix_hits_the_radix_cache,
+            tier.test_long_abort_leaves_neighbours_exact,
+            tier.test_long_match_no_mtp,
+        ):
+            check(runs, name, lambda *_: None)  # every output, length, cache hit and the abort stay exact
+    tier.test_long_requests_run_to_the_limit(runs, "long-witness-nomtp", lambda *_: None)

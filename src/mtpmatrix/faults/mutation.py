@@ -58,6 +58,7 @@ CATEGORIES = {
     "swa-verify": "sliding-window attention of the verify nodes past the window",
     "kv-release": "release of a finished request's speculatively over-allocated KV",
     "context-limit": "draft slots reserved against the context limit",
+    "draft-view": "the drafter's frozen-KV view (length, position) of a request with a cached prefix",
 }
 
 

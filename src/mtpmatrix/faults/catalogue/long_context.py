@@ -1,12 +1,19 @@
 """Mutants only the long-and-tight family sees (tests/tiers/test_smoke_long.py on the long witness, issue #38 item 2):
 a verify node that loses the far edge of its sliding window, a finished request's speculatively over-allocated KV
-never freed, the draft slots not reserved against the context limit. Each runs on the family's three servers: the
-no-MTP twin passes beside the two MTP servers, where the edit is live."""
+never freed, the draft slots not reserved against the context limit, a drafter whose frozen-KV view of a request
+leaves out its radix-cached prefix. Each runs on the family's three servers: the no-MTP twin passes beside the two
+MTP servers, where the edit is live."""
 
 from __future__ import annotations
 
 from mtpmatrix.faults.catalogue.servers import LONG
-from mtpmatrix.faults.catalogue.sglang_modules import MEM_CACHE_COMMON, TOKENIZER_MANAGER, TRITON_BACKEND
+from mtpmatrix.faults.catalogue.sglang_modules import (
+    FROZEN_KV_MTP_WORKER,
+    FROZEN_KV_MTP_WORKER_V2,
+    MEM_CACHE_COMMON,
+    TOKENIZER_MANAGER,
+    TRITON_BACKEND,
+)
 from mtpmatrix.faults.mutation import Mutant, Site
 
 # TritonAttnBackend's target-verify window buffers (update_sliding_window_buffer: window_kv_lens = min(seq_lens,
@@ -20,6 +27,26 @@ _SWA_EAGER = (
     "                    forward_batch.req_pool_indices,\n"
 )
 _SWA_EAGER_23 = "                    self.sliding_window_size,\n                    forward_batch.seq_lens,\n                    bs,\n"
+
+
+# The Frozen-KV draft's forward batch, built from the decode batch just before its positions are set from seq_lens
+# (set_frozen_kv_positions: the last written target slot) and before the topk expansion repeats it: the same two
+# lines in the v1 worker's draft() (0.5.13) and the spec-v2 one's (0.5.17, 0.5.23). The edit takes each request's
+# radix-cached prefix (Req.cached_tokens, what meta_info reports) off the view's seq_lens, CPU copy and sum alike, so
+# the drafter's KV view and RoPE position count only the tokens the request computed itself; batch.seq_lens, which
+# verify and its tree positions use, is left alone.
+_DRAFT_VIEW = "        assert forward_batch.capture_hidden_mode == CaptureHiddenMode.LAST\n        self._set_positions(forward_batch)\n"
+_DRAFT_VIEW_CACHED_DROPPED = _DRAFT_VIEW.replace(
+    "        self._set_positions(forward_batch)\n",
+    "        _cached = torch.tensor([r.cached_tokens for r in batch.reqs], dtype=torch.int64)\n"
+    "        forward_batch.seq_lens = forward_batch.seq_lens - _cached.to(\n"
+    "            device=forward_batch.seq_lens.device, dtype=forward_batch.seq_lens.dtype\n"
+    "        )\n"
+    "        if forward_batch.seq_lens_cpu is not None:\n"
+    "            forward_batch.seq_lens_cpu = forward_batch.seq_lens_cpu - _cached.to(forward_batch.seq_lens_cpu.dtype)\n"
+    "        forward_batch.seq_lens_sum = int(forward_batch.seq_lens.sum().item())\n"
+    "        self._set_positions(forward_batch)\n",
+)
 
 
 def _one_short(anchor: str) -> str:
@@ -86,5 +113,27 @@ LONG_CONTEXT_MUTANTS: tuple[Mutant, ...] = (
         "wide, so the server stays up). long-witness-nomtp passes (it reserves 0). Models the req_to_token "
         "headroom class near the context limit (the reservation exists because EAGLE stores drafts in the output "
         "slots). No old request comes near its context limit",
+    ),
+    Mutant(
+        "frozen-kv-view-drops-cached",
+        "draft-view",
+        "the Frozen-KV drafter's view of a request with a radix-cache hit (its seq_lens, hence the KV it reads and "
+        "its RoPE position) counts only the tokens the request computed itself, as if its cached prefix were not "
+        "there: every draft of that request reads the wrong positions of the target's frozen KV; the target, its "
+        "verify and the output are untouched",
+        (
+            Site(FROZEN_KV_MTP_WORKER, _DRAFT_VIEW, _DRAFT_VIEW_CACHED_DROPPED),  # 0.5.13 (v1 worker)
+            Site(FROZEN_KV_MTP_WORKER_V2, _DRAFT_VIEW, _DRAFT_VIEW_CACHED_DROPPED),  # 0.5.17, 0.5.23
+        ),
+        servers=LONG,
+        expect="test_long_accept_exact[long-witness-mtp-topk1/topk3-paged]: prefix-repeat (cached_tokens 99 / 96) "
+        "drafts from a view that ends 99 / 96 positions early, so its sliding read lands on the wrong member and "
+        "every draft is rejected (about 31 verify steps for its 31 tokens after the prefill, accept length ~1.03, "
+        "predicted 6 and 5.3333); at topk 1 the 1-token hits (BOS, key) of prefix-first and the abort group move "
+        "the view one position (the pair's position ablation). Every output, length, cached_tokens, the abort and "
+        "the no-MTP match stay exact (a drafter never changes a greedy output), so no other check sees it; "
+        "long-witness-nomtp has no drafter. Models the speculative-decoding-with-prefix-caching class issue #38 "
+        "lists (vLLM #40624 names Gemma 4 with speculative decoding and prefix caching): a draft path that derives "
+        "its sequence length from the extend (the uncached tokens) instead of the full sequence",
     ),
 )
