@@ -159,9 +159,16 @@ def test_intact_acceptance_holds_with_retractions(name):
     got = collect(spec, retract_after=2)
     assert all(m["num_retractions"] == 1 for _l, m in long_context.accept_metas(got) if m["completion_tokens"] > 14)
     assert long_context.own_problems(spec, got) == []
-    # the retraction term is what keeps it exact: the prefix pair (32 tokens) took 5 verify steps, not 6
-    blind = [(x.label, {**x.meta, "num_retractions": 0}) for x in got if x.label.startswith("prefix-")]
-    assert [label for label, m in blind if m["spec_verify_ct"] != 6] == ["prefix-first", "prefix-repeat"]
+    # the retraction term is what keeps it exact: the prefix pair (32 tokens) took 5 verify steps, not 6, so the check
+    # fed the same answers with num_retractions 0 fails on them
+    blind = [
+        surface.Exchange(x.label, x.payload, {**x.response, "meta_info": {**x.meta, "num_retractions": 0}})
+        for x in got
+        if x.label.startswith("prefix-")
+    ]
+    bad = long_context.accept_problems(spec, blind)
+    assert [p.split(":")[0] for p in bad] == ["prefix-first", "prefix-repeat"]
+    assert "(completion 32 / verify 5) != predicted 5.3333 (32 / 6)" in bad[0]
 
 
 @pytest.mark.parametrize("name", MTP)
