@@ -27,7 +27,10 @@ step crosses the limit: a release that dropped that cut would fail the other req
 Predicted deviation from the source, for the GPU run to confirm (docs/runs/2026-12-05-cpu-request-shapes-preflight.md):
 0.5.13 (spec v1) appends one row per verify step, ``logits_output.hidden_states[i]`` of the verify's flattened
 accepted rows (another request's row for i > 0), and its prefill advances the row offset only past requests that
-ask (batch_result_processor.py l. 254-263), so an asking request prefilled after a plain one gets that one's rows.
+ask (batch_result_processor.py l. 254-263), so an asking request prefilled after a plain one gets that one's rows;
+0.5.17+ at topk 1 under the overlap scheduler may read a step's rows from the verify graph's buffer after the next
+step's replay rewrote it (the draft clears batch.return_hidden_states, so the scheduler skips their copy; topk 3
+gathers them into a clone first).
 
 The block is one row per prompt token only when nothing of the prompt is in the radix cache: sglang returns the
 rows it computed (0.5.17+: ``extend_input_len`` rows; 0.5.13: ``len(origin_input_ids)`` rows from the offset, past
