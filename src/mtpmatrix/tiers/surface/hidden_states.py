@@ -73,7 +73,7 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
     out = []
     for s in sorted(ASKING + PLAIN):
         limit = MAX_NEW_TOKENS - 1 if s == BOUNDARY else MAX_NEW_TOKENS
-        payload = {
+        payload: dict[str, object] = {
             "input_ids": chain_prompt(s),
             "sampling_params": {"temperature": 0.0, "max_new_tokens": limit, "ignore_eos": True},
         }

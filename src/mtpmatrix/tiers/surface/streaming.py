@@ -150,7 +150,8 @@ def stream_problems(stream, plain) -> list[str]:
     evs = events(stream)
     if not evs:
         return [f"{stream.label}: no stream events"]
-    out, prev = [], []
+    out: list[str] = []
+    prev: list[int] = []
     for i, e in enumerate(evs):
         ids = list(e.get("output_ids") or [])
         if ids[: len(prev)] != prev:
