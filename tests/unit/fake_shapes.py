@@ -11,6 +11,9 @@ tests only. ``broken`` names one fault, so a test sees a family's check fail on 
   ids-logprob       the asked ids' logprobs read one position late
   usage             /v1/completions reports one completion token less
   n-short           n > 1 answers n - 1 samples
+  n-one-sample      n > 1 answers one sample n times (one id: the request ran once, its answer copied)
+  plain-empty       every /generate and /v1/completions answer is empty (no ids, no text, 0 tokens in usage: empty
+                    and consistent), the chat answer intact
   spec-details      the OpenAI answers' sglext.spec_tokens_details count one verify step more
 
 and one per request-shape mutant of the catalogue (mtpmatrix.faults.catalogue.request_surface), the server's answers
@@ -28,6 +31,7 @@ as that mutant makes sglang give them:
 from __future__ import annotations
 
 import re
+import threading
 
 from mtpmatrix.pairs.tiny.vocab import EOS_ID
 from mtpmatrix.tiers.surface import hidden_states, structured
@@ -45,10 +49,22 @@ def hidden_row(x: int) -> list[float]:
     return [((x * 7 + i) % 13 - 6) / 4 for i in range(hidden_states.HIDDEN)]
 
 
+def cached_prefix(prompt: list[int], seen: list[list[int]]) -> int:
+    """sglang's radix-cache hit for ``prompt`` after ``seen`` were prefilled (page size 1, no MTP): the longest prefix
+    it shares with one of them, less the last token (the scheduler always computes at least one)."""
+    best = 0
+    for other in seen:
+        n = next((i for i, (a, b) in enumerate(zip(prompt, other)) if a != b), min(len(prompt), len(other)))
+        best = max(best, n)
+    return min(best, len(prompt) - 1)
+
+
 class WitnessShapes:
     def __init__(self, broken: str = ""):
         self.broken = broken
         self.drop_done = False
+        self.prefilled: list[list[int]] = []  # every prompt so far: the radix cache
+        self.lock = threading.Lock()
 
     def __call__(self, path: str, payload: dict):
         if path == "/v1/completions":
@@ -57,9 +73,11 @@ class WitnessShapes:
             return self._chat(payload)
         params = payload.get("sampling_params") or {}
         n = params.get("n", 1)
-        if n > 1:
+        if n > 1:  # sglang: one answer per sample, each its own request (its own rid)
             one = self._generate(payload)
-            return [one for _ in range(n - (self.broken == "n-short"))]
+            ids = [f"{k}" for k in range(n)] if self.broken != "n-one-sample" else ["0"] * n
+            samples = [{**one, "meta_info": {**one["meta_info"], "id": i}} for i in ids]
+            return samples[: n - (self.broken == "n-short")]
         if payload.get("stream"):
             return self._events(self._generate(payload))
         return self._generate(payload)
@@ -84,10 +102,15 @@ class WitnessShapes:
                     return out[: n + (self.broken == "stop-regex-late")]
         return out
 
-    def _generate(self, payload: dict) -> dict:
+    def _generate(self, payload: dict, chat: bool = False) -> dict:
         params = payload.get("sampling_params") or {}
         prompt = payload["input_ids"]
+        with self.lock:
+            cached = cached_prefix(prompt, self.prefilled)
+            self.prefilled.append(list(prompt))
         out = self._output(prompt, params)
+        if self.broken == "plain-empty" and not chat:
+            return {"text": "", "output_ids": [], "meta_info": {"finish_reason": None, "completion_tokens": 0}}
         stopped = out[-1] == EOS_ID or bool(params.get("stop_regex"))
         matched = (params.get("stop_regex") or [EOS_ID])[0]
         constrained = any(params.get(c.kind) == c.grammar for c in structured.CASES)
@@ -98,6 +121,7 @@ class WitnessShapes:
             if stopped
             else {"type": "length", "length": len(out)},
             "prompt_tokens": len(prompt),
+            "cached_tokens": cached,
             "completion_tokens": len(out),
             "spec_verify_ct": (len(out) - 1 + STEP - 1) // STEP,
         }
@@ -106,7 +130,8 @@ class WitnessShapes:
             decode_rows = [hidden_row(out[k + (self.broken == "hidden-wrong-row")]) for k in range(len(out) - 1)]
             if self.broken == "hidden-extra-row":
                 decode_rows.append(hidden_row(out[-1]))
-            meta["hidden_states"] = [[hidden_row(x) for x in inputs[: len(prompt)]], *decode_rows]
+            # the prefill block: the rows sglang computed, none for the radix-cached prefix (0.5.17+: extend_input_len)
+            meta["hidden_states"] = [[hidden_row(x) for x in inputs[cached : len(prompt)]], *decode_rows]
         asked = payload.get("token_ids_logprob")
         if asked:
             shift = (self.broken == "ids-logprob") - (self.broken == "ids-logprob-early")
@@ -135,7 +160,9 @@ class WitnessShapes:
 
     def _chat(self, payload: dict) -> dict | list:
         last = ASCII_FIRST + 95  # the chat template ends on "\n"
-        answer = self._generate({"input_ids": [last], "sampling_params": {"max_new_tokens": payload["max_tokens"]}})
+        answer = self._generate(
+            {"input_ids": [last], "sampling_params": {"max_new_tokens": payload["max_tokens"]}}, chat=True
+        )
         return self._openai(payload, answer, "content")
 
     def _openai(self, payload: dict, answer: dict, key: str) -> dict | list:
@@ -145,7 +172,8 @@ class WitnessShapes:
         sglext = None
         if payload.get("return_spec_tokens_details"):  # 0.5.23's shape (utils.spec_tokens_details_from_meta_info)
             details = {k: v for k, v in answer["meta_info"].items() if k.startswith("spec_")}
-            details["spec_verify_ct"] += self.broken == "spec-details"
+            if self.broken == "spec-details":
+                details["spec_verify_ct"] += 1
             sglext = {"spec_tokens_details": details}
         if not payload.get("stream"):
             choice = {"index": 0, "finish_reason": "length"}

@@ -10,7 +10,7 @@ from fake_shapes import WitnessShapes
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.serving import client
-from mtpmatrix.tiers import surface
+from mtpmatrix.tiers import smoke, surface
 from mtpmatrix.tiers.surface import hidden_states, parallel_n, stop_regex, streaming, structured, token_ids_logprob
 
 WITNESS = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk3")
@@ -61,6 +61,53 @@ def test_hidden_states_intact_then_extra_and_wrong_rows():
     assert hidden_states.against_reference(wrong, ok)
 
 
+def first_tokens(spec) -> list[tuple[str, int]]:
+    """(label, first prompt token) of every token-id request the smoke tier sends server ``spec``: its own greedy
+    prompts and every family's."""
+    own = [("smoke", p[0]) for p in smoke.id_prompts(512)]
+    for _family, label, payload in surface.requests_for(spec, 512):
+        body = getattr(payload, "body", payload)
+        ids = body.get("input_ids") if isinstance(body, dict) else None
+        ids = ids if ids is not None else (body.get("prompt") if isinstance(body, dict) else None)
+        if isinstance(ids, list) and ids and isinstance(ids[0], int):
+            own.append((label, ids[0]))
+    return own
+
+
+def test_no_hidden_states_prompt_shares_a_prefix_with_another_request():
+    """sglang returns the prefill rows it computed: a prompt another request prefilled first (a radix hit, even of
+    one token) would get a short block on intact sglang. So each asking prompt's first token is its own."""
+    for spec in (s for s in smoke_servers.SMOKE_SERVERS if hidden_states.requests(s, 512)):
+        starts = first_tokens(spec)
+        for label, payload in hidden_states.requests(spec, 512):
+            if payload.get("return_hidden_states"):
+                others = [other for other, t in starts if t == payload["input_ids"][0] and other != label]
+                assert not others, f"{spec.name}: {label}'s prompt starts like {others}'"
+
+
+def collect_all_in_order(spec=WITNESS) -> dict[str, list[surface.Exchange]]:
+    """Every family's requests for ``spec``, one at a time in the tier's order: each prompt sees the radix cache of
+    every earlier one (the fake caches prompts as sglang does, fake_shapes.cached_prefix)."""
+    labelled = surface.requests_for(spec, 512)
+    with FakeSglang(shapes=WitnessShapes()) as fake:
+        results = client.run_batch(fake.base_url, [p for _f, _l, p in labelled], parallel=1)
+    return surface.collate(labelled, results)
+
+
+def test_hidden_states_blocks_whole_behind_every_other_request_then_short_on_a_shared_prompt(monkeypatch):
+    ok = collect_all_in_order()["hidden_states"]
+    assert [p for x in ok for p in hidden_states.count_problems(x)] == []
+    assert all(x.meta["cached_tokens"] == 0 for x in ok if x.payload.get("return_hidden_states"))
+    # the start 140 this family asked with until 2026-12-05: features' min-new-tokens request sends that prompt first
+    monkeypatch.setattr(hidden_states, "ASKING", (30, 50, 140))
+    hit = collect_all_in_order()["hidden_states"]
+    problems = [p for x in hit for p in hidden_states.count_problems(x)]
+    assert problems == [
+        "hidden-140: prefill block of 1 rows for 12 prompt tokens (cached_tokens 11: a radix hit "
+        "leaves only the rows sglang computed)"
+    ]
+
+
 def test_hidden_states_tolerance_is_two_bf16_ulps():
     x = [1.0, -3.0, 0.0]
     assert hidden_states.row_difference(x, [1.0 + 2 * 2**-7 - 1e-9, -3.0, 0.0]) is None
@@ -99,6 +146,16 @@ def test_streaming_reassembles_then_a_gap_and_a_usage_miscount():
     assert usage and "usage.completion_tokens 31" in usage[0]
 
 
+def test_streaming_fails_on_empty_answers():
+    """Empty /generate and /v1/completions answers (plain, streamed, usage 0) agree with each other and with an empty
+    no-MTP server: only holding the plain answer to the chain sees them."""
+    empty = collect(streaming, "plain-empty")
+    problems = streaming.own_problems(empty, release_has_spec_details=False)
+    assert problems[0].startswith(f"plain-{streaming.LASTS[0]}: output_ids []... (0, completion_tokens 0) are not")
+    assert len(problems) == 2 * len(streaming.LASTS)  # ids and text of each plain answer; nothing else differs
+    assert streaming.against_reference(empty, collect(streaming, "plain-empty", spec=NOMTP)) == []
+
+
 def test_openai_spec_details_where_the_release_has_them():
     ok = collect(streaming)
     assert streaming.has_spec_details("0.5.23") and not streaming.has_spec_details("0.5.17")
@@ -127,6 +184,11 @@ def test_parallel_n_intact_then_a_sample_short():
     assert sum(len(x.metas) for x in ok) == 5  # every sample's meta_info counts (SmokeRun.all_meta)
     short = [p for x in collect(parallel_n, "n-short") for p in parallel_n.own_problems(x, 512)]
     assert short == ["n2-70: 1 samples for n=2", "n3-180: 2 samples for n=3"]
+    copied = [p for x in collect(parallel_n, "n-one-sample") for p in parallel_n.own_problems(x, 512)]
+    assert copied == [
+        "n2-70: sample ids ['0', '0']: not 2 requests of their own (one answer copied?)",
+        "n3-180: sample ids ['0', '0', '0']: not 3 requests of their own (one answer copied?)",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- the catalogue's mutants

@@ -19,12 +19,25 @@ So an intact server returns, for a request with P prompt tokens and n output tok
 P-row block, then n - 1 rows, each the no-MTP server's row. A miscount (one row per verify step, rows past the
 stop, a row missing) or a row of another node fails here. At topk > 1, 0.5.17+ moves the accepted tree path's rows
 to the front of each request's block first (eagle_worker_common.py:_finalize_accept_tree_path), so the chain
-slice reads the right rows. Predicted deviations from the source, for the GPU run to confirm: 0.5.13 returns one
-row per verify step; 0.5.17+ keeps every row of the step that crosses max_new_tokens (the run is cut for the
-grammar only, "already grammar-truncated in _resolve_spec_v2_tokens", and full mode never cuts at finished_len,
-only "last" mode does), so a 32-token request, whose 6th verify step crosses the limit, gets 36 decode rows. The
-request at ``BOUNDARY`` ends exactly at a verify step's end (31 = 1 + 5 x 6 tokens), where no step crosses the
-limit: it tells the two apart.
+slice reads the right rows. The verify step that crosses max_new_tokens appends all its accept_len rows (full
+mode cuts nothing in _append_decode_hidden_states), but the output streamer sends ``hidden_states[:finished_len]``
+(0.5.17 output_streamer.py l. 575-579, 0.5.23 l. 671-675; finished_len = max_new_tokens), the block plus n - 1 rows:
+the count above. The request at ``BOUNDARY`` ends exactly at a verify step's end (31 = 1 + 5 x 6 tokens), where no
+step crosses the limit: a release that dropped that cut would fail the other requests' count and not this one's.
+Predicted deviation from the source, for the GPU run to confirm (docs/runs/2026-12-05-cpu-request-shapes-preflight.md):
+0.5.13 (spec v1) appends one row per verify step, ``logits_output.hidden_states[i]`` of the verify's flattened
+accepted rows (another request's row for i > 0), and its prefill advances the row offset only past requests that
+ask (batch_result_processor.py l. 254-263), so an asking request prefilled after a plain one gets that one's rows;
+0.5.17+ at topk 1 under the overlap scheduler may read a step's rows from the verify graph's buffer after the next
+step's replay rewrote it (the draft clears batch.return_hidden_states, so the scheduler skips their copy; topk 3
+gathers them into a clone first).
+
+The block is one row per prompt token only when nothing of the prompt is in the radix cache: sglang returns the
+rows it computed (0.5.17+: ``extend_input_len`` rows; 0.5.13: ``len(origin_input_ids)`` rows from the offset, past
+the request's own on a hit). So no asking request shares its first token with any other request the witness
+servers get (tests/unit/test_surface_request_shapes.py holds that): a prompt another family also sends, prefilled
+first, would leave a 1-row block on intact sglang (the colliding start 140 of features' min-new-tokens request,
+found 2026-12-05 in review, is why the third start is 145).
 
 Tolerance, derived: the witness target's hidden state at a position is exactly sqrt(H) * E[x] (pairs/witness/weights.py:
 every layer writes zero to the residual stream; E[x] has unit norm, so the final RMSNorm with weight 1 leaves it
@@ -50,7 +63,7 @@ HIDDEN = 128  # pairs.tiny.configs.TARGET_HIDDEN (kept here so the module import
 MAX_NEW_TOKENS = 32
 ROW_RTOL = 2 * 2.0**-7
 BOUNDARY = 30  # asks for 31 tokens: the limit falls at the end of verify step 5, nothing past it
-ASKING = (30, 50, 140)  # prompt starts of the requests that ask: 50's prompt rows are 30's output rows
+ASKING = (30, 50, 145)  # prompt starts of the requests that ask: 50's prompt rows are 30's output rows
 PLAIN = (85, 195)  # the same batch's requests that do not
 
 
@@ -60,7 +73,7 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
     out = []
     for s in sorted(ASKING + PLAIN):
         limit = MAX_NEW_TOKENS - 1 if s == BOUNDARY else MAX_NEW_TOKENS
-        payload = {
+        payload: dict[str, object] = {
             "input_ids": chain_prompt(s),
             "sampling_params": {"temperature": 0.0, "max_new_tokens": limit, "ignore_eos": True},
         }
@@ -104,7 +117,10 @@ def count_problems(ex) -> list[str]:
     n, p = len(ex.output_ids), len(ex.payload["input_ids"])
     out = []
     if len(prefill) != p:
-        out.append(f"{ex.label}: prefill block of {len(prefill)} rows for {p} prompt tokens")
+        out.append(
+            f"{ex.label}: prefill block of {len(prefill)} rows for {p} prompt tokens (cached_tokens "
+            f"{ex.meta.get('cached_tokens')}: a radix hit leaves only the rows sglang computed)"
+        )
     if len(decode) != n - 1:
         out.append(
             f"{ex.label}: {len(decode)} decode rows for {n} output tokens (expected {n - 1}: one per output token "

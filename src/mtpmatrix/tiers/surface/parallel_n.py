@@ -2,7 +2,8 @@
 
 sglang fans a request with n > 1 out into n requests (io_struct.py GenerateReqInput: parallel_sample_num; the
 prompt is prefilled once and shared) and /generate answers a list of n results, each with its own output_ids and
-meta_info (speculative fields included). Greedy, every sample of a witness request is the +1 chain; each must
+meta_info (speculative fields included) and its own request id (meta_info["id"]: each child gets a fresh rid,
+tokenizer_manager.py regenerate_rid; 0.5.17 l. 1811-1870). Greedy, every sample of a witness request is the +1 chain; each must
 equal the witness without MTP's, and each sample's counters stand on their own (test_smoke's accounting checks
 read every sample's meta_info: SmokeRun.all_meta). sglang's own OpenAI hidden-states test notes that n = 2 "breaks
 in the adapter with a 400 for EAGLE" and runs EAGLE with n = 1 only (sgl-project/sglang
@@ -46,6 +47,9 @@ def own_problems(ex, vocab: int) -> list[str]:
     if len(got) != n:
         return [f"{ex.label}: {len(got)} samples for n={n}"]
     out = []
+    ids = [(s.get("meta_info") or {}).get("id") for s in got]
+    if None in ids or len(set(ids)) != n:
+        out.append(f"{ex.label}: sample ids {ids}: not {n} requests of their own (one answer copied?)")
     for i, s in enumerate(got):
         ids = list(s.get("output_ids") or [])
         if ids != want:

@@ -18,18 +18,21 @@ What sglang sends (installed sources, 0.5.13-0.5.23):
   ``choices: []``). Every OpenAI request asks for it (older releases' request models ignore unknown fields:
   pydantic's default, no ``extra="forbid"`` on CompletionRequest / ChatCompletionRequest); where the release has it
   (``SPEC_TOKENS_DETAILS``), an MTP server's answer must carry them equal to /generate's for the same prompt.
-So on every server: streamed events reassemble to the plain answer (ids, text, completion_tokens and every
+So on every server: each plain /generate answer is the witness's chain (the +1 chain of MAX_NEW_TOKENS tokens
+through the printable-ASCII block, its text one character a token), so nothing below can pass on empty answers;
+streamed events reassemble to the plain answer (ids, text, completion_tokens and every
 ``spec_*`` field of the final meta_info), OpenAI texts equal /generate's text, streamed deltas equal the unstreamed
 text, usage equals completion_tokens; across servers: MTP equals no-MTP.
 """
 
 from __future__ import annotations
 
+from mtpmatrix.pairs.tiny.vocab import VOCAB
 from mtpmatrix.serving.client import Call
 from mtpmatrix.serving.environment import by_release, version_of
 from mtpmatrix.tiers.compat.meta_fields import CORE_FIELDS
 from mtpmatrix.tiers.surface import both_answered
-from mtpmatrix.tiers.surface.stops import ASCII_FIRST
+from mtpmatrix.tiers.surface.stops import ASCII_FIRST, chain, token_text
 
 NAME = "streaming"
 PAIR = "witness-sglang-phase"
@@ -124,6 +127,22 @@ def spec_detail_problems(ex, plain, release_has: bool) -> list[str]:
     return [f"{ex.label}: spec_tokens_details against /generate's: {'; '.join(differ)}"] if differ else []
 
 
+def plain_problems(plain, last: int) -> list[str]:
+    """The plain /generate answer the others are held to, held to the witness's chain itself: ids, text and
+    completion_tokens."""
+    want = chain(last, MAX_NEW_TOKENS, VOCAB)
+    text = "".join(token_text(t) for t in want)
+    out = []
+    if plain.output_ids != want or plain.meta.get("completion_tokens") != MAX_NEW_TOKENS:
+        out.append(
+            f"{plain.label}: output_ids {plain.output_ids[:6]}... ({len(plain.output_ids)}, completion_tokens "
+            f"{plain.meta.get('completion_tokens')}) are not the chain {want[:6]}... ({MAX_NEW_TOKENS})"
+        )
+    if plain.response.get("text") != text:
+        out.append(f"{plain.label}: text {plain.response.get('text')!r} != the chain's {text!r}")
+    return out
+
+
 def stream_problems(stream, plain) -> list[str]:
     """A /generate stream against the plain answer to the same prompt: successive events' output_ids each a prefix
     of the next, the last equal to the plain output_ids, text and completion_tokens equal, every spec_* field of the
@@ -131,7 +150,8 @@ def stream_problems(stream, plain) -> list[str]:
     evs = events(stream)
     if not evs:
         return [f"{stream.label}: no stream events"]
-    out, prev = [], []
+    out: list[str] = []
+    prev: list[int] = []
     for i, e in enumerate(evs):
         ids = list(e.get("output_ids") or [])
         if ids[: len(prev)] != prev:
@@ -165,6 +185,7 @@ def own_problems(exchanges, release_has_spec_details: bool | None = None) -> lis
     out = []
     for last in LASTS:
         plain = by[f"plain-{last}"]
+        out += plain_problems(plain, last)
         out += stream_problems(by[f"stream-{last}"], plain)
         for label in (f"completions-{last}", f"completions-stream-{last}"):
             text, tokens = openai_text(by[label]), usage_tokens(by[label])
@@ -176,6 +197,8 @@ def own_problems(exchanges, release_has_spec_details: bool | None = None) -> lis
                 )
             out += spec_detail_problems(by[label], plain, has)
     chat, chat_stream = by["chat"], by["chat-stream"]
+    if not openai_text(chat):
+        out.append(f"chat: no message content ({openai_text(chat)!r}) for {MAX_NEW_TOKENS} tokens asked")
     if openai_text(chat_stream) != openai_text(chat):
         out.append(f"chat-stream: deltas {openai_text(chat_stream)!r} != the unstreamed content {openai_text(chat)!r}")
     mtp = any("spec_verify_ct" in x.meta for x in exchanges if x.label.startswith("plain-"))
