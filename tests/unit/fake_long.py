@@ -34,14 +34,29 @@ of prompt + output yields one token without a verify step, as sglang's does (met
 (spec-overalloc-tail-kept changes no answer: the server log's idle leak report shows it, test_long_pool_*.)
 
 The streams of an AbortMidBatch hold after their first token until the abort arrives (an event, with a long
-timeout that only a broken client meets): the client sees every request decoding, then aborts.
+timeout that only a broken client meets), or until a stream waits for the pool (then the others run on, as
+sglang's decode does): the client sees every admitted request decoding, then aborts.
+
+Admission, as sglang's PrefillAdder does it for these requests (schedule_policy.add_one_req, 0.5.13-0.5.23: a
+request waits while input + max_new_tokens + page >= the pool left after what the running requests hold and may
+still write; ignore_eos requests are counted at ratio 1.0 on 0.5.23, 0.7 decaying on 0.5.13/0.5.17, the same
+verdict here): a stream gets its first token only once ceil_page(input) + max_new + page, summed over the streams
+running with it, stays under LONG_POOL_TOKENS. Two 160-token requests to the limit fit (2 x 255 < 640), a third
+does not, so a third stream waits until one finishes.
+
+``queued_victim``: the abort victim is retracted after its second token and the abort finds it in the waiting
+queue, as on the 16-page topk 3 server under sglang's spec-v2 worker (0.5.17, 0.5.23: each request's decode reserve
+of 2 x 96 slots, allocation_sizing.get_alloc_reserve_per_decode, leaves no room for two 160-token requests to
+decode together, so the later one is retracted at its first decode). sglang then answers the stream with its
+waiting-queue abort (tokenizer_manager._handle_abort_req): output_ids only the last token, completion_tokens the
+whole count, no num_retractions and no speculative counters, finish_reason message "Abort in waiting queue".
 """
 
 from __future__ import annotations
 
 import threading
 
-from mtpmatrix.core import settings
+from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.tiers.surface import long_context
 
@@ -50,8 +65,20 @@ ROOT_SHORT_READ = 51  # the sliding owner's read with the edge (63 back) out of 
 
 
 class LongWitnessShapes:
-    def __init__(self, topk: int | None, page: int = 1, broken: str = "", retract_after: int | None = None):
+    def __init__(
+        self,
+        topk: int | None,
+        page: int = 1,
+        broken: str = "",
+        retract_after: int | None = None,
+        queued_victim: bool = False,
+    ):
         self.topk, self.page, self.broken, self.retract_after = topk, page, broken, retract_after
+        self.queued_victim = queued_victim
+        self.pool = threading.Condition()
+        self.running: dict[int, int] = {}  # stream id -> the pool it holds at admission (ceil_page(input) + new + page)
+        self.waiting = 0
+        self.done = 0  # streams finished: once one has, the client sends no abort mid-batch
         self.seen: list[list[int]] = []  # every finished sequence (prompt + output): the radix tree
         self.lock = threading.Lock()
         self.aborted: set[str] = set()
@@ -144,19 +171,59 @@ class LongWitnessShapes:
     def abort(self, rid: str) -> None:
         with self.lock:
             self.aborted.add(rid)
-        self.abort_heard.set()
+        with self.pool:
+            self.abort_heard.set()
+            self.pool.notify_all()
+
+    def _admit(self, key: int, need: int) -> None:
+        """Wait until the pool admits a request holding ``need`` slots (the module docstring's PrefillAdder rule)."""
+        with self.pool:
+            self.waiting += 1
+            self.pool.notify_all()
+            self.pool.wait_for(
+                lambda: sum(self.running.values()) + need < smoke_servers.LONG_POOL_TOKENS, timeout=HOLD_S
+            )
+            self.waiting -= 1
+            self.running[key] = need
+
+    def _release(self, key: int) -> None:
+        with self.pool:
+            self.running.pop(key, None)
+            self.done += 1
+            self.pool.notify_all()
+
+    def _hold(self, rid: str | None) -> None:
+        """Hold until the abort arrives, or until a stream waits for the pool (then decode goes on and frees it) or
+        has finished (then no abort comes)."""
+        with self.pool:
+            self.pool.wait_for(lambda: self.abort_heard.is_set() or self.waiting > 0 or self.done > 0, timeout=HOLD_S)
 
     def stream(self, payload: dict):
         prompt, max_new = payload["input_ids"], payload["sampling_params"]["max_new_tokens"]
         rid = payload.get("rid")
         n = self._length(prompt, max_new)
         rule = self._rule(prompt, n)
+        key = id(payload)
+        self._admit(key, -(-len(prompt) // self.page) * self.page + n + self.page)
+        try:
+            yield from self._decode(prompt, rid, n, rule)
+        finally:
+            self._release(key)
+
+    def _decode(self, prompt: list[int], rid: str | None, n: int, rule: list[int]):
+        queued = self.queued_victim and rid is not None
         out: list[int] = []
         for k in range(n):
-            if k == 1:  # every stream holds after its first token until an abort arrives
-                self.abort_heard.wait(HOLD_S)
+            if k == (2 if queued else 1):  # held after the first token (a queued victim: retracted after its second)
+                self._hold(rid)
             with self.lock:
                 stopped = rid is not None and rid in self.aborted and self.broken != "abort-ignored"
+            stopped = stopped and not (queued and k < 2)  # a queued victim was still running for its first two
+            if stopped and queued:  # sglang's waiting-queue abort of a streamed request: the last token only
+                reason = {"type": "abort", "message": "Abort in waiting queue"}
+                meta = {"id": rid, "finish_reason": reason, "weight_version": "default", "completion_tokens": len(out)}
+                yield {"output_ids": out[-1:], "meta_info": meta}
+                return
             if stopped:
                 meta = self._meta(prompt, out, 0, {"type": "abort", "message": "Abort before decode"})
                 yield {"output_ids": list(out), "meta_info": meta}

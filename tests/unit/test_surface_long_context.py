@@ -16,16 +16,19 @@ from mtpmatrix.tiers import surface
 from mtpmatrix.tiers.surface import long_context
 
 SPECS = {s.name: s for s in smoke_servers.SMOKE_SERVERS if s.name in smoke_servers.LONG_SERVERS}
+MTP_NAMES = [n for n, s in SPECS.items() if s.topk]
 NOMTP = SPECS["long-witness-nomtp"]
 TOPK3 = SPECS["long-witness-mtp-topk3-paged"]
 
 
-def collect(spec, broken: str = "", retract_after: int | None = None) -> list[surface.Exchange]:
+def collect(
+    spec, broken: str = "", retract_after: int | None = None, queued_victim: bool = False
+) -> list[surface.Exchange]:
     """The family's requests for ``spec`` as mtpmatrix.tiers.smoke.collect sends them, against a fake."""
     labelled, alone = surface.split_alone(
         [(long_context.NAME, label, p) for label, p in long_context.requests(spec, 512)]
     )
-    shapes = LongWitnessShapes(spec.topk, smoke_servers.page_size(spec), broken, retract_after)
+    shapes = LongWitnessShapes(spec.topk, smoke_servers.page_size(spec), broken, retract_after, queued_victim)
     with FakeSglang(shapes=shapes) as fake:
         results = client.run_batch(fake.base_url, [p for _f, _l, p in labelled], parallel=16)
         results += client.run_batch(fake.base_url, [p for _f, _l, p in alone], parallel=1)
@@ -74,6 +77,46 @@ def test_intact_fake_passes(name):
     ab = next(x for x in got if x.label == "abort")
     assert ab.response["aborted_mid_batch"], ab.response["abort_note"]
     assert long_context.against_reference(got, collect(NOMTP)) == []
+
+
+def test_the_pool_runs_two_of_the_abort_group_at_once():
+    # sglang's admission (fake_long: PrefillAdder.add_one_req) lets two 160-token requests to the limit run on the
+    # 640-token pool, not three: an abort group of the old size (3 neighbours) never had all its requests decoding,
+    # a request always finished first and the abort check tested nothing; the group of two is aborted mid-batch
+    item = dict(long_context.requests(NOMTP, 512))["abort"]
+    assert len(item.neighbours) == long_context.N_NEIGHBOURS == 1
+    group = long_witness.prompts(4, long_context.PROMPT, seed=long_context.SEED_ABORT)
+    bodies = [{"input_ids": p, "sampling_params": item.victim["sampling_params"]} for p in group]
+    four = abort.AbortMidBatch(tuple(bodies[:-1]), {**bodies[-1], "rid": "victim"})
+    with FakeSglang(shapes=LongWitnessShapes(None)) as fake:
+        got = abort.run(fake.base_url, four)
+    assert not got["aborted_mid_batch"] and "finished first" in got["abort_note"], got["abort_note"]
+    with FakeSglang(shapes=LongWitnessShapes(None)) as fake:
+        assert abort.run(fake.base_url, item)["aborted_mid_batch"]
+
+
+@pytest.mark.parametrize("name", MTP_NAMES)
+def test_a_victim_aborted_in_the_waiting_queue_passes(name):
+    # the 16-page topk 3 server under the spec-v2 worker retracts the later of the two at its first decode, so the
+    # abort finds the victim queued: sglang answers the stream with its last token only and no counters
+    spec = SPECS[name]
+    got = collect(spec, queued_victim=True)
+    ab = next(x for x in got if x.label == "abort")
+    victim = ab.response["outputs"][-1]
+    assert long_context.own_problems(spec, got) == []
+    assert (
+        victim["output_ids_from_stream"] and len(victim["output_ids"]) == victim["meta_info"]["completion_tokens"] == 2
+    )
+    assert [label for label, _m in long_context.accept_metas(got)][-1] == "abort neighbour 0"
+    # the answer as sglang sends it, not rebuilt from the stream: its one token is the victim's second, not its first
+    raw = {**victim, "output_ids": victim["output_ids"][-1:]}
+    sent = surface.Exchange("abort", ab.payload, {**ab.response, "outputs": [*ab.response["outputs"][:-1], raw]})
+    assert long_context.abort_problems(sent, long_context.limit_new(spec.topk, long_context.PROMPT)) == [
+        "abort victim: its 1 tokens leave the rule"
+    ]
+    # a victim the scheduler finished carries num_retractions; the acceptance check still holds it
+    ran = [(label, m) for label, m in long_context.accept_metas(collect(spec)) if label == "abort victim"]
+    assert ran and "num_retractions" in ran[0][1]
 
 
 def test_no_radix_hit_fails():
@@ -180,7 +223,8 @@ def test_drafts_lost_after_the_chunked_prefill_fail_acceptance_only(name, broken
     # every request that ran a verify step (the fake's abort victim stops at its prefill token): its long prompt was
     # prefilled in chunks, its first draft round came after that
     labels = [label for label, m in long_context.accept_metas(got) if m["completion_tokens"] > 1]
-    assert [p.split(":")[0] for p in bad] == labels and len(labels) == long_context.N_LIMIT + 2 + 3
+    assert [p.split(":")[0] for p in bad] == labels
+    assert len(labels) == long_context.N_LIMIT + 2 + long_context.N_NEIGHBOURS
     assert all("!= predicted" in p for p in bad)
     # outputs, lengths, the cache hit, the abort and the no-MTP match all still pass: only acceptance sees it
     assert long_context.own_problems(spec, got) == bad

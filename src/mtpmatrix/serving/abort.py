@@ -37,7 +37,13 @@ class AbortMidBatch:
     one output token and none has finished, i.e. while they decode in one batch. Its Result.response is
     {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool, "abort_note": str},
     each answer the stream's last event (the whole answer, as a streamed Call's); aborted_mid_batch is false (and the
-    note says why) when a request finished before the abort could be sent mid-batch, so nothing was tested."""
+    note says why) when a request finished before the abort could be sent mid-batch, so nothing was tested.
+
+    A request aborted in sglang's waiting queue (retracted, or not yet admitted) is answered by the tokenizer, not
+    the scheduler (tokenizer_manager._handle_abort_req): on 0.5.13 and 0.5.17 a streamed answer's output_ids then
+    hold only its last token while completion_tokens counts them all. Its answer's output_ids are rebuilt from the
+    stream (every earlier event carries the whole output so far, and a queued request makes no token), marked
+    "output_ids_from_stream"."""
 
     neighbours: tuple[dict, ...]
     victim: dict
@@ -62,6 +68,16 @@ def _finished(event: dict) -> bool:
     return bool((event.get("meta_info") or {}).get("finish_reason"))
 
 
+def _whole(answer: dict, streamed: list) -> dict:
+    """The stream's last event, its output_ids rebuilt from ``streamed`` where sglang's waiting-queue abort sent
+    fewer than its completion_tokens (see AbortMidBatch)."""
+    ids = answer.get("output_ids") or []
+    count = (answer.get("meta_info") or {}).get("completion_tokens")
+    if isinstance(count, int) and len(ids) < count == len(streamed) and streamed[-len(ids) :] == ids:
+        return {**answer, "output_ids": list(streamed), "output_ids_from_stream": True}
+    return answer
+
+
 def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) -> dict:
     """Send ``item`` (see AbortMidBatch) and wait for every answer."""
     bodies = [*item.neighbours, item.victim]
@@ -69,6 +85,7 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
     if not rid:
         raise ClientError("AbortMidBatch: the victim names no rid to abort")
     latest: list[dict] = [{} for _ in bodies]
+    longest: list[list] = [[] for _ in bodies]  # the most output ids any event of each stream carried
     answers: list[dict | BaseException | None] = [None] * len(bodies)
     changed = threading.Condition()
 
@@ -76,11 +93,14 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
         def hear(event: dict) -> None:
             with changed:
                 latest[i] = event
+                ids = event.get("output_ids") or []
+                if len(ids) > len(longest[i]):
+                    longest[i] = list(ids)
                 changed.notify_all()
 
         try:
             events = thread_session().events(base_url, "/generate", {**bodies[i], "stream": True}, timeout, hear)
-            answers[i] = {**(events[-1] if events else {}), "stream_events": len(events)}
+            answers[i] = _whole({**(events[-1] if events else {}), "stream_events": len(events)}, longest[i])
         except BaseException as exc:  # kept: the caller raises the first
             answers[i] = exc
         finally:

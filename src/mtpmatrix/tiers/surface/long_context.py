@@ -13,9 +13,19 @@ prefill chunks and, at topk 3, 16-token pages. The family sends them:
                  (alone, in this order) two prompts sharing their first 100 tokens (over 1.5 windows), tails
                  differing from their first token: the repeat must hit the radix cache for the shared prefix
                  (meta_info cached_tokens, ``cached_bounds``);
-  abort          (alone) client.AbortMidBatch: 3 neighbours and a victim, prompts of 160 tokens to the limit,
-                 streamed; once every one has streamed a token and none has finished, /abort_request for the victim.
-                 The neighbours must come out exact, the victim must end "abort" with a prefix of its rule output.
+  abort          (alone) client.AbortMidBatch: a neighbour and a victim, prompts of 160 tokens to the limit,
+                 streamed; once both have streamed a token and neither has finished, /abort_request for the victim.
+                 The neighbour must come out exact, the victim must end "abort" with a prefix of its rule output.
+                 Two, not more: sglang admits a request only while input + max_new_tokens + page stays under the pool
+                 left after what the running ones hold and may still write (schedule_policy PrefillAdder.add_one_req,
+                 0.5.13-0.5.23), so of 160-token requests to the limit on a 640-token pool two run at once (2 x 255)
+                 and a third waits for one to finish: with more, a request always finished before the last one had
+                 a token, and the abort was never sent mid-batch. On the 16-page topk 3 server under the spec-v2
+                 worker (0.5.17, 0.5.23) even two cannot decode together (each reserves 2 x 96 draft slots per decode,
+                 mem_cache allocation_sizing.get_alloc_reserve_per_decode), so the later one is retracted at its first
+                 decode and the abort finds the victim in the waiting queue: sglang then answers the stream with
+                 only its last token and no counters (tokenizer_manager._handle_abort_req; serving.abort rebuilds
+                 the ids from the stream, ``accept_metas`` leaves that answer out).
 
 Acceptance (``accept_problems``): the long witness's drafter reads the target's frozen KV at positions derived from
 the last accepted token and drafts every token right (pairs/long_witness.py), so on an intact MTP server every verify
@@ -50,7 +60,7 @@ WINDOW = 64  # the tiny configs' sliding_window (docs/pairs.md "Long witness")
 PROMPT = 160
 N_LIMIT = 4
 SHARED, TAIL, PREFIX_NEW = 100, 20, 32
-N_NEIGHBOURS = 3
+N_NEIGHBOURS = 1  # the abort group is 2 requests: what the pool lets run at once (module docstring)
 ALONE = frozenset({"prefix-first", "prefix-repeat", "abort"})
 # each group of prompts its own seed, so no two requests of the family share more than BOS and a key token
 SEED_LIMIT, SEED_PREFIX, SEED_ABORT = 38, 39, 40
@@ -189,8 +199,16 @@ def predicted_counters(completion: int, retractions: int, steps: int = settings.
     }
 
 
+def aborted_in_queue(meta: dict) -> bool:
+    """The answer sglang gives a request aborted in its waiting queue (tokenizer_manager._handle_abort_req,
+    0.5.13-0.5.23): finish "abort" with none of the scheduler's per-request fields (num_retractions, cached_tokens,
+    the speculative counters), which only a request finished by the scheduler carries."""
+    return finish_type(meta) == "abort" and "num_retractions" not in meta
+
+
 def accept_metas(exchanges) -> list[tuple[str, dict]]:
-    """(label, meta_info) of every request of the family that was answered (the abort's four: neighbours, victim)."""
+    """(label, meta_info) of every request of the family that was answered by the scheduler (the abort's
+    neighbours and victim; not a victim aborted in the waiting queue, whose answer carries no counters)."""
     out = []
     for x in exchanges:
         if x.error or x.label == "over-limit":
@@ -198,7 +216,8 @@ def accept_metas(exchanges) -> list[tuple[str, dict]]:
         if x.label == "abort":
             answers = x.response.get("outputs") or []
             names = [f"abort neighbour {i}" for i in range(len(answers) - 1)] + ["abort victim"]
-            out += [(name, a.get("meta_info") or {}) for name, a in zip(names, answers)]
+            metas = [(name, a.get("meta_info") or {}) for name, a in zip(names, answers)]
+            out += [(name, m) for name, m in metas if not (name == "abort victim" and aborted_in_queue(m))]
         else:
             out.append((x.label, x.meta))
     return out
