@@ -259,9 +259,10 @@ def test_long_tight_settings_are_what_the_flags_ask():
         "context_length": 256,
         "chunked_prefill_size": 32,
         "max_total_tokens": 640,
-        "swa_full_tokens_ratio": 0.5,
+        "swa_full_tokens_ratio": 0.75,
         "page_size": 16,
     }
+    assert smoke_servers.long_tight_settings(NOMTP)["swa_full_tokens_ratio"] == 0.5
     assert "page_size" not in smoke_servers.long_tight_settings(NOMTP)
     witness = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-mtp-topk1")
     assert smoke_servers.long_tight_settings(witness) == {}

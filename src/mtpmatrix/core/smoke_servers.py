@@ -73,23 +73,31 @@ WITNESS_SURFACE_ARGS = (*CUSTOM_LOGIT_PROCESSOR_ARGS, "--enable-return-hidden-st
 #     still fits alone: the scheduler clamps max_new_tokens to pool - ceil_page(input) - page - 1 >= 463 new tokens;
 #   --swa-full-tokens-ratio 0.5: the sliding-window pool half the full one (320 slots; default 0.8), so the SWA pool
 #     is tight too (a 160-token prompt holds its window's 64 + the chunk being written);
-#   --page-size 16 (topk 3 only): radix hits and the pool counted in 16-token pages.
+#   --page-size 16 (topk 3 only): radix hits and the pool counted in 16-token pages;
+#   --swa-full-tokens-ratio 0.75 on that paged server (480 slots): under the spec-v2 worker (0.5.17, 0.5.23) each
+#     decoding request there holds 2 x 96 draft slots ahead of its committed tokens in both pools (mem_cache
+#     allocation_sizing.get_alloc_reserve_per_decode: topk 3 x 2 pages per branch, doubled), besides the 64 tokens of
+#     its prompt the radix tree keeps SWA-locked (SWARadixCache.inc_lock_ref) and its decoded tokens: ~64 + 81 + 192 +
+#     a page = ~353 SWA slots for one request to the limit, more than 320, and a lone request that cannot fit is
+#     aborted "Out of memory even after retracting all other requests" (ScheduleBatch.retract_decode). 480 holds it
+#     (and the prefix pair's first request, ~360, without evicting its own prefix from the SWA pool, which would
+#     tombstone the repeat's radix hit); two such requests still cannot decode together (2 x ~290 > 480).
 LONG_CONTEXT_LEN = 256
 LONG_CHUNK = 32
 LONG_POOL_TOKENS = 640
 LONG_SWA_RATIO = 0.5
+LONG_PAGED_SWA_RATIO = 0.75
 LONG_PAGE = 16
-LONG_TIGHT_ARGS = (
+_LONG_LIMITS = (
     "--context-length",
     str(LONG_CONTEXT_LEN),
     "--chunked-prefill-size",
     str(LONG_CHUNK),
     "--max-total-tokens",
     str(LONG_POOL_TOKENS),
-    "--swa-full-tokens-ratio",
-    str(LONG_SWA_RATIO),
 )
-LONG_PAGED_ARGS = (*LONG_TIGHT_ARGS, "--page-size", str(LONG_PAGE))
+LONG_TIGHT_ARGS = (*_LONG_LIMITS, "--swa-full-tokens-ratio", str(LONG_SWA_RATIO))
+LONG_PAGED_ARGS = (*_LONG_LIMITS, "--swa-full-tokens-ratio", str(LONG_PAGED_SWA_RATIO), "--page-size", str(LONG_PAGE))
 # With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
 # docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
 DECOY_IN_DEFAULT_SUITE = True
