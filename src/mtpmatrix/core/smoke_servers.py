@@ -67,9 +67,10 @@ WITNESS_SURFACE_ARGS = (*CUSTOM_LOGIT_PROCESSOR_ARGS, "--enable-return-hidden-st
 #   --context-length 256: the pair's own limit (SMOKE_ARGS' 512 exceeds its max_position_embeddings);
 #   --chunked-prefill-size 32: every 160-token prompt of the family prefills in 5 chunks, each a half window;
 #   --max-total-tokens 640: the full-attention pool; the family's 4 to-the-limit requests need ~4 x 250 = 1000 slots
-#     at their end, so they cannot all run to the limit at once: sglang admits by its new-token-ratio estimate and
-#     retracts when a decode step finds no room (whether and how often it retracts is a measurement, recorded by
-#     test_long_pool_and_retractions, not a check; "measure on first GPU run", docs/gpu-boxes.md). Every request
+#     at their end, so they cannot all run to the limit at once: sglang admits a request only while input + max_new
+#     + page stays under what the running ones leave (two at a time here; schedule_policy PrefillAdder.add_one_req)
+#     and retracts when a decode step finds no room (whether and how often it retracts is a measurement, recorded by
+#     test_long_pool_empty_when_idle, not a check; "measure on first GPU run", docs/gpu-boxes.md). Every request
 #     still fits alone: the scheduler clamps max_new_tokens to pool - ceil_page(input) - page - 1 >= 463 new tokens;
 #   --swa-full-tokens-ratio 0.5: the sliding-window pool half the full one (320 slots; default 0.8), so the SWA pool
 #     is tight too (a 160-token prompt holds its window's 64 + the chunk being written);

@@ -6,8 +6,8 @@ server chunks, caches, retracts or batches. The servers (smoke_servers.LONG_SERV
 prefill chunks and, at topk 3, 16-token pages. The family sends them:
 
   limit-<i>      4 prompts of 160 tokens (2.5 windows, 5 prefill chunks) asking for the most new tokens sglang
-                 admits (``admitted_new``), in one batch: they run to the server's context limit together on a pool
-                 that cannot hold them all at their end, so the scheduler must queue or retract;
+                 admits (``admitted_new``), in one batch: sglang's admission runs two at a time on the 640-token
+                 pool (see abort below) and the pair may retract near the end, so the scheduler queues and retracts;
   over-limit     one token more than that: sglang must refuse it (tokenizer_manager._validate_one_request);
   prefix-first, prefix-repeat
                  (alone, in this order) two prompts sharing their first 100 tokens (over 1.5 windows), tails
