@@ -62,3 +62,91 @@ def test_every_environment_variable_is_documented():
     }
     missing = sorted(v for v in code - pair_knobs if f"`{v}" not in documented and not v.endswith("_"))
     assert not missing, f"docs/variables.md does not list {missing}"
+
+
+# Paths and module names the pages give, in backticks: each must name what the checkout holds. A path is taken from
+# the repository root (src/..., tests/..., docs/...), from src/mtpmatrix (core/..., pairs/...) or from
+# src/mtpmatrix/core (evidence/...); `mtpmatrix.a.b` and `module.NAME` (module a file or package of the package) must
+# import or be defined there (read with ast, nothing imported). A pattern (<...>, {...}, *, ...) is not checked.
+SRC = REPO / "src" / "mtpmatrix"
+ROOTS = ("src/", "tests/", "tools/", "benchmarks/", "docs/", "constraints/", ".ci/", ".github/")
+PACKAGE_DIRS = ("core/", "serving/", "pairs/", "tiers/", "runner/", "faults/", "report/")
+CODE = re.compile(r"`([^`\s]+)`")
+# record fields spelled like module attributes (row.json's build, install, canary, candidate)
+RECORD_FIELDS = {"build", "install", "canary", "candidate"}
+
+
+def _path_exists(text: str) -> bool | None:
+    """Whether a path the page names exists; None when ``text`` is no path of the project."""
+    path = text.split(":")[0].split("#")[0].rstrip("/.,;")
+    if any(c in path for c in "<>{}*") or "..." in path:
+        return None
+    if path.startswith(ROOTS):
+        return (REPO / path).exists()
+    if path.startswith(PACKAGE_DIRS):
+        return (SRC / path).exists()
+    if path.startswith("evidence/"):
+        return (SRC / "core" / path).exists()
+    return None
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Names a module defines: top-level functions, classes and assignments, and what it imports."""
+    import ast
+
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _modules_named(name: str) -> list[Path]:
+    """Modules (file or package) of mtpmatrix whose last name is ``name``."""
+    out = [p for p in SRC.rglob(f"{name}.py") if "__pycache__" not in p.parts]
+    return out + [p / "__init__.py" for p in SRC.rglob(name) if (p / "__init__.py").exists()]
+
+
+def _resolves(module: Path, rest: list[str]) -> bool:
+    """Whether ``rest`` (submodules, then one name) is reached from ``module``."""
+    for i, part in enumerate(rest):
+        folder = module.parent
+        if module.name == "__init__.py" and (folder / f"{part}.py").exists():
+            module = folder / f"{part}.py"
+        elif module.name == "__init__.py" and (folder / part / "__init__.py").exists():
+            module = folder / part / "__init__.py"
+        else:
+            return part in _defined_names(module) and i == len(rest) - 1
+    return True
+
+
+def _dotted_exists(text: str) -> bool | None:
+    """Whether `mtpmatrix.a.b` or `module.NAME` resolves; None when ``text`` names no module of the package."""
+    dotted = text.removesuffix("()")
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", dotted) or dotted.endswith((".py", ".json", ".md")):
+        return None
+    head, *rest = dotted.split(".")
+    if head == "mtpmatrix":
+        return _resolves(SRC / "__init__.py", rest)
+    if head in RECORD_FIELDS:
+        return None
+    modules = _modules_named(head)
+    if not modules:
+        return None
+    return any(_resolves(m, rest) for m in modules)
+
+
+@pytest.mark.parametrize("page", [*PAGES, REPO / "docs" / "runs" / "README.md"], ids=lambda p: str(p.relative_to(REPO)))
+def test_named_paths_and_modules_exist(page):
+    stale = []
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        for text in CODE.findall(line):
+            for word in text.split():
+                if _path_exists(word) is False or _dotted_exists(word) is False:
+                    stale.append(f"{page.name}:{n}: {word}")
+    assert not stale, "names no file or module of this checkout:\n" + "\n".join(stale)
