@@ -150,3 +150,21 @@ def test_named_paths_and_modules_exist(page):
                 if _path_exists(word) is False or _dotted_exists(word) is False:
                     stale.append(f"{page.name}:{n}: {word}")
     assert not stale, "names no file or module of this checkout:\n" + "\n".join(stale)
+
+
+def test_layout_names_every_module():
+    """docs/layout.md is the code map: every module of the package, tools/ and benchmarks/ is in it by its file name
+    (a request family of tiers/surface/ by its name, as the family is called)."""
+    text = (REPO / "docs" / "layout.md").read_text()
+    words = set(re.findall(r"[\w.]+", text))
+    missing = []
+    for folder in (SRC, REPO / "tools", REPO / "benchmarks"):
+        for f in sorted(folder.rglob("*")):
+            if not f.is_file() or f.suffix not in (".py", ".sh", ".json") or f.name == "__init__.py":
+                continue
+            if {"__pycache__", "mutant_hook", "gsm8k_data"} & set(f.parts):
+                continue
+            named = f.stem if f.parent.name == "surface" else f.name
+            if named not in words and f"{f.stem}.py/.json" not in text:
+                missing.append(str(f.relative_to(REPO)))
+    assert not missing, f"docs/layout.md does not name {missing}"
