@@ -43,7 +43,7 @@ class TooDeep(ValueError):
 
 
 # The largest record file a reader takes (row.json, tiers.json, junit.xml, a manifest, per-question records, a
-# freeze): 100 x the largest real one, the H200's 18-server smoke tiers.json of 257 checks (329,546 bytes:
+# freeze): 100 x the largest real one, the H200's 15-server smoke tiers.json of 257 checks (329,546 bytes:
 # docs/runs/2026-12-02d-h200-sglang-0.5.17-smoke-default.json; its junit.xml is ~77 KB), room for the suite to grow
 # many times over. A file over it is refused unread: hundreds of MiB held in memory on a shared box is not a run.
 MAX_RECORD_BYTES = 32 * 2**20
