@@ -177,6 +177,29 @@ def test_a_passed_accuracy_whose_metrics_contradict_it_proves_nothing(tmp_path, 
     assert any(why in w for w in found), found
 
 
+@pytest.mark.parametrize("where", ["gsm8k/E4B-topk1.txt", "linked/E4B-topk1.jsonl"])
+def test_per_question_records_the_size_walk_does_not_see_are_not_read(tmp_path, where):
+    """The report bounds a run's records before reading any (store.oversized_record: files named .json, .jsonl,
+    .xml, not through a link to a folder); a RECORDS path outside that walk (another suffix, a linked folder) was
+    read whatever its size, and 200 right lines there proved the score. It names nothing now: not proven."""
+    row_dir = tmp_path / "row"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lines = "".join(json.dumps({"index": i, "correct": i < 147}) + "\n" for i in range(200))
+    (elsewhere / "E4B-topk1.jsonl").write_text(lines)
+    (row_dir / "gsm8k").mkdir(parents=True)
+    for name in ("E4B-topk1.jsonl", "E4B-topk1.txt"):
+        (row_dir / "gsm8k" / name).write_text(lines)
+    (row_dir / "linked").symlink_to(elsewhere, target_is_directory=True)
+
+    def accuracy_whys(records: str) -> list[str]:  # no tiers.json beside this record: only the check's own
+        return [w for w in _whys(_record([_accuracy(records=records)]), row_dir=row_dir) if "[E4B-topk1]" in w]
+
+    assert not accuracy_whys("gsm8k/E4B-topk1.jsonl")  # the records where the suite writes them hold
+    found = accuracy_whys(where)
+    assert any(w.endswith(f"[E4B-topk1]: no per-question records ({where})") for w in found), found
+
+
 @pytest.mark.parametrize(
     "edit, why",
     [

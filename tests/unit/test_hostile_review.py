@@ -299,3 +299,23 @@ def test_report_refuses_a_run_holding_a_record_over_the_limit_unread(h200_run, c
     _out, err = capsys.readouterr()
     assert rc == 2 and one_line_error(err), err
     assert f"{name}: 32.0 MiB, over the 32 MiB a record file may be" in err and not (run / "report").exists()
+
+
+@pytest.mark.parametrize("name", ["row.json", "tiers.json"])
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_report_refuses_a_record_that_is_no_regular_file_unread(h200_run, capsys, name, special):
+    """A record linked to /dev/zero stats as 0 bytes and reads forever (it was read until memory ran out, then a
+    traceback), and a FIFO blocks its reader (the report hung): refused in one line, exit 2, before reading it."""
+    import os
+
+    results, run = h200_run
+    record = run / ROW / name
+    record.unlink()
+    if special == "fifo":
+        os.mkfifo(record)
+    else:
+        record.symlink_to(special)
+    rc = main(["report", run.name, "--results", str(results), "--require", "smoke"])
+    _out, err = capsys.readouterr()
+    assert rc == 2 and one_line_error(err), err
+    assert f"{name}: not a regular file" in err and not (run / "report").exists(), err

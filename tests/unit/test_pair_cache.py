@@ -10,6 +10,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from mtpmatrix.pairs.tiny.build import MARKER
 from mtpmatrix.tiers import pair_cache
 
@@ -68,3 +70,32 @@ def test_a_reused_folder_without_the_file_list_is_built_again_in_the_session_s_o
     build("e-series", tmp_path / "tiny", variant="random")  # a folder from before the list was kept
     got = pair_cache.served_pair(build, "e-series", "random", tmp_path / "tiny", tmp_path / "own")
     assert got.target.is_relative_to(tmp_path / "own") and build.builds == 2
+
+
+def _dangling_second_shard(folder: Path) -> None:
+    (folder / "target" / "model-00002-of-00002.safetensors").symlink_to(folder.parent / "not-there-yet.safetensors")
+
+
+def _weights_through_a_link_to_the_same_bytes(folder: Path) -> None:
+    outside = folder.parent / "outside.safetensors"
+    shutil.copy(folder / "target" / "model.safetensors", outside)
+    (folder / "target" / "model.safetensors").unlink()
+    (folder / "target" / "model.safetensors").symlink_to(outside)
+
+
+def _a_second_list_below(folder: Path) -> None:
+    (folder / "target" / pair_cache.FILES).write_text("{}")
+
+
+@pytest.mark.parametrize(
+    "edit", [_dangling_second_shard, _weights_through_a_link_to_the_same_bytes, _a_second_list_below]
+)
+def test_a_folder_holding_a_link_or_a_file_the_list_skips_is_not_served(tmp_path, edit):
+    """A link in a pair folder points where the session's check does not hold: a dangling second shard (skipped by
+    the digests, then created before the server globs *.safetensors) or weights linked to bytes outside it were
+    served; so was a file named like the list below the top, which the digests skipped at any depth."""
+    build = Builder()
+    first = pair_cache.served_pair(build, "e-series", "random", tmp_path / "tiny", tmp_path / "own1")
+    edit(first.target.parent)
+    again = pair_cache.served_pair(build, "e-series", "random", tmp_path / "tiny", tmp_path / "own2")
+    assert again.target.parent == tmp_path / "own2" / "e-series-random" and build.builds == 2

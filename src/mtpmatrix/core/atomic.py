@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,20 +51,27 @@ MAX_RECORD_BYTES = 32 * 2**20
 
 
 class TooLarge(ValueError):
-    """A record file over MAX_RECORD_BYTES: refused before it is read."""
+    """A record file over MAX_RECORD_BYTES, or no regular file: refused before it is read."""
 
 
-def too_large(path: Path) -> str | None:
-    """Why ``path`` is too large to read as a record (one line), None when it is not (or cannot be stat'ed: the
-    read says why)."""
+def refused_unread(path: Path) -> str | None:
+    """Why ``path`` is not to be read as a record (one line): over MAX_RECORD_BYTES, or no regular file (a link to
+    /dev/zero stats as 0 bytes and reads forever, a FIFO blocks its reader); None when it may be read (or cannot be
+    stat'ed: the read says why)."""
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
     except OSError:
         return None
-    if size <= MAX_RECORD_BYTES:
+    return _refused(path, st)
+
+
+def _refused(path: Path, st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path}: not a regular file (a device, a FIFO or a link to one): not read"
+    if st.st_size <= MAX_RECORD_BYTES:
         return None
     return (
-        f"{path}: {size / 2**20:.1f} MiB, over the {MAX_RECORD_BYTES // 2**20} MiB a record file may be "
+        f"{path}: {st.st_size / 2**20:.1f} MiB, over the {MAX_RECORD_BYTES // 2**20} MiB a record file may be "
         "(100 x the largest real one): not read"
     )
 
@@ -71,10 +79,14 @@ def too_large(path: Path) -> str | None:
 def read_json(path: Path) -> Any:
     """Whatever the file's JSON holds, UTF-8 whatever the locale: a reader checks its shape before taking it as a
     record (evidence.records). ValueError (bad JSON, bad UTF-8, nested too deeply, TooLarge) or OSError."""
-    why = too_large(path)
+    why = refused_unread(path)
     if why:
         raise TooLarge(why)
-    with open(path, encoding="utf-8") as fh:
+    # O_NONBLOCK: a FIFO put in its place since is not waited on; what was opened is checked again (fstat)
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), encoding="utf-8") as fh:
+        why = _refused(path, os.fstat(fh.fileno()))
+        if why:
+            raise TooLarge(why)
         try:
             return json.load(fh)
         except RecursionError:  # '[' * 10**5: a ValueError to every reader, never a traceback

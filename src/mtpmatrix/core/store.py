@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from mtpmatrix.core.atomic import atomic_write_json, read_json, too_large
+from mtpmatrix.core.atomic import atomic_write_json, read_json, refused_unread
 from mtpmatrix.core.evidence.manifest import FILE as MANIFEST_FILE
 from mtpmatrix.core.paths import SIDE_RUN_PREFIXES, NameError_, single_name
 from mtpmatrix.core.record_types import RowRecord
@@ -149,7 +149,8 @@ RECORD_SUFFIXES = (".json", ".jsonl", ".xml")  # and freeze.txt: what the report
 
 def oversized_record(run_dir: Path) -> str | None:
     """Why a record file of ``run_dir`` (its manifests, and each row's row.json, tiers.json, junit.xml, freeze.txt,
-    per-question records) is too large to read (atomic.too_large), None when none is; its own report/ folder aside.
+    per-question records) is not to be read (atomic.refused_unread: too large, no regular file), None when none is; its
+    own report/ folder aside.
     Looked at before anything of the run is read."""
     for folder, dirs, files in os.walk(run_dir):  # links to folders are not followed
         here = Path(folder)
@@ -157,7 +158,7 @@ def oversized_record(run_dir: Path) -> str | None:
             dirs[:] = [d for d in dirs if d != "report"]
         for name in sorted(files):
             if name.endswith(RECORD_SUFFIXES) or name == FREEZE_FILE:
-                why = too_large(here / name)
+                why = refused_unread(here / name)
                 if why:
                     return why
     return None
@@ -177,11 +178,14 @@ def read_run(run_dir: Path) -> dict[str, RowRecord]:
 
 def records_file(value: object, row_dir: Path) -> Path | None:
     """The per-question file a RECORDS metric names (row-relative, schema.gsm8k_records), if it is there; paths
-    that would leave the row folder name nothing."""
+    that would leave the row folder name nothing, and so do those oversized_record's walk did not bound (another
+    suffix, a path through a link) or would refuse: no record is read that was not held to the size limit."""
     if not isinstance(value, str) or Path(value).is_absolute() or ".." in Path(value).parts:
         return None
     path = Path(row_dir) / value
-    return path if path.is_file() else None
+    if not path.name.endswith(RECORD_SUFFIXES) or path.resolve() != Path(row_dir).resolve() / value:
+        return None
+    return path if path.is_file() and refused_unread(path) is None else None
 
 
 _READ_ONCE: contextvars.ContextVar[dict[str, dict[int, bool]] | None] = contextvars.ContextVar(

@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import cast
 
 from mtpmatrix.core import expected, known_upstream, schema
-from mtpmatrix.core.atomic import MAX_RECORD_BYTES, atomic_write_json, too_large
+from mtpmatrix.core.atomic import MAX_RECORD_BYTES, atomic_write_json, refused_unread
 from mtpmatrix.core.evidence import fingerprint, manifest, records
 from mtpmatrix.core.paths import CONSTRAINTS_DIR, NameError_, new_run_id, single_name
 from mtpmatrix.core.record_types import RowRecord
@@ -259,7 +259,7 @@ def verified_evidence(out: Path) -> tuple[dict, dict]:
                 f"{out}: no {name} (expected a tools/gpu_box.sh output folder whose pytest ran to its end)"
             )
     for name in (schema.TIERS_FILE, schema.JUNIT_FILE, schema.INVOCATION_FILE, schema.ENV_FILE):
-        why = too_large(out / name)  # before any of it is read
+        why = refused_unread(out / name)  # before any of it is read
         if why:
             raise ImportInputError(why)
     tiers_file = out / schema.TIERS_FILE

@@ -5,11 +5,12 @@ is served only if its files are the ones a session of this suite built there.
 copied marker carries as well: measured on CPU with the 0.5.17 row's venv, the e-series witness pair's files under
 the random pair's copied marker were served as the random pair, untouched (docs/evidence.md). So the session that
 builds a pair writes the sha256 of each of its files beside them (``FILES``); a folder this session did not build is
-served only while its files match that list. One without the list (built before it was kept), or whose files differ
+served only while its files match that list, and while it holds no link (a build writes none; a link, dangling
+or not, points where the check does not hold: a second shard created after it). One without the list (built before it was kept), or whose files differ
 from it, is never deleted (another session may be serving it) but built again in the session's own folder.
 
 What this does not catch: a list forged to match the seeded files (an edit of the box's data, as an edited record
-is). The weights are the same bytes on every row's torch and transformers (measured: torch 2.11.0 / 2.14.1,
+is), nor a file changed between this check and the server's read. The weights are the same bytes on every row's torch and transformers (measured: torch 2.11.0 / 2.14.1,
 transformers 5.8.1 / 5.12.1 / 5.19.0), so digests committed per pair could catch that too; not kept yet.
 """
 
@@ -28,14 +29,23 @@ from mtpmatrix.pairs.tiny.build import MARKER
 FILES = ".mtpmatrix-tiny-files.json"
 
 
+NOT_A_FILE = "not a regular file"  # a build writes none: a link points where this check does not hold
+
+
 def digests(folder: Path) -> dict[str, str]:
-    """{path under ``folder``: sha256} of every file of a pair folder but the list itself."""
+    """{path under ``folder``: sha256} of every file of a pair folder but the list itself; a link (to a file, to a
+    folder, dangling) or any other entry that is no regular file or folder stands as NOT_A_FILE."""
     folder = Path(folder)
-    return {
-        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != FILES
-    }
+    out = {}
+    for p in sorted(folder.rglob("*")):  # rglob does not descend into a linked folder: the link itself is listed
+        rel = p.relative_to(folder).as_posix()
+        if rel == FILES:
+            continue
+        if p.is_symlink() or not (p.is_file() or p.is_dir()):
+            out[rel] = NOT_A_FILE
+        elif p.is_file():
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
 
 
 def _marker_stat(folder: Path) -> tuple[int, int, int] | None:
