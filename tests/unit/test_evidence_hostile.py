@@ -422,3 +422,17 @@ def test_an_uncommitted_edit_to_the_expected_checks_is_named_in_the_headline(tmp
     commit = _git(checkout, "rev-parse", "HEAD").strip()[:9]
     assert f"judged by commit {commit} with uncommitted {EXPECTED}" in headline, headline
     assert f"the run's suite: commit {commit} with uncommitted {EXPECTED}" in headline, headline
+
+
+def test_an_uncommitted_edit_to_the_judges_own_code_is_named_in_the_headline(tmp_path, checkout):
+    # the report's summary and the evidence rules decide every verdict at report time, though no box runs them:
+    # a judgement by uncommitted judge code says so (the suite's fingerprint, which the box records, leaves it out)
+    data = h200_record()
+    data["fingerprint"] = _describe(checkout)
+    judge = "src/mtpmatrix/report/summary.py"
+    report, headline = _import_and_report(
+        tmp_path, checkout, data, edit=lambda: (checkout / judge).write_text((checkout / judge).read_text() + "\n")
+    )
+    commit = _git(checkout, "rev-parse", "HEAD").strip()[:9]
+    assert f"judged by commit {commit} with uncommitted {judge}" in headline, headline
+    assert "the run's suite:" not in headline, headline  # the box's suite is not what changed

@@ -153,3 +153,11 @@ def test_an_installed_wheel_vouches_for_its_files_by_its_record(installed, resul
     )
     summary = json.loads((tmp_path / "edited" / "summary.json").read_text())
     assert any("differ from its RECORD" in p for p in summary["evidence"]["run"])
+    judge = Path(where.stdout.strip()).parent / "report" / "summary.py"  # the judge's own code, never run on a box
+    original = judge.read_bytes()
+    try:
+        judge.write_bytes(original + b"\n")
+        rejudged = run_installed(installed, *args, "--out", str(tmp_path / "judge"), cwd=tmp_path)
+    finally:
+        judge.write_bytes(original)
+    assert "whose mtpmatrix/report/summary.py differ from it" in rejudged.stdout.splitlines()[0], rejudged.stdout

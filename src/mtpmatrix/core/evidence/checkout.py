@@ -1,6 +1,6 @@
 """The checkout that judges a run, against what vouches for its files: the files that decide a verdict (the suite's,
-the expected checks, the thresholds in settings.py, the known-upstream list; fingerprint.changed_files) that differ
-from the git commit are named in the report's headline, and an excuse that is not committed never turns a failure
+the expected checks, the thresholds in settings.py, the known-upstream list: fingerprint.changed_files; and the
+judge's own code, JUDGE_CODE) that differ from the git commit are named in the report's headline, and an excuse that is not committed never turns a failure
 into a pass: with known_upstream.json changed, the report applies the list as the commit holds it.
 
 Without git, an installed distribution (``pip install`` of this project: a wheel) vouches for the files it installed
@@ -21,6 +21,10 @@ from mtpmatrix.core.evidence import fingerprint
 from mtpmatrix.core.paths import PACKAGE, REPO
 
 _SRC = "src/mtpmatrix"
+# The judge's own code: what re-derives every verdict when a report is made (the evidence rules, the expected checks,
+# the store, the report's summary and exit status). It never runs on the box, so it is no part of the suite's
+# fingerprint; an uncommitted edit of it is named with the suite's own (a judgement by code nobody committed).
+JUDGE_CODE = ("src/mtpmatrix/core", "src/mtpmatrix/report", "src/mtpmatrix/__main__.py")
 
 
 def commit(repo: Path = REPO) -> str | None:
@@ -38,7 +42,8 @@ def state(repo: Path = REPO, package: Path = PACKAGE) -> dict[str, Any]:
     lists the package that runs here, and the files that differ from its RECORD (none of either: a bare tree)."""
     sha = commit(repo)
     if sha is not None:
-        return {"commit": sha, "changed": fingerprint.changed_files(repo) or [], "distribution": None}
+        changed = {*(fingerprint.changed_files(repo) or []), *(fingerprint.uncommitted(repo, list(JUDGE_CODE)) or [])}
+        return {"commit": sha, "changed": sorted(changed), "distribution": None}
     installed = distribution_state(package)
     return {
         "commit": None,
@@ -49,9 +54,11 @@ def state(repo: Path = REPO, package: Path = PACKAGE) -> dict[str, Any]:
 
 def _is_verdict_file(rel: PurePosixPath) -> bool:
     """Whether ``rel`` (relative to the package's parent: ``mtpmatrix/core/settings.py``) is a verdict-deciding file
-    a distribution installs: fingerprint.SUITE_FILES under src/mtpmatrix, and the known-upstream list."""
+    a distribution installs: fingerprint.SUITE_FILES under src/mtpmatrix, the known-upstream list and JUDGE_CODE."""
     path = f"src/{rel.as_posix()}"
     if path == fingerprint.KNOWN_UPSTREAM:
+        return True
+    if "__pycache__" not in rel.parts and any(path == j or path.startswith(j + "/") for j in JUDGE_CODE):
         return True
     for folder, pattern in fingerprint.SUITE_FILES:
         if not folder.startswith(_SRC) or "__pycache__" in rel.parts:

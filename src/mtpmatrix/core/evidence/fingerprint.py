@@ -124,16 +124,26 @@ def changed_files(repo: Path = REPO) -> list[str] | None:
     """The verdict-deciding files of ``repo`` (the suite's, known_upstream.json) that differ from its commit:
     changed, added, deleted or not tracked; pyproject.toml only when its pytest tables differ. None when ``repo`` is
     no git checkout (nothing to compare with)."""
+    paths = uncommitted(repo, _verdict_pathspecs())
+    if paths is None:
+        return None
+    pytest_same = PYPROJECT in paths and pytest_config(repo) == pytest_config(
+        repo, committed_text(repo, PYPROJECT) or ""
+    )
+    return [p for p in paths if not (p == PYPROJECT and pytest_same)]
+
+
+def uncommitted(repo: Path, pathspecs: list[str]) -> list[str] | None:
+    """The files under ``pathspecs`` that differ from ``repo``'s commit (changed, added, deleted or not tracked),
+    sorted; None when ``repo`` is no git checkout."""
     if git(repo, "rev-parse", "HEAD") is None:
         return None
-    status = git(repo, "status", "--porcelain", "--untracked-files=all", "--", *_verdict_pathspecs(), strip=False)
+    status = git(repo, "status", "--porcelain", "--untracked-files=all", "--", *pathspecs, strip=False)
     if status is None:
         return None
     out = set()
     for line in status.splitlines():
         path = line[3:].split(" -> ")[-1].strip().strip('"')  # "XY path", "R  old -> new"
-        if path == PYPROJECT and pytest_config(repo) == pytest_config(repo, committed_text(repo, PYPROJECT) or ""):
-            continue
         if path and "__pycache__" not in path:
             out.add(path)
     return sorted(out)
