@@ -42,8 +42,7 @@ def state(repo: Path = REPO, package: Path = PACKAGE) -> dict[str, Any]:
     lists the package that runs here, and the files that differ from its RECORD (none of either: a bare tree)."""
     sha = commit(repo)
     if sha is not None:
-        changed = {*(fingerprint.changed_files(repo) or []), *(fingerprint.uncommitted(repo, list(JUDGE_CODE)) or [])}
-        return {"commit": sha, "changed": sorted(changed), "distribution": None}
+        return {"commit": sha, "changed": fingerprint.changed_files(repo, JUDGE_CODE) or [], "distribution": None}
     installed = distribution_state(package)
     return {
         "commit": None,

@@ -120,11 +120,11 @@ def committed_text(repo: Path, rel: str) -> str | None:
     return git(repo, "show", f"HEAD:{rel}")
 
 
-def changed_files(repo: Path = REPO) -> list[str] | None:
-    """The verdict-deciding files of ``repo`` (the suite's, known_upstream.json) that differ from its commit:
-    changed, added, deleted or not tracked; pyproject.toml only when its pytest tables differ. None when ``repo`` is
-    no git checkout (nothing to compare with)."""
-    paths = uncommitted(repo, _verdict_pathspecs())
+def changed_files(repo: Path = REPO, also: tuple[str, ...] = ()) -> list[str] | None:
+    """The verdict-deciding files of ``repo`` (the suite's, known_upstream.json, and the paths ``also`` names) that
+    differ from its commit: changed, added, deleted or not tracked; pyproject.toml only when its pytest tables differ.
+    None when ``repo`` is no git checkout (nothing to compare with)."""
+    paths = uncommitted(repo, [*_verdict_pathspecs(), *also])
     if paths is None:
         return None
     pytest_same = PYPROJECT in paths and pytest_config(repo) == pytest_config(
