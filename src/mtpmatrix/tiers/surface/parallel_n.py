@@ -47,17 +47,16 @@ def own_problems(ex, vocab: int) -> list[str]:
     if len(got) != n:
         return [f"{ex.label}: {len(got)} samples for n={n}"]
     out = []
-    ids = [(s.get("meta_info") or {}).get("id") for s in got]
-    if None in ids or len(set(ids)) != n:
-        out.append(f"{ex.label}: sample ids {ids}: not {n} requests of their own (one answer copied?)")
+    rids = [(s.get("meta_info") or {}).get("id") for s in got]
+    if None in rids or len(set(rids)) != n:
+        out.append(f"{ex.label}: sample ids {rids}: not {n} requests of their own (one answer copied?)")
     for i, s in enumerate(got):
-        ids = list(s.get("output_ids") or [])
-        if ids != want:
-            out.append(f"{ex.label} sample {i}: output {ids[:6]}... leaves the +1 chain {want[:6]}...")
-        if (s.get("meta_info") or {}).get("completion_tokens") != MAX_NEW_TOKENS:
-            out.append(
-                f"{ex.label} sample {i}: completion_tokens {(s.get('meta_info') or {}).get('completion_tokens')}"
-            )
+        output = list(s.get("output_ids") or [])
+        if output != want:
+            out.append(f"{ex.label} sample {i}: output {output[:6]}... leaves the +1 chain {want[:6]}...")
+        tokens = (s.get("meta_info") or {}).get("completion_tokens")
+        if tokens != MAX_NEW_TOKENS:
+            out.append(f"{ex.label} sample {i}: completion_tokens {tokens}")
     return out
 
 
