@@ -8,6 +8,7 @@ import pytest
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.pairs.tiny import configs
 from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.tiers.surface import long_context
 
@@ -27,6 +28,12 @@ def _exchanges(smoke_runs, name, record_property):
     return run, exchanges
 
 
+def _text() -> dict:
+    """The long witness's text config as the smoke tier builds it (its window and RoPE decide every read)."""
+    family = smoke_servers.collection_options().pair
+    return configs.target_template(family, long_context.PAIR)["text_config"]
+
+
 def _fail(kind: str, problems: list[str], what: str) -> None:
     if problems:
         raise CheckFailure(kind, f"{len(problems)} problem(s) over {what}; first: {problems[0]}")
@@ -40,6 +47,7 @@ def test_long_requests_run_to_the_limit(smoke_runs, name, record_property):
     long_context.limit_new tokens; one token more is refused; the prefix pair's outputs exact too."""
     run, exchanges = _exchanges(smoke_runs, name, record_property)
     record_property("limit_new_tokens", long_context.limit_new(run.spec.topk, long_context.PROMPT))
+    record_property("reads", long_context.reads(exchanges, _text()))
     problems = long_context.length_problems(run.spec, exchanges)
     record_property("problems", problems[:20])
     _fail("mismatch", problems, f"{len(exchanges)} {long_context.NAME} requests")

@@ -38,8 +38,9 @@ def collect(
 def test_the_family_serves_the_long_servers_only():
     assert long_context.NAME in surface.FAMILIES
     assert set(smoke_servers.LONG_SERVERS) == set(SPECS) and all(s.default for s in SPECS.values())
-    for spec in smoke_servers.SMOKE_SERVERS:
-        assert bool(long_context.requests(spec, 512)) == (spec.name in smoke_servers.LONG_SERVERS)
+    for spec in smoke_servers.SMOKE_SERVERS:  # LONG_SERVERS: the default ones; the on-demand ones get it too
+        assert bool(long_context.requests(spec, 512)) == (spec.pair == long_context.PAIR)
+        assert (spec.name in smoke_servers.LONG_SERVERS) == (spec.pair == long_context.PAIR and spec.default)
     assert smoke_servers.page_size(TOPK3) == 16 and smoke_servers.page_size(NOMTP) == 1
 
 

@@ -152,6 +152,17 @@ SMOKE_SERVERS = (
     SmokeServerSpec("long-witness-nomtp", "long-witness-sglang-phase", None, mode_args=LONG_TIGHT_ARGS),
     SmokeServerSpec("long-witness-mtp-topk1", "long-witness-sglang-phase", 1, mode_args=LONG_TIGHT_ARGS),
     SmokeServerSpec("long-witness-mtp-topk3-paged", "long-witness-sglang-phase", 3, mode_args=LONG_PAGED_ARGS),
+    # On demand, to tell the page size's part in a long-family deviation from the tree's and the worker's: topk 3 with
+    # the paged server's settings less --page-size, topk 1 and no MTP with all of them.
+    SmokeServerSpec(
+        "long-witness-mtp-topk3", "long-witness-sglang-phase", 3, mode_args=LONG_PAGED_ARGS[:-2], default=False
+    ),
+    SmokeServerSpec(
+        "long-witness-mtp-topk1-paged", "long-witness-sglang-phase", 1, mode_args=LONG_PAGED_ARGS, default=False
+    ),
+    SmokeServerSpec(
+        "long-witness-nomtp-paged", "long-witness-sglang-phase", None, mode_args=LONG_PAGED_ARGS, default=False
+    ),
 )
 DEFAULT_SMOKE_SERVERS = tuple(s for s in SMOKE_SERVERS if s.default)
 # What fault injection (mtpmatrix.faults.mutants) serves per mutant: the witness servers see every hand-off.

@@ -174,7 +174,7 @@ def predicted_next(
     (tests/tiers/test_reference_long_witness.py)."""
     visible_max = text["sliding_window"] - 1 if visible_max is None else visible_max
     positions = list(range(len(ids))) if positions is None else [int(x) for x in positions]
-    scores = target_sliding_scores(text, max(positions) - min(positions) + 1).tolist()
+    scores = sliding_score_list(text, max(positions) - min(positions) + 1)
     group = _group(ids, key_visible)
     out = []
     for p in range(len(ids)):
@@ -183,6 +183,36 @@ def predicted_next(
         tied = sum(positions[i] == positions[j] for i in seen) > 1  # two keys at one RoPE position share the read
         out.append(None if tied else body_token(group, succ(member_of(ids[j]))))
     return out
+
+
+# What each output token of a served long-witness request is, teacher forced on the ids served (``read_kinds``): the
+# sliding read at the window's edge (the rule, transformers' window), the read of a window one key short (sglang's
+# Triton decode kernel: update_sliding_window_buffer keeps min(seq_len, sliding_window_size) keys, one fewer than its
+# extend kernel and transformers; sgl-project/sglang#32087, unmerged), both (the two reads carry one member), or
+# neither.
+READ_RULE, READ_SHORT, READ_BOTH, READ_OTHER = "r", "s", "=", "x"
+
+
+def read_kinds(prompt: list[int], output: list[int], text: dict) -> str:
+    """One letter per token of ``output`` (READ_*): whether the read at the window's edge, the read of a window one
+    key short, both or neither give it, each predicted from ``prompt`` + ``output`` as served (``predicted_next``)."""
+    ids = list(prompt) + list(output)
+    w = text["sliding_window"]
+    rule = predicted_next(ids, text, visible_max=w - 1)
+    short = predicted_next(ids, text, visible_max=w - 2)
+    kinds = []
+    for p in range(len(prompt) - 1, len(ids) - 1):
+        got = ids[p + 1]
+        kinds.append(
+            READ_BOTH
+            if got == rule[p] == short[p]
+            else READ_RULE
+            if got == rule[p]
+            else READ_SHORT
+            if got == short[p]
+            else READ_OTHER
+        )
+    return "".join(kinds)
 
 
 def _peak(inv, amps, offset: float):
@@ -222,6 +252,33 @@ def target_sliding_scores(text: dict, max_offset: int | None = None):
     inv, amps, alpha, beta = target_query(text)
     top = max_offset if max_offset is not None else text["max_position_embeddings"]
     return TARGET_SCORE_GAIN * _unit_scores(inv, amps, alpha, beta, range(top + 1))
+
+
+def sliding_score_list(text: dict, max_offset: int) -> list[float]:
+    """``target_sliding_scores`` in plain Python (the smoke tier reads served outputs where no torch need be): the same
+    query, amplitudes and float32 frequencies (1e-5 nats apart on the tiny configs). ``predicted_next`` reads it, and
+    the reference tier holds that to transformers' own forward under each window fault
+    (tests/tiers/test_reference_long_witness.py)."""
+    import math
+    from array import array
+
+    rope = text["rope_parameters"]["sliding_attention"]
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"long witness: sliding RoPE {rope.get('rope_type')!r}; the plain scores know 'default' only")
+    hd, theta = text["head_dim"], rope["rope_theta"]
+    inv = list(array("f", [1.0 / theta ** (2 * i / hd) for i in range(hd // 2)]))
+    raw = [1.0 / (1.0 + 4.0 * (1.0 - min(w, 1.0))) if w > 0 else 0.0 for w in inv]
+    amps = list(array("f", [a / math.sqrt(sum(x * x for x in raw)) for a in raw]))
+    win = text["sliding_window"]
+    alpha = [a * (math.cos(w * (win - 1)) + TRAP_WEIGHT * math.cos(w * win)) for a, w in zip(amps, inv)]
+    beta = [-a * (math.sin(w * (win - 1)) + TRAP_WEIGHT * math.sin(w * win)) for a, w in zip(amps, inv)]
+    norm = math.sqrt(sum(x * x for x in alpha) + sum(x * x for x in beta))
+    return [
+        TARGET_SCORE_GAIN
+        * sum(a * (al * math.cos(w * d) - be * math.sin(w * d)) for a, al, be, w in zip(amps, alpha, beta, inv))
+        / norm
+        for d in range(max_offset + 1)
+    ]
 
 
 def sliding_read(text: dict, visible_max: int, position: int | None = None) -> int:

@@ -319,6 +319,34 @@ def abort_problems(x, want: int) -> list[str]:
     return out
 
 
+def served_outputs(exchanges) -> list[tuple[str, list[int], list[int]]]:
+    """(label, prompt, output ids) of every request of the family that was answered with tokens: the limit and
+    prefix requests, the abort's neighbours and victim."""
+    out = []
+    for x in exchanges:
+        if x.error or x.label == "over-limit":
+            continue
+        if x.label == "abort":
+            bodies = [*x.payload.neighbours, x.payload.victim]
+            names = [f"abort neighbour {i}" for i in range(len(bodies) - 1)] + ["abort victim"]
+            answers = x.response.get("outputs") or []
+            out += [(n, b["input_ids"], list(a.get("output_ids") or [])) for n, b, a in zip(names, bodies, answers)]
+        else:
+            out.append((x.label, x.payload["input_ids"], list(x.output_ids)))
+    return out
+
+
+def reads(exchanges, text: dict) -> dict[str, dict]:
+    """Per answered request, what each output token is (long_witness.read_kinds: the window's-edge read, the read of a
+    window one key short, both, neither), and the ids where some token is neither: the record a deviation is read
+    from."""
+    out = {}
+    for label, prompt, output in served_outputs(exchanges):
+        kinds = long_witness.read_kinds(prompt, output, text)
+        out[label] = {"reads": kinds, **({"output_ids": output} if long_witness.READ_OTHER in kinds else {})}
+    return out
+
+
 def against_reference(exchanges, reference) -> list[str]:
     """MTP output equals the no-MTP twin's: token for token where both ran (an MTP server stops earlier, by its
     reserved slots), exactly for the prefix pair and the abort's neighbours."""
