@@ -97,7 +97,7 @@ def test_spec_metrics(smoke_runs, name, record_property):
     if avg is None:
         raise CheckFailure("acceptance", "/server_info has no avg_spec_accept_length")
     # The server's own counter must agree with what the requests saw (an accounting bug shows here, not above).
-    metas = run.all_meta
+    metas = run.info_meta  # what /server_info had counted when it was read
     bounds = meta_fields.server_accept_bounds(metas, settings.NUM_STEPS)
     record_property("avg_spec_accept_length_bounds", list(bounds) if bounds else None)
     outside = meta_fields.server_accept_outside(metas, avg, settings.NUM_STEPS)
@@ -119,7 +119,7 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
     draft_tokens = find_arg(
         run.server_info_before or {}, "speculative_num_draft_tokens", settings.DRAFT_TOKENS[run.spec.topk]
     )
-    metas = run.all_meta  # every request the server answered counts in /server_info
+    metas = run.all_meta  # every response's own fields; /server_info's counters: run.info_meta
     record_property("meta_fields", list(fields))
     found = [
         meta_fields.disagreements(m, fields=fields, draft_tokens=int(draft_tokens), steps=settings.NUM_STEPS)
@@ -136,7 +136,9 @@ def test_meta_info_fields_agree(smoke_runs, name, record_property):
     server_side = spec_stats(run.server_info_after or {})
     if server_side is None:
         raise CheckFailure("accounting", "/server_info has no avg_spec_accept_length")
-    outside = meta_fields.server_accept_outside(metas, server_side["avg_spec_accept_length"], settings.NUM_STEPS)
+    outside = meta_fields.server_accept_outside(
+        run.info_meta, server_side["avg_spec_accept_length"], settings.NUM_STEPS
+    )
     if outside:
         raise CheckFailure("accounting", outside)
 

@@ -28,6 +28,12 @@ is exact, so intact every verify step accepts all NUM_STEPS drafts: long_context
                       rejected whole, as with draft positions computed from the last chunk's extend length
   one-draft-lost      the first round after each prefill loses its last draft only (one accepted draft fewer)
 
+and what intact sglang's no-MTP server does on the Triton backend (not a fault of the catalogue: measured on an H200,
+0.5.17, 2026-12-05; known upstream sglang-triton-swa-decode-window-one-short):
+
+  decode-one-short    (no MTP) the prefill's token is the rule's; every decode token reads through a window one key
+                      short (long_witness.predicted_next with visible_max sliding_window - 2: offset 51)
+
 ``retract_after`` (not a fault) retracts every request once after that many verify steps: the re-prefill
 of prompt + output yields one token without a verify step, as sglang's does (meta_info num_retractions 1).
 
@@ -109,6 +115,12 @@ class LongWitnessShapes:
         return (min(best, len(prompt) - 1) - pairs) // self.page * self.page
 
     def _rule(self, prompt: list[int], n: int) -> list[int]:
+        if self.broken == "decode-one-short" and not self.topk and n >= 2:
+            ids = prompt + long_context.expected(prompt, 1)
+            text = long_context.pair_text()
+            while len(ids) < len(prompt) + n:
+                ids.append(long_witness.predicted_next(ids, text, visible_max=long_context.WINDOW - 2)[-1])
+            return ids[len(prompt) :]
         if self.broken != "root-reads-short" or not self.topk or n < 2:
             return long_context.expected(prompt, n)
         first = long_context.expected(prompt, 1)

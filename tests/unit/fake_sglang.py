@@ -48,6 +48,7 @@ class FakeState:
         flush_refusals: int = 0,
         drop_connection: set | None = None,
         before_answer: Callable[[], object] | None = None,
+        crash_on_key: str | None = None,
         ready_file: str | None = None,
         shapes: Callable[[str, dict], object] | None = None,
     ):
@@ -63,6 +64,7 @@ class FakeState:
         self.ready_file = ready_file  # ... and until this file exists
         # called by each /generate before it answers; what it raises is answered as a 500 with its text
         self.before_answer = before_answer
+        self.crash_on_key = crash_on_key
         self.flush_refusals = flush_refusals
         # (path, payload) -> the answer of /generate and the OpenAI endpoints (fake_shapes.WitnessShapes): a dict or
         # a list; for ``stream: true`` the list of events, sent as server-sent events and data: [DONE]
@@ -204,6 +206,8 @@ def make_handler(state: FakeState):
                 state.payloads.append(payload)
             if state.delay:
                 time.sleep(state.delay)
+            if state.crash_on_key and state.crash_on_key in payload:
+                _scheduler_crash()
             if state.before_answer is not None:
                 try:
                     state.before_answer()
@@ -322,9 +326,17 @@ def _scheduler_crash() -> None:
     os._exit(1)
 
 
+_CRASH_LOGGED = threading.Lock()  # held for good by the first crash: its lines are written once, never interleaved
+
+
 def _scheduler_crash_logged(drop: bool = True) -> None:
-    """The crash's log lines; with ``drop`` the request is answered by a dropped connection (raised: the handler
-    closes it) while the process stays, as sglang's launcher does while it waits for coredumps."""
+    """The crash's log lines (once, by the first request to get here: every request in flight lands here, and lines
+    printed by two handler threads at once interleave); with ``drop`` the request is answered by a dropped connection
+    (raised: the handler closes it) while the process stays, as sglang's launcher does while it waits for coredumps."""
+    if not _CRASH_LOGGED.acquire(blocking=False):
+        if drop:
+            raise ConnectionAbortedError("scheduler crashed")
+        threading.Event().wait()  # the first crash ends the process (os._exit) once its lines are out
     print(
         "[t] Scheduler hit an exception: Traceback (most recent call last):",
         '  File "model_runner.py", line 3208, in forward_decode',
@@ -379,7 +391,13 @@ def main(argv=None) -> None:
         action="store_true",
         help="the first /generate kills the server as an sglang scheduler crash does: chained tracebacks, exit",
     )
-
+    ap.add_argument(
+        "--crash-on-key",
+        default=None,
+        metavar="KEY",
+        help="the first /generate whose body has KEY kills the server as --crash-on-generate does (sglang 0.5.17 on "
+        "token_ids_logprob)",
+    )
     ap.add_argument("--ready-file", default=None, help="/health answers 503 until this file exists")
     ap.add_argument(
         "--rendezvous",
@@ -419,7 +437,12 @@ def main(argv=None) -> None:
     if args.crash_on_generate:
         crash = _scheduler_crash_logged if args.crash_stays else _scheduler_crash
     fake = FakeSglang(
-        args.host, args.port, starting_for=args.starting_for, ready_file=args.ready_file, before_answer=crash
+        args.host,
+        args.port,
+        starting_for=args.starting_for,
+        ready_file=args.ready_file,
+        before_answer=crash,
+        crash_on_key=args.crash_on_key,
     )
     print(f"fake sglang: serving on {fake.base_url}", flush=True)
     fake.httpd.serve_forever()

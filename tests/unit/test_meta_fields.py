@@ -147,3 +147,26 @@ def test_server_average_outside_the_requests_bounds():
     msg = F.server_accept_outside(metas, 3.0, STEPS)  # a server counter that doubled its steps
     assert msg.startswith("/server_info avg_spec_accept_length 3.000 outside [5.1667, 6.0]")
     assert F.server_accept_outside([{"completion_tokens": 1}], 1.0, STEPS) is None  # no verify step: no bound
+
+
+def _retracted(accepted: list[int], retractions: int) -> dict:
+    """meta_info of a request retracted ``retractions`` times: each re-prefill served one token no verify step
+    counted (what the long servers' requests report, H200 2026-12-05: 0 + 29 for 32 tokens after 2)."""
+    meta = response(accepted)
+    n = meta["completion_tokens"] + retractions
+    return dict(meta, completion_tokens=n, spec_accept_length=n / meta["spec_verify_ct"], num_retractions=retractions)
+
+
+def test_tail_rule_counts_one_token_per_re_prefill():
+    meta = _retracted([0] * 29, 2)  # 1 + 2 + 29 = 32 tokens, no draft accepted
+    assert why(meta) == []
+    assert any("29 outside [31, 36]" in w for w in why(dict(meta, num_retractions=0)))  # the rule before the term
+    assert any("29 outside [30, 35]" in w for w in why(dict(meta, num_retractions=1)))  # one re-prefill too few
+    assert any("28 outside [29, 34]" in w for w in why(dict(meta, spec_num_correct_drafts=-1)))  # a token lost
+
+
+def test_server_bounds_count_the_re_prefills_too():
+    metas = [_retracted([STEPS] * 5, 1) for _ in range(4)]  # 1 + 1 + 30 = 32 tokens, 5 steps of 6 each
+    assert F.server_accept_bounds(metas, STEPS) == (6.0, 6.0)
+    assert F.server_accept_outside(metas, 6.0, STEPS) is None
+    assert F.server_accept_bounds([dict(m, num_retractions=0) for m in metas], STEPS) == (6.2, 6.0)

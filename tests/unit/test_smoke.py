@@ -270,6 +270,23 @@ def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp
     assert first.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)")
 
 
+def test_a_family_that_can_kill_the_server_goes_last_and_costs_only_its_own_checks(tmp_path):
+    # sglang 0.5.17 dies on a token_ids_logprob decode (H200, 2026-12-05): every other family and the tier's own
+    # /server_info read come first; only the LAST family's requests fail, each naming the server log's cause
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-nomtp")
+    run = _collect_on_fake(tmp_path, spec, "--crash-on-key", "token_ids_logprob")
+    assert run.error is None and run.server_info_after is not None
+    assert run.sent_after_info == {"token_ids_logprob"}
+    killed = run.exchanges("token_ids_logprob")
+    assert killed and all(x.error for x in killed)
+    assert all(
+        x.error.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)") for x in killed
+    )
+    others = [x for family, xs in run.surface.items() if family != "token_ids_logprob" for x in xs]
+    assert len(others) > 20 and not [x.error for x in others if x.error and "Connection" in x.error]
+    assert len(run.info_meta) + sum(len(x.metas) for x in killed) == len(run.all_meta)
+
+
 def test_the_cause_is_read_once_the_launcher_logs_the_failure_not_at_its_exit(tmp_path):
     # sglang 0.5.13's launcher logs SIGQUIT, then waits 60 s for CUDA coredumps before it exits: the cause is read
     # at the SIGQUIT line; this stub never exits on its own, so a harness waiting for the exit would get nothing
@@ -613,7 +630,7 @@ def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch)
     """A witness server's penalty requests (features.ALONE) are sent after every other request, one at a time (a
     client batch of parallel 1 of its own, after the shared batch returned), and no other request was in flight at
     any moment of theirs (the fake counts). Lifecycle only: the fake's outputs say nothing about penalties."""
-    from mtpmatrix.tiers.surface import features
+    from mtpmatrix.tiers.surface import features, token_ids_logprob
 
     assert features.ALONE == {
         "frequency-penalty-plus",
@@ -628,9 +645,11 @@ def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch)
     ]
     run, batches = _collect_witness_recording_batches(tmp_path, monkeypatch)
     assert run.error is None, run.error
-    (shared, parallel), (last, last_parallel) = batches
+    (shared, parallel), (alone, alone_parallel), (last, _parallel) = batches
     assert parallel > 1 and not any(p in shared for p in alone_payloads)
-    assert (last, last_parallel) == (alone_payloads, 1)
+    assert (alone, alone_parallel) == (alone_payloads, 1)
+    # then, in a batch of its own, the family that can kill a release's server (surface LAST)
+    assert last == [p for _label, p in token_ids_logprob.requests(run.spec, 512)]
     by_label = {x.label: x for x in run.exchanges(features.NAME)}
     assert set(by_label) == set(features.WITNESS_FEATURES)
     assert {label: by_label[label].meta["fake_peers"] for label in features.ALONE} == dict.fromkeys(features.ALONE, 0)

@@ -10,6 +10,7 @@ from fake_long import LongWitnessShapes
 from fake_sglang import FakeSglang
 
 from mtpmatrix.core import smoke_servers
+from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.serving import abort, client
 from mtpmatrix.tiers import surface
@@ -280,7 +281,8 @@ def _tier_module():
     return mod
 
 
-def _runs(tmp_path, broken: str = "", log: str = "") -> dict:
+def _runs(tmp_path, broken: str = "", log: str = "", twin: str = "") -> dict:
+    """SmokeRuns of the long servers on the fake: the MTP ones ``broken``, the no-MTP twin ``twin``."""
     from mtpmatrix.tiers.smoke import SmokeRun
 
     return {
@@ -288,11 +290,71 @@ def _runs(tmp_path, broken: str = "", log: str = "") -> dict:
             spec=spec,
             log_path=tmp_path / f"server-{name}.log",
             vocab_size=512,
-            surface={long_context.NAME: collect(spec, broken if spec.topk else "")},
+            surface={long_context.NAME: collect(spec, broken if spec.topk else twin)},
             log_text=log,
         )
         for name, spec in SPECS.items()
     }
+
+
+# ------------------------------------------------------------ intact sglang's no-MTP decode on the Triton backend
+def _known(check_id: str, failure: CheckFailure) -> bool:
+    """Whether the known-upstream entry for the Triton decode window matches this failure of ``check_id``."""
+    from mtpmatrix.core import known_upstream
+
+    entry = next(k for k in known_upstream.load() if k.id == "sglang-triton-swa-decode-window-one-short")
+    record = {
+        "id": check_id,
+        "outcome": "failed",
+        "failure": {"kind": failure.kind, "type": "CheckFailure", "message": str(failure)},
+    }
+    return entry.matches(record)
+
+
+def test_the_triton_decode_one_key_short_is_named_and_matches_its_entry_only(tmp_path):
+    # what sglang 0.5.17 served on an H200 (2026-12-05): the no-MTP twin's decode tokens read offset 51, the MTP
+    # servers' verify the rule; each check then fails with the known signature, and nothing else does
+    tier = _tier_module()
+    runs = _runs(tmp_path, twin="decode-one-short")
+    for check, name in (
+        (tier.test_long_requests_run_to_the_limit, "long-witness-nomtp"),
+        (tier.test_long_abort_leaves_neighbours_exact, "long-witness-nomtp"),
+        (tier.test_long_match_no_mtp, "long-witness-mtp-topk1"),
+        (tier.test_long_match_no_mtp, "long-witness-mtp-topk3-paged"),
+    ):
+        with pytest.raises(CheckFailure) as failed:
+            check(runs, name, lambda *_: None)
+        assert long_context.DECODE_SHORT in str(failed.value), str(failed.value)
+        assert _known(f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]", failed.value), str(failed.value)
+    for name in ("long-witness-mtp-topk1", "long-witness-mtp-topk3-paged"):  # the MTP servers' own checks pass
+        tier.test_long_requests_run_to_the_limit(runs, name, lambda *_: None)
+        tier.test_long_abort_leaves_neighbours_exact(runs, name, lambda *_: None)
+        tier.test_long_accept_exact(runs, name, lambda *_: None)
+
+
+def test_the_known_signature_never_covers_another_fault(tmp_path):
+    tier = _tier_module()
+    # the same read pattern on an MTP server (the catalogue's swa-verify-window-short) is no known deviation
+    runs = _runs(tmp_path, "root-reads-short", twin="decode-one-short")
+    with pytest.raises(CheckFailure) as failed:
+        tier.test_long_requests_run_to_the_limit(runs, "long-witness-mtp-topk1", lambda *_: None)
+    assert long_context.DECODE_SHORT not in str(failed.value)
+    assert not _known(
+        "tests/tiers/test_smoke_long.py::test_long_requests_run_to_the_limit[long-witness-nomtp]", failed.value
+    )
+    # another fault beside it on the no-MTP server is named first, so the failure is not the known one
+    both = long_context.own_problems(NOMTP, collect(NOMTP, "decode-one-short")) + ["limit-9: 93 output ids"]
+    assert long_context.DECODE_SHORT not in long_context.known_last(both)[0]
+    # a no-MTP output one token off the short-window read is not the signature (a read that is neither)
+    prompt = long_witness.prompts(1, long_context.PROMPT, seed=long_context.SEED_LIMIT)[0]
+    got = collect(NOMTP, "decode-one-short")[0].output_ids
+    kinds = long_witness.read_kinds(prompt, got, long_context.pair_text())
+    assert long_context.decode_reads_short(kinds, 0)
+    bent = got[:5] + [long_witness.body_token(0, (long_witness.member_of(got[5]) + 7) % 31)] + got[6:]
+    assert not long_context.decode_reads_short(long_witness.read_kinds(prompt, bent, long_context.pair_text()), 0)
+    # nor the rule's own output (nothing read short), nor a decode token at the edge beyond the retractions
+    assert not long_context.decode_reads_short("r=rrr", 0)
+    assert not long_context.decode_reads_short("rssrs", 0) and long_context.decode_reads_short("rssrs", 1)
 
 
 def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(tmp_path):
@@ -335,20 +397,23 @@ def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(t
 # ---------------------------------------------------------------------------------------------- the catalogue's mutants
 # Each long-context mutant of mtpmatrix.faults.catalogue.long_context, as what it makes sglang do (fake_long): the check
 # its ``expect`` names fails on the MTP servers' answers (or log) while the no-MTP twin, where the edit is inert, passes.
-def test_swa_verify_window_short_fails_the_rule_and_the_no_mtp_match(tmp_path):
-    from mtpmatrix.core.kinds import CheckFailure
-
+def test_swa_verify_window_short_fails_the_rule_not_the_no_mtp_match(tmp_path):
     tier = _tier_module()
-    runs = _runs(tmp_path, "root-reads-short")  # the MTP servers broken, the no-MTP twin intact
+    # the MTP servers broken, the no-MTP twin as intact sglang serves it (its Triton decode one key short)
+    runs = _runs(tmp_path, "root-reads-short", twin="decode-one-short")
     for name in ("long-witness-mtp-topk1", "long-witness-mtp-topk3-paged"):
         with pytest.raises(CheckFailure) as failed:
             tier.test_long_requests_run_to_the_limit(runs, name, lambda *_: None)
         assert failed.value.kind == "mismatch" and "limit-0: token 1 is" in str(failed.value)
-        with pytest.raises(CheckFailure) as failed:
-            tier.test_long_match_no_mtp(runs, name, lambda *_: None)
-        assert failed.value.kind == "mismatch" and "output differs from no-MTP's" in str(failed.value)
         with pytest.raises(CheckFailure):
             tier.test_long_abort_leaves_neighbours_exact(runs, name, lambda *_: None)
+        # blind here: the broken root reads the window the twin's decode reads, so the two agree token for token
+        tier.test_long_match_no_mtp(runs, name, lambda *_: None)
+    # beside a twin that reads the rule (a Triton decode fixed upstream) the match sees it too
+    runs = _runs(tmp_path, "root-reads-short")
+    with pytest.raises(CheckFailure) as failed:
+        tier.test_long_match_no_mtp(runs, "long-witness-mtp-topk1", lambda *_: None)
+    assert "output differs from no-MTP's" in str(failed.value)
     tier.test_long_requests_run_to_the_limit(runs, "long-witness-nomtp", lambda *_: None)
     tier.test_long_abort_leaves_neighbours_exact(runs, "long-witness-nomtp", lambda *_: None)
 

@@ -110,16 +110,31 @@ class SmokeRun:
     # the exception a run alone established): not relaunched, the entry's id
     known_upstream_no_relaunch: str | None = None
     log_text: str = ""
+    # the request families sent after server_info_after was read (surface LAST: they can kill a release's server)
+    sent_after_info: frozenset[str] = frozenset()
 
     @property
     def all_meta(self) -> list[dict]:
-        """The meta_info of every request the tier sent this server (token ids, text, sampled): what /server_info's
-        lifetime counters count."""
+        """The meta_info of every request the tier sent this server (token ids, text, sampled, every family)."""
+        return self.info_meta + [
+            m for family in self.sent_after_info for x in self.surface.get(family, []) for m in x.metas
+        ]
+
+    @property
+    def info_meta(self) -> list[dict]:
+        """The meta_info of the requests answered before server_info_after was read: what its lifetime counters
+        count."""
         return (
             self.id_meta
             + self.text_meta
             + self.sampled_meta
-            + [m for exchanges in self.surface.values() for x in exchanges for m in x.metas]
+            + [
+                m
+                for family, exchanges in self.surface.items()
+                if family not in self.sent_after_info
+                for x in exchanges
+                for m in x.metas
+            ]
         )
 
     def exchanges(self, family: str) -> list:

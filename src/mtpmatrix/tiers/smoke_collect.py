@@ -169,8 +169,9 @@ def collect(job: SmokeJob, options: ServerOptions, *, log_name: str | None = Non
     )
     try:
         _launch(server, run, on_start)
-        _exercise(server, run)
+        last = _exercise(server, run)
         run.server_info_after = server.server_info()
+        _exercise_last(server, run, last)
     except KeyboardInterrupt:  # Ctrl-C stops the tier, not just this server
         raise
     except BaseException as exc:  # kept for the tests, which re-raise it with its classification
@@ -193,13 +194,15 @@ def _launch(server, run: SmokeRun, on_start) -> None:
     run.server_info_before = server.server_info()
 
 
-def _exercise(server, run: SmokeRun) -> None:
-    """Send the tier's own requests and every request family's, keep what came back; a failed request of the tier's
-    own is the server's failure (raised), a family's stays with its exchange."""
+def _exercise(server, run: SmokeRun) -> list:
+    """Send the tier's own requests and every request family's but the LAST ones (returned, to send once the server
+    has been read), keep what came back; a failed request of the tier's own is the server's failure (raised), a
+    family's stays with its exchange."""
     t1 = time.monotonic()
     own, plan = _own_requests(run.spec, run.vocab_size)
+    rest, last = surface.split_last(surface.requests_for(run.spec, run.vocab_size))
     # every family's requests in the same batch as the rest: mixed request kinds in flight together
-    labelled, alone = surface.split_alone(surface.requests_for(run.spec, run.vocab_size))
+    labelled, alone = surface.split_alone(rest)
     results = _send(server, own + [payload for _f, _l, payload in labelled], [payload for _f, _l, payload in alone])
     run.request_seconds = round(time.monotonic() - t1, 2)
     # a family's failed request stays with its exchange: whether the release refuses what it asks is that
@@ -208,6 +211,25 @@ def _exercise(server, run: SmokeRun) -> None:
     results = results[: len(own)]
     _raise_on_failed(server, results)
     _keep_answers(run, results, plan)
+    return last
+
+
+def _exercise_last(server, run: SmokeRun, last: list) -> None:
+    """Send the LAST families' requests in one batch (their own mix) and keep what came back beside the others'; when
+    the connection went with the server, each failed request's error names the server log's cause, the signature a
+    known-upstream entry matches."""
+    if not last:
+        return
+    results = client.run_batch(server.base_url, [p for _f, _l, p in last], parallel=min(len(last), CLIENT_PARALLEL))
+    errors = [r.error for r in results if r.error]
+    if errors and (not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST)):
+        cause = server.exit_cause()
+        if cause:
+            for r in results:
+                r.error = f"{r.error}; server log: {cause}" if r.error else r.error
+    for family, exchanges in surface.collate(last, results).items():
+        run.surface[family] = exchanges
+    run.sent_after_info = frozenset(f for f, _l, _p in last)
 
 
 def _own_requests(spec, vocab_size: int) -> tuple[list[dict], list]:

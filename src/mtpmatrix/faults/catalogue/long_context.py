@@ -66,11 +66,13 @@ LONG_CONTEXT_MUTANTS: tuple[Mutant, ...] = (
             Site(TRITON_BACKEND, _SWA_EAGER_23, _one_short(_SWA_EAGER_23)),  # 0.5.23
         ),
         servers=LONG,
-        expect="test_long_requests_run_to_the_limit and test_long_match_no_mtp on long-witness-mtp-topk1 / "
-        "-topk3-paged (and the abort neighbours): past position 63 the long witness's next token is the successor "
-        "of the member at the window's far edge (63 back), which the root node no longer sees, so the first token "
-        "of every verify step leaves the rule; the custom mask stays aligned (offset and row both move by one), so "
-        "nothing crashes. long-witness-nomtp passes: decode builds its window elsewhere. Models sglang PR #9279 "
+        expect="test_long_requests_run_to_the_limit on long-witness-mtp-topk1 / -topk3-paged (and the abort "
+        "neighbours): past position 63 the long witness's next token is the successor of the member at the "
+        "window's far edge (63 back), which the root node no longer sees, so the first token of every verify step "
+        "leaves the rule; the custom mask stays aligned (offset and row both move by one), so nothing crashes. "
+        "test_long_match_no_mtp cannot see it: intact sglang's no-MTP decode reads the same window one key short "
+        "(known upstream sglang-triton-swa-decode-window-one-short), so the two agree. long-witness-nomtp's own "
+        "checks are unchanged: decode builds its window elsewhere. Models sglang PR #9279 "
         "(EAGLE verify on sliding-window layers read outside the window on the Triton backend). No old check "
         "sees it: no other pair's target output depends on attention past the window",
     ),

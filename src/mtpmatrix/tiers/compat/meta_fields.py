@@ -22,11 +22,14 @@ Cited (installed sources; ``tokenizer_manager.py`` meta_info writes / the counte
 Not checked: ``spec_cap_length``, ``spec_block_accept_length``, ``spec_cap_lens_histogram`` (0.5.17, 0.5.23), written
 only in ragged-verify mode (``SGLANG_RAGGED_VERIFY_MODE``), which the tier does not run.
 
-So, per request (N = completion_tokens, S = draft steps): sum(H) = V, sum(k * H[k]) = C, no step accepts more than S
-drafts, and the *tail rule*: N counts the prefill token plus every token the verify steps accepted (C + V), except
-that the last step may accept up to S tokens past max_new_tokens, which the response drops, so
-N - 1 <= C + V <= N - 1 + S. In aggregate, /server_info's avg_spec_accept_length must lie where the requests'
-counters put it (``server_accept_outside``).
+So, per request (N = completion_tokens, S = draft steps, R = num_retractions): sum(H) = V, sum(k * H[k]) = C, no
+step accepts more than S drafts, and the *tail rule*: N counts the prefill token, one token per re-prefill after a
+retraction (Req.reset_for_retract keeps the output; the re-prefill of prompt + output samples the next token, no
+verify step: 0.5.13-0.5.23) and every token the verify steps accepted (C + V), except that the last step may accept
+up to S tokens past max_new_tokens, which the response drops, so N - 1 - R <= C + V <= N - 1 - R + S
+(``verified_tokens``; the long family's exact counters, surface.long_context.predicted_counters, stand on the same
+count). In aggregate, /server_info's avg_spec_accept_length must lie where the requests' counters put it
+(``server_accept_outside``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,18 @@ def _close(a, b) -> bool:
     return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=REL_TOL, abs_tol=REL_TOL)
 
 
+def verified_tokens(completion: int, retractions: int) -> int:
+    """The completion tokens a request's verify steps produced (the tail rule's N - 1 - R): all but the prefill's
+    token and one per re-prefill after a retraction."""
+    return completion - 1 - retractions
+
+
+def retractions_of(meta: dict) -> int:
+    """meta_info num_retractions (every release 0.5.13-0.5.23 writes it for a request the scheduler finished)."""
+    r = meta.get("num_retractions", 0)
+    return r if isinstance(r, int) and r >= 0 else 0
+
+
 def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, steps: int) -> list[str]:
     """What is wrong with one response's speculative fields (empty when they all agree); each item one phrase."""
     n = meta.get("completion_tokens")
@@ -104,11 +119,13 @@ def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, ste
         out.append(f"histogram accepts {weighted} drafts, spec_num_correct_drafts {c}")
     if any(hist[steps + 1 :]):
         out.append(f"histogram has a step accepting more than {steps} drafts: {hist}")
-    if not (n - 1 <= c + v <= n - 1 + steps):
+    r = retractions_of(meta)
+    kept = verified_tokens(n, r)
+    if not (kept <= c + v <= kept + steps):
         out.append(
-            f"accepted tokens (correct drafts + verify steps) {c} + {v} = {c + v} outside [{n - 1}, "
-            f"{n - 1 + steps}], what {n} completion tokens allow (prefill token + accepted, the last step "
-            f"cut by at most {steps})"
+            f"accepted tokens (correct drafts + verify steps) {c} + {v} = {c + v} outside [{kept}, "
+            f"{kept + steps}], what {n} completion tokens after {r} retraction(s) allow (prefill token, one per "
+            f"re-prefill, + accepted, the last step cut by at most {steps})"
         )
     return out
 
@@ -117,15 +134,16 @@ def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] |
     """Where /server_info's avg_spec_accept_length must lie given the requests' own counters.
 
     The server divides all tokens its verify steps accepted (drafts + bonus) by the number of verify steps. Each
-    request's completion tokens are its prefill token plus what its verify steps accepted, except that a request's
-    last step may accept up to ``steps`` tokens past max_new_tokens (counted by the server, cut from the response).
-    So the server's value lies in [sum(completion - 1) / V, (sum(completion - 1) + steps * requests) / V], V the
-    requests' verify steps, and never above steps + 1. None when the requests ran no verify step.
+    request's completion tokens are its prefill token, one per re-prefill after a retraction and what its verify
+    steps accepted (``verified_tokens``), except that a request's last step may accept up to ``steps`` tokens past
+    max_new_tokens (counted by the server, cut from the response). So the server's value lies in [sum(verified) / V,
+    (sum(verified) + steps * requests) / V], V the requests' verify steps, and never above steps + 1. None when the
+    requests ran no verify step.
     """
     verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
     if not verify:
         return None
-    kept = sum(max(0, (m.get("completion_tokens", 0) or 0) - 1) for m in metas)
+    kept = sum(max(0, verified_tokens(m.get("completion_tokens", 0) or 0, retractions_of(m))) for m in metas)
     lo = kept / verify
     hi = min(steps + 1.0, (kept + steps * len(metas)) / verify)
     return round(lo, 4), round(hi, 4)

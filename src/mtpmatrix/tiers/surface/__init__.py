@@ -19,7 +19,14 @@ name labels in
                                                 requests' batches run beside them: sent after that batch, one at
                                                 a time with nothing else in flight (``split_alone``)
 
-so that the MTP and no-MTP servers answer them on the same schedule and the comparison sees MTP, not timing.
+so that the MTP and no-MTP servers answer them on the same schedule and the comparison sees MTP, not timing. And a
+family may say
+
+    LAST: bool                                  its requests can kill a release's server (a measured crash, named
+                                                where the family sets it): all of them are sent in a batch of their
+                                                own after every other request and after the tier's own last read of
+                                                the server (/server_info), so a crash costs only this family's
+                                                checks (``split_last``)
 """
 
 from __future__ import annotations
@@ -89,6 +96,12 @@ def requests_for(spec, vocab_size: int) -> list[tuple[str, str, dict]]:
     for family in families():
         out += [(family.NAME, label, payload) for label, payload in family.requests(spec, vocab_size)]
     return out
+
+
+def split_last(labelled: list[tuple[str, str, dict]]) -> tuple[list, list]:
+    """(rest, last): ``requests_for``'s requests split by whether their family is LAST, each part in order."""
+    last = {family.NAME for family in families() if getattr(family, "LAST", False)}
+    return [x for x in labelled if x[0] not in last], [x for x in labelled if x[0] in last]
 
 
 def split_alone(labelled: list[tuple[str, str, dict]]) -> tuple[list, list]:

@@ -51,6 +51,7 @@ from mtpmatrix.core.smoke_servers import LONG_CONTEXT_LEN, page_size
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.serving.abort import AbortMidBatch
 from mtpmatrix.serving.client import Call
+from mtpmatrix.tiers.compat import meta_fields
 from mtpmatrix.tiers.surface import both_answered
 
 NAME = "long_context"
@@ -155,8 +156,34 @@ def finish_type(meta: dict) -> str | None:
     return reason.get("type") if isinstance(reason, dict) else reason
 
 
-def _exact(label: str, prompt: list[int], response: dict, want_new: int) -> list[str]:
-    """A request that must finish "length" after ``want_new`` tokens of the rule."""
+# What a no-MTP long request's failure says when its output is sglang's Triton decode one key short
+# (``decode_reads_short``): the phrase the known-upstream entry sglang-triton-swa-decode-window-one-short matches.
+DECODE_SHORT = "decodes with the sliding window one key short"
+
+
+def pair_text(family: str = "e-series") -> dict:
+    """The long witness's target text config (its window and sliding RoPE decide every read; the same in every
+    family of the tiny pairs)."""
+    from mtpmatrix.pairs.tiny import configs
+
+    return configs.target_template(family, PAIR)["text_config"]
+
+
+def decode_reads_short(kinds: str, retractions: int) -> bool:
+    """Whether a no-MTP output's reads (long_witness.read_kinds) are what sglang's Triton backend serves: the prefill's
+    token read at the window's edge, every decode token through a window one key short (update_sliding_window_buffer
+    keeps min(seq_len, sliding_window_size) keys; its extend kernel and transformers keep one more: sglang#32087,
+    issue #34354; read in 0.5.13, 0.5.17 and 0.5.23), but for at most one token per retraction (a re-prefill reads
+    the edge again), and at least one token that the short window changes. No token any other read gives."""
+    if not kinds or long_witness.READ_OTHER in kinds or long_witness.READ_SHORT not in kinds:
+        return False
+    edge = (long_witness.READ_RULE, long_witness.READ_BOTH)
+    return kinds[0] in edge and kinds[1:].count(long_witness.READ_RULE) <= retractions
+
+
+def _exact(label: str, prompt: list[int], response: dict, want_new: int, mtp: bool = True) -> list[str]:
+    """A request that must finish "length" after ``want_new`` tokens of the rule; on a no-MTP server (``mtp``
+    false) an output that is the Triton decode one key short is said so (``DECODE_SHORT``), last."""
     got = list(response.get("output_ids") or [])
     meta = response.get("meta_info") or {}
     out = []
@@ -169,9 +196,19 @@ def _exact(label: str, prompt: list[int], response: dict, want_new: int) -> list
         )
     rule = expected(prompt, want_new)
     first = next((i for i, (a, b) in enumerate(zip(got, rule)) if a != b), None)
-    if first is not None:
-        out.append(f"{label}: token {first} is {got[first]}, the long witness's rule gives {rule[first]}")
-    return out
+    if first is None:
+        return out
+    kinds = long_witness.read_kinds(prompt, got, pair_text())
+    if not mtp and decode_reads_short(kinds, meta_fields.retractions_of(meta)):
+        short = kinds.count(long_witness.READ_SHORT)
+        return out + [f"{label}: {DECODE_SHORT} ({short} of {len(got)} tokens read so; token {first} is {got[first]})"]
+    return out + [f"{label}: token {first} is {got[first]}, the long witness's rule gives {rule[first]}"]
+
+
+def known_last(problems: list[str]) -> list[str]:
+    """``problems`` with the Triton decode's (``DECODE_SHORT``) after every other: a check's failure names its first
+    problem, so it names the known deviation only when nothing else is wrong."""
+    return sorted(problems, key=lambda p: DECODE_SHORT in p)
 
 
 def predicted_counters(completion: int, retractions: int, steps: int = settings.NUM_STEPS) -> dict:
@@ -189,7 +226,7 @@ def predicted_counters(completion: int, retractions: int, steps: int = settings.
     where all previous steps kept ``steps`` + 1 tokens, so spec_verify_ct = ceil((completion - 1 - retractions) /
     (steps + 1)) exactly (an abort after a retraction but before its re-prefill leaves one prefill token fewer: the
     ceiling absorbs it). Exact, not a floor: one lost draft lowers spec_num_correct_drafts by one."""
-    verify = max(0, -(-(completion - 1 - retractions) // (steps + 1)))
+    verify = max(0, -(-meta_fields.verified_tokens(completion, retractions) // (steps + 1)))
     return {
         "completion_tokens": completion,
         "spec_verify_ct": verify,
@@ -258,7 +295,11 @@ def own_problems(spec, exchanges) -> list[str]:
         length_problems(spec, exchanges)
         + cache_problems(spec, by.get("prefix-repeat"))
         + accept_problems(spec, exchanges)
-        + (abort_problems(by["abort"], limit_new(spec.topk, PROMPT)) if "abort" in by else ["abort: not sent"])
+        + (
+            abort_problems(by["abort"], limit_new(spec.topk, PROMPT), mtp=bool(spec.topk))
+            if "abort" in by
+            else ["abort: not sent"]
+        )
     )
 
 
@@ -277,8 +318,8 @@ def length_problems(spec, exchanges) -> list[str]:
                 out.append(f"{x.label}: request failed: {x.error}")
             else:
                 n = want if x.label.startswith("limit-") else PREFIX_NEW
-                out += _exact(x.label, x.payload["input_ids"], x.response, n)
-    return out
+                out += _exact(x.label, x.payload["input_ids"], x.response, n, mtp=bool(spec.topk))
+    return known_last(out)
 
 
 def cache_problems(spec, repeat) -> list[str]:
@@ -295,7 +336,7 @@ def cache_problems(spec, repeat) -> list[str]:
     return []
 
 
-def abort_problems(x, want: int) -> list[str]:
+def abort_problems(x, want: int, mtp: bool = True) -> list[str]:
     """The abort exchange: every neighbour exact to the limit, the victim ended by the abort with a rule prefix."""
     if not x.response.get("aborted_mid_batch"):
         return [f"abort: the abort was not sent mid-batch ({x.response.get('abort_note')}): nothing was tested"]
@@ -305,7 +346,7 @@ def abort_problems(x, want: int) -> list[str]:
         return [f"abort: {len(outputs)} answers for {len(item.neighbours) + 1} requests"]
     out = []
     for i, (body, resp) in enumerate(zip(item.neighbours, outputs)):
-        out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want)
+        out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want, mtp=mtp)
     victim = outputs[-1]
     meta = victim.get("meta_info") or {}
     got = list(victim.get("output_ids") or [])
@@ -315,8 +356,10 @@ def abort_problems(x, want: int) -> list[str]:
         out.append(f"abort victim: {len(got)} tokens, the whole {want}: the abort did not stop it")
     rule = expected(item.victim["input_ids"], len(got))
     if got != rule:
-        out.append(f"abort victim: its {len(got)} tokens leave the rule")
-    return out
+        kinds = long_witness.read_kinds(item.victim["input_ids"], got, pair_text())
+        short = not mtp and decode_reads_short(kinds, meta_fields.retractions_of(meta))
+        out.append(f"abort victim: {DECODE_SHORT}" if short else f"abort victim: its {len(got)} tokens leave the rule")
+    return known_last(out)
 
 
 def served_outputs(exchanges) -> list[tuple[str, list[int], list[int]]]:
@@ -349,18 +392,29 @@ def reads(exchanges, text: dict) -> dict[str, dict]:
 
 def against_reference(exchanges, reference) -> list[str]:
     """MTP output equals the no-MTP twin's: token for token where both ran (an MTP server stops earlier, by its
-    reserved slots), exactly for the prefix pair and the abort's neighbours."""
+    reserved slots), exactly for the prefix pair and the abort's neighbours. Where they differ because the twin's
+    output is the Triton decode one key short (``decode_reads_short``) and the MTP output is the rule's, the problem
+    says so (``DECODE_SHORT``), after every other."""
     out = []
     for x, r in both_answered(exchanges, reference):
         if x.label == "over-limit":
             continue
         if x.label == "abort":
+            prompts = [b["input_ids"] for b in x.payload.neighbours]
             mine = [o.get("output_ids") or [] for o in (x.response.get("outputs") or [])[:-1]]
-            theirs = [o.get("output_ids") or [] for o in (r.response.get("outputs") or [])[:-1]]
+            twin = (r.response.get("outputs") or [])[:-1]
         else:
-            mine, theirs = [x.output_ids], [r.output_ids]
-        for k, (a, b) in enumerate(zip(mine, theirs)):
+            prompts, mine, twin = [x.payload["input_ids"]], [x.output_ids], [r.response]
+        for k, (prompt, a, t) in enumerate(zip(prompts, mine, twin)):
+            b = list(t.get("output_ids") or [])
             n = min(len(a), len(b))
-            if a[:n] != b[:n] or (x.label.startswith("prefix-") and a != b):
-                out.append(f"{x.label}{f' neighbour {k}' if x.label == 'abort' else ''}: output differs from no-MTP's")
-    return out
+            if a[:n] == b[:n] and not (x.label.startswith("prefix-") and a != b):
+                continue
+            label = f"{x.label}{f' neighbour {k}' if x.label == 'abort' else ''}"
+            retractions = meta_fields.retractions_of(t.get("meta_info") or {})
+            twin_short = decode_reads_short(long_witness.read_kinds(prompt, b, pair_text()), retractions)
+            if twin_short and list(a) == expected(prompt, len(a)):
+                out.append(f"{label}: the no-MTP twin {DECODE_SHORT}; the MTP output is the rule's")
+            else:
+                out.append(f"{label}: output differs from no-MTP's")
+    return known_last(out)

@@ -17,6 +17,10 @@ from mtpmatrix.tiers.surface import both_answered
 from mtpmatrix.tiers.surface.logprobs import GAP, OWN_FLOOR, TOLERANCE_NATS, chain_prompt, position_label
 
 NAME = "token_ids_logprob"
+# sglang 0.5.17's overlap scheduler dies on this family's decode step (batch_result_processor._normalize_decode_outputs
+# calls .tolist() on a list; H200 2026-12-05, docs/runs/2026-12-05-h200-sglang-0.5.17-new-families-first-run.md), the
+# no-MTP server too: sent last, so the crash costs this family's checks, not every family after it on the server.
+LAST = True
 PAIR = "witness-sglang-phase"
 REFERENCE_SERVER = "witness-nomtp"
 MAX_NEW_TOKENS = 32
