@@ -75,9 +75,7 @@ def test_long_abort_leaves_neighbours_exact(smoke_runs, name, record_property):
     if x.error:
         raise CheckFailure("crash", f"abort group: {x.error}")
     record_property("abort_note", x.response.get("abort_note"))
-    problems = long_context.abort_problems(
-        x, long_context.limit_new(run.spec.topk, long_context.PROMPT), mtp=bool(run.spec.topk)
-    )
+    problems = long_context.abort_problems(x, long_context.limit_new(run.spec.topk, long_context.PROMPT), run.spec.topk)
     _fail("harness" if problems and "nothing was tested" in problems[0] else "mismatch", problems, "the abort group")
 
 
@@ -89,7 +87,7 @@ def test_long_match_no_mtp(smoke_runs, name, record_property):
         pytest.skip(f"{long_context.REFERENCE_SERVER} not selected (MTPMATRIX_SMOKE_SERVERS)")
     reference = replay_run(smoke_runs[long_context.REFERENCE_SERVER], record_property)
     _run, exchanges = _exchanges(smoke_runs, name, record_property)
-    problems = long_context.against_reference(exchanges, reference.exchanges(long_context.NAME))
+    problems = long_context.against_reference(exchanges, reference.exchanges(long_context.NAME), _run.spec.topk)
     _fail("mismatch", problems, f"{len(exchanges)} {long_context.NAME} requests")
 
 

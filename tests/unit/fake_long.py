@@ -33,6 +33,9 @@ and what intact sglang's no-MTP server does on the Triton backend (not a fault o
 
   decode-one-short    (no MTP) the prefill's token is the rule's; every decode token reads through a window one key
                       short (long_witness.predicted_next with visible_max sliding_window - 2: offset 51)
+  tree-by-index       (topk > 1) each verify step keeps the root's and its top child's tokens (the rule's: two
+                      drafts accepted) and a bonus read through a short window (the depth-2 node's index is past its
+                      depth); sglang 0.5.17's Triton extend kernel, measured on the topk 3 paged server the same day
 
 ``retract_after`` (not a fault) retracts every request once after that many verify steps: the re-prefill
 of prompt + output yields one token without a verify step, as sglang's does (meta_info num_retractions 1).
@@ -68,6 +71,9 @@ from mtpmatrix.tiers.surface import long_context
 
 HOLD_S = 60.0
 ROOT_SHORT_READ = 51  # the sliding owner's read with the edge (63 back) out of reach (docs/pairs.md, long witness)
+
+
+TREE_KEPT = 2  # tree-by-index: drafts a verify step accepts before the node read short
 
 
 class LongWitnessShapes:
@@ -115,11 +121,17 @@ class LongWitnessShapes:
         return (min(best, len(prompt) - 1) - pairs) // self.page * self.page
 
     def _rule(self, prompt: list[int], n: int) -> list[int]:
-        if self.broken == "decode-one-short" and not self.topk and n >= 2:
+        short = (self.broken == "decode-one-short" and not self.topk) or (
+            self.broken == "tree-by-index" and (self.topk or 0) > 1
+        )
+        if short and n >= 2:
             ids = prompt + long_context.expected(prompt, 1)
             text = long_context.pair_text()
             while len(ids) < len(prompt) + n:
-                ids.append(long_witness.predicted_next(ids, text, visible_max=long_context.WINDOW - 2)[-1])
+                k = len(ids) - len(prompt)  # output position; under the tree, every third from 3 is a step's bonus
+                read_short = self.broken == "decode-one-short" or k % (TREE_KEPT + 1) == 0
+                window = long_context.WINDOW - (2 if read_short else 1)
+                ids.append(long_witness.predicted_next(ids, text, visible_max=window)[-1])
             return ids[len(prompt) :]
         if self.broken != "root-reads-short" or not self.topk or n < 2:
             return long_context.expected(prompt, n)
@@ -137,7 +149,9 @@ class LongWitnessShapes:
                 retractions, produced = 1, produced + 1  # the re-prefill's token
                 continue
             accepted = steps
-            if self.broken == "view-drops-cached" and cached:
+            if self.broken == "tree-by-index" and self.topk > 1:
+                accepted = TREE_KEPT
+            elif self.broken == "view-drops-cached" and cached:
                 accepted = 0
             elif not rounds and self.broken in ("first-round-lost", "one-draft-lost"):
                 accepted = 0 if self.broken == "first-round-lost" else steps - 1

@@ -113,7 +113,7 @@ def test_a_victim_aborted_in_the_waiting_queue_passes(name):
     # the answer as sglang sends it, not rebuilt from the stream: its one token is the victim's second, not its first
     raw = {**victim, "output_ids": victim["output_ids"][-1:]}
     sent = surface.Exchange("abort", ab.payload, {**ab.response, "outputs": [*ab.response["outputs"][:-1], raw]})
-    assert long_context.abort_problems(sent, long_context.limit_new(spec.topk, long_context.PROMPT)) == [
+    assert long_context.abort_problems(sent, long_context.limit_new(spec.topk, long_context.PROMPT), spec.topk) == [
         "abort victim: its 1 tokens leave the rule"
     ]
     # a victim the scheduler finished carries num_retractions; the acceptance check still holds it
@@ -173,7 +173,7 @@ def test_an_abort_not_sent_mid_batch_tests_nothing():
         got = abort.run(fake.base_url, lone)
     assert not got["aborted_mid_batch"] and "finished first" in got["abort_note"]
     x = surface.Exchange("abort", item, got)
-    assert long_context.abort_problems(x, 94)[0].startswith("abort: the abort was not sent mid-batch")
+    assert long_context.abort_problems(x, 94, None)[0].startswith("abort: the abort was not sent mid-batch")
 
 
 # ------------------------------------------------------------------------------------------- each request's acceptance
@@ -330,6 +330,55 @@ def test_the_triton_decode_one_key_short_is_named_and_matches_its_entry_only(tmp
         tier.test_long_requests_run_to_the_limit(runs, name, lambda *_: None)
         tier.test_long_abort_leaves_neighbours_exact(runs, name, lambda *_: None)
         tier.test_long_accept_exact(runs, name, lambda *_: None)
+
+
+def _known_id(check_id: str, failure: CheckFailure) -> str | None:
+    """The known-upstream entry (of every entry) that matches this failure of ``check_id``, or None."""
+    from mtpmatrix.core import known_upstream
+
+    record = {
+        "id": check_id,
+        "outcome": "failed",
+        "failure": {"kind": failure.kind, "type": "CheckFailure", "message": str(failure)},
+    }
+    return next((k.id for k in known_upstream.load() if k.matches(record)), None)
+
+
+def test_the_tree_verify_by_index_is_named_and_matches_its_entries(tmp_path):
+    # sglang 0.5.17's topk 3 server on the H200 (2026-12-05): each verify step keeps 2 drafts, then a bonus read short
+    tier = _tier_module()
+    runs = _runs(tmp_path, "tree-by-index")  # the topk 1 server is untouched by it (index = depth)
+    name = "long-witness-mtp-topk3-paged"
+    for check, entry in (
+        (tier.test_long_requests_run_to_the_limit, "sglang-triton-swa-tree-verify-window-by-index"),
+        (tier.test_long_abort_leaves_neighbours_exact, "sglang-triton-swa-tree-verify-window-by-index"),
+        (tier.test_long_match_no_mtp, "sglang-triton-swa-tree-verify-window-by-index"),
+        (tier.test_long_accept_exact, "sglang-triton-swa-tree-verify-window-by-index-acceptance"),
+    ):
+        with pytest.raises(CheckFailure) as failed:
+            check(runs, name, lambda *_: None)
+        assert long_context.TREE_SHORT in str(failed.value), str(failed.value)
+        assert _known_id(f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]", failed.value) == entry
+    for check in (tier.test_long_requests_run_to_the_limit, tier.test_long_accept_exact, tier.test_long_match_no_mtp):
+        check(runs, "long-witness-mtp-topk1", lambda *_: None)
+    # beside the no-MTP twin as 0.5.17 decodes it: the match names both, the first entry to match takes it
+    runs = _runs(tmp_path, "tree-by-index", twin="decode-one-short")
+    with pytest.raises(CheckFailure) as failed:
+        tier.test_long_match_no_mtp(runs, name, lambda *_: None)
+    assert f"the no-MTP twin {long_context.DECODE_SHORT}; the MTP output {long_context.TREE_SHORT}" in str(failed.value)
+    assert _known_id(f"tests/tiers/test_smoke_long.py::test_long_match_no_mtp[{name}]", failed.value)
+
+
+def test_the_tree_signature_is_two_kept_before_each_short_read():
+    assert long_context.tree_reads_short("rrrs=rsrrs") and long_context.tree_reads_short("rrrsrrrs")
+    assert not long_context.tree_reads_short("rsss")  # the root read short (swa-verify-window-short)
+    assert not long_context.tree_reads_short("rrrsrs")  # a step that kept one draft
+    assert not long_context.tree_reads_short("srrs") and not long_context.tree_reads_short("rrrxrrs")
+    assert not long_context.tree_reads_short("rrrrr")  # nothing short: not this deviation
+    # on the MTP servers the root reading short (the catalogue's mutant) is never excused
+    assert long_context.known_reads("rssss", 3, 0) is None and long_context.known_reads("rssss", 1, 0) is None
+    assert long_context.known_reads("rssss", None, 0) == long_context.DECODE_SHORT
+    assert long_context.known_reads("rrrsrrs", 1, 0) is None  # topk 1 verifies a chain: index = depth
 
 
 def test_the_known_signature_never_covers_another_fault(tmp_path):

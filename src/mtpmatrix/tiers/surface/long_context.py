@@ -156,9 +156,13 @@ def finish_type(meta: dict) -> str | None:
     return reason.get("type") if isinstance(reason, dict) else reason
 
 
-# What a no-MTP long request's failure says when its output is sglang's Triton decode one key short
-# (``decode_reads_short``): the phrase the known-upstream entry sglang-triton-swa-decode-window-one-short matches.
+# What a long request's failure says when its output is one of sglang's measured Triton sliding-window deviations,
+# each the phrase its known-upstream entry matches: a no-MTP server's decode one key short (``decode_reads_short``;
+# sglang-triton-swa-decode-window-one-short), a topk > 1 server's tree verify windowed by node index
+# (``tree_reads_short``; sglang-triton-swa-tree-verify-window-by-index).
 DECODE_SHORT = "decodes with the sliding window one key short"
+TREE_SHORT = "verifies tree nodes through sliding windows short by their index past their depth"
+KNOWN_READS = (DECODE_SHORT, TREE_SHORT)
 
 
 def pair_text(family: str = "e-series") -> dict:
@@ -181,9 +185,30 @@ def decode_reads_short(kinds: str, retractions: int) -> bool:
     return kinds[0] in edge and kinds[1:].count(long_witness.READ_RULE) <= retractions
 
 
-def _exact(label: str, prompt: list[int], response: dict, want_new: int, mtp: bool = True) -> list[str]:
-    """A request that must finish "length" after ``want_new`` tokens of the rule; on a no-MTP server (``mtp``
-    false) an output that is the Triton decode one key short is said so (``DECODE_SHORT``), last."""
+def tree_reads_short(kinds: str) -> bool:
+    """Whether an MTP output's reads (topk > 1) are what sglang's Triton extend kernel serves for a draft tree: it
+    windows each node's prefix by the node's index in the flattened tree, not its depth (extend_attention.py's prefix
+    stage: q_id = prefix_len + cur_m; read in 0.5.17; sglang PR #39287, open), so a node whose index is past its depth
+    reads through a window short by the difference (every such window ends at 51..62 back, whose best read is 51).
+    The root (index 0) and its top child (index 1, the drafter's first choice) are right: every verify step keeps at
+    least two of the rule's tokens before the one it reads short (the step's bonus). So: the prefill's token at the
+    edge, no token any other read gives, at least one short read, and at least two tokens that are not before each."""
+    edge = (long_witness.READ_RULE, long_witness.READ_BOTH)
+    if not kinds or long_witness.READ_OTHER in kinds or long_witness.READ_SHORT not in kinds or kinds[0] not in edge:
+        return False
+    return all(len(run) >= 2 for run in kinds.split(long_witness.READ_SHORT)[:-1])
+
+
+def known_reads(kinds: str, topk: int | None, retractions: int) -> str | None:
+    """The known deviation (a KNOWN_READS phrase) an output's reads are, on a server of ``topk``; None for any other."""
+    if not topk:
+        return DECODE_SHORT if decode_reads_short(kinds, retractions) else None
+    return TREE_SHORT if topk > 1 and tree_reads_short(kinds) else None
+
+
+def _exact(label: str, prompt: list[int], response: dict, want_new: int, topk: int | None) -> list[str]:
+    """A request that must finish "length" after ``want_new`` tokens of the rule; an output that is one of the known
+    Triton deviations on a server of ``topk`` is said so (``known_reads``)."""
     got = list(response.get("output_ids") or [])
     meta = response.get("meta_info") or {}
     out = []
@@ -199,16 +224,17 @@ def _exact(label: str, prompt: list[int], response: dict, want_new: int, mtp: bo
     if first is None:
         return out
     kinds = long_witness.read_kinds(prompt, got, pair_text())
-    if not mtp and decode_reads_short(kinds, meta_fields.retractions_of(meta)):
+    known = known_reads(kinds, topk, meta_fields.retractions_of(meta))
+    if known:
         short = kinds.count(long_witness.READ_SHORT)
-        return out + [f"{label}: {DECODE_SHORT} ({short} of {len(got)} tokens read so; token {first} is {got[first]})"]
+        return out + [f"{label}: {known} ({short} of {len(got)} tokens read so; token {first} is {got[first]})"]
     return out + [f"{label}: token {first} is {got[first]}, the long witness's rule gives {rule[first]}"]
 
 
 def known_last(problems: list[str]) -> list[str]:
-    """``problems`` with the Triton decode's (``DECODE_SHORT``) after every other: a check's failure names its first
-    problem, so it names the known deviation only when nothing else is wrong."""
-    return sorted(problems, key=lambda p: DECODE_SHORT in p)
+    """``problems`` with the known deviations' (KNOWN_READS) after every other: a check's failure names its first
+    problem, so it names a known deviation only when nothing else is wrong."""
+    return sorted(problems, key=lambda p: any(k in p for k in KNOWN_READS))
 
 
 def predicted_counters(completion: int, retractions: int, steps: int = settings.NUM_STEPS) -> dict:
@@ -268,6 +294,7 @@ def accept_problems(spec, exchanges) -> list[str]:
 
     if not spec.topk:
         return []
+    served = {label: (prompt, output) for label, prompt, output in served_outputs(exchanges)}
     out = []
     for label, meta in accept_metas(exchanges):
         completion, retractions = meta.get("completion_tokens"), meta.get("num_retractions")
@@ -283,9 +310,20 @@ def accept_problems(spec, exchanges) -> list[str]:
                 out.append(f"{label}: spec_verify_ct {meta['spec_verify_ct']} for {completion} token(s) from prefill")
             continue
         bad = counter_mismatches(want, meta)
-        if bad:
+        if bad and _tree_counters(spec.topk, meta, served.get(label)):
+            out.append(f"{label}: {TREE_SHORT} ({'; '.join(bad)})")
+        elif bad:
             out.append(f"{label}: {'; '.join(bad)} (predicted: every draft accepted, {retractions} retraction(s))")
-    return out
+    return known_last(out)
+
+
+def _tree_counters(topk: int, meta: dict, served: tuple[list[int], list[int]] | None) -> bool:
+    """Whether a request's lost drafts are the tree verify's windows by index (``tree_reads_short``): no verify step
+    kept fewer than the root's and its top child's drafts, and the output reads so."""
+    hist = meta.get("spec_correct_drafts_histogram")
+    if topk < 2 or served is None or not isinstance(hist, list) or any(hist[:2]):
+        return False
+    return tree_reads_short(long_witness.read_kinds(served[0], served[1], pair_text()))
 
 
 def own_problems(spec, exchanges) -> list[str]:
@@ -296,7 +334,7 @@ def own_problems(spec, exchanges) -> list[str]:
         + cache_problems(spec, by.get("prefix-repeat"))
         + accept_problems(spec, exchanges)
         + (
-            abort_problems(by["abort"], limit_new(spec.topk, PROMPT), mtp=bool(spec.topk))
+            abort_problems(by["abort"], limit_new(spec.topk, PROMPT), spec.topk)
             if "abort" in by
             else ["abort: not sent"]
         )
@@ -318,7 +356,7 @@ def length_problems(spec, exchanges) -> list[str]:
                 out.append(f"{x.label}: request failed: {x.error}")
             else:
                 n = want if x.label.startswith("limit-") else PREFIX_NEW
-                out += _exact(x.label, x.payload["input_ids"], x.response, n, mtp=bool(spec.topk))
+                out += _exact(x.label, x.payload["input_ids"], x.response, n, spec.topk)
     return known_last(out)
 
 
@@ -336,7 +374,7 @@ def cache_problems(spec, repeat) -> list[str]:
     return []
 
 
-def abort_problems(x, want: int, mtp: bool = True) -> list[str]:
+def abort_problems(x, want: int, topk: int | None) -> list[str]:
     """The abort exchange: every neighbour exact to the limit, the victim ended by the abort with a rule prefix."""
     if not x.response.get("aborted_mid_batch"):
         return [f"abort: the abort was not sent mid-batch ({x.response.get('abort_note')}): nothing was tested"]
@@ -346,7 +384,7 @@ def abort_problems(x, want: int, mtp: bool = True) -> list[str]:
         return [f"abort: {len(outputs)} answers for {len(item.neighbours) + 1} requests"]
     out = []
     for i, (body, resp) in enumerate(zip(item.neighbours, outputs)):
-        out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want, mtp=mtp)
+        out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want, topk)
     victim = outputs[-1]
     meta = victim.get("meta_info") or {}
     got = list(victim.get("output_ids") or [])
@@ -357,8 +395,8 @@ def abort_problems(x, want: int, mtp: bool = True) -> list[str]:
     rule = expected(item.victim["input_ids"], len(got))
     if got != rule:
         kinds = long_witness.read_kinds(item.victim["input_ids"], got, pair_text())
-        short = not mtp and decode_reads_short(kinds, meta_fields.retractions_of(meta))
-        out.append(f"abort victim: {DECODE_SHORT}" if short else f"abort victim: its {len(got)} tokens leave the rule")
+        known = known_reads(kinds, topk, meta_fields.retractions_of(meta))
+        out.append(f"abort victim: {known}" if known else f"abort victim: its {len(got)} tokens leave the rule")
     return known_last(out)
 
 
@@ -390,11 +428,18 @@ def reads(exchanges, text: dict) -> dict[str, dict]:
     return out
 
 
-def against_reference(exchanges, reference) -> list[str]:
+def _follows(prompt: list[int], output: list[int], topk: int | None, retractions: int) -> str | None:
+    """ "follows the rule", the known deviation (``known_reads``) ``output`` is on a server of ``topk``, or None."""
+    if list(output) == expected(prompt, len(output)):
+        return "follows the rule"
+    return known_reads(long_witness.read_kinds(prompt, output, pair_text()), topk, retractions)
+
+
+def against_reference(exchanges, reference, topk: int | None = None) -> list[str]:
     """MTP output equals the no-MTP twin's: token for token where both ran (an MTP server stops earlier, by its
     reserved slots), exactly for the prefix pair and the abort's neighbours. Where they differ because the twin's
-    output is the Triton decode one key short (``decode_reads_short``) and the MTP output is the rule's, the problem
-    says so (``DECODE_SHORT``), after every other."""
+    output is the Triton decode one key short (``decode_reads_short``) and the MTP output (on a server of ``topk``)
+    the rule's or its own known deviation (``known_reads``), the problem says which, after every other."""
     out = []
     for x, r in both_answered(exchanges, reference):
         if x.label == "over-limit":
@@ -411,10 +456,10 @@ def against_reference(exchanges, reference) -> list[str]:
             if a[:n] == b[:n] and not (x.label.startswith("prefix-") and a != b):
                 continue
             label = f"{x.label}{f' neighbour {k}' if x.label == 'abort' else ''}"
-            retractions = meta_fields.retractions_of(t.get("meta_info") or {})
-            twin_short = decode_reads_short(long_witness.read_kinds(prompt, b, pair_text()), retractions)
-            if twin_short and list(a) == expected(prompt, len(a)):
-                out.append(f"{label}: the no-MTP twin {DECODE_SHORT}; the MTP output is the rule's")
+            twin_says = _follows(prompt, b, None, meta_fields.retractions_of(t.get("meta_info") or {}))
+            mine_says = _follows(prompt, a, topk, 0)
+            if twin_says and mine_says:
+                out.append(f"{label}: the no-MTP twin {twin_says}; the MTP output {mine_says}")
             else:
                 out.append(f"{label}: output differs from no-MTP's")
     return known_last(out)
