@@ -26,7 +26,8 @@ def reference(family, smoke_runs, record_property):
     return run.exchanges(family.NAME)
 
 
-def exchanges(family, smoke_runs, name, record_property):
-    """(run, the family's exchanges on server ``name``), every planned request answered (surface.answered)."""
+def exchanges(family, smoke_runs, name, record_property, labels=None):
+    """(run, the family's exchanges on server ``name``), every planned request answered (surface.answered); with
+    ``labels``, those requests only (the others' failures are their own checks')."""
     run = replay_run(smoke_runs[name], record_property)
-    return run, answered(run, family.NAME, len(family.requests(run.spec, run.vocab_size)))
+    return run, answered(run, family.NAME, len(family.requests(run.spec, run.vocab_size)), labels)

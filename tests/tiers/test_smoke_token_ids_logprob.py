@@ -1,4 +1,4 @@
-"""Smoke tier, request family "token_ids_logprob" (mtpmatrix.tiers.surface.token_ids_logprob): logprobs of chosen token ids in mixed batches."""
+"""Smoke tier, request family "token_ids_logprob" (mtpmatrix.tiers.surface.token_ids_logprob): logprobs of chosen token ids in a batch where every request asks, then in a mixed batch."""
 
 from __future__ import annotations
 
@@ -18,8 +18,22 @@ WITNESS_MTP = [s for s in WITNESS if s.topk]
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_token_ids_logprob_as_predicted(smoke_runs, name, record_property):
-    """Each token_ids_logprob request (beside a top-logprob and a plain request): one entry per output position listing exactly the asked ids; the asked id that is the output there at >= logprobs.OWN_FLOOR, every other asked id <= -logprobs.GAP; requests that did not ask get none."""
-    run, exchanges = surface_family.exchanges(token_ids_logprob, smoke_runs, name, record_property)
+    """Each token_ids_logprob request of the batch where every request asks: one entry per output position listing exactly the asked ids; the asked id that is the output there at >= logprobs.OWN_FLOOR, every other asked id <= -logprobs.GAP."""
+    _run, exchanges = surface_family.exchanges(
+        token_ids_logprob, smoke_runs, name, record_property, labels=token_ids_logprob.LAST_FIRST
+    )
+    problems = [p for x in exchanges for p in token_ids_logprob.own_problems(x)]
+    record_property("problems", problems[:20])
+    surface_family.fail(token_ids_logprob, problems, len(exchanges))
+
+
+@pytest.mark.check("mismatch")
+@pytest.mark.parametrize("name", [s.name for s in WITNESS])
+def test_token_ids_logprob_beside_other_requests(smoke_runs, name, record_property):
+    """The mixed batch: an asking request beside a top-logprob request and a plain one, each as predicted (the asking one as above; the others get no output_token_ids_logprobs). A release whose scheduler dies on it fails here alone (token_ids_logprob.LAST)."""
+    _run, exchanges = surface_family.exchanges(
+        token_ids_logprob, smoke_runs, name, record_property, labels=token_ids_logprob.MIXED
+    )
     problems = [p for x in exchanges for p in token_ids_logprob.own_problems(x)]
     record_property("problems", problems[:20])
     surface_family.fail(token_ids_logprob, problems, len(exchanges))
@@ -28,9 +42,11 @@ def test_token_ids_logprob_as_predicted(smoke_runs, name, record_property):
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS_MTP])
 def test_token_ids_logprob_match_no_mtp(smoke_runs, name, record_property):
-    """Each asked id's logprob at each position on an MTP witness server within logprobs.TOLERANCE_NATS (0.656, bf16 bound derived in surface/logprobs.py) of the witness without MTP."""
+    """Each asked id's logprob at each position on an MTP witness server, in the batch where every request asks, within logprobs.TOLERANCE_NATS (0.656, bf16 bound derived in surface/logprobs.py) of the witness without MTP."""
     reference = surface_family.reference(token_ids_logprob, smoke_runs, record_property)
-    _run, exchanges = surface_family.exchanges(token_ids_logprob, smoke_runs, name, record_property)
+    _run, exchanges = surface_family.exchanges(
+        token_ids_logprob, smoke_runs, name, record_property, labels=token_ids_logprob.LAST_FIRST
+    )
     problems = token_ids_logprob.against_reference(exchanges, reference)
     record_property("problems", problems[:20])
     surface_family.fail(token_ids_logprob, problems, len(exchanges))

@@ -243,9 +243,9 @@ def measured_on_0_5_17(check_id: str) -> dict | None:
     server = server.rstrip("]")
     over = "6 problem(s) over 8 long_context requests; first: limit-0: "
     at = "tests/tiers/test_smoke_long.py:40 in _fail"
-    if fn == "test_token_ids_logprob_as_predicted" or fn == "test_token_ids_logprob_match_no_mtp":
+    if fn == "test_token_ids_logprob_beside_other_requests":
         message = (
-            "5/5 token_ids_logprob requests failed; first ids-20 {'temperature': 0.0}: ConnectionError: "
+            "3/3 token_ids_logprob requests failed; first mixed-300 {'temperature': 0.0}: ConnectionError: "
             "('Connection aborted.', RemoteDisconnected('Remote end closed connection without response')); "
             "server log: AttributeError: 'list' object has no attribute 'tolist'"
         )

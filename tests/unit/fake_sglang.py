@@ -49,6 +49,7 @@ class FakeState:
         drop_connection: set | None = None,
         before_answer: Callable[[], object] | None = None,
         crash_on_key: str | None = None,
+        crash_after: int = 0,
         ready_file: str | None = None,
         shapes: Callable[[str, dict], object] | None = None,
     ):
@@ -65,6 +66,7 @@ class FakeState:
         # called by each /generate before it answers; what it raises is answered as a 500 with its text
         self.before_answer = before_answer
         self.crash_on_key = crash_on_key
+        self.crash_after = crash_after  # requests with crash_on_key answered before the one that crashes
         self.flush_refusals = flush_refusals
         # (path, payload) -> the answer of /generate and the OpenAI endpoints (fake_shapes.WitnessShapes): a dict or
         # a list; for ``stream: true`` the list of events, sent as server-sent events and data: [DONE]
@@ -207,7 +209,11 @@ def make_handler(state: FakeState):
             if state.delay:
                 time.sleep(state.delay)
             if state.crash_on_key and state.crash_on_key in payload:
-                _scheduler_crash()
+                with state.lock:
+                    state.crash_after -= 1
+                    crash_now = state.crash_after < 0
+                if crash_now:
+                    _scheduler_crash()
             if state.before_answer is not None:
                 try:
                     state.before_answer()
@@ -396,8 +402,9 @@ def main(argv=None) -> None:
         default=None,
         metavar="KEY",
         help="the first /generate whose body has KEY kills the server as --crash-on-generate does (sglang 0.5.17 on "
-        "token_ids_logprob)",
+        "token_ids_logprob in a mixed batch)",
     )
+    ap.add_argument("--crash-after", type=int, default=0, help="with --crash-on-key: answer N such requests first")
     ap.add_argument("--ready-file", default=None, help="/health answers 503 until this file exists")
     ap.add_argument(
         "--rendezvous",
@@ -443,6 +450,7 @@ def main(argv=None) -> None:
         ready_file=args.ready_file,
         before_answer=crash,
         crash_on_key=args.crash_on_key,
+        crash_after=args.crash_after,
     )
     print(f"fake sglang: serving on {fake.base_url}", flush=True)
     fake.httpd.serve_forever()

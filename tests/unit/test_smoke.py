@@ -270,21 +270,26 @@ def test_a_server_that_dies_mid_request_is_a_crash_naming_its_root_exception(tmp
     assert first.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)")
 
 
-def test_a_family_that_can_kill_the_server_goes_last_and_costs_only_its_own_checks(tmp_path):
-    # sglang 0.5.17 dies on a token_ids_logprob decode (H200, 2026-12-05): every other family and the tier's own
-    # /server_info read come first; only the LAST family's requests fail, each naming the server log's cause
+def test_a_family_that_can_kill_the_server_goes_last_and_costs_only_its_mixed_batch(tmp_path):
+    # sglang 0.5.17 dies on a token_ids_logprob request in a mixed batch (H200, 2026-12-05): every other family and
+    # the tier's own /server_info read come first, then the all-asking batch (answered: the fake crashes on the
+    # fourth asking request, the mixed batch's); only the mixed batch's requests fail, each naming the log's cause
+    from mtpmatrix.tiers.surface import token_ids_logprob as ids
+
     spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-nomtp")
-    run = _collect_on_fake(tmp_path, spec, "--crash-on-key", "token_ids_logprob")
+    run = _collect_on_fake(tmp_path, spec, "--crash-on-key", "token_ids_logprob", "--crash-after", "3")
     assert run.error is None and run.server_info_after is not None
-    assert run.sent_after_info == {"token_ids_logprob"}
-    killed = run.exchanges("token_ids_logprob")
-    assert killed and all(x.error for x in killed)
-    assert all(
-        x.error.endswith("; server log: RuntimeError: injected scheduler crash (--crash-on-generate)") for x in killed
-    )
-    others = [x for family, xs in run.surface.items() if family != "token_ids_logprob" for x in xs]
+    assert run.sent_after_info == {ids.NAME}
+    family = {x.label: x for x in run.exchanges(ids.NAME)}
+    assert set(family) == ids.LAST_FIRST | ids.MIXED
+    assert not [label for label in ids.LAST_FIRST if family[label].error]
+    cause = "; server log: RuntimeError: injected scheduler crash (--crash-on-generate)"
+    assert (family[f"mixed-{ids.MIXED_ASKING}"].error or "").endswith(cause)
+    # its neighbours in the fake may be answered before it lands (sglang loses every request in flight)
+    assert all(family[label].error is None or family[label].error.endswith(cause) for label in ids.MIXED)
+    others = [x for name, xs in run.surface.items() if name != ids.NAME for x in xs]
     assert len(others) > 20 and not [x.error for x in others if x.error and "Connection" in x.error]
-    assert len(run.info_meta) + sum(len(x.metas) for x in killed) == len(run.all_meta)
+    assert len(run.info_meta) + sum(len(x.metas) for x in family.values()) == len(run.all_meta)
 
 
 def test_the_cause_is_read_once_the_launcher_logs_the_failure_not_at_its_exit(tmp_path):
@@ -645,11 +650,13 @@ def test_penalty_requests_go_alone_after_the_shared_batch(tmp_path, monkeypatch)
     ]
     run, batches = _collect_witness_recording_batches(tmp_path, monkeypatch)
     assert run.error is None, run.error
-    (shared, parallel), (alone, alone_parallel), (last, _parallel) = batches
+    (shared, parallel), (alone, alone_parallel), (asking, _p1), (mixed, _p2) = batches
     assert parallel > 1 and not any(p in shared for p in alone_payloads)
     assert (alone, alone_parallel) == (alone_payloads, 1)
-    # then, in a batch of its own, the family that can kill a release's server (surface LAST)
-    assert last == [p for _label, p in token_ids_logprob.requests(run.spec, 512)]
+    # then the family that can kill a release's server (surface LAST): its all-asking batch, then its mixed one
+    planned = dict(token_ids_logprob.requests(run.spec, 512))
+    assert asking == [planned[label] for label in planned if label in token_ids_logprob.LAST_FIRST]
+    assert mixed == [planned[label] for label in planned if label in token_ids_logprob.MIXED]
     by_label = {x.label: x for x in run.exchanges(features.NAME)}
     assert set(by_label) == set(features.WITNESS_FEATURES)
     assert {label: by_label[label].meta["fake_peers"] for label in features.ALONE} == dict.fromkeys(features.ALONE, 0)

@@ -215,21 +215,35 @@ def _exercise(server, run: SmokeRun) -> list:
 
 
 def _exercise_last(server, run: SmokeRun, last: list) -> None:
-    """Send the LAST families' requests in one batch (their own mix) and keep what came back beside the others'; when
-    the connection went with the server, each failed request's error names the server log's cause, the signature a
-    known-upstream entry matches."""
+    """Send the LAST families' requests in their batches (surface.last_batches) and keep what came back beside the
+    others'; none after a batch that lost the server, and when the connection went with it, each failed request's
+    error names the server log's cause, the signature a known-upstream entry matches."""
     if not last:
         return
-    results = client.run_batch(server.base_url, [p for _f, _l, p in last], parallel=min(len(last), CLIENT_PARALLEL))
+    sent, results = [], []
+    for batch in surface.last_batches(last):
+        payloads = [p for _f, _l, p in batch]
+        errors = [r.error for r in results if r.error]
+        if errors and (not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST)):
+            why = f"not sent: the server lost a connection in the batch before ({errors[0]})"
+            got = [client.Result(len(results) + i, False, 0.0, error=why) for i in range(len(batch))]
+        else:
+            got = client.run_batch(server.base_url, payloads, parallel=min(len(batch), CLIENT_PARALLEL))
+            _name_the_cause(server, got)
+        sent += batch
+        results += got
+    for family, exchanges in surface.collate(sent, results).items():
+        run.surface[family] = exchanges
+    run.sent_after_info = frozenset(f for f, _l, _p in last)
+
+
+def _name_the_cause(server, results: list) -> None:
+    """When ``results`` lost their connection with the server, each failed one's error names the log's cause."""
     errors = [r.error for r in results if r.error]
     if errors and (not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST)):
         cause = server.exit_cause()
-        if cause:
-            for r in results:
-                r.error = f"{r.error}; server log: {cause}" if r.error else r.error
-    for family, exchanges in surface.collate(last, results).items():
-        run.surface[family] = exchanges
-    run.sent_after_info = frozenset(f for f, _l, _p in last)
+        for r in results if cause else ():
+            r.error = f"{r.error}; server log: {cause}" if r.error else r.error
 
 
 def _own_requests(spec, vocab_size: int) -> tuple[list[dict], list]:

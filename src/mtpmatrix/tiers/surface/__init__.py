@@ -26,7 +26,10 @@ family may say
                                                 where the family sets it): all of them are sent in a batch of their
                                                 own after every other request and after the tier's own last read of
                                                 the server (/server_info), so a crash costs only this family's
-                                                checks (``split_last``)
+                                                checks (``split_last``); its
+    LAST_FIRST: frozenset[str]                  labels go first, in a batch of their own, the rest after it
+                                                (``last_batches``): what the crash needs is then told apart from
+                                                what it does not
 """
 
 from __future__ import annotations
@@ -104,6 +107,19 @@ def split_last(labelled: list[tuple[str, str, dict]]) -> tuple[list, list]:
     return [x for x in labelled if x[0] not in last], [x for x in labelled if x[0] in last]
 
 
+def last_batches(last: list[tuple[str, str, dict]]) -> list[list[tuple[str, str, dict]]]:
+    """``split_last``'s LAST requests as the batches they are sent in, in order: per family, its LAST_FIRST labels,
+    then the rest (empty batches left out)."""
+    first = {family.NAME: getattr(family, "LAST_FIRST", frozenset()) for family in families()}
+    out = []
+    for name in dict.fromkeys(f for f, _l, _p in last):
+        mine = [x for x in last if x[0] == name]
+        out += [
+            b for b in ([x for x in mine if x[1] in first[name]], [x for x in mine if x[1] not in first[name]]) if b
+        ]
+    return out
+
+
 def split_alone(labelled: list[tuple[str, str, dict]]) -> tuple[list, list]:
     """(shared, alone): ``requests_for``'s requests split by their families' ALONE labels, each part in order."""
     alone = {family.NAME: getattr(family, "ALONE", frozenset()) for family in families()}
@@ -129,12 +145,17 @@ def both_answered(exchanges: list[Exchange], reference: list[Exchange]):
             yield x, r
 
 
-def answered(run, family: str, planned: int) -> list[Exchange]:
-    """The family's exchanges on ``run``, every planned request answered: "harness" when the tier collected another
-    number than it planned, "crash" (with the first failed request's parameters) when a request failed."""
+def answered(run, family: str, planned: int, labels=None) -> list[Exchange]:
+    """The family's exchanges on ``run`` (those of ``labels`` only, when given), every one answered: "harness" when
+    the tier collected another number than it planned, "crash" (with the first failed request's parameters) when a
+    request failed."""
     exchanges = run.exchanges(family)
     if len(exchanges) != planned:
         raise CheckFailure("harness", f"{len(exchanges)} {family} exchanges for {planned} planned requests")
+    if labels is not None:
+        exchanges = [x for x in exchanges if x.label in labels]
+        if len(exchanges) != len(labels):
+            raise CheckFailure("harness", f"{len(exchanges)} {family} exchanges for the {len(labels)} labels asked")
     failed = [x for x in exchanges if x.error]
     if failed:
         raise CheckFailure(

@@ -1,5 +1,6 @@
 """Request family "token_ids_logprob": logprobs of chosen token ids (``token_ids_logprob``, io_struct.py
-GenerateReqInput, 0.5.13-0.5.23) in a batch mixed with top-logprob requests and plain ones, on the witness servers.
+GenerateReqInput, 0.5.13-0.5.23) on the witness servers, in a batch where every request asks (``LAST_FIRST``), then in
+a batch mixed with a top-logprob request and a plain one (``MIXED``).
 
 sglang returns meta_info["output_token_ids_logprobs"]: per output position, one (logprob, token id, text) per asked
 id (tokenizer_manager.py: detokenize_top_logprobs_tokens), read from the same row as output_token_logprobs (under
@@ -17,15 +18,20 @@ from mtpmatrix.tiers.surface import both_answered
 from mtpmatrix.tiers.surface.logprobs import GAP, OWN_FLOOR, TOLERANCE_NATS, chain_prompt, position_label
 
 NAME = "token_ids_logprob"
-# sglang 0.5.17's overlap scheduler dies on this family's decode step (batch_result_processor._normalize_decode_outputs
-# calls .tolist() on a list; H200 2026-12-05, docs/runs/2026-12-05-h200-sglang-0.5.17-new-families-first-run.md), the
-# no-MTP server too: sent last, so the crash costs this family's checks, not every family after it on the server.
+# sglang 0.5.17's overlap scheduler dies on this family's mixed batch (batch_result_processor._normalize_decode_outputs
+# calls .tolist() on the [] a request that did not ask leaves; H200 2026-12-05,
+# docs/runs/2026-12-05-h200-sglang-0.5.17-new-families-first-run.md; sglang issue #34719), the no-MTP server too: sent
+# last, so the crash costs this family's checks, not every family after it on the server; and the requests that all
+# ask go first, in a batch of their own (no request beside them leaves a []), so their values are proven either way.
 LAST = True
+MIXED_ASKING = 300  # the asking request of the mixed batch (its own chain: no radix hit on the first batch's)
+MIXED = frozenset({f"mixed-{MIXED_ASKING}", "top-350", "plain-400"})
 PAIR = "witness-sglang-phase"
 REFERENCE_SERVER = "witness-nomtp"
 MAX_NEW_TOKENS = 32
 PROMPT_LEN = 12
 ASKING = (20, 130, 240)  # prompt starts (+1 chains, no wrap: start + 12 + 32 < 512)
+LAST_FIRST = frozenset(f"ids-{s}" for s in ASKING)  # the batch in which every request asks
 # output positions (0-based) whose token each asking request names: the prefill token, step 1 draft 3, step 2's
 # bonus (output 12), step 3 draft 1; plus an id 100 past the chain
 ASKED_POSITIONS = (0, 3, 12, 13)
@@ -55,7 +61,18 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict]]:
                 },
             )
         )
-    # the same batch: a top-logprob request and a plain one beside them
+    # the mixed batch: an asking request, a top-logprob request and a plain one beside it
+    out.append(
+        (
+            f"mixed-{MIXED_ASKING}",
+            {
+                "input_ids": chain_prompt(MIXED_ASKING),
+                "sampling_params": dict(base),
+                "return_logprob": True,
+                "token_ids_logprob": asked_ids(MIXED_ASKING),
+            },
+        )
+    )
     out.append(
         (
             "top-350",
