@@ -53,6 +53,9 @@ verdict here): a stream gets its first token only once ceil_page(input) + max_ne
 running with it, stays under LONG_POOL_TOKENS. Two 160-token requests to the limit fit (2 x 255 < 640), a third
 does not, so a third stream waits until one finishes.
 
+``victim_waits``: the abort victim is never admitted beside its neighbour (the topk 3 paged server on the H200,
+2026-12-05: "a request finished first: [81, 0]"); the neighbour holds after its first decode step until the abort.
+
 ``queued_victim``: the abort victim is retracted after its second token and the abort finds it in the waiting
 queue, as on the 16-page topk 3 server under sglang's spec-v2 worker (0.5.17, 0.5.23: each request's decode reserve
 of 2 x 96 slots, allocation_sizing.get_alloc_reserve_per_decode, leaves no room for two 160-token requests to
@@ -84,9 +87,11 @@ class LongWitnessShapes:
         broken: str = "",
         retract_after: int | None = None,
         queued_victim: bool = False,
+        victim_waits: bool = False,
     ):
         self.topk, self.page, self.broken, self.retract_after = topk, page, broken, retract_after
         self.queued_victim = queued_victim
+        self.victim_waits = victim_waits
         self.pool = threading.Condition()
         self.running: dict[int, int] = {}  # stream id -> the pool it holds at admission (ceil_page(input) + new + page)
         self.waiting = 0
@@ -218,11 +223,24 @@ class LongWitnessShapes:
             self.done += 1
             self.pool.notify_all()
 
-    def _hold(self, rid: str | None) -> None:
-        """Hold until the abort arrives, or until a stream waits for the pool (then decode goes on and frees it) or
-        has finished (then no abort comes)."""
+    def _hold(self, rid: str | None, abort_only: bool = False) -> None:
+        """Hold until the abort arrives, or (unless ``abort_only``) until a stream waits for the pool (then decode
+        goes on and frees it) or has finished (then no abort comes)."""
         with self.pool:
-            self.pool.wait_for(lambda: self.abort_heard.is_set() or self.waiting > 0 or self.done > 0, timeout=HOLD_S)
+            self.pool.wait_for(
+                lambda: self.abort_heard.is_set() or (not abort_only and (self.waiting > 0 or self.done > 0)),
+                timeout=HOLD_S,
+            )
+
+    def _victim_waits(self):
+        """``victim_waits``: the victim stays queued until the abort (answered as sglang's waiting-queue abort of a
+        request that made no token) or until the others are done (then it runs)."""
+        with self.pool:
+            self.waiting += 1
+            self.pool.notify_all()
+            self.pool.wait_for(lambda: self.abort_heard.is_set() or self.done > 0, timeout=HOLD_S)
+            self.waiting -= 1
+        return self.abort_heard.is_set()
 
     def stream(self, payload: dict):
         prompt, max_new = payload["input_ids"], payload["sampling_params"]["max_new_tokens"]
@@ -230,6 +248,10 @@ class LongWitnessShapes:
         n = self._length(prompt, max_new)
         rule = self._rule(prompt, n)
         key = id(payload)
+        if rid is not None and self.victim_waits and self._victim_waits():
+            reason = {"type": "abort", "message": "Abort in waiting queue"}
+            yield {"output_ids": [], "meta_info": {"id": rid, "finish_reason": reason, "completion_tokens": 0}}
+            return
         self._admit(key, -(-len(prompt) // self.page) * self.page + n + self.page)
         try:
             yield from self._decode(prompt, rid, n, rule)
@@ -240,7 +262,9 @@ class LongWitnessShapes:
         queued = self.queued_victim and rid is not None
         out: list[int] = []
         for k in range(n):
-            if k == (2 if queued else 1):  # held after the first token (a queued victim: retracted after its second)
+            if self.victim_waits and rid is None and k == 2:  # past its first decode step beside a queued victim
+                self._hold(rid, abort_only=True)
+            elif k == (2 if queued else 1):  # held after the first token (a queued victim: retracted after its second)
                 self._hold(rid)
             with self.lock:
                 stopped = rid is not None and rid in self.aborted and self.broken != "abort-ignored"

@@ -92,6 +92,7 @@ def test_the_pool_runs_two_of_the_abort_group_at_once():
     four = abort.AbortMidBatch(tuple(bodies[:-1]), {**bodies[-1], "rid": "victim"})
     with FakeSglang(shapes=LongWitnessShapes(None)) as fake:
         got = abort.run(fake.base_url, four)
+    # the fourth waits in the queue, and one of the first three too: the abort never goes out while one of them waits
     assert not got["aborted_mid_batch"] and "finished first" in got["abort_note"], got["abort_note"]
     with FakeSglang(shapes=LongWitnessShapes(None)) as fake:
         assert abort.run(fake.base_url, item)["aborted_mid_batch"]
@@ -162,6 +163,21 @@ def test_an_ignored_abort_fails():
 def test_an_answered_over_limit_request_fails():
     bad = long_context.own_problems(NOMTP, collect(NOMTP, "over-limit-taken"))
     assert bad and bad[0].startswith("over-limit: asked 97 new tokens, answered")
+
+
+def test_a_victim_the_pool_keeps_queued_is_aborted_there():
+    # the topk 3 paged server on 0.5.17 never admitted the victim beside its neighbour: the abort waited for a token
+    # the victim never streamed, and the check tested nothing ("a request finished first: [81, 0]"); the abort now goes
+    # out once the neighbour is past its first decode step, to the victim in the queue
+    item = dict(long_context.requests(TOPK3, 512))["abort"]
+    shapes = LongWitnessShapes(TOPK3.topk, smoke_servers.page_size(TOPK3), victim_waits=True)
+    with FakeSglang(shapes=shapes) as fake:
+        got = abort.run(fake.base_url, item)
+    assert got["aborted_mid_batch"] and got["abort_note"].endswith(", 0]"), got["abort_note"]
+    victim = got["outputs"][-1]
+    assert victim["meta_info"]["finish_reason"]["type"] == "abort" and victim["output_ids"] == []
+    x = surface.Exchange("abort", item, got)
+    assert long_context.abort_problems(x, long_context.limit_new(TOPK3.topk, long_context.PROMPT), TOPK3.topk) == []
 
 
 def test_an_abort_not_sent_mid_batch_tests_nothing():
@@ -513,3 +529,37 @@ def test_frozen_kv_view_drops_cached_fails_only_the_acceptance_check(tmp_path):
         ):
             check(runs, name, lambda *_: None)  # every output, length, cache hit and the abort stay exact
     tier.test_long_requests_run_to_the_limit(runs, "long-witness-nomtp", lambda *_: None)
+
+
+def test_retractions_that_kept_no_token_do_not_hide_a_lost_draft():
+    # 0.5.17 topk 3 paged on the H200 (2026-12-05): a request retracted 34 times for 32 tokens; each retraction
+    # keeps at most one re-prefill token, so the counters must be the exact pair's for some count up to the
+    # retractions, every draft accepted
+    from mtpmatrix.tiers.compat import meta_fields
+
+    spec = SPECS["long-witness-mtp-topk1"]
+    prompt = long_witness.prompts(1, long_context.PROMPT, seed=long_context.SEED_LIMIT)[0]
+
+    def exchange(completion: int, retractions: int, kept: int, lost: int = 0) -> surface.Exchange:
+        want = long_context.predicted_counters(completion, kept)
+        hist = list(want["spec_correct_drafts_histogram"])
+        if lost:
+            hist[-1] -= 1
+            hist[-1 - lost] += 1
+        v = want["spec_verify_ct"]
+        meta = {
+            "completion_tokens": completion,
+            "num_retractions": retractions,
+            "spec_verify_ct": v,
+            "spec_accept_length": completion / v,
+            "spec_num_correct_drafts": want["spec_num_correct_drafts"] - lost,
+            "spec_correct_drafts_histogram": hist,
+        }
+        out = long_context.expected(prompt, completion)
+        return surface.Exchange("limit-0", {"input_ids": prompt}, {"output_ids": out, "meta_info": meta})
+
+    assert long_context.accept_problems(spec, [exchange(90, 3, 1)]) == []  # 3 retractions, one kept a token
+    assert long_context.accept_problems(spec, [exchange(90, 3, 3)]) == []
+    assert long_context.accept_problems(spec, [exchange(90, 1, 5)])  # more re-prefill tokens than retractions
+    assert long_context.accept_problems(spec, [exchange(90, 3, 1, lost=1)])  # a lost draft is still seen
+    assert meta_fields.verified_tokens(32, 34) < 0  # the measured request: no lower end left, the upper one holds

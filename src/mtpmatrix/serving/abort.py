@@ -2,8 +2,9 @@
 a victim and its neighbours together and aborts the victim mid-batch, for client.run_batch (an item that answers
 itself: client.AnswersItself, so client never imports this module).
 
-Event-driven: the abort goes out when every request has streamed an output token and none has finished (read from
-the streams themselves), never after a fixed delay.
+Event-driven: the abort goes out when every request has streamed an output token, or the neighbours have streamed
+past their prefill's while the victim has none (queued), and none has finished (read from the streams themselves),
+never after a fixed delay.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def abort_request(base_url: str, rid: str, timeout: float = 60.0) -> None:
 class AbortMidBatch:
     """A batch item that is a batch of its own: the /generate bodies ``neighbours`` and ``victim`` (which names its
     ``rid``) sent together, streamed, and /abort_request for the victim once every one of them has streamed at least
-    one output token and none has finished, i.e. while they decode in one batch. Its Result.response is
+    one output token and none has finished, i.e. while they decode in one batch, or once the neighbours have decoded
+    past their first token while the victim has none (the pool holds it in the queue: measured on the topk 3 paged
+    server, H200 2026-12-05, "a request finished first: [81, 0]"). Its Result.response is
     {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool, "abort_note": str},
     each answer the stream's last event (the whole answer, as a streamed Call's); aborted_mid_batch is false (and the
     note says why) when a request finished before the abort could be sent mid-batch, so nothing was tested.
@@ -62,6 +65,15 @@ def _tokens_so_far(event: dict) -> int:
     meta = event.get("meta_info") or {}
     n = meta.get("completion_tokens")
     return int(n) if isinstance(n, int) else len(event.get("output_ids") or [])
+
+
+def _abort_now(latest: list[dict]) -> bool:
+    """Whether the abort is due, from the streams' latest events (the victim's last): every request has streamed a
+    token (all decoding together), or every neighbour has streamed more than its prefill's token while the victim
+    has none (it waits in the queue: aborted there). Never without a neighbour: nothing would be beside it."""
+    tokens = [_tokens_so_far(e) for e in latest]
+    *neighbours, victim = tokens
+    return bool(neighbours) and all(n >= 1 for n in neighbours) and (victim >= 1 or all(n >= 2 for n in neighbours))
 
 
 def _finished(event: dict) -> bool:
@@ -112,17 +124,13 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
     for t in threads:
         t.start()
     with changed:
-        # every request decoding (a token out, none finished), or one of them done / failed: wait on the streams
+        # every request decoding (a token out, none finished), or the neighbours past their first decode step while
+        # the victim waits (a pool that cannot hold both: sglang keeps it queued), or one of them done / failed
         changed.wait_for(
-            lambda: (
-                any(a is not None for a in answers)
-                or any(_finished(e) for e in latest)
-                or all(_tokens_so_far(e) >= 1 for e in latest)
-            ),
+            lambda: any(a is not None for a in answers) or any(_finished(e) for e in latest) or _abort_now(latest),
             timeout=timeout,
         )
-        mid = all(a is None for a in answers) and not any(_finished(e) for e in latest)
-        mid = mid and all(_tokens_so_far(e) >= 1 for e in latest)
+        mid = all(a is None for a in answers) and not any(_finished(e) for e in latest) and _abort_now(latest)
         seen = [_tokens_so_far(e) for e in latest]
     if mid:
         abort_request(base_url, rid)

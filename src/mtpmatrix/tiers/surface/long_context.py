@@ -239,7 +239,9 @@ def known_last(problems: list[str]) -> list[str]:
 
 def predicted_counters(completion: int, retractions: int, steps: int = settings.NUM_STEPS) -> dict:
     """What sglang's meta_info says of a request whose every draft is accepted: ``completion`` tokens (as reported)
-    after ``retractions`` retractions, ``steps`` drafts per verify step.
+    of which ``retractions`` came from re-prefills, ``steps`` drafts per verify step (``accept_problems`` tries
+    every count a request's num_retractions allows: a request retracted again before its re-prefill's token was
+    kept has fewer).
 
     From sglang's code (0.5.13 eagle_info verify / batch_result_processor, 0.5.17 and 0.5.23
     batch_result_processor._resolve_spec_v2_tokens): the prefill yields the first token; each (re-)prefill after a
@@ -288,8 +290,9 @@ def accept_metas(exchanges) -> list[tuple[str, dict]]:
 
 def accept_problems(spec, exchanges) -> list[str]:
     """Each request's own acceptance on an MTP server equals ``predicted_counters`` for its completion_tokens and
-    num_retractions (meta_info, every release 0.5.13-0.5.23): accept length, verify steps, accepted drafts and the
-    per-step histogram (where the release reports the last two)."""
+    the re-prefill tokens its num_retractions allow (meta_info, every release 0.5.13-0.5.23; at most one each):
+    accept length, verify steps, accepted drafts and the per-step histogram (where the release reports the last
+    two)."""
     from mtpmatrix.pairs.decoy import counter_mismatches
 
     if not spec.topk:
@@ -304,10 +307,16 @@ def accept_problems(spec, exchanges) -> list[str]:
                 f"acceptance cannot be derived"
             )
             continue
-        want = predicted_counters(completion, retractions)
-        if not want["spec_verify_ct"]:  # done at prefill (an abort victim may be): no verify step, no counters
-            if meta.get("spec_verify_ct"):
-                out.append(f"{label}: spec_verify_ct {meta['spec_verify_ct']} for {completion} token(s) from prefill")
+        # each retraction kept at most one re-prefill token (meta_fields' tail rule): the counters must be the exact
+        # pair's for some count of them, every draft accepted whichever
+        wants = [predicted_counters(completion, kept) for kept in range(retractions, -1, -1)]
+        if not meta.get("spec_verify_ct") and any(not w["spec_verify_ct"] for w in wants):
+            continue  # done at prefill and re-prefills (an abort victim may be): no verify step, no counters
+        if any(w["spec_verify_ct"] and not counter_mismatches(w, meta) for w in wants):
+            continue
+        want = wants[0]
+        if not want["spec_verify_ct"]:
+            out.append(f"{label}: spec_verify_ct {meta.get('spec_verify_ct')} for {completion} token(s) from prefill")
             continue
         bad = counter_mismatches(want, meta)
         if bad and _tree_counters(spec.topk, meta, served.get(label)):
