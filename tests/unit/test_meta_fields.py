@@ -57,6 +57,9 @@ def test_consistent_responses_agree(accepted, fields):
 
 def test_prefill_only_response_needs_no_fields():
     assert why({"completion_tokens": 1}) == []
+    # every token from a prefill or a re-prefill after a retraction: no verify step either
+    assert why({"completion_tokens": 32, "num_retractions": 31}) == []
+    assert why({"completion_tokens": 32, "num_retractions": 30})  # one token no prefill made: a verify step ran
 
 
 @pytest.mark.parametrize(
