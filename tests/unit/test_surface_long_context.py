@@ -563,3 +563,16 @@ def test_retractions_that_kept_no_token_do_not_hide_a_lost_draft():
     assert long_context.accept_problems(spec, [exchange(90, 1, 5)])  # more re-prefill tokens than retractions
     assert long_context.accept_problems(spec, [exchange(90, 3, 1, lost=1)])  # a lost draft is still seen
     assert meta_fields.verified_tokens(32, 34) < 0  # the measured request: no lower end left, the upper one holds
+
+
+def test_a_window_one_key_wide_is_read_as_such_and_never_excused():
+    # sglang 0.5.13 on the H200 (2026-12-05): the prefill's token read the trap just outside the window, the decode
+    # tokens through the short window; every token is named, none as a known deviation of 0.5.17's
+    text = long_context.pair_text()
+    prompt = long_witness.prompts(1, long_context.PROMPT, seed=long_context.SEED_LIMIT)[0]
+    ids = list(prompt)
+    for window in [long_context.WINDOW] + [long_context.WINDOW - 2] * 20:  # one key wide, then one key short
+        ids.append(long_witness.predicted_next(ids, text, visible_max=window)[-1])
+    kinds = long_witness.read_kinds(prompt, ids[len(prompt) :], text)
+    assert kinds[0] == long_witness.READ_WIDE and set(kinds[1:]) <= {long_witness.READ_SHORT, long_witness.READ_BOTH}
+    assert long_context.known_reads(kinds, None, 0) is None and long_context.known_reads(kinds, 3, 0) is None

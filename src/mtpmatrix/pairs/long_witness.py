@@ -188,30 +188,27 @@ def predicted_next(
 # What each output token of a served long-witness request is, teacher forced on the ids served (``read_kinds``): the
 # sliding read at the window's edge (the rule, transformers' window), the read of a window one key short (sglang's
 # Triton decode kernel: update_sliding_window_buffer keeps min(seq_len, sliding_window_size) keys, one fewer than its
-# extend kernel and transformers; sgl-project/sglang#32087, unmerged), both (the two reads carry one member), or
-# neither.
-READ_RULE, READ_SHORT, READ_BOTH, READ_OTHER = "r", "s", "=", "x"
+# extend kernel and transformers; sgl-project/sglang#32087, unmerged), both (the two reads carry one member), the read
+# of a window one key wide (the trap just outside: sglang 0.5.13's extend paths, H200 2026-12-05), or none of these.
+READ_RULE, READ_SHORT, READ_BOTH, READ_WIDE, READ_OTHER = "r", "s", "=", "w", "x"
 
 
 def read_kinds(prompt: list[int], output: list[int], text: dict) -> str:
     """One letter per token of ``output`` (READ_*): whether the read at the window's edge, the read of a window one
-    key short, both or neither give it, each predicted from ``prompt`` + ``output`` as served (``predicted_next``)."""
+    key short, both, the read of a window one key wide or none gives it, each predicted from ``prompt`` + ``output``
+    as served (``predicted_next``)."""
     ids = list(prompt) + list(output)
     w = text["sliding_window"]
     rule = predicted_next(ids, text, visible_max=w - 1)
     short = predicted_next(ids, text, visible_max=w - 2)
+    wide = predicted_next(ids, text, visible_max=w)
     kinds = []
     for p in range(len(prompt) - 1, len(ids) - 1):
         got = ids[p + 1]
-        kinds.append(
-            READ_BOTH
-            if got == rule[p] == short[p]
-            else READ_RULE
-            if got == rule[p]
-            else READ_SHORT
-            if got == short[p]
-            else READ_OTHER
-        )
+        if got == rule[p]:
+            kinds.append(READ_BOTH if got == short[p] else READ_RULE)
+        else:
+            kinds.append(READ_SHORT if got == short[p] else READ_WIDE if got == wide[p] else READ_OTHER)
     return "".join(kinds)
 
 

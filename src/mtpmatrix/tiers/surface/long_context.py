@@ -179,10 +179,16 @@ def decode_reads_short(kinds: str, retractions: int) -> bool:
     keeps min(seq_len, sliding_window_size) keys; its extend kernel and transformers keep one more: sglang#32087,
     issue #34354; read in 0.5.13, 0.5.17 and 0.5.23), but for at most one token per retraction (a re-prefill reads
     the edge again), and at least one token that the short window changes. No token any other read gives."""
-    if not kinds or long_witness.READ_OTHER in kinds or long_witness.READ_SHORT not in kinds:
+    if not _only_edge_or_short(kinds):
         return False
     edge = (long_witness.READ_RULE, long_witness.READ_BOTH)
     return kinds[0] in edge and kinds[1:].count(long_witness.READ_RULE) <= retractions
+
+
+def _only_edge_or_short(kinds: str) -> bool:
+    """Every token the edge's read or the short window's, and at least one the short window's alone."""
+    allowed = {long_witness.READ_RULE, long_witness.READ_BOTH, long_witness.READ_SHORT}
+    return bool(kinds) and set(kinds) <= allowed and long_witness.READ_SHORT in kinds
 
 
 def tree_reads_short(kinds: str) -> bool:
@@ -194,7 +200,7 @@ def tree_reads_short(kinds: str) -> bool:
     least two of the rule's tokens before the one it reads short (the step's bonus). So: the prefill's token at the
     edge, no token any other read gives, at least one short read, and at least two tokens that are not before each."""
     edge = (long_witness.READ_RULE, long_witness.READ_BOTH)
-    if not kinds or long_witness.READ_OTHER in kinds or long_witness.READ_SHORT not in kinds or kinds[0] not in edge:
+    if not _only_edge_or_short(kinds) or kinds[0] not in edge:
         return False
     return all(len(run) >= 2 for run in kinds.split(long_witness.READ_SHORT)[:-1])
 
@@ -428,12 +434,13 @@ def served_outputs(exchanges) -> list[tuple[str, list[int], list[int]]]:
 
 def reads(exchanges, text: dict) -> dict[str, dict]:
     """Per answered request, what each output token is (long_witness.read_kinds: the window's-edge read, the read of a
-    window one key short, both, neither), and the ids where some token is neither: the record a deviation is read
-    from."""
+    window one key short, both, a window one key wide, none), and the ids where some token is of the last two: the
+    record a deviation is read from."""
     out = {}
     for label, prompt, output in served_outputs(exchanges):
         kinds = long_witness.read_kinds(prompt, output, text)
-        out[label] = {"reads": kinds, **({"output_ids": output} if long_witness.READ_OTHER in kinds else {})}
+        odd = {long_witness.READ_OTHER, long_witness.READ_WIDE} & set(kinds)
+        out[label] = {"reads": kinds, **({"output_ids": output} if odd else {})}
     return out
 
 
