@@ -227,7 +227,11 @@ def test_a_pass_after_a_rerun_is_recorded_as_the_failure_it_was(plugin_session, 
 
 
 def test_the_session_records_plugins_options_conftests_and_its_build(plugin_session, pytester):
-    pytester.makepyfile(extra_plugin="def pytest_configure(config):\n    pass\n", test_flaky=FLAKY)
+    # a class registered as a plugin is named by its own module (the H200 record of 2026-12-05 said "builtins")
+    registers_a_class = (
+        "class Hooks:\n    pass\n\ndef pytest_configure(config):\n    config.pluginmanager.register(Hooks)\n"
+    )
+    pytester.makepyfile(extra_plugin=registers_a_class, test_flaky=FLAKY)
     data = plugin_session(env_addopts="-p extra_plugin")
     rec = data["pytest"]
     assert rec["env_addopts"] == "-p extra_plugin"
@@ -235,6 +239,7 @@ def test_the_session_records_plugins_options_conftests_and_its_build(plugin_sess
     assert rec["ini_addopts"] == ["-p", "no:cacheprovider"]
     assert "conftest.py" in rec["conftests"]
     assert {"name": "extra_plugin", "module": "extra_plugin", "dist": None, "version": None} in rec["plugins"]
+    assert not [p for p in rec["plugins"] if p["module"] == "builtins"], rec["plugins"]
     assert not [p for p in rec["plugins"] if p["module"].startswith(("_pytest", "mtpmatrix"))]
     assert data["build"]["python"] == platform.python_version()
     assert data["build"]["platform"]
@@ -278,8 +283,11 @@ def test_the_session_records_the_torch_cuda_nccl_variables_it_started_with(plugi
     [
         ({"NCCL_ALGO": "Tree"}, "NCCL_ALGO=Tree: torch, CUDA, NCCL or Triton read it"),
         ({"NVIDIA_TF32_OVERRIDE": "0"}, "NVIDIA_TF32_OVERRIDE=0: torch, CUDA, NCCL or Triton read it"),
-        ({"TORCH_CUDA_ARCH_LIST": "9.0"}, "TORCH_CUDA_ARCH_LIST=9.0: torch, CUDA, NCCL or Triton read it"),
+        ({"TORCH_CUDA_ARCH_LIST": "8.0"}, "TORCH_CUDA_ARCH_LIST=8.0: torch, CUDA, NCCL or Triton read it"),
+        ({"TORCH_CUDA_ARCH_LIST": "8.0;9.0a"}, "TORCH_CUDA_ARCH_LIST=8.0;9.0a: torch, CUDA, NCCL or Triton read it"),
         ({"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "TRITON_CACHE_DIR": "/c"}, None),
+        # what the lent H200's image sets (its record of 2026-12-05): the H200's own architecture, NCCL's label
+        ({"TORCH_CUDA_ARCH_LIST": "9.0a", "NCCL_VERSION": "2.28.3-1"}, None),
     ],
 )
 def test_a_torch_cuda_or_nccl_variable_that_can_change_numbers_is_not_proven(tmp_path, variables, why):
@@ -291,6 +299,29 @@ def test_a_torch_cuda_or_nccl_variable_that_can_change_numbers_is_not_proven(tmp
     else:
         assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN, report_render.headline(s)
         assert any(why in w for w in whys(s)), whys(s)
+
+
+def test_the_h200_images_arch_list_is_judged_against_the_gpus_that_ran():
+    from mtpmatrix.core.evidence.environment import arch_list_is_the_gpus
+
+    assert arch_list_is_the_gpus("9.0a", ["NVIDIA H200"] * 2) and arch_list_is_the_gpus(
+        "9.0+PTX", ["NVIDIA H100 80GB HBM3"]
+    )
+    assert not arch_list_is_the_gpus("9.0a", ["NVIDIA A100-SXM4-80GB"])  # another GPU: another architecture
+    assert not arch_list_is_the_gpus("9.0a", []) and not arch_list_is_the_gpus("9.0a", ["Tesla T4"])  # unknown
+    assert not arch_list_is_the_gpus("9.0a", ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"])  # two architectures
+
+
+def test_jaxtyping_proves_nothing_only_when_its_options_are_off(tmp_path):
+    data = h200_record()
+    plugin = {"name": "jaxtyping", "module": "jaxtyping._pytest_plugin", "dist": "jaxtyping", "version": "0.3.11"}
+    data["pytest"]["plugins"] = [*data["pytest"]["plugins"], plugin]
+    data["pytest"].setdefault("options", {})["jaxtyping_packages"] = None
+    assert judged(tmp_path, data)["exit_status"] == report_summary.EXIT_OK
+    data["pytest"]["options"]["jaxtyping_packages"] = "mtpmatrix,beartype.beartype"
+    s = judged(tmp_path, data, run="r2")
+    assert s["exit_status"] == report_summary.EXIT_NOT_PROVEN
+    assert any("pytest ran with jaxtyping_packages" in w for w in whys(s)), whys(s)
 
 
 def test_a_torch_env_that_is_not_an_object_is_refused_at_import(tmp_path):

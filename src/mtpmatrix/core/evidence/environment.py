@@ -56,6 +56,8 @@ TORCH_ENV_THAT_ONLY_PLACES_OR_WATCHES = {
     "CUDA_CACHE_PATH": "where CUDA keeps the kernels it compiled from PTX",
     "CUDA_CACHE_MAXSIZE": "how large that cache may grow",
     "CUDA_VERSION": "the label NVIDIA's CUDA container images set for their toolkit; not a variable CUDA reads",
+    "NCCL_VERSION": "the label NVIDIA's container images set for the NCCL they ship (the lent H200's: 2.28.3-1); not "
+    "one of the variables NCCL reads",
     "TORCH_HOME": "where torch.hub caches downloads (the suite downloads nothing through it)",
     "TORCH_EXTENSIONS_DIR": "where torch builds extensions at run time",
     "TORCHINDUCTOR_CACHE_DIR": "where torch.compile caches its kernels (the suite's fault-injection runs set it)",
@@ -73,6 +75,26 @@ TORCH_ENV_THAT_ONLY_PLACES_OR_WATCHES = {
     "NCCL_SOCKET_IFNAME": "which network interface NCCL's bootstrap uses (one box: the GPUs talk over NVLink or PCIe)",
     "NCCL_TOPO_DUMP_FILE": "where NCCL writes the topology it found",
 }
+
+
+# TORCH_CUDA_ARCH_LIST says which GPU architectures kernels built at run time are compiled for (torch's extensions,
+# flashinfer's JIT). Naming only the architecture of the GPUs the session ran on, it builds what detecting them would
+# (the lent H200's image sets 9.0a); another list builds other kernels. The architecture per GPU name (NVIDIA's CUDA
+# GPU compute capability table); a GPU not listed here leaves the variable unjudged: not proven.
+GPU_ARCH = {"H100": "9.0", "H200": "9.0", "H800": "9.0", "GH200": "9.0", "A100": "8.0", "A800": "8.0", "L40S": "8.9"}
+
+
+def arch_list_is_the_gpus(value: str, gpu_names: list[str]) -> bool:
+    """Whether TORCH_CUDA_ARCH_LIST=``value`` names only the architecture of every GPU in ``gpu_names`` (an entry may
+    carry the architecture-specific suffix 'a' and '+PTX')."""
+    archs = {
+        next((a for n, a in GPU_ARCH.items() if n in (t.split("-")[0] for t in str(g).split())), None)
+        for g in gpu_names
+    }
+    if not gpu_names or None in archs or len(archs) != 1:
+        return False
+    entries = [e.removesuffix("+PTX") for e in value.replace(";", " ").split()]
+    return bool(entries) and all(e.removesuffix("a") in archs for e in entries)
 
 
 def _pair_knob(name: str) -> str | None:
@@ -149,6 +171,8 @@ def judge(record: RowRecord) -> list[Problem]:
             )
         )
     for name, value in sorted((sel.get("torch_env") or {}).items()):
+        if name == "TORCH_CUDA_ARCH_LIST" and arch_list_is_the_gpus(str(value), list(record.get("gpu_names") or [])):
+            continue
         if name not in TORCH_ENV_THAT_ONLY_PLACES_OR_WATCHES:
             out.append(
                 problem(

@@ -27,6 +27,7 @@ from mtpmatrix.core.schema import FAILING, GPU_TIERS, SERVED, short_check_id
 PLUGINS_THAT_CANNOT_TURN_A_FAILURE_INTO_A_PASS = {
     "anyio": "runs only tests marked anyio: tests/tiers has none",
     "hypothesis": "acts only on @given tests: tests/tiers has none",
+    "jaxtyping": "acts only with its --jaxtyping-* options (an import hook over named packages), judged below",
     "pytest-benchmark": "a fixture tests/tiers does not use",
     "pytest-cov": "measures coverage, with --cov only",
     "pytest-mock": "a fixture tests/tiers does not use",
@@ -67,6 +68,9 @@ def _pytest(record: RowRecord) -> list[Problem]:
                 f"pytest plugin {p.get('name')} ({where}) loaded: one this judge does not know may change any outcome",
             )
         )
+    asked = sorted(k for k, v in (rec.get("options") or {}).items() if k.startswith("jaxtyping") and v)
+    if asked:
+        out.append(problem(None, f"pytest ran with {', '.join(asked)}: jaxtyping type-checks the packages it names"))
     for c in rec.get("conftests") or []:
         if not _suite_conftest(str(c)):
             out.append(problem(None, f"{c} loaded: not one of the suite's files"))

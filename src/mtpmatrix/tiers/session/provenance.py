@@ -33,7 +33,12 @@ def _where(path: Path, root: Path) -> str:
 
 
 def _module_of(plugin) -> str:
-    return plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+    """The module a plugin comes from: a module's own name, a class's module (a class registered as a plugin: its
+    type is ``type``, whose module is "builtins": the H200 record of 2026-12-05 named such a plugin "builtins"), an
+    instance's class's module."""
+    if isinstance(plugin, types.ModuleType):
+        return plugin.__name__
+    return plugin.__module__ if isinstance(plugin, type) else type(plugin).__module__
 
 
 def _is_conftest(plugin) -> bool:
