@@ -50,6 +50,7 @@ class FakeState:
         before_answer: Callable[[], object] | None = None,
         crash_on_key: str | None = None,
         crash_after: int = 0,
+        crash_holds: bool = False,
         ready_file: str | None = None,
         shapes: Callable[[str, dict], object] | None = None,
     ):
@@ -67,6 +68,7 @@ class FakeState:
         self.before_answer = before_answer
         self.crash_on_key = crash_on_key
         self.crash_after = crash_after  # requests with crash_on_key answered before the one that crashes
+        self.crash_holds = crash_holds  # the crash keeps the process and holds the request (sglang's coredump wait)
         self.flush_refusals = flush_refusals
         # (path, payload) -> the answer of /generate and the OpenAI endpoints (fake_shapes.WitnessShapes): a dict or
         # a list; for ``stream: true`` the list of events, sent as server-sent events and data: [DONE]
@@ -212,6 +214,13 @@ def make_handler(state: FakeState):
                 with state.lock:
                     state.crash_after -= 1
                     crash_now = state.crash_after < 0
+                if crash_now and state.crash_holds:  # sglang: the crash logged, the request held until the kill
+                    _scheduler_crash_logged(drop=False)
+                    time.sleep(CRASH_HOLD_S)
+                    print("fake sglang: a held request was released by no one", flush=True)
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return None
                 if crash_now:
                     _scheduler_crash()
             if state.before_answer is not None:
@@ -332,6 +341,7 @@ def _scheduler_crash() -> None:
     os._exit(1)
 
 
+CRASH_HOLD_S = 120.0  # --crash-holds: how long a crashed request waits for a kill before it gives up
 _CRASH_LOGGED = threading.Lock()  # held for good by the first crash: its lines are written once, never interleaved
 
 
@@ -405,6 +415,12 @@ def main(argv=None) -> None:
         "token_ids_logprob in a mixed batch)",
     )
     ap.add_argument("--crash-after", type=int, default=0, help="with --crash-on-key: answer N such requests first")
+    ap.add_argument(
+        "--crash-holds",
+        action="store_true",
+        help="with --crash-on-key: log the crash and its SIGQUIT, keep the process and hold the request (sglang's 60 s "
+        "coredump wait) until the process is killed",
+    )
     ap.add_argument("--ready-file", default=None, help="/health answers 503 until this file exists")
     ap.add_argument(
         "--rendezvous",
@@ -451,6 +467,7 @@ def main(argv=None) -> None:
         before_answer=crash,
         crash_on_key=args.crash_on_key,
         crash_after=args.crash_after,
+        crash_holds=args.crash_holds,
     )
     print(f"fake sglang: serving on {fake.base_url}", flush=True)
     fake.httpd.serve_forever()

@@ -292,6 +292,20 @@ def test_a_family_that_can_kill_the_server_goes_last_and_costs_only_its_mixed_ba
     assert len(run.info_meta) + sum(len(x.metas) for x in family.values()) == len(run.all_meta)
 
 
+def test_a_server_dead_in_the_last_batch_is_stopped_at_its_log_line_not_its_own_kill(tmp_path):
+    # sglang 0.5.17's launcher logs SIGQUIT at once, then holds the crashed batch's requests through a 60 s coredump
+    # wait (H200, 2026-12-05: the suite 60 s longer per witness server); the collection stops it at the log line
+    from mtpmatrix.tiers.surface import token_ids_logprob as ids
+
+    spec = next(s for s in smoke_servers.SMOKE_SERVERS if s.name == "witness-nomtp")
+    args = ("--crash-on-key", "token_ids_logprob", "--crash-after", "3", "--crash-holds")
+    run = _collect_on_fake(tmp_path, spec, *args)
+    family = {x.label: x for x in run.exchanges(ids.NAME)}
+    cause = "; server log: RuntimeError: injected scheduler crash (--crash-on-generate)"
+    assert (family[f"mixed-{ids.MIXED_ASKING}"].error or "").endswith(cause)
+    assert "released by no one" not in run.log_text  # stopped at the SIGQUIT line, not after the hold
+
+
 def test_the_cause_is_read_once_the_launcher_logs_the_failure_not_at_its_exit(tmp_path):
     # sglang 0.5.13's launcher logs SIGQUIT, then waits 60 s for CUDA coredumps before it exits: the cause is read
     # at the SIGQUIT line; this stub never exits on its own, so a harness waiting for the exit would get nothing

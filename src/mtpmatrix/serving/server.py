@@ -338,6 +338,11 @@ class SglangServer:
         """``root_exception`` of this server's log (its last ROOT_EXCEPTION_LINES lines)."""
         return root_exception(self.log_tail(ROOT_EXCEPTION_LINES))
 
+    def child_failed(self) -> bool:
+        """Whether the log says a child of the server failed (sglang's launcher logs SIGQUIT once its scheduler died;
+        it then holds every open request until its own kill: 60 s of coredump wait on 0.5.13 and 0.5.17)."""
+        return any(m in ln for ln in self.log_tail(80) for m in CHILD_FAILED)
+
     def exit_cause(self, wait: float = 75.0, poll: float = 0.5) -> str:
         """Why the server died: its log's root exception, once the log shows that a child failed (sglang's
         launcher logs SIGQUIT after the child logged its traceback) or the process has exited; "" if neither
@@ -366,21 +371,23 @@ class SglangServer:
             return False
 
     # -- teardown
-    def stop(self, timeout: float | None = None) -> int | None:
-        """Kill the whole process group (SIGTERM, wait, SIGKILL); wait for port and GPU memory to be released.
+    def stop(self, timeout: float | None = None, grace: float | None = None) -> int | None:
+        """Kill the whole process group (SIGTERM, wait up to ``grace``, SIGKILL); wait up to ``timeout`` for port and
+        GPU memory to be released (``grace`` defaults to ``timeout``).
 
         Returns the server's exit code (None when never started). Safe to call twice.
         """
         if self.proc is None:
             return None
         timeout = self.stop_timeout if timeout is None else timeout
+        grace = timeout if grace is None else grace
         pgid = self.proc.pid
         members = set(group_members(pgid)) | {pgid}
         self._pids_seen |= members
         if self.proc.poll() is None or group_members(pgid):
             self._signal_group(pgid, signal.SIGTERM)
-            if not self._wait_group(pgid, timeout):
-                self._log(f"process group {pgid} still alive {timeout:.0f}s after SIGTERM: SIGKILL")
+            if not self._wait_group(pgid, grace):
+                self._log(f"process group {pgid} still alive {grace:.0f}s after SIGTERM: SIGKILL")
                 self._signal_group(pgid, signal.SIGKILL)
                 self._wait_group(pgid, 30)
         try:

@@ -228,13 +228,38 @@ def _exercise_last(server, run: SmokeRun, last: list) -> None:
             why = f"not sent: the server lost a connection in the batch before ({errors[0]})"
             got = [client.Result(len(results) + i, False, 0.0, error=why) for i in range(len(batch))]
         else:
-            got = client.run_batch(server.base_url, payloads, parallel=min(len(batch), CLIENT_PARALLEL))
+            got = _run_watching(server, payloads)
             _name_the_cause(server, got)
         sent += batch
         results += got
     for family, exchanges in surface.collate(sent, results).items():
         run.surface[family] = exchanges
     run.sent_after_info = frozenset(f for f, _l, _p in last)
+
+
+# How long a server whose child failed gets to end on SIGTERM before SIGKILL: it is dead already, and sglang's
+# launcher answers SIGTERM only after its 60 s coredump wait (H200, 0.5.17, 2026-12-05: the mixed token_ids_logprob
+# batch held the suite 60 s per witness server, ratio 1.85).
+DEAD_SERVER_GRACE_S = 5.0
+
+
+def _run_watching(server, payloads: list) -> list:
+    """client.run_batch of ``payloads``, stopping the server (which drops their connections) as soon as its log says
+    a child failed: the LAST families can kill it, and a dead sglang holds its open requests until its own kill."""
+    box: dict = {}
+    thread = threading.Thread(
+        target=lambda: box.update(
+            results=client.run_batch(server.base_url, payloads, parallel=min(len(payloads), CLIENT_PARALLEL))
+        ),
+        daemon=True,
+    )
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+        if thread.is_alive() and server.child_failed():
+            server.stop(grace=DEAD_SERVER_GRACE_S)
+            thread.join()
+    return box["results"]
 
 
 def _name_the_cause(server, results: list) -> None:
