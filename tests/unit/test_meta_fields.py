@@ -177,3 +177,13 @@ def test_server_bounds_count_the_re_prefills_too():
     assert F.server_accept_bounds(metas, STEPS) == (6.0, 6.0)
     assert F.server_accept_outside(metas, 6.0, STEPS) is None
     assert F.server_accept_bounds([dict(m, num_retractions=0) for m in metas], STEPS) == (6.2, 6.0)
+
+
+def test_server_bounds_of_a_request_retracted_more_often_than_its_tokens():
+    # the 0.5.17 topk 3 paged request (H200, 2026-12-05): 32 tokens after 34 retractions, 10 drafts over 19 steps; the
+    # server's average counts its accepted tokens (29) over its steps: inside the bounds, whose top is N - 1 + S a
+    # request (a retraction adds no token to the top end)
+    meta = dict(_retracted([0] * 9 + [1] * 10, 0), completion_tokens=32, num_retractions=34)
+    lo, hi = F.server_accept_bounds([meta], STEPS)
+    assert lo <= 29 / 19 <= hi, (lo, hi)
+    assert F.server_accept_outside([meta], 29 / 19, STEPS) is None

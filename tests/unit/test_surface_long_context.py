@@ -385,9 +385,19 @@ def test_the_tree_signature_is_two_kept_before_each_short_read():
     assert not long_context.tree_reads_short("srrs") and not long_context.tree_reads_short("rrrxrrs")
     assert not long_context.tree_reads_short("rrrrr")  # nothing short: not this deviation
     # on the MTP servers the root reading short (the catalogue's mutant) is never excused
-    assert long_context.known_reads("rssss", 3, 0) is None and long_context.known_reads("rssss", 1, 0) is None
-    assert long_context.known_reads("rssss", None, 0) == long_context.DECODE_SHORT
-    assert long_context.known_reads("rrrsrrs", 1, 0) is None  # topk 1 verifies a chain: index = depth
+    tree = {"completion_tokens": 10, "spec_verify_ct": 3, "spec_correct_drafts_histogram": [0, 0, 3, 0, 0, 0]}
+    assert long_context.known_reads("rrrsrrs", 3, tree) == long_context.TREE_SHORT
+    assert long_context.known_reads("rssss", 3, tree) is None and long_context.known_reads("rssss", 1, {}) is None
+    assert long_context.known_reads("rssss", None, {}) == long_context.DECODE_SHORT
+    assert long_context.known_reads("rrrsrrs", 1, tree) is None  # topk 1 verifies a chain: index = depth
+    # a short read where every draft was kept is no tree windowed by index (the review's cases, 2026-12-05): one
+    # short read in an exact output, or every step's bonus read short with its five drafts kept
+    exact = {"completion_tokens": 13, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 0, 0, 0, 0, 2]}
+    assert long_context.known_reads("rrrrrsrrrrrs", 3, exact) is None
+    assert long_context.tree_counters(tree, "rrrsrrs")
+    assert not long_context.tree_counters(dict(tree, completion_tokens=13), "rrrsrrs")  # counters not the output's
+    assert not long_context.tree_counters(dict(tree, spec_verify_ct=1, spec_correct_drafts_histogram=[0, 0, 1]), "ss")
+    assert not long_context.tree_counters(dict(tree, spec_correct_drafts_histogram=[0, 1, 2]), "s")  # one kept
 
 
 def test_the_known_signature_never_covers_another_fault(tmp_path):
@@ -413,6 +423,8 @@ def test_the_known_signature_never_covers_another_fault(tmp_path):
     # nor the rule's own output (nothing read short), nor a decode token at the edge beyond the retractions
     assert not long_context.decode_reads_short("r=rrr", 0)
     assert not long_context.decode_reads_short("rssrs", 0) and long_context.decode_reads_short("rssrs", 1)
+    # the rule for a while, then short, is no decode one key short, however many retractions (two edge reads in a row)
+    assert not long_context.decode_reads_short("r" * 25 + "s" * 60, 34)
 
 
 def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(tmp_path):
@@ -568,4 +580,8 @@ def test_a_window_one_key_wide_is_read_as_such_and_never_excused():
         ids.append(long_witness.predicted_next(ids, text, visible_max=window)[-1])
     kinds = long_witness.read_kinds(prompt, ids[len(prompt) :], text)
     assert kinds[0] == long_witness.READ_WIDE and set(kinds[1:]) <= {long_witness.READ_SHORT, long_witness.READ_BOTH}
-    assert long_context.known_reads(kinds, None, 0) is None and long_context.known_reads(kinds, 3, 0) is None
+    tree = {"completion_tokens": 22, "spec_verify_ct": 7, "spec_correct_drafts_histogram": [0, 0, 7, 0, 0, 0]}
+    assert long_context.known_reads(kinds, None, {}) is None and long_context.known_reads(kinds, 3, tree) is None
+    # an output holding another group's key token is read as none of the rule's, not a harness error
+    stray = ids[len(prompt) :][:5] + [long_witness.key_token(3)]
+    assert long_witness.read_kinds(prompt, stray, text) == long_witness.READ_OTHER * len(stray)

@@ -199,9 +199,12 @@ def read_kinds(prompt: list[int], output: list[int], text: dict) -> str:
     as served (``predicted_next``)."""
     ids = list(prompt) + list(output)
     w = text["sliding_window"]
-    rule = predicted_next(ids, text, visible_max=w - 1)
-    short = predicted_next(ids, text, visible_max=w - 2)
-    wide = predicted_next(ids, text, visible_max=w)
+    try:
+        rule = predicted_next(ids, text, visible_max=w - 1)
+        short = predicted_next(ids, text, visible_max=w - 2)
+        wide = predicted_next(ids, text, visible_max=w)
+    except ValueError:  # an output holding another group's key token: the rule predicts none of it
+        return READ_OTHER * len(output)
     kinds = []
     for p in range(len(prompt) - 1, len(ids) - 1):
         got = ids[p + 1]

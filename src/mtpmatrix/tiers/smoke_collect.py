@@ -225,7 +225,8 @@ def _exercise_last(server, run: SmokeRun, last: list) -> None:
         payloads = [p for _f, _l, p in batch]
         errors = [r.error for r in results if r.error]
         if errors and (not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST)):
-            why = f"not sent: the server lost a connection in the batch before ({errors[0]})"
+            # not the batch before's error: its cause is that batch's signature, not this one's
+            why = "not sent: the server died in the batch before"
             got = [client.Result(len(results) + i, False, 0.0, error=why) for i in range(len(batch))]
         else:
             got = _run_watching(server, payloads)
@@ -247,18 +248,22 @@ def _run_watching(server, payloads: list) -> list:
     """client.run_batch of ``payloads``, stopping the server (which drops their connections) as soon as its log says
     a child failed: the LAST families can kill it, and a dead sglang holds its open requests until its own kill."""
     box: dict = {}
-    thread = threading.Thread(
-        target=lambda: box.update(
-            results=client.run_batch(server.base_url, payloads, parallel=min(len(payloads), CLIENT_PARALLEL))
-        ),
-        daemon=True,
-    )
+
+    def send() -> None:
+        try:
+            box["results"] = client.run_batch(server.base_url, payloads, parallel=min(len(payloads), CLIENT_PARALLEL))
+        except BaseException as exc:  # raised here, in the collecting thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=send, daemon=True)
     thread.start()
     while thread.is_alive():
         thread.join(0.5)
         if thread.is_alive() and server.child_failed():
             server.stop(grace=DEAD_SERVER_GRACE_S)
             thread.join()
+    if "error" in box:
+        raise box["error"]
     return box["results"]
 
 

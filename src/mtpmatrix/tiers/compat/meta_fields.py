@@ -147,8 +147,9 @@ def server_accept_bounds(metas: list[dict], steps: int) -> tuple[float, float] |
     if not verify:
         return None
     kept = sum(max(0, verified_tokens(m.get("completion_tokens", 0) or 0, retractions_of(m))) for m in metas)
+    served = sum(max(0, (m.get("completion_tokens", 0) or 0) - 1) for m in metas)  # no re-prefill token at all
     lo = kept / verify
-    hi = min(steps + 1.0, (kept + steps * len(metas)) / verify)
+    hi = min(steps + 1.0, (served + steps * len(metas)) / verify)
     return round(lo, 4), round(hi, 4)
 
 

@@ -178,11 +178,14 @@ def decode_reads_short(kinds: str, retractions: int) -> bool:
     token read at the window's edge, every decode token through a window one key short (update_sliding_window_buffer
     keeps min(seq_len, sliding_window_size) keys; its extend kernel and transformers keep one more: sglang#32087,
     issue #34354; read in 0.5.13, 0.5.17 and 0.5.23), but for at most one token per retraction (a re-prefill reads
-    the edge again), and at least one token that the short window changes. No token any other read gives."""
+    the edge again, once: never two in a row), and at least one token that the short window changes. No token any
+    other read gives."""
     if not _only_edge_or_short(kinds):
         return False
     edge = (long_witness.READ_RULE, long_witness.READ_BOTH)
-    return kinds[0] in edge and kinds[1:].count(long_witness.READ_RULE) <= retractions
+    rule = long_witness.READ_RULE
+    # a re-prefill reads the edge once, then decode reads short again: two edge reads in a row are no re-prefill
+    return kinds[0] in edge and kinds[1:].count(rule) <= retractions and rule * 2 not in kinds[1:]
 
 
 def _only_edge_or_short(kinds: str) -> bool:
@@ -205,11 +208,34 @@ def tree_reads_short(kinds: str) -> bool:
     return all(len(run) >= 2 for run in kinds.split(long_witness.READ_SHORT)[:-1])
 
 
-def known_reads(kinds: str, topk: int | None, retractions: int) -> str | None:
-    """The known deviation (a KNOWN_READS phrase) an output's reads are, on a server of ``topk``; None for any other."""
+def tree_counters(meta: dict, kinds: str) -> bool:
+    """Whether a request's own counters are the tree verify's windows by index (``tree_reads_short``): every verify
+    step kept the root's and its top child's drafts and none past the depth-3 node (the depth-2 node's index is past
+    its depth, unless it is the only depth-1 node's child: measured [0, 0, 25, 1] and [0, 0, 24, 2]), most of them
+    two, and no more short reads than verify steps (one bonus a step)."""
+    hist = meta.get("spec_correct_drafts_histogram")
+    verify, completion = meta.get("spec_verify_ct"), meta.get("completion_tokens")
+    if not isinstance(hist, list) or not isinstance(verify, int) or not isinstance(completion, int) or len(hist) < 3:
+        return False
+    kept = sum(k * h for k, h in enumerate(hist)) + verify  # tokens the steps kept: drafts and a bonus each
+    low = meta_fields.verified_tokens(completion, meta_fields.retractions_of(meta))
+    return (
+        verify >= 1
+        and not any(hist[:2])
+        and not any(hist[4:])
+        and hist[2] >= sum(hist[3:4])
+        and sum(hist) == verify
+        and low <= kept <= completion - 1 + settings.NUM_STEPS  # the tail rule: the counters are the output's
+        and kinds.count(long_witness.READ_SHORT) <= verify
+    )
+
+
+def known_reads(kinds: str, topk: int | None, meta: dict) -> str | None:
+    """The known deviation (a KNOWN_READS phrase) an output's reads are, on a server of ``topk``, given its answer's
+    meta_info (retractions; at topk > 1 the verify counters too); None for any other."""
     if not topk:
-        return DECODE_SHORT if decode_reads_short(kinds, retractions) else None
-    return TREE_SHORT if topk > 1 and tree_reads_short(kinds) else None
+        return DECODE_SHORT if decode_reads_short(kinds, meta_fields.retractions_of(meta)) else None
+    return TREE_SHORT if topk > 1 and tree_reads_short(kinds) and tree_counters(meta, kinds) else None
 
 
 def _exact(label: str, prompt: list[int], response: dict, want_new: int, topk: int | None) -> list[str]:
@@ -230,7 +256,7 @@ def _exact(label: str, prompt: list[int], response: dict, want_new: int, topk: i
     if first is None:
         return out
     kinds = long_witness.read_kinds(prompt, got, pair_text())
-    known = known_reads(kinds, topk, meta_fields.retractions_of(meta))
+    known = known_reads(kinds, topk, meta)
     if known:
         short = kinds.count(long_witness.READ_SHORT)
         return out + [f"{label}: {known} ({short} of {len(got)} tokens read so; token {first} is {got[first]})"]
@@ -333,12 +359,11 @@ def accept_problems(spec, exchanges) -> list[str]:
 
 
 def _tree_counters(topk: int, meta: dict, served: tuple[list[int], list[int]] | None) -> bool:
-    """Whether a request's lost drafts are the tree verify's windows by index (``tree_reads_short``): no verify step
-    kept fewer than the root's and its top child's drafts, and the output reads so."""
-    hist = meta.get("spec_correct_drafts_histogram")
-    if topk < 2 or served is None or not isinstance(hist, list) or any(hist[:2]):
+    """Whether a request's lost drafts are the tree verify's windows by index: its output and counters read so
+    (``known_reads``)."""
+    if served is None:
         return False
-    return tree_reads_short(long_witness.read_kinds(served[0], served[1], pair_text()))
+    return known_reads(long_witness.read_kinds(served[0], served[1], pair_text()), topk, meta) == TREE_SHORT
 
 
 def own_problems(spec, exchanges) -> list[str]:
@@ -410,7 +435,7 @@ def abort_problems(x, want: int, topk: int | None) -> list[str]:
     rule = expected(item.victim["input_ids"], len(got))
     if got != rule:
         kinds = long_witness.read_kinds(item.victim["input_ids"], got, pair_text())
-        known = known_reads(kinds, topk, meta_fields.retractions_of(meta))
+        known = known_reads(kinds, topk, meta)
         out.append(f"abort victim: {known}" if known else f"abort victim: its {len(got)} tokens leave the rule")
     return known_last(out)
 
@@ -444,11 +469,11 @@ def reads(exchanges, text: dict) -> dict[str, dict]:
     return out
 
 
-def _follows(prompt: list[int], output: list[int], topk: int | None, retractions: int) -> str | None:
+def _follows(prompt: list[int], output: list[int], topk: int | None, meta: dict) -> str | None:
     """ "follows the rule", the known deviation (``known_reads``) ``output`` is on a server of ``topk``, or None."""
     if list(output) == expected(prompt, len(output)):
         return "follows the rule"
-    return known_reads(long_witness.read_kinds(prompt, output, pair_text()), topk, retractions)
+    return known_reads(long_witness.read_kinds(prompt, output, pair_text()), topk, meta)
 
 
 def against_reference(exchanges, reference, topk: int | None = None) -> list[str]:
@@ -462,18 +487,18 @@ def against_reference(exchanges, reference, topk: int | None = None) -> list[str
             continue
         if x.label == "abort":
             prompts = [b["input_ids"] for b in x.payload.neighbours]
-            mine = [o.get("output_ids") or [] for o in (x.response.get("outputs") or [])[:-1]]
+            mine = (x.response.get("outputs") or [])[:-1]
             twin = (r.response.get("outputs") or [])[:-1]
         else:
-            prompts, mine, twin = [x.payload["input_ids"]], [x.output_ids], [r.response]
-        for k, (prompt, a, t) in enumerate(zip(prompts, mine, twin)):
-            b = list(t.get("output_ids") or [])
+            prompts, mine, twin = [x.payload["input_ids"]], [x.response], [r.response]
+        for k, (prompt, m, t) in enumerate(zip(prompts, mine, twin)):
+            a, b = list(m.get("output_ids") or []), list(t.get("output_ids") or [])
             n = min(len(a), len(b))
             if a[:n] == b[:n] and not (x.label.startswith("prefix-") and a != b):
                 continue
             label = f"{x.label}{f' neighbour {k}' if x.label == 'abort' else ''}"
-            twin_says = _follows(prompt, b, None, meta_fields.retractions_of(t.get("meta_info") or {}))
-            mine_says = _follows(prompt, a, topk, 0)
+            twin_says = _follows(prompt, b, None, t.get("meta_info") or {})
+            mine_says = _follows(prompt, a, topk, m.get("meta_info") or {})
             if twin_says and mine_says:
                 out.append(f"{label}: the no-MTP twin {twin_says}; the MTP output {mine_says}")
             else:
