@@ -246,7 +246,7 @@ def measured_on_0_5_17(check_id: str) -> dict | None:
         neighbour = next(
             c for c in checks if c["id"].endswith("test_long_requests_run_to_the_limit[long-witness-mtp-topk3-paged]")
         )["metrics"]["reads"]["abort neighbour 0"]["reads"]
-        from mtpmatrix.tiers.surface import long_context as lc
+        from mtpmatrix.tiers.surface import long_deviations as lc
 
         assert lc.tree_reads_short(neighbour), neighbour
         message = f"1 problem(s) over the abort group; first: abort neighbour 0: {lc.TREE_SHORT} (the reads recorded)"

@@ -14,7 +14,7 @@ from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.serving import abort, client
 from mtpmatrix.tiers import surface
-from mtpmatrix.tiers.surface import long_context
+from mtpmatrix.tiers.surface import long_context, long_deviations
 
 SPECS = {s.name: s for s in smoke_servers.SMOKE_SERVERS if s.name in smoke_servers.LONG_SERVERS}
 MTP_NAMES = [n for n, s in SPECS.items() if s.topk]
@@ -333,7 +333,7 @@ def test_the_triton_decode_one_key_short_is_named_and_matches_its_entry_only(tmp
     ):
         with pytest.raises(CheckFailure) as failed:
             check(runs, name, lambda *_: None)
-        assert long_context.DECODE_SHORT in str(failed.value), str(failed.value)
+        assert long_deviations.DECODE_SHORT in str(failed.value), str(failed.value)
         assert _known(f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]", failed.value), str(failed.value)
     for name in ("long-witness-mtp-topk1", "long-witness-mtp-topk3-paged"):  # the MTP servers' own checks pass
         tier.test_long_requests_run_to_the_limit(runs, name, lambda *_: None)
@@ -366,7 +366,7 @@ def test_the_tree_verify_by_index_is_named_and_matches_its_entries(tmp_path):
     ):
         with pytest.raises(CheckFailure) as failed:
             check(runs, name, lambda *_: None)
-        assert long_context.TREE_SHORT in str(failed.value), str(failed.value)
+        assert long_deviations.TREE_SHORT in str(failed.value), str(failed.value)
         assert _known_id(f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]", failed.value) == entry
     for check in (tier.test_long_requests_run_to_the_limit, tier.test_long_accept_exact, tier.test_long_match_no_mtp):
         check(runs, "long-witness-mtp-topk1", lambda *_: None)
@@ -374,30 +374,34 @@ def test_the_tree_verify_by_index_is_named_and_matches_its_entries(tmp_path):
     runs = _runs(tmp_path, "tree-by-index", twin="decode-one-short")
     with pytest.raises(CheckFailure) as failed:
         tier.test_long_match_no_mtp(runs, name, lambda *_: None)
-    assert f"the no-MTP twin {long_context.DECODE_SHORT}; the MTP output {long_context.TREE_SHORT}" in str(failed.value)
+    assert f"the no-MTP twin {long_deviations.DECODE_SHORT}; the MTP output {long_deviations.TREE_SHORT}" in str(
+        failed.value
+    )
     assert _known_id(f"tests/tiers/test_smoke_long.py::test_long_match_no_mtp[{name}]", failed.value)
 
 
 def test_the_tree_signature_is_two_kept_before_each_short_read():
-    assert long_context.tree_reads_short("rrrs=rsrrs") and long_context.tree_reads_short("rrrsrrrs")
-    assert not long_context.tree_reads_short("rsss")  # the root read short (swa-verify-window-short)
-    assert not long_context.tree_reads_short("rrrsrs")  # a step that kept one draft
-    assert not long_context.tree_reads_short("srrs") and not long_context.tree_reads_short("rrrxrrs")
-    assert not long_context.tree_reads_short("rrrrr")  # nothing short: not this deviation
+    assert long_deviations.tree_reads_short("rrrs=rsrrs") and long_deviations.tree_reads_short("rrrsrrrs")
+    assert not long_deviations.tree_reads_short("rsss")  # the root read short (swa-verify-window-short)
+    assert not long_deviations.tree_reads_short("rrrsrs")  # a step that kept one draft
+    assert not long_deviations.tree_reads_short("srrs") and not long_deviations.tree_reads_short("rrrxrrs")
+    assert not long_deviations.tree_reads_short("rrrrr")  # nothing short: not this deviation
     # on the MTP servers the root reading short (the catalogue's mutant) is never excused
     tree = {"completion_tokens": 10, "spec_verify_ct": 3, "spec_correct_drafts_histogram": [0, 0, 3, 0, 0, 0]}
-    assert long_context.known_reads("rrrsrrs", 3, tree) == long_context.TREE_SHORT
-    assert long_context.known_reads("rssss", 3, tree) is None and long_context.known_reads("rssss", 1, {}) is None
-    assert long_context.known_reads("rssss", None, {}) == long_context.DECODE_SHORT
-    assert long_context.known_reads("rrrsrrs", 1, tree) is None  # topk 1 verifies a chain: index = depth
+    assert long_deviations.known_reads("rrrsrrs", 3, tree) == long_deviations.TREE_SHORT
+    assert long_deviations.known_reads("rssss", 3, tree) is None and long_deviations.known_reads("rssss", 1, {}) is None
+    assert long_deviations.known_reads("rssss", None, {}) == long_deviations.DECODE_SHORT
+    assert long_deviations.known_reads("rrrsrrs", 1, tree) is None  # topk 1 verifies a chain: index = depth
     # a short read where every draft was kept is no tree windowed by index (the review's cases, 2026-12-05): one
     # short read in an exact output, or every step's bonus read short with its five drafts kept
     exact = {"completion_tokens": 13, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 0, 0, 0, 0, 2]}
-    assert long_context.known_reads("rrrrrsrrrrrs", 3, exact) is None
-    assert long_context.tree_counters(tree, "rrrsrrs")
-    assert not long_context.tree_counters(dict(tree, completion_tokens=13), "rrrsrrs")  # counters not the output's
-    assert not long_context.tree_counters(dict(tree, spec_verify_ct=1, spec_correct_drafts_histogram=[0, 0, 1]), "ss")
-    assert not long_context.tree_counters(dict(tree, spec_correct_drafts_histogram=[0, 1, 2]), "s")  # one kept
+    assert long_deviations.known_reads("rrrrrsrrrrrs", 3, exact) is None
+    assert long_deviations.tree_counters(tree, "rrrsrrs")
+    assert not long_deviations.tree_counters(dict(tree, completion_tokens=13), "rrrsrrs")  # counters not the output's
+    assert not long_deviations.tree_counters(
+        dict(tree, spec_verify_ct=1, spec_correct_drafts_histogram=[0, 0, 1]), "ss"
+    )
+    assert not long_deviations.tree_counters(dict(tree, spec_correct_drafts_histogram=[0, 1, 2]), "s")  # one kept
 
 
 def test_the_known_signature_never_covers_another_fault(tmp_path):
@@ -406,25 +410,25 @@ def test_the_known_signature_never_covers_another_fault(tmp_path):
     runs = _runs(tmp_path, "root-reads-short", twin="decode-one-short")
     with pytest.raises(CheckFailure) as failed:
         tier.test_long_requests_run_to_the_limit(runs, "long-witness-mtp-topk1", lambda *_: None)
-    assert long_context.DECODE_SHORT not in str(failed.value)
+    assert long_deviations.DECODE_SHORT not in str(failed.value)
     assert not _known(
         "tests/tiers/test_smoke_long.py::test_long_requests_run_to_the_limit[long-witness-nomtp]", failed.value
     )
     # another fault beside it on the no-MTP server is named first, so the failure is not the known one
     both = long_context.own_problems(NOMTP, collect(NOMTP, "decode-one-short")) + ["limit-9: 93 output ids"]
-    assert long_context.DECODE_SHORT not in long_context.known_last(both)[0]
+    assert long_deviations.DECODE_SHORT not in long_deviations.known_last(both)[0]
     # a no-MTP output one token off the short-window read is not the signature (a read that is neither)
     prompt = long_witness.prompts(1, long_context.PROMPT, seed=long_context.SEED_LIMIT)[0]
     got = collect(NOMTP, "decode-one-short")[0].output_ids
     kinds = long_witness.read_kinds(prompt, got, long_context.pair_text())
-    assert long_context.decode_reads_short(kinds, 0)
+    assert long_deviations.decode_reads_short(kinds, 0)
     bent = got[:5] + [long_witness.body_token(0, (long_witness.member_of(got[5]) + 7) % 31)] + got[6:]
-    assert not long_context.decode_reads_short(long_witness.read_kinds(prompt, bent, long_context.pair_text()), 0)
+    assert not long_deviations.decode_reads_short(long_witness.read_kinds(prompt, bent, long_context.pair_text()), 0)
     # nor the rule's own output (nothing read short), nor a decode token at the edge beyond the retractions
-    assert not long_context.decode_reads_short("r=rrr", 0)
-    assert not long_context.decode_reads_short("rssrs", 0) and long_context.decode_reads_short("rssrs", 1)
+    assert not long_deviations.decode_reads_short("r=rrr", 0)
+    assert not long_deviations.decode_reads_short("rssrs", 0) and long_deviations.decode_reads_short("rssrs", 1)
     # the rule for a while, then short, is no decode one key short, however many retractions (two edge reads in a row)
-    assert not long_context.decode_reads_short("r" * 25 + "s" * 60, 34)
+    assert not long_deviations.decode_reads_short("r" * 25 + "s" * 60, 34)
 
 
 def test_the_tier_checks_pass_on_the_intact_fake_and_name_the_kind_when_broken(tmp_path):
@@ -581,7 +585,7 @@ def test_a_window_one_key_wide_is_read_as_such_and_never_excused():
     kinds = long_witness.read_kinds(prompt, ids[len(prompt) :], text)
     assert kinds[0] == long_witness.READ_WIDE and set(kinds[1:]) <= {long_witness.READ_SHORT, long_witness.READ_BOTH}
     tree = {"completion_tokens": 22, "spec_verify_ct": 7, "spec_correct_drafts_histogram": [0, 0, 7, 0, 0, 0]}
-    assert long_context.known_reads(kinds, None, {}) is None and long_context.known_reads(kinds, 3, tree) is None
+    assert long_deviations.known_reads(kinds, None, {}) is None and long_deviations.known_reads(kinds, 3, tree) is None
     # an output holding another group's key token is read as none of the rule's, not a harness error
     stray = ids[len(prompt) :][:5] + [long_witness.key_token(3)]
     assert long_witness.read_kinds(prompt, stray, text) == long_witness.READ_OTHER * len(stray)
