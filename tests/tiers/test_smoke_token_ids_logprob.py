@@ -19,21 +19,19 @@ WITNESS_MTP = [s for s in WITNESS if s.topk]
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_token_ids_logprob_as_predicted(smoke_runs, name, record_property):
     """Each token_ids_logprob request of the batch where every request asks: one entry per output position listing exactly the asked ids; the asked id that is the output there at >= logprobs.OWN_FLOOR, every other asked id <= -logprobs.GAP."""
-    _run, exchanges = surface_family.exchanges(
-        token_ids_logprob, smoke_runs, name, record_property, labels=token_ids_logprob.LAST_FIRST
-    )
-    problems = [p for x in exchanges for p in token_ids_logprob.own_problems(x)]
-    record_property("problems", problems[:20])
-    surface_family.fail(token_ids_logprob, problems, len(exchanges))
+    _own_problems(smoke_runs, name, record_property, token_ids_logprob.LAST_FIRST)
 
 
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_token_ids_logprob_beside_other_requests(smoke_runs, name, record_property):
     """The mixed batch: an asking request beside a top-logprob request and a plain one, each as predicted (the asking one as above; the others get no output_token_ids_logprobs). A release whose scheduler dies on it fails here alone (token_ids_logprob.LAST)."""
-    _run, exchanges = surface_family.exchanges(
-        token_ids_logprob, smoke_runs, name, record_property, labels=token_ids_logprob.MIXED
-    )
+    _own_problems(smoke_runs, name, record_property, token_ids_logprob.MIXED)
+
+
+def _own_problems(smoke_runs, name: str, record_property, labels) -> None:
+    """The requests of ``labels`` on server ``name`` each as token_ids_logprob.own_problems predicts."""
+    _run, exchanges = surface_family.exchanges(token_ids_logprob, smoke_runs, name, record_property, labels=labels)
     problems = [p for x in exchanges for p in token_ids_logprob.own_problems(x)]
     record_property("problems", problems[:20])
     surface_family.fail(token_ids_logprob, problems, len(exchanges))

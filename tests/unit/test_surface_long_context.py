@@ -307,17 +307,19 @@ def _runs(tmp_path, broken: str = "", log: str = "", twin: str = "") -> dict:
 
 
 # ------------------------------------------------------------ intact sglang's no-MTP decode on the Triton backend
-def _known(check_id: str, failure: CheckFailure) -> bool:
-    """Whether the known-upstream entry for the Triton decode window matches this failure of ``check_id``."""
+DECODE_ENTRY = "sglang-triton-swa-decode-window-one-short"
+
+
+def _known_id(check_id: str, failure: CheckFailure) -> str | None:
+    """The known-upstream entry (of every entry) that matches this failure of ``check_id``, or None."""
     from mtpmatrix.core import known_upstream
 
-    entry = next(k for k in known_upstream.load() if k.id == "sglang-triton-swa-decode-window-one-short")
     record = {
         "id": check_id,
         "outcome": "failed",
         "failure": {"kind": failure.kind, "type": "CheckFailure", "message": str(failure)},
     }
-    return entry.matches(record)
+    return next((k.id for k in known_upstream.load() if k.matches(record)), None)
 
 
 def test_the_triton_decode_one_key_short_is_named_and_matches_its_entry_only(tmp_path):
@@ -334,23 +336,12 @@ def test_the_triton_decode_one_key_short_is_named_and_matches_its_entry_only(tmp
         with pytest.raises(CheckFailure) as failed:
             check(runs, name, lambda *_: None)
         assert long_deviations.DECODE_SHORT in str(failed.value), str(failed.value)
-        assert _known(f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]", failed.value), str(failed.value)
+        check_id = f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]"
+        assert _known_id(check_id, failed.value) == DECODE_ENTRY, str(failed.value)
     for name in ("long-witness-mtp-topk1", "long-witness-mtp-topk3-paged"):  # the MTP servers' own checks pass
         tier.test_long_requests_run_to_the_limit(runs, name, lambda *_: None)
         tier.test_long_abort_leaves_neighbours_exact(runs, name, lambda *_: None)
         tier.test_long_accept_exact(runs, name, lambda *_: None)
-
-
-def _known_id(check_id: str, failure: CheckFailure) -> str | None:
-    """The known-upstream entry (of every entry) that matches this failure of ``check_id``, or None."""
-    from mtpmatrix.core import known_upstream
-
-    record = {
-        "id": check_id,
-        "outcome": "failed",
-        "failure": {"kind": failure.kind, "type": "CheckFailure", "message": str(failure)},
-    }
-    return next((k.id for k in known_upstream.load() if k.matches(record)), None)
 
 
 def test_the_tree_verify_by_index_is_named_and_matches_its_entries(tmp_path):
@@ -411,9 +402,8 @@ def test_the_known_signature_never_covers_another_fault(tmp_path):
     with pytest.raises(CheckFailure) as failed:
         tier.test_long_requests_run_to_the_limit(runs, "long-witness-mtp-topk1", lambda *_: None)
     assert long_deviations.DECODE_SHORT not in str(failed.value)
-    assert not _known(
-        "tests/tiers/test_smoke_long.py::test_long_requests_run_to_the_limit[long-witness-nomtp]", failed.value
-    )
+    check_id = "tests/tiers/test_smoke_long.py::test_long_requests_run_to_the_limit[long-witness-nomtp]"
+    assert _known_id(check_id, failed.value) is None
     # another fault beside it on the no-MTP server is named first, so the failure is not the known one
     both = long_context.own_problems(NOMTP, collect(NOMTP, "decode-one-short")) + ["limit-9: 93 output ids"]
     assert long_deviations.DECODE_SHORT not in long_deviations.known_last(both)[0]

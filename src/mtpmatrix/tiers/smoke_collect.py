@@ -222,14 +222,11 @@ def _exercise_last(server, run: SmokeRun, last: list) -> None:
         return
     sent, results = [], []
     for batch in surface.last_batches(last):
-        payloads = [p for _f, _l, p in batch]
-        errors = [r.error for r in results if r.error]
-        if errors and (not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST)):
+        if _went_with_server(server, results):
             # not the batch before's error: its cause is that batch's signature, not this one's
-            why = "not sent: the server died in the batch before"
-            got = [client.Result(len(results) + i, False, 0.0, error=why) for i in range(len(batch))]
+            got = _not_sent(len(results), len(batch), "not sent: the server died in the batch before")
         else:
-            got = _run_watching(server, payloads)
+            got = _run_watching(server, [p for _f, _l, p in batch])
             _name_the_cause(server, got)
         sent += batch
         results += got
@@ -267,13 +264,24 @@ def _run_watching(server, payloads: list) -> list:
     return box["results"]
 
 
+def _went_with_server(server, results: list) -> bool:
+    """Whether a request of ``results`` failed and the server went with it: it exited, or a failed request lost its
+    connection (its log then names why)."""
+    errors = [r.error for r in results if r.error]
+    return bool(errors) and (not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST))
+
+
+def _not_sent(first_index: int, n: int, why: str) -> list:
+    """The results of ``n`` requests not sent, each saying ``why``."""
+    return [client.Result(first_index + i, False, 0.0, error=why) for i in range(n)]
+
+
 def _name_the_cause(server, results: list) -> None:
     """When ``results`` lost their connection with the server, each failed one's error names the log's cause."""
-    errors = [r.error for r in results if r.error]
-    if errors and (not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST)):
-        cause = server.exit_cause()
-        for r in results if cause else ():
-            r.error = f"{r.error}; server log: {cause}" if r.error else r.error
+    cause = server.exit_cause() if _went_with_server(server, results) else ""
+    for r in results:
+        if cause and r.error:
+            r.error = f"{r.error}; server log: {cause}"
 
 
 def _own_requests(spec, vocab_size: int) -> tuple[list[dict], list]:
@@ -302,7 +310,7 @@ def _send(server, batch: list[dict], alone: list[dict]) -> list:
     lost = [r.error for r in results if r.error and any(c in r.error for c in CONNECTION_LOST)]
     if lost or not server.alive():
         why = f"not sent: the server lost a connection in the batch before ({lost[0] if lost else 'it exited'})"
-        return results + [client.Result(len(results) + i, False, 0.0, error=why) for i in range(len(alone))]
+        return results + _not_sent(len(results), len(alone), why)
     return results + client.run_batch(server.base_url, alone, parallel=1)
 
 
@@ -312,7 +320,7 @@ def _raise_on_failed(server, results: list) -> None:
     errors = [r.error for r in results if r.error]
     if errors:
         message = f"{len(errors)}/{len(results)} requests failed: {errors[0]}"
-        if not server.alive() or any(lost in e for e in errors for lost in CONNECTION_LOST):
+        if _went_with_server(server, results):
             # the connection went with the server: its log names why (a known upstream signature matches it)
             cause = server.exit_cause()
             message += f"; server log: {cause}" if cause else ""
