@@ -37,6 +37,15 @@ and what intact sglang's no-MTP server does on the Triton backend (not a fault o
                       drafts accepted) and a bonus read through a short window (the depth-2 node's index is past its
                       depth); sglang 0.5.17's Triton extend kernel, measured on the topk 3 paged server the same day
 
+and what intact sglang 0.5.13 does (measured on an H200, 2026-12-05; known upstream
+sglang-0513-gemma4-swa-extend-window-one-wide: its Gemma 4 layers pass config.sliding_window where the Triton
+backend's buffers hold sliding_window - 1):
+
+  extend-one-wide     the prefill's token reads one key wide (the trap, 64 back); no MTP: every decode token one key
+                      short; MTP: each verify step's root reads the edge (its draft kept) and every node below it one
+                      key wide, the step keeping drafts while the two reads agree (as at topk 1; the fake verifies
+                      topk 3 the same way, one of the trees 0.5.13 may serve)
+
 ``retract_after`` (not a fault) retracts every request once after that many verify steps: the re-prefill
 of prompt + output yields one token without a verify step, as sglang's does (meta_info num_retractions 1).
 
@@ -101,6 +110,7 @@ class LongWitnessShapes:
         self.aborted: set[str] = set()
         self.abort_heard = threading.Event()
         self.streams = 0
+        self.wide_rounds: dict[tuple[int, ...], list[int]] = {}  # extend-one-wide: each prompt's verify steps
 
     # --- sglang's rules, as long_context derives them --------------------------------------------------------
     def _refusal(self, prompt: list[int], max_new: int) -> tuple[int, str] | None:
@@ -125,7 +135,37 @@ class LongWitnessShapes:
         pairs = bool(self.topk)  # under MTP the tree matches token pairs: one token fewer (cached_bounds)
         return (min(best, len(prompt) - 1) - pairs) // self.page * self.page
 
+    def _extend_wide(self, prompt: list[int], n: int) -> list[int]:
+        """extend-one-wide's ``n`` tokens; each verify step's accepted drafts kept for ``_meta`` (self.wide_rounds)."""
+        text, window = long_context.pair_text(), long_context.WINDOW
+        scores = long_witness.sliding_score_list(text, window)  # plain Python: the unit suite has no torch
+        edge, short, wide = (max(range(m + 1), key=scores.__getitem__) for m in (window - 1, window - 2, window))
+
+        def read(ids: list[int], offset: int) -> int:
+            return long_witness.expected_continuation(ids, len(ids) + 1, window, read=offset)[0]
+
+        ids, rounds = prompt + [read(prompt, wide)], []
+        while len(ids) < len(prompt) + n:
+            if not self.topk:
+                ids.append(read(ids, short))
+                continue
+            ids.append(read(ids, edge))  # the root's token: the drafter's first draft, kept
+            accepted = 1
+            while len(ids) < len(prompt) + n:
+                token = read(ids, wide)
+                kept = accepted < settings.NUM_STEPS and token == read(ids, edge)
+                ids.append(token)
+                if not kept:
+                    break
+                accepted += 1
+            rounds.append(accepted)
+        with self.lock:
+            self.wide_rounds[tuple(prompt)] = rounds
+        return ids[len(prompt) :]
+
     def _rule(self, prompt: list[int], n: int) -> list[int]:
+        if self.broken == "extend-one-wide" and n:
+            return self._extend_wide(prompt, n)
         short = (self.broken == "decode-one-short" and not self.topk) or (
             self.broken == "tree-by-index" and (self.topk or 0) > 1
         )
@@ -146,8 +186,16 @@ class LongWitnessShapes:
         )
         return first + rest
 
-    def _rounds(self, n: int, cached: int) -> tuple[list[int], int]:
+    def _rounds(self, n: int, cached: int, prompt: list[int] | None = None) -> tuple[list[int], int]:
         """Drafts accepted by each verify step of a request that gets ``n`` tokens, and its retractions."""
+        if self.broken == "extend-one-wide":  # the steps that made the first n of the tokens _extend_wide served
+            with self.lock:
+                served = list(self.wide_rounds[tuple(prompt or ())])
+            rounds, produced = [], 1
+            while produced < n:
+                rounds.append(served[len(rounds)])
+                produced += rounds[-1] + 1
+            return rounds, 0
         steps, produced, rounds, retractions = settings.NUM_STEPS, 1, [], 0  # the prefill yields the first token
         while produced < n:
             if self.retract_after is not None and len(rounds) == self.retract_after and not retractions:
@@ -174,7 +222,7 @@ class LongWitnessShapes:
         }
         if not self.topk or not out:
             return meta
-        rounds, meta["num_retractions"] = self._rounds(len(out), cached)
+        rounds, meta["num_retractions"] = self._rounds(len(out), cached, prompt)
         if rounds:  # sglang's tokenizer_manager adds these only once a verify step ran
             steps = settings.NUM_STEPS
             meta.update(

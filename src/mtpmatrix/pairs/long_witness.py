@@ -189,30 +189,45 @@ def predicted_next(
 # sliding read at the window's edge (the rule, transformers' window), the read of a window one key short (sglang's
 # Triton decode kernel: update_sliding_window_buffer keeps min(seq_len, sliding_window_size) keys, one fewer than its
 # extend kernel and transformers; sgl-project/sglang#32087, unmerged), both (the two reads carry one member), the read
-# of a window one key wide (the trap just outside: sglang 0.5.13's extend paths, H200 2026-12-05), or none of these.
+# of a window one key wide (the trap just outside: sglang 0.5.13's extend rows past a segment's first, whose Gemma 4
+# layers pass config.sliding_window where the backend's buffers hold sliding_window - 1; sglang#26147, fixed in
+# 0.5.14; H200 2026-12-05), or none of these.
 READ_RULE, READ_SHORT, READ_BOTH, READ_WIDE, READ_OTHER = "r", "s", "=", "w", "x"
 
 
-def read_kinds(prompt: list[int], output: list[int], text: dict) -> str:
-    """One letter per token of ``output`` (READ_*): whether the read at the window's edge, the read of a window one
-    key short, both, the read of a window one key wide or none gives it, each predicted from ``prompt`` + ``output``
-    as served (``predicted_next``)."""
+def read_sets(prompt: list[int], output: list[int], text: dict) -> list[str]:
+    """Per token of ``output``, which of three reads give it, as letters in this order: READ_RULE (the window's
+    edge), READ_SHORT (a window one key short), READ_WIDE (a window one key wide); "" when none does. Each read is
+    predicted from ``prompt`` + ``output`` as served (``predicted_next``). The set, not one letter, is what a
+    deviation that mixes reads is told by (long_deviations.extend_reads_wide: sglang 0.5.13)."""
     ids = list(prompt) + list(output)
     w = text["sliding_window"]
     try:
-        rule = predicted_next(ids, text, visible_max=w - 1)
-        short = predicted_next(ids, text, visible_max=w - 2)
-        wide = predicted_next(ids, text, visible_max=w)
+        by_read = {
+            READ_RULE: predicted_next(ids, text, visible_max=w - 1),
+            READ_SHORT: predicted_next(ids, text, visible_max=w - 2),
+            READ_WIDE: predicted_next(ids, text, visible_max=w),
+        }
     except ValueError:  # an output holding another group's key token: the rule predicts none of it
-        return READ_OTHER * len(output)
-    kinds = []
-    for p in range(len(prompt) - 1, len(ids) - 1):
-        got = ids[p + 1]
-        if got == rule[p]:
-            kinds.append(READ_BOTH if got == short[p] else READ_RULE)
-        else:
-            kinds.append(READ_SHORT if got == short[p] else READ_WIDE if got == wide[p] else READ_OTHER)
-    return "".join(kinds)
+        return [""] * len(output)
+    return [
+        "".join(read for read, predicted in by_read.items() if predicted[p] == ids[p + 1])
+        for p in range(len(prompt) - 1, len(ids) - 1)
+    ]
+
+
+def kind_of(reads: str) -> str:
+    """The one letter (READ_*) a token's ``read_sets`` entry is shown as: the edge's read first (READ_BOTH when the
+    short window's gives it too), then the short window's, the wide one's, none."""
+    if READ_RULE in reads:
+        return READ_BOTH if READ_SHORT in reads else READ_RULE
+    return READ_SHORT if READ_SHORT in reads else READ_WIDE if READ_WIDE in reads else READ_OTHER
+
+
+def read_kinds(prompt: list[int], output: list[int], text: dict) -> str:
+    """One letter per token of ``output`` (READ_*, ``kind_of`` its ``read_sets`` entry): whether the read at the
+    window's edge, the read of a window one key short, both, the read of a window one key wide or none gives it."""
+    return "".join(map(kind_of, read_sets(prompt, output, text)))
 
 
 def _peak(inv, amps, offset: float):

@@ -54,6 +54,7 @@ from mtpmatrix.serving.client import Call
 from mtpmatrix.tiers.compat import meta_fields
 from mtpmatrix.tiers.surface import both_answered
 from mtpmatrix.tiers.surface.long_deviations import (
+    EXTEND_WIDE,
     TREE_SHORT,
     known_last,
     known_reads,
@@ -186,11 +187,12 @@ def _exact(label: str, prompt: list[int], response: dict, want_new: int, topk: i
     first = next((i for i, (a, b) in enumerate(zip(got, rule)) if a != b), None)
     if first is None:
         return out
-    kinds = long_witness.read_kinds(prompt, got, pair_text())
-    known = known_reads(kinds, topk, meta)
+    sets = long_witness.read_sets(prompt, got, pair_text())
+    known = known_reads(sets, topk, meta)
     if known:
-        short = kinds.count(long_witness.READ_SHORT)
-        return out + [f"{label}: {known} ({short} of {len(got)} tokens read so; token {first} is {got[first]})"]
+        kinds = "".join(map(long_witness.kind_of, sets))
+        off = sum(k not in (long_witness.READ_RULE, long_witness.READ_BOTH) for k in kinds)
+        return out + [f"{label}: {known} ({off} of {len(got)} tokens off the edge; token {first} is {got[first]})"]
     return out + [f"{label}: token {first} is {got[first]}, the long witness's rule gives {rule[first]}"]
 
 
@@ -276,19 +278,21 @@ def accept_problems(spec, exchanges) -> list[str]:
             out.append(f"{label}: spec_verify_ct {meta.get('spec_verify_ct')} for {completion} token(s) from prefill")
             continue
         bad = counter_mismatches(want, meta)
-        if bad and _tree_counters(spec.topk, meta, served.get(label)):
-            out.append(f"{label}: {TREE_SHORT} ({'; '.join(bad)})")
+        known = _known_counters(spec.topk, meta, served.get(label)) if bad else None
+        if known:
+            out.append(f"{label}: {known} ({'; '.join(bad)})")
         elif bad:
             out.append(f"{label}: {'; '.join(bad)} (predicted: every draft accepted, {retractions} retraction(s))")
     return known_last(out)
 
 
-def _tree_counters(topk: int, meta: dict, served: tuple[list[int], list[int]] | None) -> bool:
-    """Whether a request's lost drafts are the tree verify's windows by index: its output and counters read so
-    (``known_reads``)."""
+def _known_counters(topk: int, meta: dict, served: tuple[list[int], list[int]] | None) -> str | None:
+    """The known deviation a request's lost drafts are (TREE_SHORT: the tree verify's windows by index; EXTEND_WIDE:
+    0.5.13's verify nodes one key wide), its output and counters read so (``known_reads``); None for any other."""
     if served is None:
-        return False
-    return known_reads(long_witness.read_kinds(served[0], served[1], pair_text()), topk, meta) == TREE_SHORT
+        return None
+    known = known_reads(long_witness.read_sets(served[0], served[1], pair_text()), topk, meta)
+    return known if known in (TREE_SHORT, EXTEND_WIDE) else None
 
 
 def own_problems(spec, exchanges) -> list[str]:
@@ -359,8 +363,7 @@ def abort_problems(x, want: int, topk: int | None) -> list[str]:
         out.append(f"abort victim: {len(got)} tokens, the whole {want}: the abort did not stop it")
     rule = expected(item.victim["input_ids"], len(got))
     if got != rule:
-        kinds = long_witness.read_kinds(item.victim["input_ids"], got, pair_text())
-        known = known_reads(kinds, topk, meta)
+        known = known_reads(long_witness.read_sets(item.victim["input_ids"], got, pair_text()), topk, meta)
         out.append(f"abort victim: {known}" if known else f"abort victim: its {len(got)} tokens leave the rule")
     return known_last(out)
 
@@ -398,7 +401,7 @@ def _follows(prompt: list[int], output: list[int], topk: int | None, meta: dict)
     """ "follows the rule", the known deviation (``known_reads``) ``output`` is on a server of ``topk``, or None."""
     if list(output) == expected(prompt, len(output)):
         return "follows the rule"
-    return known_reads(long_witness.read_kinds(prompt, output, pair_text()), topk, meta)
+    return known_reads(long_witness.read_sets(prompt, output, pair_text()), topk, meta)
 
 
 def against_reference(exchanges, reference, topk: int | None = None) -> list[str]:

@@ -6,6 +6,8 @@ names per token; none excuses a pattern the measurement and the source reading d
 
 from __future__ import annotations
 
+from functools import cache
+
 from mtpmatrix.core import settings
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.tiers.compat import meta_fields
@@ -13,10 +15,13 @@ from mtpmatrix.tiers.compat import meta_fields
 # What a long request's failure says when its output is one of sglang's measured Triton sliding-window deviations,
 # each the phrase its known-upstream entry matches: a no-MTP server's decode one key short (``decode_reads_short``;
 # sglang-triton-swa-decode-window-one-short), a topk > 1 server's tree verify windowed by node index
-# (``tree_reads_short``; sglang-triton-swa-tree-verify-window-by-index).
+# (``tree_reads_short``; sglang-triton-swa-tree-verify-window-by-index), sglang 0.5.13's extend rows one key wide
+# (``extend_reads_wide``; sglang-0513-gemma4-swa-extend-window-one-wide).
 DECODE_SHORT = "decodes with the sliding window one key short"
 TREE_SHORT = "verifies tree nodes through sliding windows short by their index past their depth"
-KNOWN_READS = (DECODE_SHORT, TREE_SHORT)
+EXTEND_WIDE = "extends with the sliding window one key wide"
+KNOWN_READS = (DECODE_SHORT, TREE_SHORT, EXTEND_WIDE)
+EDGE, SHORT, WIDE = long_witness.READ_RULE, long_witness.READ_SHORT, long_witness.READ_WIDE
 
 
 def decode_reads_short(kinds: str, retractions: int) -> bool:
@@ -76,12 +81,90 @@ def tree_counters(meta: dict, kinds: str) -> bool:
     )
 
 
-def known_reads(kinds: str, topk: int | None, meta: dict) -> str | None:
-    """The known deviation (a KNOWN_READS phrase) an output's reads are, on a server of ``topk``, given its answer's
-    meta_info (retractions; at topk > 1 the verify counters too); None for any other."""
+def extend_reads_wide(reads: list[str], topk: int | None, meta: dict) -> bool:
+    """Whether an output's reads (long_witness.read_sets, one set a token) are what sglang 0.5.13 serves: its Gemma 4
+    layers hand RadixAttention config.sliding_window (gemma4_causal.py: 64) where the Triton backend builds its
+    window buffers from sliding_window - 1 (63 keys), so the extend kernel's mask (q <= k + 64) admits one key too
+    many for every extend row but a segment's first, which the 63-key buffer holds to the edge (fixed in 0.5.14,
+    sglang PR #26147). So:
+      * the prefill's token (the last row of its last chunk) reads one key wide; a re-prefill's token (at most one
+        per retraction) the edge or one key wide;
+      * no MTP: every other token decodes one key short (decode_reads_short's deviation, in 0.5.13 too);
+      * MTP: each verify step's root (its first row) reads the edge and keeps the drafter's first draft; at topk 1
+        every node below it reads one key wide, so a step keeps the drafts that read the same either way and ends at
+        the first that does not (``_step_fits``); at topk > 1 the top child reads one key wide and nodes past it
+        through windows their flattened index sets (any of the three reads); the steps are the answer's own
+        histogram (spec_correct_drafts_histogram), every step counted, the last one perhaps cut by the limit.
+    At least one token no read at the edge gives."""
+    if not reads or WIDE not in reads[0] or all(EDGE in r for r in reads):
+        return False
+    retractions = meta_fields.retractions_of(meta)
     if not topk:
-        return DECODE_SHORT if decode_reads_short(kinds, meta_fields.retractions_of(meta)) else None
-    return TREE_SHORT if topk > 1 and tree_reads_short(kinds) and tree_counters(meta, kinds) else None
+        re_prefills = [i for i, r in enumerate(reads) if i and SHORT not in r]
+        return (
+            all(EDGE in reads[i] or WIDE in reads[i] for i in re_prefills)
+            and len(re_prefills) <= retractions
+            and not any(b - a == 1 for a, b in zip(re_prefills, re_prefills[1:]))  # a re-prefill, then a decode
+        )
+    if not meta.get("spec_verify_ct") and len(reads) <= 1 + retractions:  # made by prefills alone: no verify step
+        return all(EDGE in r or WIDE in r for r in reads[1:])
+    hist = meta.get("spec_correct_drafts_histogram")
+    if not isinstance(hist, list) or not all(isinstance(h, int) and h >= 0 for h in hist) or any(hist[:1]):
+        return False
+    steps = settings.NUM_STEPS
+    return _steps_fit(tuple(reads), topk, retractions, tuple(hist[: steps + 1]) + (0,) * (steps + 1 - len(hist)))
+
+
+def _steps_fit(reads: tuple[str, ...], topk: int, retractions: int, hist: tuple[int, ...]) -> bool:
+    """Whether ``reads`` past the prefill's token split into at most ``retractions`` re-prefill tokens and verify
+    steps of exactly ``hist``'s counts of accepted drafts, each step's tokens as ``_step_fits`` says."""
+
+    @cache
+    def fits(pos: int, re_prefills: int, left: tuple[int, ...]) -> bool:
+        if pos == len(reads):
+            return not any(left)
+        if re_prefills < retractions and (EDGE in reads[pos] or WIDE in reads[pos]):
+            if fits(pos + 1, re_prefills + 1, left):
+                return True
+        for accepted in range(1, len(left)):
+            if not left[accepted] or not _step_fits(reads[pos : pos + accepted + 1], accepted, topk):
+                continue
+            rest = left[:accepted] + (left[accepted] - 1,) + left[accepted + 1 :]
+            end = pos + accepted + 1
+            if (end >= len(reads) and not any(rest)) or (end < len(reads) and fits(end, re_prefills, rest)):
+                return True
+        return False
+
+    return fits(1, 0, hist)
+
+
+def _step_fits(tokens: tuple[str, ...], accepted: int, topk: int) -> bool:
+    """One verify step's shown tokens (the limit may cut the last step) as 0.5.13 reads them: the root's at the edge
+    (the drafter's first draft, kept); at topk 1 each next node one key wide, a kept draft the edge's too, the bonus
+    not (else the draft would be kept) unless every draft was; at topk > 1 the top child's one key wide, the rest any
+    of the three reads."""
+    if not tokens or EDGE not in tokens[0]:
+        return False
+    if len(tokens) > 1 and WIDE not in tokens[1]:
+        return False
+    if topk > 1:
+        return all(tokens)
+    kept, bonus = tokens[1:accepted], tokens[accepted:]
+    full = accepted == settings.NUM_STEPS
+    return all(EDGE in t and WIDE in t for t in kept) and all(WIDE in t and (full or EDGE not in t) for t in bonus)
+
+
+def known_reads(reads: list[str], topk: int | None, meta: dict) -> str | None:
+    """The known deviation (a KNOWN_READS phrase) an output's reads (long_witness.read_sets) are, on a server of
+    ``topk``, given its answer's meta_info (retractions; on MTP servers the verify counters too); None for any other.
+    The 0.5.17 patterns first: an output both could be (its prefill's token the same read at the edge and one key
+    wide) is the decode's, in 0.5.13 as well."""
+    kinds = "".join(map(long_witness.kind_of, reads))
+    if not topk and decode_reads_short(kinds, meta_fields.retractions_of(meta)):
+        return DECODE_SHORT
+    if topk and topk > 1 and tree_reads_short(kinds) and tree_counters(meta, kinds):
+        return TREE_SHORT
+    return EXTEND_WIDE if extend_reads_wide(reads, topk, meta) else None
 
 
 def known_last(problems: list[str]) -> list[str]:

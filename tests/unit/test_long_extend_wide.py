@@ -1,0 +1,135 @@
+"""sglang 0.5.13's sliding window one key wide at extend rows (known upstream sglang-0513-gemma4-swa-extend-window-one-wide):
+the signature (long_deviations.extend_reads_wide) holds every long output 0.5.13 served on the H200 and no other
+fault; the checks name it on a fake serving 0.5.13's reads, and only its entries match."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_surface_long_context import SPECS, _known_id, _runs, _tier_module
+
+from mtpmatrix.core import known_upstream
+from mtpmatrix.core.kinds import CheckFailure
+from mtpmatrix.pairs import long_witness
+from mtpmatrix.tiers.surface import long_context, long_deviations
+
+SERVED = json.loads((Path(__file__).parent / "data" / "long_witness_0513_h200.json").read_text())
+TOPK = {name: spec.topk for name, spec in SPECS.items()}
+ENTRY = "sglang-0513-gemma4-swa-extend-window-one-wide"
+
+
+def _prompts() -> dict[str, list[int]]:
+    """The family's prompts by the label its reads are recorded under."""
+    payloads = dict(long_context.requests(SPECS["long-witness-nomtp"], 512))
+    out = {label: p["input_ids"] for label, p in payloads.items() if isinstance(p, dict)}
+    group = payloads["abort"]
+    return {**out, "abort neighbour 0": group.neighbours[0]["input_ids"], "abort victim": group.victim["input_ids"]}
+
+
+PROMPTS = _prompts()
+MEASURED = [(server, label) for server, answers in SERVED["servers"].items() for label in answers]
+
+
+def _reads(server: str, label: str, output: list[int] | None = None) -> list[str]:
+    output = SERVED["servers"][server][label]["output_ids"] if output is None else output
+    return long_witness.read_sets(PROMPTS[label], output, long_context.pair_text())
+
+
+@pytest.mark.parametrize("server,label", MEASURED)
+def test_every_long_output_0513_served_is_the_signature(server, label):
+    meta = SERVED["servers"][server][label]["meta"]
+    assert long_deviations.known_reads(_reads(server, label), TOPK[server], meta) == long_deviations.EXTEND_WIDE
+
+
+def test_23_outputs_on_three_servers_were_measured():
+    assert len(MEASURED) == 23 and set(SERVED["servers"]) == set(SPECS)
+
+
+@pytest.mark.parametrize("server,label", [m for m in MEASURED if TOPK[m[0]]])
+def test_a_lost_draft_beside_it_is_not_the_signature(server, label):
+    # the same output with one step's last kept draft lost (counted one bin lower) no longer splits into its steps
+    meta = SERVED["servers"][server][label]["meta"]
+    hist = list(meta["spec_correct_drafts_histogram"])
+    top = max(i for i, h in enumerate(hist) if h)
+    lost = [h - (i == top) + (i == top - 1) for i, h in enumerate(hist)]
+    reads = _reads(server, label)
+    assert not long_deviations.extend_reads_wide(reads, TOPK[server], {**meta, "spec_correct_drafts_histogram": lost})
+
+
+@pytest.mark.parametrize("server,label", MEASURED)
+def test_one_token_no_read_gives_is_not_the_signature(server, label):
+    served = SERVED["servers"][server][label]
+    got = list(served["output_ids"])
+    at = len(got) // 2
+    group = long_witness.key_group_of(PROMPTS[label][1])
+    text = long_context.pair_text()
+    for member in range(long_witness.CYCLE):
+        got[at] = long_witness.body_token(group, member)
+        if not long_witness.read_sets(PROMPTS[label], got, text)[at]:
+            break
+    assert not long_witness.read_sets(PROMPTS[label], got, text)[at]
+    assert long_deviations.known_reads(_reads(server, label, got), TOPK[server], served["meta"]) is None
+
+
+def test_the_signature_holds_only_its_own_reads():
+    wide = long_deviations.extend_reads_wide
+    one = {"spec_correct_drafts_histogram": [0, 2], "num_retractions": 0}
+    assert wide(["w", "r", "w", "r", "w"], 1, one)
+    assert wide(["w", "r", "w", "r"], 1, one)  # the last step cut by the limit
+    assert not wide(["r", "r", "w", "r", "w"], 1, one)  # the prefill's token at the edge: no extend row read wide
+    assert not wide(["w", "s", "w", "r", "w"], 1, one)  # a root read short (the catalogue's swa-verify-window-short)
+    assert not wide(["w", "r", "", "r", "w"], 1, one)  # a token no read gives
+    assert not wide(["w", "r", "r", "r", "w"], 1, {**one, "spec_correct_drafts_histogram": [0, 1, 1]})  # node at edge
+    assert not wide(["w", "r", "w", "r", "w"], 1, {**one, "spec_correct_drafts_histogram": [1, 2]})  # a step kept none
+    assert not wide(["w", "r", "w", "r", "w"], 1, {**one, "spec_correct_drafts_histogram": [0, 3]})  # a step too many
+    assert not wide(["w", "r", "w", "r", "w"], 1, {})  # no counters: nothing to split by
+    assert wide(["w"], 1, {}) and not wide(["w", "w"], 1, {})  # an answer made at prefill alone (an abort victim)
+    assert not wide(["w", "r", "r", "r", "r"], 1, one)  # the rule after the first token: not this deviation
+    # a draft kept where both reads agree; a bonus the edge's too is a draft that would have been kept
+    assert wide(["w", "r", "rw", "w", "r", "w"], 1, {"spec_correct_drafts_histogram": [0, 1, 1]})
+    assert not wide(["w", "r", "rw", "r", "w"], 1, {"spec_correct_drafts_histogram": [0, 2]})
+    # at topk 3 the top child reads one key wide, nodes past it any read the flattened index gives
+    assert wide(["w", "r", "rw", "s", "r", "w"], 3, {"spec_correct_drafts_histogram": [0, 1, 1]})
+    assert not wide(["w", "r", "s", "r", "w"], 3, one)  # the top child read short
+    # re-prefills: at most one token per retraction, at the edge or one key wide
+    assert wide(["w", "w", "r", "w", "r", "w"], 1, {**one, "num_retractions": 1})
+    assert not wide(["w", "w", "r", "w", "r", "w"], 1, one)
+    # no MTP: a decode one key short after the prefill's wide token; re-prefills as above, never two in a row
+    assert wide(["w", "s", "s", "rs", "s"], None, {})
+    assert not wide(["w", "s", "r", "s"], None, {}) and wide(["w", "s", "r", "s"], None, {"num_retractions": 1})
+    assert not wide(["w", "s", "r", "w", "s"], None, {"num_retractions": 2})
+    assert not wide(["w", "s", "", "s"], None, {"num_retractions": 1})
+
+
+def test_an_output_both_could_be_is_the_decode_ones():
+    # the prefill's token the same read at the edge and one key wide, every decode short: 0.5.17's pattern first
+    assert long_deviations.known_reads(["rw", "s", "s"], None, {}) == long_deviations.DECODE_SHORT
+    assert long_deviations.known_reads(["w", "s", "s"], None, {}) == long_deviations.EXTEND_WIDE
+
+
+def test_0513s_reads_are_named_by_every_long_check_and_match_its_entries_only(tmp_path):
+    tier = _tier_module()
+    runs = _runs(tmp_path, "extend-one-wide", twin="extend-one-wide")
+    checks = [(tier.test_long_requests_run_to_the_limit, name, ENTRY) for name in SPECS] + [
+        (tier.test_long_abort_leaves_neighbours_exact, name, ENTRY) for name in SPECS
+    ]
+    checks += [(tier.test_long_match_no_mtp, name, ENTRY) for name in SPECS if TOPK[name]]
+    checks += [(tier.test_long_accept_exact, name, f"{ENTRY}-acceptance") for name in SPECS if TOPK[name]]
+    for check, name, entry in checks:
+        with pytest.raises(CheckFailure) as failed:
+            check(runs, name, lambda *_: None)
+        assert long_deviations.EXTEND_WIDE in str(failed.value), (check.__name__, name, str(failed.value))
+        check_id = f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]"
+        assert _known_id(check_id, failed.value) == entry, (check_id, str(failed.value))
+    tier.test_long_prefix_hits_the_radix_cache(runs, "long-witness-mtp-topk1", lambda *_: None)
+
+
+def test_its_entries_cover_0513_only_and_list_the_checks_it_fails():
+    entries = {k.id: k for k in known_upstream.load()}
+    for entry_id in (ENTRY, f"{ENTRY}-acceptance"):
+        entry = entries[entry_id]
+        assert entry.applies_to({"sglang": "0.5.13"}) and not entry.applies_to({"sglang": "0.5.14"})
+        assert entry.fixed_in == "0.5.14" and "26147" in entry.upstream
+    assert entries["sglang-triton-swa-decode-window-one-short"].applies_to({"sglang": "0.5.13"})
