@@ -13,7 +13,7 @@ from packaging.specifiers import SpecifierSet
 
 from mtpmatrix.core import known_upstream
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
-from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
+from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS, SMOKE_SERVERS
 from mtpmatrix.core.store import row_verdict
 from mtpmatrix.runner import matrix
 
@@ -44,8 +44,8 @@ def test_the_shipped_file_loads_and_names_real_checks():
         for check in issue.checks:  # a renamed check would never be seen passing: the entry could not go stale
             func, _, case = check.rstrip("]").partition("[")
             assert f"def {func}(" in tier_text(issue.tier), (issue.id, check)
-            if case and issue.tier == "smoke":  # a listed case names a default server
-                assert any(case == s.name or case.startswith(s.name + "-") for s in DEFAULT_SMOKE_SERVERS), check
+            if case and issue.tier == "smoke":  # a listed case names a smoke server (one on demand: measured there)
+                assert any(case == s.name or case.startswith(s.name + "-") for s in SMOKE_SERVERS), check
         # a check the signature needs passed beside it must exist, or the entry could never match
         for beside in (issue.signature or {}).get("passed_beside", []):
             func, _, case = beside.rstrip("]").partition("[")

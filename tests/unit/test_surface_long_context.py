@@ -371,6 +371,43 @@ def test_the_tree_verify_by_index_is_named_and_matches_its_entries(tmp_path):
     assert _known_id(f"tests/tiers/test_smoke_long.py::test_long_match_no_mtp[{name}]", failed.value)
 
 
+def test_the_on_demand_long_servers_measured_on_0517_match_the_same_entries(tmp_path):
+    # 0.5.17 on the H200 (2026-12-05, the six long servers): the unpaged topk 3 server verifies its tree by index and
+    # the paged no-MTP one decodes one key short, as their default twins; the paged topk 1 server follows the rule
+    from mtpmatrix.tiers.smoke import SmokeRun
+
+    tier = _tier_module()
+    on_demand = {s.name: s for s in smoke_servers.SMOKE_SERVERS if s.pair == long_context.PAIR and not s.default}
+    assert set(on_demand) == {"long-witness-mtp-topk3", "long-witness-mtp-topk1-paged", "long-witness-nomtp-paged"}
+    specs = {**on_demand, "long-witness-nomtp": NOMTP}
+    runs = {
+        name: SmokeRun(
+            spec=spec,
+            log_path=tmp_path / f"server-{name}.log",
+            vocab_size=512,
+            surface={long_context.NAME: collect(spec, "tree-by-index" if spec.topk else "decode-one-short")},
+            log_text="",
+        )
+        for name, spec in specs.items()
+    }
+    tree = "sglang-triton-swa-tree-verify-window-by-index"
+    for check, name, entry in (
+        (tier.test_long_requests_run_to_the_limit, "long-witness-nomtp-paged", DECODE_ENTRY),
+        (tier.test_long_abort_leaves_neighbours_exact, "long-witness-nomtp-paged", DECODE_ENTRY),
+        (tier.test_long_match_no_mtp, "long-witness-mtp-topk1-paged", DECODE_ENTRY),
+        (tier.test_long_requests_run_to_the_limit, "long-witness-mtp-topk3", tree),
+        (tier.test_long_abort_leaves_neighbours_exact, "long-witness-mtp-topk3", tree),
+        (tier.test_long_match_no_mtp, "long-witness-mtp-topk3", DECODE_ENTRY),  # the twin's deviation is named first
+        (tier.test_long_accept_exact, "long-witness-mtp-topk3", f"{tree}-acceptance"),
+    ):
+        with pytest.raises(CheckFailure) as failed:
+            check(runs, name, lambda *_: None)
+        check_id = f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]"
+        assert _known_id(check_id, failed.value) == entry, (check_id, str(failed.value))
+    for check in (tier.test_long_requests_run_to_the_limit, tier.test_long_accept_exact):
+        check(runs, "long-witness-mtp-topk1-paged", lambda *_: None)
+
+
 def test_the_tree_signature_is_two_kept_before_each_short_read():
     assert long_deviations.tree_reads_short("rrrs=rsrrs") and long_deviations.tree_reads_short("rrrsrrrs")
     assert not long_deviations.tree_reads_short("rsss")  # the root read short (swa-verify-window-short)
