@@ -32,9 +32,15 @@ PROMPTS = _prompts()
 MEASURED = [(server, label) for server, answers in SERVED["servers"].items() for label in answers]
 
 
-def _reads(server: str, label: str, output: list[int] | None = None) -> list[str]:
+def _reads(server: str, label: str, output: list[int] | None = None) -> long_deviations.Reads:
     output = SERVED["servers"][server][label]["output_ids"] if output is None else output
-    return long_witness.read_sets(PROMPTS[label], output, long_context.pair_text())
+    return long_deviations.served_reads(PROMPTS[label], output, long_context.pair_text())
+
+
+def reads(tokens: list[str], after: list[str] = (), prompt_len: int = 100) -> long_deviations.Reads:
+    """Reads of a made-up output: its tokens' read sets, the rule's continuation's, a prompt of ``prompt_len`` (100:
+    no position of these outputs is a one-row chunk's)."""
+    return long_deviations.Reads(list(tokens), list(after), prompt_len)
 
 
 @pytest.mark.parametrize("server,label", MEASURED)
@@ -54,8 +60,9 @@ def test_a_lost_draft_beside_it_is_not_the_signature(server, label):
     hist = list(meta["spec_correct_drafts_histogram"])
     top = max(i for i, h in enumerate(hist) if h)
     lost = [h - (i == top) + (i == top - 1) for i, h in enumerate(hist)]
-    reads = _reads(server, label)
-    assert not long_deviations.extend_reads_wide(reads, TOPK[server], {**meta, "spec_correct_drafts_histogram": lost})
+    assert not long_deviations.extend_reads_wide(
+        _reads(server, label), TOPK[server], {**meta, "spec_correct_drafts_histogram": lost}
+    )
 
 
 @pytest.mark.parametrize("server,label", MEASURED)
@@ -74,10 +81,11 @@ def test_one_token_no_read_gives_is_not_the_signature(server, label):
 
 
 def test_the_signature_holds_only_its_own_reads():
-    wide = long_deviations.extend_reads_wide
+    def wide(tokens, topk, meta, after=(), prompt_len=100):
+        return long_deviations.extend_reads_wide(reads(tokens, after, prompt_len), topk, meta)
+
     one = {"spec_correct_drafts_histogram": [0, 2], "num_retractions": 0}
     assert wide(["w", "r", "w", "r", "w"], 1, one)
-    assert wide(["w", "r", "w", "r"], 1, one)  # the last step cut by the limit
     assert not wide(["r", "r", "w", "r", "w"], 1, one)  # the prefill's token at the edge: no extend row read wide
     assert not wide(["w", "s", "w", "r", "w"], 1, one)  # a root read short (the catalogue's swa-verify-window-short)
     assert not wide(["w", "r", "", "r", "w"], 1, one)  # a token no read gives
@@ -87,26 +95,50 @@ def test_the_signature_holds_only_its_own_reads():
     assert not wide(["w", "r", "w", "r", "w"], 1, {})  # no counters: nothing to split by
     assert wide(["w"], 1, {}) and not wide(["w", "w"], 1, {})  # an answer made at prefill alone (an abort victim)
     assert not wide(["w", "r", "r", "r", "r"], 1, one)  # the rule after the first token: not this deviation
+    # the counters must be the histogram's and the output's
+    assert wide(["w", "r", "w", "r", "w"], 1, {**one, "spec_verify_ct": 2, "spec_num_correct_drafts": 2})
+    assert not wide(["w", "r", "w", "r", "w"], 1, {**one, "spec_verify_ct": 3})
+    assert not wide(["w", "r", "w", "r", "w"], 1, {**one, "spec_num_correct_drafts": 4})
+    assert not wide(["w", "r", "w", "r", "w"], 1, {**one, "completion_tokens": 9})
+    assert not wide(["w", "r", "w", "r", "w"], 1, {**one, "spec_correct_drafts_histogram": [0, 2, 0, 0, 0, 0, 9]})
     # a draft kept where both reads agree; a bonus the edge's too is a draft that would have been kept
     assert wide(["w", "r", "rw", "w", "r", "w"], 1, {"spec_correct_drafts_histogram": [0, 1, 1]})
     assert not wide(["w", "r", "rw", "r", "w"], 1, {"spec_correct_drafts_histogram": [0, 2]})
+    # the last step cut by the limit: the drafts it kept past the output are the rule's, read the same either way,
+    # and its cut bonus one key wide where the rule's token is not
+    assert wide(["w", "r", "w", "r"], 1, one, after=["r"])
+    assert not wide(["w", "r", "w", "r"], 1, one, after=["rw"])  # the wide read would have kept that draft
+    five = {"spec_correct_drafts_histogram": [0, 2, 0, 0, 0, 1]}
+    assert not wide(["w", "r", "w", "r", "w", "r"], 1, five, after=["r"] * 5)  # five kept past the output: no
+    assert wide(["w", "r", "w", "r", "w", "r"], 1, five, after=["rw"] * 4 + ["r"])
+    assert not wide(["w", "r", "w", "r"], 1, one, after=[])  # nothing known past the output: no cut step
     # at topk 3 the top child reads one key wide, nodes past it any read the flattened index gives
     assert wide(["w", "r", "rw", "s", "r", "w"], 3, {"spec_correct_drafts_histogram": [0, 1, 1]})
     assert not wide(["w", "r", "s", "r", "w"], 3, one)  # the top child read short
-    # re-prefills: at most one token per retraction, at the edge or one key wide
+    # re-prefills: at most one token per retraction, one key wide, or the edge where its last chunk is one row
     assert wide(["w", "w", "r", "w", "r", "w"], 1, {**one, "num_retractions": 1})
     assert not wide(["w", "w", "r", "w", "r", "w"], 1, one)
-    # no MTP: a decode one key short after the prefill's wide token; re-prefills as above, never two in a row
+    assert not wide(["w", "r", "r", "w", "r", "w"], 1, {**one, "num_retractions": 1})  # 101 rows: no edge re-prefill
+    assert wide(["w", "r", "r", "w", "r", "w"], 1, {**one, "num_retractions": 1}, prompt_len=160)  # 161 = 5 x 32 + 1
+    # a lost draft beside a retraction does not pass as a re-prefill at the edge (the review's case)
+    lost = ["w", "r", "w", "r", "r", "w", "r", "w"]
+    assert not wide(lost, 1, {"spec_correct_drafts_histogram": [0, 3], "num_retractions": 1})
+    # the prefill's own token: the edge only where its last chunk is one row (after what the cache held)
+    assert not wide(["r", "s", "s"], None, {}) and wide(["r", "s", "s"], None, {}, prompt_len=161)
+    assert wide(["r", "s", "s"], None, {"cached_tokens": 96}, prompt_len=129)
+    # no MTP: a decode one key short after the prefill's wide token; re-prefills as above
     assert wide(["w", "s", "s", "rs", "s"], None, {})
-    assert not wide(["w", "s", "r", "s"], None, {}) and wide(["w", "s", "r", "s"], None, {"num_retractions": 1})
-    assert not wide(["w", "s", "r", "w", "s"], None, {"num_retractions": 2})
+    assert not wide(["w", "s", "w", "s"], None, {}) and wide(["w", "s", "w", "s"], None, {"num_retractions": 1})
+    assert not wide(["w", "s", "r", "s"], None, {"num_retractions": 1})  # 102 rows: an edge read is no re-prefill
+    assert wide(["w", "s", "s", "r", "s"], None, {"num_retractions": 1}, prompt_len=158)
+    assert wide(["w", "s", "w", "w", "s"], None, {"num_retractions": 2})  # back to back (measured under MTP)
     assert not wide(["w", "s", "", "s"], None, {"num_retractions": 1})
 
 
 def test_an_output_both_could_be_is_the_decode_ones():
     # the prefill's token the same read at the edge and one key wide, every decode short: 0.5.17's pattern first
-    assert long_deviations.known_reads(["rw", "s", "s"], None, {}) == long_deviations.DECODE_SHORT
-    assert long_deviations.known_reads(["w", "s", "s"], None, {}) == long_deviations.EXTEND_WIDE
+    assert long_deviations.known_reads(reads(["rw", "s", "s"]), None, {}) == long_deviations.DECODE_SHORT
+    assert long_deviations.known_reads(reads(["w", "s", "s"]), None, {}) == long_deviations.EXTEND_WIDE
 
 
 def test_0513s_reads_are_named_by_every_long_check_and_match_its_entries_only(tmp_path):
@@ -133,3 +165,16 @@ def test_its_entries_cover_0513_only_and_list_the_checks_it_fails():
         assert entry.applies_to({"sglang": "0.5.13"}) and not entry.applies_to({"sglang": "0.5.14"})
         assert entry.fixed_in == "0.5.14" and "26147" in entry.upstream
     assert entries["sglang-triton-swa-decode-window-one-short"].applies_to({"sglang": "0.5.13"})
+
+
+def test_a_0513_mtp_output_beside_a_decode_short_twin_is_0513s_only():
+    # the decode-short entry (0.5.13-0.5.17) takes a twin's decode one key short only beside an MTP output it explains
+    check_id = "tests/tiers/test_smoke_long.py::test_long_match_no_mtp[long-witness-mtp-topk1]"
+    twin = f"the no-MTP twin {long_deviations.DECODE_SHORT}"
+    for mtp, entry in (
+        (long_deviations.EXTEND_WIDE, ENTRY),
+        ("follows the rule", "sglang-triton-swa-decode-window-one-short"),
+        ("output differs from no-MTP's", None),
+    ):
+        message = f"7 problem(s) over 8 long_context requests; first: limit-0: {twin}; the MTP output {mtp}"
+        assert _known_id(check_id, CheckFailure("mismatch", message)) == entry, message

@@ -408,6 +408,11 @@ def test_the_on_demand_long_servers_measured_on_0517_match_the_same_entries(tmp_
         check(runs, "long-witness-mtp-topk1-paged", lambda *_: None)
 
 
+def _reads(kinds: str) -> long_deviations.Reads:
+    """Reads of a made-up output, one letter a token (long_witness.read_kinds': ``=`` the edge's and the short's)."""
+    return long_deviations.Reads(["rs" if k == "=" else k for k in kinds], [], long_context.PROMPT)
+
+
 def test_the_tree_signature_is_two_kept_before_each_short_read():
     assert long_deviations.tree_reads_short("rrrs=rsrrs") and long_deviations.tree_reads_short("rrrsrrrs")
     assert not long_deviations.tree_reads_short("rsss")  # the root read short (swa-verify-window-short)
@@ -416,17 +421,17 @@ def test_the_tree_signature_is_two_kept_before_each_short_read():
     assert not long_deviations.tree_reads_short("rrrrr")  # nothing short: not this deviation
     # on the MTP servers the root reading short (the catalogue's mutant) is never excused
     tree = {"completion_tokens": 10, "spec_verify_ct": 3, "spec_correct_drafts_histogram": [0, 0, 3, 0, 0, 0]}
-    assert long_deviations.known_reads(list("rrrsrrs"), 3, tree) == long_deviations.TREE_SHORT
+    assert long_deviations.known_reads(_reads("rrrsrrs"), 3, tree) == long_deviations.TREE_SHORT
     assert (
-        long_deviations.known_reads(list("rssss"), 3, tree) is None
-        and long_deviations.known_reads(list("rssss"), 1, {}) is None
+        long_deviations.known_reads(_reads("rssss"), 3, tree) is None
+        and long_deviations.known_reads(_reads("rssss"), 1, {}) is None
     )
-    assert long_deviations.known_reads(list("rssss"), None, {}) == long_deviations.DECODE_SHORT
-    assert long_deviations.known_reads(list("rrrsrrs"), 1, tree) is None  # topk 1 verifies a chain: index = depth
+    assert long_deviations.known_reads(_reads("rssss"), None, {}) == long_deviations.DECODE_SHORT
+    assert long_deviations.known_reads(_reads("rrrsrrs"), 1, tree) is None  # topk 1 verifies a chain: index = depth
     # a short read where every draft was kept is no tree windowed by index (the review's cases, 2026-12-05): one
     # short read in an exact output, or every step's bonus read short with its five drafts kept
     exact = {"completion_tokens": 13, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 0, 0, 0, 0, 2]}
-    assert long_deviations.known_reads(list("rrrrrsrrrrrs"), 3, exact) is None
+    assert long_deviations.known_reads(_reads("rrrrrsrrrrrs"), 3, exact) is None
     assert long_deviations.tree_counters(tree, "rrrsrrs")
     assert not long_deviations.tree_counters(dict(tree, completion_tokens=13), "rrrsrrs")  # counters not the output's
     assert not long_deviations.tree_counters(
@@ -615,7 +620,7 @@ def test_a_window_one_key_wide_is_read_as_such_and_named_as_0513s_only():
     kinds = long_witness.read_kinds(prompt, ids[len(prompt) :], text)
     assert kinds[0] == long_witness.READ_WIDE and set(kinds[1:]) <= {long_witness.READ_SHORT, long_witness.READ_BOTH}
     tree = {"completion_tokens": 22, "spec_verify_ct": 7, "spec_correct_drafts_histogram": [0, 0, 7, 0, 0, 0]}
-    reads = long_witness.read_sets(prompt, ids[len(prompt) :], text)
+    reads = long_deviations.served_reads(prompt, ids[len(prompt) :], text)
     assert long_deviations.known_reads(reads, None, {}) == long_deviations.EXTEND_WIDE
     assert long_deviations.known_reads(reads, 3, tree) is None  # an MTP server's steps are not a decode's
     # an output holding another group's key token is read as none of the rule's, not a harness error

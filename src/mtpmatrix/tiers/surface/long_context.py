@@ -58,6 +58,7 @@ from mtpmatrix.tiers.surface.long_deviations import (
     TREE_SHORT,
     known_last,
     known_reads,
+    served_reads,
 )
 
 NAME = "long_context"
@@ -187,11 +188,10 @@ def _exact(label: str, prompt: list[int], response: dict, want_new: int, topk: i
     first = next((i for i, (a, b) in enumerate(zip(got, rule)) if a != b), None)
     if first is None:
         return out
-    sets = long_witness.read_sets(prompt, got, pair_text())
-    known = known_reads(sets, topk, meta)
+    reads = served_reads(prompt, got, pair_text())
+    known = known_reads(reads, topk, meta)
     if known:
-        kinds = "".join(map(long_witness.kind_of, sets))
-        off = sum(k not in (long_witness.READ_RULE, long_witness.READ_BOTH) for k in kinds)
+        off = sum(k not in (long_witness.READ_RULE, long_witness.READ_BOTH) for k in reads.kinds)
         return out + [f"{label}: {known} ({off} of {len(got)} tokens off the edge; token {first} is {got[first]})"]
     return out + [f"{label}: token {first} is {got[first]}, the long witness's rule gives {rule[first]}"]
 
@@ -291,7 +291,7 @@ def _known_counters(topk: int, meta: dict, served: tuple[list[int], list[int]] |
     0.5.13's verify nodes one key wide), its output and counters read so (``known_reads``); None for any other."""
     if served is None:
         return None
-    known = known_reads(long_witness.read_sets(served[0], served[1], pair_text()), topk, meta)
+    known = known_reads(served_reads(served[0], served[1], pair_text()), topk, meta)
     return known if known in (TREE_SHORT, EXTEND_WIDE) else None
 
 
@@ -363,7 +363,7 @@ def abort_problems(x, want: int, topk: int | None) -> list[str]:
         out.append(f"abort victim: {len(got)} tokens, the whole {want}: the abort did not stop it")
     rule = expected(item.victim["input_ids"], len(got))
     if got != rule:
-        known = known_reads(long_witness.read_sets(item.victim["input_ids"], got, pair_text()), topk, meta)
+        known = known_reads(served_reads(item.victim["input_ids"], got, pair_text()), topk, meta)
         out.append(f"abort victim: {known}" if known else f"abort victim: its {len(got)} tokens leave the rule")
     return known_last(out)
 
@@ -401,7 +401,7 @@ def _follows(prompt: list[int], output: list[int], topk: int | None, meta: dict)
     """ "follows the rule", the known deviation (``known_reads``) ``output`` is on a server of ``topk``, or None."""
     if list(output) == expected(prompt, len(output)):
         return "follows the rule"
-    return known_reads(long_witness.read_sets(prompt, output, pair_text()), topk, meta)
+    return known_reads(served_reads(prompt, output, pair_text()), topk, meta)
 
 
 def against_reference(exchanges, reference, topk: int | None = None) -> list[str]:

@@ -1,14 +1,16 @@
 """sglang's measured sliding-window deviations as the long witness reads them (issue #38; H200, 2026-12-05): which read
 pattern of a served output, on which server, is which known-upstream deviation, and the phrase a check's failure
-then carries (the phrase its known-upstream entry matches). Every function takes the reads ``long_witness.read_kinds``
-names per token; none excuses a pattern the measurement and the source reading did not show.
+then carries (the phrase its known-upstream entry matches). Every function takes the reads of each token
+(``long_witness.read_kinds``' letters, or ``Reads``: every read a token fits); none excuses a pattern the measurement
+and the source reading did not show.
 """
 
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
-from mtpmatrix.core import settings
+from mtpmatrix.core import settings, smoke_servers
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.tiers.compat import meta_fields
 
@@ -81,85 +83,138 @@ def tree_counters(meta: dict, kinds: str) -> bool:
     )
 
 
-def extend_reads_wide(reads: list[str], topk: int | None, meta: dict) -> bool:
-    """Whether an output's reads (long_witness.read_sets, one set a token) are what sglang 0.5.13 serves: its Gemma 4
-    layers hand RadixAttention config.sliding_window (gemma4_causal.py: 64) where the Triton backend builds its
-    window buffers from sliding_window - 1 (63 keys), so the extend kernel's mask (q <= k + 64) admits one key too
-    many for every extend row but a segment's first, which the 63-key buffer holds to the edge (fixed in 0.5.14,
-    sglang PR #26147). So:
-      * the prefill's token (the last row of its last chunk) reads one key wide; a re-prefill's token (at most one
-        per retraction) the edge or one key wide;
+class Reads(NamedTuple):
+    """What a served long output is made of, as the deviations need it: each token's reads (long_witness.read_sets),
+    the reads of the rule's next NUM_STEPS tokens past it (what a verify step the limit cut would have kept: its
+    drafts are the rule's) and the prompt's length (which row of its segment a prefill's last token is)."""
+
+    tokens: list[str]
+    after: list[str]
+    prompt_len: int
+
+    @property
+    def kinds(self) -> str:
+        return "".join(map(long_witness.kind_of, self.tokens))
+
+
+def served_reads(prompt: list[int], output: list[int], text: dict) -> Reads:
+    ids = list(prompt) + list(output)
+    try:
+        rule = long_witness.expected_continuation(ids, len(ids) + settings.NUM_STEPS, text["sliding_window"])
+    except ValueError:  # another group's key token in the output: the rule goes no further
+        rule = []
+    tokens = long_witness.read_sets(prompt, output, text)
+    return Reads(tokens, long_witness.read_sets(ids, rule, text) if rule else [], len(prompt))
+
+
+def extend_reads_wide(reads: Reads, topk: int | None, meta: dict) -> bool:
+    """Whether an output's reads are what sglang 0.5.13 serves: its Gemma 4 layers hand RadixAttention
+    config.sliding_window (gemma4_causal.py: 64) where the Triton backend builds its window buffers from
+    sliding_window - 1 (63 keys), so the extend kernel's mask (q <= k + 64) admits one key too many for every extend
+    row but a segment's first, which the 63-key buffer holds to the edge (fixed in 0.5.14, sglang PR #26147). So:
+      * a (re-)prefill's token, the last row of its last chunk, reads one key wide, or the edge where that chunk is
+        one row (``_prefill_read``); at most one re-prefill token per retraction;
       * no MTP: every other token decodes one key short (decode_reads_short's deviation, in 0.5.13 too);
-      * MTP: each verify step's root (its first row) reads the edge and keeps the drafter's first draft; at topk 1
-        every node below it reads one key wide, so a step keeps the drafts that read the same either way and ends at
-        the first that does not (``_step_fits``); at topk > 1 the top child reads one key wide and nodes past it
-        through windows their flattened index sets (any of the three reads); the steps are the answer's own
-        histogram (spec_correct_drafts_histogram), every step counted, the last one perhaps cut by the limit.
-    At least one token no read at the edge gives."""
-    if not reads or WIDE not in reads[0] or all(EDGE in r for r in reads):
+      * MTP: the rest splits into verify steps of exactly the answer's own histogram, whose counters agree with it
+        (``_counters``); each step's root (its first row) reads the edge and keeps the drafter's first draft; at
+        topk 1 every node below it reads one key wide, so a step keeps the drafts that read the same either way and
+        ends at the first that does not, a step the limit cut included (``_step_fits``); at topk > 1 the top child
+        reads one key wide and the nodes past it through windows their flattened index sets (any of the three
+        reads: there a draft lost past depth 1 looks like a sibling not matched, the signature cannot tell).
+    At least one token the edge's read does not give."""
+    tokens = reads.tokens
+    if not tokens or all(EDGE in r for r in tokens) or not _prefill_read(reads, 0, meta.get("cached_tokens")):
         return False
     retractions = meta_fields.retractions_of(meta)
     if not topk:
-        re_prefills = [i for i, r in enumerate(reads) if i and SHORT not in r]
-        return (
-            all(EDGE in reads[i] or WIDE in reads[i] for i in re_prefills)
-            and len(re_prefills) <= retractions
-            and not any(b - a == 1 for a, b in zip(re_prefills, re_prefills[1:]))  # a re-prefill, then a decode
-        )
-    if not meta.get("spec_verify_ct") and len(reads) <= 1 + retractions:  # made by prefills alone: no verify step
-        return all(EDGE in r or WIDE in r for r in reads[1:])
-    hist = meta.get("spec_correct_drafts_histogram")
-    if not isinstance(hist, list) or not all(isinstance(h, int) and h >= 0 for h in hist) or any(hist[:1]):
-        return False
+        re_prefills = [j for j, r in enumerate(tokens) if j and SHORT not in r]
+        return len(re_prefills) <= retractions and all(_prefill_read(reads, j) for j in re_prefills)
+    if not meta.get("spec_verify_ct") and len(tokens) <= 1 + retractions:  # made by prefills alone: no verify step
+        return all(_prefill_read(reads, j) for j in range(1, len(tokens)))
+    hist = _counters(meta, len(tokens))
+    return hist is not None and _steps_fit(reads, topk, retractions, hist)
+
+
+def _prefill_read(reads: Reads, j: int, cached: object = 0) -> bool:
+    """Whether token ``j`` is what a (re-)prefill of the ``prompt_len + j`` tokens before it reads on 0.5.13: one key
+    wide from its last chunk's second row on, the edge where that chunk is one row (0.5.13 on the H200: re-prefills of
+    161 tokens, 5 x 32 + 1, read the edge). A re-prefill recomputes everything (``cached`` 0: as measured)."""
+    rows = reads.prompt_len + j - (cached if isinstance(cached, int) else 0)
+    one_row = rows % smoke_servers.LONG_CHUNK == 1
+    return WIDE in reads.tokens[j] or (one_row and EDGE in reads.tokens[j])
+
+
+def _counters(meta: dict, completion: int) -> tuple[int, ...] | None:
+    """The answer's histogram of accepted drafts per verify step, NUM_STEPS + 1 bins, where its counters agree with
+    it and with the output (steps, accepted drafts, completion tokens, as far as reported; no step keeping none);
+    None otherwise."""
     steps = settings.NUM_STEPS
-    return _steps_fit(tuple(reads), topk, retractions, tuple(hist[: steps + 1]) + (0,) * (steps + 1 - len(hist)))
+    hist = meta.get("spec_correct_drafts_histogram")
+    if not isinstance(hist, list) or not all(isinstance(h, int) and h >= 0 for h in hist):
+        return None
+    if any(hist[:1]) or any(hist[steps + 1 :]) or meta.get("completion_tokens", completion) != completion:
+        return None
+    if meta.get("spec_verify_ct", sum(hist)) != sum(hist):
+        return None
+    if meta.get("spec_num_correct_drafts", sum(k * h for k, h in enumerate(hist))) != sum(
+        k * h for k, h in enumerate(hist)
+    ):
+        return None
+    return tuple(hist[: steps + 1]) + (0,) * (steps + 1 - len(hist))
 
 
-def _steps_fit(reads: tuple[str, ...], topk: int, retractions: int, hist: tuple[int, ...]) -> bool:
-    """Whether ``reads`` past the prefill's token split into at most ``retractions`` re-prefill tokens and verify
-    steps of exactly ``hist``'s counts of accepted drafts, each step's tokens as ``_step_fits`` says."""
+def _steps_fit(reads: Reads, topk: int, retractions: int, hist: tuple[int, ...]) -> bool:
+    """Whether the tokens past the prefill's split into at most ``retractions`` re-prefill tokens and verify steps of
+    exactly ``hist``'s counts of accepted drafts, each step as ``_step_fits`` says."""
+    tokens = tuple(reads.tokens)
 
     @cache
     def fits(pos: int, re_prefills: int, left: tuple[int, ...]) -> bool:
-        if pos == len(reads):
+        if pos == len(tokens):
             return not any(left)
-        if re_prefills < retractions and (EDGE in reads[pos] or WIDE in reads[pos]):
-            if fits(pos + 1, re_prefills + 1, left):
-                return True
+        if re_prefills < retractions and _prefill_read(reads, pos) and fits(pos + 1, re_prefills + 1, left):
+            return True
         for accepted in range(1, len(left)):
-            if not left[accepted] or not _step_fits(reads[pos : pos + accepted + 1], accepted, topk):
+            end = pos + accepted + 1
+            if not left[accepted]:
                 continue
             rest = left[:accepted] + (left[accepted] - 1,) + left[accepted + 1 :]
-            end = pos + accepted + 1
-            if (end >= len(reads) and not any(rest)) or (end < len(reads) and fits(end, re_prefills, rest)):
+            cut = tuple(reads.after[: end - len(tokens)]) if end > len(tokens) else ()
+            if end > len(tokens) and (any(rest) or len(cut) < end - len(tokens)):
+                continue  # only the last step can be cut, by no more than the rule's continuation shows
+            if not _step_fits(tokens[pos:end] + cut, accepted, topk, shown=len(tokens[pos:end])):
+                continue
+            if end > len(tokens) or fits(end, re_prefills, rest):
                 return True
         return False
 
     return fits(1, 0, hist)
 
 
-def _step_fits(tokens: tuple[str, ...], accepted: int, topk: int) -> bool:
-    """One verify step's shown tokens (the limit may cut the last step) as 0.5.13 reads them: the root's at the edge
+def _step_fits(tokens: tuple[str, ...], accepted: int, topk: int, shown: int) -> bool:
+    """One verify step's ``accepted`` + 1 tokens as 0.5.13 reads them, the first ``shown`` served and the rest (a step
+    the limit cut) the reads of the rule's continuation (the drafts it kept are the rule's): the root's at the edge
     (the drafter's first draft, kept); at topk 1 each next node one key wide, a kept draft the edge's too, the bonus
-    not (else the draft would be kept) unless every draft was; at topk > 1 the top child's one key wide, the rest any
-    of the three reads."""
-    if not tokens or EDGE not in tokens[0]:
-        return False
-    if len(tokens) > 1 and WIDE not in tokens[1]:
+    not (else its draft would be kept) unless every draft was; at topk > 1 the top child's one key wide, the rest any
+    of the three reads (a cut one unchecked: which sibling it matched is not known)."""
+    if EDGE not in tokens[0] or (shown > 1 and WIDE not in tokens[1]):
         return False
     if topk > 1:
-        return all(tokens)
-    kept, bonus = tokens[1:accepted], tokens[accepted:]
-    full = accepted == settings.NUM_STEPS
-    return all(EDGE in t and WIDE in t for t in kept) and all(WIDE in t and (full or EDGE not in t) for t in bonus)
+        return all(tokens[:shown])
+    kept, bonus = tokens[1:accepted], tokens[accepted]
+    if accepted == settings.NUM_STEPS:
+        return all(EDGE in t and WIDE in t for t in kept) and (accepted >= shown or WIDE in bonus)
+    if accepted >= shown:  # the bonus was cut: its node read one key wide where the rule's token is not that read
+        return all(EDGE in t and WIDE in t for t in kept) and WIDE not in bonus
+    return all(EDGE in t and WIDE in t for t in kept) and WIDE in bonus and EDGE not in bonus
 
 
-def known_reads(reads: list[str], topk: int | None, meta: dict) -> str | None:
-    """The known deviation (a KNOWN_READS phrase) an output's reads (long_witness.read_sets) are, on a server of
-    ``topk``, given its answer's meta_info (retractions; on MTP servers the verify counters too); None for any other.
-    The 0.5.17 patterns first: an output both could be (its prefill's token the same read at the edge and one key
-    wide) is the decode's, in 0.5.13 as well."""
-    kinds = "".join(map(long_witness.kind_of, reads))
+def known_reads(reads: Reads, topk: int | None, meta: dict) -> str | None:
+    """The known deviation (a KNOWN_READS phrase) an output's reads are, on a server of ``topk``, given its answer's
+    meta_info (retractions; on MTP servers the verify counters too); None for any other. The 0.5.17 patterns first:
+    an output both could be (its prefill's token the same read at the edge and one key wide) is the decode's, in
+    0.5.13 as well."""
+    kinds = reads.kinds
     if not topk and decode_reads_short(kinds, meta_fields.retractions_of(meta)):
         return DECODE_SHORT
     if topk and topk > 1 and tree_reads_short(kinds) and tree_counters(meta, kinds):
