@@ -178,3 +178,11 @@ def test_a_0513_mtp_output_beside_a_decode_short_twin_is_0513s_only():
     ):
         message = f"7 problem(s) over 8 long_context requests; first: limit-0: {twin}; the MTP output {mtp}"
         assert _known_id(check_id, CheckFailure("mismatch", message)) == entry, message
+
+
+def test_an_output_no_split_settles_is_not_excused():
+    # every token fits every read, the last none: no split exists, and the states grow with five bins and 30
+    # retractions (13.7 s unbounded); the search gives up at SPLITS_LIMIT states and does not excuse it
+    hist = {"spec_correct_drafts_histogram": [0, 10, 10, 10, 10, 5], "num_retractions": 30}
+    tokens = ["w"] + ["rsw"] * 198 + [""]
+    assert not long_deviations.extend_reads_wide(reads(tokens, ["rsw"] * 5), 3, hist)
