@@ -626,3 +626,17 @@ def test_a_window_one_key_wide_is_read_as_such_and_named_as_0513s_only():
     # an output holding another group's key token is read as none of the rule's, not a harness error
     stray = ids[len(prompt) :][:5] + [long_witness.key_token(3)]
     assert long_witness.read_kinds(prompt, stray, text) == long_witness.READ_OTHER * len(stray)
+
+
+def test_the_reads_record_keeps_ids_and_counters_of_every_output_off_the_rule():
+    # an intact server's record is the reads alone; a deviating one's keeps what its signature is told by
+    text = long_context.pair_text()
+    intact = long_context.reads(collect(TOPK3), text)
+    assert intact and all(set(r) == {"reads"} for r in intact.values())
+    record = long_context.reads(collect(TOPK3, "tree-by-index"), text)
+    off = {label: r for label, r in record.items() if "output_ids" in r}
+    assert set(off) == set(record) - {"abort victim"}, sorted(off)  # the victim's one token is the edge's
+    meta = off["limit-0"]["meta"]
+    assert meta["spec_correct_drafts_histogram"][2] == meta["spec_verify_ct"] and "num_retractions" in meta
+    served = next(x for x in collect(TOPK3, "tree-by-index") if x.label == "limit-0")
+    assert off["limit-0"]["output_ids"] == list(served.output_ids)

@@ -385,15 +385,32 @@ def served_outputs(exchanges) -> list[tuple[str, list[int], list[int]]]:
     return out
 
 
+# What of an answer's meta_info the reads record keeps beside an output off the rule: what a deviation's signature is
+# told by (long_deviations: the retractions, the prefill's cached prefix, the verify counters)
+RECORDED_META = (
+    "finish_reason",
+    "completion_tokens",
+    "num_retractions",
+    "cached_tokens",
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "spec_correct_drafts_histogram",
+)
+
+
 def reads(exchanges, text: dict) -> dict[str, dict]:
     """Per answered request, what each output token is (long_witness.read_kinds: the window's-edge read, the read of a
-    window one key short, both, a window one key wide, none), and the ids where some token is of the last two: the
-    record a deviation is read from."""
+    window one key short, both, a window one key wide, none), and, where some token is not the edge's read, its ids
+    and its answer's counters (RECORDED_META): the record a deviation is read from again, by every read a token fits
+    (0.5.13's signature was found so, 2026-12-05)."""
+    metas = dict(accept_metas(exchanges))
     out = {}
     for label, prompt, output in served_outputs(exchanges):
         kinds = long_witness.read_kinds(prompt, output, text)
-        odd = {long_witness.READ_OTHER, long_witness.READ_WIDE} & set(kinds)
-        out[label] = {"reads": kinds, **({"output_ids": output} if odd else {})}
+        out[label] = {"reads": kinds}
+        if set(kinds) - {long_witness.READ_RULE, long_witness.READ_BOTH}:
+            meta = metas.get(label) or {}
+            out[label].update(output_ids=output, meta={k: meta[k] for k in RECORDED_META if k in meta})
     return out
 
 
