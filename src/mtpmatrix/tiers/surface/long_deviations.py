@@ -98,10 +98,12 @@ class Reads(NamedTuple):
 
     @property
     def kinds(self) -> str:
+        """One letter a token (long_witness.read_kinds' alphabet), what the 0.5.17 signatures read."""
         return "".join(map(long_witness.kind_of, self.tokens))
 
 
 def served_reads(prompt: list[int], output: list[int], text: dict) -> Reads:
+    """The ``Reads`` of ``output`` served for ``prompt`` by the long witness whose text config is ``text``."""
     ids = list(prompt) + list(output)
     try:
         rule = long_witness.expected_continuation(ids, len(ids) + settings.NUM_STEPS, text["sliding_window"])
