@@ -168,3 +168,13 @@ def test_layout_names_every_module():
             if named not in words and f"{f.stem}.py/.json" not in text:
                 missing.append(str(f.relative_to(REPO)))
     assert not missing, f"docs/layout.md does not name {missing}"
+
+
+def test_the_evidence_page_lists_every_known_upstream_entry():
+    # docs/evidence.md's table of entries is the reader's list: an entry missing there is a bug nobody reads of
+    from mtpmatrix.core import known_upstream
+
+    text = (REPO / "docs" / "evidence.md").read_text()
+    table = text.split("| id | package | what |\n", 1)[1].split("\n\n", 1)[0]
+    listed = re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.M)
+    assert sorted(listed) == sorted(k.id for k in known_upstream.load())
