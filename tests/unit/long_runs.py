@@ -4,6 +4,7 @@ entry a check's failure matches."""
 
 from __future__ import annotations
 
+import pytest
 from fake_long import LongWitnessShapes
 from fake_sglang import FakeSglang
 
@@ -61,6 +62,14 @@ def fake_runs(tmp_path, broken: str = "", log: str = "", twin: str = "", specs: 
         )
         for name, spec in (SPECS if specs is None else specs).items()
     }
+
+
+def failure_of(check, runs: dict, name: str) -> tuple[CheckFailure, str | None]:
+    """The failure a tier check of test_smoke_long raises on ``runs[name]`` (pytest fails the test if it raises none),
+    and the known-upstream entry that failure matches (``known_id``), or None."""
+    with pytest.raises(CheckFailure) as failed:
+        check(runs, name, lambda *_: None)
+    return failed.value, known_id(f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]", failed.value)
 
 
 def known_id(check_id: str, failure: CheckFailure) -> str | None:

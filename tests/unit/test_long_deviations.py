@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from long_runs import DECODE_ENTRY, NOMTP, SPECS, collect, fake_runs, known_id, tier_module
+from long_runs import DECODE_ENTRY, NOMTP, SPECS, collect, failure_of, fake_runs, known_id, tier_module
 
 from mtpmatrix.core import known_upstream, smoke_servers
 from mtpmatrix.core.kinds import CheckFailure
@@ -193,11 +193,9 @@ def test_0513s_reads_are_named_by_every_long_check_and_match_its_entries_only(tm
     checks += [(tier.test_long_match_no_mtp, name, ENTRY) for name in SPECS if TOPK[name]]
     checks += [(tier.test_long_accept_exact, name, f"{ENTRY}-acceptance") for name in SPECS if TOPK[name]]
     for check, name, entry in checks:
-        with pytest.raises(CheckFailure) as failed:
-            check(runs, name, lambda *_: None)
-        assert long_deviations.EXTEND_WIDE in str(failed.value), (check.__name__, name, str(failed.value))
-        check_id = f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]"
-        assert known_id(check_id, failed.value) == entry, (check_id, str(failed.value))
+        failure, matched = failure_of(check, runs, name)
+        assert long_deviations.EXTEND_WIDE in str(failure), (check.__name__, name, str(failure))
+        assert matched == entry, (check.__name__, name, str(failure))
     tier.test_long_prefix_hits_the_radix_cache(runs, "long-witness-mtp-topk1", lambda *_: None)
 
 
@@ -244,11 +242,9 @@ def test_the_triton_decode_one_key_short_is_named_and_matches_its_entry_only(tmp
         (tier.test_long_match_no_mtp, "long-witness-mtp-topk1"),
         (tier.test_long_match_no_mtp, "long-witness-mtp-topk3-paged"),
     ):
-        with pytest.raises(CheckFailure) as failed:
-            check(runs, name, lambda *_: None)
-        assert long_deviations.DECODE_SHORT in str(failed.value), str(failed.value)
-        check_id = f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]"
-        assert known_id(check_id, failed.value) == DECODE_ENTRY, str(failed.value)
+        failure, matched = failure_of(check, runs, name)
+        assert long_deviations.DECODE_SHORT in str(failure), str(failure)
+        assert matched == DECODE_ENTRY, str(failure)
     for name in ("long-witness-mtp-topk1", "long-witness-mtp-topk3-paged"):  # the MTP servers' own checks pass
         tier.test_long_requests_run_to_the_limit(runs, name, lambda *_: None)
         tier.test_long_abort_leaves_neighbours_exact(runs, name, lambda *_: None)
@@ -266,10 +262,9 @@ def test_the_tree_verify_by_index_is_named_and_matches_its_entries(tmp_path):
         (tier.test_long_match_no_mtp, "sglang-triton-swa-tree-verify-window-by-index"),
         (tier.test_long_accept_exact, "sglang-triton-swa-tree-verify-window-by-index-acceptance"),
     ):
-        with pytest.raises(CheckFailure) as failed:
-            check(runs, name, lambda *_: None)
-        assert long_deviations.TREE_SHORT in str(failed.value), str(failed.value)
-        assert known_id(f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]", failed.value) == entry
+        failure, matched = failure_of(check, runs, name)
+        assert long_deviations.TREE_SHORT in str(failure), str(failure)
+        assert matched == entry
     for check in (tier.test_long_requests_run_to_the_limit, tier.test_long_accept_exact, tier.test_long_match_no_mtp):
         check(runs, "long-witness-mtp-topk1", lambda *_: None)
     # beside the no-MTP twin as 0.5.17 decodes it: the match names both, the first entry to match takes it
@@ -300,10 +295,8 @@ def test_the_on_demand_long_servers_measured_on_0517_match_the_same_entries(tmp_
         (tier.test_long_match_no_mtp, "long-witness-mtp-topk3", DECODE_ENTRY),  # the twin's deviation is named first
         (tier.test_long_accept_exact, "long-witness-mtp-topk3", f"{tree}-acceptance"),
     ):
-        with pytest.raises(CheckFailure) as failed:
-            check(runs, name, lambda *_: None)
-        check_id = f"tests/tiers/test_smoke_long.py::{check.__name__}[{name}]"
-        assert known_id(check_id, failed.value) == entry, (check_id, str(failed.value))
+        failure, matched = failure_of(check, runs, name)
+        assert matched == entry, (check.__name__, name, str(failure))
     for check in (tier.test_long_requests_run_to_the_limit, tier.test_long_accept_exact):
         check(runs, "long-witness-mtp-topk1-paged", lambda *_: None)
 

@@ -216,7 +216,7 @@ def read_sets(prompt: list[int], output: list[int], text: dict) -> list[str]:
     ]
 
 
-def kind_of(reads: str) -> str:
+def _kind_of(reads: str) -> str:
     """The one letter (READ_*) a token's ``read_sets`` entry is shown as: the edge's read first (READ_BOTH when the
     short window's gives it too), then the short window's, the wide one's, none."""
     if READ_RULE in reads:
@@ -224,10 +224,15 @@ def kind_of(reads: str) -> str:
     return READ_SHORT if READ_SHORT in reads else READ_WIDE if READ_WIDE in reads else READ_OTHER
 
 
+def kinds_of(sets: list[str]) -> str:
+    """``read_sets``' entries as one letter a token (READ_*)."""
+    return "".join(map(_kind_of, sets))
+
+
 def read_kinds(prompt: list[int], output: list[int], text: dict) -> str:
-    """One letter per token of ``output`` (READ_*, ``kind_of`` its ``read_sets`` entry): whether the read at the
-    window's edge, the read of a window one key short, both, the read of a window one key wide or none gives it."""
-    return "".join(map(kind_of, read_sets(prompt, output, text)))
+    """One letter per token of ``output`` (READ_*, ``kinds_of`` its ``read_sets``): whether the read at the window's
+    edge, the read of a window one key short, both, the read of a window one key wide or none gives it."""
+    return kinds_of(read_sets(prompt, output, text))
 
 
 def _peak(inv, amps, offset: float):

@@ -99,7 +99,7 @@ class Reads(NamedTuple):
     @property
     def kinds(self) -> str:
         """One letter a token (long_witness.read_kinds' alphabet), what the 0.5.17 signatures read."""
-        return "".join(map(long_witness.kind_of, self.tokens))
+        return long_witness.kinds_of(self.tokens)
 
 
 def served_reads(prompt: list[int], output: list[int], text: dict) -> Reads:
@@ -231,12 +231,14 @@ def _step_fits(tokens: tuple[str, ...], accepted: int, topk: int, shown: int) ->
         return False
     if topk > 1:
         return all(tokens[:shown])
-    kept, bonus = tokens[1:accepted], tokens[accepted]
+    bonus = tokens[accepted]
+    if not all(EDGE in t and WIDE in t for t in tokens[1:accepted]):  # the kept drafts: both reads give them
+        return False
     if accepted == settings.NUM_STEPS:
-        return all(EDGE in t and WIDE in t for t in kept) and (accepted >= shown or WIDE in bonus)
+        return accepted >= shown or WIDE in bonus
     if accepted >= shown:  # the bonus was cut: its node read one key wide where the rule's token is not that read
-        return all(EDGE in t and WIDE in t for t in kept) and WIDE not in bonus
-    return all(EDGE in t and WIDE in t for t in kept) and WIDE in bonus and EDGE not in bonus
+        return WIDE not in bonus
+    return WIDE in bonus and EDGE not in bonus
 
 
 def known_reads(reads: Reads, topk: int | None, meta: dict) -> str | None:
