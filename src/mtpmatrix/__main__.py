@@ -46,7 +46,7 @@ def _rows(ns: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from mtpmatrix.core import options
     from mtpmatrix.report import cli as report_cli
-    from mtpmatrix.runner import bisect, importer
+    from mtpmatrix.runner import bisect_cli, importer
 
     p = argparse.ArgumentParser(prog="python -m mtpmatrix", description="Gemma 4 MTP qualification matrix tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         parents=[options.parent(run_id="bisect-<UTC timestamp>")],
         help="first bad release of PACKAGE between GOOD and BAD for a row and tier",
     )
-    bisect.add_arguments(bp)
+    bisect_cli.add_arguments(bp)
     lp = sub.add_parser("rows", help="list the rows (constraints/*.txt)")
     lp.add_argument("--json", action="store_true", help="machine-readable")
     mp = sub.add_parser(
@@ -126,13 +126,13 @@ def fault_line(exc: BaseException) -> str:
 def _command(ns: argparse.Namespace):
     from mtpmatrix.faults import mutants
     from mtpmatrix.report import cli as report_cli
-    from mtpmatrix.runner import bisect, importer, plan, releases
+    from mtpmatrix.runner import bisect_cli, importer, plan, releases
 
     return {
         "releases": releases.run,
         "mutants": mutants.run,
         "report": report_cli.run,
-        "bisect": bisect.run,
+        "bisect": bisect_cli.run,
         "import": importer.run,
         "plan": plan.run,
     }.get(ns.cmd, _rows)

@@ -8,6 +8,8 @@ import copy
 import json
 from pathlib import Path
 
+from mtpmatrix.runner.probe import BAD, GOOD, UNTESTABLE, Probe
+
 RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 SMOKE_RUN = json.loads((RUNS / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json").read_text())
 DRAFT_PHASE = "sglang-gemma4-mtp-draft-rope-phase"
@@ -142,3 +144,36 @@ def reference_record(transformers: str) -> dict:
         "selection": selection(tiers),
         "tiers": tiers,
     }
+
+
+VERSIONS = [f"5.{m}.{p}" for m in range(8, 14) for p in range(3)]  # 18 releases, 5.8.0 .. 5.13.2
+
+
+def fake(first_bad: int | None, uninstallable=(), calls=None):
+    """A probe over VERSIONS-like lists: index >= first_bad is bad; some indices do not install."""
+
+    def factory(cands):
+        def probe(v):
+            i = cands.index(v)
+            if calls is not None:
+                calls.append(v)
+            if i in uninstallable:
+                return Probe(v, UNTESTABLE, f"does not install: resolver conflict: no wheel for {v}")
+            if first_bad is not None and i >= first_bad:
+                return Probe(
+                    v,
+                    BAD,
+                    "2 check(s) failed [mismatch]",
+                    {
+                        "kind": "mismatch",
+                        "type": "CheckFailure",
+                        "message": f"tokens differ at 3 ({v})",
+                        "frame": "transformers/generation/utils.py:2471 in _assisted_decoding",
+                        "raised_at": "tests/tiers/test_reference.py:61 in test_greedy",
+                    },
+                )
+            return Probe(v, GOOD)
+
+        return probe
+
+    return factory

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpmatrix.tiers.compat import abi
+from mtpmatrix.tiers.compat import abi, load_scope
 from mtpmatrix.tiers.compat.elf import AbiUnavailable, Ref, make_reader, needed
 
 GXX = shutil.which("g++")
@@ -130,8 +130,8 @@ def torch_dir(folder: Path) -> dict[str, Path]:
     return {p.name: p for p in folder.glob("*.so")}
 
 
-def scope_for(reader, folder: Path, **kw) -> abi.LoadScope:
-    return abi.LoadScope(reader, torch_dir(folder), system_dirs=abi._system_dirs(), **kw)
+def scope_for(reader, folder: Path, **kw) -> load_scope.LoadScope:
+    return load_scope.LoadScope(reader, torch_dir(folder), system_dirs=load_scope.loader_dirs(), **kw)
 
 
 # ------------------------------------------------------------------------------------------------ the symbol check

@@ -45,7 +45,7 @@ _SOURCES = {
     "witness": _WITNESS_SOURCES,
     "decoy": (*_WITNESS_SOURCES, "decoy.py"),
     "sampled": ("sampled/ring.py", "sampled/bonus.py", "sampled/weights.py", "weights.py"),
-    "long": ("long_witness.py", *_WITNESS_SOURCES),
+    "long": ("long_witness.py", "long_witness_weights.py", *_WITNESS_SOURCES),
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mtpmatrix.pairs.decoy import make_decoy
-from mtpmatrix.pairs.long_witness import make_long_witness
+from mtpmatrix.pairs.long_witness_weights import make_long_witness
 from mtpmatrix.pairs.plus_one import make_plus_one
 from mtpmatrix.pairs.sampled.weights import make_sampled
 from mtpmatrix.pairs.tiny.configs import config_kwargs, generation_config, write_json
