@@ -10,8 +10,14 @@ from mtpmatrix.core.kinds import CheckFailure
 from mtpmatrix.serving.runs import replay_run
 from mtpmatrix.tiers.surface import answered
 
+# The problems a check keeps in its record: all of them as a rule, so that a known-upstream entry's "problems"
+# signature (core/known_upstream.py) sees every one; a check with more is never excused by one.
+RECORDED_PROBLEMS = 60
 
-def fail(family, problems: list[str], n: int) -> None:
+
+def fail(family, problems: list[str], n: int, record_property) -> None:
+    """Record the problems (up to RECORDED_PROBLEMS) and fail with one line that counts them and names the first."""
+    record_property("problems", problems[:RECORDED_PROBLEMS])
     if problems:
         raise CheckFailure(
             "mismatch", f"{len(problems)} problem(s) over {n} {family.NAME} requests; first: {problems[0]}"

@@ -21,8 +21,7 @@ def test_parallel_n_as_predicted(smoke_runs, name, record_property):
     """Each n > 1 request answers n samples, each the greedy +1 chain with completion_tokens as asked."""
     run, exchanges = surface_family.exchanges(parallel_n, smoke_runs, name, record_property)
     problems = [p for x in exchanges for p in parallel_n.own_problems(x, run.vocab_size)]
-    record_property("problems", problems[:20])
-    surface_family.fail(parallel_n, problems, len(exchanges))
+    surface_family.fail(parallel_n, problems, len(exchanges), record_property)
 
 
 @pytest.mark.check("mismatch")
@@ -32,5 +31,4 @@ def test_parallel_n_match_no_mtp(smoke_runs, name, record_property):
     reference = surface_family.reference(parallel_n, smoke_runs, record_property)
     _run, exchanges = surface_family.exchanges(parallel_n, smoke_runs, name, record_property)
     problems = parallel_n.against_reference(exchanges, reference)
-    record_property("problems", problems[:20])
-    surface_family.fail(parallel_n, problems, len(exchanges))
+    surface_family.fail(parallel_n, problems, len(exchanges), record_property)

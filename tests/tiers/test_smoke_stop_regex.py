@@ -25,8 +25,7 @@ def test_stop_regex_as_predicted(smoke_runs, name, record_property):
         for x in exchanges
         for p in stop_regex.problems({c.label: c for c in stop_regex.CASES}[x.label], x, run.vocab_size)
     ]
-    record_property("problems", problems[:20])
-    surface_family.fail(stop_regex, problems, len(exchanges))
+    surface_family.fail(stop_regex, problems, len(exchanges), record_property)
 
 
 @pytest.mark.check("mismatch")
@@ -36,5 +35,4 @@ def test_stop_regex_match_no_mtp(smoke_runs, name, record_property):
     reference = surface_family.reference(stop_regex, smoke_runs, record_property)
     _run, exchanges = surface_family.exchanges(stop_regex, smoke_runs, name, record_property)
     problems = stop_regex.against_reference(exchanges, reference)
-    record_property("problems", problems[:20])
-    surface_family.fail(stop_regex, problems, len(exchanges))
+    surface_family.fail(stop_regex, problems, len(exchanges), record_property)

@@ -21,8 +21,7 @@ def test_streaming_as_predicted(smoke_runs, name, record_property):
     """On every witness server: /generate streamed events extend each other and end at the plain answer (ids, text, completion_tokens, every spec_* field); /v1/completions text (streamed deltas joined, and not) equals /generate's text with usage.completion_tokens equal; /v1/chat/completions streamed deltas equal the unstreamed content, usage equal."""
     run, exchanges = surface_family.exchanges(streaming, smoke_runs, name, record_property)
     problems = streaming.own_problems(exchanges)
-    record_property("problems", problems[:20])
-    surface_family.fail(streaming, problems, len(exchanges))
+    surface_family.fail(streaming, problems, len(exchanges), record_property)
 
 
 @pytest.mark.check("mismatch")
@@ -32,5 +31,4 @@ def test_streaming_match_no_mtp(smoke_runs, name, record_property):
     reference = surface_family.reference(streaming, smoke_runs, record_property)
     _run, exchanges = surface_family.exchanges(streaming, smoke_runs, name, record_property)
     problems = streaming.against_reference(exchanges, reference)
-    record_property("problems", problems[:20])
-    surface_family.fail(streaming, problems, len(exchanges))
+    surface_family.fail(streaming, problems, len(exchanges), record_property)

@@ -21,8 +21,7 @@ def test_structured_as_predicted(smoke_runs, name, record_property):
     """Every constrained request (regex, ebnf, json_schema) on every witness server: its text valid under its grammar and equal to the prediction (the chain where the grammar allows it, the one allowed character where it does not: structured.CASES), ended by a stop token with finish_reason stop; every unconstrained neighbour in the same batch on the +1 chain."""
     run, exchanges = surface_family.exchanges(structured, smoke_runs, name, record_property)
     problems = structured.own_problems(exchanges, run.vocab_size)
-    record_property("problems", problems[:20])
-    surface_family.fail(structured, problems, len(exchanges))
+    surface_family.fail(structured, problems, len(exchanges), record_property)
 
 
 @pytest.mark.check("mismatch")
@@ -32,5 +31,4 @@ def test_structured_match_no_mtp(smoke_runs, name, record_property):
     reference = surface_family.reference(structured, smoke_runs, record_property)
     _run, exchanges = surface_family.exchanges(structured, smoke_runs, name, record_property)
     problems = structured.against_reference(exchanges, reference)
-    record_property("problems", problems[:20])
-    surface_family.fail(structured, problems, len(exchanges))
+    surface_family.fail(structured, problems, len(exchanges), record_property)

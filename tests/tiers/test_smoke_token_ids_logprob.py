@@ -33,8 +33,7 @@ def _own_problems(smoke_runs, name: str, record_property, labels) -> None:
     """The requests of ``labels`` on server ``name`` each as token_ids_logprob.own_problems predicts."""
     _run, exchanges = surface_family.exchanges(token_ids_logprob, smoke_runs, name, record_property, labels=labels)
     problems = [p for x in exchanges for p in token_ids_logprob.own_problems(x)]
-    record_property("problems", problems[:20])
-    surface_family.fail(token_ids_logprob, problems, len(exchanges))
+    surface_family.fail(token_ids_logprob, problems, len(exchanges), record_property)
 
 
 @pytest.mark.check("mismatch")
@@ -46,5 +45,4 @@ def test_token_ids_logprob_match_no_mtp(smoke_runs, name, record_property):
         token_ids_logprob, smoke_runs, name, record_property, labels=token_ids_logprob.LAST_FIRST
     )
     problems = token_ids_logprob.against_reference(exchanges, reference)
-    record_property("problems", problems[:20])
-    surface_family.fail(token_ids_logprob, problems, len(exchanges))
+    surface_family.fail(token_ids_logprob, problems, len(exchanges), record_property)

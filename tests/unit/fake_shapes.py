@@ -35,6 +35,7 @@ import threading
 
 from mtpmatrix.pairs.tiny.vocab import EOS_ID
 from mtpmatrix.tiers.surface import hidden_states, structured
+from mtpmatrix.tiers.surface.logprobs import GAP
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST, ASCII_LAST, token_text
 
 VOCAB = 512
@@ -46,7 +47,16 @@ def decode(ids: list[int]) -> str:
 
 
 def hidden_row(x: int) -> list[float]:
-    return [((x * 7 + i) % 13 - 6) / 4 for i in range(hidden_states.HIDDEN)]
+    """The fake witness's row of input token x: a function of x alone, no two tokens' rows alike (element 0)."""
+    return [1.0 + x / 8] + [((x * 7 + i) % 13 - 6) / 4 for i in range(1, hidden_states.HIDDEN)]
+
+
+PREDICTED_ROWS = [hidden_row(x) for x in range(VOCAB)]  # what hidden_states.predicted_rows reads for the fake
+
+
+def top_row(x: int, n: int) -> list[list]:
+    """A witness row of input token x for ``top_logprobs_num`` n: x + 1 at the peak, runner-ups >= GAP below it."""
+    return [[-1e-3, (x + 1) % VOCAB, None]] + [[-(GAP + 0.3 * k), (x + 37 * k) % VOCAB, None] for k in range(1, n)]
 
 
 def cached_prefix(prompt: list[int], seen: list[list[int]]) -> int:
@@ -132,6 +142,11 @@ class WitnessShapes:
                 decode_rows.append(hidden_row(out[-1]))
             # the prefill block: the rows sglang computed, none for the radix-cached prefix (0.5.17+: extend_input_len)
             meta["hidden_states"] = [[hidden_row(x) for x in inputs[cached : len(prompt)]], *decode_rows]
+        top_n = payload.get("top_logprobs_num")
+        if top_n:
+            rows = [top_row(x, top_n) for x in [prompt[-1], *out[:-1]]]
+            meta["output_top_logprobs"] = rows
+            meta["output_token_logprobs"] = [[r[0][0], t, None] for r, t in zip(rows, out)]
         asked = payload.get("token_ids_logprob")
         if asked:
             shift = (self.broken == "ids-logprob") - (self.broken == "ids-logprob-early")

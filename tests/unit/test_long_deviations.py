@@ -331,6 +331,14 @@ def test_the_tree_signature_is_two_kept_before_each_short_read():
         dict(tree, spec_verify_ct=1, spec_correct_drafts_histogram=[0, 0, 1]), "ss"
     )
     assert not long_deviations.tree_counters(dict(tree, spec_correct_drafts_histogram=[0, 1, 2]), "s")  # one kept
+    # the review's counters that the output does not show (2026-12-05c): an output whose ten steps each visibly kept
+    # two drafts, with a histogram inflated to 25 accepted drafts (within the general tail rule's five, past the
+    # three a tree step can keep beyond the output), or accepted drafts that are not the histogram's
+    kinds = "r" + "rrs" * 10
+    honest = {"completion_tokens": 31, "spec_verify_ct": 10, "spec_correct_drafts_histogram": [0, 0, 10, 0]}
+    assert long_deviations.tree_counters(dict(honest, spec_num_correct_drafts=20), kinds)
+    assert not long_deviations.tree_counters(dict(honest, spec_correct_drafts_histogram=[0, 0, 5, 5]), kinds)
+    assert not long_deviations.tree_counters(dict(honest, spec_num_correct_drafts=49), kinds)
 
 
 def test_the_known_signature_never_covers_another_fault(tmp_path):

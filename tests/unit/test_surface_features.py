@@ -187,6 +187,24 @@ def test_bias_runner_up_differs_fails_unless_near_tie():
         run_feature(fake_runs(mtp_outputs={"logit-bias": bad}), "witness-mtp-topk1", "logit-bias")
 
 
+def test_after_a_near_tie_under_the_bias_mtp_keeps_no_mtps_steps():
+    """Where the no-MTP runner-ups at the biased position are within the bf16 bound, MTP may take the other one and
+    follow the +1 chain from it; an output that leaves the chain after it (garbage from token 5 on) still fails."""
+    out = witness_answer("logit-bias")
+    other = out[3] + 50
+
+    def near_tie(runs):
+        ref_ex = next(x for x in runs["witness-nomtp"].surface[features.NAME] if x.label == "logit-bias")
+        ref_ex.meta["output_top_logprobs"][3] = [[-0.5, out[3], None], [-0.9, other, None]]
+        return runs
+
+    follows = out[:3] + [other + i for i in range(29)]
+    run_feature(near_tie(fake_runs(mtp_outputs={"logit-bias": follows})), "witness-mtp-topk1", "logit-bias")
+    garbage = out[:3] + [other] + [7] * 28
+    with pytest.raises(CheckFailure, match="after a near-tie at output 3 .* MTP leaves no-MTP's steps at output 4"):
+        run_feature(near_tie(fake_runs(mtp_outputs={"logit-bias": garbage})), "witness-mtp-topk1", "logit-bias")
+
+
 def test_refused_feature_is_a_crash():
     runs = fake_runs()
     ex = runs["witness-mtp-topk1"].surface[features.NAME][0]

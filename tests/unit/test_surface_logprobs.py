@@ -197,3 +197,32 @@ def test_failed_request_reported():
     ex[0] = Exchange(ex[0].label, ex[0].payload, {}, "HTTP 400: bad")
     assert "request failed" in logprobs.own_problems(ex[0])[0]
     assert math.isfinite(logprobs.tolerance(ex[-1].payload))
+
+
+def test_fewer_top_logprobs_than_asked_fail():
+    """An MTP server that returns one top logprob per position where top_logprobs_num asked five."""
+
+    def one(label, resp):
+        resp["meta_info"]["output_top_logprobs"] = [r[:1] for r in resp["meta_info"]["output_top_logprobs"]]
+
+    problems = check(exchanges(mutate=one), exchanges(NOMTP))
+    assert problems and all(f"1 top logprobs, {logprobs.TOP_N} asked" in p for p in problems)
+
+
+def test_runner_ups_of_another_row_fail_and_a_near_tie_at_the_cut_passes():
+    """Runner-ups that are other ids than no-MTP's (another row's) fail, though no id both list differs; an id that
+    swapped in at the last rank within the bf16 bound (a near-tie at the cut) passes."""
+
+    def other_row(label, resp):
+        for r in resp["meta_info"]["output_top_logprobs"]:
+            for e in r[1:]:
+                e[1] = (e[1] + 250) % 512
+
+    problems = check(exchanges(mutate=other_row), exchanges(NOMTP))
+    assert problems and "is listed here at" in problems[0] and "other runner-ups" in problems[0]
+
+    def near_tie(label, resp):
+        for r in resp["meta_info"]["output_top_logprobs"]:
+            r[-1] = [r[-1][0] + 0.2, (r[-1][1] + 250) % 512, None]  # a new id, 0.2 nats above no-MTP's last
+
+    assert check(exchanges(mutate=near_tie), exchanges(NOMTP)) == []

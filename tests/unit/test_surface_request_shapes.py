@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from fake_sglang import FakeSglang
-from fake_shapes import WitnessShapes
+from fake_shapes import PREDICTED_ROWS, WitnessShapes, hidden_row
 
 from mtpmatrix.core import smoke_servers
 from mtpmatrix.serving import client
@@ -52,13 +52,38 @@ def test_structured_fold_makes_byte_twins_equal_and_nothing_else():
 def test_hidden_states_intact_then_extra_and_wrong_rows():
     ok = collect(hidden_states)
     assert [p for x in ok for p in hidden_states.count_problems(x)] == []
-    assert hidden_states.consistency_problems(ok) == []
+    assert hidden_states.prediction_problems(ok, PREDICTED_ROWS) == []
     assert hidden_states.against_reference(ok, collect(hidden_states, spec=NOMTP)) == []
     extra = collect(hidden_states, "hidden-extra-row")
     assert any("32 decode rows for 32 output tokens" in p for x in extra for p in hidden_states.count_problems(x))
-    wrong = collect(hidden_states, "hidden-wrong-row")
-    assert hidden_states.consistency_problems(wrong)  # the same input token's rows disagree within the server
+    wrong = collect(hidden_states, "hidden-wrong-row")  # each decode row the next node's
+    assert hidden_states.prediction_problems(wrong, PREDICTED_ROWS) == [
+        "hidden-30 output 1..30 (inputs 42..71): the rows of inputs 43..72 (+1)",
+        "hidden-50 output 1..31 (inputs 62..92): the rows of inputs 63..93 (+1)",
+        "hidden-145 output 1..31 (inputs 157..187): the rows of inputs 158..188 (+1)",
+    ]
     assert hidden_states.against_reference(wrong, ok)
+
+
+def test_hidden_rows_of_another_request_or_of_no_token_fail_even_where_no_other_row_shares_their_input():
+    """An asking request's prefill block holding a plain request's prompt rows (0.5.13's prefill offset, predicted
+    from its source), on the no-MTP server where no other request reads the same input tokens, and a row of no
+    token at all: each named by whose row it is."""
+    ok = collect(hidden_states, spec=NOMTP)
+    by = {x.label: x for x in ok}
+    plain = by["plain-85"].payload["input_ids"]
+    moved = [hidden_row(x) for x in plain]
+    asking = by["hidden-145"]
+    block = [moved, *asking.meta["hidden_states"][1:]]
+    block[3] = [0.0] * hidden_states.HIDDEN
+    bad = surface.Exchange(
+        asking.label, asking.payload, {**asking.response, "meta_info": {**asking.meta, "hidden_states": block}}
+    )
+    assert [p for p in hidden_states.count_problems(bad)] == []  # the shape is right ...
+    assert hidden_states.prediction_problems([bad], PREDICTED_ROWS) == [  # ... the rows are not
+        "hidden-145 prompt 0..11 (inputs 145..156): the rows of inputs 85..96 (-60)",
+        "hidden-145 output 3 (input 159): the row of no input token (element 0 0, predicted 20.875)",
+    ]
 
 
 def first_tokens(spec) -> list[tuple[str, int]]:
@@ -229,3 +254,48 @@ def test_stream_run_last_token_only_fails_the_streaming_checks():
         problems and "the last event's output_ids (7) != the plain answer's (32)" in problems[0]
     )  # 1 + 5 steps + tail
     assert streaming.against_reference(bad, collect(streaming, spec=NOMTP))
+
+
+def test_the_mixed_batchs_top_logprob_request_is_held_like_the_logprobs_family():
+    """top-350 beside the asking requests: its top logprobs missing, cut short, or runner-ups no-MTP would have listed
+    (another row's, a nat above no-MTP's last) fail."""
+    ok, ref = collect(token_ids_logprob), collect(token_ids_logprob, spec=NOMTP)
+    top = next(x for x in ok if x.label == "top-350")
+    bare = surface.Exchange(top.label, top.payload, {**top.response, "meta_info": {}})
+    assert "0 output_token_logprobs and 0 output_top_logprobs" in token_ids_logprob.own_problems(bare)[0]
+    short = {**top.meta, "output_top_logprobs": [r[:1] for r in top.meta["output_top_logprobs"]]}
+    cut = surface.Exchange(top.label, top.payload, {**top.response, "meta_info": short})
+    assert "1 top logprobs, 3 asked" in token_ids_logprob.own_problems(cut)[0]
+    moved = [[r[0], *[[lp + 1.0, (t + 250) % 512, x] for lp, t, x in r[1:]]] for r in top.meta["output_top_logprobs"]]
+    other = surface.Exchange(
+        top.label, top.payload, {**top.response, "meta_info": {**top.meta, "output_top_logprobs": moved}}
+    )
+    assert token_ids_logprob.own_problems(other) == []  # on its own a row looks fine ...
+    problems = token_ids_logprob.against_reference([other], ref)
+    assert problems and "other runner-ups" in problems[0]  # ... against no-MTP's it is another row
+
+
+def test_a_stop_token_inside_a_grammar_or_a_finish_naming_another_id_fails():
+    """A grammar's text with an EOS inside (the stop id used to decode to nothing) and a finish_reason whose matched
+    id is not the output's last."""
+    case = structured.CASES[0]
+    ok = next(x for x in collect(structured) if x.label == case.label)
+    assert structured.case_problems(case, ok) == []
+    ids = ok.output_ids
+    inside = ids[:3] + [structured.EOS_ID] + ids[3:]
+    bad = surface.Exchange(case.label, ok.payload, {**ok.response, "output_ids": inside})
+    assert "is not valid under its" in structured.case_problems(case, bad)[0]
+    wrong = {**ok.meta, "finish_reason": {"type": "stop", "matched": "anything"}}
+    bad = surface.Exchange(case.label, ok.payload, {**ok.response, "meta_info": wrong})
+    assert "expected a stop matching the last id" in structured.case_problems(case, bad)[0]
+
+
+@pytest.mark.parametrize("family", [structured, stop_regex, token_ids_logprob, streaming, parallel_n])
+def test_a_comparison_with_no_mtp_never_passes_having_compared_nothing(family):
+    """Every no-MTP request failed: each MTP-equals-no-MTP check names every request it could not compare."""
+    mine = collect(family)
+    failed = [surface.Exchange(x.label, x.payload, {}, "ConnectionError: refused") for x in collect(family, spec=NOMTP)]
+    problems = family.against_reference(mine, failed)
+    gaps = [p for p in problems if "the no-MTP reference has no answer" in p]
+    assert len(gaps) == len([x for x in mine if not x.error]) > 0
+    assert family.against_reference(mine, failed[1:] and collect(family, spec=NOMTP)) == []

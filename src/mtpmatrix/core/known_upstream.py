@@ -67,7 +67,10 @@ _FIELDS = (
 )
 _REQUIRED = ("id", "package", "affected", "tier", "component", "kind", "match", "checks", "summary", "upstream")
 COMPONENTS = ("library", "sglang")  # whose bug: a library's (not sglang), or sglang's own serving path
-_SIGNATURE_FIELDS = ("metrics", "passed_beside")
+_SIGNATURE_FIELDS = ("metrics", "passed_beside", "problems", "equals")
+# A check that sums its problems in one failure line ("N problem(s) over ...; first: ...") and records them in the
+# metric "problems": an entry with a "problems" regex matches it only when all N are recorded and each one fullmatches.
+_PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\) over ")
 # Tier-level keys apply() derives; whatever a record already holds under them is stripped first.
 DERIVED_KEYS: tuple[Literal["known_upstream"], Literal["stale_known_upstream"]] = (
     "known_upstream",
@@ -89,7 +92,9 @@ class KnownIssue:
     upstream: str
     fixed_in: str | None = None
     serving_path: bool = False  # whether sglang's serving path runs the code in question (the sglang entries: yes)
-    signature: dict[str, Any] | None = None  # {"metrics": {name: {"min"/"max": x}}, "passed_beside": [short check ids]}
+    signature: dict[str, Any] | None = None  # {"metrics": {name: {"min"/"max": x}}, "passed_beside": [short check ids],
+    #                                            "problems": regex each of the check's recorded problems fullmatches,
+    #                                            "equals": {name: the value a recorded metric must equal exactly}}
 
     def applies_to(self, versions: Mapping[str, str | None]) -> bool:
         v = versions.get(self.package)
@@ -121,6 +126,10 @@ class KnownIssue:
                 return False
             if ("min" in bounds and v < bounds["min"]) or ("max" in bounds and v > bounds["max"]):
                 return False
+        if "problems" in sig and not _every_problem(sig["problems"], f.get("message") or "", metrics.get("problems")):
+            return False
+        if any(name not in metrics or metrics[name] != want for name, want in (sig.get("equals") or {}).items()):
+            return False  # an output the bug is measured to give, whole (a message names only its first difference)
         outcome = {short_check_id(c["id"]): c.get("outcome") for c in tier_checks}
         return all(outcome.get(name) == "passed" for name in sig.get("passed_beside") or ())
 
@@ -131,6 +140,15 @@ class KnownIssue:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def _every_problem(pattern: str, message: str, recorded: Any) -> bool:
+    """Whether the failure's problems are all recorded (as many as its line counts) and each one is this bug's: a
+    check with one known problem and another of a second bug is not excused by the first's entry."""
+    count = _PROBLEM_COUNT.search(message)
+    if count is None or not isinstance(recorded, list) or len(recorded) != int(count.group(1)):
+        return False
+    return all(isinstance(p, str) and re.fullmatch(pattern, p) is not None for p in recorded)
 
 
 def failure_text(f: Mapping[str, Any]) -> str:
@@ -187,9 +205,14 @@ def load(path: Path | None = None) -> list[KnownIssue]:
                     raise ValueError(f"{where}: signature metric {name}: {side} {v!r} is not a finite number")
             if "min" in b and "max" in b and b["min"] > b["max"]:
                 raise ValueError(f"{where}: signature metric {name}: min {b['min']} above max {b['max']}")
+        if not isinstance(sig.get("equals") or {}, dict):
+            raise ValueError(f"{where}: signature equals {sig['equals']!r} is not an object of recorded metrics")
+        if "problems" in sig and not isinstance(sig["problems"], str):
+            raise ValueError(f"{where}: signature problems {sig['problems']!r} is not a regex string")
         try:
             affected = SpecifierSet(e["affected"])
             re.compile(e["match"])
+            re.compile(sig.get("problems") or "")
         except (InvalidSpecifier, re.error) as exc:
             raise ValueError(f"{where}: {exc}") from None
         if re.search(e["match"], _BARE_FAILURE_TEXT) is not None:

@@ -24,8 +24,11 @@ member, its own successor. Group 7 is the null group: what comes out when no key
     (a flag in a dim RoPE leaves alone) FULL_SCORE nats above every other token, so it reads the key however far back
     it lies. With a window on that layer the key drops out of sight past W tokens and the group becomes the null one.
 So from position W + 1 on, every token depends on one token at the window's edge and one far outside it; a shifted
-window, a position offset between chunks (the read lands on a neighbour) or a lost key each change the output
-deterministically.
+window, a position offset between chunks one back (the read lands on a neighbour) or a lost key each change the
+output deterministically. What a read tells apart (``read_sets``): the edge; "short", any window of 52-63 keys (the
+best offset inside is 51 for all of them); "wide", any window of 65 keys or more, or none (the trap at 64 wins).
+So "one key short" and "one key wide" are what the measured causes are, not all the pair can see; and a chunk's
+positions one on are absorbed (the read lands where it should: docs/pairs.md).
 
 The construction and the drafter: ``pairs/long_witness_weights.py``.
 

@@ -38,14 +38,15 @@ class AbortMidBatch:
     one output token and none has finished, i.e. while they decode in one batch, or once the neighbours have decoded
     past their first token while the victim has none (the pool holds it in the queue: measured on the topk 3 paged
     server, H200 2026-12-05, "a request finished first: [81, 0]"). Its Result.response is
-    {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool, "abort_note": str},
+    {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool, "abort_note": str,
+    "victim_streamed": whether the victim had streamed a token when the abort went out},
     each answer the stream's last event (the whole answer, as a streamed Call's); aborted_mid_batch is false (and the
     note says why) when a request finished before the abort could be sent mid-batch, so nothing was tested.
 
     A request aborted in sglang's waiting queue (retracted, or not yet admitted) is answered by the tokenizer, not
     the scheduler (tokenizer_manager._handle_abort_req): on 0.5.13 and 0.5.17 a streamed answer's output_ids then
-    hold only its last token while completion_tokens counts them all. Its answer's output_ids are rebuilt from the
-    stream (every earlier event carries the whole output so far, and a queued request makes no token), marked
+    hold only its last token while completion_tokens counts them all. The victim's answer, aborted so, has its
+    output_ids rebuilt from the stream (every earlier event carries the whole output so far, and a queued request makes no token), marked
     "output_ids_from_stream"."""
 
     neighbours: tuple[dict, ...]
@@ -81,11 +82,18 @@ def _finished(event: dict) -> bool:
 
 
 def _whole(answer: dict, streamed: list) -> dict:
-    """The stream's last event, its output_ids rebuilt from ``streamed`` where sglang's waiting-queue abort sent
-    fewer than its completion_tokens (see AbortMidBatch)."""
+    """The victim's last event, its output_ids rebuilt from ``streamed`` where sglang's abort answer sent fewer than
+    its completion_tokens (see AbortMidBatch); any other answer as it came (a neighbour's short answer is its own
+    finding, never repaired)."""
     ids = answer.get("output_ids") or []
-    count = (answer.get("meta_info") or {}).get("completion_tokens")
-    if isinstance(count, int) and len(ids) < count == len(streamed) and streamed[-len(ids) :] == ids:
+    meta = answer.get("meta_info") or {}
+    count = meta.get("completion_tokens")
+    aborted = (
+        (meta.get("finish_reason") or {}).get("type") == "abort"
+        if isinstance(meta.get("finish_reason"), dict)
+        else False
+    )
+    if aborted and isinstance(count, int) and len(ids) < count == len(streamed) and streamed[-len(ids) :] == ids:
         return {**answer, "output_ids": list(streamed), "output_ids_from_stream": True}
     return answer
 
@@ -112,7 +120,8 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
 
         try:
             events = thread_session().events(base_url, "/generate", {**bodies[i], "stream": True}, timeout, hear)
-            answers[i] = _whole({**(events[-1] if events else {}), "stream_events": len(events)}, longest[i])
+            last = {**(events[-1] if events else {}), "stream_events": len(events)}
+            answers[i] = _whole(last, longest[i]) if i == len(bodies) - 1 else last
         except BaseException as exc:  # kept: the caller raises the first
             answers[i] = exc
         finally:
@@ -140,4 +149,4 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
     if failed:
         raise failed[0] if isinstance(failed[0], BaseException) else ClientError("AbortMidBatch: a stream hung")
     note = f"tokens streamed when the abort was sent: {seen}" if mid else f"a request finished first: {seen}"
-    return {"outputs": answers, "aborted_mid_batch": mid, "abort_note": note}
+    return {"outputs": answers, "aborted_mid_batch": mid, "abort_note": note, "victim_streamed": bool(mid and seen[-1])}

@@ -137,12 +137,26 @@ def collate(labelled: list[tuple[str, str, dict]], results: list) -> dict[str, l
 
 def both_answered(exchanges: list[Exchange], reference: list[Exchange]):
     """(exchange, the reference's exchange of the same label) wherever both answered: what an MTP-equals-no-MTP check
-    compares (a failed request is the family's own checks' finding, an unsent reference the skip's)."""
+    compares (a failed request is the family's own checks' finding; one the reference did not answer,
+    ``reference_gaps``')."""
     ref = {x.label: x for x in reference}
     for x in exchanges:
         r = ref.get(x.label)
         if not x.error and r is not None and not r.error:
             yield x, r
+
+
+def reference_gaps(exchanges: list[Exchange], reference: list[Exchange]) -> list[str]:
+    """A problem for each request answered here that the no-MTP reference did not answer (failed, or not sent): an
+    MTP-equals-no-MTP check that compared nothing for it must not pass."""
+    ref = {x.label: x for x in reference}
+    out = []
+    for x in exchanges:
+        r = ref.get(x.label)
+        if not x.error and (r is None or r.error):
+            why = r.error if r is not None else "not sent"
+            out.append(f"{x.label}: the no-MTP reference has no answer ({why}): nothing to compare it with")
+    return out
 
 
 def answered(run, family: str, planned: int, labels=None) -> list[Exchange]:

@@ -285,9 +285,21 @@ def divergence(label: str, got: list[int], ref_ex) -> str | None:
     if pos < len(got) and pos < len(ref) and ref[pos] in lp and got[pos] in lp:
         gap = lp[ref[pos]] - lp[got[pos]]
     bound = logprobs.TOLERANCE_NATS * TIE_SCALE.get(label, 0.0)
-    if gap is not None and gap <= bound:
-        return None
     where = logprobs.position_label(pos)
+    if gap is not None and gap <= bound:
+        # A near-tie may send MTP another way from there, never another law: under a static logit bias the witness's
+        # next token is a function of the token before it, so each later token is the same step from its
+        # predecessor as no-MTP's. (repetition-boost's next token depends on the counts of the whole history: it
+        # is not followed past a near-tie, whose bound there is 1/BOOST_PENALTY of the bf16 one.)
+        steps = [[(b - a) % logprobs.VOCAB for a, b in zip(ids[pos:], ids[pos + 1 :])] for ids in (got, ref)]
+        if label != "logit-bias" or steps[0] == steps[1]:
+            return None
+        k = next((i for i, (a, b) in enumerate(zip(*steps)) if a != b), min(map(len, steps)))
+        return (
+            f"{label}: after a near-tie at {where} (MTP {got[pos]}, no-MTP {ref[pos]}, {gap:.3f} <= {bound:.3f} nats), "
+            f"MTP leaves no-MTP's steps at {logprobs.position_label(pos + 1 + k)}: MTP {got[pos + k : pos + k + 3]}, "
+            f"no-MTP {ref[pos + k : pos + k + 3]} ({len(got)} vs {len(ref)} tokens)"
+        )
     return (
         f"{label}: output differs from no-MTP at {where}: MTP {got[pos : pos + 3]}, no-MTP {ref[pos : pos + 3]} "
         f"({len(got)} vs {len(ref)} tokens); no-MTP margin there "

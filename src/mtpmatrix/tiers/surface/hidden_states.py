@@ -132,44 +132,81 @@ def count_problems(ex) -> list[str]:
     return out
 
 
-def by_input_token(ex) -> dict[int, tuple[str, list[float]]]:
-    """Every row of an asking exchange keyed by the input token it was computed at."""
-    got = rows_of(ex)
-    if got is None:
-        return {}
-    prompt, out = ex.payload["input_ids"], ex.output_ids
-    prefill, decode = got
-    rows = {prompt[i]: (f"prompt {i}", r) for i, r in enumerate(prefill[: len(prompt)])}
-    for k, r in enumerate(decode[: max(0, len(out) - 1)]):
-        rows.setdefault(out[k], (position_label(k + 1), r))  # output k + 1 was produced at input out[k]
-    return rows
+def predicted_rows(target) -> list[list[float]]:
+    """Every input token's row, predicted: sqrt(H) * E[x] (module docstring), read from the witness target's
+    checkpoint in ``target`` with torch and safetensors (the row's venv, where the smoke tier runs, has both)."""
+    import math
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    for f in sorted(Path(target).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            name = next((k for k in st.keys() if k.endswith("embed_tokens.weight") and "per_layer" not in k), None)
+            if name is not None:
+                table = st.get_tensor(name).float()
+                if table.shape[1] != HIDDEN:
+                    raise ValueError(f"{f}: {name} is {table.shape[1]} wide, the witness target {HIDDEN}")
+                return (table * math.sqrt(HIDDEN)).tolist()
+    raise ValueError(f"{target}: no embed_tokens weight in its safetensors")
 
 
-def consistency_problems(exchanges) -> list[str]:
-    """On one server: every row computed at the same input token is the same vector (the witness's row depends on
-    its input token alone), across prefill and decode rows and across requests."""
-    seen: dict[int, tuple[str, list[float]]] = {}
+def _row_of(row: list[float], predicted: list[list[float]]) -> int | None:
+    """The input token whose predicted row ``row`` is (within ROW_RTOL), or None."""
+    return next((y for y, want in enumerate(predicted) if row_difference(row, want) is None), None)
+
+
+def prediction_problems(exchanges, predicted: list[list[float]]) -> list[str]:
+    """Each asking exchange's rows against the prediction: prompt row i is input token prompt[i]'s, the row of output
+    k + 1 is input token output[k]'s. A wrong row is named by whose row it is: consecutive rows that are consecutive
+    other tokens' rows in one line, "prompt 0..11 (inputs 30..41): the rows of inputs 86..97 (+56)" (another
+    request's prefill, a step read after the next one's, +6 at topk 1), any other row alone."""
     out = []
     for ex in exchanges:
-        if not ex.payload.get("return_hidden_states") or ex.error:
-            continue
-        for token, (where, r) in by_input_token(ex).items():
-            if token in seen:
-                diff = row_difference(r, seen[token][1])
-                if diff:
-                    out.append(
-                        f"{ex.label} {where} (input {token}): element {diff[0]} {diff[1]:.5g} != {diff[2]:.5g} of "
-                        f"{seen[token][0]}, the same input token's row"
-                    )
-            else:
-                seen[token] = (f"{ex.label} {where}", r)
+        got = rows_of(ex) if ex.payload.get("return_hidden_states") and not ex.error else None
+        if got is None:
+            continue  # count_problems says why
+        prompt, outputs = ex.payload["input_ids"], ex.output_ids
+        prompt_rows = [(i, prompt[i], r) for i, r in enumerate(got[0][: len(prompt)])]
+        output_rows = [(k + 1, outputs[k], r) for k, r in enumerate(got[1][: max(0, len(outputs) - 1)])]
+        for name, rows in (("prompt", prompt_rows), ("output", output_rows)):
+            out += _wrong_rows(f"{ex.label} {name}", rows, predicted)
     return out
 
 
-def against_reference(exchanges, reference) -> list[str]:
-    """Each asking exchange's rows against the no-MTP server's for the same label, row by row."""
-    ref = {x.label: x for x in reference}
+def _wrong_rows(where: str, rows: list, predicted: list[list[float]]) -> list[str]:
+    """The lines of ``prediction_problems`` for one section's (position, input token, row)s, in position order."""
+    lines: list[str | list[tuple[int, int, int]]] = []  # a row of no token's line, or a run of other tokens' rows
+    for pos, x, r in rows:
+        want = predicted[x] if 0 <= x < len(predicted) else None
+        diff = row_difference(r, want) if want is not None else (-1, 0.0, 0.0)
+        y = None if diff is None else _row_of(r, predicted)
+        if diff is None:
+            lines.append("")  # a right row ends a run
+        elif y is None:
+            lines.append(
+                f"{where} {pos} (input {x}): the row of no input token (element {diff[0]} {diff[1]:.5g}, predicted "
+                f"{diff[2]:.5g})"
+            )
+        elif lines and isinstance(lines[-1], list) and (pos, x, y) == tuple(v + 1 for v in lines[-1][-1]):
+            lines[-1].append((pos, x, y))  # the run's next row: the next position, the next token's row
+        else:
+            lines.append([(pos, x, y)])
     out = []
+    for line in filter(None, lines):
+        if isinstance(line, list):
+            (p0, x0, y0), (p1, x1, y1) = line[0], line[-1]
+            line = f"{where} {p0}..{p1} (inputs {x0}..{x1}): the rows of inputs {y0}..{y1} ({y0 - x0:+d})"
+        out.append(line)
+    return out
+
+
+def against_reference(exchanges, reference, predicted: list[list[float]] | None = None) -> list[str]:
+    """Each asking exchange's rows against the no-MTP server's for the same label, row by row (the first that differs
+    in each section); with ``predicted`` (``predicted_rows``), each side's row named by whose row it is."""
+    ref = {x.label: x for x in reference}
+    out: list[str] = []
+    counts: list[str] = []
     for ex in exchanges:
         if not ex.payload.get("return_hidden_states") or ex.error:
             continue
@@ -183,11 +220,19 @@ def against_reference(exchanges, reference) -> list[str]:
                 diff = row_difference(x, y)
                 if diff:
                     where = f"prompt {k}" if name == "prefill" else position_label(k + 1)
+                    whose = ""
+                    if predicted is not None:
+                        here, there = (_row_of(v, predicted) for v in (x, y))
+                        whose = f"; here {_whose(here)}, on no-MTP {_whose(there)}"
                     out.append(
                         f"{ex.label} {where}: element {diff[0]} {diff[1]:.5g}, no-MTP {diff[2]:.5g} (beyond "
-                        f"{ROW_RTOL:.4f} relative, 2 bf16 ulps)"
+                        f"{ROW_RTOL:.4f} relative, 2 bf16 ulps{whose})"
                     )
                     break
             if len(a) != len(b):
-                out.append(f"{ex.label}: {len(a)} {name} rows, no-MTP {len(b)}")
-    return out
+                counts.append(f"{ex.label}: {len(a)} {name} rows, no-MTP {len(b)}")
+    return counts + out  # the counts first: a miscount is the first thing to read
+
+
+def _whose(token: int | None) -> str:
+    return "the row of no input token" if token is None else f"the row of input {token}"

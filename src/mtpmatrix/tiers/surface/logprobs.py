@@ -155,9 +155,13 @@ def own_problems(ex) -> list[str]:
         ]
     problems = []
     floor = OWN_FLOOR / temperature_of(ex.payload)
+    asked = ex.payload.get("top_logprobs_num", TOP_N)
     for i, ((lp, tid), ranked, o) in enumerate(zip(tok, top, out)):
         where = f"{ex.label} {position_label(i)}"
-        if tid != o:
+        if ranked is not None and len(ranked) != asked:
+            # sglang's LogitsProcessor takes topk(top_logprobs_num) of a 512-token row: exactly that many entries
+            problems.append(f"{where}: {len(ranked)} top logprobs, {asked} asked (top_logprobs_num)")
+        elif tid != o:
             problems.append(f"{where}: output_token_logprobs names token {tid}, the output is {o}")
         elif not ranked or ranked[0][1] != o:
             problems.append(f"{where}: top-1 logprob is token {ranked[0][1] if ranked else None}, the output is {o}")
@@ -176,7 +180,8 @@ def compare_rows(
     label: str, where: str, got: list[tuple[float, int]], ref: list[tuple[float, int]], tol: float
 ) -> str | None:
     """One position's top logprobs against the reference's: same rank-1 token, every token both list within
-    ``tol`` nats. Runner-ups may swap between ranks 2..TOP_N (bf16 near-ties), so only shared ids are compared."""
+    ``tol`` nats. Runner-ups may swap between ranks 2..TOP_N (bf16 near-ties), so shared ids are compared by id, and
+    an id only one side lists must be within ``tol`` of the other side's last listed logprob."""
     if not got or not ref:
         return f"{label} {where}: top logprobs missing (got {len(got or [])}, reference {len(ref or [])})"
     if got[0][1] != ref[0][1]:
@@ -189,6 +194,17 @@ def compare_rows(
             f"{label} {where}: token {tid} logprob {lp:.4f}, no-MTP {ref_of[tid]:.4f}: differs by {d:.3f} > "
             f"{tol:.3f} nats (bf16 bound; a neighbouring node's reading is off by >= {GAP:.2f})"
         )
+    # An id one side lists and the other does not fell just outside the other's top entries: within ``tol`` of the
+    # other's last one (a bf16 near-tie at the cut), never above it by more; else the runner-ups are another row's.
+    for mine, theirs, side in ((got, ref, "here"), (ref, got, "on no-MTP")):
+        cut = min(lp for lp, _tid in theirs)
+        other_ids = {tid for _lp, tid in theirs}
+        stray = max(((lp, tid) for lp, tid in mine if tid not in other_ids), default=None)
+        if stray and stray[0] > cut + tol:
+            return (
+                f"{label} {where}: token {stray[1]} is listed {side} at {stray[0]:.4f} and not on the other side, "
+                f"whose last listed logprob is {cut:.4f} (beyond the {tol:.3f}-nat bf16 bound: other runner-ups)"
+            )
     return None
 
 

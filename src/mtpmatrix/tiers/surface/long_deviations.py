@@ -65,6 +65,9 @@ def tree_reads_short(kinds: str) -> bool:
     return all(len(run) >= 2 for run in kinds.split(long_witness.READ_SHORT)[:-1])
 
 
+TREE_MAX_DRAFTS = 3  # drafts a verify step keeps at most under the tree windows by index: root, top child, depth 3
+
+
 def tree_counters(meta: dict, kinds: str) -> bool:
     """Whether a request's own counters are the tree verify's windows by index (``tree_reads_short``): every verify
     step kept the root's and its top child's drafts and none past the depth-3 node (the depth-2 node's index is past
@@ -74,7 +77,8 @@ def tree_counters(meta: dict, kinds: str) -> bool:
     verify, completion = meta.get("spec_verify_ct"), meta.get("completion_tokens")
     if not isinstance(hist, list) or not isinstance(verify, int) or not isinstance(completion, int) or len(hist) < 3:
         return False
-    kept = sum(k * h for k, h in enumerate(hist)) + verify  # tokens the steps kept: drafts and a bonus each
+    drafts = sum(k * h for k, h in enumerate(hist))
+    kept = drafts + verify  # tokens the steps kept: drafts and a bonus each
     low = meta_fields.verified_tokens(completion, meta_fields.retractions_of(meta))
     return (
         verify >= 1
@@ -82,7 +86,10 @@ def tree_counters(meta: dict, kinds: str) -> bool:
         and not any(hist[4:])
         and hist[2] >= sum(hist[3:4])
         and sum(hist) == verify
-        and low <= kept <= completion - 1 + settings.NUM_STEPS  # the tail rule: the counters are the output's
+        and meta.get("spec_num_correct_drafts", drafts) == drafts  # the accepted drafts are the histogram's
+        # the counters are the output's: every step's tokens in it but the last's, which the limit may cut after
+        # its first token (at most TREE_MAX_DRAFTS past the output: no step keeps more than three drafts here)
+        and low <= kept <= completion - 1 + TREE_MAX_DRAFTS
         and kinds.count(long_witness.READ_SHORT) <= verify
     )
 

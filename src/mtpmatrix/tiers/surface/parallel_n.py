@@ -13,7 +13,7 @@ test/srt/openai_server/features/test_openai_server_hidden_states.py); here n > 1
 from __future__ import annotations
 
 from mtpmatrix.serving.client import Call
-from mtpmatrix.tiers.surface import both_answered
+from mtpmatrix.tiers.surface import both_answered, reference_gaps
 from mtpmatrix.tiers.surface.logprobs import chain_prompt
 
 NAME = "parallel_n"
@@ -61,7 +61,7 @@ def own_problems(ex, vocab: int) -> list[str]:
 
 
 def against_reference(exchanges, reference) -> list[str]:
-    out = []
+    out = reference_gaps(exchanges, reference)
     for x, r in both_answered(exchanges, reference):
         mine = [s.get("output_ids") for s in samples(x)]
         theirs = [s.get("output_ids") for s in samples(r)]

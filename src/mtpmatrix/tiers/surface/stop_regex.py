@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtpmatrix.tiers.surface import both_answered, reference_gaps
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST, chain, prompt, token_text, where
 
 NAME = "stop_regex"
@@ -71,9 +72,8 @@ def problems(case: Case, ex, vocab: int) -> list[str]:
 
 
 def against_reference(exchanges, reference) -> list[str]:
-    ref = {x.label: x for x in reference}
-    return [
-        f"{x.label}: output_ids {x.output_ids} != no-MTP {ref[x.label].output_ids}"
-        for x in exchanges
-        if x.label in ref and not x.error and x.output_ids != ref[x.label].output_ids
+    return reference_gaps(exchanges, reference) + [
+        f"{x.label}: output_ids {x.output_ids} != no-MTP {r.output_ids}"
+        for x, r in both_answered(exchanges, reference)
+        if x.output_ids != r.output_ids
     ]

@@ -31,7 +31,7 @@ from mtpmatrix.pairs.tiny.vocab import VOCAB
 from mtpmatrix.serving.client import Call
 from mtpmatrix.serving.environment import by_release, version_of
 from mtpmatrix.tiers.compat.meta_fields import CORE_FIELDS
-from mtpmatrix.tiers.surface import both_answered
+from mtpmatrix.tiers.surface import both_answered, reference_gaps
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST, chain, token_text
 
 NAME = "streaming"
@@ -213,7 +213,7 @@ def own_problems(exchanges, release_has_spec_details: bool | None = None) -> lis
 
 def against_reference(exchanges, reference) -> list[str]:
     """Texts and ids against the no-MTP server's answers of the same labels."""
-    out = []
+    out = reference_gaps(exchanges, reference)
     for x, r in both_answered(exchanges, reference):
         mine = openai_text(x) if x.label.startswith(("completions", "chat")) else x.response.get("text")
         theirs = openai_text(r) if x.label.startswith(("completions", "chat")) else r.response.get("text")

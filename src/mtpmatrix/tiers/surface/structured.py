@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass
 
 from mtpmatrix.pairs.tiny.vocab import END_OF_TURN_ID, EOS_ID, SPECIAL_TOKENS
+from mtpmatrix.tiers.surface import both_answered, reference_gaps
 from mtpmatrix.tiers.surface.stops import ASCII_FIRST, ASCII_LAST, chain, token_text
 
 NAME = "structured"
@@ -117,14 +118,13 @@ def fold(token: int) -> int:
 
 
 def decode(ids: list[int]) -> str:
-    """The tiny tokenizer's text of ``ids`` (printable ASCII in either block; stop ids are special: no text)."""
+    """The tiny tokenizer's text of ``ids`` (printable ASCII in either block). Any other id, a stop id too, is written
+    as ``<id N>``: a stop token inside the output is not text the grammar allows (only the last may be one, and
+    ``case_problems`` takes it off first)."""
     chars = []
     for t in ids:
         f = fold(t)
-        if ASCII_FIRST <= f <= ASCII_LAST:
-            chars.append(token_text(f))
-        elif t not in STOP_IDS:
-            chars.append(f"<id {t}>")
+        chars.append(token_text(f) if ASCII_FIRST <= f <= ASCII_LAST else f"<id {t}>")
     return "".join(chars)
 
 
@@ -149,8 +149,13 @@ def case_problems(case: Case, ex) -> list[str]:
     if not ids or ids[-1] not in STOP_IDS:
         out.append(f"{case.label}: output does not end with a stop token {STOP_IDS}: {ids[-3:]} (the grammar ended)")
     finish = ex.meta.get("finish_reason")
-    if not (isinstance(finish, dict) and finish.get("type") == "stop"):
-        out.append(f"{case.label}: finish_reason {finish}, expected a stop (the grammar ended)")
+    # schedule_batch.py Req.check_finished (0.5.13-0.5.23): a terminated grammar finishes the request with
+    # FINISH_MATCHED_TOKEN(matched=output_ids[-1]), an EOS with FINISH_MATCHED_TOKEN of that id: the last id either way
+    last = ids[-1] if ids else None
+    if not (isinstance(finish, dict) and finish.get("type") == "stop" and finish.get("matched") == last):
+        out.append(
+            f"{case.label}: finish_reason {finish}, expected a stop matching the last id {last} (the grammar ended)"
+        )
     served = ex.response.get("text")
     if served is not None and served != case.text and not out:
         out.append(f"{case.label}: sglang's text {served!r} != the decoded output {text!r}")
@@ -178,13 +183,8 @@ def own_problems(exchanges, vocab: int) -> list[str]:
 def against_reference(exchanges, reference) -> list[str]:
     """Each exchange against the no-MTP server's of the same label: constrained ids equal with twins folded,
     neighbours' ids equal as they are."""
-    ref = {x.label: x for x in reference}
-    out = []
-    for ex in exchanges:
-        r = ref.get(ex.label)
-        if r is None or r.error:
-            out.append(f"{ex.label}: the no-MTP reference has no answer ({r.error if r else 'not sent'})")
-            continue
+    out = reference_gaps(exchanges, reference)
+    for ex, r in both_answered(exchanges, reference):
         constrained = ex.label in {c.label for c in CASES}
         got = [fold(t) for t in ex.output_ids] if constrained else ex.output_ids
         want = [fold(t) for t in r.output_ids] if constrained else r.output_ids

@@ -14,7 +14,7 @@ has exactly one asked id at the peak or none, predicted; values equal no-MTP's w
 
 from __future__ import annotations
 
-from mtpmatrix.tiers.surface import both_answered
+from mtpmatrix.tiers.surface import both_answered, logprobs, reference_gaps
 from mtpmatrix.tiers.surface.logprobs import GAP, OWN_FLOOR, TOLERANCE_NATS, chain_prompt, position_label
 
 NAME = "token_ids_logprob"
@@ -103,7 +103,8 @@ def own_problems(ex) -> list[str]:
     if not asked:
         if ex.meta.get("output_token_ids_logprobs"):
             return [f"{ex.label}: output_token_ids_logprobs returned to a request that did not ask"]
-        return []
+        # the mixed batch's top-logprob request: its own logprobs held as the logprobs family holds them
+        return logprobs.own_problems(ex) if ex.payload.get("top_logprobs_num") else []
     rows = entries(ex)
     if len(rows) != len(want_out):
         return [f"{ex.label}: {len(rows)} positions of output_token_ids_logprobs for {len(want_out)} output tokens"]
@@ -122,8 +123,10 @@ def own_problems(ex) -> list[str]:
 
 
 def against_reference(exchanges, reference) -> list[str]:
-    out = []
+    out = reference_gaps(exchanges, reference)
     for ex, r in both_answered(exchanges, reference):
+        if ex.payload.get("top_logprobs_num"):
+            out += logprobs.compare_exchange(ex, r)
         if not ex.payload.get("token_ids_logprob"):
             continue
         for k, (a, b) in enumerate(zip(entries(ex), entries(r))):
