@@ -73,6 +73,10 @@ def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id:
     try:
         opts = matrix.parse_options(session.posargs)
         opts.run_id = opts.run_id or run_id
+        if (
+            opts.resume and not (opts.results / opts.run_id).is_dir()
+        ):  # a retry whose first try wrote nothing, or a typo
+            session.warn(f"--resume {opts.run_id}: no such run under {opts.results}/ yet: starting it")
         # shards split the rows of this session (default rows, or the extra ones), so N shards stay balanced
         if not matrix.in_shard(row_id, peers, opts.shard):
             session.skip(f"{row_id} is not in shard {opts.shard[0]}/{opts.shard[1]}")
@@ -85,6 +89,7 @@ def _run_matrix_row(session: nox.Session, row_id: str, peers: list[str], run_id:
         if keep:
             session.skip(keep)
         matrix.preflight_overrides(opts.overrides, skip_index=opts.offline_check)
+        matrix.preflight_row_index(ROWS[row_id], skip_index=opts.offline_check)
         matrix.preflight_tier_env(opts.tiers)
         for s in matrix.preflight_servers(opts.server_urls):
             session.log(f"gsm8k against {s.url}: {s.case_id} (model {s.model_path}, sglang {s.version or '?'})")

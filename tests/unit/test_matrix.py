@@ -313,12 +313,61 @@ def test_with_a_prerelease_pin_asks_the_index_for_prereleases(monkeypatch):
     assert index.check_spec(Requirement("transformers>=5.0")) == [Version("5.19.0")]
 
 
-def test_preflight_tier_env_checks_smoke_knobs_only_when_smoke_runs():
+def test_preflight_tier_env_checks_smoke_knobs_whatever_the_tiers():
+    """A bad MTPMATRIX_SMOKE_* value is one line before anything installs, with the smoke tier selected or not (it
+    used to pass unread with --tiers contract: a new user's walk, 2026-12-05c)."""
     bad = {"MTPMATRIX_SMOKE_SERVERS": "random-nomtp,nope"}
-    with pytest.raises(RowError, match="MTPMATRIX_SMOKE_SERVERS: unknown server\\(s\\) nope"):
-        matrix.preflight_tier_env("contract,smoke", bad)
-    matrix.preflight_tier_env("contract,reference", bad)  # smoke not selected: nothing to check
-    matrix.preflight_tier_env("smoke", {})
+    for tiers in ("contract,smoke", "contract,reference"):
+        with pytest.raises(RowError, match="MTPMATRIX_SMOKE_SERVERS: unknown server\\(s\\) nope"):
+            matrix.preflight_tier_env(tiers, bad)
+    assert matrix.preflight_tier_env("smoke", {}) is not None
+    assert matrix.preflight_tier_env("contract,reference", {}) is None
+
+
+def test_a_cuda_variant_rows_index_is_checked_before_anything_installs(monkeypatch):
+    """Its torch comes from the PyTorch index: one line when that does not answer (it used to create the venv and fail
+    the install, a 'DOES NOT QUALIFY' row); a PyPI row, or --offline-check, asks nothing."""
+    import http.server
+    import threading
+
+    from mtpmatrix.core.rows import load_rows
+
+    rows = {r.id: r for r in load_rows(REPO / "constraints")}
+    asked = []
+    monkeypatch.setattr(index, "check_reachable", lambda url, **kw: asked.append(url))
+    matrix.preflight_row_index(rows["sglang-0.5.17"])
+    matrix.preflight_row_index(rows["sglang-0.5.17-cu128"], skip_index=True)
+    matrix.preflight_row_index(rows["sglang-0.5.17-cu128"])
+    assert asked == [f"{index.PYTORCH_INDEX}/cu128/"]
+    monkeypatch.undo()
+    monkeypatch.setattr(index, "PYTORCH_INDEX", "http://127.0.0.1:9/whl")  # the discard port: nothing listens
+    with pytest.raises(RowError, match="row sglang-0.5.17-cu128 installs torch with --torch-backend cu128: index "):
+        matrix.preflight_row_index(rows["sglang-0.5.17-cu128"])
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501: an answer
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    monkeypatch.setattr(index, "PYTORCH_INDEX", f"http://127.0.0.1:{server.server_port}/whl")
+    try:
+        matrix.preflight_row_index(rows["sglang-0.5.17-cu128"])
+    finally:
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "message, verdict",
+    [
+        ("index unreachable: error: Failed to fetch: `https://download.pytorch.org/whl/cu128/torch/`", "error"),
+        ("python missing: error: No interpreter found for Python 3.12", "error"),
+        ("resolver conflict: x No solution found when resolving dependencies", "failed"),
+        ("not on the index: sglang==9.9.9 was not found in the package registry", "failed"),
+    ],
+)
+def test_a_row_the_machine_could_not_install_is_no_sglang_failure(message, verdict):
+    """An index that did not answer or a missing interpreter says nothing of sglang: the row is an error (not proven,
+    exit 3), not 'failed' (exit 1: sglang or a dependency broke), which it used to be."""
+    from mtpmatrix.core.store import row_verdict
+
+    record = {"install": {"verdict": "failed", "failure": {"kind": "install", "message": message}}}
+    assert row_verdict(record) == verdict
 
 
 # --- packages an override strands ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from evidence_records import stamp
 
 from mtpmatrix.__main__ import main
@@ -198,3 +199,29 @@ def test_the_package_imports_without_jinja2():
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)}
     )
     assert got.stdout == "ok\n", got.stderr
+
+
+@pytest.mark.parametrize(
+    "message, state",
+    [
+        ("index unreachable: error: Failed to fetch: `https://download.pytorch.org/whl/cu130/torch/`", "not-proven"),
+        ("resolver conflict: x No solution found when resolving dependencies", "failed"),
+    ],
+)
+def test_a_row_the_machine_could_not_install_is_not_proven_not_failed(results, tmp_path, capsys, message, state):
+    """The hand-made cu130 row that did not install, its failure once a resolver conflict (the row's packages: DOES NOT
+    QUALIFY, exit 1) and once an index that did not answer (the machine's: NOT PROVEN, exit 3; a new user's walk,
+    2026-12-05c, saw 'DOES NOT QUALIFY' for it)."""
+    import shutil
+
+    run = tmp_path / "runs" / CUR  # the row's own run id: filed elsewhere, it would be not proven for that
+    shutil.copytree(results / CUR / "sglang-0.5.23-cu130", run / "sglang-0.5.23-cu130")
+    record = json.loads((run / "sglang-0.5.23-cu130" / "row.json").read_text())
+    record["install"]["failure"]["message"] = message
+    record.pop("verdict", None)
+    (run / "sglang-0.5.23-cu130" / "row.json").write_text(json.dumps(record))
+    s = report_summary.build_summary(run)
+    assert _row(s, "sglang-0.5.23-cu130")["state"] == state
+    rc = main(["report", CUR, "--results", str(tmp_path / "runs")])
+    assert rc == (report_summary.EXIT_NOT_PROVEN if state == "not-proven" else report_summary.EXIT_FAILED)
+    assert f"install failed: {message.split(':')[0]}" in capsys.readouterr().out

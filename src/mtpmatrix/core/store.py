@@ -25,6 +25,9 @@ from mtpmatrix.core.paths import SIDE_RUN_PREFIXES, NameError_, single_name
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
 
+# install failures of the machine, not of the row's packages (core/failures.classify_install's labels)
+ENVIRONMENT_INSTALL_FAILURES = ("index unreachable", "python missing")
+
 
 def row_verdict(row_record: RowRecord) -> str:
     """The sglang verdict of a row: the worst of its tiers, where a tier failing only on known upstream issues
@@ -32,7 +35,9 @@ def row_verdict(row_record: RowRecord) -> str:
     (mtpmatrix.core.expected: nothing failed, not everything ran) makes the row partial."""
     install = row_record.get("install", {})
     if install.get("verdict") == "failed":
-        return "failed"
+        # the machine's fault (an index that did not answer, no interpreter), not the row's packages: not built
+        message = (install.get("failure") or {}).get("message") or ""
+        return "error" if message.startswith(ENVIRONMENT_INSTALL_FAILURES) else "failed"
     tiers = row_record.get("tiers") or {}
     return worst("passed" if t.get("verdict") == KNOWN_UPSTREAM else t.get("verdict") for t in tiers.values())
 

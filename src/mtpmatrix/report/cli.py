@@ -97,7 +97,8 @@ def run(ns: argparse.Namespace) -> int:
     for r in summary["rows"]:
         cells = ", ".join(f"{t}={r['tiers'][t]['verdict']}" for t in summary["tiers"] if t in r["tiers"])
         if r["install"]["verdict"] == "failed":
-            cells = "install failed"
+            why = ((r["install"].get("failure") or {}).get("message") or "").split(":", 1)[0]
+            cells = f"install failed: {why}" if why and why != "install failed" else "install failed"
         print(f"  {render.GLYPHS.get(r['verdict'], '?')} {r['id']}: {r['verdict']} ({cells})")
     b = summary["baseline"]
     if b:

@@ -87,3 +87,17 @@ def between(name: str, good: str, bad: str, **kw) -> list[Version]:
     if g >= b:
         raise IndexError_(f"GOOD {good} must be older than BAD {bad}")
     return [v for v in releases(name, **kw) if g <= v <= b]
+
+
+PYTORCH_INDEX = "https://download.pytorch.org/whl"  # where uv's --torch-backend takes a CUDA variant's torch from
+
+
+def check_reachable(url: str, *, timeout: float = 15.0) -> None:
+    """Raise IndexError_ (one line) unless ``url`` answers at all (any HTTP status is an answer)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise IndexError_(f"index {url} is unreachable ({getattr(exc, 'reason', exc)})") from None

@@ -156,15 +156,27 @@ def preflight_overrides(overrides: list[str], *, skip_index: bool = False) -> No
                 raise RowError(f"--with {spec}: {exc}") from None
 
 
-def preflight_tier_env(tiers: str, env: dict | None = None):
-    """The selected tiers' environment knobs (MTPMATRIX_SMOKE_*), checked before anything is installed: the smoke
-    tier's ``SmokeOptions`` when smoke is selected, else None; a bad value is a RowError (one line)."""
-    if "smoke" not in parse_tiers(tiers):
-        return None
+def preflight_row_index(row, *, skip_index: bool = False) -> None:
+    """A CUDA-variant row takes torch from the PyTorch index (uv's --torch-backend): one clear error before anything is
+    installed when that index does not answer (else the install fails there, a few seconds and a venv later)."""
+    if skip_index or row.torch_backend == "pypi":
+        return
+    url = f"{index.PYTORCH_INDEX}/{row.torch_backend}/"
     try:
-        return smoke_servers.smoke_options(env)
+        index.check_reachable(url)
+    except index.IndexError_ as exc:
+        raise RowError(f"row {row.id} installs torch with --torch-backend {row.torch_backend}: {exc}") from None
+
+
+def preflight_tier_env(tiers: str, env: dict | None = None):
+    """The smoke tier's environment knobs (MTPMATRIX_SMOKE_*), checked before anything is installed whatever the
+    tiers (a bad value is bad input even where it would go unread): its ``SmokeOptions`` when smoke is selected, else
+    None; a bad value is a RowError (one line)."""
+    try:
+        options = smoke_servers.smoke_options(env)
     except ValueError as exc:
         raise RowError(str(exc)) from None
+    return options if "smoke" in parse_tiers(tiers) else None
 
 
 def preflight_servers(urls: list[str]) -> list:
