@@ -25,7 +25,7 @@ def witness_rows(smoke_runs, build_tiny_pair):
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_hidden_states_as_predicted(smoke_runs, witness_rows, name, record_property):
-    """Each request that asks for hidden states gets a block of one row per prompt token, then one row per output token after the first, each 128 wide; those that do not ask get none; and every row is the witness's prediction for its input token, sqrt(H) * E[x] from the served checkpoint, within hidden_states.ROW_RTOL (2 bf16 ulps, derived in the module; 20 rows measured on an H200 on 0.5.13 and 0.5.17 were within 0.34%). A wrong row is named by whose row it is."""
+    """Each request that asks for hidden states gets a block of one row per prompt token, then one row per output token after the first, each 128 wide; those that do not ask get none; and every row is the witness's prediction for its input token, sqrt(H) * E[x] from the served checkpoint, within hidden_states.ROW_RTOL (2 bf16 ulps, derived in the module; element 1 of 21 rows sglang returned on an H200, 0.5.13 and 0.5.17, within 0.34%: docs/runs/2026-12-05c-cpu-hidden-state-prediction.md; whole rows proven against transformers' forward in the reference tier). A wrong row is named by whose row it is."""
     run, exchanges = surface_family.exchanges(hidden_states, smoke_runs, name, record_property)
     problems = [p for x in exchanges for p in hidden_states.count_problems(x)]
     problems += hidden_states.prediction_problems(exchanges, witness_rows)

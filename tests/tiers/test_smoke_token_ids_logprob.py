@@ -25,7 +25,7 @@ def test_token_ids_logprob_as_predicted(smoke_runs, name, record_property):
 @pytest.mark.check("mismatch")
 @pytest.mark.parametrize("name", [s.name for s in WITNESS])
 def test_token_ids_logprob_beside_other_requests(smoke_runs, name, record_property):
-    """The mixed batch: an asking request beside a top-logprob request and a plain one, each as predicted (the asking one as above; the others get no output_token_ids_logprobs). A release whose scheduler dies on it fails here alone (token_ids_logprob.LAST)."""
+    """The mixed batch: an asking request beside a top-logprob request and a plain one, each as predicted (the asking one as above; the top-logprob one as the logprobs family holds its own: top_logprobs_num entries a position, rank 1 the output at >= logprobs.OWN_FLOOR; neither other one gets output_token_ids_logprobs). Not compared with no-MTP: the batch that kills some releases' schedulers stays in this check alone. A release whose scheduler dies on it fails here alone (token_ids_logprob.LAST)."""
     _own_problems(smoke_runs, name, record_property, token_ids_logprob.MIXED)
 
 

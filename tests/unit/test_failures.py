@@ -262,3 +262,19 @@ def test_readme_kinds_table_is_verdict_kinds():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("| kind | what failed |", 1)[1].split("\n\n", 1)[0]
     assert re.findall(r"^\| `([a-z]+)` \|", table, re.M) == list(KINDS)
+
+
+def test_an_index_that_answered_with_a_refusal_is_the_rows_not_the_machines():
+    """uv's 'Failed to fetch' for a 404 from the index (a CUDA variant it does not publish) is no unreachable index:
+    the row's install was refused, a failure (exit 1), not an error of the machine (the review's case, 2026-12-05c)."""
+    from mtpmatrix.core.store import row_verdict
+
+    out = (
+        "error: Failed to fetch: `https://download.pytorch.org/whl/cu131/torch/`\n"
+        "  Caused by: HTTP status client error (404 Not Found) for url (https://download.pytorch.org/whl/cu131/torch/)"
+    )
+    f = classify_install(out).as_dict()
+    assert f["message"].startswith("not on the index: ")
+    assert row_verdict({"install": {"verdict": "failed", "failure": f}}) == "failed"
+    gone = classify_install("error: Failed to fetch: `https://x/simple/six/`\n  Caused by: dns error").as_dict()
+    assert row_verdict({"install": {"verdict": "failed", "failure": gone}}) == "error"

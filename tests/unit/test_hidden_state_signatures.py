@@ -205,3 +205,19 @@ def test_a_check_with_more_problems_than_it_recorded_is_never_excused(intact):
     assert entry.matches(failed, checks)
     failed["failure"]["message"] = failed["failure"]["message"].replace("1 problem(s)", "61 problem(s)", 1)
     assert not entry.matches(failed, checks)  # 61 counted, 1 recorded: the rest are unseen
+
+
+def test_the_prefill_offset_entry_takes_another_prompts_rows_only(intact):
+    """Its own prompt's rows shifted by one, or its block reversed, are no prefill offset past plain requests (the
+    offset moves by whole prompts): not excused (the review's cases, 2026-12-05c)."""
+    mtp, nomtp = intact
+
+    def own_rows(label, order):
+        return [
+            with_rows(x, prefill=[hidden_row(t) for t in order(x.payload["input_ids"])]) if x.label == label else x
+            for x in nomtp
+        ]
+
+    for bad in (own_rows("hidden-30", lambda p: [t + 1 for t in p]), own_rows("hidden-50", lambda p: p[::-1])):
+        checks = tier({"witness-nomtp": bad, "witness-mtp-topk1": mtp, "witness-mtp-topk3": mtp}, bad)
+        assert excused(checks, "0.5.13")["test_hidden_states_as_predicted[witness-nomtp]"] is None

@@ -465,3 +465,28 @@ def test_row_json_records_the_pytest_args_and_every_mtpmatrix_knob_and_nothing_e
         "pytest_args": ["-k", "topk3"],
         "knobs": {"MTPMATRIX_ROW": "sglang-0.5.17", "MTPMATRIX_SMOKE_SERVERS": "random-nomtp"},
     }
+
+
+def test_an_upgrade_probes_verdict_line_names_the_release_it_ran_and_what_uv_pip_check_refused():
+    """The console's row line names the overridden package at the version installed and uv pip check's first
+    complaint (a new user's walk, 2026-12-05c: only row.json said transformers 5.20.0, and that sglang pins 5.19.0)."""
+    record = {
+        "row": {"id": "sglang-0.5.23"},
+        "verdict": "passed",
+        "overrides": ["transformers==5.20.0"],
+        "versions": {"transformers": "5.20.0", "sglang": "0.5.23"},
+        "install": {
+            "verdict": "passed",
+            "check": {
+                "ok": False,
+                "output": ["The package `sglang` requires `transformers==5.19.0`, but `5.20.0` is installed"],
+            },
+        },
+        "tiers": {"contract": {"verdict": "passed"}},
+    }
+    line = matrix.summary_line(record)
+    assert line.endswith(
+        "with transformers 5.20.0 (--with); uv pip check: The package `sglang` requires `transformers==5.19.0`, "
+        "but `5.20.0` is installed"
+    )
+    assert "--with" not in matrix.summary_line({**record, "overrides": [], "install": {"verdict": "passed"}})

@@ -71,3 +71,5 @@ def test_the_repetition_boost_entry_holds_both_whole_outputs():
     tail = c["metrics"]["output_ids"][:4] + [0] * 28
     assert not e.matches(altered(c, output_ids=tail), [c, *beside])
     assert not e.matches(altered(c, output_ids=None), [c, *beside])  # not recorded: the output is unseen
+    # equal as Python compares, not as recorded: 392.0 is no token id (types are held too)
+    assert not e.matches(altered(c, output_ids=[float(t) for t in c["metrics"]["output_ids"]]), [c, *beside])

@@ -269,3 +269,14 @@ def test_logprob_smoke_checks_pass_intact_and_fail_shifted():
     runs, tsl = _logprob_runs(mutate=tsl._shift_rows)
     with pytest.raises(CheckFailure, match="prefill token"):
         TL.test_logprobs_match_no_mtp(runs, "witness-mtp-topk3", record)
+
+
+def test_the_intact_sglang_min_new_tokens_prediction_holds_the_whole_output():
+    """What intact sglang's MTP verify gives min-new-tokens-released (the output measured on an H200, 0.5.17,
+    2026-12-02b: the chain's 8 tokens, the row's best other token where the stop token stays masked, then the +1
+    chain to the limit) is the deviation; the same first 9 tokens followed by anything else are not (the review's
+    case, 2026-12-05c: the known-upstream entry used to excuse them)."""
+    measured = [*range(152, 160), *range(234, 258)]
+    assert features.predicted("min-new-tokens-released", measured, mtp_intact_sglang=True) is None
+    assert features.predicted("min-new-tokens-released", measured[:9] + [7] * 23, mtp_intact_sglang=True)
+    assert features.predicted("min-new-tokens-released", measured[:20], mtp_intact_sglang=True)  # cut short

@@ -167,6 +167,8 @@ def as_consequence(failure: Failure, package: str, earlier_id: str, earlier_kind
 
 _INSTALL_PATTERNS = (
     (re.compile(r"No solution found|unsatisfiable|conflict", re.I), "resolver conflict"),
+    # the index answered, refusing the file (a variant it does not publish, a wheel pulled): the row's, not the machine's
+    (re.compile(r"HTTP status client error|\b40[34] (?:Not Found|Forbidden)", re.I), "not on the index"),
     (
         re.compile(
             r"Failed to fetch|Could not connect|dns error|timed out|Connection refused|error sending request", re.I

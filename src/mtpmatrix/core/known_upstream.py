@@ -7,14 +7,19 @@ The entries live in ``known_upstream.json`` next to this module, one object each
     {"id": "...", "package": "transformers", "affected": ">=5.18.0,<5.20.0", "tier": "reference",
      "component": "library", "kind": "crash", "checks": ["test_function", ...],
      "match": "regex on 'TYPE: MESSAGE (raised at FILE:LINE in FUNC)'",
-     "signature": {"metrics": {"name": {"min": 1, "max": 2}}, "passed_beside": ["test_x[case]", ...]},
+     "signature": {"metrics": {"name": {"min": 1, "max": 2}}, "passed_beside": ["test_x[case]", ...],
+                   "problems": "regex", "equals": {"output_ids": [...]}},
      "summary": "one line", "upstream": "https://...", "fixed_in": "5.20.0", "serving_path": false}
 
 A failed or errored check matches an entry only by the entry's signature of the bug: the check is one of ``checks``
 (test functions), its failure has the entry's ``kind``, its failure text matches ``match``, each metric named in
 ``signature.metrics`` is recorded on the check and inside its bounds, and each check named in
 ``signature.passed_beside`` ran and passed in the same tier (what rules out a broader break that happens to print
-the same words); a metric that is not a finite number (NaN, an infinity) never matches. ``component`` says whose
+the same words); a metric that is not a finite number (NaN, an infinity) never matches. Where a check counts its
+problems in one line ("N problem(s) over ...") and records them (metric ``problems``), ``signature.problems`` holds
+every one: all N recorded, each fullmatching it (a second bug beside the known one is never excused by it); and
+``signature.equals`` holds a recorded metric to a value exactly, type included (an output measured whole, where the
+message names only its first difference). ``component`` says whose
 bug it is: ``library`` (transformers: not sglang) or ``sglang`` (a deviation on sglang's own serving path); the
 report's headline keeps the two apart.
 
@@ -128,7 +133,7 @@ class KnownIssue:
                 return False
         if "problems" in sig and not _every_problem(sig["problems"], f.get("message") or "", metrics.get("problems")):
             return False
-        if any(name not in metrics or metrics[name] != want for name, want in (sig.get("equals") or {}).items()):
+        if any(not _same(metrics.get(name, _UNSET), want) for name, want in (sig.get("equals") or {}).items()):
             return False  # an output the bug is measured to give, whole (a message names only its first difference)
         outcome = {short_check_id(c["id"]): c.get("outcome") for c in tier_checks}
         return all(outcome.get(name) == "passed" for name in sig.get("passed_beside") or ())
@@ -140,6 +145,20 @@ class KnownIssue:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+_UNSET = object()
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal as JSON values are, type included (True is not 1, 1.0 is not 1)."""
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, list):
+        return len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want))
+    if isinstance(want, dict):
+        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    return got == want
 
 
 def _every_problem(pattern: str, message: str, recorded: Any) -> bool:

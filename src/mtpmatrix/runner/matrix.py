@@ -96,11 +96,24 @@ def summary_line(record: RowRecord) -> str:
         for k in t.get("stale_known_upstream", []):
             s += f" (known-upstream entry {k['id']} can go: {len(k['checks'])} of its checks pass)"
         parts.append(s)
+    versions = record.get("versions") or {}
+    moved = [o.split("==")[0] for o in record.get("overrides") or []]
+    asked = [f"{m} {versions.get(m.lower(), versions.get(m, '?'))}" for m in moved]
+    check = (record.get("install") or {}).get("check") or {}
+    refused = (
+        [ln for ln in check.get("output") or [] if ln.startswith("The package")] if check.get("ok") is False else []
+    )
     held = [f"{h['package']} {h['version']}" for h in (record.get("install") or {}).get("held") or []]
     blocking = [f"{b['pinned_by']} pins {b['package']}=={b['version']}" for b in record.get("blocking_pins") or []]
     return (
         f"{rid}: {record['verdict'].upper()} — "
         + "; ".join(parts)
+        + (f"; with {', '.join(asked)} (--with)" if asked else "")
+        + (
+            f"; uv pip check: {refused[0]}" + (f" (+{len(refused) - 1} more)" if len(refused) > 1 else "")
+            if refused
+            else ""
+        )
         + (f"; held at sglang's pins: {', '.join(held)}" if held else "")
         + (f"; blocking pin(s): {', '.join(blocking)} (move it too: --with)" if blocking else "")
     )

@@ -38,8 +38,7 @@ class AbortMidBatch:
     one output token and none has finished, i.e. while they decode in one batch, or once the neighbours have decoded
     past their first token while the victim has none (the pool holds it in the queue: measured on the topk 3 paged
     server, H200 2026-12-05, "a request finished first: [81, 0]"). Its Result.response is
-    {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool, "abort_note": str,
-    "victim_streamed": whether the victim had streamed a token when the abort went out},
+    {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool, "abort_note": str},
     each answer the stream's last event (the whole answer, as a streamed Call's); aborted_mid_batch is false (and the
     note says why) when a request finished before the abort could be sent mid-batch, so nothing was tested.
 
@@ -149,4 +148,4 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
     if failed:
         raise failed[0] if isinstance(failed[0], BaseException) else ClientError("AbortMidBatch: a stream hung")
     note = f"tokens streamed when the abort was sent: {seen}" if mid else f"a request finished first: {seen}"
-    return {"outputs": answers, "aborted_mid_batch": mid, "abort_note": note, "victim_streamed": bool(mid and seen[-1])}
+    return {"outputs": answers, "aborted_mid_batch": mid, "abort_note": note}

@@ -222,8 +222,16 @@ def predicted(label: str, output: list[int], *, mtp_intact_sglang: bool = False)
         return None
     if label == "min-new-tokens-released":
         stop = want[STOP_POSITION - 1]
-        if mtp_intact_sglang:  # the stop token stays masked: the counter is 2 verify steps, below 8
-            ok = output[: STOP_POSITION - 1] == want[: STOP_POSITION - 1] and stop not in output[:STOP_POSITION]
+        if mtp_intact_sglang:
+            # the stop token stays masked (the counter is 2 verify steps, below 8): the chain's first tokens, the
+            # row's best other token in its place, and the +1 chain from that one to the length limit
+            tail = output[STOP_POSITION - 1 :]
+            ok = (
+                output[: STOP_POSITION - 1] == want[: STOP_POSITION - 1]
+                and stop not in output
+                and len(output) == MAX_NEW_TOKENS
+                and all(b == (a + 1) % logprobs.VOCAB for a, b in zip(tail, tail[1:]))
+            )
         else:
             ok = output == want[:STOP_POSITION]
         return (
@@ -292,8 +300,10 @@ def divergence(label: str, got: list[int], ref_ex) -> str | None:
         # predecessor as no-MTP's. (repetition-boost's next token depends on the counts of the whole history: it
         # is not followed past a near-tie, whose bound there is 1/BOOST_PENALTY of the bf16 one.)
         steps = [[(b - a) % logprobs.VOCAB for a, b in zip(ids[pos:], ids[pos + 1 :])] for ids in (got, ref)]
-        if label != "logit-bias" or steps[0] == steps[1]:
-            return None
+        biased = chain(label)[BIAS_POSITION - 1]
+        reaches = any((got[pos] + k) % logprobs.VOCAB == biased for k in range(1, len(got) - pos))
+        if label != "logit-bias" or reaches or steps[0] == steps[1]:
+            return None  # (a +1 chain from MTP's token that reaches the biased token turns there: not followed)
         k = next((i for i, (a, b) in enumerate(zip(*steps)) if a != b), min(map(len, steps)))
         return (
             f"{label}: after a near-tie at {where} (MTP {got[pos]}, no-MTP {ref[pos]}, {gap:.3f} <= {bound:.3f} nats), "

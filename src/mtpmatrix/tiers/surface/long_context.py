@@ -350,11 +350,6 @@ def abort_problems(x, want: int, topk: int | None, page_size: int = 1) -> list[s
     else every abort of the H200 runs was sent at [1, 1] (docs/runs/2026-12-05*)."""
     if not x.response.get("aborted_mid_batch"):
         return [f"abort: the abort was not sent mid-batch ({x.response.get('abort_note')}): nothing was tested"]
-    if page_size == 1 and not x.response.get("victim_streamed", True):
-        return [
-            f"abort: the victim had decoded nothing when the abort went out ({x.response.get('abort_note')}): the abort "
-            f"of a running request was not tested (on an unpaged server it decodes beside its neighbours)"
-        ]
     item = x.payload
     outputs = x.response.get("outputs") or []
     if len(outputs) != len(item.neighbours) + 1:
@@ -365,6 +360,11 @@ def abort_problems(x, want: int, topk: int | None, page_size: int = 1) -> list[s
     victim = outputs[-1]
     meta = victim.get("meta_info") or {}
     got = list(victim.get("output_ids") or [])
+    if page_size == 1 and not got and not meta.get("completion_tokens"):
+        return [
+            f"abort: the victim had decoded nothing when it was aborted ({x.response.get('abort_note')}): the abort "
+            f"of a running request was not tested (on an unpaged server it decodes beside its neighbours)"
+        ]
     if finish_type(meta) != "abort":
         out.append(f"abort victim: finish_reason {meta.get('finish_reason')}, wanted abort")
     if not len(got) < want:

@@ -125,8 +125,6 @@ def own_problems(ex) -> list[str]:
 def against_reference(exchanges, reference) -> list[str]:
     out = reference_gaps(exchanges, reference)
     for ex, r in both_answered(exchanges, reference):
-        if ex.payload.get("top_logprobs_num"):
-            out += logprobs.compare_exchange(ex, r)
         if not ex.payload.get("token_ids_logprob"):
             continue
         for k, (a, b) in enumerate(zip(entries(ex), entries(r))):
