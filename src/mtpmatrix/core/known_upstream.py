@@ -158,7 +158,7 @@ def _same(got: Any, want: Any) -> bool:
         return len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want))
     if isinstance(want, dict):
         return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
-    return got == want
+    return bool(got == want)
 
 
 def _every_problem(pattern: str, message: str, recorded: Any) -> bool:
