@@ -135,3 +135,21 @@ def test_a_bad_row_list_is_one_line(tmp_path, capsys):
     assert main(["plan", "r", "--rows", "sglang-9", "--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --rows: unknown row(s) sglang-9; known: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--with", "transformers"], "--with 'transformers': give a version"),
+        (["--tiers", "contract,gpu"], "--tiers 'contract,gpu': known tiers are"),
+    ],
+)
+def test_a_plan_refuses_what_its_row_jobs_would(tmp_path, capsys, argv, words):
+    from mtpmatrix.__main__ import main
+
+    """A --with spec or tier the row jobs refuse is refused by the plan too, in one line, nothing written (a new user's
+    walk, 2026-12-05c: the plan took `--with transformers` with exit 0, every job then failing on it)."""
+    assert main(["plan", "r", "--rows", "sglang-0.5.17", *argv, "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()

@@ -108,7 +108,7 @@ def run(ns) -> int:
     """Write ``results/<RUN_ID>/manifest-pipeline.json``: the rows, their pins and the suite, before any job runs,
     so a job that never uploads is a planned row without a record ("not run"), not a row that vanished."""
     from mtpmatrix.core import schema
-    from mtpmatrix.core.rows import RowError, load_rows
+    from mtpmatrix.core.rows import RowError, load_rows, parse_override
 
     try:
         paths.single_name(ns.run_id, "RUN_ID")
@@ -121,6 +121,11 @@ def run(ns) -> int:
         unknown = [r for r in ids if r not in table]
         if unknown or not ids:
             raise RowError(f"--rows: unknown row(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(table)}")
+        for spec in ns.overrides:  # as the row jobs will read them: a spec they refuse is refused here first
+            parse_override(spec)
+        tiers = schema.parse_tiers(ns.tiers)
+        if not tiers or [t for t in tiers if t not in schema.TIERS]:
+            raise RowError(f"--tiers {ns.tiers!r}: known tiers are {', '.join(schema.TIERS)}")
     except RowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
