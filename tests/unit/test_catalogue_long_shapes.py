@@ -123,8 +123,47 @@ def _pkg(root: Path, release: str) -> Path:
 
 def test_the_new_mutants_follow_the_earlier_ones_in_order():
     ids = [m.id for m in C.CATALOGUE]
-    assert ids[-len(NEW) :] == list(NEW) and ids.index("hidden-states-next-node") == len(ids) - len(NEW) - 1
-    assert len(ids) == 37  # docs/fault-injection.md and README state this count
+    assert ids[-len(NEW) :] == list(NEW)
+    assert ids[-len(NEW) - 2 : -len(NEW)] == ["hidden-states-next-node", "hidden-states-prefill-offset-asking-only"]
+    assert len(ids) == 38  # docs/fault-injection.md states this count
+
+
+# verbatim: batch_result_processor.py _append_prefill_hidden_states, 0.5.17 l. 506-510 (0.5.23 l. 651-655 alike), and
+# 0.5.13's l. 466-479, which advances the offset only where it is called (for a request that asks)
+_PREFILL_HS_17 = (
+    "        if capture_hidden_mode.is_full():\n"
+    "            start = hidden_state_offset\n"
+    "            hidden_state_offset += extend_input_len\n"
+    "            if not store or not req.return_hidden_states:\n"
+    "                return hidden_state_offset\n"
+)
+_PREFILL_HS_13 = (
+    "        req.hidden_states.append(\n"
+    "            logits_output.hidden_states[\n"
+    "                hidden_state_offset : (\n"
+    "                    hidden_state_offset := hidden_state_offset\n"
+    "                    + len(req.origin_input_ids)\n"
+)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_prefill_offset_mutant_skips_plain_requests_where_sglang_advances_past_them(tmp_path, release):
+    """0.5.17 and 0.5.23 advance the offset past every request; the mutant takes a plain request's rows back off it
+    (0.5.13's behaviour). On 0.5.13 the call already sits under req.return_hidden_states: n.a. by design."""
+    mutant = C.catalogue_by_id()["hidden-states-prefill-offset-asking-only"]
+    root = tmp_path / release
+    module = root / "sglang/srt/managers/scheduler_components/batch_result_processor.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(_class(_PREFILL_HS_13 if release == "0.5.13" else _PREFILL_HS_17))
+    (root / "sglang/_version.py").write_text(f"__version__ = version = '{release}'\n")
+    app = F.apply(mutant, root / "sglang")
+    if release == "0.5.13":
+        assert app.reason() == f"n.a. by design on sglang {release}: {mutant.na_why}" and not app.modules
+        return
+    assert app.applicable and app.error is None, app.reason()
+    (patched,) = (m["patched"] for m in app.modules.values())
+    assert "                return hidden_state_offset - extend_input_len  #" in patched
+    compile(patched, str(module), "exec")
 
 
 def test_every_new_mutant_is_complete_and_launches_the_servers_its_check_compares():

@@ -299,9 +299,30 @@ REQUEST_SURFACE_MUTANTS: tuple[Mutant, ...] = (
         na_on=("0.5.13",),
         na_why="its spec-v1 path appends one row per verify step (logits_output.hidden_states[i]), not a slice of "
         "the accepted run: no such read to shift",
-        expect="test_hidden_states_as_predicted[witness-mtp-topk1/topk3] (the rows of one input token disagree "
-        "within the server: a decode row is the next token's, which another request's prompt row holds) and "
-        "test_hidden_states_match_no_mtp (row by row against the witness without MTP)",
+        expect="test_hidden_states_as_predicted[witness-mtp-topk1/topk3] (each decode row is the next input's: "
+        "runs at +1 against the witness's prediction, which no entry takes) and test_hidden_states_match_no_mtp "
+        "(row by row against the witness without MTP)",
+    ),
+    Mutant(
+        "hidden-states-prefill-offset-asking-only",
+        "hidden-states",
+        "the prefill's hidden-state offset advances only past requests that ask (0.5.13's own mechanism, fixed in "
+        "0.5.17): an asking request prefilled after a plain one in a batch gets that one's prompt rows",
+        (
+            Site(
+                BATCH_RESULT_PROCESSOR,
+                "            if not store or not req.return_hidden_states:\n                return hidden_state_offset\n",
+                "            if not store or not req.return_hidden_states:\n"
+                "                return hidden_state_offset - extend_input_len  # a plain request's rows not skipped\n",
+            ),
+        ),
+        servers=WITNESS_SURFACE,
+        na_on=("0.5.13",),
+        na_why="intact 0.5.13 (to 0.5.16) hands prefill rows out so: known upstream "
+        "(sglang-0513-hidden-states-prefill-offset-past-plain-requests), nothing to inject",
+        expect="test_hidden_states_as_predicted on every witness server where a plain request leads an asking one in "
+        "a prefill batch (plain-85 before hidden-145 in the family's own batch): prompt rows that are another "
+        "prompt's, named against the prediction; no entry takes them on 0.5.17+",
     ),
     Mutant(
         "grammar-verify-unmasked",
