@@ -22,11 +22,17 @@ from packaging.utils import canonicalize_name
 from mtpmatrix.core.atomic import atomic_write_json, read_json, refused_unread
 from mtpmatrix.core.evidence.manifest import FILE as MANIFEST_FILE
 from mtpmatrix.core.paths import SIDE_RUN_PREFIXES, NameError_, single_name
-from mtpmatrix.core.record_types import RowRecord
+from mtpmatrix.core.record_types import InstallRecord, RowRecord
 from mtpmatrix.core.schema import FREEZE_FILE, KNOWN_UPSTREAM, ROW_FILE, SCHEMA, worst
 
 # install failures of the machine, not of the row's packages (core/failures.classify_install's labels)
 ENVIRONMENT_INSTALL_FAILURES = ("index unreachable", "python missing")
+
+
+def install_failed_by_machine(install: InstallRecord) -> bool:
+    """Whether a failed install is the machine's (an index that did not answer, no interpreter): the row was not
+    built, which says nothing of sglang."""
+    return str((install.get("failure") or {}).get("message") or "").startswith(ENVIRONMENT_INSTALL_FAILURES)
 
 
 def row_verdict(row_record: RowRecord) -> str:
@@ -35,9 +41,7 @@ def row_verdict(row_record: RowRecord) -> str:
     (mtpmatrix.core.expected: nothing failed, not everything ran) makes the row partial."""
     install = row_record.get("install", {})
     if install.get("verdict") == "failed":
-        # the machine's fault (an index that did not answer, no interpreter), not the row's packages: not built
-        message = (install.get("failure") or {}).get("message") or ""
-        return "error" if message.startswith(ENVIRONMENT_INSTALL_FAILURES) else "failed"
+        return "error" if install_failed_by_machine(install) else "failed"
     tiers = row_record.get("tiers") or {}
     return worst("passed" if t.get("verdict") == KNOWN_UPSTREAM else t.get("verdict") for t in tiers.values())
 

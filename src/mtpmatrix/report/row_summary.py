@@ -14,7 +14,7 @@ from mtpmatrix.core import expected, schema, stats
 from mtpmatrix.core.evidence.versions import MAIN_PACKAGES, pins_with_overrides
 from mtpmatrix.core.record_types import Build, MissingRecord, RowRecord, RowSummary, TierRecord, TierSummary
 from mtpmatrix.core.schema import FAILING, KNOWN_UPSTREAM, TIERS, UNPROVEN
-from mtpmatrix.core.store import ENVIRONMENT_INSTALL_FAILURES, row_verdict
+from mtpmatrix.core.store import install_failed_by_machine, row_verdict
 from mtpmatrix.report import candidates, figures
 from mtpmatrix.report.checks import COLUMN_METRICS, case_of, is_number, question_records, short_check
 
@@ -203,9 +203,7 @@ def row_state(record: RowRecord) -> str:
         return expected.NOT_PROVEN
     install = record.get("install") or {}
     if install.get("verdict") == "failed":
-        # an index that did not answer, or no interpreter, says nothing of sglang: the row was not built
-        message = (install.get("failure") or {}).get("message") or ""
-        return expected.NOT_PROVEN if message.startswith(ENVIRONMENT_INSTALL_FAILURES) else expected.BROKEN
+        return expected.NOT_PROVEN if install_failed_by_machine(install) else expected.BROKEN
     tiers = record.get("tiers") or {}
     return expected.worst_state(expected.tier_state(t) for t in tiers.values()) if tiers else expected.NOT_PROVEN
 

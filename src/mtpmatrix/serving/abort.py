@@ -17,6 +17,7 @@ from mtpmatrix.serving.client import (
     ClientError,
     close_thread_session,
     error_message,
+    finish_type,
     request,
     thread_session,
 )
@@ -87,12 +88,12 @@ def _whole(answer: dict, streamed: list) -> dict:
     ids = answer.get("output_ids") or []
     meta = answer.get("meta_info") or {}
     count = meta.get("completion_tokens")
-    aborted = (
-        (meta.get("finish_reason") or {}).get("type") == "abort"
-        if isinstance(meta.get("finish_reason"), dict)
-        else False
-    )
-    if aborted and isinstance(count, int) and len(ids) < count == len(streamed) and streamed[-len(ids) :] == ids:
+    if (
+        finish_type(meta) == "abort"
+        and isinstance(count, int)
+        and len(ids) < count == len(streamed)
+        and streamed[-len(ids) :] == ids
+    ):
         return {**answer, "output_ids": list(streamed), "output_ids_from_stream": True}
     return answer
 

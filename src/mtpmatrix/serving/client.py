@@ -52,6 +52,12 @@ class ClientError(RuntimeError):
         self.body = body
 
 
+def finish_type(meta: dict) -> str | None:
+    """meta_info's finish_reason type ("stop", "length", "abort"), or the reason itself where it is no object."""
+    reason = meta.get("finish_reason")
+    return reason.get("type") if isinstance(reason, dict) else reason
+
+
 def _url(base_url: str, path: str) -> str:
     """``path`` on the server of ``base_url``; only its host and port count (user info never reaches a request, so
     no credential shows up in an error message)."""

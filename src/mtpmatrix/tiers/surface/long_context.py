@@ -50,7 +50,7 @@ from mtpmatrix.core import settings
 from mtpmatrix.core.smoke_servers import LONG_CONTEXT_LEN, page_size
 from mtpmatrix.pairs import long_witness
 from mtpmatrix.serving.abort import AbortMidBatch
-from mtpmatrix.serving.client import Call
+from mtpmatrix.serving.client import Call, finish_type
 from mtpmatrix.tiers.compat import meta_fields
 from mtpmatrix.tiers.surface import both_answered, reference_gaps
 from mtpmatrix.tiers.surface.long_deviations import (
@@ -156,11 +156,6 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict | Call | AbortMidBat
 
 def expected(prompt: list[int], n: int) -> list[int]:
     return long_witness.expected_continuation(prompt, len(prompt) + n, WINDOW)
-
-
-def finish_type(meta: dict) -> str | None:
-    reason = meta.get("finish_reason")
-    return reason.get("type") if isinstance(reason, dict) else reason
 
 
 def pair_text(family: str = "e-series") -> dict:
