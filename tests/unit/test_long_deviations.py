@@ -339,6 +339,19 @@ def test_the_tree_signature_is_two_kept_before_each_short_read():
     assert long_deviations.tree_counters(dict(honest, spec_num_correct_drafts=20), kinds)
     assert not long_deviations.tree_counters(dict(honest, spec_correct_drafts_histogram=[0, 0, 5, 5]), kinds)
     assert not long_deviations.tree_counters(dict(honest, spec_num_correct_drafts=49), kinds)
+    # H200, 0.5.17, 2026-12-05d: limit-1 (retracted once) kept four drafts in one step, its third and fourth tokens
+    # read both ways (the depth-2 and depth-3 nodes' short windows give the rule's token there)
+    measured = "rrrrsrrsrrsrrsrr==srrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsr=sr=sr=sr="
+    four = {
+        "completion_tokens": 81, "num_retractions": 1, "spec_verify_ct": 26, "spec_num_correct_drafts": 54,
+        "spec_correct_drafts_histogram": [0, 0, 25, 0, 1],
+    }
+    assert long_deviations.tree_reads_short(measured) and long_deviations.tree_counters(four, measured)
+    # the same step with none of its deep tokens read both ways: a node past its depth kept a draft it reads short
+    assert not long_deviations.tree_counters(four, measured.replace("=", "r"))
+    # a deep draft of a step the limit cut: allowed only where the rule's token past the output reads both ways
+    cut = {"completion_tokens": 7, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 0, 1, 0, 1]}
+    assert not long_deviations.tree_counters(cut, "rrrsrr") and long_deviations.tree_counters(cut, "rrrsrr", "r=r")
 
 
 def test_the_known_signature_never_covers_another_fault(tmp_path):

@@ -65,14 +65,20 @@ def tree_reads_short(kinds: str) -> bool:
     return all(len(run) >= 2 for run in kinds.split(long_witness.READ_SHORT)[:-1])
 
 
-TREE_MAX_DRAFTS = 3  # drafts a verify step keeps at most under the tree windows by index: root, top child, depth 3
+# Drafts a verify step keeps under the tree windows by index where each node reads through its own window: the root's,
+# its top child's (index 1, depth 1) and the depth-2 node's when it is the only depth-1 node's child (index 2).
+TREE_MAX_DRAFTS = 3
 
 
-def tree_counters(meta: dict, kinds: str) -> bool:
+def tree_counters(meta: dict, kinds: str, after: str = "") -> bool:
     """Whether a request's own counters are the tree verify's windows by index (``tree_reads_short``): every verify
-    step kept the root's and its top child's drafts and none past the depth-3 node (the depth-2 node's index is past
-    its depth, unless it is the only depth-1 node's child: measured [0, 0, 25, 1] and [0, 0, 24, 2]), most of them
-    two, and no more short reads than verify steps (one bonus a step)."""
+    step kept the root's and its top child's drafts (the depth-2 node's index is past its depth, unless it is the
+    only depth-1 node's child: measured [0, 0, 25, 1] and [0, 0, 24, 2]), most of them two, and no more short reads
+    than verify steps (one bonus a step). A node deeper than that reads through a window short by its index, so a
+    draft it verifies is kept only where the short read gives the rule's token too (READ_BOTH): every draft a step
+    kept past TREE_MAX_DRAFTS is one such token, in the output or among ``after`` (the rule's tokens past it, which a
+    step the limit cut may have kept). Measured: [0, 0, 25, 0, 1] with its four-draft step's third and fourth
+    tokens read both ways (H200, 0.5.17, 2026-12-05d, the limit request retracted once)."""
     hist = meta.get("spec_correct_drafts_histogram")
     verify, completion = meta.get("spec_verify_ct"), meta.get("completion_tokens")
     if not isinstance(hist, list) or not isinstance(verify, int) or not isinstance(completion, int) or len(hist) < 3:
@@ -80,16 +86,19 @@ def tree_counters(meta: dict, kinds: str) -> bool:
     drafts = sum(k * h for k, h in enumerate(hist))
     kept = drafts + verify  # tokens the steps kept: drafts and a bonus each
     low = meta_fields.verified_tokens(completion, meta_fields.retractions_of(meta))
+    past_cut = after[: settings.NUM_STEPS].count(long_witness.READ_BOTH)
+    both_ways = kinds.count(long_witness.READ_BOTH) + past_cut
+    deep = sum((k - TREE_MAX_DRAFTS) * h for k, h in enumerate(hist) if k > TREE_MAX_DRAFTS)
     return (
         verify >= 1
         and not any(hist[:2])
-        and not any(hist[4:])
-        and hist[2] >= sum(hist[3:4])
+        and hist[2] >= sum(hist[3:])
+        and deep <= both_ways
         and sum(hist) == verify
         and meta.get("spec_num_correct_drafts", drafts) == drafts  # the accepted drafts are the histogram's
         # the counters are the output's: every step's tokens in it but the last's, which the limit may cut after
-        # its first token (at most TREE_MAX_DRAFTS past the output: no step keeps more than three drafts here)
-        and low <= kept <= completion - 1 + TREE_MAX_DRAFTS
+        # its first token (at most TREE_MAX_DRAFTS past the output, and a draft read both ways past it each more)
+        and low <= kept <= completion - 1 + TREE_MAX_DRAFTS + past_cut
         and kinds.count(long_witness.READ_SHORT) <= verify
     )
 
@@ -256,7 +265,7 @@ def known_reads(reads: Reads, topk: int | None, meta: dict) -> str | None:
     kinds = reads.kinds
     if not topk and decode_reads_short(kinds, meta_fields.retractions_of(meta)):
         return DECODE_SHORT
-    if topk and topk > 1 and tree_reads_short(kinds) and tree_counters(meta, kinds):
+    if topk and topk > 1 and tree_reads_short(kinds) and tree_counters(meta, kinds, long_witness.kinds_of(reads.after)):
         return TREE_SHORT
     return EXTEND_WIDE if extend_reads_wide(reads, topk, meta) else None
 
