@@ -343,7 +343,10 @@ def test_the_tree_signature_is_two_kept_before_each_short_read():
     # read both ways (the depth-2 and depth-3 nodes' short windows give the rule's token there)
     measured = "rrrrsrrsrrsrrsrr==srrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsrrsr=sr=sr=sr="
     four = {
-        "completion_tokens": 81, "num_retractions": 1, "spec_verify_ct": 26, "spec_num_correct_drafts": 54,
+        "completion_tokens": 81,
+        "num_retractions": 1,
+        "spec_verify_ct": 26,
+        "spec_num_correct_drafts": 54,
         "spec_correct_drafts_histogram": [0, 0, 25, 0, 1],
     }
     assert long_deviations.tree_reads_short(measured) and long_deviations.tree_counters(four, measured)
