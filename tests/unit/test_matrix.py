@@ -490,3 +490,6 @@ def test_an_upgrade_probes_verdict_line_names_the_release_it_ran_and_what_uv_pip
         "but `5.20.0` is installed"
     )
     assert "--with" not in matrix.summary_line({**record, "overrides": [], "install": {"verdict": "passed"}})
+    # a range names its package (and the release it got) as an exact spec does
+    ranged = matrix.summary_line({**record, "overrides": ["Transformers>=5.20"], "install": {"verdict": "passed"}})
+    assert ranged.endswith("; with transformers 5.20.0 (--with)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mtpmatrix.core.evidence.versions import split_overrides
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.rows import Row
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
@@ -97,8 +98,8 @@ def summary_line(record: RowRecord) -> str:
             s += f" (known-upstream entry {k['id']} can go: {len(k['checks'])} of its checks pass)"
         parts.append(s)
     versions = record.get("versions") or {}
-    moved = [o.split("==")[0] for o in record.get("overrides") or []]
-    asked = [f"{m} {versions.get(m.lower(), versions.get(m, '?'))}" for m in moved]
+    exact, ranges = split_overrides(record)  # a range spec (--with 'transformers>=5.24') names its package too
+    asked = [f"{m} {versions.get(m, '?')}" for m in [*exact, *ranges]]
     check = (record.get("install") or {}).get("check") or {}
     refused = (
         [ln for ln in check.get("output") or [] if ln.startswith("The package")] if check.get("ok") is False else []
