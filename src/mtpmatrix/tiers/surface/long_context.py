@@ -13,8 +13,9 @@ prefill chunks and, at topk 3, 16-token pages. The family sends them:
                  (alone, in this order) two prompts sharing their first 100 tokens (over 1.5 windows), tails
                  differing from their first token: the repeat must hit the radix cache for the shared prefix
                  (meta_info cached_tokens, ``cached_bounds``);
-  abort          (alone) client.AbortMidBatch: a neighbour and a victim, prompts of 160 tokens to the limit,
-                 streamed; once both have streamed a token and neither has finished, /abort_request for the victim.
+  abort          (alone) client.AbortMidBatch: a neighbour and then (once it has a token) a victim, prompts of 160
+                 tokens to the limit, streamed; once both have streamed a token and neither has finished (on the
+                 paged server also once the victim waits queued), /abort_request for the victim.
                  The neighbour must come out exact, the victim must end "abort" with a prefix of its rule output.
                  Two, not more: sglang admits a request only while input + max_new_tokens + page stays under the pool
                  left after what the running ones hold and may still write (schedule_policy PrefillAdder.add_one_req,
@@ -49,7 +50,7 @@ import re
 from mtpmatrix.core import settings
 from mtpmatrix.core.smoke_servers import LONG_CONTEXT_LEN, page_size
 from mtpmatrix.pairs import long_witness
-from mtpmatrix.serving.abort import AbortMidBatch
+from mtpmatrix.serving.abort import AbortMidBatch, finished_before_abort
 from mtpmatrix.serving.client import Call, finish_type
 from mtpmatrix.tiers.compat import meta_fields
 from mtpmatrix.tiers.surface import both_answered, reference_gaps
@@ -150,7 +151,8 @@ def requests(spec, vocab_size: int) -> list[tuple[str, dict | Call | AbortMidBat
     out.append(("prefix-repeat", {"input_ids": repeat, "sampling_params": _params(PREFIX_NEW)}))
     group = long_witness.prompts(N_NEIGHBOURS + 1, PROMPT, seed=SEED_ABORT)
     bodies = [{"input_ids": p, "sampling_params": _params(new)} for p in group]
-    out.append(("abort", AbortMidBatch(tuple(bodies[:-1]), {**bodies[-1], "rid": f"{spec.name}-abort-victim"})))
+    victim = {**bodies[-1], "rid": f"{spec.name}-abort-victim"}
+    out.append(("abort", AbortMidBatch(tuple(bodies[:-1]), victim, victim_may_queue=page_size(spec) > 1)))
     return out
 
 
@@ -342,19 +344,27 @@ def abort_problems(x, want: int, topk: int | None, page_size: int = 1) -> list[s
     """The abort exchange: every neighbour exact to the limit, the victim ended by the abort with a rule prefix. The
     victim must have decoded beside its neighbours when the abort went out, except on a paged server, whose pool
     may keep it queued (measured on 0.5.17's paged topk 3 server: "a request finished first: [81, 0]"); everywhere
-    else every abort of the H200 runs was sent at [1, 1] (docs/runs/2026-12-05*)."""
+    else every abort of the H200 runs was sent at [1, 1] (docs/runs/2026-12-05*). A victim that ran to its end
+    with the clocks showing it done before the abort was sent (serving.abort.finished_before_abort: the client
+    read its stream late, H200 2026-12-05e) tested nothing; one that ran on with no such proof ignored the abort."""
     if not x.response.get("aborted_mid_batch"):
         return [f"abort: the abort was not sent mid-batch ({x.response.get('abort_note')}): nothing was tested"]
     item = x.payload
     outputs = x.response.get("outputs") or []
     if len(outputs) != len(item.neighbours) + 1:
         return [f"abort: {len(outputs)} answers for {len(item.neighbours) + 1} requests"]
-    out = []
-    for i, (body, resp) in enumerate(zip(item.neighbours, outputs)):
-        out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want, topk)
     victim = outputs[-1]
     meta = victim.get("meta_info") or {}
     got = list(victim.get("output_ids") or [])
+    late = finished_before_abort(x.response) if finish_type(meta) != "abort" else ""
+    if late:  # no abort reached it, so none reached its neighbours either: their exactness is the limit requests'
+        return [
+            f"abort: the victim ran to its end before the abort was sent ({late}; {x.response.get('abort_note')}): "
+            "the client read its stream late, nothing was tested"
+        ]
+    out = []
+    for i, (body, resp) in enumerate(zip(item.neighbours, outputs)):
+        out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want, topk)
     if page_size == 1 and not got and not meta.get("completion_tokens"):
         return [
             f"abort: the victim had decoded nothing when it was aborted ({x.response.get('abort_note')}): the abort "
