@@ -49,7 +49,7 @@ backend's buffers hold sliding_window - 1):
 ``retract_after`` (not a fault) retracts every request once after that many verify steps: the re-prefill
 of prompt + output yields one token without a verify step, as sglang's does (meta_info num_retractions 1).
 
-(spec-overalloc-tail-kept changes no answer: the server log's idle leak report shows it, test_long_pool_*.)
+(spec-overalloc-tail-kept changes no answer: sglang's idle leak check kills the server, test_long_pool_* reads it.)
 
 The streams of an AbortMidBatch hold after their first token until the abort arrives (an event, with a long
 timeout that only a broken client meets), or until a stream waits for the pool (then the others run on, as

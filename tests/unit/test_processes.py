@@ -127,3 +127,18 @@ def test_gpu_memory_by_pid_sums_gpus_and_keeps_unreadable_pids(monkeypatch):
     assert processes.gpu_pids() == {101, 102, 103}  # a context with unreadable memory still counts for teardown
     monkeypatch.setattr(processes, "nvidia_smi", lambda *a: None)
     assert processes.gpu_memory_by_pid() is None and processes.gpu_pids() is None
+
+
+def test_a_real_server_exits_at_once_when_its_scheduler_dies(tmp_path, monkeypatch):
+    """sglang's crash handler waited 65 s for diagnostics nobody collects (H200 2026-12-05e: a mutant suite whose
+    servers died at their readiness probe ran past its limit); a real server is launched with them off, unless the
+    caller's environment asks for them; a stub launcher gets only what it is given."""
+    from mtpmatrix.serving import server
+
+    monkeypatch.setattr(server, "supported_env", lambda env, python: (dict(env or {}), []))
+    monkeypatch.delenv("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", raising=False)
+    monkeypatch.setenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "1")
+    real = server.SglangServer([], log_path=tmp_path / "a.log", env={"X": "1"})
+    assert real.env == {"SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0", "X": "1"}
+    stub = server.SglangServer([], log_path=tmp_path / "b.log", launcher=["true"], env={"X": "1"})
+    assert stub.env == {"X": "1"}

@@ -97,6 +97,13 @@ def _read_tail(path: Path, n: int) -> list[str]:
 
 
 # --- the server -------------------------------------------------------------------------------------------------
+# sglang's crash handler (tokenizer_manager, 0.5.13-0.5.23) sleeps 5 s and then waits 60 s for a py-spy dump and a
+# CUDA coredump these boxes never make (no py-spy, no coredump pipe: "Waiting 60.0 seconds for CUDA coredumps before
+# exiting", H200 2026-12-05e): a server whose scheduler died lingered 65 s before exiting, and four of them dying at
+# their readiness probe put a mutant suite past its limit with no verdict. Off unless the caller's environment sets them.
+CRASH_DIAGNOSTICS_OFF = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+
+
 class SglangServer:
     """One ``sglang.launch_server`` process tree on a loopback port; a context manager (start + wait_ready)."""
 
@@ -135,7 +142,11 @@ class SglangServer:
         # minutes with nothing else to show), ready or not
         self.progress = progress
         self.progress_every = progress_every
-        self.env, self.dropped_env = supported_env(env, python) if launcher is None else (dict(env or {}), [])
+        if launcher is None:
+            quiet = {k: v for k, v in CRASH_DIAGNOSTICS_OFF.items() if k not in os.environ}
+            self.env, self.dropped_env = supported_env({**quiet, **(env or {})}, python)
+        else:
+            self.env, self.dropped_env = dict(env or {}), []
         self.proc: subprocess.Popen | None = None
         self.model_info: dict | None = None
         self.started_at: float | None = None
