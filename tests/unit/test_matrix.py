@@ -285,6 +285,15 @@ def test_summary_line():
     )
 
 
+def test_summary_line_says_a_batch_timing_entry_did_not_show():
+    entry = {"id": "timing-bug", "checks": ["test_x[a]"]}
+    rec = {"row": {"id": "r"}, "verdict": "passed", "tiers": {"smoke": {"verdict": "passed"}}}
+    rec["tiers"]["smoke"]["unshown_known_upstream"] = [entry]
+    assert matrix.summary_line(rec) == (
+        "r: PASSED — smoke=passed (known-upstream entry timing-bug did not show: 1 of its checks pass)"
+    )
+
+
 def test_overridden_pins_leave_the_constraints_and_the_requirements(tmp_path):
     f = tmp_path / "sglang-0.5.17.txt"
     f.write_text(

@@ -308,6 +308,18 @@ def test_known_upstream_failure_is_tagged_and_does_not_fail_the_tier(session):
     ]
 
 
+def test_a_batch_timing_entry_that_did_not_show_is_said_so_not_can_go(session):
+    # shows_when (known_upstream.py): the 0.5.13 mixed-batch crash passed on another server each H200 run
+    timing = dict(KNOWN, id="timing-bug", match="never raised", checks=["test_witness"], shows_when="two share a step")
+    result, data = session(REFERENCE_ONLY, "--tiers", "reference", known=[KNOWN, timing])
+    reference = data["tiers"]["reference"]
+    assert "stale_known_upstream" not in reference or reference["stale_known_upstream"] == []
+    assert [e["id"] for e in reference["unshown_known_upstream"]] == ["timing-bug"]
+    out = result.stdout.str()
+    assert "did not show (batch timing: a pass is not a fix)" in out and "it shows only when two share a step" in out
+    assert "entries that can go" not in out
+
+
 def test_known_upstream_needs_the_affected_release(session, monkeypatch):
     monkeypatch.setitem(VERSIONS, "transformers", "5.20.0")
     _result, data = session(REFERENCE_ONLY, "--tiers", "reference", known=[KNOWN])

@@ -9,7 +9,8 @@ The entries live in ``known_upstream.json`` next to this module, one object each
      "match": "regex on 'TYPE: MESSAGE (raised at FILE:LINE in FUNC)'",
      "signature": {"metrics": {"name": {"min": 1, "max": 2}}, "passed_beside": ["test_x[case]", ...],
                    "problems": "regex", "equals": {"output_ids": [...]}},
-     "summary": "one line", "upstream": "https://...", "fixed_in": "5.20.0", "serving_path": false}
+     "summary": "one line", "upstream": "https://...", "fixed_in": "5.20.0", "serving_path": false,
+     "shows_when": "a condition the run does not control (optional)"}
 
 A failed or errored check matches an entry only by the entry's signature of the bug: the check is one of ``checks``
 (test functions), its failure has the entry's ``kind``, its failure text matches ``match``, each metric named in
@@ -35,6 +36,14 @@ narrowed later changes old runs' verdicts too. A tier whose every failure is so 
 ``known-upstream``, which does not fail the row (store.row_verdict). Strict: a check named in ``checks`` that passes
 while the package is in the affected range means the entry no longer describes this environment; it is listed as
 stale ("can go"), so entries do not outlive their bugs.
+
+Unless the bug shows only under a condition the run does not control: ``shows_when`` (optional, a non-empty string)
+names it -- "a token_ids_logprob request decodes in one batch step with a request that did not ask (arrival timing
+decides)". Such a bug is in the code path of every server its checks run on, and a run shows it only when the server
+happens to meet the condition (which requests share a batch step depends on when they arrive). A listed check of such
+an entry that passes in range is then not evidence of a fix: it is listed apart, as "did not show"
+(``unshown_known_upstream``, with the condition), never as stale. A pass is a pass either way: the tier's verdict and
+the matching of failures are the same with and without ``shows_when``.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ _FIELDS = (
     "upstream",
     "fixed_in",
     "serving_path",
+    "shows_when",
 )
 _REQUIRED = ("id", "package", "affected", "tier", "component", "kind", "match", "checks", "summary", "upstream")
 COMPONENTS = ("library", "sglang")  # whose bug: a library's (not sglang), or sglang's own serving path
@@ -77,9 +87,10 @@ _SIGNATURE_FIELDS = ("metrics", "passed_beside", "problems", "equals")
 # metric "problems": an entry with a "problems" regex matches it only when all N are recorded and each one fullmatches.
 _PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\) over ")
 # Tier-level keys apply() derives; whatever a record already holds under them is stripped first.
-DERIVED_KEYS: tuple[Literal["known_upstream"], Literal["stale_known_upstream"]] = (
+DERIVED_KEYS: tuple[Literal["known_upstream"], Literal["stale_known_upstream"], Literal["unshown_known_upstream"]] = (
     "known_upstream",
     "stale_known_upstream",
+    "unshown_known_upstream",  # entries with shows_when whose listed checks passed in range: did not show, not stale
 )
 
 
@@ -92,7 +103,8 @@ class KnownIssue:
     component: str  # COMPONENTS: 'library' (not sglang) or 'sglang' (on its serving path)
     kind: str  # the failure kind the bug produces (kinds.KINDS)
     match: str  # regex searched in the failure text
-    checks: tuple[str, ...]  # test functions (or cases, test_x[case]) known to hit it; one passing in range: it can go
+    checks: tuple[str, ...]  # test functions (or cases, test_x[case]) known to hit it; one passing in range: it can
+    #                          go, unless shows_when is set (then it did not show)
     summary: str
     upstream: str
     fixed_in: str | None = None
@@ -100,6 +112,7 @@ class KnownIssue:
     signature: dict[str, Any] | None = None  # {"metrics": {name: {"min"/"max": x}}, "passed_beside": [short check ids],
     #                                            "problems": regex each of the check's recorded problems fullmatches,
     #                                            "equals": {name: the value a recorded metric must equal exactly}}
+    shows_when: str | None = None  # the condition, outside the run's control, under which alone the bug shows
 
     def applies_to(self, versions: Mapping[str, str | None]) -> bool:
         v = versions.get(self.package)
@@ -208,6 +221,10 @@ def load(path: Path | None = None) -> list[KnownIssue]:
             raise ValueError(f"{where}: unknown component {e['component']!r}; known: {', '.join(COMPONENTS)}")
         if e["kind"] not in KINDS:
             raise ValueError(f"{where}: unknown kind {e['kind']!r}; known: {', '.join(KINDS)}")
+        if "shows_when" in e and (not isinstance(e["shows_when"], str) or not e["shows_when"].strip()):
+            raise ValueError(
+                f"{where}: shows_when {e['shows_when']!r} is not a non-empty string (the condition the bug shows under)"
+            )
         sig = e.get("signature") or {}
         bad_sig = sorted(set(sig) - set(_SIGNATURE_FIELDS)) if isinstance(sig, dict) else ["(not an object)"]
         if bad_sig or any(
@@ -282,7 +299,8 @@ def strip(tiers: Tiers) -> Tiers:
 
 
 def apply(tiers: Tiers, versions: Mapping[str, str | None], issues: list[KnownIssue] | None = None) -> Tiers:
-    """Tag the failures of ``tiers`` (tiers.json's ``tiers``) that match a known issue; mark stale entries.
+    """Tag the failures of ``tiers`` (tiers.json's ``tiers``) that match a known issue; mark stale entries, and those
+    with ``shows_when`` whose listed checks passed as not shown.
 
     Strips what a record already carries first (``strip``), so the result depends only on the checks and the current
     list. Changes ``tiers`` in place and returns it; idempotent.
@@ -296,14 +314,14 @@ def apply(tiers: Tiers, versions: Mapping[str, str | None], issues: list[KnownIs
         if not tier:
             continue
         checks = tier.get("checks") or []
-        hit, stale = [], []
+        hit, passed = [], []
         for chk in checks:
             if issue.matches(chk, checks):
                 chk["known_upstream"] = issue.id
                 hit.append(chk["id"])
             elif chk.get("outcome") == "passed" and issue.lists(chk["id"]):
-                stale.append(chk["id"])
-        entry = {
+                passed.append(chk["id"])
+        entry: dict[str, Any] = {
             "id": issue.id,
             "package": issue.package,
             "version": versions.get(issue.package),
@@ -313,10 +331,16 @@ def apply(tiers: Tiers, versions: Mapping[str, str | None], issues: list[KnownIs
             "fixed_in": issue.fixed_in,
             "serving_path": issue.serving_path,
         }
+        if issue.shows_when:  # only then: an entry without it is recorded as it always was
+            entry["shows_when"] = issue.shows_when
         if hit:
             tier["known_upstream"] = tier.get("known_upstream", []) + [dict(entry, checks=hit)]
-        if stale:
-            tier["stale_known_upstream"] = tier.get("stale_known_upstream", []) + [dict(entry, checks=stale)]
+        # a pass of a bug that shows only under shows_when's condition says it did not show, not that it is gone
+        key: Literal["stale_known_upstream", "unshown_known_upstream"] = (
+            "unshown_known_upstream" if issue.shows_when else "stale_known_upstream"
+        )
+        if passed:
+            tier[key] = tier.get(key, []) + [dict(entry, checks=passed)]
     for tier in tiers.values():
         bad = [c for c in tier.get("checks") or [] if c.get("outcome") in FAILING]
         # a session that stopped early ('incomplete', pytest_plugin.mark_incomplete) proves nothing either way

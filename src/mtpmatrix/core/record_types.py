@@ -64,6 +64,7 @@ class TierRecord(TypedDict, total=False):
     missing: list[MissingRecord]  # partial: what did not run
     known_upstream: list[dict[str, Any]]  # matched known_upstream.json entries (KnownIssue + checks)
     stale_known_upstream: list[dict[str, Any]]  # entries whose listed checks passed in their range
+    unshown_known_upstream: list[dict[str, Any]]  # entries with shows_when whose listed checks passed in range
     unproven: list[str]  # why the records cannot show the verdict (evidence.run.apply_problems)
 
 
@@ -324,6 +325,7 @@ class TierSummary(TypedDict):
     skipped_checks: list[dict[str, Any]]
     known_upstream: list[dict[str, Any]]
     stale_known_upstream: list[dict[str, Any]]
+    unshown_known_upstream: list[dict[str, Any]]
     missing: list[MissingRecord]
     missing_groups: list[dict[str, Any]]
 
@@ -377,6 +379,7 @@ class Summary(TypedDict):
     skips: list[dict[str, Any]]
     known_upstream: list[dict[str, Any]]
     stale_known_upstream: list[dict[str, Any]]
+    unshown_known_upstream: list[dict[str, Any]]
     relaunched: list[dict[str, Any]]
     paired: list[dict[str, Any]]
     baseline: dict[str, Any] | None

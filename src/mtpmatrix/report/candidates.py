@@ -5,7 +5,11 @@ and which known-upstream entries no longer apply to it. The comparison is compar
 baseline comparison makes.
 
 A known-upstream entry that a candidate's checks pass inside its range says the candidate fixes it, not that the
-entry can go: the release it names still has the bug. The run's "entry can go" list leaves candidate rows out."""
+entry can go: the release it names still has the bug. The run's "entry can go" list leaves candidate rows out.
+Unless the entry's bug shows only under a condition the run does not control (its ``shows_when``): then a pass says
+only that it did not show, on the candidate as on a release. Such an entry is listed as not shown (``did_not_show``),
+never as no longer applying, and each check the candidate fixed where the base had that entry's tag says so
+(``unshown``: the entry's id)."""
 
 from __future__ import annotations
 
@@ -89,6 +93,9 @@ def beside(
         "no_longer_applies": [
             dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items() for k in e.get("stale_known_upstream") or []
         ],
+        "did_not_show": [
+            dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items() for k in e.get("unshown_known_upstream") or []
+        ],
     }
     if base is None or base_dir is None:
         entry["missing_base"] = (
@@ -100,7 +107,17 @@ def beside(
         )
         return entry
     cmp = compare.compare_row(rid, rec, base, run_dir / rid, Path(base_dir) / cand["base_row"])
-    fixed = cmp["fixed"]
+    # a check the base failed with a bug that shows only under a condition (shows_when) and passes now: not a fix
+    intermittent = {
+        k["id"]
+        for e in (base.get("tiers") or {}).values()
+        for k in e.get("known_upstream") or []
+        if k.get("shows_when")
+    }
+    fixed = [
+        dict(i, unshown=i["before_known_upstream"]) if i["before_known_upstream"] in intermittent else i
+        for i in cmp["fixed"]
+    ]
     broken = [i for i in cmp["new_failures"] if i["before"] == "passed"]
     # failing now where the base did not run the check (skipped there, or no such check): not a comparison
     unmatched = [i for i in cmp["new_failures"] if i["before"] != "passed"]
@@ -167,9 +184,10 @@ def markdown(items: list[dict[str, Any]]) -> str:
                 ] + [""]
         for i in c["fixed"]:
             was = "known upstream" if i.get("before_known_upstream") else i["before"]
+            why = f"; {code(i['unshown'])} did not show: not evidence of a fix" if i.get("unshown") else ""
             lines.append(
                 f"- 🔺 fixed **{e(i['tier'])}** {e(short_check(i['check']))} ({e(was)} in {e(c['base_row'])}, "
-                "passes now)"
+                f"passes now{why})"
             )
         for i in c["broken"]:
             lines.append(
@@ -185,6 +203,11 @@ def markdown(items: list[dict[str, Any]]) -> str:
             lines.append(
                 f"- 🧹 known upstream {code(k['id'])} no longer applies to the candidate: {len(k['checks'])} of "
                 f"its checks pass ({e(k['tier'])}); {e(c['base_row'])} still has it"
+            )
+        for k in c.get("did_not_show") or []:
+            lines.append(
+                f"- 🔸 known upstream {code(k['id'])} did not show in the candidate ({len(k['checks'])} of its checks "
+                f"pass, {e(k['tier'])}): it shows only when {e(k['shows_when'])} — a pass is not evidence of a fix"
             )
         for d in c["metric_deltas"][:SHOWN_DELTAS]:
             lines.append(

@@ -159,6 +159,7 @@ def _tier_summary(tier: TierRecord) -> TierSummary:
         "skipped_checks": skipped_checks,
         "known_upstream": tier.get("known_upstream", []),
         "stale_known_upstream": tier.get("stale_known_upstream", []),
+        "unshown_known_upstream": tier.get("unshown_known_upstream", []),
         "missing": tier.get("missing", []),
         "missing_groups": group_missing(tier.get("missing", [])),
     }

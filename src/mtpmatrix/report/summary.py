@@ -238,6 +238,15 @@ def _build_summary(
         for t, tv in s["tiers"].items()
         for k in tv["stale_known_upstream"]
     ]
+    # an entry whose bug shows only under a condition (shows_when) and did not: not stale, listed apart; a candidate
+    # row's are in its own section (candidates.py), as its stale ones are
+    unshown = [
+        dict(k, row=rid, tier=t)
+        for rid, s in summaries.items()
+        if not s["candidate"]
+        for t, tv in s["tiers"].items()
+        for k in tv["unshown_known_upstream"]
+    ]
     summary: Summary = {
         "schema": schema.SCHEMA,
         "run_id": run_dir.name,
@@ -256,6 +265,7 @@ def _build_summary(
         "skips": skips,
         "known_upstream": known,
         "stale_known_upstream": stale,
+        "unshown_known_upstream": unshown,
         "relaunched": [dict(x, row=rid) for rid, r in summaries.items() for x in r["relaunched"]],
         "paired": compare.paired_across_rows(run_dir, rows),
         "baseline": None,

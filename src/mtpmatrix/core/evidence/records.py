@@ -82,7 +82,7 @@ def tiers_problems(tiers: object) -> list[str]:
             continue
         for i, chk in enumerate(checks):
             out.extend(_check_problems(tier, i, chk, seen))
-        for key in ("missing", "known_upstream", "stale_known_upstream", "failure_kinds"):
+        for key in ("missing", "known_upstream", "stale_known_upstream", "unshown_known_upstream", "failure_kinds"):
             if key in entry and not isinstance(entry[key], list):
                 out.append(f"tiers.{tier}.{key} is not a list")
     return out

@@ -115,3 +115,11 @@ def terminal_summary(tr, tiers: dict) -> None:
                 f"XPASS {entry['id']}: {len(entry['checks'])} of its checks pass with {entry['package']} "
                 f"{entry['version']} ({', '.join(entry['checks'])}); {entry['upstream']}"
             )
+    unshown = [k for t in tiers.values() for k in t.get("unshown_known_upstream") or []]
+    if unshown:
+        tr.write_sep("=", "known upstream entries that did not show (batch timing: a pass is not a fix)")
+        for entry in unshown:
+            tr.write_line(
+                f"XPASS {entry['id']}: {len(entry['checks'])} of its checks pass ({', '.join(entry['checks'])}); it "
+                f"shows only when {entry['shows_when']}"
+            )
