@@ -1,10 +1,12 @@
 """serving.abort's order of events against scripted streams (no server): the neighbours are admitted before the
-victim is sent, an abort the victim's request may have outrun is sent again at its first token, and the clocks
-recorded tell a victim that finished before the abort went out from one that ignored it."""
+victim is sent, one abort is sent (never a second that could hide an ignored first), and what is recorded (the
+abort's time, the victim's tokens then, sglang's time of the victim's first event) tells a victim that finished
+before the abort went out, or may not have been known to sglang yet, from one that ignored it."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -24,10 +26,12 @@ class Scripted:
         self.aborts: list[str] = []
         self.neighbour_tokens = 0
         self.neighbour_tokens_at_victim = None
-        self.victim_known = False  # sglang holds the rid (an abort before this is a no-op)
+        self.abort_times: list[float] = []
 
     def events(self, base_url, path, payload, timeout, hear):
         rid = payload.get("rid")
+        if not rid and self.victim == "neighbour-fails":
+            raise ConnectionError("neighbour dropped")
         return self._victim(hear) if rid else self._neighbour(hear)
 
     def _event(self, n: int, finish: dict | None = None, **meta) -> dict:
@@ -41,7 +45,7 @@ class Scripted:
             with self.cond:
                 self.neighbour_tokens = n
                 self.cond.notify_all()
-            out.append(self._event(n))
+            out.append(self._event(n, response_sent_to_client_ts=50.0) if n == 1 else self._event(n))
             hear(out[-1])
         with self.cond:
             self.cond.wait_for(lambda: self.aborts, timeout=HOLD_S)
@@ -53,18 +57,18 @@ class Scripted:
         with self.cond:
             self.neighbour_tokens_at_victim = self.neighbour_tokens
             self.cond.notify_all()
-            if self.victim == "late":  # its request reaches sglang only after the first abort went out
+            if self.victim == "late":  # its request reaches sglang only after the abort went out: a no-op there
                 self.cond.wait_for(lambda: self.aborts, timeout=HOLD_S)
             if self.victim == "slow":  # its first token read late: after its neighbour's second, and after any abort
                 self.cond.wait_for(lambda: self.neighbour_tokens >= 2, timeout=HOLD_S)
                 self.cond.wait_for(lambda: self.aborts, timeout=1.0)
-            self.victim_known = True
             heard_before = len(self.aborts)
         out = [self._event(1, response_sent_to_client_ts=100.0)]
         hear(out[-1])
         with self.cond:
+            # a second abort would stop the late victim: the old run() sent one at its first token
             stopped = self.cond.wait_for(
-                lambda: len(self.aborts) > heard_before, timeout=HOLD_S if self.victim == "late" else 2.0
+                lambda: len(self.aborts) > heard_before, timeout=HOLD_S if self.victim != "late" else 1.0
             )
         out.append(self._event(2, {"type": "abort"} if stopped else {"type": "length", "length": 2}, e2e_latency=0.5))
         hear(out[-1])
@@ -72,6 +76,7 @@ class Scripted:
 
     def abort(self, base_url, rid):
         with self.cond:
+            self.abort_times.append(time.time())
             self.aborts.append(rid)
             self.cond.notify_all()
 
@@ -98,17 +103,21 @@ def test_the_victim_is_sent_once_its_neighbours_have_a_token(scripted):
     got = abort.run("http://stub", _item())
     assert s.neighbour_tokens_at_victim >= 1
     assert got["aborted_mid_batch"] and got["outputs"][-1]["meta_info"]["finish_reason"] == {"type": "abort"}
-    assert len(got["abort_sent_at"]) == 1 and got["victim_first_event_ts"] == 100.0
+    assert got["victim_tokens_at_abort"] == 1
+    # the victim's own first-event time, not its neighbour's (50.0): the bound is on the victim's life
+    assert got["victim_first_event_ts"] == 100.0
+    # taken before the request: sglang cannot have acted on the abort before that time
+    assert len(got["abort_sent_at"]) == 1 and got["abort_sent_at"][0] <= s.abort_times[0]
 
 
-def test_an_abort_the_victims_request_outran_is_sent_again(scripted):
+def test_an_abort_before_the_victims_first_token_is_sent_once(scripted):
+    # a second abort at its first token would stop a victim whose first abort sglang ignored (0.5.13 and 0.5.17 act
+    # on every abort sent): the one abort went out at [2, 0] and the victim, unknown to sglang then, ran on
     s = scripted("late")
     got = abort.run("http://stub", _item(victim_may_queue=True))
-    assert s.aborts == ["v", "v"] and len(got["abort_sent_at"]) == 2
-    assert (
-        got["abort_note"] == "tokens streamed when the abort was sent: [2, 0] (sent again at the victim's first token)"
-    )
-    assert got["outputs"][-1]["meta_info"]["finish_reason"] == {"type": "abort"}
+    assert s.aborts == ["v"] and got["victim_tokens_at_abort"] == 0
+    assert got["abort_note"] == "tokens streamed when the abort was sent: [2, 0]"
+    assert got["outputs"][-1]["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_an_unpaged_victim_is_not_aborted_before_its_first_token(scripted):
@@ -120,12 +129,22 @@ def test_an_unpaged_victim_is_not_aborted_before_its_first_token(scripted):
     assert got["outputs"][-1]["meta_info"]["finish_reason"] == {"type": "abort"}
 
 
+def test_a_neighbour_that_fails_sends_no_victim(scripted):
+    s = scripted("neighbour-fails")
+    with pytest.raises(ConnectionError):
+        abort.run("http://stub", _item())
+    assert s.neighbour_tokens_at_victim is None and s.aborts == []
+
+
 def _late_victim(sent_at: float) -> surface.Exchange:
     spec = next(s for s in long_context_specs() if s.topk == 1)
     item = dict(long_context.requests(spec, 512))["abort"]
     want = long_context.limit_new(1, long_context.PROMPT)
     outputs = [
-        {"output_ids": long_context.expected(b["input_ids"], want), "meta_info": {"finish_reason": {"type": "length"}}}
+        {
+            "output_ids": long_context.expected(b["input_ids"], want),
+            "meta_info": {"finish_reason": {"type": "length", "length": want}, "completion_tokens": want},
+        }
         for b in (*item.neighbours, item.victim)
     ]
     outputs[-1]["meta_info"]["e2e_latency"] = 1.25
@@ -157,9 +176,52 @@ def test_a_victim_done_before_the_abort_went_out_tested_nothing():
 def test_a_victim_running_when_the_abort_went_out_that_ran_on_ignored_it():
     want = long_context.limit_new(1, long_context.PROMPT)
     got = long_context.abort_problems(_late_victim(1001.0), want, 1)
-    assert "abort victim: finish_reason {'type': 'length'}, wanted abort" in got
+    assert "abort victim: finish_reason {'type': 'length', 'length': 90}, wanted abort" in got
     assert any("the abort did not stop it" in p for p in got)
     # no clocks (a server that sends no response_sent_to_client_ts): no proof, so it ignored the abort
     x = _late_victim(1001.5)
     bare = surface.Exchange("abort", x.payload, {**x.response, "victim_first_event_ts": None})
     assert any("the abort did not stop it" in p for p in long_context.abort_problems(bare, want, 1))
+
+
+def test_a_late_victims_neighbour_off_the_rule_is_still_a_mismatch():
+    want = long_context.limit_new(1, long_context.PROMPT)
+    x = _late_victim(1001.5)
+    neighbour = x.response["outputs"][0]
+    ids = list(neighbour["output_ids"])
+    ids[5] = (ids[5] + 1) % 512
+    bad = {**x.response, "outputs": [{**neighbour, "output_ids": ids}, *x.response["outputs"][1:]]}
+    got = long_context.abort_problems(surface.Exchange("abort", x.payload, bad), want, 1)
+    assert got == [
+        f"abort neighbour 0: token 5 is {ids[5]}, the long witness's rule gives {neighbour['output_ids'][5]}"
+    ]
+
+
+def test_a_victim_the_abort_ended_is_judged_as_aborted_whatever_the_clocks():
+    want = long_context.limit_new(1, long_context.PROMPT)
+    x = _late_victim(1001.5)
+    victim = x.response["outputs"][-1]
+    cut = {
+        "output_ids": victim["output_ids"][:7],
+        "meta_info": {**victim["meta_info"], "finish_reason": {"type": "abort"}},
+    }
+    ended = {**x.response, "outputs": [*x.response["outputs"][:-1], cut]}
+    assert long_context.abort_problems(surface.Exchange("abort", x.payload, ended), want, 1) == []
+
+
+def test_a_victim_aborted_before_its_first_token_that_ran_on_tested_nothing():
+    # the queued branch's one abort may reach sglang before the victim's request: no clocks prove it late, but a
+    # victim with no token at the abort may have been unknown to sglang (answered 200, nothing done)
+    want = long_context.limit_new(1, long_context.PROMPT)
+    x = _late_victim(999.0)  # the clocks prove nothing: the abort went out before the victim's first event
+    queued = {
+        **x.response,
+        "victim_tokens_at_abort": 0,
+        "abort_note": "tokens streamed when the abort was sent: [2, 0]",
+    }
+    got = long_context.abort_problems(surface.Exchange("abort", x.payload, queued), want, 1)
+    assert len(got) == 1 and "before the victim had streamed a token" in got[0] and "nothing was tested" in got[0]
+    # with a token at the abort, sglang knew it: running on is ignoring the abort
+    known = {**queued, "victim_tokens_at_abort": 1}
+    got = long_context.abort_problems(surface.Exchange("abort", x.payload, known), want, 1)
+    assert any("the abort did not stop it" in p for p in got)

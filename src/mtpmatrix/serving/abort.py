@@ -12,9 +12,9 @@ streams themselves), never after a fixed delay.
 What the client reads can lag what the server did: a stream's events wait for its thread, and on a loaded box a whole
 request (15 verify steps at topk 1) can finish before the client reads its first token (H200 2026-12-05e: the abort
 went out at [79, 0] and both requests had finished in the server's log before the /abort_request line). So the item
-records the clocks that tell afterwards (one host, one wall clock): when the abort went out, and sglang's own time of
-the victim's first event (meta_info response_sent_to_client_ts, 0.5.13-0.5.23, set on the first event only) beside
-its e2e_latency at the end; ``finished_before_abort`` reads them.
+records what tells afterwards (one host, one wall clock): when the abort went out, the victim's tokens then, and
+sglang's own time of the victim's first event (meta_info response_sent_to_client_ts, 0.5.13-0.5.23, set once, on
+the first event); ``finished_before_abort`` reads them.
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ class AbortMidBatch:
     its ``rid``), streamed, and /abort_request for the victim once every one of them has streamed at least one output
     token and none has finished, i.e. while they decode in one batch; with ``victim_may_queue`` (a pool that holds the
     victim in the queue: the topk 3 paged server, H200 2026-12-05, "a request finished first: [81, 0]") also once the
-    neighbours have decoded past their first token while the victim has none. An abort sent while the victim had
-    streamed nothing may reach sglang before the victim's request did (an unknown rid: answered 200, nothing done), so
-    it is sent once more when the victim's first token shows with the victim unfinished.
+    neighbours have decoded past their first token while the victim has none. Such an abort may reach sglang before
+    the victim's request did (an unknown rid: answered 200, nothing done); it is sent once, never again, so that an
+    abort sglang ignored is not hidden by a second one that stopped it (0.5.13 and 0.5.17 act on every abort sent).
 
     Its Result.response is {"outputs": [each neighbour's answer..., the victim's answer], "aborted_mid_batch": bool,
-    "abort_note": str, "abort_sent_at": [wall-clock seconds of each abort sent], "victim_first_event_ts": sglang's
-    response_sent_to_client_ts of the victim's first event or None}, each answer the stream's last event (the whole
-    answer, as a streamed Call's); aborted_mid_batch is false (and the note says why) when a request finished before
-    the abort could be sent mid-batch, so nothing was tested.
+    "abort_note": str, "abort_sent_at": [the abort's wall-clock seconds] or [], "victim_tokens_at_abort": int or
+    None, "victim_first_event_ts": sglang's response_sent_to_client_ts of the victim's first event or None}, each
+    answer the stream's last event (the whole answer, as a streamed Call's); aborted_mid_batch is false (and the note
+    says why) when a request finished before the abort could be sent mid-batch, so nothing was tested.
 
     A request aborted in sglang's waiting queue (retracted, or not yet admitted) is answered by the tokenizer, not
     the scheduler (tokenizer_manager._handle_abort_req): on 0.5.13 and 0.5.17 a streamed answer's output_ids then
@@ -145,6 +145,7 @@ class _Streams:
 
     def __init__(self, base_url: str, bodies: list[dict], timeout: float):
         self.base_url, self.bodies, self.timeout = base_url, bodies, timeout
+        self.deadline = time.monotonic() + timeout  # one for every wait and join of the item
         self.victim = len(bodies) - 1
         self.latest: list[dict] = [{} for _ in bodies]
         self.longest: list[list] = [[] for _ in bodies]  # the most output ids any event of each stream carried
@@ -181,12 +182,17 @@ class _Streams:
         """Whether a request has finished or failed (no abort is mid-batch after that)."""
         return any(a is not None for a in self.answers) or any(_finished(e) for e in self.latest)
 
-    def victim_over(self) -> bool:
-        return self.answers[self.victim] is not None or _finished(self.latest[self.victim])
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
 
-    def wait(self, ready) -> None:
+    def wait(self, ready) -> bool:
         with self.changed:
-            self.changed.wait_for(ready, timeout=self.timeout)
+            return self.changed.wait_for(ready, timeout=self.left())
+
+    def join(self) -> None:
+        for t in self.threads:
+            if t.is_alive() or t.ident is not None:
+                t.join(self.left())
 
 
 def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) -> dict:
@@ -195,41 +201,37 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
     if not rid:
         raise ClientError("AbortMidBatch: the victim names no rid to abort")
     s = _Streams(base_url, [*item.neighbours, item.victim], timeout)
-    for t in s.threads[: s.victim]:
-        t.start()
-    # the neighbours first: each admitted (a token out) before the victim is sent
-    s.wait(lambda: s.over() or all(_tokens_so_far(e) >= 1 for e in s.latest[: s.victim]))
-    s.threads[s.victim].start()
-    # every request decoding (a token out, none finished), or the neighbours past their first decode step while the
-    # victim waits (a pool that cannot hold both: sglang keeps it queued), or one of them done / failed
-    s.wait(lambda: s.over() or _abort_now(s.latest, item.victim_may_queue))
-    with s.changed:
-        mid = not s.over() and _abort_now(s.latest, item.victim_may_queue)
-        seen = [_tokens_so_far(e) for e in s.latest]
     sent: list[float] = []
-    if mid:
-        sent.append(time.time())
-        abort_request(base_url, rid)
-    if mid and seen[s.victim] == 0:
-        # the victim's request may not have reached sglang yet: sent again once its first token shows
-        s.wait(lambda: s.victim_over() or _tokens_so_far(s.latest[s.victim]) >= 1)
-        with s.changed:
-            again = not s.victim_over()
-        if again:
-            sent.append(time.time())
-            abort_request(base_url, rid)
-    for t in s.threads:
-        t.join(timeout)
+    try:
+        for t in s.threads[: s.victim]:
+            t.start()
+        # the neighbours first: each admitted (a token out) before the victim is sent
+        admitted = s.wait(lambda: s.over() or all(_tokens_so_far(e) >= 1 for e in s.latest[: s.victim]))
+        if not admitted or s.over():
+            s.answers[s.victim] = {"meta_info": {}, "not_sent": "its neighbours had no token or had ended"}
+            seen, mid = [_tokens_so_far(e) for e in s.latest], False
+        else:
+            s.threads[s.victim].start()
+            # every request decoding (a token out, none finished), or the neighbours past their first decode step
+            # while the victim waits (a pool that cannot hold both: sglang keeps it queued), or one done / failed
+            s.wait(lambda: s.over() or _abort_now(s.latest, item.victim_may_queue))
+            with s.changed:
+                mid = not s.over() and _abort_now(s.latest, item.victim_may_queue)
+                seen = [_tokens_so_far(e) for e in s.latest]
+            if mid:
+                sent.append(time.time())  # before the request: sglang cannot have acted on it earlier
+                abort_request(base_url, rid)
+    finally:
+        s.join()
     failed = [a for a in s.answers if not isinstance(a, dict)]
     if failed:
         raise failed[0] if isinstance(failed[0], BaseException) else ClientError("AbortMidBatch: a stream hung")
     note = f"tokens streamed when the abort was sent: {seen}" if mid else f"a request finished first: {seen}"
-    if len(sent) > 1:
-        note += " (sent again at the victim's first token)"
     return {
         "outputs": s.answers,
         "aborted_mid_batch": mid,
         "abort_note": note,
         "abort_sent_at": sent,
         "victim_first_event_ts": s.first_ts,
+        "victim_tokens_at_abort": seen[s.victim] if mid else None,
     }

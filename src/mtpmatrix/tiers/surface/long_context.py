@@ -344,9 +344,10 @@ def abort_problems(x, want: int, topk: int | None, page_size: int = 1) -> list[s
     """The abort exchange: every neighbour exact to the limit, the victim ended by the abort with a rule prefix. The
     victim must have decoded beside its neighbours when the abort went out, except on a paged server, whose pool
     may keep it queued (measured on 0.5.17's paged topk 3 server: "a request finished first: [81, 0]"); everywhere
-    else every abort of the H200 runs was sent at [1, 1] (docs/runs/2026-12-05*). A victim that ran to its end
-    with the clocks showing it done before the abort was sent (serving.abort.finished_before_abort: the client
-    read its stream late, H200 2026-12-05e) tested nothing; one that ran on with no such proof ignored the abort."""
+    else every abort of the H200 runs was sent at [1, 1] (docs/runs/2026-12-05*). A victim that did not end "abort"
+    tested nothing where ``_abort_untested`` says why (the clocks show it done before the abort was sent: the client
+    read its stream late, H200 2026-12-05e; or the abort went out before it had a token); else it ignored the abort.
+    Either way its tokens and its neighbours' are held to the rule."""
     if not x.response.get("aborted_mid_batch"):
         return [f"abort: the abort was not sent mid-batch ({x.response.get('abort_note')}): nothing was tested"]
     item = x.payload
@@ -356,15 +357,13 @@ def abort_problems(x, want: int, topk: int | None, page_size: int = 1) -> list[s
     victim = outputs[-1]
     meta = victim.get("meta_info") or {}
     got = list(victim.get("output_ids") or [])
-    late = finished_before_abort(x.response) if finish_type(meta) != "abort" else ""
-    if late:  # no abort reached it, so none reached its neighbours either: their exactness is the limit requests'
-        return [
-            f"abort: the victim ran to its end before the abort was sent ({late}; {x.response.get('abort_note')}): "
-            "the client read its stream late, nothing was tested"
-        ]
     out = []
     for i, (body, resp) in enumerate(zip(item.neighbours, outputs)):
         out += _exact(f"abort neighbour {i}", body["input_ids"], resp, want, topk)
+    untested = _abort_untested(x.response, meta)
+    if untested:  # no abort reached the victim: its output and its neighbours' are still held to the rule
+        out += _follows_rule("abort victim", item.victim["input_ids"], got, topk, meta)
+        return known_last(out) if out else [f"abort: {untested}: nothing was tested"]
     if page_size == 1 and not got and not meta.get("completion_tokens"):
         return [
             f"abort: the victim had decoded nothing when it was aborted ({x.response.get('abort_note')}): the abort "
@@ -374,11 +373,32 @@ def abort_problems(x, want: int, topk: int | None, page_size: int = 1) -> list[s
         out.append(f"abort victim: finish_reason {meta.get('finish_reason')}, wanted abort")
     if not len(got) < want:
         out.append(f"abort victim: {len(got)} tokens, the whole {want}: the abort did not stop it")
-    rule = expected(item.victim["input_ids"], len(got))
-    if got != rule:
-        known = known_reads(served_reads(item.victim["input_ids"], got, pair_text()), topk, meta)
-        out.append(f"abort victim: {known}" if known else f"abort victim: its {len(got)} tokens leave the rule")
+    out += _follows_rule("abort victim", item.victim["input_ids"], got, topk, meta)
     return known_last(out)
+
+
+def _follows_rule(label: str, prompt: list[int], got: list[int], topk: int | None, meta: dict) -> list[str]:
+    if got == expected(prompt, len(got)):
+        return []
+    known = known_reads(served_reads(prompt, got, pair_text()), topk, meta)
+    return [f"{label}: {known}" if known else f"{label}: its {len(got)} tokens leave the rule"]
+
+
+def _abort_untested(response: dict, meta: dict) -> str:
+    """Why a victim that did not end "abort" says nothing of sglang's abort ("" when it ignored one): the clocks show
+    it finished before the abort was sent, or the abort went out while it had streamed nothing (the queued branch)
+    and sglang may not have known its request yet (an unknown rid is answered 200 and nothing is done)."""
+    if finish_type(meta) == "abort":
+        return ""
+    late = finished_before_abort(response)
+    if late:
+        return f"the victim ran to its end before the abort was sent ({late}; {response.get('abort_note')})"
+    if response.get("victim_tokens_at_abort") == 0:
+        return (
+            f"the abort went out before the victim had streamed a token ({response.get('abort_note')}) and it ran on: "
+            "sglang may not have known its request yet"
+        )
+    return ""
 
 
 def served_outputs(exchanges) -> list[tuple[str, list[int], list[int]]]:
