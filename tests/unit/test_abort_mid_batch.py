@@ -27,12 +27,14 @@ class Scripted:
         self.neighbour_tokens = 0
         self.neighbour_tokens_at_victim = None
         self.abort_times: list[float] = []
+        self.opened = False  # the victim's stream has its headers
+        self.opened_at_abort: list[bool] = []
 
-    def events(self, base_url, path, payload, timeout, hear):
+    def events(self, base_url, path, payload, timeout, hear, on_open=None):
         rid = payload.get("rid")
         if not rid and self.victim == "neighbour-fails":
             raise ConnectionError("neighbour dropped")
-        return self._victim(hear) if rid else self._neighbour(hear)
+        return self._victim(hear, on_open) if rid else self._neighbour(hear)
 
     def _event(self, n: int, finish: dict | None = None, **meta) -> dict:
         return {"output_ids": list(range(n)), "meta_info": {"completion_tokens": n, "finish_reason": finish, **meta}}
@@ -53,20 +55,33 @@ class Scripted:
         hear(out[-1])
         return out
 
-    def _victim(self, hear):
+    def _victim(self, hear, on_open):
         with self.cond:
             self.neighbour_tokens_at_victim = self.neighbour_tokens
             self.cond.notify_all()
-            if self.victim == "late":  # its request reaches sglang only after the abort went out: a no-op there
+            if self.victim == "slow-open":  # its headers come late: after its neighbour's second token, or an abort
+                self.cond.wait_for(lambda: self.neighbour_tokens >= 2, timeout=HOLD_S)
+                self.cond.wait_for(lambda: self.aborts, timeout=1.0)
+        if on_open is not None:  # (a run() that predates on_open passes none)
+            on_open()
+        with self.cond:
+            self.opened = True
+            if self.victim == "slow-open":  # queued: no token until the abort ends it there
+                self.cond.wait_for(lambda: self.aborts, timeout=HOLD_S)
+            if self.victim == "late":  # taken (headers) but not yet known to sglang when the abort came: a no-op there
                 self.cond.wait_for(lambda: self.aborts, timeout=HOLD_S)
             if self.victim == "slow":  # its first token read late: after its neighbour's second, and after any abort
                 self.cond.wait_for(lambda: self.neighbour_tokens >= 2, timeout=HOLD_S)
                 self.cond.wait_for(lambda: self.aborts, timeout=1.0)
             heard_before = len(self.aborts)
+        if self.victim == "slow-open":
+            out = [self._event(0, {"type": "abort", "message": "Abort in waiting queue"})]
+            hear(out[0])
+            return out
         out = [self._event(1, response_sent_to_client_ts=100.0)]
         hear(out[-1])
         with self.cond:
-            # a second abort would stop the late victim: the old run() sent one at its first token
+            # a second abort would stop the late victim: the first fix's run() sent one at its first token
             stopped = self.cond.wait_for(
                 lambda: len(self.aborts) > heard_before, timeout=HOLD_S if self.victim != "late" else 1.0
             )
@@ -77,6 +92,7 @@ class Scripted:
     def abort(self, base_url, rid):
         with self.cond:
             self.abort_times.append(time.time())
+            self.opened_at_abort.append(self.opened)
             self.aborts.append(rid)
             self.cond.notify_all()
 
@@ -118,6 +134,15 @@ def test_an_abort_before_the_victims_first_token_is_sent_once(scripted):
     assert s.aborts == ["v"] and got["victim_tokens_at_abort"] == 0
     assert got["abort_note"] == "tokens streamed when the abort was sent: [2, 0]"
     assert got["outputs"][-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_a_queued_victim_is_aborted_only_once_its_stream_is_open(scripted):
+    # an abort before sglang took the victim's request finds an unknown rid (answered 200, nothing done): the queued
+    # branch waits for the victim's headers, the narrowest sign short of a token that sglang has it
+    s = scripted("slow-open")
+    got = abort.run("http://stub", _item(victim_may_queue=True))
+    assert s.opened_at_abort == [True], s.opened_at_abort
+    assert got["abort_note"] == "tokens streamed when the abort was sent: [2, 0]"
 
 
 def test_an_unpaged_victim_is_not_aborted_before_its_first_token(scripted):

@@ -86,14 +86,15 @@ def _tokens_so_far(event: dict) -> int:
     return int(n) if isinstance(n, int) else len(event.get("output_ids") or [])
 
 
-def _abort_now(latest: list[dict], victim_may_queue: bool = False) -> bool:
+def _abort_now(latest: list[dict], victim_may_queue: bool = False, victim_open: bool = False) -> bool:
     """Whether the abort is due, from the streams' latest events (the victim's last): every request has streamed a
-    token (all decoding together), or, where the victim may be queued, every neighbour has streamed more than its
+    token (all decoding together), or, where the victim may be queued, its stream is open (sglang took the request:
+    the narrowest sign short of a token that it knows the rid) and every neighbour has streamed more than its
     prefill's token while the victim has none (it waits in the queue: aborted there). Never without a neighbour:
     nothing would be beside it."""
     tokens = [_tokens_so_far(e) for e in latest]
     *neighbours, victim = tokens
-    queued = victim_may_queue and all(n >= 2 for n in neighbours)
+    queued = victim_may_queue and victim_open and all(n >= 2 for n in neighbours)
     return bool(neighbours) and all(n >= 1 for n in neighbours) and (victim >= 1 or queued)
 
 
@@ -151,6 +152,7 @@ class _Streams:
         self.longest: list[list] = [[] for _ in bodies]  # the most output ids any event of each stream carried
         self.answers: list[dict | BaseException | None] = [None] * len(bodies)
         self.first_ts: float | None = None  # sglang's wall clock at the victim's first event
+        self.victim_open = False  # the victim's stream answered 2xx headers
         self.changed = threading.Condition()
         self.threads = [threading.Thread(target=self._stream, args=(i,), daemon=True) for i in range(len(bodies))]
 
@@ -165,10 +167,18 @@ class _Streams:
                 self.first_ts = ts
             self.changed.notify_all()
 
+    def _opened(self) -> None:
+        with self.changed:
+            self.victim_open = True
+            self.changed.notify_all()
+
     def _stream(self, i: int) -> None:
         try:
             body = {**self.bodies[i], "stream": True}
-            events = thread_session().events(self.base_url, "/generate", body, self.timeout, partial(self._hear, i))
+            opened = self._opened if i == self.victim else None
+            events = thread_session().events(
+                self.base_url, "/generate", body, self.timeout, partial(self._hear, i), on_open=opened
+            )
             last = {**(events[-1] if events else {}), "stream_events": len(events)}
             self.answers[i] = _whole(last, self.longest[i]) if i == self.victim else last
         except BaseException as exc:  # kept: the caller raises the first
@@ -214,9 +224,9 @@ def run(base_url: str, item: AbortMidBatch, timeout: float = DEFAULT_TIMEOUT) ->
             s.threads[s.victim].start()
             # every request decoding (a token out, none finished), or the neighbours past their first decode step
             # while the victim waits (a pool that cannot hold both: sglang keeps it queued), or one done / failed
-            s.wait(lambda: s.over() or _abort_now(s.latest, item.victim_may_queue))
+            s.wait(lambda: s.over() or _abort_now(s.latest, item.victim_may_queue, s.victim_open))
             with s.changed:
-                mid = not s.over() and _abort_now(s.latest, item.victim_may_queue)
+                mid = not s.over() and _abort_now(s.latest, item.victim_may_queue, s.victim_open)
                 seen = [_tokens_so_far(e) for e in s.latest]
             if mid:
                 sent.append(time.time())  # before the request: sglang cannot have acted on it earlier

@@ -111,12 +111,20 @@ class _ThreadSession:
         raise AssertionError("unreachable")
 
     def events(
-        self, base_url: str, path: str, payload: Any, timeout: float, on_event: Callable[[dict], None] | None = None
+        self,
+        base_url: str,
+        path: str,
+        payload: Any,
+        timeout: float,
+        on_event: Callable[[dict], None] | None = None,
+        on_open: Callable[[], None] | None = None,
     ) -> list[dict]:
         """POST ``payload`` and read a server-sent event stream (sglang's ``stream: true`` on /generate and the
         OpenAI endpoints): every ``data: {json}`` event in order, up to ``data: [DONE]``. An event that is an error
         object ({"error": ...}, what sglang sends when a stream fails) raises ClientError, as does a stream that
-        ends without [DONE] (the server dropped it). ``on_event(event)`` hears each event as it arrives."""
+        ends without [DONE] (the server dropped it). ``on_event(event)`` hears each event as it arrives;
+        ``on_open()`` hears the stream's 2xx headers, before any event (the server has taken the request and is
+        running its handler)."""
         url = _url(base_url, path)
         resp = self.session.post(
             url, data=json.dumps(payload).encode(), headers=_JSON_HEADERS, timeout=timeout, stream=True
@@ -127,6 +135,8 @@ class _ThreadSession:
                 raise ClientError(
                     f"POST {path} -> HTTP {resp.status_code}: {error_message(text)}", resp.status_code, text
                 )
+            if on_open is not None:
+                on_open()
             out: list[dict] = []
             # chunk_size None: each HTTP chunk as it arrives (uvicorn sends one per event), so on_event hears an
             # event when the server sends it, not once 512 bytes have piled up
