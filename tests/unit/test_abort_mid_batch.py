@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from long_runs import SPECS
 
 from mtpmatrix.serving import abort
 from mtpmatrix.tiers import surface
@@ -162,7 +163,7 @@ def test_a_neighbour_that_fails_sends_no_victim(scripted):
 
 
 def _late_victim(sent_at: float) -> surface.Exchange:
-    spec = next(s for s in long_context_specs() if s.topk == 1)
+    spec = next(s for s in SPECS.values() if s.topk == 1)
     item = dict(long_context.requests(spec, 512))["abort"]
     want = long_context.limit_new(1, long_context.PROMPT)
     outputs = [
@@ -181,12 +182,6 @@ def _late_victim(sent_at: float) -> surface.Exchange:
         "victim_first_event_ts": 1000.0,
     }
     return surface.Exchange("abort", item, response)
-
-
-def long_context_specs():
-    from long_runs import SPECS
-
-    return list(SPECS.values())
 
 
 def test_a_victim_done_before_the_abort_went_out_tested_nothing():

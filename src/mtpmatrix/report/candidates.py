@@ -14,7 +14,7 @@ never as no longer applying, and each check the candidate fixed where the base h
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mtpmatrix.core.record_types import RowRecord
 from mtpmatrix.core.schema import FAILING
@@ -73,6 +73,13 @@ def section(
     return out
 
 
+def _tier_entries(
+    rec: RowRecord, key: Literal["stale_known_upstream", "unshown_known_upstream"]
+) -> list[dict[str, Any]]:
+    """The known-upstream entries listed under ``key`` in ``rec``'s tiers, each with its tier."""
+    return [dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items() for k in e.get(key) or []]
+
+
 def beside(
     rid: str,
     rec: RowRecord,
@@ -90,12 +97,8 @@ def beside(
         "base_row": cand["base_row"],
         "base_from": where,
         "verdict": rec.get("verdict"),
-        "no_longer_applies": [
-            dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items() for k in e.get("stale_known_upstream") or []
-        ],
-        "did_not_show": [
-            dict(k, tier=t) for t, e in (rec.get("tiers") or {}).items() for k in e.get("unshown_known_upstream") or []
-        ],
+        "no_longer_applies": _tier_entries(rec, "stale_known_upstream"),
+        "did_not_show": _tier_entries(rec, "unshown_known_upstream"),
     }
     if base is None or base_dir is None:
         entry["missing_base"] = (

@@ -17,7 +17,7 @@ import datetime as _dt
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from mtpmatrix.core import expected, schema
 from mtpmatrix.core.evidence import records as record_shapes
@@ -199,6 +199,20 @@ def build_summary(
         return _build_summary(run_dir, baseline_dir=baseline_dir, out_dir=out_dir, require=require)
 
 
+def _release_entries(
+    summaries: dict[str, RowSummary], key: Literal["stale_known_upstream", "unshown_known_upstream"]
+) -> list[dict[str, Any]]:
+    """The known-upstream entries listed under ``key`` in the tiers of every row that is not a candidate, each with
+    its row and tier."""
+    return [
+        dict(k, row=rid, tier=t)
+        for rid, s in summaries.items()
+        if not s["candidate"]
+        for t, tv in s["tiers"].items()
+        for k in tv[key]
+    ]
+
+
 def _build_summary(
     run_dir: Path,
     *,
@@ -231,22 +245,10 @@ def _build_summary(
         for k in tv["known_upstream"]
     ]
     # a candidate that passes a known-upstream entry's checks fixes it; the release still has it (candidates.py)
-    stale = [
-        dict(k, row=rid, tier=t)
-        for rid, s in summaries.items()
-        if not s["candidate"]
-        for t, tv in s["tiers"].items()
-        for k in tv["stale_known_upstream"]
-    ]
+    stale = _release_entries(summaries, "stale_known_upstream")
     # an entry whose bug shows only under a condition (shows_when) and did not: not stale, listed apart; a candidate
     # row's are in its own section (candidates.py), as its stale ones are
-    unshown = [
-        dict(k, row=rid, tier=t)
-        for rid, s in summaries.items()
-        if not s["candidate"]
-        for t, tv in s["tiers"].items()
-        for k in tv["unshown_known_upstream"]
-    ]
+    unshown = _release_entries(summaries, "unshown_known_upstream")
     summary: Summary = {
         "schema": schema.SCHEMA,
         "run_id": run_dir.name,

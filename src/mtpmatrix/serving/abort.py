@@ -132,12 +132,12 @@ def finished_before_abort(response: dict) -> str:
     victim = outputs[-1] if isinstance(outputs[-1], dict) else {}
     first = _seconds(response.get("victim_first_event_ts"))
     e2e = _seconds((victim.get("meta_info") or {}).get("e2e_latency"))
-    sent = [_seconds(t) for t in response.get("abort_sent_at") or []]
-    if first is None or e2e is None or not sent or sent[0] is None or first + e2e > sent[0]:
+    sent = _seconds((response.get("abort_sent_at") or [None])[0])
+    if first is None or e2e is None or sent is None or first + e2e > sent:
         return ""
     return (
         f"sglang had finished it by {first + e2e:.3f} (first event sent at {first:.3f}, e2e_latency {e2e:.3f} s), "
-        f"the abort went out at {sent[0]:.3f}"
+        f"the abort went out at {sent:.3f}"
     )
 
 
@@ -201,7 +201,7 @@ class _Streams:
 
     def join(self) -> None:
         for t in self.threads:
-            if t.is_alive() or t.ident is not None:
+            if t.ident is not None:  # started
                 t.join(self.left())
 
 
