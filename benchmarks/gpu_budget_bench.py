@@ -8,7 +8,7 @@
 mutants --out OUT/mutants`` (every mutant of the catalogue, its own default parallelism) and the smoke tier through
 ``tools/gpu_box.sh OUT/smoke -m smoke`` (whose logs.tgz holds ``smoke-launch-budget.json``), then reads both records.
 ``--mutants`` reads a ``mutants.json`` and ``--smoke`` a ``smoke-launch-budget.json`` (or a docs/runs file that
-holds several under ``runs``).
+holds several under ``runs``); either may be gzipped (``NAME.json.gz``, as docs/runs keeps them).
 
 A record that ran a subset of the catalogue (``--mutants ID,ID``) says so: its wall time is not the catalogue's.
 Exit 0 when every figure read is within its limit, 1 when one is over or the record is not the whole catalogue,
@@ -18,7 +18,6 @@ Exit 0 when every figure read is within its limit, 1 when one is over or the rec
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from mtpmatrix.core.atomic import read_json_or_gzip  # noqa: E402
 from mtpmatrix.core.schema import SMOKE_LAUNCH_BUDGET_FILE  # noqa: E402
 from mtpmatrix.faults.catalogue import CATALOGUE  # noqa: E402
 
@@ -37,7 +37,7 @@ SMOKE_RATIO_LIMIT = 1.2  # issue #41: the default smoke suite within 1.2 x one c
 
 def _load(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return read_json_or_gzip(path)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: {path}: {exc}") from None
 

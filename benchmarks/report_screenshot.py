@@ -2,10 +2,10 @@
 
     python benchmarks/report_screenshot.py [--results DIR --run RUN_ID] [--baseline RUN_ID] [--out DIR]
 
-Without --results it files the real H200 smoke record (docs/runs/2026-12-01c-h200-sglang-0.5.17-smoke-default.json,
+Without --results it files the real H200 smoke record (docs/runs/2026-12-01c-h200-sglang-0.5.17-smoke-default.json.gz,
 as the unit tests' h200_run fixture files it: tests/unit/evidence_records.h200_record) into a scratch store with the
 smoke launch budget the same H200 measured for that release's default suite
-(docs/runs/2026-12-01b-h200-smoke-launch-budget.json: the record's box shipped none) and reports that. Writes
+(docs/runs/2026-12-01b-h200-smoke-launch-budget.json.gz: the record's box shipped none) and reports that. Writes
 report.html, summary.md and report.png into --out (default: a scratch folder), then checks the PNG is a page and not
 a blank one: its size, and how many colours its pixels take (PIL where it is installed). Exit 0 when it is, 1 when
 not, 2 when Chromium is missing (Debian: apt-get install chromium).
@@ -25,9 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests" / "unit")]
 
 from mtpmatrix.core import schema  # noqa: E402
+from mtpmatrix.core.atomic import read_json_or_gzip  # noqa: E402
 from mtpmatrix.report.cli import write_report  # noqa: E402
 
-BUDGET_RECORD = REPO / "docs" / "runs" / "2026-12-01b-h200-smoke-launch-budget.json"
+BUDGET_RECORD = REPO / "docs" / "runs" / "2026-12-01b-h200-smoke-launch-budget.json.gz"
 BUDGET_RUN = "sglang-0.5.17 default suite (11 servers, one wave)"
 WINDOW = "1280,2000"
 MIN_COLOURS = 8  # a blank or error page takes one or two; the report's table, banner and figures take hundreds
@@ -45,7 +46,7 @@ def h200_store(tmp: Path) -> tuple[Path, str]:
 
     results = tmp / "results"
     importer.import_run(write_box(tmp / "box", h200_record()), "sglang-0.5.17", results=results, run_id="h200")
-    budget = json.loads(BUDGET_RECORD.read_text())["runs"][BUDGET_RUN]
+    budget = read_json_or_gzip(BUDGET_RECORD)["runs"][BUDGET_RUN]
     budget = {k: v for k, v in budget.items() if k != "env"}
     (results / "h200" / "sglang-0.5.17" / schema.SMOKE_LAUNCH_BUDGET_FILE).write_text(json.dumps(budget))
     return results, "h200"

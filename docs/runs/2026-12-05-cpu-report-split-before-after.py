@@ -44,7 +44,7 @@ def checkout(tree, extra_commit=False, held_from=None):
 
 
 BUILD = r'''
-import json, shutil, sys
+import gzip, json, shutil, sys
 from pathlib import Path
 from evidence_records import h200_record, stamp_all, write_box
 import test_candidate_report as tcr
@@ -55,7 +55,8 @@ store, ci = Path(sys.argv[1]), Path(sys.argv[2])
 results = store / "results"
 DOCS = Path("docs/runs")
 def old(name, args):  # an older H200 record, given the selection today's plugin writes and it predates
-    data = json.loads((DOCS / name).read_text())
+    f = DOCS / name  # NAME.json.gz; a tree from before docs/runs was gzipped holds NAME.json
+    data = json.loads(gzip.decompress(f.read_bytes()) if f.exists() else (DOCS / name.removesuffix(".gz")).read_bytes())
     data.setdefault("selection", {"args": list(args), "paths": ["tests/tiers"], "keyword": None, "markexpr": None,
         "deselect": [], "maxfail": None, "knobs": {},
         "collected": {t: [c["id"] for c in v.get("checks", [])] for t, v in data["tiers"].items()}})
@@ -65,12 +66,12 @@ def imp(box, row, run_id):
 boxes = store / "boxes"
 imp(write_box(boxes / "today", h200_record()), "sglang-0.5.17-py312", "h200-today")
 for label, name, row, args in [
-    ("r13c", "2026-12-02c-h200-sglang-0.5.13-smoke-default.json", "sglang-0.5.13-py312", ("--tiers", "smoke")),
-    ("r17e", "2026-12-02e-h200-sglang-0.5.17-smoke-default.json", "sglang-0.5.17-py312", ("--tiers", "smoke")),
-    ("r17d", "2026-12-02d-h200-sglang-0.5.17-smoke-default.json", "sglang-0.5.17-py312", ("--tiers", "smoke")),
-    ("moe", "2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-moe-relaunched-alone.json", "sglang-0.5.17-py312", ("--tiers", "smoke")),
-    ("gsm8k", "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json", "sglang-0.5.17-py312", ("--tiers", "smoke,gsm8k")),
-    ("cand", "2026-12-02-h200-candidate-draft-phase-fix-tiers.json", "sglang-0.5.17-py312", ("--tiers", "smoke")),
+    ("r13c", "2026-12-02c-h200-sglang-0.5.13-smoke-default.json.gz", "sglang-0.5.13-py312", ("--tiers", "smoke")),
+    ("r17e", "2026-12-02e-h200-sglang-0.5.17-smoke-default.json.gz", "sglang-0.5.17-py312", ("--tiers", "smoke")),
+    ("r17d", "2026-12-02d-h200-sglang-0.5.17-smoke-default.json.gz", "sglang-0.5.17-py312", ("--tiers", "smoke")),
+    ("moe", "2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-moe-relaunched-alone.json.gz", "sglang-0.5.17-py312", ("--tiers", "smoke")),
+    ("gsm8k", "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json.gz", "sglang-0.5.17-py312", ("--tiers", "smoke,gsm8k")),
+    ("cand", "2026-12-02-h200-candidate-draft-phase-fix-tiers.json.gz", "sglang-0.5.17-py312", ("--tiers", "smoke")),
 ]:
     imp(write_box(boxes / label, old(name, args), pytest_args=args), row, f"h200-{label}")
 imp(boxes / "r13c", "sglang-0.5.13-py312", "h200-two-rows")

@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
-from mtpmatrix.core.atomic import atomic_write_json, read_json
+from mtpmatrix.core.atomic import atomic_write_json, read_json, read_json_or_gzip
 from mtpmatrix.core.evidence import expected_checks, fingerprint, manifest
 
 _JUNIT_TAG = {"failed": "failure", "error": "error", "skipped": "skipped"}
@@ -152,9 +152,9 @@ def define_expected(monkeypatch, folder: Path, ids: dict[str, list[str]]) -> Pat
 
 
 H200_RECORD = (
-    Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json"
+    Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-01c-h200-sglang-0.5.17-smoke-default.json.gz"
 )
-REQUEST_SURFACE_RECORD = H200_RECORD.with_name("2026-12-02b-h200-sglang-0.5.17-request-surface-baseline.json")
+REQUEST_SURFACE_RECORD = H200_RECORD.with_name("2026-12-02b-h200-sglang-0.5.17-request-surface-baseline.json.gz")
 # The row the H200 record proves: sglang 0.5.17's pins on Python 3.12 with PyPI's torch, which the box ran (its env.txt,
 # docs/runs/env-7-r17-final.txt: "3.12.3 torch 2.11.0+cu130 cuda 13.0"), not the Python 3.11 row sglang-0.5.17.
 H200_ROW = "sglang-0.5.17-py312"
@@ -202,11 +202,11 @@ def h200_record() -> dict:
     passed."""
     from mtpmatrix.core.evidence import expected_checks
 
-    data = json.loads(H200_RECORD.read_text())
+    data = read_json_or_gzip(H200_RECORD)
     data["fingerprint"] = fingerprint.describe()
     smoke = data["tiers"]["smoke"]
     have = {c["id"] for c in smoke["checks"]}
-    later = {c["id"]: c for c in json.loads(REQUEST_SURFACE_RECORD.read_text())["tiers"]["smoke"]["checks"]}
+    later = {c["id"]: c for c in read_json_or_gzip(REQUEST_SURFACE_RECORD)["tiers"]["smoke"]["checks"]}
     grown = [i for i in expected_checks.load()["smoke"] if i not in have]
     smoke["checks"] += [
         measured_on_0_5_17(i)
@@ -221,7 +221,7 @@ def h200_record() -> dict:
     return data
 
 
-MEASURED_0_5_17 = H200_RECORD.with_name("2026-12-05b-h200-sglang-0.5.17-smoke-default.json")
+MEASURED_0_5_17 = H200_RECORD.with_name("2026-12-05b-h200-sglang-0.5.17-smoke-default.json.gz")
 
 
 def measured_on_0_5_17(check_id: str) -> dict | None:
@@ -232,7 +232,7 @@ def measured_on_0_5_17(check_id: str) -> dict | None:
     from mtpmatrix.core import known_upstream
 
     if not hasattr(measured_on_0_5_17, "found"):
-        data = json.loads(MEASURED_0_5_17.read_text())
+        data = read_json_or_gzip(MEASURED_0_5_17)
         checks = data["tiers"]["smoke"]["checks"]
         entries = [k for k in known_upstream.load() if k.applies_to(data["versions"])]
         measured_on_0_5_17.found = {

@@ -5,13 +5,13 @@ carries, with its stored tags stripped (a record is judged again wherever it is 
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
+from mtpmatrix.core.atomic import read_json_or_gzip
 from mtpmatrix.runner.probe import BAD, GOOD, UNTESTABLE, Probe
 
 RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
-SMOKE_RUN = json.loads((RUNS / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json").read_text())
+SMOKE_RUN = read_json_or_gzip(RUNS / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json.gz")
 DRAFT_PHASE = "sglang-gemma4-mtp-draft-rope-phase"
 HARNESS_CHECK = "tests/tiers/test_smoke.py::test_topk_batch_served_together[witness-mtp-topk3]"
 HARNESS_FAILURE = {

@@ -2,8 +2,8 @@
 report, qualifies its tier as it stands; every way a record can prove less than it claims is "not proven" (exit 3) or
 refused, never QUALIFIES. Each case below printed QUALIFIES (exit 0) before the evidence judge existed.
 
-The record: docs/runs/2026-12-01c-h200-sglang-0.5.17-smoke-default.json, the default smoke suite on one H200 (60
-passed, the draft-phase check known upstream), as tools/gpu_box.sh leaves it, stamped with this checkout's suite.
+The record: docs/runs/2026-12-01c-h200-sglang-0.5.17-smoke-default.json.gz, the default smoke suite on one H200
+(60 passed, the draft-phase check known upstream), as tools/gpu_box.sh leaves it, stamped with this checkout's suite.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,10 @@ import pytest
 
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import schema
+from mtpmatrix.core.atomic import atomic_write_json, read_json_or_gzip
 
 REPO = Path(__file__).resolve().parents[2]
-BOX_RUN = REPO / "docs" / "runs" / "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json"
+BOX_RUN = REPO / "docs" / "runs" / "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json.gz"
 # everything gpu_box.sh writes into OUT (the work folder is its scratch space)
 BOX_FILES = (
     schema.TIERS_FILE,
@@ -51,9 +51,9 @@ def stale_out(tmp_path) -> Path:
     out.mkdir()
     for name in BOX_FILES:
         (out / name).write_text("stale\n")
-    shutil.copy(BOX_RUN, out / schema.TIERS_FILE)
+    atomic_write_json(out / schema.TIERS_FILE, read_json_or_gzip(BOX_RUN))
     (out / "work").mkdir()
-    shutil.copy(BOX_RUN, out / "work" / schema.TIERS_FILE)
+    atomic_write_json(out / "work" / schema.TIERS_FILE, read_json_or_gzip(BOX_RUN))
     return out
 
 

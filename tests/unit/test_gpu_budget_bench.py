@@ -37,7 +37,7 @@ def _whole(seconds: float, status: str = "killed") -> dict:
 
 def test_a_record_of_part_of_the_catalogue_is_not_its_time(bench, capsys):
     # the 19-mutant H200 run of 2026-12-01: 420 s, all killed, but 19 of the 38 mutants now were not in it
-    assert bench.main(["--mutants", str(RUNS / "2026-12-01b-h200-sglang-0.5.17-mutants-all.json")]) == 1
+    assert bench.main(["--mutants", str(RUNS / "2026-12-01b-h200-sglang-0.5.17-mutants-all.json.gz")]) == 1
     out = capsys.readouterr().out
     assert "wall 419.8 s / limit 600 s = 0.70" in out and "NOT THE WHOLE CATALOGUE: 19 of 38" in out
 
@@ -55,7 +55,7 @@ def test_the_whole_catalogue_within_and_over_its_limit(bench, tmp_path, capsys):
 
 def test_smoke_ratio_against_its_limit(bench, tmp_path, capsys):
     # 2026-12-01's launch-budget record: 1.19 and 1.17 within 1.2, the one server alone 1.23 over
-    assert bench.main(["--smoke", str(RUNS / "2026-12-01b-h200-smoke-launch-budget.json")]) == 1
+    assert bench.main(["--smoke", str(RUNS / "2026-12-01b-h200-smoke-launch-budget.json.gz")]) == 1
     out = capsys.readouterr().out
     assert "ratio 1.17 / limit 1.2 (within)" in out and "ratio 1.23 / limit 1.2 (OVER)" in out
     one = tmp_path / "smoke-launch-budget.json"

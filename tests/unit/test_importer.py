@@ -16,6 +16,7 @@ import pytest
 
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import expected, schema, store
+from mtpmatrix.core.atomic import atomic_write_json, read_json_or_gzip
 from mtpmatrix.report import checks as report_checks
 from mtpmatrix.report import render as report_render
 from mtpmatrix.report import row_summary as report_row_summary
@@ -24,7 +25,7 @@ from mtpmatrix.runner import importer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 SRC = Path(__file__).resolve().parents[2] / "src"
-BOX_RUN = DOCS / "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json"  # tiers.json of a real gpu_box.sh run
+BOX_RUN = DOCS / "2026-11-30-h200-sglang-0.5.17-smoke-gsm8k-tiny.json.gz"  # tiers.json of a real gpu_box.sh run
 CASES = ("tiny-e2e-proof-topk1", "tiny-e2e-proof-topk3")
 
 
@@ -71,14 +72,12 @@ def gpu_box_out(tmp_path: Path, correct=lambda case, i: i % 3 == 0, name="out") 
     tiers.json and invocation.json bound by one invocation id."""
     out = tmp_path / name
     out.mkdir()
-    shutil.copy(BOX_RUN, out / "tiers.json")
+    atomic_write_json(out / "tiers.json", read_json_or_gzip(BOX_RUN))  # the bytes the box wrote
     bind(out, INVOCATION_ID)
     shutil.copy(DOCS / "env-2-r17.txt", out / "env.txt")
     (out / "junit.xml").write_text("<testsuites/>\n")
     (out / "pytest.log").write_text("20 passed\n")
-    logs = {
-        json.loads(BOX_RUN.read_text())["tiers"][t]["checks"][0]["metrics"]["server_log"] for t in ("smoke", "gsm8k")
-    }
+    logs = {read_json_or_gzip(BOX_RUN)["tiers"][t]["checks"][0]["metrics"]["server_log"] for t in ("smoke", "gsm8k")}
     with tarfile.open(out / "logs.tgz", "w:gz") as tar:
         for log in logs:
             _add(tar, "./" + Path(log).name, "# mtpmatrix server\nCapture cuda graph end\n")

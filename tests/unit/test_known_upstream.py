@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from mtpmatrix.core import known_upstream
+from mtpmatrix.core.atomic import read_json_or_gzip
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
 from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS, SMOKE_SERVERS
 from mtpmatrix.core.store import row_verdict
 from mtpmatrix.runner import matrix
 
-RUN = json.loads(
-    (Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-matrix1-sglang-0.5.23.json").read_text()
+RUN = read_json_or_gzip(
+    Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-matrix1-sglang-0.5.23.json.gz"
 )
 ISSUE = "hf-assisted-generation-gemma4-candidate-generator"
 
@@ -198,10 +199,8 @@ def test_malformed_entries_are_one_line_errors(tmp_path, entry, words):
 def test_transformers_5_23_assistant_config_rejection_is_known_upstream():
     """The recorded --with transformers==5.23.0 probe of the 0.5.23 row (reference tier, written before the entry
     existed): every assistant load fails in kv_sharing_modes; the entry tags all of it, 5.24.0 is out of range."""
-    rec = json.loads(
-        (
-            Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-probe-tf5230-sglang-0.5.23.json"
-        ).read_text()
+    rec = read_json_or_gzip(
+        Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-probe-tf5230-sglang-0.5.23.json.gz"
     )
     assert rec["versions"]["transformers"] == "5.23.0" and rec["verdict"] == "failed"
     fresh = copy.deepcopy(rec)
@@ -222,10 +221,8 @@ def test_transformers_5_23_assistant_config_rejection_is_known_upstream():
 
 # --- an entry matches its own signature only: its checks, its failure kind, what the bug leaves in the record ------
 
-SMOKE_RUN = json.loads(
-    (
-        Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json"
-    ).read_text()
+SMOKE_RUN = read_json_or_gzip(
+    Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json.gz"
 )
 DRAFT_PHASE = "sglang-gemma4-mtp-draft-rope-phase"
 FIRST_ROUND = "hf-gemma4-assistant-first-token-hidden-after-prefill"

@@ -14,6 +14,7 @@ import pytest
 from evidence_records import H200_ROW, h200_record, write_box
 
 from mtpmatrix.core import known_upstream
+from mtpmatrix.core.atomic import read_json_or_gzip
 from mtpmatrix.core.schema import KNOWN_UPSTREAM
 from mtpmatrix.core.store import row_verdict
 from mtpmatrix.report import render as report_render
@@ -141,14 +142,14 @@ def test_the_batch_timing_entries_say_when_they_show():
 def _smoke_0513(record: Path) -> dict:
     """A recorded 0.5.13 smoke run, its stored tags stripped: 2026-12-05b (the no-MTP and topk 3 witnesses crashed on
     the mixed batch, topk 1 served it) or 2026-12-05e (the no-MTP and topk 1 witnesses crashed, topk 3 served it)."""
-    rec = json.loads(record.read_text())
+    rec = read_json_or_gzip(record)
     known_upstream.strip(rec["tiers"])
     return rec
 
 
 @pytest.mark.parametrize("day", ["2026-12-05b", "2026-12-05e"])
 def test_the_mixed_batch_crash_is_known_on_whichever_server_timing_picks(day):
-    record = RUNS / f"{day}-h200-sglang-0.5.13-smoke-default.json"
+    record = RUNS / f"{day}-h200-sglang-0.5.13-smoke-default.json.gz"
     rec = _smoke_0513(record)
     known_upstream.apply(rec["tiers"], rec["versions"])
     smoke = rec["tiers"]["smoke"]

@@ -16,6 +16,7 @@ from evidence_records import stamp
 
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import schema, settings
+from mtpmatrix.core.atomic import read_json_or_gzip
 from mtpmatrix.core.evidence import expected_checks
 from mtpmatrix.core.smoke_servers import DEFAULT_SMOKE_SERVERS
 from mtpmatrix.report import render as report_render
@@ -343,8 +344,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 def test_the_headline_tells_library_bugs_from_sglang_deviations(tmp_path):
     """transformers 5.19.0's assisted-generation crash is a library bug (not sglang); the draft RoPE phase is an
     sglang deviation on its serving path, and the headline must not call it 'not sglang'."""
-    lib = json.loads((DOCS / "cpu-20261130-matrix1-sglang-0.5.23.json").read_text())
-    dev = json.loads((DOCS / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json").read_text())
+    lib = read_json_or_gzip(DOCS / "cpu-20261130-matrix1-sglang-0.5.23.json.gz")
+    dev = read_json_or_gzip(DOCS / "2026-11-30d-h200-sglang-0.5.13-smoke-default.json.gz")
     checks = full_checks()
     checks["reference"] = lib["tiers"]["reference"]["checks"]
     checks["smoke"] = dev["tiers"]["smoke"]["checks"] + [

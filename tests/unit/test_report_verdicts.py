@@ -14,6 +14,7 @@ from evidence_records import stamp
 
 from mtpmatrix.__main__ import main
 from mtpmatrix.core import store
+from mtpmatrix.core.atomic import read_json_or_gzip
 from mtpmatrix.core.evidence import expected_checks
 from mtpmatrix.core.schema import TIERS
 from mtpmatrix.report import render as report_render
@@ -144,8 +145,8 @@ def test_a_failure_beats_a_missing_tier_and_nothing_run_proves_nothing(tmp_path)
 def test_known_upstream_failures_show_next_to_the_row_and_do_not_fail_it(tmp_path):
     from mtpmatrix.core import known_upstream
 
-    rec = json.loads(
-        (Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-matrix1-sglang-0.5.23.json").read_text()
+    rec = read_json_or_gzip(
+        Path(__file__).resolve().parents[2] / "docs" / "runs" / "cpu-20261130-matrix1-sglang-0.5.23.json.gz"
     )
     known_upstream.apply(rec["tiers"], rec["versions"])
     for tier in ("contract", "reference"):  # the checks today's suite has that the recorded run did not: passed

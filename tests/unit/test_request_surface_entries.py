@@ -3,16 +3,16 @@ matches the failures measured on an H200 (docs/runs), and no longer matches anot
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from mtpmatrix.core import known_upstream
+from mtpmatrix.core.atomic import read_json_or_gzip
 
 RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
-SURFACE_0517 = RUNS / "2026-12-02b-h200-sglang-0.5.17-request-surface-baseline.json"
-SMOKE_0513 = RUNS / "2026-12-05b-h200-sglang-0.5.13-smoke-default.json"
+SURFACE_0517 = RUNS / "2026-12-02b-h200-sglang-0.5.17-request-surface-baseline.json.gz"
+SMOKE_0513 = RUNS / "2026-12-05b-h200-sglang-0.5.13-smoke-default.json.gz"
 
 
 def entry(entry_id: str) -> known_upstream.KnownIssue:
@@ -20,7 +20,7 @@ def entry(entry_id: str) -> known_upstream.KnownIssue:
 
 
 def measured(path: Path, check: str) -> dict:
-    record = json.loads(path.read_text())
+    record = read_json_or_gzip(path)
     return next(c for c in record["tiers"]["smoke"]["checks"] if c["id"].endswith(f"::{check}"))
 
 

@@ -296,7 +296,7 @@ def test_exact_pair_floor_is_what_an_intact_path_reaches_exactly():
     for topk in settings.TOPKS:
         floor = smoke.EXACT_PAIR_MIN_ACCEPT[topk]
         assert intact >= floor > one_draft_lost  # one draft lost in 8 requests is below it, at topk 1 and 3
-        assert floor > 3.507  # the best-accepting mutant in docs/runs/2026-11-30d-*-mutants.json
+        assert floor > 3.507  # the best-accepting mutant in docs/runs/2026-11-30d-*-mutants.json.gz
 
 
 def test_exact_pair_losing_a_draft_fails_and_says_why():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import os
 
@@ -156,6 +157,29 @@ def test_row_verdict():
     )
     assert row_verdict({"install": {"verdict": "passed"}, "tiers": {"contract": {"verdict": "error"}}}) == "error"
     assert row_verdict({"install": {"verdict": "passed"}}) == "skipped"
+
+
+def test_read_json_or_gzip_reads_a_record_plain_or_gzipped(tmp_path, monkeypatch):
+    """docs/runs keeps its records as NAME.json.gz: read the same as the plain file; bad or oversized gzip refused."""
+    data = {"tiers": {"smoke": {"verdict": "passed"}}, "note": "naïve"}
+    plain = tmp_path / "r.json"
+    atomic_write_json(plain, data)
+    zipped = tmp_path / "r.json.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
+    assert atomic.read_json_or_gzip(plain) == atomic.read_json_or_gzip(zipped) == data
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(zipped.read_bytes()[:-12])
+    not_gzip = tmp_path / "plain.json.gz"
+    not_gzip.write_bytes(plain.read_bytes())
+    for bad in (cut, not_gzip):
+        with pytest.raises((ValueError, OSError)):
+            atomic.read_json_or_gzip(bad)
+    monkeypatch.setattr(atomic, "MAX_RECORD_BYTES", 40)  # unzipped over the limit, the file itself under it
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b"[" + b"0," * 100 + b"0]"))
+    assert bomb.stat().st_size <= 40
+    with pytest.raises(atomic.TooLarge, match="unzips to over"):
+        atomic.read_json_or_gzip(bomb)
 
 
 def test_atomic_write_makes_an_ordinary_file(tmp_path):

@@ -3,10 +3,12 @@ so a killed run leaves either the old file or the new one, never half of one."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import stat
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +46,9 @@ class TooDeep(ValueError):
 
 
 # The largest record file a reader takes (row.json, tiers.json, junit.xml, a manifest, per-question records, a
-# freeze): 100 x the largest real one, the H200's 15-server smoke tiers.json of 257 checks (329,546 bytes:
-# docs/runs/2026-12-02d-h200-sglang-0.5.17-smoke-default.json; its junit.xml is ~77 KB), room for the suite to grow
-# many times over. A file over it is refused unread: hundreds of MiB held in memory on a shared box is not a run.
+# freeze): 100 x the largest real one, the H200's 15-server smoke tiers.json of 257 checks (329,546 bytes unzipped:
+# docs/runs/2026-12-02d-h200-sglang-0.5.17-smoke-default.json.gz; its junit.xml is ~77 KB), room for the suite to
+# grow many times over. A file over it is refused unread: hundreds of MiB held in memory on a shared box is not a run.
 MAX_RECORD_BYTES = 32 * 2**20
 
 
@@ -91,3 +93,32 @@ def read_json(path: Path) -> Any:
             return json.load(fh)
         except RecursionError:  # '[' * 10**5: a ValueError to every reader, never a traceback
             raise TooDeep(f"{path}: JSON nested too deeply") from None
+
+
+def read_json_or_gzip(path: Path) -> Any:
+    """read_json, and a ``.json.gz`` (gzip by the name's suffix) unzipped first: the run records in docs/runs are
+    stored gzipped (``gzip -9 -n``), since the working tree travels to the GPU box under a 64 MiB limit and each GPU
+    run's record, written with indent=2, is hundreds of KB. For the tests, tools and benchmarks that take such a
+    record; the results store's files are never gzipped. The same limits and errors as read_json: the file on disk,
+    then what it unzips to, over MAX_RECORD_BYTES is TooLarge; a broken gzip stream is a ValueError or OSError."""
+    path = Path(path)
+    if path.suffix != ".gz":
+        return read_json(path)
+    why = refused_unread(path)
+    if why:
+        raise TooLarge(why)
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as raw:
+        why = _refused(path, os.fstat(raw.fileno()))
+        if why:
+            raise TooLarge(why)
+        try:
+            with gzip.GzipFile(fileobj=raw) as fh:
+                data = fh.read(MAX_RECORD_BYTES + 1)  # a gzip bomb stops here, not in memory
+        except (EOFError, zlib.error) as exc:  # cut short, or not deflate: bad data, as bad JSON is
+            raise ValueError(f"{path}: {exc}") from None
+    if len(data) > MAX_RECORD_BYTES:
+        raise TooLarge(f"{path}: unzips to over the {MAX_RECORD_BYTES // 2**20} MiB a record file may be: not read")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise TooDeep(f"{path}: JSON nested too deeply") from None
