@@ -221,3 +221,39 @@ def test_the_prefill_offset_entry_takes_another_prompts_rows_only(intact):
     for bad in (own_rows("hidden-30", lambda p: [t + 1 for t in p]), own_rows("hidden-50", lambda p: p[::-1])):
         checks = tier({"witness-nomtp": bad, "witness-mtp-topk1": mtp, "witness-mtp-topk3": mtp}, bad)
         assert excused(checks, "0.5.13")["test_hidden_states_as_predicted[witness-nomtp]"] is None
+
+
+def lagging(exchanges, label: str, plain: str, k: int):
+    """0.5.13-0.5.16 after a radix hit: ``plain`` extends only its last ``k`` prompt tokens in the batch ahead of the
+    asking ``label``, so the offset lags by k: ``label`` gets those k rows, then its own first 12 - k."""
+    by = {x.label: x for x in exchanges}
+    ahead = by[plain].payload["input_ids"][-k:]
+    return [
+        with_rows(x, prefill=[hidden_row(t) for t in [*ahead, *x.payload["input_ids"][:-k]]]) if x.label == label else x
+        for x in exchanges
+    ]
+
+
+def test_the_prefill_offset_lagging_by_a_short_extend_is_its_entry(intact):
+    """The H100 run of 2026-12-05 (0.5.13, witness-mtp-topk1): a plain request that hit the radix cache extended 2
+    tokens ahead of hidden-30, whose prompt rows 2..11 were then its own inputs 30..39 (-2). Excused by the prefill
+    offset's entry without MTP and by the one-row-per-step entry with it; its own rows ahead (+2) are not."""
+    mtp, nomtp = intact
+    late = lagging(nomtp, "hidden-30", "plain-85", 2)
+    checks = tier({"witness-nomtp": late, "witness-mtp-topk1": mtp, "witness-mtp-topk3": mtp}, late)
+    problems = checks[0]["metrics"]["problems"]
+    assert "hidden-30 prompt 2..11 (inputs 32..41): the rows of inputs 30..39 (-2)" in problems
+    assert (
+        excused(checks, "0.5.13")["test_hidden_states_as_predicted[witness-nomtp]"]
+        == "sglang-0513-hidden-states-prefill-offset-past-plain-requests"
+    )
+    mtp_late = one_row_per_step(lagging(mtp, "hidden-30", "plain-85", 2))
+    checks = tier({"witness-nomtp": nomtp, "witness-mtp-topk1": mtp_late, "witness-mtp-topk3": mtp}, nomtp)
+    assert set(excused(checks, "0.5.13").values()) == {"sglang-0513-mtp-hidden-states-one-row-per-verify-step"}
+    assert set(excused(checks, "0.5.17").values()) == {None}
+    ahead = [
+        with_rows(x, prefill=[hidden_row(t + 2) for t in x.payload["input_ids"]]) if x.label == "hidden-30" else x
+        for x in nomtp
+    ]
+    checks = tier({"witness-nomtp": ahead, "witness-mtp-topk1": mtp, "witness-mtp-topk3": mtp}, ahead)
+    assert excused(checks, "0.5.13")["test_hidden_states_as_predicted[witness-nomtp]"] is None
