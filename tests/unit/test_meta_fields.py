@@ -62,6 +62,16 @@ def test_prefill_only_response_needs_no_fields():
     assert why({"completion_tokens": 32, "num_retractions": 30})  # one token no prefill made: a verify step ran
 
 
+def test_an_abort_in_the_waiting_queue_has_no_token_and_no_fields():
+    """The long family's paged server aborts its victim while queued (H100, 0.5.17, 2026-12-05: 'completion_tokens is
+    0' was flagged): sglang answers completion_tokens 0, finish_reason abort, no speculative field. Zero tokens for
+    any other finish, or a field on the abort, still fails."""
+    aborted = {"completion_tokens": 0, "finish_reason": {"type": "abort", "message": "Abort in waiting queue"}}
+    assert why(aborted) == []
+    assert why({**aborted, "finish_reason": {"type": "length"}}) == ["completion_tokens is 0"]
+    assert why({**aborted, "spec_verify_ct": 0}) == ["spec_verify_ct on an abort with no token"]
+
+
 @pytest.mark.parametrize(
     "field, delta, expect",
     [

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 
+from mtpmatrix.serving.client import finish_type
+
 CORE_FIELDS = (
     "spec_verify_ct",
     "spec_accept_length",
@@ -83,9 +85,32 @@ def retractions_of(meta: dict) -> int:
     return r if isinstance(r, int) and r >= 0 else 0
 
 
+def _aborted_while_queued(meta: dict, fields: tuple[str, ...]) -> list[str]:
+    """An abort in the waiting queue (the long family's paged server aborts its victim there: H100, 0.5.17,
+    2026-12-05) has no token and no verify step, and the tokenizer manager writes no speculative field for it
+    (_handle_abort_req: 0.5.13 l. 2628-2653, 0.5.17 l. 3157-3182, 0.5.23 l. 3596 on): one there is a miscount."""
+    present = [f for f in fields if f in meta]
+    return [f"{', '.join(present)} on an abort with no token"] if present else []
+
+
+def _histogram_disagreements(hist: list[int], verify_steps: int, correct: int, steps: int) -> list[str]:
+    """The histogram against the counters it must sum to: its steps, its accepted drafts, no step past ``steps``."""
+    out = []
+    if sum(hist) != verify_steps:
+        out.append(f"histogram counts {sum(hist)} verify steps, spec_verify_ct {verify_steps}")
+    weighted = sum(k * h for k, h in enumerate(hist))
+    if weighted != correct:
+        out.append(f"histogram accepts {weighted} drafts, spec_num_correct_drafts {correct}")
+    if any(hist[steps + 1 :]):
+        out.append(f"histogram has a step accepting more than {steps} drafts: {hist}")
+    return out
+
+
 def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, steps: int) -> list[str]:
     """What is wrong with one response's speculative fields (empty when they all agree); each item one phrase."""
     n = meta.get("completion_tokens")
+    if n == 0 and finish_type(meta) == "abort":
+        return _aborted_while_queued(meta, fields)
     if not isinstance(n, int) or n < 1:
         return [f"completion_tokens is {n!r}"]
     v = meta.get("spec_verify_ct")
@@ -115,13 +140,7 @@ def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, ste
             out.append(f"{alias} {meta[alias]} != {original} {meta[original]}")
     if not isinstance(hist, list) or not all(isinstance(h, int) and h >= 0 for h in hist):
         return out + [f"spec_correct_drafts_histogram {hist!r} is not a list of counts"]
-    if sum(hist) != v:
-        out.append(f"histogram counts {sum(hist)} verify steps, spec_verify_ct {v}")
-    weighted = sum(k * h for k, h in enumerate(hist))
-    if weighted != c:
-        out.append(f"histogram accepts {weighted} drafts, spec_num_correct_drafts {c}")
-    if any(hist[steps + 1 :]):
-        out.append(f"histogram has a step accepting more than {steps} drafts: {hist}")
+    out += _histogram_disagreements(hist, v, c, steps)
     r = retractions_of(meta)
     kept = verified_tokens(n, r)
     if not (kept <= c + v <= n - 1 + steps):
