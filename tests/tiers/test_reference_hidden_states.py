@@ -19,10 +19,11 @@ from mtpmatrix.tiers.surface import hidden_states
 pytestmark = pytest.mark.reference
 
 # Element 1 of the rows of these input tokens as sglang returned them on an H200, e-series witness-sglang-phase,
-# from the hidden-states failure lines of docs/runs/2026-12-05b-h200-sglang-0.5.17-smoke-default.json,
-# 2026-12-05b-h200-sglang-0.5.17-long-and-witness-servers.json and 2026-12-05b-h200-sglang-0.5.13-smoke-default.json
-# (the side each line shows right: a prefill row, or the no-MTP reference's; token 30 is 0.5.13's MTP prefill row,
-# its no-MTP reference there holding another input's: docs/runs/2026-12-05c-cpu-hidden-state-prediction.md).
+# from the hidden-states failure lines of docs/runs/2026-12-05b-h200-sglang-0.5.17-smoke-default.json.gz,
+# 2026-12-05b-h200-sglang-0.5.17-long-and-witness-servers.json.gz and
+# 2026-12-05b-h200-sglang-0.5.13-smoke-default.json.gz (the side each line shows right: a prefill row, or the no-MTP
+# reference's; token 30 is 0.5.13's MTP prefill row, its no-MTP reference there holding another input's:
+# docs/runs/2026-12-05c-cpu-hidden-state-prediction.md).
 MEASURED_ELEMENT_1 = {
     30: -0.25586,
     42: -3.0938,

@@ -100,7 +100,7 @@ _LONG_LIMITS = (
 LONG_TIGHT_ARGS = (*_LONG_LIMITS, "--swa-full-tokens-ratio", str(LONG_SWA_RATIO))
 LONG_PAGED_ARGS = (*_LONG_LIMITS, "--swa-full-tokens-ratio", str(LONG_PAGED_SWA_RATIO), "--page-size", str(LONG_PAGE))
 # With the decoys the default suite runs in 1.17-1.19 x one cold launch (limit 1.5; one H200,
-# docs/runs/2026-12-01b-h200-smoke-launch-budget.json).
+# docs/runs/2026-12-01b-h200-smoke-launch-budget.json.gz).
 DECOY_IN_DEFAULT_SUITE = True
 SMOKE_SERVERS = (
     SmokeServerSpec("random-nomtp", "random", None),

@@ -14,9 +14,10 @@ from mtpmatrix.core import settings
 # what every server launching beside it takes must fit in mem_fraction_static x free memory; --max-total-tokens
 # caps the pool itself in 0.5.13-0.5.23, so the fraction changes nothing else a smoke server does. A smoke server
 # holds at most SERVER_MIB per GPU once ready (measured on H200s, sglang 0.5.17: 2,478 MiB at TP 1 with its 1 GiB
-# multimodal IPC reservation, docs/runs/2026-12-01-h200-sglang-0.5.17-smoke-default.json; 6,310 MiB over 2 GPUs at TP 2,
-# docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json; 0.5.13's 11 servers launched in one wave on an
-# H200, docs/runs/2026-12-01b-h200-sglang-0.5.13-smoke-default.json, 930 MiB the most), so that many fit side by side.
+# multimodal IPC reservation, docs/runs/2026-12-01-h200-sglang-0.5.17-smoke-default.json.gz; 6,310 MiB over 2 GPUs
+# at TP 2, docs/runs/2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-dense31b.json.gz; 0.5.13's 11 servers launched in one
+# wave on an H200, docs/runs/2026-12-01b-h200-sglang-0.5.13-smoke-default.json.gz, 930 MiB the most), so that many fit
+# side by side.
 # 2,944 = the most measured (2,478) + 19 %: the 18 default servers launch in one wave on an idle H200 (at
 # --mem-fraction-static 0.42; settings.SMOKE_ARGS).
 SERVER_MIB = 2944

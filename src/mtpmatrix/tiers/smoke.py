@@ -59,9 +59,9 @@ def all_drafts_accepted_length(completion_tokens: int, steps: int) -> float:
 # the draft tree). Exact, not a margin: the witness's draft logits put the right token >= 9.8 nats above any other
 # (LOGIT_PEAK 20 x code_margin 0.49 on the tiny pairs' codes), the constructed pair's ~2.4, while bf16 moves a
 # logit of 20 by <= 0.08; no draft flips, and one lost draft in the 8 requests already gives 256 / 49 = 5.22.
-# Intact, measured 5.333 at topk 1 and 3: docs/runs/2026-11-30d-h200-sglang-0.5.13-smoke-default.json (witness),
-# 2026-11-30b-h200-sglang-0.5.17-smoke-tp1-side-by-side.json, 2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-moe.json
-# and -tp2-dense31b.json (constructed). Broken, docs/runs/2026-11-30d-h200-sglang-0.5.1{3,7}-mutants.json: 3.507
+# Intact, measured 5.333 at topk 1 and 3: docs/runs/2026-11-30d-h200-sglang-0.5.13-smoke-default.json.gz (witness),
+# 2026-11-30b-h200-sglang-0.5.17-smoke-tp1-side-by-side.json.gz, 2026-11-30b-h200x2-sglang-0.5.17-smoke-tp2-moe.json.gz
+# and -tp2-dense31b.json.gz (constructed). Broken, docs/runs/2026-11-30d-h200-sglang-0.5.1{3,7}-mutants.json.gz: 3.507
 # (hand-off from the verify block's first position, topk 1 and 3), 2.977 (tree parent), 2.17-2.39 (topk batch
 # rows), 2.667 (per-request accept count), 2.032 (draft positions), 1.03-1.10 (KV layer, verify rows).
 EXACT_PAIR_ACCEPT_LENGTH = all_drafts_accepted_length(MAX_NEW_TOKENS, settings.NUM_STEPS)
