@@ -63,13 +63,18 @@ def test_prefill_only_response_needs_no_fields():
 
 
 def test_an_abort_in_the_waiting_queue_has_no_token_and_no_fields():
-    """The long family's paged server aborts its victim while queued (H100, 0.5.17, 2026-12-05: 'completion_tokens is
-    0' was flagged): sglang answers completion_tokens 0, finish_reason abort, no speculative field. Zero tokens for
-    any other finish, or a field on the abort, still fails."""
+    """The long family's paged server aborts its victim while queued (H100, 0.5.17, 2026-12-05f: 'completion_tokens is
+    0' was flagged): sglang answers finish_reason abort, no scheduler field, completion_tokens what the client was sent
+    (0, or more for a request retracted into the queue after streaming). Zero tokens for any other finish, a field on
+    the abort, or an abort for lack of memory (status 500, answered by the scheduler's path) still fail."""
     aborted = {"completion_tokens": 0, "finish_reason": {"type": "abort", "message": "Abort in waiting queue"}}
     assert why(aborted) == []
+    assert why({**aborted, "completion_tokens": 7}) == []  # retracted after 7 streamed tokens, then aborted queued
     assert why({**aborted, "finish_reason": {"type": "length"}}) == ["completion_tokens is 0"]
-    assert why({**aborted, "spec_verify_ct": 0}) == ["spec_verify_ct on an abort with no token"]
+    assert why({**aborted, "spec_verify_ct": 0}) == ["spec_verify_ct on an abort answered from the waiting queue"]
+    out_of_memory = {**aborted, "finish_reason": {"type": "abort", "status_code": 500, "message": "out of memory"}}
+    assert why(out_of_memory) == ["completion_tokens is 0"]
+    assert why({**aborted, "num_retractions": 0}) == ["completion_tokens is 0"]  # the scheduler's answer, no token
 
 
 @pytest.mark.parametrize(

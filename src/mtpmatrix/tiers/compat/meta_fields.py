@@ -85,12 +85,25 @@ def retractions_of(meta: dict) -> int:
     return r if isinstance(r, int) and r >= 0 else 0
 
 
-def _aborted_while_queued(meta: dict, fields: tuple[str, ...]) -> list[str]:
-    """An abort in the waiting queue (the long family's paged server aborts its victim there: H100, 0.5.17,
-    2026-12-05) has no token and no verify step, and the tokenizer manager writes no speculative field for it
-    (_handle_abort_req: 0.5.13 l. 2628-2653, 0.5.17 l. 3157-3182, 0.5.23 l. 3596 on): one there is a miscount."""
+def aborted_in_queue(meta: dict) -> bool:
+    """The answer sglang gives a request aborted in its waiting queue (tokenizer_manager._handle_abort_req,
+    0.5.13 l. 2621-2664, 0.5.17 l. 3138 on, 0.5.23 l. 3577 on): finish "abort" without a status code (an abort for
+    lack of memory carries 500) and none of the per-request fields only the scheduler's answer carries
+    (num_retractions, cached_tokens, the speculative counters). Its completion_tokens count what the client was
+    sent: 0 for a request never run (the long family's paged server aborts its victim there: H100, 0.5.17,
+    2026-12-05f), more for one retracted into the queue after streaming."""
+    reason = meta.get("finish_reason")
+    return (
+        finish_type(meta) == "abort"
+        and "num_retractions" not in meta
+        and not (isinstance(reason, dict) and reason.get("status_code"))
+    )
+
+
+def _queued_abort_fields(meta: dict, fields: tuple[str, ...]) -> list[str]:
+    """A queued abort's answer carries no speculative field: one there is a miscount."""
     present = [f for f in fields if f in meta]
-    return [f"{', '.join(present)} on an abort with no token"] if present else []
+    return [f"{', '.join(present)} on an abort answered from the waiting queue"] if present else []
 
 
 def _histogram_disagreements(hist: list[int], verify_steps: int, correct: int, steps: int) -> list[str]:
@@ -108,9 +121,9 @@ def _histogram_disagreements(hist: list[int], verify_steps: int, correct: int, s
 
 def disagreements(meta: dict, *, fields: tuple[str, ...], draft_tokens: int, steps: int) -> list[str]:
     """What is wrong with one response's speculative fields (empty when they all agree); each item one phrase."""
+    if aborted_in_queue(meta):
+        return _queued_abort_fields(meta, fields)
     n = meta.get("completion_tokens")
-    if n == 0 and finish_type(meta) == "abort":
-        return _aborted_while_queued(meta, fields)
     if not isinstance(n, int) or n < 1:
         return [f"completion_tokens is {n!r}"]
     v = meta.get("spec_verify_ct")

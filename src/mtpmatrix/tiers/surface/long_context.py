@@ -220,13 +220,6 @@ def predicted_counters(completion: int, retractions: int, steps: int = settings.
     }
 
 
-def aborted_in_queue(meta: dict) -> bool:
-    """The answer sglang gives a request aborted in its waiting queue (tokenizer_manager._handle_abort_req,
-    0.5.13-0.5.23): finish "abort" with none of the scheduler's per-request fields (num_retractions, cached_tokens,
-    the speculative counters), which only a request finished by the scheduler carries."""
-    return finish_type(meta) == "abort" and "num_retractions" not in meta
-
-
 def accept_metas(exchanges) -> list[tuple[str, dict]]:
     """(label, meta_info) of every request of the family that was answered by the scheduler (the abort's
     neighbours and victim; not a victim aborted in the waiting queue, whose answer carries no counters)."""
@@ -238,7 +231,7 @@ def accept_metas(exchanges) -> list[tuple[str, dict]]:
             answers = x.response.get("outputs") or []
             names = [f"abort neighbour {i}" for i in range(len(answers) - 1)] + ["abort victim"]
             metas = [(name, a.get("meta_info") or {}) for name, a in zip(names, answers)]
-            out += [(name, m) for name, m in metas if not (name == "abort victim" and aborted_in_queue(m))]
+            out += [(name, m) for name, m in metas if not (name == "abort victim" and meta_fields.aborted_in_queue(m))]
         else:
             out.append((x.label, x.meta))
     return out
