@@ -171,8 +171,14 @@ def test_read_json_or_gzip_reads_a_record_plain_or_gzipped(tmp_path, monkeypatch
     cut.write_bytes(zipped.read_bytes()[:-12])
     not_gzip = tmp_path / "plain.json.gz"
     not_gzip.write_bytes(plain.read_bytes())
-    for bad in (cut, not_gzip):
-        with pytest.raises((ValueError, OSError)):
+    bad_crc = tmp_path / "crc.json.gz"
+    body = bytearray(zipped.read_bytes())
+    body[-8] ^= 0xFF  # the trailer's CRC-32
+    bad_crc.write_bytes(bytes(body))
+    latin1 = tmp_path / "latin1.json.gz"
+    latin1.write_bytes(gzip.compress('{"note": "naïve"}'.encode("latin-1")))
+    for bad in (cut, not_gzip, bad_crc, latin1):  # each a ValueError naming the file, as bad JSON is
+        with pytest.raises(ValueError, match=bad.name):
             atomic.read_json_or_gzip(bad)
     monkeypatch.setattr(atomic, "MAX_RECORD_BYTES", 40)  # unzipped over the limit, the file itself under it
     bomb = tmp_path / "bomb.json.gz"

@@ -100,7 +100,7 @@ def read_json_or_gzip(path: Path) -> Any:
     stored gzipped (``gzip -9 -n``), since the working tree travels to the GPU box under a 64 MiB limit and each GPU
     run's record, written with indent=2, is hundreds of KB. For the tests, tools and benchmarks that take such a
     record; the results store's files are never gzipped. The same limits and errors as read_json: the file on disk,
-    then what it unzips to, over MAX_RECORD_BYTES is TooLarge; a broken gzip stream is a ValueError or OSError."""
+    then what it unzips to, over MAX_RECORD_BYTES is TooLarge; a broken gzip stream or its bad content is a ValueError naming the file."""
     path = Path(path)
     if path.suffix != ".gz":
         return read_json(path)
@@ -114,11 +114,13 @@ def read_json_or_gzip(path: Path) -> Any:
         try:
             with gzip.GzipFile(fileobj=raw) as fh:
                 data = fh.read(MAX_RECORD_BYTES + 1)  # a gzip bomb stops here, not in memory
-        except (EOFError, zlib.error) as exc:  # cut short, or not deflate: bad data, as bad JSON is
-            raise ValueError(f"{path}: {exc}") from None
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:  # cut short, not gzip, a bad CRC: bad data, as bad
+            raise ValueError(f"{path}: {exc}") from None  # JSON is, naming the file
     if len(data) > MAX_RECORD_BYTES:
         raise TooLarge(f"{path}: unzips to over the {MAX_RECORD_BYTES // 2**20} MiB a record file may be: not read")
     try:
         return json.loads(data.decode("utf-8"))
     except RecursionError:
         raise TooDeep(f"{path}: JSON nested too deeply") from None
+    except ValueError as exc:  # not UTF-8, not JSON: the file named, as read_json's callers print it
+        raise ValueError(f"{path}: {exc}") from None
