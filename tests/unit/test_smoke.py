@@ -97,7 +97,7 @@ def test_server_args_for_specs():
 # --- launch plan and options --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "free_mib,want",
-    [(None, 1), (0, 1), (8 * 1024, 1), (24 * 1024, 3), (48 * 1024, 5), (80 * 1024, 5), (140 * 1024, 5), (10**7, 5)],
+    [(None, 1), (0, 1), (4 * 1024, 1), (12 * 1024, 2), (16 * 1024, 3), (24 * 1024, 5), (80 * 1024, 5), (10**7, 5)],
 )
 def test_launch_parallelism_from_free_memory(free_mib, want):
     assert launch_plan.launch_parallelism(5, free_mib) == want
@@ -112,18 +112,19 @@ def test_every_server_of_a_wave_fits_in_the_margin_the_others_leave():
         assert (n + 1) * launch_plan.SERVER_MIB > launch_plan.SMOKE_MEM_FRACTION * free_gib * 1024
 
 
-def test_an_idle_h200_launches_the_default_servers_in_one_wave():
+def test_an_idle_h200_or_h100_plans_the_default_servers_in_one_wave():
     """What the README states: an idle H200 (143,771 MiB = 140.4 GiB, docs/runs/env-2-r17.txt; about 125-139 GiB
-    free once the driver has its share) launches all default servers at once."""
-    for free_gib in (125, 139):
-        assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), free_gib * 1024) == len(
-            smoke_servers.DEFAULT_SMOKE_SERVERS
-        )
-    assert launch_plan.launch_parallelism(len(smoke_servers.DEFAULT_SMOKE_SERVERS), 24 * 1024) == 3
+    free once the driver has its share) launches all default servers at once, and so is an idle H100 80GB (81,559
+    MiB, ~79 GiB free) planned to since the fraction is 0.7 (11 at 0.42: docs/runs/2026-12-05f-h100-gpu-session.md)."""
+    n = len(smoke_servers.DEFAULT_SMOKE_SERVERS)
+    for free_gib in (79, 125, 139):
+        assert launch_plan.launch_parallelism(n, free_gib * 1024) == n
+    assert launch_plan.launch_parallelism(n, 79 * 1024, fraction=0.42) == 11  # what the H100 did
+    assert launch_plan.launch_parallelism(n, 24 * 1024) == 5
 
 
 def test_the_wave_follows_the_fraction_the_servers_run_with():
-    assert launch_plan.mem_fraction() == launch_plan.SMOKE_MEM_FRACTION == 0.42
+    assert launch_plan.mem_fraction() == launch_plan.SMOKE_MEM_FRACTION == 0.7
     assert launch_plan.mem_fraction(("--mem-fraction-static", "0.12")) == 0.12  # the last one given wins
     assert launch_plan.mem_fraction(("--mem-fraction-static=0.7",)) == 0.7
     assert launch_plan.launch_parallelism(11, 139 * 1024, fraction=0.12) == 5

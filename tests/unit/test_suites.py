@@ -132,9 +132,8 @@ def test_killed_by_names_checks_with_their_kind():
 
 def test_server_cap():
     assert S.server_cap(16, None) == 5  # one per CORES_PER_SERVER cores
-    assert (
-        S.server_cap(16, 24 * 1024) == 3
-    )  # a 24 GiB card: the smoke tier's memory rule wins (0.42 x 24 GiB / 2,944 MiB)
+    # a 12 GiB card: the smoke tier's memory rule wins (0.7 x 12 GiB / 2,944 MiB)
+    assert S.server_cap(16, 12 * 1024) == 2
     assert S.server_cap(2, None) == 1 and S.server_cap(None, None) == 1
     assert S.server_cap(16, None, requested=2) == 2
 

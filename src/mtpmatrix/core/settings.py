@@ -54,13 +54,16 @@ SMOKE_ARGS = (
     "bfloat16",
     # sglang keeps (1 - this) x the memory free at its start out of its static pool and fails its launch when less
     # than that is still free after loading: this fraction is the room every other server launching beside it may
-    # take (launch_plan.launch_parallelism). The pool itself is capped by --max-total-tokens, so a larger fraction costs
-    # nothing. 0.42: the 18 default servers at launch_plan.SERVER_MIB each (18 x 2,944 MiB = 51.8 GiB <= 0.42 x 125
-    # GiB free) launch in one wave on an idle H200 (0.35 held the 15 servers before the long-and-tight family; the
-    # 18-server wave is to be measured on the first GPU run, docs/gpu-boxes.md; a server that fails beside the
-    # others is relaunched alone, so a wrong margin costs time, not a verdict).
+    # take (launch_plan.launch_parallelism). The pool itself is capped by --max-total-tokens (min(profiled, cap):
+    # 0.5.17 kv_cache_configurator.py l. 1705), and no other setting of a smoke server reads the fraction (graph
+    # batch sizes and chunked prefill follow the card's capacity; no speculative override), so a larger one costs
+    # nothing sglang allocates: memory outside the pool (graphs, activations) was never checked against it. 0.7: the
+    # 18 default servers at launch_plan.SERVER_MIB each (18 x 2,944 MiB = 51.8 GiB) need 0.656 of an idle H100
+    # 80GB's ~79 GiB free, 0.42 of an H200's 125 GiB. At 0.42 an H100 launched 11 at once, two waves, ratio 1.59
+    # (docs/runs/2026-12-05f-h100-gpu-session.md); 0.7 on an H100 is to be measured (docs/gpu-boxes.md). A server
+    # that fails beside the others is relaunched alone, so a wrong margin costs time, not a verdict.
     "--mem-fraction-static",
-    "0.42",
+    "0.7",
     "--max-running-requests",
     "8",
     "--context-length",

@@ -19,7 +19,7 @@ from mtpmatrix.core import settings
 # wave on an H200, docs/runs/2026-12-01b-h200-sglang-0.5.13-smoke-default.json.gz, 930 MiB the most), so that many fit
 # side by side.
 # 2,944 = the most measured (2,478) + 19 %: the 18 default servers launch in one wave on an idle H200 (at
-# --mem-fraction-static 0.42; settings.SMOKE_ARGS).
+# --mem-fraction-static 0.42 and since at 0.7, settings.SMOKE_ARGS, which plans one wave on an H100 80GB too).
 SERVER_MIB = 2944
 
 
