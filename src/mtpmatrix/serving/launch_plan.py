@@ -10,7 +10,8 @@ from mtpmatrix.core import settings
 
 # sglang sizes its static pool from the GPU memory free *when it starts*: it keeps (1 - mem_fraction_static) of that
 # out of the pool and fails its launch if less than that is still free once it has loaded (0.5.13: when the pool
-# comes to 0 tokens, shrinking it quietly just above; 0.5.23 also keeps its ~1.1 GiB multimodal reservation out), so
+# comes to 0 tokens, shrinking it quietly just above; 0.5.23 also keeps its multimodal reservation out: 100 MB, 1 GiB
+# more only with a cuda_ipc / cuda_vmm transport, which it does not pick on one node: serving_hook.py l. 829-840), so
 # what every server launching beside it takes must fit in mem_fraction_static x free memory; --max-total-tokens
 # caps the pool itself in 0.5.13-0.5.23, so the fraction changes nothing else a smoke server does. A smoke server
 # holds at most SERVER_MIB per GPU once ready (measured on H200s, sglang 0.5.17: 2,478 MiB at TP 1 with its 1 GiB
