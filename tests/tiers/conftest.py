@@ -87,9 +87,8 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
         pair = pairs[spec.pair]
         assistant = pairs["random"].assistant if swap and spec.exact else pair.assistant
         jobs.append(smoke.SmokeJob(spec, pair.target, assistant, _vocab_size(pair.target)))
-    parallel = launch_plan.launch_parallelism(
-        len(jobs), gpu_free_mib(), options.parallel, launch_plan.mem_fraction(options.extra_args)
-    )
+    free_mib, fraction = gpu_free_mib(), launch_plan.mem_fraction(options.extra_args)
+    parallel = launch_plan.launch_parallelism(len(jobs), free_mib, options.parallel, fraction)
     runs = smoke_collect.collect_all(
         jobs,
         smoke_collect.ServerOptions(
@@ -98,7 +97,7 @@ def smoke_runs(build_tiny_pair, mtp_results_dir, mtp_progress):
         parallel=parallel,
     )
     # the suite's wall time (pair builds, launches, requests) against one cold launch of this run, beside the logs
-    budget = launch_plan.launch_budget(runs, parallel, time.monotonic() - t0)
+    budget = launch_plan.launch_budget(runs, parallel, time.monotonic() - t0, free_mib, fraction)
     atomic_write_json(mtp_results_dir / schema.SMOKE_LAUNCH_BUDGET_FILE, budget)
     mtp_progress(launch_plan.launch_budget_line(budget))
     return runs

@@ -145,6 +145,9 @@ def test_the_launch_budget_divides_the_suite_by_the_first_wave_s_median_launch(t
     assert launch_plan.launch_budget({}, 1, 5.0)["ratio"] is None
     runs["s0"].first_attempt_error = "CheckFailure: launch ..."  # relaunched alone: timed alone, not in the wave
     assert launch_plan.launch_budget(runs, 4, 210.0)["cold_launches"] == [138.0, 139.0]
+    planned = launch_plan.launch_budget(runs, 4, 210.0, free_mib=80_123, fraction=0.42)
+    assert (planned["gpu_free_mib"], planned["mem_fraction_static"]) == (80_123, 0.42)
+    assert "4 launched at once (0.42 x 80123 MiB free / 2944 MiB)" in launch_plan.launch_budget_line(planned)
 
 
 def test_launch_parallelism_requested_wins():

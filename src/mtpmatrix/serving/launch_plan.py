@@ -66,10 +66,13 @@ def memory_parallelism(free_mib: int | None, fraction: float = SMOKE_MEM_FRACTIO
 LAUNCH_BUDGET = 1.5  # issue #19: the default suite within 1.5 x one cold sglang launch measured in the same run
 
 
-def launch_budget(runs: dict, first_wave: int, suite_seconds: float) -> dict:
+def launch_budget(
+    runs: dict, first_wave: int, suite_seconds: float, free_mib: int | None = None, fraction: float | None = None
+) -> dict:
     """The smoke suite's wall time against one cold sglang launch of the same run: the median launch of the servers
     that started together first (cold caches, side by side, as every launch of a one-wave suite is). A benchmark
-    figure, printed and kept beside the server logs; no check fails on it."""
+    figure, printed and kept beside the server logs; no check fails on it. With the free GPU memory and the fraction
+    the wave was planned from (the H100 run of 2026-12-05f launched 11 at once, and its record could not say why)."""
     # a first-wave server relaunched alone (first_attempt_error) was timed alone: not a launch of the wave
     cold = sorted(
         r.launch_seconds
@@ -81,6 +84,8 @@ def launch_budget(runs: dict, first_wave: int, suite_seconds: float) -> dict:
         "suite_seconds": round(suite_seconds, 1),
         "servers": len(runs),
         "first_wave": first_wave,
+        "gpu_free_mib": free_mib,
+        "mem_fraction_static": fraction,
         "cold_launch_seconds": median,
         "cold_launches": cold,
         "limit": LAUNCH_BUDGET,
@@ -91,8 +96,11 @@ def launch_budget(runs: dict, first_wave: int, suite_seconds: float) -> dict:
 def launch_budget_line(budget: dict) -> str:
     ratio = budget["ratio"]
     verdict = "" if ratio is None else (" (within)" if ratio <= budget["limit"] else " (OVER)")
+    planned = ""
+    if budget.get("gpu_free_mib") is not None and budget.get("mem_fraction_static") is not None:
+        planned = f" ({budget['mem_fraction_static']} x {budget['gpu_free_mib']} MiB free / {SERVER_MIB} MiB)"
     return (
         f"[smoke] suite {budget['suite_seconds']}s for {budget['servers']} server(s), {budget['first_wave']} "
-        f"launched at once; one cold launch {budget['cold_launch_seconds']}s (median of the first wave); "
+        f"launched at once{planned}; one cold launch {budget['cold_launch_seconds']}s (median of the first wave); "
         f"ratio {ratio} / limit {budget['limit']}{verdict}"
     )
