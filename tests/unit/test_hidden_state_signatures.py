@@ -6,14 +6,18 @@ release; the same failures beside a second bug (another request's rows, a row of
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fake_shapes import PREDICTED_ROWS, hidden_row
 from test_surface_request_shapes import NOMTP, collect
 
 from mtpmatrix.core import known_upstream
+from mtpmatrix.core.atomic import read_json_or_gzip
 from mtpmatrix.tiers import surface
 from mtpmatrix.tiers.surface import hidden_states
 
+RUNS = Path(__file__).resolve().parents[2] / "docs" / "runs"
 STEP = 6  # tokens each witness verify step keeps (5 drafts + the bonus)
 AS_PREDICTED = "tests/tiers/test_smoke_hidden_states.py::test_hidden_states_as_predicted"
 MATCH = "tests/tiers/test_smoke_hidden_states.py::test_hidden_states_match_no_mtp"
@@ -61,6 +65,14 @@ def prefill_offset(exchanges, moves: dict[str, str]):
         with_rows(x, prefill=[hidden_row(t) for t in by[moves[x.label]].payload["input_ids"]])
         if x.label in moves
         else x
+        for x in exchanges
+    ]
+
+
+def own_prompt_rows(exchanges, label: str, rows):
+    """``label``'s prompt rows as ``rows`` makes them from its input ids."""
+    return [
+        with_rows(x, prefill=[hidden_row(t) for t in rows(x.payload["input_ids"])]) if x.label == label else x
         for x in exchanges
     ]
 
@@ -212,13 +224,10 @@ def test_the_prefill_offset_entry_takes_another_prompts_rows_only(intact):
     offset moves by whole prompts): not excused (the review's cases, 2026-12-05c)."""
     mtp, nomtp = intact
 
-    def own_rows(label, order):
-        return [
-            with_rows(x, prefill=[hidden_row(t) for t in order(x.payload["input_ids"])]) if x.label == label else x
-            for x in nomtp
-        ]
-
-    for bad in (own_rows("hidden-30", lambda p: [t + 1 for t in p]), own_rows("hidden-50", lambda p: p[::-1])):
+    for bad in (
+        own_prompt_rows(nomtp, "hidden-30", lambda p: [t + 1 for t in p]),
+        own_prompt_rows(nomtp, "hidden-50", lambda p: p[::-1]),
+    ):
         checks = tier({"witness-nomtp": bad, "witness-mtp-topk1": mtp, "witness-mtp-topk3": mtp}, bad)
         assert excused(checks, "0.5.13")["test_hidden_states_as_predicted[witness-nomtp]"] is None
 
@@ -226,12 +235,8 @@ def test_the_prefill_offset_entry_takes_another_prompts_rows_only(intact):
 def lagging(exchanges, label: str, plain: str, k: int):
     """0.5.13-0.5.16 after a radix hit: ``plain`` extends only its last ``k`` prompt tokens in the batch ahead of the
     asking ``label``, so the offset lags by k: ``label`` gets those k rows, then its own first 12 - k."""
-    by = {x.label: x for x in exchanges}
-    ahead = by[plain].payload["input_ids"][-k:]
-    return [
-        with_rows(x, prefill=[hidden_row(t) for t in [*ahead, *x.payload["input_ids"][:-k]]]) if x.label == label else x
-        for x in exchanges
-    ]
+    ahead = next(x for x in exchanges if x.label == plain).payload["input_ids"][-k:]
+    return own_prompt_rows(exchanges, label, lambda p: [*ahead, *p[:-k]])
 
 
 def test_the_prefill_offset_lagging_by_a_short_extend_is_its_entry(intact):
@@ -263,13 +268,7 @@ def test_the_h100_0513_record_has_no_failure_but_its_entries():
     """The recorded H100 run of sglang 0.5.13 (docs/runs/2026-12-05f-h100-sglang-0.5.13-smoke-default.json.gz): its
     one failure, the topk 1 prompt rows late by a radix-hit extend of 2, is the one-row-per-step entry's with the
     offset's lag; every other failure an entry's too. Seen failing on the list before the lag was allowed."""
-    from pathlib import Path
-
-    from mtpmatrix.core.atomic import read_json_or_gzip
-
-    rec = read_json_or_gzip(
-        Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-05f-h100-sglang-0.5.13-smoke-default.json.gz"
-    )
+    rec = read_json_or_gzip(RUNS / "2026-12-05f-h100-sglang-0.5.13-smoke-default.json.gz")
     known_upstream.strip(rec["tiers"])
     known_upstream.apply(rec["tiers"], rec["versions"])
     smoke = rec["tiers"]["smoke"]
@@ -279,14 +278,6 @@ def test_the_h100_0513_record_has_no_failure_but_its_entries():
     )
     assert [c["id"] for c in smoke["checks"] if c["outcome"] == "failed" and not c.get("known_upstream")] == []
     assert smoke["verdict"] == "known-upstream"
-
-
-def hidden_30_prompt(exchanges, rows):
-    """hidden-30's prompt rows as ``rows`` makes them from its input ids."""
-    return [
-        with_rows(x, prefill=[hidden_row(t) for t in rows(x.payload["input_ids"])]) if x.label == "hidden-30" else x
-        for x in exchanges
-    ]
 
 
 @pytest.mark.parametrize(
@@ -303,9 +294,9 @@ def test_a_lag_is_excused_only_as_the_offset_gives_it(intact, rows):
     whole block or part of it one early) are no entry's, with or without MTP. Not told apart by a per-line signature,
     so still excused: rows 0..k-1 right with rows k..11 late (no request's rows ahead)."""
     mtp, nomtp = intact
-    bad = hidden_30_prompt(nomtp, rows)
+    bad = own_prompt_rows(nomtp, "hidden-30", rows)
     checks = tier({"witness-nomtp": bad, "witness-mtp-topk1": mtp, "witness-mtp-topk3": mtp}, nomtp)
     assert excused(checks, "0.5.13")["test_hidden_states_as_predicted[witness-nomtp]"] is None
-    bad = one_row_per_step(hidden_30_prompt(mtp, rows))
+    bad = one_row_per_step(own_prompt_rows(mtp, "hidden-30", rows))
     checks = tier({"witness-nomtp": nomtp, "witness-mtp-topk1": bad, "witness-mtp-topk3": mtp}, nomtp)
     assert excused(checks, "0.5.13")["test_hidden_states_as_predicted[witness-mtp-topk1]"] is None

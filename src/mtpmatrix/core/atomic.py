@@ -10,7 +10,7 @@ import stat
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: mkstemp makes 0600 files, and results/reports must be readable as any other file
@@ -78,21 +78,33 @@ def _refused(path: Path, st: os.stat_result) -> str | None:
     )
 
 
-def read_json(path: Path) -> Any:
-    """Whatever the file's JSON holds, UTF-8 whatever the locale: a reader checks its shape before taking it as a
-    record (evidence.records). ValueError (bad JSON, bad UTF-8, nested too deeply, TooLarge) or OSError."""
+def _open_record(path: Path) -> BinaryIO:
+    """``path`` opened for reading as a record, refused (TooLarge) before and after the open as refused_unread says."""
     why = refused_unread(path)
     if why:
         raise TooLarge(why)
     # O_NONBLOCK: a FIFO put in its place since is not waited on; what was opened is checked again (fstat)
-    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), encoding="utf-8") as fh:
-        why = _refused(path, os.fstat(fh.fileno()))
-        if why:
-            raise TooLarge(why)
-        try:
-            return json.load(fh)
-        except RecursionError:  # '[' * 10**5: a ValueError to every reader, never a traceback
-            raise TooDeep(f"{path}: JSON nested too deeply") from None
+    raw = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+    why = _refused(path, os.fstat(raw.fileno()))
+    if why:
+        raw.close()
+        raise TooLarge(why)
+    return raw
+
+
+def _parse_json(path: Path, data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:  # '[' * 10**5: a ValueError to every reader, never a traceback
+        raise TooDeep(f"{path}: JSON nested too deeply") from None
+
+
+def read_json(path: Path) -> Any:
+    """Whatever the file's JSON holds, UTF-8 whatever the locale: a reader checks its shape before taking it as a
+    record (evidence.records). ValueError (bad JSON, bad UTF-8, nested too deeply, TooLarge) or OSError."""
+    with _open_record(path) as raw:
+        data = raw.read()
+    return _parse_json(path, data)
 
 
 def read_json_or_gzip(path: Path) -> Any:
@@ -100,17 +112,12 @@ def read_json_or_gzip(path: Path) -> Any:
     stored gzipped (``gzip -9 -n``), since the working tree travels to the GPU box under a 64 MiB limit and each GPU
     run's record, written with indent=2, is hundreds of KB. For the tests, tools and benchmarks that take such a
     record; the results store's files are never gzipped. The same limits and errors as read_json: the file on disk,
-    then what it unzips to, over MAX_RECORD_BYTES is TooLarge; a broken gzip stream or its bad content is a ValueError naming the file."""
+    then what it unzips to, over MAX_RECORD_BYTES is TooLarge; a broken gzip stream or its bad content is a
+    ValueError naming the file."""
     path = Path(path)
     if path.suffix != ".gz":
         return read_json(path)
-    why = refused_unread(path)
-    if why:
-        raise TooLarge(why)
-    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as raw:
-        why = _refused(path, os.fstat(raw.fileno()))
-        if why:
-            raise TooLarge(why)
+    with _open_record(path) as raw:
         try:
             with gzip.GzipFile(fileobj=raw) as fh:
                 data = fh.read(MAX_RECORD_BYTES + 1)  # a gzip bomb stops here, not in memory
@@ -119,8 +126,8 @@ def read_json_or_gzip(path: Path) -> Any:
     if len(data) > MAX_RECORD_BYTES:
         raise TooLarge(f"{path}: unzips to over the {MAX_RECORD_BYTES // 2**20} MiB a record file may be: not read")
     try:
-        return json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise TooDeep(f"{path}: JSON nested too deeply") from None
+        return _parse_json(path, data)
+    except TooDeep:
+        raise
     except ValueError as exc:  # not UTF-8, not JSON: the file named, as read_json's callers print it
         raise ValueError(f"{path}: {exc}") from None
