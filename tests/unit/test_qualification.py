@@ -369,3 +369,5 @@ def test_the_headline_tells_library_bugs_from_sglang_deviations(tmp_path):
     line = report_render.headline(s)
     assert "1 library bug(s), not sglang: sglang-0.5.13 reference" in line
     assert "1 sglang deviation(s) on its serving path: sglang-0.5.13 smoke" in line
+    # the rows by verdict close the line as rows, not as a count the last listed tier seems to own
+    assert "smoke (rows: 1 " in line and "smoke (1 " not in line
