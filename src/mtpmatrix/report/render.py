@@ -313,18 +313,18 @@ def _headline(summary: Summary) -> str:
     n = len(summary["rows"])
     c = summary["verdict_counts"]
     # the rows by verdict, named as rows: read bare after the known-upstream list, "smoke (1 passed)" said the tier
-    counts = ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v))
+    rows_by_verdict = "(rows: " + ", ".join(f"{c[v]} {v}" for v in VERDICTS if c.get(v)) + ")"
     state = summary.get("verdict")
     if state == "qualifies":
         return (
             f"QUALIFIES — every tier ran whole and passed in all {n} rows ({_rows_text(summary)}), suite "
-            f"{(summary.get('evidence') or {}).get('suite')}{_known_text(summary)} (rows: {counts})"
+            f"{(summary.get('evidence') or {}).get('suite')}{_known_text(summary)} {rows_by_verdict}"
         )
     if state == "required-proven":
         return (
             f"{_and(summary['required_tiers'])} proven in all {n} rows ({_rows_text(summary)}), suite "
             f"{(summary.get('evidence') or {}).get('suite')}, not a release qualification: "
-            f"{_proven_text(summary)}{_known_text(summary)} (rows: {counts})"
+            f"{_proven_text(summary)}{_known_text(summary)} {rows_by_verdict}"
         )
     if state == "not-proven":
         evidence = _evidence_text(summary)
@@ -333,11 +333,11 @@ def _headline(summary: Summary) -> str:
         else:
             gaps = _not_complete_text(summary) if summary["required_tiers"] else _proven_text(summary)
         why = [x for x in (evidence, gaps) if x]
-        return f"NOT PROVEN — {' | '.join(why)}{_known_text(summary)} (rows: {counts})"
+        return f"NOT PROVEN — {' | '.join(why)}{_known_text(summary)} {rows_by_verdict}"
     why = []
     if summary["failing_rows"]:
         why.append(f"{len(summary['failing_rows'])} of {n} rows failing: {', '.join(summary['failing_rows'])}")
-    return f"DOES NOT QUALIFY — {'; '.join(why)} (rows: {counts})"
+    return f"DOES NOT QUALIFY — {'; '.join(why)} {rows_by_verdict}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
